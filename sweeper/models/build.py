@@ -1,0 +1,101 @@
+"""``model.name`` -> an nn.Module mapping x[B, L, F] to predictions [B]."""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from sweeper.config import ModelConfig
+from sweeper.errors import ConfigError
+from sweeper.models.mlp import MLPModel
+from sweeper.models.recurrent import RecurrentModel
+from sweeper.models.transformer import TransformerModel
+
+
+def _transformer(m: ModelConfig, n_features: int, lookback: int) -> nn.Module:
+    return TransformerModel(n_features, lookback, d_model=m.d_model, nhead=m.nhead,
+                            num_layers=m.num_layers, dim_feedforward=m.dim_feedforward,
+                            dropout=m.dropout, positional=m.positional, pooling=m.pooling,
+                            gradient_checkpointing=m.gradient_checkpointing)
+
+
+def _recurrent(cell: str) -> Callable[[ModelConfig, int, int], nn.Module]:
+    def make(m: ModelConfig, n_features: int, lookback: int) -> nn.Module:
+        return RecurrentModel(n_features, lookback, cell=cell, hidden_size=m.hidden_size,
+                              num_layers=m.num_layers, dropout=m.dropout)
+    return make
+
+
+def _mlp(m: ModelConfig, n_features: int, lookback: int) -> nn.Module:
+    return MLPModel(n_features, lookback, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                    dropout=m.dropout)
+
+
+BUILDERS: dict[str, Callable[[ModelConfig, int, int], nn.Module]] = {
+    "transformer": _transformer, "lstm": _recurrent("lstm"), "gru": _recurrent("gru"), "mlp": _mlp,
+}
+BUILTIN_CLASSES: dict[str, type[nn.Module]] = {
+    "transformer": TransformerModel, "lstm": RecurrentModel, "gru": RecurrentModel, "mlp": MLPModel,
+}
+
+
+def resolve_model_class(name: str) -> type:
+    """The class behind ``model.name``: a built-in, or ``package.module:Class`` imported.
+
+    Raises ConfigError naming ``model.name`` and the import problem, so a study file
+    can be checked without building anything.
+    """
+    if name in BUILTIN_CLASSES:
+        return BUILTIN_CLASSES[name]
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"model.name {name!r}: expected a built-in model "
+                          f"({', '.join(BUILTIN_CLASSES)}) or a dotted path 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a broken user module can raise anything at import time
+        raise ConfigError(f"model.name {name!r}: cannot import module {module_name!r} "
+                          f"({type(exc).__name__}: {exc})") from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ConfigError(f"model.name {name!r}: module {module_name!r} has no attribute {attr!r}")
+    if not callable(cls):
+        raise ConfigError(f"model.name {name!r}: {attr!r} in {module_name!r} is not a class or callable")
+    return cls
+
+
+def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Module:
+    """A fresh model for inputs [B, lookback, n_features]; custom models are shape-checked here."""
+    if not model_cfg.is_custom:
+        return BUILDERS[model_cfg.name](model_cfg, n_features, lookback)
+    cls = resolve_model_class(model_cfg.name)
+    kwargs: dict[str, Any] = model_cfg.custom_kwargs()
+    try:
+        model = cls(n_features=n_features, lookback=lookback, **kwargs)
+    except Exception as exc:
+        raise ConfigError(f"model.name {model_cfg.name!r}: constructing it with n_features={n_features}, "
+                          f"lookback={lookback} and {kwargs} failed ({type(exc).__name__}: {exc})") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model.name {model_cfg.name!r}: expected a torch.nn.Module, got {type(model).__name__}")
+    _check_output_shape(model, model_cfg.name, n_features, lookback)
+    return model
+
+
+def _check_output_shape(model: nn.Module, name: str, n_features: int, lookback: int) -> None:
+    # a [B, 1] output would silently broadcast against [B] labels in the loss: catch it now
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, lookback, n_features))
+    except Exception as exc:
+        raise ConfigError(f"model.name {name!r}: a test forward pass on x[2, {lookback}, {n_features}] failed "
+                          f"({type(exc).__name__}: {exc})") from None
+    finally:
+        model.train(was_training)
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if shape != (2,):
+        raise ConfigError(f"model.name {name!r}: forward(x[B, {lookback}, {n_features}]) must return a tensor "
+                          f"of shape [B]; got {shape} for B=2")

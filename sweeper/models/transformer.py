@@ -1,0 +1,53 @@
+"""Transformer encoder over the lookback window."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
+    """The fixed sine/cosine table of "Attention is all you need", [length, d_model]."""
+    pos = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
+    return table
+
+
+class TransformerModel(nn.Module):
+    """x[B, L, F] -> linear projection + positions -> pre-norm encoder -> pooled -> [B]."""
+
+    def __init__(self, n_features: int, lookback: int, *, d_model: int = 64, nhead: int = 4,
+                 num_layers: int = 2, dim_feedforward: int = 128, dropout: float = 0.1,
+                 positional: str = "learned", pooling: str = "last",
+                 gradient_checkpointing: bool = False) -> None:
+        super().__init__()
+        self.project = nn.Linear(n_features, d_model)
+        if positional == "learned":
+            self.positions = nn.Parameter(torch.randn(lookback, d_model) * 0.02)
+        else:
+            self.register_buffer("positions", sinusoidal_positions(lookback, d_model), persistent=False)
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout,
+                                           activation="gelu", batch_first=True, norm_first=True)
+        # pre-norm layers need a final norm; nested tensors only help with padding masks (we have none)
+        self.encoder = nn.TransformerEncoder(layer, num_layers, norm=nn.LayerNorm(d_model),
+                                             enable_nested_tensor=False)
+        self.pooling = pooling
+        self.gradient_checkpointing = gradient_checkpointing
+        self.head = nn.Linear(d_model, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.project(x) + self.positions[-x.shape[1]:]
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            # trade one extra forward per layer for not storing its activations
+            for layer in self.encoder.layers:
+                h = checkpoint(layer, h, use_reentrant=False)
+            h = self.encoder.norm(h)
+        else:
+            h = self.encoder(h)
+        pooled = h[:, -1] if self.pooling == "last" else h.mean(dim=1)
+        return self.head(pooled).squeeze(-1)
