@@ -1,0 +1,65 @@
+"""Small models loaded through ``model.name: custom_model:<Class>`` in the training tests."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    """A linear model on the last step; ``scale`` shows that extra model keys reach the constructor."""
+
+    def __init__(self, n_features: int, lookback: int, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+        self.lookback = lookback
+        self.linear = nn.Linear(n_features, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.linear(x[:, -1]).squeeze(-1)
+
+
+class WrongShape(nn.Module):
+    """Returns [B, 1] instead of [B]: build_model must refuse it."""
+
+    def __init__(self, n_features: int, lookback: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n_features, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x[:, -1])
+
+
+class OomAbove(nn.Module):
+    """Tiny that raises CUDA's out-of-memory error on training batches larger than ``limit`` rows:
+    the seam for testing OOM recovery on a CPU."""
+
+    def __init__(self, n_features: int, lookback: int, limit: int = 16) -> None:
+        super().__init__()
+        self.limit = limit
+        self.linear = nn.Linear(n_features, 1)
+        self.seen: list[int] = []  # training batch sizes, in call order
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            self.seen.append(x.shape[0])
+            if x.shape[0] > self.limit:
+                raise torch.OutOfMemoryError(f"CUDA out of memory (fake: {x.shape[0]} rows > {self.limit})")
+        return self.linear(x[:, -1]).squeeze(-1)
+
+
+class ExplodeAfter(nn.Module):
+    """Tiny whose output turns NaN on the training calls listed in ``nan_calls`` (0-based)."""
+
+    def __init__(self, n_features: int, lookback: int, nan_calls: list[int] | None = None) -> None:
+        super().__init__()
+        self.nan_calls = set(nan_calls or [])
+        self.calls = 0
+        self.linear = nn.Linear(n_features, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x[:, -1]).squeeze(-1)
+        if self.training and torch.is_grad_enabled():
+            if self.calls in self.nan_calls:
+                out = out * float("nan")
+            self.calls += 1
+        return out

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sweeper.config import ModelConfig
+from sweeper.errors import ConfigError
+from sweeper.models import build_model, resolve_model_class
+from sweeper.models.transformer import TransformerModel, sinusoidal_positions
+
+
+@pytest.fixture(autouse=True)
+def _custom_models_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(name="transformer", d_model=16, nhead=2, dim_feedforward=32),
+    dict(name="transformer", d_model=16, nhead=4, positional="sinusoidal", pooling="mean"),
+    dict(name="lstm", hidden_size=8, num_layers=2),
+    dict(name="gru", hidden_size=8, num_layers=1),
+    dict(name="mlp", hidden_size=8, num_layers=3),
+])
+def test_builtin_models_map_windows_to_one_prediction_per_row(cfg):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**cfg), n_features=5, lookback=7)
+    out = model(torch.randn(3, 7, 5))
+    assert out.shape == (3,)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_model_hyperparameters_reach_the_modules():
+    lstm = build_model(ModelConfig(name="lstm", hidden_size=12, num_layers=3, dropout=0.2), 4, 6)
+    assert (lstm.rnn.hidden_size, lstm.rnn.num_layers, lstm.rnn.dropout) == (12, 3, 0.2)
+    assert isinstance(build_model(ModelConfig(name="gru"), 4, 6).rnn, torch.nn.GRU)
+    tf = build_model(ModelConfig(name="transformer", d_model=24, nhead=3, num_layers=3, dim_feedforward=40), 4, 6)
+    assert len(tf.encoder.layers) == 3
+    assert tf.encoder.layers[0].linear1.out_features == 40
+    assert tf.encoder.layers[0].self_attn.num_heads == 3
+    mlp = build_model(ModelConfig(name="mlp", hidden_size=10, num_layers=2), 4, 6)
+    assert [m.in_features for m in mlp.net if isinstance(m, torch.nn.Linear)] == [24, 10, 10]
+
+
+def test_sinusoidal_positions_follow_the_formula():
+    table = sinusoidal_positions(5, 4)
+    assert table[0].tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert table[3, 2].item() == pytest.approx(torch.sin(torch.tensor(3 / 100.0)).item())
+    assert table[3, 3].item() == pytest.approx(torch.cos(torch.tensor(3 / 100.0)).item())
+
+
+def test_pooling_choice_changes_what_the_head_sees():
+    torch.manual_seed(0)
+    last = TransformerModel(3, 5, d_model=8, nhead=2, dropout=0.0, pooling="last").eval()
+    mean = TransformerModel(3, 5, d_model=8, nhead=2, dropout=0.0, pooling="mean").eval()
+    mean.load_state_dict(last.state_dict())
+    x = torch.randn(4, 5, 3)
+    assert not torch.allclose(mean(x), last(x))
+    h = last.encoder(last.project(x) + last.positions)
+    torch.testing.assert_close(mean(x), mean.head(h.mean(dim=1)).squeeze(-1))
+    torch.testing.assert_close(last(x), last.head(h[:, -1]).squeeze(-1))
+
+
+def test_gradient_checkpointing_gives_the_same_outputs_and_gradients():
+    torch.manual_seed(0)
+    plain = TransformerModel(3, 6, d_model=8, nhead=2, num_layers=2, dropout=0.0)
+    ckpt = TransformerModel(3, 6, d_model=8, nhead=2, num_layers=2, dropout=0.0, gradient_checkpointing=True)
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(5, 6, 3)
+    out_plain, out_ckpt = plain(x), ckpt(x)
+    torch.testing.assert_close(out_ckpt, out_plain)
+    out_plain.square().sum().backward()
+    out_ckpt.square().sum().backward()
+    for a, b in zip(plain.parameters(), ckpt.parameters()):
+        torch.testing.assert_close(b.grad, a.grad)
+
+
+def test_custom_dotted_path_gets_features_lookback_and_extra_keys():
+    model = build_model(ModelConfig(name="custom_model:Tiny", scale=2.5), n_features=4, lookback=9)
+    assert type(model).__name__ == "Tiny"
+    assert (model.scale, model.lookback, model.linear.in_features) == (2.5, 9, 4)
+    assert resolve_model_class("custom_model:Tiny") is type(model)
+
+
+def test_resolve_model_class_knows_the_builtins():
+    assert resolve_model_class("transformer") is TransformerModel
+
+
+def test_import_error_names_the_key_and_the_cause():
+    with pytest.raises(ConfigError) as err:
+        build_model(ModelConfig(name="no_such_pkg_xyz.models:Net"), 4, 5)
+    msg = str(err.value)
+    assert "model.name 'no_such_pkg_xyz.models:Net'" in msg
+    assert "ModuleNotFoundError: No module named 'no_such_pkg_xyz'" in msg
+
+
+def test_missing_class_is_a_config_error():
+    with pytest.raises(ConfigError, match="module 'custom_model' has no attribute 'Nope'"):
+        resolve_model_class("custom_model:Nope")
+
+
+def test_wrong_output_shape_is_caught_at_build_time():
+    with pytest.raises(ConfigError, match=r"must return a tensor of shape \[B\]; got \(2, 1\)"):
+        build_model(ModelConfig(name="custom_model:WrongShape"), 4, 5)
+
+
+def test_bad_constructor_kwargs_are_a_config_error():
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'widht'"):
+        build_model(ModelConfig(name="custom_model:Tiny", widht=3), 4, 5)
