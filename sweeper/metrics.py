@@ -1,0 +1,198 @@
+"""Cross-sectional IC metrics: daily Pearson IC and Spearman Rank IC, their means and ICIR.
+
+Conventions (Qlib's ``calc_ic``, see docs/domain): correlate prediction and raw label
+across assets on each date; a pair where either side is missing (NaN or +-inf) is
+dropped; a date with fewer than 2 pairs, or where either side is constant, has no
+correlation and is skipped. ``ic`` is the mean of the daily ICs, ``icir`` is their
+mean / std (ddof=1), not annualised.
+
+Two implementations give the same numbers: a pandas one for notebooks and reports
+(:func:`ic_report`, :func:`daily_ic`) and a vectorised torch one for the training
+loop (:func:`daily_ic_torch`, :func:`ic_report_torch`), which runs on the tensors'
+own device. :func:`ic_loss` is a differentiable per-date Pearson loss.
+
+A "constant" side means all its values are exactly equal. pandas instead tests
+the residuals after subtracting a floating-point mean, so a column of 0.1s gives
+pandas a spurious 0.0 where we give no correlation.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sweeper.errors import DataError
+
+REPORT_KEYS = ("ic", "rank_ic", "icir", "rank_icir", "n_dates")
+
+
+# ------------------------------------------------------------------ pandas
+
+
+def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date") -> pd.DataFrame:
+    """Per-date Pearson IC and Spearman Rank IC: columns ``date, ic, rank_ic``.
+
+    Dates without a correlation (fewer than 2 valid pairs, or a constant side) are absent.
+    Rows are sorted by date.
+    """
+    _check_columns(df, (pred, label, date))
+    x = pd.to_numeric(df[pred], errors="coerce").to_numpy(np.float64)
+    y = pd.to_numeric(df[label], errors="coerce").to_numpy(np.float64)
+    keep = np.isfinite(x) & np.isfinite(y)
+    dates = df[date].to_numpy()[keep]
+    x, y = x[keep], y[keep]
+    codes, uniques = pd.factorize(dates, sort=True)
+    n_groups = len(uniques)
+    rx = pd.Series(x).groupby(codes).rank(method="average").to_numpy(np.float64)
+    ry = pd.Series(y).groupby(codes).rank(method="average").to_numpy(np.float64)
+    ic = _grouped_pearson(codes, x, y, n_groups)
+    rank_ic = _grouped_pearson(codes, rx, ry, n_groups)
+    ok = np.isfinite(ic) & np.isfinite(rank_ic)
+    return pd.DataFrame({"date": uniques[ok], "ic": ic[ok], "rank_ic": rank_ic[ok]})
+
+
+def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date") -> dict:
+    """``{ic, rank_ic, icir, rank_icir, n_dates}`` of a long frame with one row per (date, asset).
+
+    >>> ic_report(predictions)            # doctest: +SKIP
+    {'ic': 0.031, 'rank_ic': 0.042, 'icir': 0.25, 'rank_icir': 0.33, 'n_dates': 480}
+    """
+    daily = daily_ic(df, pred=pred, label=label, date=date)
+    return _report(daily["ic"].to_numpy(), daily["rank_ic"].to_numpy())
+
+
+def _check_columns(df: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise DataError(
+            f"IC needs column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}; "
+            f"the frame has {', '.join(map(repr, map(str, df.columns)))}"
+        )
+
+
+def _grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int) -> np.ndarray:
+    """Pearson correlation per group code; NaN for groups with < 2 rows or a constant side."""
+    n = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dx = x - (np.bincount(codes, x, n_groups) / n)[codes]
+        dy = y - (np.bincount(codes, y, n_groups) / n)[codes]
+        sxy = np.bincount(codes, dx * dy, n_groups)
+        sxx = np.bincount(codes, dx * dx, n_groups)
+        syy = np.bincount(codes, dy * dy, n_groups)
+        corr = np.clip(sxy / np.sqrt(sxx * syy), -1.0, 1.0)
+    # exact constancy test (see module docstring): min == max within the group
+    frame = pd.DataFrame({"x": x, "y": y}).groupby(codes)
+    lo, hi = frame.min().reindex(range(n_groups)), frame.max().reindex(range(n_groups))
+    varies = ((hi["x"] > lo["x"]) & (hi["y"] > lo["y"])).to_numpy()
+    return np.where((n >= 2) & varies, corr, np.nan)
+
+
+def _report(ic: np.ndarray, rank_ic: np.ndarray) -> dict:
+    mean_ic, icir = _mean_ir(ic)
+    mean_rank, rank_icir = _mean_ir(rank_ic)
+    n_dates = int(np.isfinite(np.asarray(ic, dtype=np.float64)).sum())
+    return {"ic": mean_ic, "rank_ic": mean_rank, "icir": icir, "rank_icir": rank_icir, "n_dates": n_dates}
+
+
+def _mean_ir(series: np.ndarray) -> tuple[float, float]:
+    values = np.asarray(series, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return math.nan, math.nan
+    mean = float(values.mean())
+    if len(values) < 2:
+        return mean, math.nan
+    std = float(values.std(ddof=1))
+    return mean, (mean / std if std > 0 else math.nan)
+
+
+# ------------------------------------------------------------------ torch
+
+
+def daily_ic_torch(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-date (Pearson, Spearman) of ``[T, N]`` tensors, as float64 ``[T]`` on their device.
+
+    A NaN or inf in either tensor marks the pair missing. Dates with fewer than 2 pairs
+    or a constant side are NaN. Fully vectorised: no per-date Python loop, no host copy.
+    """
+    if pred.shape != label.shape or pred.dim() != 2:
+        raise ValueError(f"pred and label must both be [T, N]; got {tuple(pred.shape)} and {tuple(label.shape)}")
+    x, y = pred.detach().to(torch.float64), label.detach().to(torch.float64)
+    valid = torch.isfinite(x) & torch.isfinite(y)
+    pearson = _masked_pearson(x, y, valid)
+    spearman = _masked_pearson(_average_ranks(x, valid), _average_ranks(y, valid), valid)
+    return pearson, spearman
+
+
+def ic_report_torch(pred: torch.Tensor, label: torch.Tensor) -> dict:
+    """Same keys and numbers as :func:`ic_report`, from ``[T, N]`` tensors."""
+    pearson, spearman = daily_ic_torch(pred, label)
+    return _report(pearson.cpu().numpy(), spearman.cpu().numpy())
+
+
+def summarize(daily: torch.Tensor) -> tuple[float, float]:
+    """``(mean, mean / std(ddof=1))`` of a daily series, ignoring NaN days."""
+    return _mean_ir(daily.detach().to(torch.float64).cpu().numpy())
+
+
+def _masked_pearson(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    n = valid.sum(dim=1).to(x.dtype)
+    x, y = torch.where(valid, x, zero), torch.where(valid, y, zero)
+    dx = torch.where(valid, x - x.sum(1, keepdim=True) / n.clamp(min=1).unsqueeze(1), zero)
+    dy = torch.where(valid, y - y.sum(1, keepdim=True) / n.clamp(min=1).unsqueeze(1), zero)
+    corr = ((dx * dy).sum(1) / torch.sqrt((dx * dx).sum(1) * (dy * dy).sum(1))).clamp(-1.0, 1.0)
+    ok = (n >= 2) & _varies(x, valid) & _varies(y, valid)
+    return torch.where(ok, corr, torch.full_like(corr, math.nan))
+
+
+def _varies(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    inf = torch.tensor(math.inf, dtype=x.dtype, device=x.device)
+    return torch.where(valid, x, -inf).amax(1) > torch.where(valid, x, inf).amin(1)
+
+
+def _average_ranks(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """1-based ranks within each row among the valid entries; ties share their average rank.
+
+    Missing entries are sent to +inf so they sort last and never tie with a finite value;
+    the first and last position of each value's run come from searchsorted on the sorted row.
+    """
+    keyed = torch.where(valid, x, torch.tensor(math.inf, dtype=x.dtype, device=x.device))
+    ordered, order = torch.sort(keyed, dim=1)
+    first = torch.searchsorted(ordered, ordered, right=False)
+    last = torch.searchsorted(ordered, ordered, right=True)
+    mean_rank = (first + last + 1).to(x.dtype) / 2  # mean of the 1-based ranks first+1 .. last
+    return torch.empty_like(mean_rank).scatter_(1, order, mean_rank)
+
+
+def ic_loss(pred: torch.Tensor, label: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """Negative mean per-group Pearson correlation: a differentiable training loss for ``train.loss: ic``.
+
+    ``group`` holds the date id of each row. Rows whose label is not finite are ignored;
+    groups with fewer than 2 rows or a constant side are left out of the mean. A
+    non-finite prediction is kept, so the loss turns NaN and the trainer sees it. If no
+    group is usable the loss is a zero that still backpropagates (all-zero gradients).
+    Masks instead of boolean indexing keep host syncs to the one inside ``torch.unique``.
+    """
+    dtype = torch.promote_types(pred.dtype, torch.float32)
+    keep = torch.isfinite(label)
+    zero = torch.zeros((), dtype=dtype, device=pred.device)
+    x = torch.where(keep, pred.to(dtype), zero)
+    y = torch.where(keep, label.to(dtype), zero)
+    uniq, codes = torch.unique(group, return_inverse=True)
+
+    def group_sum(v: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(uniq.numel(), dtype=v.dtype, device=v.device).index_add(0, codes, v)
+
+    n = group_sum(keep.to(dtype))
+    dx = torch.where(keep, x - (group_sum(x) / n.clamp(min=1))[codes], zero)
+    dy = torch.where(keep, y - (group_sum(y) / n.clamp(min=1))[codes], zero)
+    sxx, syy, sxy = group_sum(dx * dx), group_sum(dy * dy), group_sum(dx * dy)
+    tiny = torch.finfo(dtype).tiny
+    # a NaN prediction makes sxx NaN: keep that group so the NaN reaches the loss
+    ok = (n >= 2) & (syy > tiny) & ((sxx > tiny) | torch.isnan(sxx))
+    # the masked-out groups divide by 1, so their (discarded) branch has a finite gradient
+    corr = sxy / torch.sqrt(torch.where(ok, sxx * syy, torch.ones_like(sxx)))
+    return -torch.where(ok, corr, zero).sum() / ok.sum().clamp(min=1)
