@@ -49,6 +49,8 @@ class StudyConfig(_Strict):
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     pruner: PrunerConfig = Field(default_factory=PrunerConfig)
     retries: int = Field(1, ge=0)
+    retry_timeouts: bool = False
+    max_consecutive_failures: int = Field(10, ge=1)
     heartbeat_interval: int = Field(5, ge=1)
     grace_period: int = Field(30, ge=2)
 
@@ -440,3 +442,16 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def config_hash(cfg: SweeperConfig) -> str:
     blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def config_value(cfg: SweeperConfig, key: str) -> Any:
+    """The value at dotted ``key`` (``model.name``, ``train.lr``); KeyError if absent."""
+    node: Any = cfg
+    for part in key.split("."):
+        if isinstance(node, dict):
+            node = node[part]
+        elif isinstance(node, BaseModel) and (part in type(node).model_fields or part in (node.model_extra or {})):
+            node = getattr(node, part)
+        else:
+            raise KeyError(key)
+    return node

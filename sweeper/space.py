@@ -1,0 +1,55 @@
+"""The search space: YAML ``search_space`` specs -> Optuna suggestions -> config overrides.
+
+Parameter names in Optuna are the dotted config keys (``train.lr``), so the
+params a user sees in the dashboard are the names they wrote.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from sweeper.config import ParamSpec, SweeperConfig, config_value
+
+
+def _condition_met(spec: ParamSpec, cfg: SweeperConfig, chosen: dict[str, Any]) -> bool:
+    for key, expected in (spec.when or {}).items():
+        value = chosen[key] if key in chosen else config_value(cfg, key)
+        allowed = expected if isinstance(expected, list) else [expected]
+        if value not in allowed:
+            return False
+    return True
+
+
+def ordered(space: dict[str, ParamSpec]) -> list[str]:
+    """Unconditional parameters first, then each conditional one after what it depends on."""
+    done: list[str] = []
+    pending = dict(space)
+    while pending:
+        ready = [k for k, s in pending.items() if all(c not in pending for c in (s.when or {}))]
+        if not ready:  # a cycle: fall back to file order, conditions read defaults
+            ready = list(pending)
+        for key in ready:
+            done.append(key)
+            del pending[key]
+    return done
+
+
+def suggest(trial: optuna.Trial, cfg: SweeperConfig) -> dict[str, Any]:
+    """Ask ``trial`` for every active parameter; returns the dotted overrides."""
+    chosen: dict[str, Any] = {}
+    for key in ordered(cfg.search_space):
+        spec = cfg.search_space[key]
+        if not _condition_met(spec, cfg, chosen):
+            continue
+        chosen[key] = _suggest_one(trial, key, spec)
+    return chosen
+
+
+def _suggest_one(trial: optuna.Trial, key: str, spec: ParamSpec) -> Any:
+    if spec.type == "categorical":
+        return trial.suggest_categorical(key, spec.choices)
+    if spec.type == "int":
+        step = int(spec.step) if spec.step else 1
+        return trial.suggest_int(key, int(spec.low), int(spec.high), step=step, log=spec.log)
+    return trial.suggest_float(key, float(spec.low), float(spec.high), step=spec.step, log=spec.log)

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import pytest
+
+from sweeper import config as C
+from sweeper.errors import ConfigError
+
+BASE = {"data": {"synthetic": {"assets": 20, "dates": 200, "features": 4}}}
+
+
+def _err(raw: dict) -> str:
+    with pytest.raises(ConfigError) as exc:
+        C.validate_config(raw, "s.yaml")
+    return str(exc.value)
+
+
+def _with(**sections) -> dict:
+    return {**BASE, **sections}
+
+
+def test_defaults_validate():
+    cfg = C.validate_config(BASE, "s.yaml")
+    assert cfg.study.resolved_storage == "sqlite:///runs/sweep/study.db"
+    assert cfg.study.resolved_direction == "maximize"
+    assert cfg.train.resolved_batch_order == "random"
+
+
+def test_direction_follows_metric():
+    cfg = C.validate_config(_with(study={"metric": "val_loss"}), "s.yaml")
+    assert cfg.study.resolved_direction == "minimize"
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (_with(train={"epocs": 3}), "s.yaml: unknown key 'train.epocs'; did you mean 'train.epochs'?"),
+    (_with(studdy={}), "s.yaml: unknown key 'studdy'; did you mean 'study'?"),
+    (_with(model={"name": "lstm", "hiden_size": 3}), "s.yaml: unknown key 'model.hiden_size'; did you mean 'model.hidden_size'?"),
+    (_with(search_space={"train.lx": {"type": "float", "low": 0, "high": 1}}),
+     "s.yaml: search_space: unknown key 'train.lx'; did you mean 'train.lr'?"),
+])
+def test_unknown_keys_suggest_closest(raw, expected):
+    assert _err(raw) == expected
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    (_with(train={"epochs": "abc"}), "train.epochs: Input should be a valid integer"),
+    (_with(search_space={"train.lr": {"type": "float", "low": 2, "high": 1}}), "search_space.train.lr: low (2) > high (1)"),
+    (_with(search_space={"train.lr": {"type": "float", "low": 0, "high": 1, "log": True}}),
+     "search_space.train.lr: log scale needs low > 0 (got 0)"),
+    (_with(search_space={"model.d_model": {"type": "categorical", "choices": []}}),
+     "search_space.model.d_model: categorical parameter needs a non-empty 'choices' list"),
+    (_with(study={"sampler": {"name": "tpee"}}), "study.sampler.name: Input should be 'tpe'"),
+    (_with(study={"pruner": {"name": "sometimes"}}), "study.pruner.name: Input should be 'median'"),
+    (_with(model={"name": "transformr"}), "unknown model 'transformr'"),
+    (_with(model={"name": "transformer", "d_model": 30, "nhead": 4}), "d_model (30) must be divisible by nhead (4)"),
+    ({"data": {}}, "set data.path to a Parquet file, or data.synthetic"),
+    ({"data": {"synthetic": {}, "path": "x.parquet"}}, "set data.synthetic: null to use data.path"),
+    (_with(study={"name": "../evil"}), "study.name: must be a non-empty name"),
+])
+def test_bad_values_name_the_key(raw, fragment):
+    message = _err(raw)
+    assert message.startswith("s.yaml: ")
+    assert fragment in message
+
+
+def test_yaml_syntax_error_gives_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("study:\n  name: x\n  n_trials: [1, 2\ndata: {}\n")
+    with pytest.raises(ConfigError) as exc:
+        C.load_config(path)
+    assert str(exc.value).startswith(f"{path}: line ")
+    assert "YAML syntax error" in str(exc.value)
+
+
+def test_missing_study_file(tmp_path):
+    with pytest.raises(ConfigError, match="study file not found"):
+        C.load_config(tmp_path / "nope.yaml")
+
+
+def test_sets_are_type_checked(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    cfg = C.load_config(path, ["train.lr=3e-4", "model.name=lstm", "train.batch_size=auto"])
+    assert (cfg.train.lr, cfg.model.name, cfg.train.batch_size) == (3e-4, "lstm", "auto")
+    with pytest.raises(ConfigError, match=r"train.epochs: Input should be a valid integer.*got 'two'"):
+        C.load_config(path, ["train.epochs=two"])
+    with pytest.raises(ConfigError, match="expected key=value"):
+        C.load_config(path, ["train.epochs"])
+
+
+def test_custom_model_kwargs_are_the_rest_of_the_section():
+    cfg = C.validate_config(_with(model={"name": "pkg.mod:Net", "width": 7, "dropout": 0.2}), "s.yaml")
+    assert cfg.model.custom_kwargs() == {"dropout": 0.2, "width": 7}
+    again = C.with_overrides(cfg, {"model.width": 9}, "trial 0")
+    assert again.model.custom_kwargs() == {"dropout": 0.2, "width": 9}
+    assert C.to_dict(again)["model"] == {"name": "pkg.mod:Net", "dropout": 0.2, "width": 9}
+
+
+def test_overrides_revalidate_and_hash_changes():
+    cfg = C.validate_config(BASE, "s.yaml")
+    other = C.with_overrides(cfg, {"train.lr": 0.01}, "trial 3")
+    assert other.train.lr == 0.01 and cfg.train.lr == 1e-3
+    assert C.config_hash(other) != C.config_hash(cfg)
+    assert C.config_hash(C.validate_config(BASE, "again")) == C.config_hash(cfg)
+    with pytest.raises(ConfigError, match="trial 3: train.lr"):
+        C.with_overrides(cfg, {"train.lr": -1}, "trial 3")
+
+
+def test_flatten_and_config_value():
+    cfg = C.validate_config(_with(model={"name": "gru", "hidden_size": 12}), "s.yaml")
+    flat = C.flatten(C.to_dict(cfg))
+    assert flat["model.hidden_size"] == 12 and flat["data.synthetic.assets"] == 20
+    assert C.config_value(cfg, "model.name") == "gru"
+    with pytest.raises(KeyError):
+        C.config_value(cfg, "model.nope")
