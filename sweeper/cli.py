@@ -1,0 +1,221 @@
+"""The ``sweeper`` command line: a thin click shell over the library.
+
+Domain errors (``SweeperError``) become one message and exit code 2 at a
+single boundary, :class:`SweeperGroup`. Nothing else here holds logic.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from sweeper import __version__
+from sweeper.errors import SweeperError
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+
+class SweeperGroup(click.Group):
+    """Maps every domain error, from any command, to a clean exit 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SweeperError as exc:
+            raise UserError(str(exc)) from None
+
+
+def study_file(fn: Callable) -> Callable:
+    return click.argument("study", type=click.Path(dir_okay=False, path_type=Path))(fn)
+
+
+def storage_option(fn: Callable) -> Callable:
+    return click.option("--storage", default=None, metavar="URL",
+                        help="SQLAlchemy URL overriding study.storage.")(fn)
+
+
+def sets_option(fn: Callable) -> Callable:
+    return click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                        help="Override a config key by dotted name (repeatable), e.g. train.lr=3e-4.")(fn)
+
+
+def json_option(fn: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(fn)
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str, allow_nan=False))
+
+
+def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
+    from sweeper.config import load_config
+
+    return load_config(path, sets)
+
+
+@click.group(cls=SweeperGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sweeper")
+def main() -> None:
+    """Hyperparameter sweeps for deep-learning alpha models.
+
+    One YAML study file -> an Optuna study in SQLite (or any SQLAlchemy URL),
+    trials on GPU-pinned worker processes, per-epoch IC for pruning.
+    """
+
+
+# ---------------------------------------------------------------- sweeps
+
+def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, must_exist: bool) -> None:
+    from sweeper.driver import run
+    from sweeper.view import default_view
+
+    cfg = _load(study, sets)
+    view = default_view()
+    outcome = run(cfg, view=view, storage_url=storage, force=force, must_exist=must_exist, study_file=str(study))
+    sys.exit(outcome.exit_code)
+
+
+@main.command("run")
+@study_file
+@sets_option
+@storage_option
+@click.option("--force", is_flag=True, help="Resume even if the config drifted from the stored one.")
+def run_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool) -> None:
+    """Run the sweep in STUDY (creates the study, or resumes it)."""
+    _run(study, sets, storage, force, must_exist=False)
+
+
+@main.command("resume")
+@study_file
+@sets_option
+@storage_option
+@click.option("--force", is_flag=True, help="Resume even if the config drifted from the stored one.")
+def resume_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool) -> None:
+    """Resume the sweep in STUDY; fails if the study does not exist yet."""
+    _run(study, sets, storage, force, must_exist=True)
+
+
+@main.command("validate")
+@study_file
+@sets_option
+@storage_option
+def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
+    """Check config, data, storage and devices without training or writing."""
+    from sweeper.driver import prepare
+
+    plan = prepare(_load(study, sets), storage)
+    click.echo(f"{study}: ok")
+    click.echo(f"  data: {plan.source} ({plan.fingerprint[:12]})")
+    click.echo(f"  storage: {plan.storage_url}")
+    click.echo("  slots: " + ", ".join(s.label for s in plan.slots))
+
+
+@main.command("train")
+@study_file
+@sets_option
+@json_option
+def train_cmd(study: Path, sets: tuple[str, ...], as_json: bool) -> None:
+    """Train once with the study's defaults (no sweep)."""
+    from sweeper.single import train_once
+
+    metrics = train_once(_load(study, sets), quiet=as_json)
+    if as_json:
+        _echo_json(metrics)
+
+
+# ------------------------------------------------------------- inspect
+
+@main.command("status")
+@study_file
+@storage_option
+@json_option
+def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
+    """Counts by state, the best trial, and the running trials."""
+    from sweeper.results import load_existing, status_report
+
+    cfg = _load(study)
+    report = status_report(load_existing(cfg, storage), cfg)
+    if as_json:
+        _echo_json(report)
+        return
+    from sweeper.view import print_status
+
+    print_status(report)
+
+
+@main.command("best")
+@study_file
+@storage_option
+@json_option
+def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
+    """The best trial's params, valid and test metrics, and weight file."""
+    from sweeper.results import best_report, load_existing
+
+    cfg = _load(study)
+    report = best_report(load_existing(cfg, storage), cfg)
+    if report is None:
+        raise UserError(f"study {cfg.study.name!r} has no completed trial yet")
+    if as_json:
+        _echo_json(report)
+        return
+    from sweeper.view import print_best
+
+    print_best(report)
+
+
+@main.command("dashboard")
+@study_file
+@storage_option
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind; loopback by default.")
+def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> None:
+    """Serve optuna-dashboard for this study's storage and artifacts."""
+    from sweeper.dashboard import serve
+
+    cfg = _load(study)
+    serve(cfg, storage_url=storage, host=host, port=port, echo=click.echo)
+
+
+@main.command("doctor")
+def doctor_cmd() -> None:
+    """Report Python, torch, CUDA, GPUs (through NVML), optuna and SQLite."""
+    from sweeper.doctor import doctor
+
+    report = doctor()
+    width = max(len(k) for k, _ in report.rows) if report.rows else 0
+    for key, value in report.rows:
+        click.echo(f"{key:<{width}}  {value}")
+    click.echo(report.verdict)
+    sys.exit(report.exit_code)
+
+
+# ---------------------------------------------------------------- data
+
+@main.group("data", cls=SweeperGroup)
+def data_group() -> None:
+    """Data helpers."""
+
+
+@data_group.command("synth")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--assets", default=300, show_default=True, type=click.IntRange(min=2))
+@click.option("--dates", default=1000, show_default=True, type=click.IntRange(min=10))
+@click.option("--features", default=16, show_default=True, type=click.IntRange(min=2))
+@click.option("--seed", default=0, show_default=True, type=int)
+def synth_cmd(out: Path, assets: int, dates: int, features: int, seed: int) -> None:
+    """Write the synthetic panel (with its oracle IC) to OUT.parquet."""
+    from sweeper.data import write_synthetic
+
+    oracle = write_synthetic(out, assets=assets, dates=dates, features=features, seed=seed)
+    click.echo(f"wrote {out}: {assets} assets x {dates} dates x {features} features (seed {seed})")
+    click.echo("oracle IC: " + "  ".join(f"{k} {v:.4f}" for k, v in oracle.items()))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

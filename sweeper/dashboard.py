@@ -1,0 +1,29 @@
+"""``sweeper dashboard``: optuna-dashboard over the study's storage and artifact store."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from sweeper import config as C
+from sweeper.store import artifact_store, open_storage, redact
+
+
+def serve(cfg: C.SweeperConfig, *, storage_url: str | None, host: str, port: int,
+          echo: Callable[[str], None] = print) -> None:
+    """Blocks serving the dashboard. Binds loopback unless ``host`` says otherwise."""
+    from optuna_dashboard import run_server
+
+    url = storage_url or cfg.study.resolved_storage
+    # the tuned storage (WAL, busy timeout) so that reading never disturbs a live sweep
+    storage = open_storage(url, create=False)
+    store = artifact_store(cfg.study.resolved_artifacts)
+    echo(f"optuna-dashboard for study {cfg.study.name!r} ({redact(url)})")
+    echo(f"open http://{host}:{port}/dashboard/")
+    run_server(storage, host=host, port=port, artifact_store=store)
+
+
+def app(cfg: C.SweeperConfig, storage_url: str | None = None) -> Any:
+    """The WSGI app, for tests and for serving behind another server."""
+    from optuna_dashboard import wsgi
+
+    storage = open_storage(storage_url or cfg.study.resolved_storage, create=False)
+    return wsgi(storage, artifact_store=artifact_store(cfg.study.resolved_artifacts))

@@ -1,0 +1,587 @@
+"""The sweep driver (parent process): create or resume the study, claim trials
+under a lock, hand them to GPU-pinned worker processes, and survive anything a
+trial does.
+
+Three layers, as in Optuna's ``_optimize``: :func:`run` (set-up and cleanup in
+``finally``) -> :meth:`Driver.loop` (slots, events, signals) ->
+:meth:`Driver.dispatch` (one trial). The parent never imports torch.cuda and
+never creates a CUDA context.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper import __version__
+from sweeper import config as C
+from sweeper.errors import ConfigDrift, ConfigError, StudyNotFound
+from sweeper.results import best_trial
+from sweeper.store import claim_lock, open_storage
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+MAX_INTERRUPTED_RETRIES = 20
+DRIFT_PREFIXES = ("data.", "model.", "train.", "search_space", "study.metric", "study.direction")
+
+
+# --------------------------------------------------------------- builders
+
+def build_sampler(cfg: C.SamplerConfig) -> optuna.samplers.BaseSampler:
+    opts = dict(cfg.options)
+    if cfg.name == "tpe":
+        return optuna.samplers.TPESampler(seed=cfg.seed, **opts)  # constant_liar=True is Optuna 5's default
+    if cfg.name == "random":
+        return optuna.samplers.RandomSampler(seed=cfg.seed, **opts)
+    if cfg.name == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=cfg.seed, **opts)
+    if cfg.name == "gp":
+        return optuna.samplers.GPSampler(seed=cfg.seed, **opts)
+    return optuna.samplers.QMCSampler(seed=cfg.seed, **opts)
+
+
+def build_pruner(cfg: C.PrunerConfig) -> optuna.pruners.BasePruner:
+    opts = dict(cfg.options)
+    builders = {
+        "median": lambda: optuna.pruners.MedianPruner(**{"n_startup_trials": 4, "n_warmup_steps": 1, **opts}),
+        "percentile": lambda: optuna.pruners.PercentilePruner(**{"percentile": 25.0, **opts}),
+        "asha": lambda: optuna.pruners.SuccessiveHalvingPruner(**opts),
+        "hyperband": lambda: optuna.pruners.HyperbandPruner(**opts),
+        "wilcoxon": lambda: optuna.pruners.WilcoxonPruner(**opts),
+        "none": lambda: optuna.pruners.NopPruner(),
+    }
+    try:
+        return builders[cfg.name]()
+    except TypeError as exc:
+        raise ConfigError(f"study.pruner.options: {exc}") from None
+
+
+def check_sampler(cfg: C.SamplerConfig) -> None:
+    try:
+        build_sampler(cfg)
+    except TypeError as exc:
+        raise ConfigError(f"study.sampler.options: {exc}") from None
+
+
+# --------------------------------------------------------------- identity
+
+@dataclass(frozen=True)
+class Identity:
+    host: str
+    pid: int
+    driver_id: str
+
+    @classmethod
+    def current(cls) -> "Identity":
+        host = os.environ.get("SWEEPER_HOST_ID") or socket.gethostname()
+        return cls(host=host, pid=os.getpid(), driver_id=uuid.uuid4().hex[:12])
+
+    def attrs(self) -> dict[str, Any]:
+        return {"host": self.host, "driver_pid": self.pid, "driver_id": self.driver_id}
+
+
+# ------------------------------------------------------------------ study
+
+def study_attrs(cfg: C.SweeperConfig, fingerprint: str, environment: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "config": C.to_dict(cfg),
+        "config_hash": C.config_hash(cfg),
+        "sweeper_version": __version__,
+        "environment": environment,
+        "data_fingerprint": fingerprint,
+    }
+
+
+def drift(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ in the parts of the config a resume may not change."""
+    old, new = C.flatten(stored), C.flatten(current)
+    keys = sorted(k for k in set(old) | set(new) if k.startswith(DRIFT_PREFIXES))
+    return [f"{k} ({old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r})" for k in keys if old.get(k) != new.get(k)]
+
+
+def open_study(storage: Any, cfg: C.SweeperConfig, *, attrs: dict[str, Any], lock: Any, force: bool,
+               must_exist: bool) -> optuna.Study:
+    """Create the study, or load it and refuse config drift (unless ``force``)."""
+    sampler, pruner = build_sampler(cfg.study.sampler), build_pruner(cfg.study.pruner)
+    name = cfg.study.name
+    with lock:  # concurrent create_study is a known deadlock; serialise it
+        exists = any(s.study_name == name for s in storage.get_all_studies())
+        if must_exist and not exists:
+            raise StudyNotFound(f"study {name!r} does not exist in {storage.url}: start it with `sweeper run`")
+        study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
+                                    direction=cfg.study.resolved_direction, load_if_exists=True)
+        if not exists or "config" not in study.user_attrs:
+            for key, value in attrs.items():
+                study.set_user_attr(key, value)
+            return study
+    check_compatible(study, attrs, force)
+    return study
+
+
+def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:
+    stored = study.user_attrs
+    if study.direction.name.lower() != attrs["config"]["study"]["direction"] and attrs["config"]["study"]["direction"]:
+        raise ConfigDrift(f"study {study.study_name!r} was created to {study.direction.name.lower()}, "
+                          "the study file asks otherwise")
+    differ = drift(stored.get("config", {}), attrs["config"])
+    if stored.get("data_fingerprint") not in (None, attrs["data_fingerprint"]):
+        differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}):"
+                      f" the data file {attrs['config']['data'].get('path')} is not the data this study was run on")
+    if differ and not force:
+        raise ConfigDrift(
+            f"study {study.study_name!r} was created with a different config; these keys differ: "
+            + "; ".join(differ) + ". Revert them, use a new study.name, or pass --force to resume anyway."
+        )
+
+
+# -------------------------------------------------------- stale & retries
+
+def mark_stale_interrupted(study: optuna.Study, trial: FrozenTrial) -> None:
+    study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", "interrupted")
+
+
+def retry_plan(trials: list[FrozenTrial], cfg: C.StudyConfig) -> list[tuple[FrozenTrial, dict[str, Any]]]:
+    """FAIL trials that should run again, each with the user attrs of its retry."""
+    retried = {t.user_attrs.get("retry_of") for t in trials if t.user_attrs.get("retry_of") is not None}
+    plan = []
+    for t in trials:
+        if t.state != TrialState.FAIL or t.number in retried:
+            continue
+        reason = t.user_attrs.get("fail_reason", "interrupted")
+        attempt = int(t.user_attrs.get("attempt", 0))
+        retry = {
+            "interrupted": attempt < MAX_INTERRUPTED_RETRIES,
+            "crash": int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
+            "timeout": cfg.retry_timeouts and int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
+        }.get(reason, False)
+        if retry:
+            plan.append((t, _retry_attrs(t, reason, attempt)))
+    return plan
+
+
+def _retry_attrs(t: FrozenTrial, reason: str, attempt: int) -> dict[str, Any]:
+    crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in ("crash", "timeout"))
+    ckpt = t.user_attrs.get("checkpoint")
+    resume = ckpt if ckpt and Path(ckpt).with_suffix(".json").exists() else t.user_attrs.get("resume_from")
+    attrs = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
+    if resume:
+        attrs["resume_from"] = resume
+    return attrs
+
+
+def reconcile(study: optuna.Study, cfg: C.StudyConfig) -> int:
+    """Fail stale RUNNING trials (dead drivers) and enqueue every due retry. Call under the claim lock."""
+    optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    plan = retry_plan(trials, cfg)
+    for failed, attrs in plan:
+        study.enqueue_trial(failed.params, user_attrs=attrs)
+    return len(plan)
+
+
+# ------------------------------------------------------------------ claim
+
+def claim(study: optuna.Study, cfg: C.SweeperConfig, lock: Any, ident: Identity, run_dir: Path) -> optuna.Trial | None:
+    """Under the lock: fail stale trials, count the budget, ask, record heartbeat and host."""
+    from sweeper.space import suggest
+
+    with lock:
+        reconcile(study, cfg.study)
+        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        if len(study.get_trials(deepcopy=False, states=states)) >= cfg.study.n_trials:
+            return None
+        trial = study.ask()
+        study._storage.record_heartbeat(trial._trial_id)
+        for key, value in {**ident.attrs(), "checkpoint": str(run_dir / "trials" / str(trial.number) / "checkpoint.pt")}.items():
+            trial.set_user_attr(key, value)
+        suggest(trial, cfg)
+    return trial
+
+
+# ---------------------------------------------------------------- workers
+
+@dataclass
+class Running:
+    number: int
+    trial_id: int
+    started: float
+    epoch: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class WorkerHandle:
+    """One long-lived worker process bound to a device slot."""
+
+    def __init__(self, slot: Any, init: dict[str, Any], log_dir: Path) -> None:
+        self.slot = slot
+        self.init = init
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen | None = None
+        self.ready = False
+        self.running: Running | None = None
+        self._buf = b""
+
+    def start(self) -> None:
+        env = {**os.environ, **self.slot.env, "PYTHONUNBUFFERED": "1"}
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"slot-{self.slot.id}.log", "ab")
+        # own session: a terminal Ctrl-C reaches only the driver, which relays it
+        self.proc = subprocess.Popen([sys.executable, "-m", "sweeper.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+        log.close()
+        self.ready, self.running, self._buf = False, None, b""
+        self.send({"op": "init", **self.init, "slot": {"id": self.slot.id, "label": self.slot.label}})
+
+    def send(self, msg: dict[str, Any]) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the worker died; its EOF on stdout reports it
+
+    def read_events(self) -> list[dict[str, Any]] | None:
+        """Complete events available now; None at EOF (the worker exited)."""
+        chunk = os.read(self.proc.stdout.fileno(), 65536)
+        if not chunk:
+            return None
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc:
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.proc and self.proc.stdout:
+            self.proc.stdout.close()
+
+
+# ----------------------------------------------------------------- driver
+
+class Stop:
+    """Signal state: the first SIGINT/SIGTERM drains, the second kills."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        self.count += 1
+        self.signum = self.signum or signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
+
+
+@dataclass
+class Outcome:
+    counts: dict[str, int]
+    best: FrozenTrial | None
+    interrupted: bool
+    exit_code: int
+    message: str = ""
+
+
+class Driver:
+    def __init__(self, cfg: C.SweeperConfig, study: optuna.Study, slots: list[Any], *, storage_url: str,
+                 run_dir: Path, artifacts: str, view: Any, ident: Identity, lock: Any) -> None:
+        self.cfg, self.study, self.view, self.ident, self.lock = cfg, study, view, ident, lock
+        self.run_dir = run_dir
+        init = {"config": C.to_dict(cfg), "storage": storage_url, "study": cfg.study.name,
+                "run_dir": str(run_dir), "artifacts": artifacts,
+                "driver": {"host": ident.host, "pid": ident.pid, "driver_id": ident.driver_id}}
+        self.workers = [WorkerHandle(s, init, run_dir / "logs") for s in slots]
+        self.sel = selectors.DefaultSelector()
+        self.stop = Stop()
+        self.started = time.monotonic()
+        self.failures_in_row = 0
+        self.exhausted = False
+        self.message = ""
+
+    # layer 2: the loop
+    def loop(self) -> None:
+        for w in self.workers:
+            self._spawn(w)
+        while True:
+            if self.stop.count >= 2:
+                self._kill_all()
+                return
+            if self.stop.count == 1:
+                self._drain()
+            elif not self._stopping():
+                for w in self.workers:
+                    if w.ready and w.running is None and not self.dispatch(w):
+                        break
+            if all(w.running is None for w in self.workers) and (self.stop.count or self._stopping()):
+                return
+            self._pump(timeout=0.2)
+            self._check_timeouts()
+            self.view.tick(self)
+
+    def _stopping(self) -> bool:
+        timeout = self.cfg.study.timeout
+        if timeout is not None and time.monotonic() - self.started > timeout:
+            self.message = self.message or f"study.timeout ({timeout:g} s) reached"
+            return True
+        if self.failures_in_row >= self.cfg.study.max_consecutive_failures:
+            self.message = (f"stopped: the last {self.failures_in_row} trials all failed "
+                            f"(study.max_consecutive_failures); see {self.run_dir / 'logs'}")
+            return True
+        return self.exhausted
+
+    # layer 3: one trial
+    def dispatch(self, w: WorkerHandle) -> bool:
+        trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir)
+        if trial is None:
+            self.exhausted = True
+            if not any(x.running for x in self.workers):
+                self.message = self.message or f"budget reached: study.n_trials={self.cfg.study.n_trials} finished or running"
+            return False
+        w.running = Running(number=trial.number, trial_id=trial._trial_id, started=time.monotonic())
+        w.send({"op": "run", "trial_id": trial._trial_id, "number": trial.number})
+        self.view.trial_started(w.slot, trial.number, trial.params)
+        return True
+
+    def _spawn(self, w: WorkerHandle) -> None:
+        w.start()
+        self.sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+
+    def _pump(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout=timeout):
+            w: WorkerHandle = key.data
+            events = w.read_events()
+            if events is None:
+                self._worker_exited(w)
+                continue
+            for ev in events:
+                self._on_event(w, ev)
+
+    def _on_event(self, w: WorkerHandle, ev: dict[str, Any]) -> None:
+        kind = ev["ev"]
+        if kind == "ready":
+            w.ready = True
+        elif kind == "epoch" and w.running:
+            w.running.epoch, w.running.metrics = ev["epoch"], ev["metrics"]
+            self.view.epoch(w.slot, ev["number"], ev["epoch"], ev["metrics"])
+        elif kind == "end":
+            self.failures_in_row = self.failures_in_row + 1 if ev["state"] == "FAIL" else 0
+            self.view.trial_ended(w.slot, ev["number"], ev["state"], ev.get("value"), ev.get("reason"))
+            w.running = None
+            self.exhausted = False  # a failure frees budget; the next claim re-counts
+
+    def _worker_exited(self, w: WorkerHandle) -> None:
+        self.sel.unregister(w.proc.stdout)
+        code = w.proc.wait()
+        if w.running is not None:
+            reason = "interrupted" if self.stop.count else "crash"
+            self._fail(w.running, reason, f"worker exited with code {code}", code)
+            self.failures_in_row += reason == "crash"
+            self.view.trial_ended(w.slot, w.running.number, "FAIL", None, reason)
+        w.close()
+        w.running = None
+        if not self.stop.count and not self._stopping():
+            self._spawn(w)
+
+    def _fail(self, run: Running, reason: str, error: str, code: int | None = None) -> None:
+        storage = self.study._storage
+        if storage.get_trial(run.trial_id).state.is_finished():
+            return
+        for key, value in {"fail_reason": reason, "error": error, "exit_code": code}.items():
+            storage.set_trial_user_attr(run.trial_id, key, value)
+        self.study.tell(run.number, state=TrialState.FAIL, skip_if_finished=True)
+        self.exhausted = False
+
+    def _check_timeouts(self) -> None:
+        limit = self.cfg.train.max_minutes
+        if limit is None:
+            return
+        for w in self.workers:
+            if w.running and time.monotonic() - w.running.started > limit * 60:
+                run = w.running
+                w.kill()
+                self._fail(run, "timeout", f"trial exceeded train.max_minutes={limit:g}", w.proc.returncode)
+                self.failures_in_row += 1
+                self.view.trial_ended(w.slot, run.number, "FAIL", None, "timeout")
+                w.running = None  # the EOF that follows respawns the slot
+
+    def _drain(self) -> None:
+        for w in self.workers:
+            if not getattr(w, "_stop_sent", False):
+                w.send({"op": "stop"})
+                w._stop_sent = True
+
+    def _kill_all(self) -> None:
+        for w in self.workers:
+            run = w.running
+            w.kill()
+            if run is not None:
+                self._fail(run, "interrupted", "killed by a second Ctrl-C", w.proc.returncode)
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            w.close()
+            if w.running is not None:
+                self._fail(w.running, "interrupted", "driver shut down")
+        self.sel.close()
+
+
+# ------------------------------------------------------------- set-up
+
+@dataclass
+class Plan:
+    """Everything validated before anything is written."""
+
+    cfg: C.SweeperConfig
+    storage_url: str
+    run_dir: Path
+    artifacts: str
+    slots: list[Any]
+    fingerprint: str
+    oracle_ic: dict[str, float] | None
+    source: str
+    study_file: str = "STUDY.yaml"
+
+
+def prepare(cfg: C.SweeperConfig, storage_url: str | None = None) -> Plan:
+    """Run every check (config names, data, devices, storage) without writing anything."""
+    from sweeper.data import load_panel
+    from sweeper.devices import plan_slots
+    from sweeper.models import resolve_model_class
+    from sweeper.store import check_reachable
+
+    if storage_url:
+        cfg = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
+    check_sampler(cfg.study.sampler)
+    build_pruner(cfg.study.pruner)
+    _check_models(cfg, resolve_model_class)
+    panel = load_panel(cfg.data)
+    slots = plan_slots(cfg.devices)
+    url = cfg.study.resolved_storage
+    check_reachable(url)
+    artifacts = cfg.study.resolved_artifacts
+    run_dir = Path(f"runs/{cfg.study.name}") if artifacts.startswith("s3://") else Path(artifacts)
+    return Plan(cfg, url, run_dir, artifacts, slots, panel.fingerprint, panel.oracle_ic, panel.source)
+
+
+def _check_models(cfg: C.SweeperConfig, resolve: Any) -> None:
+    names = {cfg.model.name}
+    spec = cfg.search_space.get("model.name")
+    if spec is not None and spec.choices:
+        names |= {str(c) for c in spec.choices}
+    for name in sorted(names):
+        if name not in C.BUILTIN_MODELS and ":" not in name:
+            raise ConfigError(f"search_space.model.name: unknown model {name!r}")
+        resolve(name)
+
+
+def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, force: bool = False,
+        must_exist: bool = False, study_file: str = "STUDY.yaml") -> Outcome:
+    """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point."""
+    from sweeper.devices import environment_summary
+
+    plan = prepare(cfg, storage_url)
+    plan.study_file = study_file
+    cfg = plan.cfg
+    ident = Identity.current()
+    storage = open_storage(plan.storage_url, heartbeat_interval=cfg.study.heartbeat_interval,
+                           grace_period=cfg.study.grace_period, create=not must_exist)
+    lock = claim_lock(storage, plan.storage_url, cfg.study.name)
+    attrs = {**study_attrs(cfg, plan.fingerprint, environment_summary()), "oracle_ic": plan.oracle_ic,
+             "data_source": plan.source}
+    study = open_study(storage, cfg, attrs=attrs, lock=lock, force=force, must_exist=must_exist)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    driver = Driver(cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
+                    artifacts=plan.artifacts, view=view, ident=ident, lock=lock)
+    telemetry = Telemetry(plan.run_dir / "devices.csv", plan.slots)
+    previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    view.start(cfg, plan, study)
+    try:
+        telemetry.start()
+        driver.loop()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        driver.shutdown()
+        telemetry.stop()
+    outcome = summarize(study, cfg, driver)
+    view.close(outcome, cfg, plan)
+    return outcome
+
+
+def summarize(study: optuna.Study, cfg: C.SweeperConfig, driver: Driver) -> Outcome:
+    trials = study.get_trials(deepcopy=False)
+    counts = {s.name: 0 for s in TrialState}
+    for t in trials:
+        counts[t.state.name] += 1
+    best = best_trial(study)
+    interrupted = driver.stop.count > 0
+    code = driver.stop.exit_code if interrupted else 0
+    if not interrupted and driver.failures_in_row >= cfg.study.max_consecutive_failures:
+        code = 1
+    return Outcome(counts=counts, best=best, interrupted=interrupted, exit_code=code, message=driver.message)
+
+
+class Telemetry:
+    """Samples each GPU through NVML every few seconds into devices.csv (no CUDA context)."""
+
+    def __init__(self, path: Path, slots: list[Any], interval: float | None = None) -> None:
+        self.path = path
+        self.enabled = any(s.kind == "gpu" for s in slots)
+        self.interval = interval or float(os.environ.get("SWEEPER_TELEMETRY_INTERVAL", "5"))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="telemetry")
+
+    def start(self) -> None:
+        if self.enabled:
+            self._thread.start()
+
+    def _loop(self) -> None:
+        from sweeper.devices import telemetry
+
+        import csv
+
+        while True:
+            rows = telemetry()
+            if rows:
+                new = not self.path.exists()
+                with self.path.open("a", newline="") as fh:
+                    writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                    if new:
+                        writer.writeheader()
+                    writer.writerows(rows)
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

@@ -1,0 +1,114 @@
+"""Reading a study back: status, best trial, and the per-trial run folder.
+
+Read-only: nothing here creates a study or a database file.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper import config as C
+from sweeper.errors import StudyNotFound
+from sweeper.store import open_storage
+
+
+def load_existing(cfg: C.SweeperConfig, storage_url: str | None = None) -> optuna.Study:
+    url = storage_url or cfg.study.resolved_storage
+    storage = open_storage(url, create=False)
+    names = [s.study_name for s in storage.get_all_studies()]
+    if cfg.study.name not in names:
+        known = f" (it holds: {', '.join(names)})" if names else ""
+        raise StudyNotFound(f"study {cfg.study.name!r} not found in {url}{known}; start it with `sweeper run`")
+    return optuna.load_study(study_name=cfg.study.name, storage=storage)
+
+
+def run_dir(cfg: C.SweeperConfig) -> Path:
+    artifacts = cfg.study.resolved_artifacts
+    return Path(f"runs/{cfg.study.name}") if artifacts.startswith("s3://") else Path(artifacts)
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.value is not None and math.isfinite(t.value)]
+    if not done:
+        return None
+    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+    return pick(done, key=lambda t: t.value)
+
+
+def _clean(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def oracle_fractions(attrs: dict[str, Any], oracle: dict[str, float] | None) -> dict[str, float]:
+    out = {}
+    for split, key in (("valid", "val_ic"), ("test", "test_ic")):
+        if oracle and oracle.get(split) and attrs.get(key) is not None:
+            out[f"{key}_oracle_fraction"] = attrs[key] / oracle[split]
+    return out
+
+
+def best_report(study: optuna.Study, cfg: C.SweeperConfig) -> dict[str, Any] | None:
+    best = best_trial(study)
+    if best is None:
+        return None
+    ua = best.user_attrs
+    oracle = study.user_attrs.get("oracle_ic")
+    weights = run_dir(cfg) / "trials" / str(best.number) / "weights.pt"
+    keys = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
+            "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")
+    out = {
+        "trial": best.number,
+        "value": best.value,
+        "metric": cfg.study.metric,
+        "params": best.params,
+        "metrics": {k: _clean(ua.get(k)) for k in keys if k in ua},
+        "weights": str(weights) if weights.exists() else None,
+    }
+    if oracle:
+        out["oracle_val_ic"] = oracle.get("valid")
+        out["oracle_test_ic"] = oracle.get("test")
+        out.update(oracle_fractions(ua, oracle))
+    return out
+
+
+def status_report(study: optuna.Study, cfg: C.SweeperConfig) -> dict[str, Any]:
+    trials = study.get_trials(deepcopy=False)
+    counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
+    running = [
+        {"trial": t.number, "device": t.user_attrs.get("device"), "host": t.user_attrs.get("host"),
+         "epoch": max(t.intermediate_values) if t.intermediate_values else None,
+         "params": t.params}
+        for t in trials if t.state == TrialState.RUNNING
+    ]
+    failed = {}
+    for t in trials:
+        if t.state == TrialState.FAIL:
+            reason = t.user_attrs.get("fail_reason", "unknown")
+            failed[reason] = failed.get(reason, 0) + 1
+    return {
+        "study": cfg.study.name,
+        "n_trials": cfg.study.n_trials,
+        "finished": counts["COMPLETE"] + counts["PRUNED"],
+        "counts": counts,
+        "fail_reasons": failed,
+        "best": best_report(study, cfg),
+        "running": running,
+        "devices": latest_telemetry(run_dir(cfg) / "devices.csv"),
+    }
+
+
+def latest_telemetry(path: Path) -> list[dict[str, Any]]:
+    """The last sample of each GPU in devices.csv."""
+    if not path.exists():
+        return []
+    latest: dict[str, dict[str, Any]] = {}
+    with path.open() as fh:
+        for row in csv.DictReader(fh):
+            latest[row.get("uuid") or row.get("index", "")] = row
+    return list(latest.values())

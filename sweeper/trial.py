@@ -1,0 +1,260 @@
+"""One trial's life inside a worker: attach to the trial in the store, train it
+with the shared core, write its artifacts, and finish it.
+
+Everything the trial produces lives under ``<run_dir>/trials/<number>/``:
+config.yaml, metrics.csv, train.log, weights.pt (best state dict),
+daily_ic_valid.csv, daily_ic_test.csv and checkpoint.pt. The files are also
+registered in Optuna's artifact store so optuna-dashboard lists them.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import socket
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+import yaml
+from optuna.trial import TrialState
+
+from sweeper import config as C
+from sweeper.errors import Interrupted, SweeperError, TrialFailure
+from sweeper.store import artifact_store, open_storage
+from sweeper.worker import Heartbeat, emit
+
+ARTIFACTS = ("config.yaml", "metrics.csv", "train.log", "weights.pt", "daily_ic_valid.csv", "daily_ic_test.csv")
+
+
+def trial_dir(run_dir: str | Path, number: int) -> Path:
+    return Path(run_dir) / "trials" / str(number)
+
+
+class TrialCheckpointer:
+    """The core's FileCheckpointer plus a JSON sidecar naming the saved epoch,
+    so a retry can replay exactly the intermediate values its checkpoint covers."""
+
+    def __init__(self, path: Path) -> None:
+        from sweeper.train import FileCheckpointer
+
+        self.inner = FileCheckpointer(path)
+        self.sidecar = path.with_suffix(".json")
+
+    def load(self) -> dict | None:
+        return self.inner.load()
+
+    def save(self, state: dict) -> None:
+        self.inner.save(state)
+        tmp = self.sidecar.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"epoch": int(state["epoch"])}))
+        os.replace(tmp, self.sidecar)
+
+
+def checkpoint_epoch(path: Path) -> int | None:
+    sidecar = path.with_suffix(".json")
+    if not (path.exists() and sidecar.exists()):
+        return None
+    return int(json.loads(sidecar.read_text())["epoch"])
+
+
+class OptunaHook:
+    """Reports the objective each epoch, prunes, logs metrics.csv, and tells the driver."""
+
+    def __init__(self, trial: optuna.Trial, metric: str, number: int, out: Path, stop: threading.Event) -> None:
+        self.trial, self.metric, self.number, self.out, self.stop = trial, metric, number, out, stop
+        self.pruned = False
+
+    def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
+        _append_csv(self.out / "metrics.csv", {"epoch": epoch, **metrics})
+        value = metrics.get(self.metric)
+        emit("epoch", number=self.number, epoch=epoch, metrics=metrics)
+        if value is None or not math.isfinite(value):
+            return False
+        self.trial.report(float(value), epoch)
+        self.pruned = self.trial.should_prune()
+        return self.pruned
+
+    def should_stop(self) -> bool:
+        return self.stop.is_set()
+
+
+def _append_csv(path: Path, row: dict[str, Any]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+class TrialRunner:
+    """Holds what a worker reuses across trials: the study handle, panels, device."""
+
+    def __init__(self, init: dict[str, Any], stop: threading.Event) -> None:
+        self.cfg = C.validate_config(init["config"], "study config")
+        self.run_dir = Path(init["run_dir"])
+        self.slot = init["slot"]
+        self.driver = init["driver"]
+        self.stop = stop
+        self.threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        self.device = _pick_device()
+        self.storage = open_storage(init["storage"], heartbeat_interval=self.cfg.study.heartbeat_interval,
+                                    grace_period=self.cfg.study.grace_period)
+        from sweeper.driver import build_pruner
+
+        self.study = optuna.load_study(study_name=init["study"], storage=self.storage,
+                                       pruner=build_pruner(self.cfg.study.pruner))
+        self.artifacts = artifact_store(init["artifacts"])
+        self._panels: dict[str, Any] = {}
+
+    def panel(self, cfg: C.SweeperConfig) -> Any:
+        from sweeper.data import load_panel
+
+        key = json.dumps(cfg.data.model_dump(mode="json"), sort_keys=True)
+        if key not in self._panels:
+            self._panels.clear()
+            self._panels[key] = load_panel(cfg.data)
+        return self._panels[key]
+
+    def run(self, trial_id: int, number: int) -> bool:
+        """Train one trial to a finished state; False when the worker must be replaced."""
+        out = trial_dir(self.run_dir, number)
+        out.mkdir(parents=True, exist_ok=True)
+        trial = optuna.Trial(self.study, trial_id)
+        frozen = self.storage.get_trial(trial_id)
+        log = _TrialLog(out / "train.log")
+        self._stamp(trial)
+        emit("start", number=number, params=frozen.params)
+        with Heartbeat(self.storage, trial_id, self.cfg.study.heartbeat_interval):
+            try:
+                state, value, attrs = self._train(trial, frozen, out, log)
+            except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
+                state, value, attrs = TrialState.FAIL, None, _failure_attrs(exc, log)
+        return self._finish(trial, number, state, value, attrs, out)
+
+    def _stamp(self, trial: optuna.Trial) -> None:
+        attrs = {
+            "device": self.slot["label"],
+            "slot": self.slot["id"],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "host": self.driver["host"],
+            "driver_id": self.driver["driver_id"],
+            "driver_pid": self.driver["pid"],
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+        }
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+
+    def _train(self, trial: optuna.Trial, frozen: Any, out: Path, log: "_TrialLog") -> tuple:
+        from sweeper.train import train
+
+        cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
+        (out / "config.yaml").write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
+        ckpt_path = out / "checkpoint.pt"
+        self._adopt_checkpoint(trial, frozen, ckpt_path, log)
+        hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, out, self.stop)
+        panel = self.panel(cfg)
+        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=TrialCheckpointer(ckpt_path), log=log)
+        _write_results(out, result)
+        state = TrialState.PRUNED if hook.pruned else TrialState.COMPLETE
+        value = result.metrics.get(self.cfg.study.metric)
+        if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
+            return TrialState.FAIL, None, {**result.metrics, "fail_reason": "nan",
+                                           "error": f"{self.cfg.study.metric} is not finite"}
+        return state, value, dict(result.metrics)
+
+    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: Any, ckpt_path: Path, log: "_TrialLog") -> None:
+        """A retry continues from the interrupted trial's checkpoint, replaying its
+        intermediate values up to that epoch exactly once."""
+        source = frozen.user_attrs.get("resume_from")
+        if not source or ckpt_path.exists() or checkpoint_epoch(Path(source)) is None:
+            return
+        epoch = checkpoint_epoch(Path(source))
+        shutil.copyfile(source, ckpt_path)
+        shutil.copyfile(Path(source).with_suffix(".json"), ckpt_path.with_suffix(".json"))
+        previous = self.storage.get_trial(self.storage.get_trial_id_from_study_id_trial_number(
+            self.study._study_id, int(frozen.user_attrs["retry_of"])))
+        for step, value in sorted(previous.intermediate_values.items()):
+            if step <= epoch and step not in frozen.intermediate_values:
+                trial.report(value, step)
+        metrics_csv = Path(source).parent / "metrics.csv"
+        if metrics_csv.exists():
+            _copy_csv_upto(metrics_csv, ckpt_path.parent / "metrics.csv", epoch)
+        trial.set_user_attr("resumed_from_epoch", epoch)
+        log(f"resuming from {source} at epoch {epoch}")
+
+    def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
+                attrs: dict[str, Any], out: Path) -> bool:
+        for key, val in attrs.items():
+            trial.set_user_attr(key, _plain(val))
+        self._register_artifacts(trial, out)
+        values = value if state == TrialState.COMPLETE else None
+        self.study.tell(trial, values, state=state, skip_if_finished=True)
+        emit("end", number=number, state=state.name, value=value, reason=attrs.get("fail_reason"),
+             metrics={k: _plain(v) for k, v in attrs.items()})
+        return state != TrialState.FAIL
+
+    def _register_artifacts(self, trial: optuna.Trial, out: Path) -> None:
+        from optuna.artifacts import upload_artifact
+
+        for name in ARTIFACTS:
+            path = out / name
+            if path.exists():
+                try:
+                    upload_artifact(artifact_store=self.artifacts, file_path=str(path), study_or_trial=trial)
+                except Exception:  # noqa: BLE001 - the files stay in the run folder either way
+                    pass
+
+
+def _copy_csv_upto(src: Path, dst: Path, epoch: int) -> None:
+    with src.open() as fh:
+        rows = [r for r in csv.DictReader(fh) if int(float(r["epoch"])) <= epoch]
+    for row in rows:
+        _append_csv(dst, row)
+
+
+def _write_results(out: Path, result: Any) -> None:
+    tmp = out / "weights.pt.tmp"
+    torch.save(result.best_state, tmp)
+    os.replace(tmp, out / "weights.pt")
+    for split, frame in result.daily.items():
+        frame.to_csv(out / f"daily_ic_{split}.csv", index=False)
+
+
+def _failure_attrs(exc: BaseException, log: "_TrialLog") -> dict[str, Any]:
+    reason = exc.reason if isinstance(exc, TrialFailure) else "crash"
+    log("".join(traceback.format_exception(exc)).rstrip())
+    message = str(exc) if isinstance(exc, (TrialFailure, SweeperError)) else f"{type(exc).__name__}: {exc}"
+    return {"fail_reason": reason, "error": message[:2000]}
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _pick_device() -> torch.device:
+    if os.environ.get("SWEEPER_FAKE_GPU_SLOT"):
+        return torch.device("cpu")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class _TrialLog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self, line: str) -> None:
+        with self.path.open("a") as fh:
+            fh.write(line.rstrip() + "\n")
+        print(line, flush=True)  # stdout is the slot log (stderr) in a worker
