@@ -1,0 +1,110 @@
+"""Batches of windows gathered from the resident panel tensor.
+
+A sample (t, i) is the window X[t-lookback+1 .. t, i, :] with target y[t, i].
+A batch is one ``index_select`` on the [T*N, F] view of X with the flat row
+numbers (t + k) * N + i, so there is no per-sample Python and the same code
+runs on a GPU. When X stays on the host while training runs on CUDA, each
+batch is gathered into pinned memory and copied with ``non_blocking=True``.
+"""
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple
+
+import torch
+
+from sweeper.data.panel import Panel
+
+
+class Batch(NamedTuple):
+    x: torch.Tensor      # [B, lookback, F] float32
+    y: torch.Tensor      # [B] normalised label (train target)
+    y_raw: torch.Tensor  # [B] raw label
+    t: torch.Tensor      # [B] int64 date index
+    i: torch.Tensor      # [B] int64 asset index
+
+
+class Batcher:
+    """Random, cross-sectional and evaluation batches of one split."""
+
+    def __init__(self, panel: Panel, split: str, device: torch.device | str) -> None:
+        self.panel = panel
+        self.split = split
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self._home = panel.X.device
+        T, N, F = panel.X.shape
+        self._n_assets = N
+        self._xflat = panel.X.reshape(T * N, F)
+        self._yflat = panel.y.reshape(-1)
+        self._rawflat = panel.y_raw.reshape(-1)
+        self._offsets = torch.arange(-panel.lookback + 1, 1, device=self._home)
+        self._copy = self._home != self.device
+        self.index = panel.sample_index(split)
+        self.n_samples = int(self.index.shape[0])
+        # sample_index is sorted by date: each date's samples are one contiguous run
+        self._dates, self._counts = torch.unique_consecutive(self.index[:, 0], return_counts=True)
+        self._starts = torch.cumsum(self._counts, 0) - self._counts
+        self.n_dates = int(self._dates.shape[0])
+
+    def gather(self, idx: torch.Tensor) -> Batch:
+        """int64 [B, 2] (t, i) pairs -> Batch on the training device."""
+        idx = idx.to(self._home)
+        t, i = idx[:, 0], idx[:, 1]
+        rows = ((t[:, None] + self._offsets) * self._n_assets + i[:, None]).reshape(-1)
+        cells = t * self._n_assets + i
+        x = self._take(self._xflat, rows).view(len(idx), -1, self._xflat.shape[1])
+        return Batch(x, self._take(self._yflat, cells), self._take(self._rawflat, cells),
+                     self._move(t), self._move(i))
+
+    def _take(self, src: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        if not self._copy:
+            return torch.index_select(src, 0, rows)
+        if self.device.type != "cuda":
+            return torch.index_select(src, 0, rows).to(self.device)
+        # the caching host allocator keeps this block until the async copy is done
+        out = torch.empty((len(rows), *src.shape[1:]), dtype=src.dtype, pin_memory=True)
+        torch.index_select(src, 0, rows, out=out)
+        return out.to(self.device, non_blocking=True)
+
+    def _move(self, v: torch.Tensor) -> torch.Tensor:
+        return v.to(self.device, non_blocking=True) if self._copy else v
+
+    def random_batches(
+        self, batch_size: int, generator: torch.Generator, limit: int | None = None
+    ) -> Iterator[Batch]:
+        """Samples in a random order drawn from ``generator`` (deterministic for
+        its state); at most ``limit`` samples; the last batch may be smaller."""
+        order = torch.randperm(self.n_samples, generator=generator, device=generator.device)
+        order = order[: self._cap(limit)].to(self._home)
+        for start in range(0, len(order), batch_size):
+            yield self.gather(self.index[order[start:start + batch_size]])
+
+    def cross_section_batches(
+        self, dates_per_batch: int, generator: torch.Generator, limit: int | None = None
+    ) -> Iterator[Batch]:
+        """All samples of ``dates_per_batch`` dates per batch, rows grouped by
+        date (assets ascending), dates in a random order. ``limit`` stops before
+        the date that would exceed it (at least one date is always served)."""
+        perm = torch.randperm(self.n_dates, generator=generator, device=generator.device).to(self._home)
+        if limit is not None:
+            within = int((torch.cumsum(self._counts[perm], 0) <= limit).sum())
+            perm = perm[: max(within, 1)]
+        for start in range(0, len(perm), dates_per_batch):
+            chosen = perm[start:start + dates_per_batch]
+            yield self.gather(self.index[self._rows_of(chosen)])
+
+    def _rows_of(self, date_pos: torch.Tensor) -> torch.Tensor:
+        """Rows of the sample index belonging to the given date positions, in order."""
+        counts = self._counts[date_pos]
+        firsts = torch.repeat_interleave(self._starts[date_pos], counts)
+        run_start = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        return firsts + torch.arange(int(counts.sum()), device=self._home) - run_start
+
+    def eval_batches(self, batch_size: int) -> Iterator[Batch]:
+        """Every sample once, in (t, i) order."""
+        for start in range(0, self.n_samples, batch_size):
+            yield self.gather(self.index[start:start + batch_size])
+
+    def _cap(self, limit: int | None) -> int:
+        return self.n_samples if limit is None else min(limit, self.n_samples)

@@ -1,0 +1,110 @@
+"""Long rows (one per date and asset) -> dense [dates, assets, columns] arrays.
+
+Vectorised: dates and assets are factorised to integer codes and the values
+are scattered into NaN-filled arrays in one assignment; no per-row Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sweeper.errors import DataError
+
+
+@dataclass
+class Columns:
+    """The columns of a long panel, as read from a file or generated."""
+
+    source: str              # the file path, or the synthetic description
+    date_col: str
+    asset_col: str
+    label_col: str
+    dates: object            # array-like of dates (datetime64, date objects or strings)
+    assets: object           # array-like of asset ids
+    features: np.ndarray     # [R, F] float32, NaN = missing
+    label: np.ndarray        # [R] float32, NaN = missing
+    feature_names: list[str]
+
+
+@dataclass
+class Dense:
+    dates: np.ndarray        # [T] datetime64[ns], ascending
+    assets: np.ndarray       # [N] str (object)
+    X: np.ndarray            # [T, N, F] float32, NaN where missing or absent
+    y: np.ndarray            # [T, N] float32, NaN where missing or absent
+    mask: np.ndarray         # [T, N] bool, the row is present
+
+
+def densify(cols: Columns) -> Dense:
+    """Validate dates and (date, asset) uniqueness and scatter into dense arrays."""
+    d_code, dates = parse_dates(cols.dates, cols.source, cols.date_col)
+    a_code, assets = factorize_assets(cols.assets, cols.source, cols.asset_col)
+    T, N, F = len(dates), len(assets), cols.features.shape[1]
+    check_unique(d_code, a_code, dates, assets, cols)
+    X = np.full((T, N, F), np.nan, dtype=np.float32)
+    y = np.full((T, N), np.nan, dtype=np.float32)
+    mask = np.zeros((T, N), dtype=bool)
+    X[d_code, a_code] = cols.features
+    y[d_code, a_code] = cols.label
+    mask[d_code, a_code] = True
+    # infinities are as unusable as NaN and would poison every statistic
+    X[~np.isfinite(X)] = np.nan
+    y[~np.isfinite(y)] = np.nan
+    return Dense(dates=dates, assets=assets, X=X, y=y, mask=mask)
+
+
+def parse_dates(values: object, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """Row codes into the sorted unique dates (datetime64[ns]); DataError on bad dates.
+
+    Only the distinct values are parsed, then re-factorised, so two spellings of
+    one day ("2020-01-02", "2020-01-02 00:00") become one date.
+    """
+    codes, uniques = pd.factorize(np.asarray(values, dtype=object) if _is_text(values) else values)
+    if (codes < 0).any():
+        row = int(np.flatnonzero(codes < 0)[0])
+        raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no date (e.g. row {row})")
+    parsed = pd.to_datetime(pd.Index(uniques), errors="coerce")
+    if getattr(parsed, "tz", None) is not None:
+        parsed = parsed.tz_convert("UTC").tz_localize(None)
+    bad = np.asarray(parsed.isna())
+    if bad.any():
+        raise DataError(
+            f"{source}: column '{col}': cannot parse {int(bad.sum())} distinct date value(s), "
+            f"e.g. {uniques[int(np.flatnonzero(bad)[0])]!r}; expected dates, timestamps or ISO date strings"
+        )
+    remap, dates = pd.factorize(parsed.astype("datetime64[ns]"), sort=True)
+    return remap[codes], np.asarray(dates, dtype="datetime64[ns]")
+
+
+def _is_text(values: object) -> bool:
+    dtype = getattr(values, "dtype", None)
+    return dtype is not None and (dtype == object or pd.api.types.is_string_dtype(dtype))
+
+
+def factorize_assets(values: object, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
+    codes, uniques = pd.factorize(values)
+    if (codes < 0).any():
+        row = int(np.flatnonzero(codes < 0)[0])
+        raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no asset id (e.g. row {row})")
+    names = np.asarray([str(u) for u in uniques], dtype=object)
+    order = np.argsort(names, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    if len(set(names)) != len(names):
+        # e.g. 1 and "1" in an object column: the same id once written out as text
+        raise DataError(f"{source}: column '{col}': asset ids collide when converted to text")
+    return rank[codes], names[order]
+
+
+def check_unique(d_code: np.ndarray, a_code: np.ndarray, dates: np.ndarray, assets: np.ndarray, cols: Columns) -> None:
+    key = d_code.astype(np.int64) * len(assets) + a_code
+    dup = pd.Series(key).duplicated().to_numpy()
+    if dup.any():
+        first = int(np.flatnonzero(dup)[0])
+        day = np.datetime_as_string(dates[d_code[first]], unit="D")
+        raise DataError(
+            f"{cols.source}: columns '{cols.date_col}', '{cols.asset_col}': {int(dup.sum())} duplicated "
+            f"(date, asset) rows, e.g. ({day}, {assets[a_code[first]]}); expected one row per date and asset"
+        )

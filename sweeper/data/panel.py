@@ -1,0 +1,70 @@
+"""The resident panel: dense tensors, mask, split indices and sample index."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from sweeper.data.placement import ON_DEVICE, PINNED_HOST, free_device_bytes, placement
+
+_TENSORS = ("X", "y", "y_raw", "mask")
+
+
+@dataclass
+class Panel:
+    X: torch.Tensor          # [T, N, F] float32 normalised features, NaN -> 0
+    y: torch.Tensor          # [T, N] float32 normalised training label, NaN = no usable label
+    y_raw: torch.Tensor      # [T, N] float32 raw label (metrics use it), NaN where missing
+    mask: torch.Tensor       # [T, N] bool: the (date, asset) row is present
+    dates: np.ndarray        # [T] datetime64[ns], ascending
+    assets: np.ndarray       # [N] str (object)
+    features: list[str]
+    splits: dict[str, tuple[int, int]]   # split -> [start, stop) target-date indices, purged
+    lookback: int
+    oracle_ic: dict[str, float] | None
+    source: str
+    fingerprint: str
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def sample_index(self, split: str) -> torch.Tensor:
+        """int64 [S, 2] of (t, i), sorted by t then i: t in the split (so
+        t >= lookback-1), row present and training label finite. Cached."""
+        if split not in self._cache:
+            if split not in self.splits:
+                raise KeyError(f"unknown split {split!r}; expected one of {sorted(self.splits)}")
+            start, stop = self.splits[split]
+            usable = self.mask[start:stop] & torch.isfinite(self.y[start:stop])
+            idx = usable.nonzero()
+            idx[:, 0] += start
+            self._cache[split] = idx
+        return self._cache[split]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors that move with the panel, sample indices included."""
+        tensors = sum(getattr(self, name).nbytes for name in _TENSORS)
+        samples = int((self.mask & torch.isfinite(self.y)).sum()) * 2 * 8
+        return tensors + samples
+
+    def to(self, device: torch.device | str, share: float) -> Panel:
+        """Move to ``device`` when the panel fits in ``share`` of its free memory;
+        otherwise stay on the host in pinned memory (batches then copy
+        non_blocking). On the CPU this is a no-op and nothing is queried."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if self.X.device == device:
+            return self
+        if device.type != "cuda":
+            return self._moved(lambda t: t.to(device))
+        where = placement(self.nbytes, free_device_bytes(device), share)
+        if where == ON_DEVICE:
+            return self._moved(lambda t: t.to(device))
+        assert where == PINNED_HOST
+        return self._moved(lambda t: t.cpu().pin_memory())
+
+    def _moved(self, move) -> Panel:
+        moved = {name: move(getattr(self, name)) for name in _TENSORS}
+        return dataclasses.replace(self, **moved, _cache={})

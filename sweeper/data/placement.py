@@ -1,0 +1,28 @@
+"""Where the panel lives while a trial trains: on the device, or pinned on the host.
+
+The rule is a pure function of byte counts so it is testable without a GPU;
+only ``free_device_bytes`` touches CUDA, and only for a CUDA device.
+"""
+from __future__ import annotations
+
+import torch
+
+ON_DEVICE = "device"
+PINNED_HOST = "pinned_host"
+HOST = "host"
+
+
+def placement(panel_bytes: int, free_bytes: int | None, share: float) -> str:
+    """``"device"`` when the panel fits in ``share`` of the free device memory,
+    ``"pinned_host"`` when it does not, ``"host"`` when there is no device (None)."""
+    if free_bytes is None:
+        return HOST
+    return ON_DEVICE if panel_bytes <= share * free_bytes else PINNED_HOST
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA device; None for any other device (no query made)."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)

@@ -1,0 +1,135 @@
+"""Time split of the target dates, with a purge gap between consecutive splits.
+
+A sample's target date ``t`` has a label covering dates ``(t, t + horizon]``.
+Between the last target date of one split and the first target date of the
+next, ``horizon + embargo`` dates are dropped, so for every pair of targets
+``t`` (earlier split) and ``u`` (later split): ``t + horizon + embargo < u``.
+The first ``lookback - 1`` dates are never targets (no full input window).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from sweeper.config import SplitConfig
+from sweeper.errors import DataError
+
+SPLITS = ("train", "valid", "test")
+
+
+def purge_gap(horizon: int, embargo: int) -> int:
+    """Number of dates dropped between two consecutive splits."""
+    return horizon + embargo
+
+
+def split_dates(
+    dates: np.ndarray,
+    split: SplitConfig,
+    lookback: int,
+    horizon: int,
+    embargo: int,
+    where: str,
+) -> dict[str, tuple[int, int]]:
+    """``{"train"|"valid"|"test": (start, stop)}`` half-open target-date indices.
+
+    ``where`` prefixes every error message (e.g. ``"data.parquet: column 'date'"``).
+    """
+    gap = purge_gap(horizon, embargo)
+    if isinstance(split.train, float):
+        fractions = (float(split.train), float(split.valid), float(split.test))
+        return fraction_splits(len(dates), fractions, lookback, gap, where, (horizon, embargo))
+    ranges = (split.train, split.valid, split.test)
+    return range_splits(dates, ranges, lookback, gap, where)
+
+
+def fraction_sizes(budget: int, fractions: tuple[float, float, float]) -> list[int]:
+    """Split ``budget`` dates by cumulative rounding (sizes add up exactly)."""
+    cum = np.cumsum(fractions)
+    # half-up rounding with a tolerance so 0.6*1000 is 600, not 599.99..
+    cuts = [0] + [int(math.floor(c * budget + 0.5 + 1e-9)) for c in cum]
+    return [cuts[k + 1] - cuts[k] for k in range(3)]
+
+
+def min_budget(fractions: tuple[float, float, float]) -> int:
+    """Smallest number of target dates that gives every split at least one date."""
+    budget = 3
+    while min(fraction_sizes(budget, fractions)) < 1:
+        budget += 1
+    return budget
+
+
+def fraction_splits(
+    n_dates: int,
+    fractions: tuple[float, float, float],
+    lookback: int,
+    gap: int,
+    where: str,
+    horizon_embargo: tuple[int, int] = (0, 0),
+) -> dict[str, tuple[int, int]]:
+    """Fractions are of the dates that can be targets: all dates minus the
+    ``lookback - 1`` warm-up dates and the two purge gaps."""
+    warmup = lookback - 1
+    budget = n_dates - warmup - 2 * gap
+    sizes = fraction_sizes(budget, fractions) if budget >= 3 else [0, 0, 0]
+    if min(sizes) < 1:
+        need = warmup + 2 * gap + min_budget(fractions)
+        h, e = horizon_embargo
+        raise DataError(
+            f"{where}: {n_dates} dates are too few: lookback {lookback}, horizon {h}, embargo {e} "
+            f"and splits {fractions[0]:g}/{fractions[1]:g}/{fractions[2]:g} need at least {need} dates"
+        )
+    out: dict[str, tuple[int, int]] = {}
+    start = warmup
+    for name, size in zip(SPLITS, sizes):
+        out[name] = (start, start + size)
+        start += size + gap
+    return out
+
+
+def range_splits(
+    dates: np.ndarray,
+    ranges: tuple[tuple[str, str], ...],
+    lookback: int,
+    gap: int,
+    where: str,
+) -> dict[str, tuple[int, int]]:
+    """Explicit inclusive ``[start, end]`` date ranges; the purge trims the end
+    of the earlier split, the warm-up trims the start of any split."""
+    bounds = [_range_indices(dates, name, rng, where) for name, rng in zip(SPLITS, ranges)]
+    for k in range(2):
+        if bounds[k][1] > bounds[k + 1][0]:
+            raise DataError(
+                f"{where}: data.split.{SPLITS[k]} {list(ranges[k])} overlaps or comes after "
+                f"data.split.{SPLITS[k + 1]} {list(ranges[k + 1])}; give the ranges in time order"
+            )
+    out: dict[str, tuple[int, int]] = {}
+    for k, name in enumerate(SPLITS):
+        start, stop = bounds[k]
+        start = max(start, lookback - 1)
+        if k < 2:
+            stop = min(stop, bounds[k + 1][0] - gap)
+        if stop <= start:
+            raise DataError(
+                f"{where}: data.split.{name} {list(ranges[k])} has no target dates left after the "
+                f"{lookback - 1} warm-up dates of the lookback window and the purge gap of {gap} dates"
+            )
+        out[name] = (start, stop)
+    return out
+
+
+def _range_indices(dates: np.ndarray, name: str, rng: tuple[str, str], where: str) -> tuple[int, int]:
+    try:
+        lo, hi = (pd.Timestamp(v).to_datetime64().astype("datetime64[ns]") for v in rng)
+    except (ValueError, TypeError):
+        raise DataError(f"{where}: data.split.{name}: cannot parse the date range {list(rng)}") from None
+    start = int(np.searchsorted(dates, lo, side="left"))
+    stop = int(np.searchsorted(dates, hi, side="right"))
+    if stop <= start:
+        first, last = (str(np.datetime_as_string(d, unit="D")) for d in (dates[0], dates[-1]))
+        raise DataError(
+            f"{where}: data.split.{name} range {list(rng)} selects no dates "
+            f"(the file has {len(dates)} dates from {first} to {last})"
+        )
+    return start, stop
