@@ -105,7 +105,8 @@ def _mean_ir(series: np.ndarray) -> tuple[float, float]:
     if len(values) < 2:
         return mean, math.nan
     std = float(values.std(ddof=1))
-    return mean, (mean / std if std > 0 else math.nan)
+    # a spread at rounding level (e.g. every day exactly +-1 with 2 assets) is no spread
+    return mean, (mean / std if std > 1e-10 * abs(mean) else math.nan)
 
 
 # ------------------------------------------------------------------ torch
