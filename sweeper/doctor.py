@@ -1,0 +1,103 @@
+"""``sweeper doctor``: what this machine offers a sweep, as (check, value) rows and one verdict.
+
+GPUs are read through NVML first; ``torch.cuda.is_available()`` is asked last, because
+it loads the CUDA driver, and by then everything NVML knows is already in the rows.
+The verdict on a machine without GPUs (or without the NVIDIA driver) is exactly
+``NO_GPU_VERDICT`` with exit code 0: CPU slots are a supported way to run.
+"""
+from __future__ import annotations
+
+import platform
+import sqlite3
+import sys
+from importlib import metadata
+from typing import NamedTuple
+
+from sweeper import __version__
+from sweeper.devices import GPU, NvmlProbe, probe
+
+NO_GPU_VERDICT = "no GPU: CPU slots will be used"
+
+
+class DoctorReport(NamedTuple):
+    rows: list[tuple[str, str]]
+    verdict: str
+    exit_code: int
+
+
+def doctor() -> DoctorReport:
+    """Check the environment. Exit code 0 when a sweep can run as configured by default, else 1."""
+    import torch
+
+    found = probe()
+    rows = [
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("sweeper", __version__),
+        ("torch", torch.__version__),
+        ("torch CUDA build", torch.version.cuda or "none (CPU-only build)"),
+        ("NVIDIA driver", _driver(found)),
+    ]
+    for gpu in found.gpus:
+        rows += _gpu_rows(gpu)
+    rows += [
+        ("optuna", _package_version("optuna")),
+        ("SQLite", sqlite3.sqlite_version),
+        ("optuna-dashboard", _package_version("optuna-dashboard")),
+    ]
+    available = bool(torch.cuda.is_available())
+    rows.append(("torch.cuda.is_available()", str(available)))
+    verdict, code = _verdict(found, torch.version.cuda, available)
+    return DoctorReport(rows, verdict, code)
+
+
+def _driver(found: NvmlProbe) -> str:
+    if found.fake:
+        return f"fake GPUs (SWEEPER_FAKE_GPUS={len(found.gpus)})"
+    return found.driver or f"not found: {found.error or 'NVML reported nothing'}"
+
+
+def _gpu_rows(gpu: GPU) -> list[tuple[str, str]]:
+    tag = f"GPU {gpu.index}"
+    procs = ", ".join(
+        f"pid {p['pid']} ({p['used_mb']} MB)" if p.get("used_mb") is not None else f"pid {p['pid']}"
+        for p in gpu.processes
+    )
+    if gpu.bf16 is None:
+        bf16 = "unknown"
+    else:
+        cc = f" (compute capability {gpu.capability[0]}.{gpu.capability[1]})" if gpu.capability else ""
+        bf16 = ("yes" if gpu.bf16 else "no, fp16 autocast only") + cc
+    return [
+        (tag, f"{gpu.name} {gpu.uuid}"),
+        (f"{tag} memory", f"{gpu.free_mb} MB free of {gpu.total_mb} MB ({gpu.used_mb} MB used)"),
+        (f"{tag} utilisation", "n/a" if gpu.util is None else f"{gpu.util}%"),
+        (f"{tag} processes", procs or "none"),
+        (f"{tag} bf16", bf16),
+    ]
+
+
+def _verdict(found: NvmlProbe, torch_cuda: str | None, available: bool) -> tuple[str, int]:
+    n = len(found.gpus)
+    if n == 0:
+        return NO_GPU_VERDICT, 0
+    gpus = f"{n} GPU{'s' if n > 1 else ''}"
+    if found.fake:
+        return f"{gpus} faked by SWEEPER_FAKE_GPUS: GPU slots will train on the CPU", 0
+    if torch_cuda is None:
+        return f"{gpus} found but this torch is a CPU-only build: install a CUDA build of torch", 1
+    if not available:
+        return (
+            f"{gpus} found but torch.cuda.is_available() is False: the driver "
+            f"({found.driver or 'unknown'}) may be too old for torch's CUDA {torch_cuda}",
+            1,
+        )
+    busy = [str(g.index) for g in found.gpus if g.processes]
+    note = f" ({len(busy)} in use by other processes: GPU {', '.join(busy)})" if busy else ""
+    return f"ok: {gpus} ready for GPU slots{note}", 0
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
