@@ -65,7 +65,7 @@ def parse_dates(values: object, source: str, col: str) -> tuple[np.ndarray, np.n
     if (codes < 0).any():
         row = int(np.flatnonzero(codes < 0)[0])
         raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no date (e.g. row {row})")
-    parsed = pd.to_datetime(pd.Index(uniques), errors="coerce")
+    parsed = _to_datetime(pd.Index(uniques))
     if getattr(parsed, "tz", None) is not None:
         parsed = parsed.tz_convert("UTC").tz_localize(None)
     bad = np.asarray(parsed.isna())
@@ -76,6 +76,17 @@ def parse_dates(values: object, source: str, col: str) -> tuple[np.ndarray, np.n
         )
     remap, dates = pd.factorize(parsed.astype("datetime64[ns]"), sort=True)
     return remap[codes], np.asarray(dates, dtype="datetime64[ns]")
+
+
+def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
+    if not _is_text(uniques):
+        return pd.DatetimeIndex(pd.to_datetime(uniques, errors="coerce"))
+    # ISO first (fast, unambiguous); only what fails gets the slower per-value parser
+    parsed = pd.Series(pd.to_datetime(uniques, errors="coerce", format="ISO8601"))
+    retry = parsed.isna().to_numpy()
+    if retry.any():
+        parsed[retry] = pd.to_datetime(uniques[retry], errors="coerce", format="mixed")
+    return pd.DatetimeIndex(parsed)
 
 
 def _is_text(values: object) -> bool:

@@ -1,0 +1,254 @@
+"""load_panel on real Parquet files: the contract, the dense layout and every DataError."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sweeper.config import DataConfig, SplitConfig, SyntheticConfig
+from sweeper.data import load_panel, write_synthetic
+from sweeper.errors import DataError
+
+
+def long_frame(n_dates: int = 40, n_assets: int = 5, seed: int = 0) -> pd.DataFrame:
+    """A small complete panel: date, asset, f1, f2, sector (text), label."""
+    rng = np.random.default_rng(seed)
+    dates = pd.bdate_range("2021-01-04", periods=n_dates)
+    frame = pd.DataFrame({
+        "date": np.repeat(dates.to_numpy(), n_assets),
+        "asset": np.tile([f"S{k}" for k in range(n_assets)], n_dates),
+    })
+    frame["f1"] = rng.normal(size=len(frame))
+    frame["f2"] = rng.integers(0, 100, size=len(frame))
+    frame["sector"] = "tech"
+    frame["label"] = rng.normal(scale=0.02, size=len(frame))
+    return frame
+
+
+def write(frame: pd.DataFrame, path) -> str:
+    frame.to_parquet(path, index=False)
+    return str(path)
+
+
+def cfg(path, **kw) -> DataConfig:
+    kw.setdefault("lookback", 3)
+    kw.setdefault("horizon", 1)
+    return DataConfig(path=str(path), **kw)
+
+
+def raises(config: DataConfig, *needles: str) -> str:
+    with pytest.raises(DataError) as info:
+        load_panel(config)
+    msg = str(info.value)
+    for needle in needles:
+        assert needle in msg, msg
+    return msg
+
+
+# ------------------------------------------------------------ the contract
+
+
+def test_features_none_takes_every_numeric_column_but_date_asset_label(tmp_path):
+    panel = load_panel(cfg(write(long_frame(), tmp_path / "p.parquet")))
+    assert panel.features == ["f1", "f2"]  # 'sector' is text: not a feature
+    assert panel.X.shape == (40, 5, 2) and panel.X.dtype == torch.float32
+    assert panel.dates.dtype == np.dtype("datetime64[ns]")
+    assert list(panel.assets) == ["S0", "S1", "S2", "S3", "S4"]
+
+
+def test_only_the_needed_columns_are_read(tmp_path, monkeypatch):
+    path = write(long_frame(), tmp_path / "p.parquet")
+    seen = []
+    real = pq.read_table
+
+    def spy(source, columns=None, **kw):
+        seen.append(columns)
+        return real(source, columns=columns, **kw)
+
+    monkeypatch.setattr(pq, "read_table", spy)
+    panel = load_panel(cfg(path, features=["f2"]))
+    assert seen == [["date", "asset", "label", "f2"]]
+    assert panel.features == ["f2"]
+
+
+def test_dense_layout_scatters_rows_and_marks_absent_ones(tmp_path):
+    frame = long_frame(n_dates=12, n_assets=3)
+    frame.loc[(frame.asset == "S1") & (frame.date == frame.date.iloc[6]), "f1"] = np.nan
+    frame = frame[~((frame.asset == "S2") & (frame.date >= frame.date.iloc[24]))]  # S2 delists
+    frame = frame.sample(frac=1.0, random_state=0)  # row order must not matter
+    panel = load_panel(cfg(write(frame, tmp_path / "p.parquet"), feature_norm="none", label_norm="none"))
+    ordered = long_frame(n_dates=12, n_assets=3)
+    for t, i in [(0, 0), (5, 1), (11, 0), (7, 2)]:
+        row = ordered.iloc[t * 3 + i]
+        assert panel.X[t, i, 0].item() == pytest.approx(row.f1, rel=1e-6)
+        assert panel.X[t, i, 1].item() == row.f2
+        assert panel.y_raw[t, i].item() == pytest.approx(row.label, rel=1e-6)
+    assert panel.X[2, 1, 0].item() == 0.0  # NaN feature -> 0
+    assert panel.mask[2, 1] and not panel.mask[8:, 2].any() and panel.mask[:8, 2].all()
+    assert torch.isnan(panel.y_raw[8:, 2]).all() and (panel.X[8:, 2] == 0).all()
+
+
+def test_date_and_asset_types(tmp_path):
+    frame = long_frame(n_dates=30, n_assets=3)
+    frame["asset"] = frame["asset"].str[1:].astype(int)  # integer ids become text
+    text = frame.assign(date=frame.date.dt.strftime("%Y-%m-%d"))
+    text.loc[0, "date"] = "2021-01-04 00:00:00"  # another spelling of the same day
+    days = frame.assign(date=frame.date.dt.date)
+    panels = [load_panel(cfg(write(f, tmp_path / f"{k}.parquet"))) for k, f in enumerate([frame, text, days])]
+    for panel in panels:
+        assert list(panel.assets) == ["0", "1", "2"]
+        np.testing.assert_array_equal(panel.dates, panels[0].dates)
+        assert torch.equal(panel.X, panels[0].X)
+
+
+def test_renamed_columns(tmp_path):
+    frame = long_frame().rename(columns={"date": "day", "asset": "ticker", "label": "ret2"})
+    panel = load_panel(cfg(write(frame, tmp_path / "p.parquet"), date_col="day", asset_col="ticker", label="ret2"))
+    assert panel.features == ["f1", "f2"] and panel.y_raw.shape == (40, 5)
+
+
+def test_fingerprint_tracks_bytes_and_column_selection(tmp_path):
+    a = write(long_frame(seed=0), tmp_path / "a.parquet")
+    b = write(long_frame(seed=1), tmp_path / "b.parquet")
+    fa = load_panel(cfg(a)).fingerprint
+    assert fa == load_panel(cfg(a, lookback=4)).fingerprint
+    assert fa != load_panel(cfg(b)).fingerprint
+    assert fa != load_panel(cfg(a, features=["f1"])).fingerprint
+    assert len(fa) == 64 and int(fa, 16) >= 0
+
+
+def test_oracle_ic_read_from_metadata(tmp_path):
+    plain = load_panel(cfg(write(long_frame(), tmp_path / "p.parquet")))
+    assert plain.oracle_ic is None
+    oracle = write_synthetic(tmp_path / "s.parquet", assets=20, dates=60, features=3, seed=1)
+    panel = load_panel(DataConfig(path=str(tmp_path / "s.parquet")))
+    assert panel.oracle_ic == oracle
+    assert panel.source == str(tmp_path / "s.parquet")
+
+
+def test_synthetic_source_needs_no_file():
+    panel = load_panel(DataConfig(synthetic=SyntheticConfig(assets=12, dates=60, features=3, seed=2), lookback=5))
+    assert panel.source == "synthetic(assets=12,dates=60,features=3,seed=2)"
+    assert panel.X.shape == (60, 12, 3) and set(panel.oracle_ic) == {"train", "valid", "test"}
+
+
+# ------------------------------------------------------------ every DataError
+
+
+def test_missing_file(tmp_path):
+    raises(cfg(tmp_path / "nope.parquet"), str(tmp_path / "nope.parquet"), "not found")
+
+
+def test_not_a_parquet_file(tmp_path):
+    path = tmp_path / "p.parquet"
+    path.write_text("date,asset,label\n2020-01-01,A,0.1\n")
+    raises(cfg(path), str(path), "not a Parquet file")
+
+
+@pytest.mark.parametrize("key,value", [("label", "ret5"), ("date_col", "day"), ("asset_col", "ticker"),
+                                       ("features", ["f1", "f9"])])
+def test_missing_column(tmp_path, key, value):
+    path = write(long_frame(), tmp_path / "p.parquet")
+    missing = value[-1] if isinstance(value, list) else value
+    raises(cfg(path, **{key: value}), path, f"column '{missing}'", f"data.{key}", "not found")
+
+
+def test_no_numeric_feature_column(tmp_path):
+    path = write(long_frame()[["date", "asset", "sector", "label"]], tmp_path / "p.parquet")
+    raises(cfg(path), path, "no numeric feature columns", "data.features")
+
+
+def test_non_numeric_feature(tmp_path):
+    path = write(long_frame(), tmp_path / "p.parquet")
+    raises(cfg(path, features=["f1", "sector"]), path, "feature column 'sector'", "numeric")
+
+
+def test_non_numeric_label(tmp_path):
+    path = write(long_frame().assign(label="up"), tmp_path / "p.parquet")
+    raises(cfg(path), path, "label column 'label'", "numeric")
+
+
+def test_duplicated_date_asset_rows(tmp_path):
+    frame = long_frame()
+    frame = pd.concat([frame, frame.iloc[[7, 12, 13]]], ignore_index=True)
+    path = write(frame, tmp_path / "p.parquet")
+    raises(cfg(path), path, "'date', 'asset'", "3 duplicated", "(2021-01-05, S2)")
+
+
+def test_unparseable_dates(tmp_path):
+    frame = long_frame().assign(date=lambda f: f.date.dt.strftime("%Y-%m-%d"))
+    frame.loc[11, "date"] = "2021-13-45"
+    path = write(frame, tmp_path / "p.parquet")
+    raises(cfg(path), path, "column 'date'", "'2021-13-45'", "cannot parse")
+
+
+def test_missing_dates(tmp_path):
+    frame = long_frame()
+    frame.loc[3, "date"] = pd.NaT
+    path = write(frame, tmp_path / "p.parquet")
+    raises(cfg(path), path, "column 'date'", "1 rows have no date", "row 3")
+
+
+def test_numeric_date_column_is_refused(tmp_path):
+    path = write(long_frame().assign(date=20210104), tmp_path / "p.parquet")
+    raises(cfg(path), path, "date column 'date'", "int64")
+
+
+def test_no_rows(tmp_path):
+    path = write(long_frame().iloc[:0], tmp_path / "p.parquet")
+    raises(cfg(path), path, "no usable rows")
+
+
+def test_no_finite_label(tmp_path):
+    path = write(long_frame().assign(label=np.nan), tmp_path / "p.parquet")
+    raises(cfg(path), path, "column 'label'", "no usable rows")
+
+
+def test_split_without_usable_rows(tmp_path):
+    frame = long_frame()
+    frame.loc[frame.date >= frame.date.iloc[-5 * 5], "label"] = np.nan  # the last 5 dates have no label
+    path = write(frame, tmp_path / "p.parquet")
+    raises(cfg(path, split=SplitConfig(train=0.7, valid=0.18, test=0.12)), path, "column 'label'",
+           "no usable rows in the test split")
+
+
+def test_too_few_dates_says_how_many_are_needed(tmp_path):
+    # lookback 5 -> 4 warm-up dates, horizon 1 -> 2 purged dates, 0.6/0.2/0.2 needs 4 target dates
+    path = write(long_frame(n_dates=9), tmp_path / "p.parquet")
+    raises(cfg(path, lookback=5), path, "column 'date'", "9 dates are too few", "need at least 10 dates")
+    panel = load_panel(cfg(write(long_frame(n_dates=10), tmp_path / "q.parquet"), lookback=5))
+    assert panel.splits == {"train": (4, 6), "valid": (7, 8), "test": (9, 10)}
+
+
+def test_date_range_selecting_no_dates(tmp_path):
+    path = write(long_frame(), tmp_path / "p.parquet")
+    split = SplitConfig(train=("2021-01-01", "2021-01-31"), valid=("2021-02-06", "2021-02-07"),
+                        test=("2021-02-08", "2021-03-31"))  # 6-7 Feb 2021 is a weekend
+    raises(cfg(path, split=split), path, "column 'date'", "data.split.valid", "selects no dates")
+
+
+def test_nan_label_rows_are_not_samples(tmp_path):
+    frame = long_frame()
+    frame.loc[[20, 21], "label"] = np.nan  # date 4, assets 0 and 1
+    panel = load_panel(cfg(write(frame, tmp_path / "p.parquet")))
+    pairs = {tuple(p) for p in panel.sample_index("train").tolist()}
+    assert (4, 0) not in pairs and (4, 1) not in pairs and (4, 2) in pairs
+    assert math.isnan(panel.y[4, 0]) and math.isnan(panel.y_raw[4, 1])
+
+
+def test_arrow_table_with_nulls_and_int_features(tmp_path):
+    dates = pa.array(np.repeat(pd.bdate_range("2021-01-04", periods=30).to_numpy(), 2))
+    table = pa.table({
+        "date": dates, "asset": pa.array(["X", "Y"] * 30).dictionary_encode(),
+        "g": pa.array([1, None] * 30, pa.int32()), "label": pa.array([0.5, 0.25] * 30, pa.float64()),
+    })
+    path = tmp_path / "p.parquet"
+    pq.write_table(table, path)
+    panel = load_panel(cfg(path, feature_norm="none", label_norm="none"))
+    assert panel.X[:, 0, 0].tolist() == [1.0] * 30 and panel.X[:, 1, 0].tolist() == [0.0] * 30
+    assert list(panel.assets) == ["X", "Y"]
