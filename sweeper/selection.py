@@ -1,0 +1,200 @@
+"""How much of the best trial's validation IC is luck: selection-bias statistics.
+
+With N trials and no real signal, the best validation score is still high by chance.
+The statistics here treat each trial's daily validation IC series as its "returns"
+(see docs/domain, "Choosing the best of many trials inflates the result"):
+
+- :func:`expected_max`: E[max of N iid N(0,1)], Bailey & Lopez de Prado's approximation.
+- :func:`null_max_ic`: the mean IC the best of N signal-free trials reaches by chance.
+- :func:`deflated_sharpe`: the Deflated Sharpe Ratio of the best trial's daily ICs.
+- :func:`pbo`: the Probability of Backtest Overfitting by combinatorially symmetric
+  cross-validation (CSCV).
+- :func:`selection_summary`: all of the above for a finished study.
+
+Only the standard library's ``NormalDist`` is needed (no scipy).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from statistics import NormalDist
+
+import numpy as np
+
+EULER_GAMMA = 0.5772156649015329
+_NORMAL = NormalDist()
+_PBO_CHUNK = 2048  # combinations scored per step, bounds memory at ~chunk * n_trials floats
+
+
+def expected_max(n: int) -> float:
+    """E[max of ``n`` iid standard normals] ~ (1-g)Phi^-1(1-1/n) + g Phi^-1(1-1/(n e)).
+
+    1.58 for n=10, 2.53 for 100, 3.26 for 1000; 0 for a single trial (no selection).
+    The cruder sqrt(2 ln n) overstates it by about 0.5 in that range.
+    """
+    if n < 1:
+        raise ValueError(f"expected_max needs n >= 1 trials, got {n}")
+    if n == 1:
+        return 0.0
+    return (1 - EULER_GAMMA) * _NORMAL.inv_cdf(1 - 1 / n) + EULER_GAMMA * _NORMAL.inv_cdf(1 - 1 / (n * math.e))
+
+
+def null_max_ic(daily_ics: list[np.ndarray]) -> float:
+    """The mean IC the best of these N trials would reach with no signal: median SE * E[max_N].
+
+    SE = std(daily, ddof=1) / sqrt(T) is each trial's standard error of its mean IC. The
+    median (not the mean) across trials keeps one degenerate trial, e.g. a diverged model
+    with wild daily ICs, from inflating the bar. Every trial counts toward N (each one was
+    a chance to get lucky) but only trials with >= 2 finite days give an SE. NaN if none does.
+    """
+    errors = [se for se in (_standard_error(d) for d in daily_ics) if math.isfinite(se)]
+    if not errors:
+        return math.nan
+    return float(np.median(errors)) * expected_max(len(daily_ics))
+
+
+def deflated_sharpe(
+    daily_best: np.ndarray, sr_trials: list[float], n_trials: int, *, null_ic: float | None = None
+) -> dict:
+    """Deflated Sharpe Ratio of the selected trial's daily ICs (Bailey & Lopez de Prado 2014).
+
+    DSR = Phi((SR - SR0) sqrt(T-1) / sqrt(1 - g3 SR + (g4-1)/4 SR^2)), SR0 = sd(sr_trials) E[max_N],
+    where SR = mean/std(ddof=1) of the daily ICs (the ICIR), g3 their skew and g4 their
+    (non-excess) kurtosis. ``dsr`` is the probability that the true SR beats the best a
+    signal-free search of ``n_trials`` would find; ``p_fluke = 1 - dsr``.
+
+    ``deflated_ic`` = mean IC - ``null_ic``; without ``null_ic`` the best trial's own SE
+    stands in for the trials' median SE (see :func:`null_max_ic`).
+    Undefined values are NaN: fewer than 3 days, no spread, or ``n_trials`` > 1 with
+    fewer than 2 finite ``sr_trials``. With ``n_trials == 1`` SR0 is 0 (nothing was selected).
+    """
+    x = _finite(daily_best)
+    sr = _sharpe(x)
+    sr0 = _null_sharpe(_finite(sr_trials), n_trials)
+    if null_ic is None:
+        null_ic = _standard_error(x) * expected_max(n_trials)
+    mean_ic = float(x.mean()) if len(x) else math.nan
+    dsr = _probabilistic_sharpe(x, sr, sr0)
+    return {"sr": sr, "sr0": sr0, "dsr": dsr, "p_fluke": 1 - dsr, "deflated_ic": mean_ic - null_ic}
+
+
+def _null_sharpe(sr_trials: np.ndarray, n_trials: int) -> float:
+    if n_trials == 1:
+        return 0.0  # nothing was selected
+    if len(sr_trials) < 2:
+        return math.nan  # a spread across trials needs two of them
+    return float(np.std(sr_trials, ddof=1)) * expected_max(n_trials)
+
+
+def _probabilistic_sharpe(x: np.ndarray, sr: float, sr0: float) -> float:
+    if len(x) < 3 or not (math.isfinite(sr) and math.isfinite(sr0)):
+        return math.nan
+    centred = x - x.mean()
+    m2 = float(np.mean(centred**2))
+    skew = float(np.mean(centred**3)) / m2**1.5
+    kurt = float(np.mean(centred**4)) / m2**2
+    var = 1 - skew * sr + (kurt - 1) / 4 * sr**2
+    if var <= 0:
+        return math.nan
+    return _NORMAL.cdf((sr - sr0) * math.sqrt(len(x) - 1) / math.sqrt(var))
+
+
+def pbo(matrix: np.ndarray, n_blocks: int = 16) -> float:
+    """Probability of Backtest Overfitting of a T x N matrix of daily ICs (dates x trials).
+
+    CSCV: cut the dates into ``n_blocks`` contiguous blocks; for every way of choosing half
+    of them as in-sample, pick the trial with the best in-sample mean IC and rank its
+    out-of-sample mean IC among all trials (average rank for ties). PBO is the share of
+    splits where that rank is below the median, i.e. logit(rank / (N+1)) < 0; a rank exactly
+    at the median counts one half, so that pure noise scores 0.5 on average. NaN days
+    are left out of the means; a trial with no day in a half ranks last there.
+    """
+    m = np.asarray(matrix, dtype=np.float64)
+    if m.ndim != 2 or m.shape[1] < 2:
+        raise ValueError(f"pbo needs a [dates, trials] matrix with >= 2 trials, got shape {m.shape}")
+    if n_blocks < 2 or n_blocks % 2 or m.shape[0] < n_blocks:
+        raise ValueError(f"pbo needs an even n_blocks >= 2 and at least that many dates; got {n_blocks} for {m.shape[0]}")
+    finite = np.isfinite(m)
+    blocks = np.array_split(np.arange(len(m)), n_blocks)
+    sums = np.stack([np.where(finite[b], m[b], 0.0).sum(0) for b in blocks])  # [S, N]
+    counts = np.stack([finite[b].sum(0) for b in blocks]).astype(np.float64)
+    combos = np.array(list(itertools.combinations(range(n_blocks), n_blocks // 2)))
+    below = 0.0
+    for start in range(0, len(combos), _PBO_CHUNK):
+        chosen = np.zeros((len(combos[start:start + _PBO_CHUNK]), n_blocks))
+        np.put_along_axis(chosen, combos[start:start + _PBO_CHUNK], 1.0, axis=1)
+        below += _overfit_splits(chosen, sums, counts)
+    return below / len(combos)
+
+
+def _overfit_splits(in_sample: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> float:
+    """How many of these splits (rows of a 0/1 block mask) rank the in-sample winner below the median."""
+    is_mean = _safe_mean(in_sample @ sums, in_sample @ counts)
+    oos_mean = _safe_mean((1 - in_sample) @ sums, (1 - in_sample) @ counts)
+    winner = np.argmax(is_mean, axis=1)
+    score = np.take_along_axis(oos_mean, winner[:, None], axis=1)
+    rank = (oos_mean < score).sum(1) + 1 + ((oos_mean == score).sum(1) - 1) / 2
+    median = (oos_mean.shape[1] + 1) / 2
+    return float((rank < median).sum() + 0.5 * (rank == median).sum())
+
+
+def _safe_mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / count, -np.inf)
+
+
+def selection_summary(daily: dict[int, np.ndarray], best: int) -> dict:
+    """Selection-bias figures for a study whose trials have these daily validation ICs.
+
+    ``daily`` maps trial number -> daily IC array (NaN days allowed); ``best`` is the
+    trial that was picked. PBO uses the trials whose series has the best trial's length
+    (the same validation dates) and needs >= 2 of them and >= 16 dates (4 blocks of 4);
+    otherwise it is None. Every undefined figure is None, so the dict is JSON-safe.
+    """
+    series = {k: np.asarray(v, dtype=np.float64) for k, v in daily.items()}
+    if best not in series:
+        raise KeyError(f"best trial {best} has no daily IC series")
+    n_trials = len(series)
+    null_ic = null_max_ic(list(series.values()))
+    sr_trials = [_sharpe(_finite(v)) for v in series.values()]
+    stats = deflated_sharpe(series[best], sr_trials, n_trials, null_ic=null_ic)
+    best_ic = _finite(series[best]).mean() if len(_finite(series[best])) else math.nan
+    out = {
+        "n_trials": n_trials,
+        "expected_max_null_ic": null_ic,
+        "best_val_ic": float(best_ic),
+        "deflated_ic": stats["deflated_ic"],
+        "sr": stats["sr"],
+        "sr0": stats["sr0"],
+        "dsr": stats["dsr"],
+        "p_fluke": stats["p_fluke"],
+        "pbo": _study_pbo(series, best),
+    }
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+def _study_pbo(series: dict[int, np.ndarray], best: int) -> float | None:
+    length = len(series[best])
+    columns = [v for v in series.values() if len(v) == length]
+    n_blocks = min(16, (length // 4) // 2 * 2)
+    if len(columns) < 2 or n_blocks < 4:
+        return None
+    return pbo(np.column_stack(columns), n_blocks=n_blocks)
+
+
+def _finite(values: np.ndarray | list[float]) -> np.ndarray:
+    x = np.asarray(values, dtype=np.float64).ravel()
+    return x[np.isfinite(x)]
+
+
+def _sharpe(x: np.ndarray) -> float:
+    if len(x) < 2:
+        return math.nan
+    std, mean = float(np.std(x, ddof=1)), float(x.mean())
+    # a spread at rounding level (three days of 0.1 don't average to exactly 0.1) is no spread
+    return mean / std if std > 1e-10 * abs(mean) else math.nan
+
+
+def _standard_error(daily: np.ndarray) -> float:
+    x = _finite(daily)
+    return float(np.std(x, ddof=1)) / math.sqrt(len(x)) if len(x) >= 2 else math.nan
