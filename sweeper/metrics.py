@@ -40,7 +40,7 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     _check_columns(df, (pred, label, date))
     x = pd.to_numeric(df[pred], errors="coerce").to_numpy(np.float64)
     y = pd.to_numeric(df[label], errors="coerce").to_numpy(np.float64)
-    keep = np.isfinite(x) & np.isfinite(y)
+    keep = np.isfinite(x) & np.isfinite(y) & df[date].notna().to_numpy()
     dates = df[date].to_numpy()[keep]
     x, y = x[keep], y[keep]
     codes, uniques = pd.factorize(dates, sort=True)

@@ -155,6 +155,12 @@ def test_identical_daily_ics_give_nan_icir() -> None:
     assert math.isnan(summarize(torch.tensor([0.3, 0.3 + 1e-16, 0.3 - 1e-16]))[1])
 
 
+def test_rows_without_a_date_are_ignored() -> None:
+    df = pd.DataFrame({"date": [pd.NaT] + [pd.Timestamp("2024-01-02")] * 3, "pred": [9.0, 1.0, 2.0, 3.0],
+                       "label": [-9.0, 1.0, 3.0, 2.0]})
+    assert daily_ic(df)["ic"].tolist() == [pytest.approx(0.5)]
+
+
 def test_inf_counts_as_missing() -> None:
     df = pd.DataFrame({"date": [1] * 4, "pred": [1.0, 2.0, 3.0, math.inf], "label": [1.0, 3.0, 2.0, 0.0]})
     assert daily_ic(df)["ic"].tolist() == [pytest.approx(0.5)]
