@@ -31,17 +31,18 @@ class WrongShape(nn.Module):
 
 class OomAbove(nn.Module):
     """Tiny that raises CUDA's out-of-memory error on training batches larger than ``limit`` rows:
-    the seam for testing OOM recovery on a CPU."""
+    the seam for testing OOM recovery on a CPU. ``OomAbove.log`` lists every training batch size."""
+
+    log: list[int] = []
 
     def __init__(self, n_features: int, lookback: int, limit: int = 16) -> None:
         super().__init__()
         self.limit = limit
         self.linear = nn.Linear(n_features, 1)
-        self.seen: list[int] = []  # training batch sizes, in call order
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
-            self.seen.append(x.shape[0])
+            OomAbove.log.append(x.shape[0])
             if x.shape[0] > self.limit:
                 raise torch.OutOfMemoryError(f"CUDA out of memory (fake: {x.shape[0]} rows > {self.limit})")
         return self.linear(x[:, -1]).squeeze(-1)
@@ -63,3 +64,16 @@ class ExplodeAfter(nn.Module):
                 out = out * float("nan")
             self.calls += 1
         return out
+
+
+class Frozen(nn.Module):
+    """Fixed random weights: training cannot change its predictions (the one trainable
+    parameter gets zero gradients), so validation scores never improve after epoch 1."""
+
+    def __init__(self, n_features: int, lookback: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n_features, 1).requires_grad_(False)
+        self.unused = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x[:, -1]).squeeze(-1) + 0.0 * self.unused

@@ -1,0 +1,96 @@
+"""Checkpoints: atomic files, weights_only loading, and resume == straight run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sweeper.errors import Interrupted
+from sweeper.train import FileCheckpointer, NullHook, train
+from toy_panel import toy_config, toy_panel
+
+TIMING = {"samples_per_s", "peak_mem_mb", "duration_s"}
+
+
+@pytest.fixture(autouse=True)
+def _setup(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class StopAfter(NullHook):
+    def __init__(self, polls: int | None = None):
+        self.polls, self.limit, self.epochs = 0, polls, []
+
+    def on_epoch(self, epoch, metrics):
+        self.epochs.append(epoch)
+        return False
+
+    def should_stop(self):
+        self.polls += 1
+        return self.limit is not None and self.polls > self.limit
+
+
+def untimed(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k not in TIMING}
+
+
+def test_two_epochs_then_resume_equals_four_straight(tmp_path):
+    panel = toy_panel()
+    # dropout and a warmup + cosine schedule: RNG and scheduler state must both come back
+    cfg = toy_config({"name": "transformer", "d_model": 16, "nhead": 2, "num_layers": 1,
+                      "dim_feedforward": 32, "dropout": 0.2},
+                     epochs=4, schedule="cosine", warmup_frac=0.1, lr=3e-3)
+    straight = train(cfg, panel)
+
+    ckpt = FileCheckpointer(tmp_path / "trial" / "ckpt.pt")
+    with pytest.raises(Interrupted):
+        train(cfg, panel, hook=StopAfter(polls=2 * 18), checkpoint=ckpt)  # stops as epoch 3 begins
+    assert ckpt.load()["epoch"] == 2
+    hook = StopAfter()
+    resumed = train(cfg, panel, hook=hook, checkpoint=ckpt)
+
+    assert hook.epochs == [3, 4]  # epochs already done are not reported again
+    assert hook.polls == 2 * 18
+    for key, value in straight.best_state.items():
+        assert torch.equal(resumed.best_state[key], value), key
+    assert untimed(resumed.metrics) == untimed(straight.metrics)
+    assert [untimed(h) for h in resumed.history] == [untimed(h) for h in straight.history]
+    assert ckpt.load()["epoch"] == 4
+
+
+def test_a_finished_early_stopped_run_resumes_to_the_same_result(tmp_path):
+    panel = toy_panel()
+    cfg = toy_config({"name": "custom_model:Frozen"}, epochs=10, patience=2)
+    ckpt = FileCheckpointer(tmp_path / "ckpt.pt")
+    first = train(cfg, panel, checkpoint=ckpt)
+    hook = StopAfter()
+    again = train(cfg, panel, hook=hook, checkpoint=ckpt)
+    assert hook.epochs == [] and hook.polls == 0
+    assert again.stop_reason == "early_stop"
+    assert untimed(again.metrics) == untimed(first.metrics)
+
+
+def test_checkpoint_state_is_plain_and_loads_weights_only(tmp_path):
+    ckpt = FileCheckpointer(tmp_path / "ckpt.pt")
+    train(toy_config(epochs=1), toy_panel(), checkpoint=ckpt)
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert {"epoch", "model", "optimizer", "scheduler", "scaler", "rng", "best", "best_state", "bad_epochs",
+            "history", "batch_size", "micro_batch_size", "config"} <= set(state)
+    assert set(state["rng"]) == {"torch", "cuda", "numpy", "python", "batches"}
+    assert state["config"]["train"]["epochs"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temp file left behind
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path):
+    ckpt = FileCheckpointer(tmp_path / "ckpt.pt")
+    ckpt.save({"epoch": 1})
+    with pytest.raises(Exception):
+        ckpt.save({"epoch": 2, "bad": lambda: None})  # not picklable
+    assert ckpt.load() == {"epoch": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+    assert FileCheckpointer(tmp_path / "missing.pt").load() is None

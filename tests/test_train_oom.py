@@ -1,0 +1,56 @@
+"""Out-of-memory during training, injected on the CPU by a model that refuses large batches."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sweeper.errors import OutOfMemory
+from sweeper.train import train
+from toy_panel import toy_config, toy_panel
+
+
+@pytest.fixture(autouse=True)
+def _setup(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def oom_log() -> list[int]:
+    import custom_model  # the module train() imports by its dotted name
+    return custom_model.OomAbove.log
+
+
+def test_oom_halves_the_micro_batch_and_redoes_the_same_step():
+    panel = toy_panel()
+    oom_log().clear()
+    result = train(toy_config({"name": "custom_model:OomAbove", "limit": 16}, epochs=2, min_micro_batch=8),
+                   panel)
+    log = list(oom_log())
+    assert log[:6] == [64, 32, 16, 16, 16, 16]
+    assert log.count(64) == 1 and log.count(32) == 1
+    # after the two failures every one of the 2 x 1143 samples went through exactly once:
+    # the failed step was redone, not skipped
+    assert sum(log[2:]) == 2 * 1143 and max(log[2:]) == 16
+    m = result.metrics
+    assert (m["batch_size"], m["micro_batch_size"], m["accum_steps"]) == (64, 16, 4)
+    assert [h["micro_batch_size"] for h in result.history] == [16, 16]
+
+    # same optimisation as the un-split batch (Tiny has OomAbove's layers and initialisation)
+    whole = train(toy_config({"name": "custom_model:Tiny"}, epochs=2), panel)
+    assert whole.metrics["micro_batch_size"] == 64
+    for key, value in whole.best_state.items():
+        torch.testing.assert_close(result.best_state[key], value, atol=1e-6, rtol=1e-5)
+    assert m["val_ic"] == pytest.approx(whole.metrics["val_ic"], abs=1e-5)
+
+
+def test_oom_below_the_minimum_micro_batch_fails_the_trial():
+    oom_log().clear()
+    with pytest.raises(OutOfMemory, match="out of memory at micro-batch 8; halving it would go below "
+                                          "train.min_micro_batch=8"):
+        train(toy_config({"name": "custom_model:OomAbove", "limit": 4}, min_micro_batch=8), toy_panel())
+    assert oom_log() == [64, 32, 16, 8]
