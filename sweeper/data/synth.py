@@ -75,14 +75,23 @@ def simulate_features(rng: np.random.Generator, dates: int, assets: int, feature
     return x
 
 
-def planted_signal(x: np.ndarray) -> np.ndarray:
-    """[dates, assets] signal from features up to each date (burn-in dropped)."""
+def signal_terms(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unscaled [dates, assets] terms at each date from features up to that date:
+    ``tanh(mean of f0 over the last 10 dates) * sign(f1_t)`` and ``f2_t - f2_{t-5}``."""
     f0, f1 = x[:, :, 0], x[:, :, 1]
     f2 = x[:, :, 2 if x.shape[2] > 2 else 0]
     csum = np.cumsum(f0, axis=0)
     mean = (csum[MEAN_WINDOW:] - csum[:-MEAN_WINDOW]) / MEAN_WINDOW   # mean over (s-10, s]
     term1 = np.tanh(mean[BURN_IN - MEAN_WINDOW:]) * np.sign(f1[BURN_IN:])
     term2 = f2[BURN_IN:] - f2[BURN_IN - DIFF_LAG:-DIFF_LAG]
+    return term1, term2
+
+
+def planted_signal(x: np.ndarray) -> np.ndarray:
+    """[dates, assets] signal, burn-in dropped: both terms at unit variance. The
+    two scales are constants of the whole sample; per date, the signal depends
+    only on features up to that date."""
+    term1, term2 = signal_terms(x)
     return term1 / term1.std() + term2 / term2.std()
 
 
