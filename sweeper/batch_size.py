@@ -54,10 +54,14 @@ class CudaMemory:
         self._base = 0
 
     def free_bytes(self) -> int:
-        free, _total = torch.cuda.mem_get_info(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        allocated = torch.cuda.memory_allocated(self.device)
         # blocks cached by our own allocator are free for us, though not for the driver
-        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        return int(free + cached)
+        available = free + torch.cuda.memory_reserved(self.device) - allocated
+        fraction = torch.cuda.get_per_process_memory_fraction(self.device)
+        if fraction < 1.0:  # a cap set with set_per_process_memory_fraction binds before the driver does
+            available = min(available, int(fraction * total) - allocated)
+        return int(max(available, 0))
 
     def reset_peak(self) -> None:
         torch.cuda.synchronize(self.device)
