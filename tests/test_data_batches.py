@@ -148,3 +148,11 @@ def test_cuda_batches_match_cpu(panel, share):
     for g, c in zip(gpu, cpu):
         assert g.x.device.type == "cuda"
         assert torch.equal(g.x.cpu(), c.x) and torch.equal(g.t.cpu(), c.t)
+
+
+def test_gather_refuses_pairs_without_a_full_window(panel):
+    b = Batcher(panel, "train", "cpu")
+    T, N = panel.mask.shape
+    for bad in ([[panel.lookback - 2, 0]], [[T, 0]], [[30, N]], [[30, -1]]):
+        with pytest.raises(IndexError, match="lookback-1 <= t < T"):
+            b.gather(torch.tensor(bad))

@@ -1,15 +1,16 @@
 """Batches of windows gathered from the resident panel tensor.
 
 A sample (t, i) is the window X[t-lookback+1 .. t, i, :] with target y[t, i].
-A batch is one ``index_select`` on the [T*N, F] view of X with the flat row
-numbers (t + k) * N + i, so there is no per-sample Python and the same code
-runs on a GPU. When X stays on the host while training runs on CUDA, each
+A batch is one gather (``index_select`` on a GPU, a single-threaded
+``np.take`` on the host) of the [T*N, F] view of X at the flat row numbers
+(t + k) * N + i, so there is no per-sample Python. When X stays on the host while training runs on CUDA, each
 batch is gathered into pinned memory and copied with ``non_blocking=True``.
 """
 from __future__ import annotations
 
 from typing import Iterator, NamedTuple
 
+import numpy as np
 import torch
 
 from sweeper.data.panel import Panel
@@ -38,7 +39,8 @@ class Batcher:
         self._xflat = panel.X.reshape(T * N, F)
         self._yflat = panel.y.reshape(-1)
         self._rawflat = panel.y_raw.reshape(-1)
-        self._offsets = torch.arange(-panel.lookback + 1, 1, device=self._home)
+        # flat-row offsets of a window's dates: (t + k) * N + i = cell + k * N
+        self._row_offsets = torch.arange(-panel.lookback + 1, 1, device=self._home) * N
         self._copy = self._home != self.device
         self.index = panel.sample_index(split)
         self.n_samples = int(self.index.shape[0])
@@ -50,22 +52,37 @@ class Batcher:
     def gather(self, idx: torch.Tensor) -> Batch:
         """int64 [B, 2] (t, i) pairs -> Batch on the training device."""
         idx = idx.to(self._home)
+        if self._home.type == "cpu":
+            self._check(idx[:, 0], idx[:, 1])
+        return self._gather(idx)
+
+    def _gather(self, idx: torch.Tensor) -> Batch:
+        # idx comes from the sample index: every pair has a full window
         t, i = idx[:, 0], idx[:, 1]
-        rows = ((t[:, None] + self._offsets) * self._n_assets + i[:, None]).reshape(-1)
         cells = t * self._n_assets + i
+        rows = (cells[:, None] + self._row_offsets).reshape(-1)
         x = self._take(self._xflat, rows).view(len(idx), -1, self._xflat.shape[1])
         return Batch(x, self._take(self._yflat, cells), self._take(self._rawflat, cells),
                      self._move(t), self._move(i))
 
+    def _check(self, t: torch.Tensor, i: torch.Tensor) -> None:
+        # the host gather clips indices, so a bad pair must be refused here
+        if len(t) and (int(t.min()) < self.panel.lookback - 1 or int(t.max()) >= self.panel.X.shape[0]
+                       or int(i.min()) < 0 or int(i.max()) >= self._n_assets):
+            raise IndexError("gather: (t, i) pairs need lookback-1 <= t < T and 0 <= i < N")
+
     def _take(self, src: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        if not self._copy:
-            return torch.index_select(src, 0, rows)
-        if self.device.type != "cuda":
-            return torch.index_select(src, 0, rows).to(self.device)
-        # the caching host allocator keeps this block until the async copy is done
-        out = torch.empty((len(rows), *src.shape[1:]), dtype=src.dtype, pin_memory=True)
-        torch.index_select(src, 0, rows, out=out)
-        return out.to(self.device, non_blocking=True)
+        if self._home.type != "cpu":
+            out = torch.index_select(src, 0, rows)
+            return out.to(self.device) if self._copy else out
+        # One thread on purpose: a 2-thread OpenMP gather runs ~10x slower when
+        # another process holds a core, and one thread already outruns any model.
+        # A CUDA-bound batch lands in pinned memory (the caching host allocator
+        # keeps the block until the async copy is done).
+        pinned = self.device.type == "cuda"
+        out = torch.empty((len(rows), *src.shape[1:]), dtype=src.dtype, pin_memory=pinned)
+        np.take(src.numpy(), rows.numpy(), axis=0, out=out.numpy(), mode="clip")
+        return out.to(self.device, non_blocking=True) if self._copy else out
 
     def _move(self, v: torch.Tensor) -> torch.Tensor:
         return v.to(self.device, non_blocking=True) if self._copy else v
@@ -78,7 +95,7 @@ class Batcher:
         order = torch.randperm(self.n_samples, generator=generator, device=generator.device)
         order = order[: self._cap(limit)].to(self._home)
         for start in range(0, len(order), batch_size):
-            yield self.gather(self.index[order[start:start + batch_size]])
+            yield self._gather(self.index[order[start:start + batch_size]])
 
     def cross_section_batches(
         self, dates_per_batch: int, generator: torch.Generator, limit: int | None = None
@@ -92,7 +109,7 @@ class Batcher:
             perm = perm[: max(within, 1)]
         for start in range(0, len(perm), dates_per_batch):
             chosen = perm[start:start + dates_per_batch]
-            yield self.gather(self.index[self._rows_of(chosen)])
+            yield self._gather(self.index[self._rows_of(chosen)])
 
     def _rows_of(self, date_pos: torch.Tensor) -> torch.Tensor:
         """Rows of the sample index belonging to the given date positions, in order."""
@@ -104,7 +121,7 @@ class Batcher:
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
         """Every sample once, in (t, i) order."""
         for start in range(0, self.n_samples, batch_size):
-            yield self.gather(self.index[start:start + batch_size])
+            yield self._gather(self.index[start:start + batch_size])
 
     def _cap(self, limit: int | None) -> int:
         return self.n_samples if limit is None else min(limit, self.n_samples)
