@@ -396,6 +396,7 @@ class Driver:
             self.failures_in_row = self.failures_in_row + 1 if ev["state"] == "FAIL" else 0
             self.view.trial_ended(w.slot, ev["number"], ev["state"], ev.get("value"), ev.get("reason"))
             w.running = None
+            w.ready = ev["state"] != "FAIL"  # after a failure the worker exits; its replacement comes on EOF
             self.exhausted = False  # a failure frees budget; the next claim re-counts
 
     def _worker_exited(self, w: WorkerHandle) -> None:
@@ -431,7 +432,7 @@ class Driver:
                 self._fail(run, "timeout", f"trial exceeded train.max_minutes={limit:g}", w.proc.returncode)
                 self.failures_in_row += 1
                 self.view.trial_ended(w.slot, run.number, "FAIL", None, "timeout")
-                w.running = None  # the EOF that follows respawns the slot
+                w.running, w.ready = None, False  # the EOF that follows respawns the slot
 
     def _drain(self) -> None:
         for w in self.workers:
@@ -448,6 +449,8 @@ class Driver:
 
     def shutdown(self) -> None:
         for w in self.workers:
+            if w.running is None:
+                w.kill()  # idle (or still importing torch): holds no trial, no need to wait
             w.close()
             if w.running is not None:
                 self._fail(w.running, "interrupted", "driver shut down")

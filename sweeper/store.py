@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import os
 import sqlite3
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,6 +29,11 @@ from sweeper.errors import StorageError
 SQLITE_BUSY_TIMEOUT_S = 60.0
 PG_POOL_SIZE = 2
 PG_MAX_OVERFLOW = 2
+
+# sweeper records heartbeats for ask/tell trials itself (Optuna only does inside
+# Study.optimize), so these warnings say nothing useful to a user
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 
 def is_sqlite(url: str) -> bool:

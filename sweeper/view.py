@@ -30,8 +30,9 @@ def summary_lines(outcome: Any, cfg: Any, plan: Any) -> list[str]:
     best = outcome.best
     if best is not None:
         ua = best.user_attrs
-        line = (f"best: trial {best.number}  {cfg.study.metric}={_fmt(best.value)}  "
-                f"val_ic={_fmt(ua.get('val_ic'))}  test_ic={_fmt(ua.get('test_ic'))}")
+        line = f"best: trial {best.number}  {cfg.study.metric}={_fmt(best.value)}"
+        line += "" if cfg.study.metric == "val_ic" else f"  val_ic={_fmt(ua.get('val_ic'))}"
+        line += f"  test_ic={_fmt(ua.get('test_ic'))}"
         frac = oracle_fraction(ua.get("test_ic"), plan.oracle_ic, "test")
         if frac is not None:
             line += f"  ({frac:.0%} of the oracle test IC {plan.oracle_ic['test']:.4f})"

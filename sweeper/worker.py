@@ -128,4 +128,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the importable module's main, not __main__'s copy, so that the protocol
+    # stream set up in main() is the one sweeper.trial emits on
+    from sweeper.worker import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+TESTS = Path(__file__).parent
+
+TINY = {
+    "study": {"name": "tiny", "n_trials": 4, "heartbeat_interval": 1, "grace_period": 4,
+              "sampler": {"name": "random", "seed": 0}, "pruner": {"name": "none"}},
+    "data": {"synthetic": {"assets": 24, "dates": 160, "features": 3, "seed": 1}, "lookback": 5},
+    "model": {"name": "fault_models:Probe", "kind": "mlp", "hidden": 8},
+    "train": {"epochs": 2, "batch_size": 256, "samples_per_epoch": 1024, "patience": 5},
+    "devices": {"gpus": "none", "cpu_workers": 2},
+    "search_space": {"train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}},
+}
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A clean working directory whose workers can import tests/fault_models.py."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.delenv("SWEEPER_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("SWEEPER_FAKE_BUSY", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def study_file(workdir):
+    def make(over: dict[str, Any] | None = None, name: str = "study.yaml") -> Path:
+        path = workdir / name
+        path.write_text(yaml.safe_dump(merge(TINY, over or {})))
+        return path
+    return make

@@ -1,0 +1,86 @@
+"""The click shell: every command has --help; domain errors exit 2 with one line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from sweeper.cli import main
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,)
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, prefix + (name,))
+
+
+ALL = list(_commands(main))
+
+
+def test_every_command_is_listed():
+    assert {c[0] for c in ALL} >= {"run", "resume", "validate", "train", "status", "best", "dashboard", "doctor", "data"}
+    assert ("data", "synth") in ALL
+
+
+@pytest.mark.parametrize("cmd", ALL, ids=[" ".join(c) for c in ALL])
+def test_every_command_has_help(cmd):
+    result = CliRunner().invoke(main, [*cmd, "--help"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert "Usage:" in result.output
+
+
+def test_top_level_help_and_version():
+    result = CliRunner().invoke(main, ["--help"], catch_exceptions=False)
+    assert result.exit_code == 0 and "run" in result.output
+    result = CliRunner().invoke(main, ["--version"], catch_exceptions=False)
+    assert result.exit_code == 0 and "sweeper" in result.output
+
+
+def test_bad_study_file_exits_2_without_traceback(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\ntrain:\n  epocs: 3\n")
+    result = CliRunner().invoke(main, ["run", str(bad)], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert result.output.strip() == f"Error: {bad}: unknown key 'train.epocs'; did you mean 'train.epochs'?"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_set_type_error_exits_2(tmp_path):
+    good = tmp_path / "s.yaml"
+    good.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    result = CliRunner().invoke(main, ["train", str(good), "--set", "train.epochs=two"], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert "train.epochs: Input should be a valid integer" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_library_imports_without_click_or_cuda():
+    code = ("import sys; import sweeper, sweeper.config, sweeper.driver, sweeper.data, sweeper.train, "
+            "sweeper.metrics, sweeper.devices; import torch; "
+            "assert 'click' not in sys.modules, 'click imported'; "
+            "assert not torch.cuda.is_initialized(); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_data_synth_writes_panel_and_prints_oracle(tmp_path):
+    out = tmp_path / "p.parquet"
+    result = CliRunner().invoke(main, ["data", "synth", str(out), "--assets", "30", "--dates", "200",
+                                       "--features", "4", "--seed", "1"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert out.exists()
+    assert "oracle IC:" in result.output and "test" in result.output
+
+
+def test_doctor_runs_without_gpu(monkeypatch):
+    monkeypatch.delenv("SWEEPER_FAKE_GPUS", raising=False)
+    result = CliRunner().invoke(main, ["doctor"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert result.output.strip().splitlines()[-1] == "no GPU: CPU slots will be used"
