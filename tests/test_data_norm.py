@@ -62,9 +62,11 @@ def test_cs_rank_matches_pandas_rank_average():
         np.testing.assert_allclose(out.numpy()[frame.t, frame.i, k], expected.fillna(0.0), rtol=1e-5, atol=1e-6)
 
 
-def test_average_ranks_along_a_dim():
-    v = torch.tensor([[1.0, 5.0, 5.0, 5.0, 0.0]])
-    assert average_ranks(v, dim=1).tolist() == [[1.0, 3.0, 3.0, 3.0, 0.0]]
+def test_average_ranks_with_and_without_ties():
+    v = np.array([[[1.0, 5.0, 5.0, 5.0, 0.0], [2.0, 9.0, 4.0, 3.0, 1.0]]], dtype=np.float32)
+    assert average_ranks(v).tolist() == [[[1.0, 3.0, 3.0, 3.0, 0.0], [1.0, 4.0, 3.0, 2.0, 0.0]]]
+    padded = np.array([[7.0, np.inf, 7.0, np.inf]], dtype=np.float32)  # ties of the padding only
+    assert average_ranks(padded)[0, [0, 2]].tolist() == [0.5, 0.5]
 
 
 def test_rows_outside_the_mask_do_not_enter_the_statistics():
