@@ -198,8 +198,9 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
                    "lr": scheduler.get_last_lr()[0], "micro_batch_size": micro,
                    "accum_steps": math.ceil(batch_size / micro)}
         progress.record(epoch, metrics, tc.early_stop_metric, model)
-        checkpoint.save(training_state(cfg, model, optimizer, scheduler, scaler, generator, progress,
-                                       batch_size, micro))
+        if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
+            checkpoint.save(training_state(cfg, model, optimizer, scheduler, scaler, generator, progress,
+                                           batch_size, micro))
         say(epoch_line(metrics, tc.epochs))
         if hook.on_epoch(epoch, metrics):
             stop_reason = "hook"
@@ -394,9 +395,24 @@ def accumulate(model: nn.Module, batch: Batch, micro: int, loss_name: str, preci
 # ------------------------------------------------------------------ evaluation
 
 
-@torch.no_grad()
 def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int) -> torch.Tensor:
-    """Predictions [S] (fp32, eval mode) for the split's samples in sample-index order."""
+    """Predictions [S] (fp32, eval mode) for the split's samples in sample-index order.
+    Out of memory halves the evaluation batch and starts over."""
+    while True:
+        oom = False
+        try:
+            return _forward_all(model, batcher, batch_size)
+        except Exception as exc:
+            if not is_oom(exc) or batch_size == 1:
+                raise
+            oom = True
+        if oom:
+            release_memory()
+            batch_size //= 2
+
+
+@torch.no_grad()
+def _forward_all(model: nn.Module, batcher: Batcher, batch_size: int) -> torch.Tensor:
     was_training = model.training
     model.eval()
     try:

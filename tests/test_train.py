@@ -245,3 +245,24 @@ def test_checkpoint_from_another_config_is_refused(panel, tmp_path):
     train(toy_config(epochs=1), panel, checkpoint=ckpt)
     with pytest.raises(ConfigError, match="train.lr was 0.003, now 0.01"):
         train(toy_config(epochs=1, lr=0.01), panel, checkpoint=ckpt)
+
+
+def test_evaluation_halves_its_batch_on_oom(panel):
+    from sweeper.data import Batcher
+    from sweeper.train import predict_rows
+
+    class OomOnBigEval(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def forward(self, x):
+            self.sizes.append(x.shape[0])
+            if x.shape[0] > 100:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+            return x[:, -1, 0]
+
+    model = OomOnBigEval()
+    pred = predict_rows(model, Batcher(panel, "valid", "cpu"), 256)
+    assert model.sizes[:2] == [256, 128] and max(model.sizes[2:]) == 64
+    assert len(pred) == 310 and model.training
