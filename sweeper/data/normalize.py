@@ -5,6 +5,10 @@ date, so they cannot leak across time. ``robust_zscore`` fits a median and MAD
 per feature over the dates the train windows can see, and applies them
 everywhere (Qlib's RobustZScoreNorm). Only rows present in the mask and with a
 finite value enter any statistic.
+
+The work is done once, on the host, with numpy: it is single-threaded, so a
+busy machine cannot stall it the way it stalls torch's OpenMP threads, and
+numpy's argsort is several times faster than torch.sort here.
 """
 from __future__ import annotations
 
@@ -22,42 +26,42 @@ ROBUST_EPS = 1e-12   # Qlib's EPS: keeps a constant feature from dividing by zer
 ROBUST_CLIP = 3.0
 _CHUNK = 128         # dates per chunk: bounds the temporaries of a large panel
 
-Method = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Method = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-def cs_zscore(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Per-date z-score over the assets (dim 1), std with ddof=1 as pandas/Qlib.
+def cs_zscore(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Per-date z-score over the assets (axis 1), std with ddof=1 as pandas/Qlib.
 
     ``x``: [D, N, C]; ``valid``: [D, N, C] bool. Invalid entries and dates with
     fewer than two valid values (or zero spread) come out NaN.
     """
-    n = valid.sum(1, keepdim=True).to(x.dtype)
-    mean = torch.where(valid, x, 0).sum(1, keepdim=True) / n
-    dev = torch.where(valid, x - mean, 0)
-    std = ((dev * dev).sum(1, keepdim=True) / (n - 1)).sqrt()
-    out = dev / std
-    return torch.where(valid & (std > 0), out, torch.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n = valid.sum(1, keepdims=True, dtype=x.dtype)
+        mean = np.where(valid, x, 0).sum(1, keepdims=True) / n
+        dev = np.where(valid, x - mean, 0)
+        std = np.sqrt((dev * dev).sum(1, keepdims=True) / (n - 1))
+        return np.where(valid & (std > 0), dev / std, np.nan).astype(x.dtype, copy=False)
 
 
-def cs_rank(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def cs_rank(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Per-date rank over the assets, ties averaged, scaled to [-0.5, 0.5] and
     multiplied by sqrt(12) so a cross-section has std ~1 (as Qlib's CSRankNorm).
 
     The lowest valid value maps to -sqrt(3), the highest to +sqrt(3).
     """
-    n = valid.sum(1, keepdim=True).to(x.dtype)
-    filled = torch.where(valid, x, torch.inf).movedim(1, -1).contiguous()
-    ranks = torch.from_numpy(average_ranks(filled.numpy())).movedim(-1, 1)
-    out = (ranks / (n - 1) - 0.5) * math.sqrt(12.0)
-    return torch.where(valid & (n > 1), out, torch.nan)
+    n = valid.sum(1, keepdims=True, dtype=np.float32)
+    filled = np.ascontiguousarray(np.moveaxis(np.where(valid, x, np.inf), 1, -1))
+    ranks = np.moveaxis(average_ranks(filled), -1, 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (ranks / (n - 1) - 0.5) * np.float32(math.sqrt(12.0))
+    return np.where(valid & (n > 1), out, np.nan).astype(x.dtype, copy=False)
 
 
 def average_ranks(v: np.ndarray) -> np.ndarray:
     """0-based float32 ranks along the last axis, ties given their average rank.
 
-    numpy's argsort is several times faster than torch.sort on the host. Only
-    rows with a tie among finite values take the slower tie-averaging pass
-    (the +inf that pads missing entries may tie: those ranks are discarded).
+    Only rows with a tie among finite values take the slower tie-averaging
+    pass (the +inf that pads missing entries may tie: those ranks are discarded).
     """
     shape, size = v.shape, v.shape[-1]
     v = v.reshape(-1, size)
@@ -87,33 +91,31 @@ def _tie_average(s: np.ndarray) -> np.ndarray:
     return ((first + last) / 2).astype(np.float32)
 
 
-def robust_fit(x: torch.Tensor, valid: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def robust_fit(x: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Median and scaled MAD per column over every valid (date, asset) row of ``x``.
 
     ``scale = (MAD + 1e-12) * 1.4826`` exactly as Qlib's RobustZScoreNorm; float64.
     """
     cols = x.shape[-1]
-    median, scale = np.empty(cols), np.empty(cols)
-    for k in range(cols):  # one column at a time: a contiguous copy, no NaN-aware median
-        values = x[..., k][valid[..., k]].double().numpy()
-        if values.size == 0:
-            median[k], scale[k] = np.nan, np.nan
-            continue
-        median[k] = np.median(values)
-        scale[k] = (np.median(np.abs(values - median[k])) + ROBUST_EPS) * MAD_TO_STD
+    by_col = np.ascontiguousarray(x.reshape(-1, cols).T)
+    ok = np.ascontiguousarray(valid.reshape(-1, cols).T)
+    median, scale = np.full(cols, np.nan), np.full(cols, np.nan)
+    for k in range(cols):  # per column: a plain median of the valid values, no NaN handling
+        values = by_col[k][ok[k]].astype(np.float64)
+        if values.size:
+            median[k] = np.median(values)
+            scale[k] = (np.median(np.abs(values - median[k])) + ROBUST_EPS) * MAD_TO_STD
     return median, scale
 
 
-def robust_apply(x: torch.Tensor, valid: torch.Tensor, median: np.ndarray, scale: np.ndarray) -> torch.Tensor:
-    med = torch.as_tensor(median, dtype=x.dtype)
-    sc = torch.as_tensor(scale, dtype=x.dtype)
-    out = ((x - med) / sc).clamp(-ROBUST_CLIP, ROBUST_CLIP)
-    return torch.where(valid, out, torch.nan)
+def robust_apply(x: np.ndarray, valid: np.ndarray, median: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    out = np.clip((x - median.astype(x.dtype)) / scale.astype(x.dtype), -ROBUST_CLIP, ROBUST_CLIP)
+    return np.where(valid, out, np.nan).astype(x.dtype, copy=False)
 
 
-def by_date_chunks(method: Method, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def by_date_chunks(method: Method, x: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Apply a per-date ``method`` in chunks of dates (bounded temporaries)."""
-    out = torch.empty_like(x)
+    out = np.empty_like(x)
     for start in range(0, x.shape[0], _CHUNK):
         part = slice(start, start + _CHUNK)
         out[part] = method(x[part], valid[part])
@@ -127,32 +129,33 @@ def normalize_features(
 
     ``fit_dates``: [start, stop) date indices whose rows fit robust_zscore.
     """
-    valid = mask[:, :, None] & torch.isfinite(x)
+    xs = x.numpy()
+    valid = mask.numpy()[:, :, None] & np.isfinite(xs)
     if method == "cs_zscore":
-        out = by_date_chunks(cs_zscore, x, valid)
+        out = by_date_chunks(cs_zscore, xs, valid)
     elif method == "cs_rank":
-        out = by_date_chunks(cs_rank, x, valid)
+        out = by_date_chunks(cs_rank, xs, valid)
     elif method == "robust_zscore":
         a, b = fit_dates
-        median, scale = robust_fit(x[a:b], valid[a:b])
-        out = by_date_chunks(lambda xs, vs: robust_apply(xs, vs, median, scale), x, valid)
+        median, scale = robust_fit(xs[a:b], valid[a:b])
+        out = by_date_chunks(lambda xc, vc: robust_apply(xc, vc, median, scale), xs, valid)
     elif method == "none":
-        out = torch.where(valid, x, torch.nan)
+        out = np.where(valid, xs, np.nan)
     else:
         raise ValueError(f"unknown feature normalisation {method!r}; expected one of {FEATURE_NORMS}")
-    return torch.nan_to_num_(out, nan=0.0)
+    return torch.from_numpy(np.nan_to_num(out, copy=False, nan=0.0))
 
 
 def normalize_label(y: torch.Tensor, mask: torch.Tensor, method: str) -> torch.Tensor:
     """[T, N] raw label -> training label; NaN where missing (those rows are no samples)."""
-    valid = (mask & torch.isfinite(y))[:, :, None]
-    col = y[:, :, None]
+    col = y.numpy()[:, :, None]
+    valid = (mask.numpy() & np.isfinite(y.numpy()))[:, :, None]
     if method == "cs_rank":
         out = by_date_chunks(cs_rank, col, valid)
     elif method == "cs_zscore":
         out = by_date_chunks(cs_zscore, col, valid)
     elif method == "none":
-        out = torch.where(valid, col, torch.nan)
+        out = np.where(valid, col, np.nan).astype(col.dtype)
     else:
         raise ValueError(f"unknown label normalisation {method!r}; expected one of {LABEL_NORMS}")
-    return out[:, :, 0]
+    return torch.from_numpy(np.ascontiguousarray(out[:, :, 0]))
