@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import __version__
 from sweeper import config as C
-from sweeper.errors import ConfigDrift, ConfigError, StudyNotFound
+from sweeper.errors import ConfigDrift, ConfigError, StorageError, StudyNotFound
 from sweeper.results import best_trial
 from sweeper.store import claim_lock, open_storage
 
@@ -149,8 +149,19 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
 
 # -------------------------------------------------------- stale & retries
 
-def mark_stale_interrupted(study: optuna.Study, trial: FrozenTrial) -> None:
-    study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", "interrupted")
+def fail_interrupted(study: optuna.Study, trial_id: int, why: str) -> bool:
+    """FAIL a RUNNING trial as ``interrupted``; False if it finished meanwhile.
+
+    The reason is written first: Optuna refuses user attributes on finished
+    trials, which is why its own stale-trial callback cannot record one.
+    """
+    storage = study._storage
+    try:
+        storage.set_trial_user_attr(trial_id, "fail_reason", "interrupted")
+        storage.set_trial_user_attr(trial_id, "error", why)
+        return storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
 
 
 def retry_plan(trials: list[FrozenTrial], cfg: C.StudyConfig) -> list[tuple[FrozenTrial, dict[str, Any]]]:
@@ -182,9 +193,43 @@ def _retry_attrs(t: FrozenTrial, reason: str, attempt: int) -> dict[str, Any]:
     return attrs
 
 
-def reconcile(study: optuna.Study, cfg: C.StudyConfig) -> int:
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
+    """RUNNING trials of a driver on this host whose process is gone are certainly
+    stale: fail them now instead of waiting out the heartbeat grace period."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        ua = t.user_attrs
+        if ua.get("host") != ident.host or ua.get("driver_id") == ident.driver_id or "driver_pid" not in ua:
+            continue
+        if not _pid_alive(int(ua["driver_pid"])):
+            fail_interrupted(study, t._trial_id, f"driver {ua['driver_pid']} on {ident.host} is gone")
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Optuna's fail_stale_trials, but recording ``fail_reason`` before the FAIL."""
+    storage = study._storage
+    if storage.get_heartbeat_interval() is None:
+        return
+    for trial_id in storage._get_stale_trial_ids(study._study_id):
+        fail_interrupted(study, trial_id, "no heartbeat within study.grace_period: its driver or host died")
+
+
+def reconcile(study: optuna.Study, cfg: C.StudyConfig, ident: Identity) -> int:
     """Fail stale RUNNING trials (dead drivers) and enqueue every due retry. Call under the claim lock."""
-    optuna.storages.fail_stale_trials(study)
+    fail_dead_local(study, ident)
+    fail_stale(study)
     trials = study.get_trials(deepcopy=False)
     plan = retry_plan(trials, cfg)
     for failed, attrs in plan:
@@ -199,7 +244,7 @@ def claim(study: optuna.Study, cfg: C.SweeperConfig, lock: Any, ident: Identity,
     from sweeper.space import suggest
 
     with lock:
-        reconcile(study, cfg.study)
+        reconcile(study, cfg.study, ident)
         states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
         if len(study.get_trials(deepcopy=False, states=states)) >= cfg.study.n_trials:
             return None
@@ -325,6 +370,7 @@ class Driver:
         self.started = time.monotonic()
         self.failures_in_row = 0
         self.exhausted = False
+        self.next_claim = 0.0
         self.message = ""
 
     # layer 2: the loop
@@ -337,7 +383,7 @@ class Driver:
                 return
             if self.stop.count == 1:
                 self._drain()
-            elif not self._stopping():
+            elif not self._stopping() and time.monotonic() >= self.next_claim:
                 for w in self.workers:
                     if w.ready and w.running is None and not self.dispatch(w):
                         break
@@ -362,6 +408,11 @@ class Driver:
     def dispatch(self, w: WorkerHandle) -> bool:
         trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir)
         if trial is None:
+            if self._foreign_running():
+                # the budget is held by other drivers' trials: they may finish, or die and
+                # need re-running, so look again after a heartbeat instead of leaving
+                self.next_claim = time.monotonic() + self.cfg.study.heartbeat_interval
+                return False
             self.exhausted = True
             if not any(x.running for x in self.workers):
                 self.message = self.message or f"budget reached: study.n_trials={self.cfg.study.n_trials} finished or running"
@@ -370,6 +421,10 @@ class Driver:
         w.send({"op": "run", "trial_id": trial._trial_id, "number": trial.number})
         self.view.trial_started(w.slot, trial.number, trial.params)
         return True
+
+    def _foreign_running(self) -> bool:
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        return any(t.user_attrs.get("driver_id") != self.ident.driver_id for t in running)
 
     def _spawn(self, w: WorkerHandle) -> None:
         w.start()
@@ -478,7 +533,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None) -> Plan:
     """Run every check (config names, data, devices, storage) without writing anything."""
     from sweeper.data import load_panel
     from sweeper.devices import plan_slots
-    from sweeper.models import resolve_model_class
+    from sweeper.models import build_model, resolve_model_class
     from sweeper.store import check_reachable
 
     if storage_url:
@@ -487,6 +542,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None) -> Plan:
     build_pruner(cfg.study.pruner)
     _check_models(cfg, resolve_model_class)
     panel = load_panel(cfg.data)
+    build_model(cfg.model, len(panel.features), cfg.data.lookback)  # constructor errors are config errors
     slots = plan_slots(cfg.devices)
     url = cfg.study.resolved_storage
     check_reachable(url)
@@ -515,8 +571,13 @@ def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, forc
     plan.study_file = study_file
     cfg = plan.cfg
     ident = Identity.current()
-    storage = open_storage(plan.storage_url, heartbeat_interval=cfg.study.heartbeat_interval,
-                           grace_period=cfg.study.grace_period, create=not must_exist)
+    try:
+        storage = open_storage(plan.storage_url, heartbeat_interval=cfg.study.heartbeat_interval,
+                               grace_period=cfg.study.grace_period, create=not must_exist)
+    except StorageError as exc:
+        if must_exist:
+            raise StudyNotFound(f"study {cfg.study.name!r} does not exist ({exc}); start it with `sweeper run`") from None
+        raise
     lock = claim_lock(storage, plan.storage_url, cfg.study.name)
     attrs = {**study_attrs(cfg, plan.fingerprint, environment_summary()), "oracle_ic": plan.oracle_ic,
              "data_source": plan.source}

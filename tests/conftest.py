@@ -40,8 +40,11 @@ def workdir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def study_file(workdir):
-    def make(over: dict[str, Any] | None = None, name: str = "study.yaml") -> Path:
+    def make(over: dict[str, Any] | None = None, name: str = "study.yaml", replace: tuple[str, ...] = ()) -> Path:
+        """TINY with ``over`` merged in; sections named in ``replace`` are taken whole from ``over``."""
         path = workdir / name
-        path.write_text(yaml.safe_dump(merge(TINY, over or {})))
+        raw = merge(TINY, {k: v for k, v in (over or {}).items() if k not in replace})
+        raw.update({k: over[k] for k in replace})
+        path.write_text(yaml.safe_dump(raw))
         return path
     return make
