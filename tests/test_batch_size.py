@@ -122,3 +122,36 @@ def test_memory_is_released_after_the_exception_frames_are_gone(monkeypatch):
     r = find_micro_batch(step, FakeDevice(), start=8, cap=8, margin=0.0, steps=1)
     assert r.micro_batch == 4
     assert alive_at_release == [False, False, False]  # sizes 8, 6, 5 failed
+
+
+def test_probing_with_real_training_steps_leaves_no_trace():
+    from sweeper.config import ModelConfig
+    from sweeper.data import Batcher
+    from sweeper.models import build_model
+    from sweeper.precision import resolve_precision
+    from sweeper.train import cpu_copy, make_optimizer, preserved, probe_step
+    from toy_panel import toy_panel
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="mlp", hidden_size=8, dropout=0.5), 3, 4)
+    optimizer = make_optimizer(model, 1e-2, 0.01)
+    before, rng = cpu_copy(model.state_dict()), torch.get_rng_state()
+    step = probe_step(model, optimizer, resolve_precision("fp32", torch.device("cpu")),
+                      Batcher(toy_panel(), "train", "cpu"), "mse", seed=0)
+    dev = FakeDevice(free=1_000_000, base=0, per_row=1_000)  # budget 900 kB: 900 rows
+    changed = []
+
+    def try_step(size):
+        dev.step(size)  # OOM above 1000 rows, before the real step runs
+        step(size)
+        changed.append(not torch.equal(model.state_dict()["net.1.weight"], before["net.1.weight"]))
+
+    with preserved(model, optimizer):
+        r = find_micro_batch(try_step, dev, start=256, cap=1143, margin=0.1, steps=2)
+    assert r.micro_batch == 900
+    assert len(changed) > 10 and all(changed)  # the probe really trained ...
+    for key, value in before.items():          # ... and left nothing behind
+        assert torch.equal(model.state_dict()[key], value)
+    assert len(optimizer.state) == 0
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in model.parameters())
