@@ -50,6 +50,8 @@ class CudaMemory:
     """MemoryReader for one CUDA device; peaks are measured above the allocation at reset."""
 
     def __init__(self, device: torch.device) -> None:
+        if device.index is None:  # some torch.cuda calls insist on an index
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self._base = 0
 

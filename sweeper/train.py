@@ -111,7 +111,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     started = time.perf_counter()
     tc = cfg.train
     say = log or (lambda message: None)
-    device = torch.device(device) if device is not None else default_device()
+    device = resolve_device(device)
     deadline = started + tc.max_minutes * 60 if tc.max_minutes else math.inf
     seed_everything(tc.seed)
 
@@ -228,8 +228,14 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
 # ------------------------------------------------------------------ setup
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """None: the current CUDA device if there is one, else the CPU; "cuda" gets its index."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def seed_everything(seed: int) -> None:
