@@ -359,6 +359,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        ctx, ctx_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if ctx and ctx_mark:  # an unclosed bracket is reported at the end; point at its start too
+            problem += f" ({ctx} at line {ctx_mark.line + 1}, column {ctx_mark.column + 1})"
         raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}") from None
     return raw if raw is not None else {}
 

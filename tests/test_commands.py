@@ -1,0 +1,60 @@
+"""status, best, drift refusal and --force on a real finished study."""
+from __future__ import annotations
+
+import json
+
+import yaml
+from click.testing import CliRunner
+
+from sweeper.cli import main
+
+
+def _cli(*args, code=0):
+    result = CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_status_best_and_drift(study_file):
+    path = study_file({"study": {"n_trials": 2}, "model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
+    _cli("run", path)
+    status = json.loads(_cli("status", path, "--json"))
+    assert status["finished"] == 2 and status["counts"]["COMPLETE"] == 2 and status["running"] == []
+    best = json.loads(_cli("best", path, "--json"))
+    assert best["trial"] in (0, 1) and best["metric"] == "val_ic"
+    assert set(best["params"]) == {"train.lr"}
+    assert best["weights"].endswith(f"trials/{best['trial']}/weights.pt")
+    assert best["oracle_test_ic"] > 0.05 and "test_ic_oracle_fraction" in best
+    assert best["value"] == best["metrics"]["val_ic"]
+    assert "best: trial" in _cli("status", path)
+
+    raw = yaml.safe_load(path.read_text())
+    raw["train"]["lr"] = 0.05
+    raw["search_space"]["train.lr"]["high"] = 0.02
+    path.write_text(yaml.safe_dump(raw))
+    out = _cli("run", path, code=2)
+    assert "train.lr (0.001 -> 0.05)" in out and "search_space.train.lr.high (0.01 -> 0.02)" in out
+    assert "--force" in out
+
+    raw["study"]["n_trials"] = 3  # the budget may change
+    path.write_text(yaml.safe_dump(raw))
+    _cli("run", path, "--force")
+    assert json.loads(_cli("status", path, "--json"))["finished"] == 3
+
+
+def test_budget_and_devices_may_change_without_force(study_file):
+    path = study_file({"study": {"n_trials": 1}, "model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
+    _cli("run", path)
+    raw = yaml.safe_load(path.read_text())
+    raw["study"]["n_trials"] = 2
+    raw["devices"]["cpu_workers"] = 1
+    raw["study"]["timeout"] = 600
+    path.write_text(yaml.safe_dump(raw))
+    _cli("resume", path)
+    assert json.loads(_cli("status", path, "--json"))["finished"] == 2
+
+
+def test_status_of_a_missing_study_is_a_clear_error(study_file):
+    path = study_file()
+    out = _cli("status", path, code=2)
+    assert "no such database file" in out or "not found" in out
