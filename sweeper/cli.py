@@ -182,6 +182,64 @@ def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> Non
     serve(cfg, storage_url=storage, host=host, port=port, echo=click.echo)
 
 
+@main.command("report")
+@study_file
+@storage_option
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The HTML file to write (self-contained, works offline).")
+def report_cmd(study: Path, storage: str | None, out: Path) -> None:
+    """One HTML page: history, importances, learning curves, devices, IC and selection bias."""
+    from sweeper.report import write_report
+
+    summary = write_report(_load(study), out, storage_url=storage)
+    click.echo(f"wrote {out}: {summary['trials']} trials, {len(summary['figures'])} figures "
+               f"in {summary['seconds']:.1f} s")
+
+
+@main.command("predict")
+@study_file
+@storage_option
+@click.option("--trial", default="best", show_default=True, metavar="N|best", help="Trial number, or best.")
+@click.option("--split", default="valid", show_default=True, type=click.Choice(["valid", "test", "train", "all"]))
+@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Another Parquet file with the study's columns (normalised the same way).")
+@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="preds.parquet (or .csv): columns date, asset, pred, label.")
+def predict_cmd(study: Path, storage: str | None, trial: str, split: str, data: Path | None,
+                device: str | None, out: Path) -> None:
+    """Apply a trial's best weights to a split (or to --data) and write the predictions."""
+    from sweeper.export import write_table
+    from sweeper.metrics import ic_report
+    from sweeper.predict import predict_trial
+    from sweeper.results import load_existing
+
+    cfg = _load(study)
+    result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data, device=device)
+    write_table(result.frame, out)
+    if result.same_data is False:
+        click.echo("warning: the data differs from the data the study was run on (fingerprint changed)", err=True)
+    ic = ic_report(result.frame)
+    click.echo(f"wrote {out}: trial {result.trial}, split {split} of {result.source}, {len(result.frame)} rows, "
+               f"IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} over {ic['n_dates']} dates")
+
+
+@main.command("export")
+@study_file
+@storage_option
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="trials.parquet or trials.csv.")
+def export_cmd(study: Path, storage: str | None, out: Path) -> None:
+    """One row per trial: state, value, params, user attributes, times and duration."""
+    from sweeper.export import trials_frame, write_table
+    from sweeper.results import load_existing
+
+    cfg = _load(study)
+    frame = trials_frame(load_existing(cfg, storage))
+    write_table(frame, out)
+    click.echo(f"wrote {out}: {len(frame)} trials, {frame.shape[1]} columns")
+
+
 @main.command("doctor")
 def doctor_cmd() -> None:
     """Report Python, torch, CUDA, GPUs (through NVML), optuna and SQLite."""

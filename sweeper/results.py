@@ -1,4 +1,5 @@
-"""Reading a study back: status, best trial, and the per-trial run folder.
+"""Reading a study back: status, best trial, the per-trial run folder, and how
+much of the best trial's IC survives the selection of the best of many.
 
 Read-only: nothing here creates a study or a database file.
 """
@@ -9,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -53,6 +55,64 @@ def oracle_fractions(attrs: dict[str, Any], oracle: dict[str, float] | None) -> 
     return out
 
 
+def daily_ic_file(run_dir: str | Path, number: int, split: str) -> Path:
+    """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` of one trial (columns date, ic, rank_ic)."""
+    return Path(run_dir) / "trials" / str(number) / f"daily_ic_{split}.csv"
+
+
+def read_daily(path: Path) -> dict[str, np.ndarray] | None:
+    """A daily IC file as arrays: ``date`` (str), ``ic`` and ``rank_ic`` (float64, empty
+    cells NaN); None if there is no such file.
+
+    The csv module, not pandas: a 500-trial report reads 500 of these, and pandas'
+    import and per-call overhead would be most of the report's time.
+    """
+    try:
+        fh = path.open(newline="")
+    except FileNotFoundError:
+        return None
+    with fh:
+        rows = list(csv.reader(fh))
+    header, body = (rows[0], rows[1:]) if rows else ([], [])
+    out = {}
+    for k, name in enumerate(header):
+        cells = [r[k] if len(r) > k else "" for r in body]
+        out[name] = np.array(cells, dtype=object) if name == "date" else \
+            np.array([float(c) if c else math.nan for c in cells], dtype=np.float64)
+    return out if "ic" in out else None
+
+
+def valid_daily_ics(trials: list[FrozenTrial], run_dir: str | Path) -> dict[int, np.ndarray]:
+    """Trial number -> daily validation IC, for every finished trial that wrote the file.
+
+    Pruned trials count: each one was a chance to look good by luck.
+    """
+    out = {}
+    for t in trials:
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            daily = read_daily(daily_ic_file(run_dir, t.number, "valid"))
+            if daily is not None:
+                out[t.number] = daily["ic"]
+    return out
+
+
+def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial | None = None,
+                     trials: list[FrozenTrial] | None = None) -> dict[str, Any] | None:
+    """:func:`sweeper.selection.selection_summary` of the study's daily validation ICs:
+    n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr, p_fluke, pbo.
+    None when the best trial has no daily IC file (e.g. its run folder is elsewhere)."""
+    from sweeper.selection import selection_summary
+
+    best = best or best_trial(study)
+    trials = trials if trials is not None else study.get_trials(deepcopy=False)
+    if best is None:
+        return None
+    daily = valid_daily_ics(trials, run_dir)
+    if best.number not in daily:
+        return None
+    return selection_summary(daily, best.number)
+
+
 def best_report(study: optuna.Study, cfg: C.SweeperConfig) -> dict[str, Any] | None:
     best = best_trial(study)
     if best is None:
@@ -74,6 +134,7 @@ def best_report(study: optuna.Study, cfg: C.SweeperConfig) -> dict[str, Any] | N
         out["oracle_val_ic"] = oracle.get("valid")
         out["oracle_test_ic"] = oracle.get("test")
         out.update(oracle_fractions(ua, oracle))
+    out["selection"] = selection_report(study, run_dir(cfg), best)
     return out
 
 

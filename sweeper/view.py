@@ -202,8 +202,23 @@ def print_best(best: dict[str, Any], console: Any = None) -> None:
     console.print(f"best: trial {best['trial']}  {best['metric']}={_fmt(best['value'])}")
     console.print(f"  valid: ic {_fmt(m.get('val_ic'))}  rank_ic {_fmt(m.get('val_rank_ic'))}  icir {_fmt(m.get('val_icir'))}")
     console.print(f"  test:  ic {_fmt(m.get('test_ic'))}  rank_ic {_fmt(m.get('test_rank_ic'))}  icir {_fmt(m.get('test_icir'))}")
-    if best.get("oracle_test_ic"):
-        frac = best.get("test_ic_oracle_fraction")
-        console.print(f"  oracle test IC {best['oracle_test_ic']:.4f}" + (f": {frac:.0%} reached" if frac is not None else ""))
+    for split, key in (("valid", "val"), ("test", "test")):
+        oracle, frac = best.get(f"oracle_{key}_ic"), best.get(f"{key}_ic_oracle_fraction")
+        if oracle:
+            console.print(f"  oracle {split} IC {oracle:.4f}" + (f": {frac:.0%} reached" if frac is not None else ""))
+    for line in selection_lines(best.get("selection")):
+        console.print("  " + line, highlight=False)
     console.print("  params: " + ", ".join(f"{k}={v}" for k, v in best["params"].items()))
     console.print(f"  weights: {best['weights'] or '-'}")
+
+
+def selection_lines(sel: dict[str, Any] | None) -> list[str]:
+    """The selection-bias figures in words (``sweeper best``, ``status`` and the report)."""
+    if not sel:
+        return ["selection bias: - (the best trial has no daily IC file)"]
+    return [
+        f"selection bias over {sel['n_trials']} trials: no-signal best val IC "
+        f"{_fmt(sel.get('expected_max_null_ic'))}",
+        f"  deflated val IC {_fmt(sel.get('deflated_ic'))}  P(fluke) {_fmt(sel.get('p_fluke'), '.1%')}  "
+        f"PBO {_fmt(sel.get('pbo'), '.2f')}",
+    ]

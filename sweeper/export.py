@@ -1,0 +1,93 @@
+"""``sweeper export``: the study's trials as one table (Parquet or CSV).
+
+One row per trial: ``number, state, value, datetime_start, datetime_complete,
+duration_s``, then ``params.<name>`` and ``user_attrs.<name>`` for every param and
+user attribute any trial has (missing: null). Dotted names keep their dots
+(``params.train.lr``), the names the study file and ``--set`` use.
+
+Parquet needs one type per column. A column whose values mix kinds (numbers and
+strings, or lists and dicts such as the study config) holds JSON text instead;
+a column of numbers, of strings or of booleans keeps its type.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+
+from sweeper.errors import ConfigError
+
+FIXED = ("number", "state", "value", "datetime_start", "datetime_complete", "duration_s")
+FORMATS = (".parquet", ".csv")
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """One row per trial (see the module docstring)."""
+    attrs = ("number", "state", "value", "datetime_start", "datetime_complete", "duration", "params", "user_attrs")
+    raw = study.trials_dataframe(attrs=attrs, multi_index=True)
+    if raw.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("value", "duration_s") else "object")
+                             for c in FIXED})
+    frame = pd.DataFrame({".".join(p for p in col if p): raw[col] for col in raw.columns})
+    frame["duration_s"] = frame.pop("duration").dt.total_seconds()
+    params = sorted(c for c in frame if c.startswith("params."))
+    user = sorted(c for c in frame if c.startswith("user_attrs."))
+    frame = frame[[c for c in FIXED if c in frame] + params + user]
+    for column in params + user:
+        frame[column] = _one_type(frame[column])
+    return frame.reset_index(drop=True)
+
+
+def _one_type(column: pd.Series) -> pd.Series:
+    values = [v for v in column if not _missing(v)]
+    kinds = {_kind(v) for v in values}
+    if len(kinds) <= 1 and kinds <= {"number", "string", "bool"}:
+        return column
+    return pd.Series([None if _missing(v) else json.dumps(v, default=str) for v in column],
+                     index=column.index, dtype="object")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "string" if isinstance(value, str) else "json"
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def write_table(frame: pd.DataFrame, out: str | Path) -> None:
+    """Parquet or CSV by the file's suffix, written to a temp file then renamed."""
+    out = Path(out)
+    suffix = out.suffix.lower()
+    if suffix not in FORMATS:
+        raise ConfigError(f"{out}: expected a .parquet or .csv file name")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        if suffix == ".csv":
+            frame.to_csv(tmp, index=False)
+        else:
+            frame.to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """An exported table read back, with the datetime columns parsed for CSV too."""
+    path = Path(path)
+    if path.suffix.lower() == ".csv":
+        return pd.read_csv(path, parse_dates=["datetime_start", "datetime_complete"])
+    return pd.read_parquet(path)
