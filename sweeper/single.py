@@ -8,7 +8,9 @@ from typing import Any
 
 from sweeper import config as C
 
-COLUMNS = ("epoch", "train_loss", "val_loss", "val_ic", "val_rank_ic", "samples_per_s", "peak_mem_mb")
+# (metric key, header): short headers keep a row within 80 columns
+COLUMNS = (("epoch", "epoch"), ("train_loss", "loss"), ("val_loss", "val_loss"), ("val_ic", "val_ic"),
+           ("val_rank_ic", "rank_ic"), ("samples_per_s", "samples/s"), ("peak_mem_mb", "mem_MB"))
 
 
 class TableHook:
@@ -20,10 +22,10 @@ class TableHook:
 
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
         if not self.header:
-            self.console.print("  ".join(f"{c:>12}" for c in COLUMNS), highlight=False)
+            self.console.print(" ".join(f"{h:>10}" for _, h in COLUMNS), highlight=False, soft_wrap=True)
             self.header = True
         row = {"epoch": epoch, **metrics}
-        self.console.print("  ".join(f"{_cell(row.get(c)):>12}" for c in COLUMNS), highlight=False)
+        self.console.print(" ".join(f"{_cell(row.get(k)):>10}" for k, _ in COLUMNS), highlight=False, soft_wrap=True)
         return False
 
     def should_stop(self) -> bool:
