@@ -27,6 +27,7 @@ import math
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -133,15 +134,20 @@ def importance_figure(data: StudyData) -> go.Figure:
     from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
 
     try:
-        scores = get_param_importances(data.study, evaluator=PedAnovaImportanceEvaluator())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            scores = get_param_importances(data.study, evaluator=PedAnovaImportanceEvaluator())
     except (ValueError, RuntimeError) as exc:  # too few trials, or no param that varies
         return _empty(f"parameter importances unavailable: {exc}")
     if not scores:
         return _empty("parameter importances unavailable: no parameter is shared by the complete trials")
     names = list(scores)[::-1]  # most important on top
+    # PED-ANOVA says so (and returns equal shares) when there are too few trials to tell
+    caveat = "; ".join(str(w.message) for w in caught if issubclass(w.category, UserWarning))
     fig = go.Figure(go.Bar(x=[scores[n] for n in names], y=names, orientation="h", marker_color="#1f77b4"))
-    fig.update_layout(**LAYOUT, title="importance for the objective (PED-ANOVA, normalised to sum 1)",
-                      xaxis_title="importance", meta={"importances": dict(scores)})
+    fig.update_layout(**LAYOUT, title="importance for the objective (PED-ANOVA, normalised to sum 1)"
+                      + (f"<br><sup>{html.escape(caveat)}</sup>" if caveat else ""),
+                      xaxis_title="importance", meta={"importances": dict(scores), "caveat": caveat or None})
     return fig
 
 
