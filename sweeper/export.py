@@ -7,7 +7,8 @@ user attribute any trial has (missing: null). Dotted names keep their dots
 
 Parquet needs one type per column. A column whose values mix kinds (numbers and
 strings, or lists and dicts such as the study config) holds JSON text instead;
-a column of numbers, of strings or of booleans keeps its type.
+a column of numbers, of strings or of booleans keeps its type. CSV, as ever, cannot
+tell an empty string from a missing value.
 """
 from __future__ import annotations
 
