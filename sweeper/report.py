@@ -241,21 +241,39 @@ def _union(intervals: list[tuple[datetime, datetime]], gap: timedelta = timedelt
     return merged
 
 
+def _windows(spans: dict[str, list]) -> list[tuple[datetime, datetime, set[str]]]:
+    """The stretches of wall time a sweep ran, each with the slots it used: one per
+    ``sweeper run`` (its trials' first start to last end, by their driver_id); trials
+    without one are joined unless no trial ran for over IDLE_GAP."""
+    runs: dict[Any, list[tuple[str, datetime, datetime]]] = {}
+    for slot, rows in spans.items():
+        for s, e, t in rows:
+            runs.setdefault(t.user_attrs.get("driver_id"), []).append((slot, s, e))
+    windows = []
+    for driver, rows in runs.items():
+        cuts = _union([(s, e) for _, s, e in rows], IDLE_GAP) if driver is None else \
+            [[min(s for _, s, _ in rows), max(e for _, _, e in rows)]]
+        for a, b in cuts:
+            windows.append((a, b, {slot for slot, s, e in rows if a <= s <= b}))
+    return windows
+
+
 def utilisation(data: StudyData) -> dict[str, Any]:
-    """busy / (slots x wall span). Busy: the time each slot held a trial. Wall span: first
-    start to last end, less any stretch over IDLE_GAP in which no trial ran (between runs)."""
+    """busy / (slots x wall span), summed over sweeper runs: busy is the time each slot
+    held a trial; a run's capacity is its slots times its wall span (see _windows), so
+    the hours between two runs of a resumed study count for neither."""
     spans = _spans(data)
-    every = [(s, e) for rows in spans.values() for s, e, _ in rows]
-    if not every:
-        return {"slots": 0, "busy_s": 0.0, "span_s": 0.0, "fraction": None, "per_slot": {}}
-    active = _union(every, gap=IDLE_GAP)
-    span = sum((e - s).total_seconds() for s, e in active)
+    if not spans:
+        return {"slots": 0, "busy_s": 0.0, "span_s": 0.0, "capacity_s": 0.0, "fraction": None, "per_slot": {}}
     busy = {slot: sum((e - s).total_seconds() for s, e in _union([(s, e) for s, e, _ in rows]))
             for slot, rows in sorted(spans.items())}
-    total = sum(busy.values())
-    fraction = total / (len(spans) * span) if span > 0 else None
-    return {"slots": len(spans), "busy_s": total, "span_s": span, "fraction": fraction,
-            "per_slot": {k: (v / span if span > 0 else None) for k, v in busy.items()}}
+    windows = _windows(spans)
+    capacity = {slot: sum((b - a).total_seconds() for a, b, used in windows if slot in used) for slot in busy}
+    span = sum((b - a).total_seconds() for a, b in _union([(a, b) for a, b, _ in windows]))
+    total = sum(capacity.values())
+    return {"slots": len(busy), "busy_s": sum(busy.values()), "span_s": span, "capacity_s": total,
+            "runs": len(windows), "fraction": sum(busy.values()) / total if total > 0 else None,
+            "per_slot": {k: (busy[k] / capacity[k] if capacity[k] > 0 else None) for k in busy}}
 
 
 def timeline_figure(data: StudyData) -> go.Figure:
@@ -444,9 +462,10 @@ def _notes(name: str, fig: go.Figure) -> list[str]:
         if use["fraction"] is None:
             return []
         per = ", ".join(f"{k} {v:.0%}" for k, v in use["per_slot"].items() if v is not None)
-        return [f"Utilisation {use['fraction']:.1%}: busy {use['busy_s']:.0f} s over {use['slots']} slots "
-                f"x {use['span_s']:.0f} s wall span (idle stretches over {IDLE_GAP.seconds // 60} min left out). "
-                f"Per slot: {per}."]
+        runs = f" in {use['runs']} runs" if use["runs"] > 1 else ""
+        return [f"Utilisation {use['fraction']:.1%}: busy {use['busy_s']:.0f} s of {use['capacity_s']:.0f} "
+                f"slot-seconds ({use['slots']} slots x {use['span_s']:.0f} s of wall time{runs}; the time "
+                f"between runs is left out). Per slot: {per}."]
     if name == "selection" and "selection" in meta:
         from sweeper.view import selection_lines
 

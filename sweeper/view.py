@@ -208,7 +208,7 @@ def print_best(best: dict[str, Any], console: Any = None) -> None:
             console.print(f"  oracle {split} IC {oracle:.4f}" + (f": {frac:.0%} reached" if frac is not None else ""))
     for line in selection_lines(best.get("selection")):
         console.print("  " + line, highlight=False)
-    console.print("  params: " + ", ".join(f"{k}={v}" for k, v in best["params"].items()))
+    console.print("  params: " + ", ".join(f"{k}={v}" for k, v in best["params"].items()), soft_wrap=True)
     console.print(f"  weights: {best['weights'] or '-'}")
 
 

@@ -141,7 +141,7 @@ def build(root: Path, n: int = 500, n_daily: int = 60, name: str = "big", seed: 
         t.datetime_start, t.datetime_complete = t.datetime_start + shift, t.datetime_complete + shift
     running = FrozenTrial(number=n, trial_id=n, state=TrialState.RUNNING, value=None, values=None,
                           datetime_start=clock[DEVICES[0]] + shift, datetime_complete=None, params={},
-                          distributions={}, user_attrs={"device": DEVICES[0], "host": "bench"}, system_attrs={},
+                          distributions={}, user_attrs={"device": DEVICES[0], "host": "bench", "driver_id": "d0"}, system_attrs={},
                           intermediate_values={1: 0.001})
     _bulk_add(storage, study._study_id, [*trials, running])
     best = max((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value)

@@ -143,9 +143,41 @@ def test_timeline_and_utilisation(big):
     assert use["span_s"] == pytest.approx(span, abs=30)
     assert use["fraction"] == pytest.approx(busy / (4 * span), abs=0.01)
     assert 0.85 < use["fraction"] < 1.0
+    assert use["runs"] == 1 and use["capacity_s"] == pytest.approx(4 * use["span_s"])
     assert f"Utilisation {use['fraction']:.1%}" in big["page"]
     assert big["figures"]["telemetry"]["layout"]["meta"]["samples"] == 12
     assert [t["name"] for t in big["figures"]["telemetry"]["data"]][:2] == ["GPU 0 util %", "GPU 0 memory MB"]
+
+
+def _span(number, slot, start_s, end_s, driver, host="h"):
+    t0 = datetime(2024, 1, 1, 9)
+    return optuna.trial.FrozenTrial(
+        number=number, trial_id=number, state=TrialState.COMPLETE, value=0.0, values=None,
+        datetime_start=t0 + timedelta(seconds=start_s), datetime_complete=t0 + timedelta(seconds=end_s),
+        params={}, distributions={}, user_attrs={"device": slot, "driver_id": driver, "host": host},
+        system_attrs={}, intermediate_values={})
+
+
+def test_utilisation_counts_each_run_with_its_own_slots(tmp_path):
+    from sweeper.report import StudyData, utilisation
+
+    trials = [
+        # run a: 2 slots for 100 s; cpu0 busy 0-100, cpu1 busy 0-40
+        _span(0, "cpu0", 0, 100, "a"), _span(1, "cpu1", 0, 40, "a"),
+        # an hour later, run b: 1 slot for 50 s, busy 30 s of it
+        _span(2, "cpu0", 3600, 3620, "b"), _span(3, "cpu0", 3630, 3640, "b"), _span(4, "cpu0", 3645, 3650, "b"),
+    ]
+    use = utilisation(StudyData("s", "val_ic", True, trials, tmp_path, study=None))
+    assert use["runs"] == 2 and use["slots"] == 2
+    assert use["busy_s"] == pytest.approx(100 + 40 + 35)
+    assert use["capacity_s"] == pytest.approx(2 * 100 + 1 * 50)
+    assert use["span_s"] == pytest.approx(150)
+    assert use["fraction"] == pytest.approx(175 / 250)
+    assert use["per_slot"] == pytest.approx({"cpu0": 135 / 150, "cpu1": 40 / 100})
+    # two hosts' gpu0 are two slots
+    both = [_span(0, "gpu0", 0, 10, "a", host="x"), _span(1, "gpu0", 0, 10, "b", host="y")]
+    use = utilisation(StudyData("s", "val_ic", True, both, tmp_path, study=None))
+    assert sorted(use["per_slot"]) == ["x/gpu0", "y/gpu0"] and use["fraction"] == pytest.approx(1.0)
 
 
 def test_valid_vs_test_ic(big):
