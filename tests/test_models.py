@@ -16,6 +16,14 @@ def _custom_models_importable(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("cfg", [
     dict(name="transformer", d_model=16, nhead=2, dim_feedforward=32),
     dict(name="transformer", d_model=16, nhead=4, positional="sinusoidal", pooling="mean"),
