@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import selectors
 import signal
 import socket
@@ -31,10 +32,11 @@ from sweeper import __version__
 from sweeper import config as C
 from sweeper.errors import ConfigDrift, ConfigError, StorageError, StudyNotFound
 from sweeper.results import best_trial
-from sweeper.store import claim_lock, open_storage
+from sweeper.store import check_artifacts, claim_lock, open_storage, running_without_heartbeat
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 MAX_INTERRUPTED_RETRIES = 20
+MAX_EARLY_EXITS = 3
 DRIFT_PREFIXES = ("data.", "model.", "train.", "search_space", "study.metric", "study.direction")
 
 
@@ -80,17 +82,32 @@ def check_sampler(cfg: C.SamplerConfig) -> None:
 
 @dataclass(frozen=True)
 class Identity:
+    """Who runs a trial: the host id, the driver's pid, a per-run driver id, and
+    the process table that pid belongs to (boot id and pid namespace), so that
+    only a driver that can see a pid ever judges it dead."""
+
     host: str
     pid: int
     driver_id: str
+    pid_ns: str = ""
 
     @classmethod
     def current(cls) -> "Identity":
         host = os.environ.get("SWEEPER_HOST_ID") or socket.gethostname()
-        return cls(host=host, pid=os.getpid(), driver_id=uuid.uuid4().hex[:12])
+        return cls(host=host, pid=os.getpid(), driver_id=uuid.uuid4().hex[:12], pid_ns=_pid_namespace())
 
     def attrs(self) -> dict[str, Any]:
-        return {"host": self.host, "driver_pid": self.pid, "driver_id": self.driver_id}
+        return {"host": self.host, "driver_pid": self.pid, "driver_id": self.driver_id, "pid_ns": self.pid_ns}
+
+
+def _pid_namespace() -> str:
+    # two pods on one node share the boot id but not the pid namespace; two
+    # machines given the same SWEEPER_HOST_ID share neither
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
 
 
 # ------------------------------------------------------------------ study
@@ -113,8 +130,9 @@ def drift(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
 
 
 def open_study(storage: Any, cfg: C.SweeperConfig, *, attrs: dict[str, Any], lock: Any, force: bool,
-               must_exist: bool) -> optuna.Study:
-    """Create the study, or load it and refuse config drift (unless ``force``)."""
+               must_exist: bool) -> tuple[optuna.Study, bool]:
+    """Create the study, or load it and refuse config drift (unless ``force``).
+    Returns the study and whether this call created it."""
     sampler, pruner = build_sampler(cfg.study.sampler), build_pruner(cfg.study.pruner)
     name = cfg.study.name
     with lock:  # concurrent create_study is a known deadlock; serialise it
@@ -126,9 +144,9 @@ def open_study(storage: Any, cfg: C.SweeperConfig, *, attrs: dict[str, Any], loc
         if not exists or "config" not in study.user_attrs:
             for key, value in attrs.items():
                 study.set_user_attr(key, value)
-            return study
+            return study, True
     check_compatible(study, attrs, force)
-    return study
+    return study, False
 
 
 def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:
@@ -211,46 +229,63 @@ def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
     stale: fail them now instead of waiting out the heartbeat grace period."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         ua = t.user_attrs
-        if ua.get("host") != ident.host or ua.get("driver_id") == ident.driver_id or "driver_pid" not in ua:
+        if (ua.get("host") != ident.host or ua.get("driver_id") == ident.driver_id or "driver_pid" not in ua
+                or not ident.pid_ns or ua.get("pid_ns") != ident.pid_ns):
             continue
         if not _pid_alive(int(ua["driver_pid"])):
             fail_interrupted(study, t._trial_id, f"driver {ua['driver_pid']} on {ident.host} is gone")
 
 
 def fail_stale(study: optuna.Study) -> None:
-    """Optuna's fail_stale_trials, but recording ``fail_reason`` before the FAIL."""
+    """Optuna's fail_stale_trials, but recording ``fail_reason`` before the FAIL.
+
+    Also fails RUNNING trials that never got a heartbeat, which Optuna never
+    considers stale: under the claim lock such a trial can only be left by a
+    driver that died between ``ask`` and its first heartbeat.
+    """
     storage = study._storage
     if storage.get_heartbeat_interval() is None:
         return
     for trial_id in storage._get_stale_trial_ids(study._study_id):
         fail_interrupted(study, trial_id, "no heartbeat within study.grace_period: its driver or host died")
+    for trial_id in running_without_heartbeat(storage, study._study_id):
+        fail_interrupted(study, trial_id, "its driver died while claiming it (no heartbeat was ever recorded)")
 
 
-def reconcile(study: optuna.Study, cfg: C.StudyConfig, ident: Identity) -> int:
-    """Fail stale RUNNING trials (dead drivers) and enqueue every due retry. Call under the claim lock."""
+def reconcile(study: optuna.Study, cfg: C.StudyConfig, ident: Identity) -> list[FrozenTrial]:
+    """Fail stale RUNNING trials (dead drivers) and enqueue every due retry. Call
+    under the claim lock. Returns the trials as they stand after the failing."""
     fail_dead_local(study, ident)
     fail_stale(study)
     trials = study.get_trials(deepcopy=False)
-    plan = retry_plan(trials, cfg)
-    for failed, attrs in plan:
+    for failed, attrs in retry_plan(trials, cfg):
         study.enqueue_trial(failed.params, user_attrs=attrs)
-    return len(plan)
+    return trials
 
 
 # ------------------------------------------------------------------ claim
 
+# WAITING trials are not counted: they are retries queued for the next free
+# slot, and ask() hands them out before sampling anything new, so counting them
+# would make a queued retry block itself. Every ask happens under the lock, so
+# the count can never overshoot.
+BUDGET_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+
+
 def claim(study: optuna.Study, cfg: C.SweeperConfig, lock: Any, ident: Identity, run_dir: Path) -> optuna.Trial | None:
-    """Under the lock: fail stale trials, count the budget, ask, record heartbeat and host."""
+    """Under the lock, in order: fail stale trials, count the budget, ask, record
+    the first heartbeat and the host. None when the budget is used up."""
     from sweeper.space import suggest
 
     with lock:
-        reconcile(study, cfg.study, ident)
-        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-        if len(study.get_trials(deepcopy=False, states=states)) >= cfg.study.n_trials:
+        trials = reconcile(study, cfg.study, ident)
+        if sum(t.state in BUDGET_STATES for t in trials) >= cfg.study.n_trials:
             return None
         trial = study.ask()
         study._storage.record_heartbeat(trial._trial_id)
-        for key, value in {**ident.attrs(), "checkpoint": str(run_dir / "trials" / str(trial.number) / "checkpoint.pt")}.items():
+        # a retry carries the user attrs of its enqueue only; these make it this host's
+        checkpoint = str(run_dir / "trials" / str(trial.number) / "checkpoint.pt")
+        for key, value in {**ident.attrs(), "checkpoint": checkpoint}.items():
             trial.set_user_attr(key, value)
         suggest(trial, cfg)
     return trial
@@ -273,21 +308,25 @@ class WorkerHandle:
     def __init__(self, slot: Any, init: dict[str, Any], log_dir: Path) -> None:
         self.slot = slot
         self.init = init
-        self.log_dir = log_dir
+        # hosts may share the run folder: each writes its own slot logs
+        host = re.sub(r"[^A-Za-z0-9_.-]", "_", init["driver"]["host"])
+        self.log_path = log_dir / f"{host}.slot-{slot.id}.log"
         self.proc: subprocess.Popen | None = None
         self.ready = False
+        self.was_ready = False
+        self.early_exits = 0  # exits before ever becoming ready, in a row
         self.running: Running | None = None
         self._buf = b""
 
     def start(self) -> None:
         env = {**os.environ, **self.slot.env, "PYTHONUNBUFFERED": "1"}
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"slot-{self.slot.id}.log", "ab")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
         # own session: a terminal Ctrl-C reaches only the driver, which relays it
         self.proc = subprocess.Popen([sys.executable, "-m", "sweeper.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
         log.close()
-        self.ready, self.running, self._buf = False, None, b""
+        self.ready, self.was_ready, self.running, self._buf = False, False, None, b""
         self.send({"op": "init", **self.init, "slot": {"id": self.slot.id, "label": self.slot.label}})
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -372,6 +411,7 @@ class Driver:
         self.exhausted = False
         self.next_claim = 0.0
         self.message = ""
+        self.broken = False
 
     # layer 2: the loop
     def loop(self) -> None:
@@ -394,6 +434,8 @@ class Driver:
             self.view.tick(self)
 
     def _stopping(self) -> bool:
+        if self.broken:
+            return True
         timeout = self.cfg.study.timeout
         if timeout is not None and time.monotonic() - self.started > timeout:
             self.message = self.message or f"study.timeout ({timeout:g} s) reached"
@@ -415,7 +457,9 @@ class Driver:
                 return False
             self.exhausted = True
             if not any(x.running for x in self.workers):
-                self.message = self.message or f"budget reached: study.n_trials={self.cfg.study.n_trials} finished or running"
+                self.message = self.message or (
+                    f"budget reached: study.n_trials={self.cfg.study.n_trials} trials are finished "
+                    f"(counted across every host); nothing left for {self.ident.host} to run")
             return False
         w.running = Running(number=trial.number, trial_id=trial._trial_id, started=time.monotonic())
         w.send({"op": "run", "trial_id": trial._trial_id, "number": trial.number})
@@ -443,7 +487,8 @@ class Driver:
     def _on_event(self, w: WorkerHandle, ev: dict[str, Any]) -> None:
         kind = ev["ev"]
         if kind == "ready":
-            w.ready = True
+            w.ready = w.was_ready = True
+            w.early_exits = 0
         elif kind == "epoch" and w.running:
             w.running.epoch, w.running.metrics = ev["epoch"], ev["metrics"]
             self.view.epoch(w.slot, ev["number"], ev["epoch"], ev["metrics"])
@@ -464,8 +509,19 @@ class Driver:
             self.view.trial_ended(w.slot, w.running.number, "FAIL", None, reason)
         w.close()
         w.running = None
+        if not w.was_ready and not self.stop.count:
+            self._early_exit(w, code)
         if not self.stop.count and not self._stopping():
             self._spawn(w)
+
+    def _early_exit(self, w: WorkerHandle, code: int) -> None:
+        """A worker that dies before it is ready (storage refused, too many
+        connections, a broken install) would otherwise be respawned forever."""
+        w.early_exits += 1
+        if w.early_exits >= MAX_EARLY_EXITS and not self.broken:
+            self.broken = True
+            self.message = (f"stopped: the worker for {w.slot.label} exited {w.early_exits} times before it was "
+                            f"ready (last exit code {code}); see {w.log_path}")
 
     def _fail(self, run: Running, reason: str, error: str, code: int | None = None) -> None:
         storage = self.study._storage
@@ -529,8 +585,11 @@ class Plan:
     study_file: str = "STUDY.yaml"
 
 
-def prepare(cfg: C.SweeperConfig, storage_url: str | None = None) -> Plan:
-    """Run every check (config names, data, devices, storage) without writing anything."""
+def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True) -> Plan:
+    """Run every check (config names, data, devices, storage) without writing anything.
+
+    ``devices=False`` skips slot planning (``sweeper db init`` runs where there
+    may be no GPU, e.g. a Kubernetes init Job)."""
     from sweeper.data import load_panel
     from sweeper.devices import plan_slots
     from sweeper.models import build_model, resolve_model_class
@@ -543,10 +602,11 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None) -> Plan:
     _check_models(cfg, resolve_model_class)
     panel = load_panel(cfg.data)
     build_model(cfg.model, len(panel.features), cfg.data.lookback)  # constructor errors are config errors
-    slots = plan_slots(cfg.devices)
+    slots = plan_slots(cfg.devices) if devices else []
     url = cfg.study.resolved_storage
     check_reachable(url)
     artifacts = cfg.study.resolved_artifacts
+    check_artifacts(artifacts)
     run_dir = Path(f"runs/{cfg.study.name}") if artifacts.startswith("s3://") else Path(artifacts)
     return Plan(cfg, url, run_dir, artifacts, slots, panel.fingerprint, panel.oracle_ic, panel.source)
 
@@ -562,15 +622,11 @@ def _check_models(cfg: C.SweeperConfig, resolve: Any) -> None:
         resolve(name)
 
 
-def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, force: bool = False,
-        must_exist: bool = False, study_file: str = "STUDY.yaml") -> Outcome:
-    """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point."""
+def _attach(plan: Plan, *, force: bool, must_exist: bool) -> tuple[optuna.Study, Any, bool]:
+    """Open the storage, then create or join the study under the claim lock."""
     from sweeper.devices import environment_summary
 
-    plan = prepare(cfg, storage_url)
-    plan.study_file = study_file
     cfg = plan.cfg
-    ident = Identity.current()
     try:
         storage = open_storage(plan.storage_url, heartbeat_interval=cfg.study.heartbeat_interval,
                                grace_period=cfg.study.grace_period, create=not must_exist)
@@ -581,7 +637,38 @@ def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, forc
     lock = claim_lock(storage, plan.storage_url, cfg.study.name)
     attrs = {**study_attrs(cfg, plan.fingerprint, environment_summary()), "oracle_ic": plan.oracle_ic,
              "data_source": plan.source}
-    study = open_study(storage, cfg, attrs=attrs, lock=lock, force=force, must_exist=must_exist)
+    study, created = open_study(storage, cfg, attrs=attrs, lock=lock, force=force, must_exist=must_exist)
+    return study, lock, created
+
+
+@dataclass
+class InitResult:
+    study: str
+    storage: str
+    created: bool
+    n_trials: int
+
+
+def init_db(cfg: C.SweeperConfig, storage_url: str | None = None) -> InitResult:
+    """``sweeper db init``: create Optuna's tables and the study, with its config and
+    data fingerprint, once, before any host runs. Idempotent; refuses a study
+    file that differs from the one the study was created with."""
+    from sweeper.store import redact
+
+    plan = prepare(cfg, storage_url, devices=False)
+    study, _lock, created = _attach(plan, force=False, must_exist=False)
+    return InitResult(study=plan.cfg.study.name, storage=redact(plan.storage_url), created=created,
+                      n_trials=len(study.get_trials(deepcopy=False)))
+
+
+def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, force: bool = False,
+        must_exist: bool = False, study_file: str = "STUDY.yaml") -> Outcome:
+    """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point."""
+    plan = prepare(cfg, storage_url)
+    plan.study_file = study_file
+    cfg = plan.cfg
+    ident = Identity.current()
+    study, lock, _created = _attach(plan, force=force, must_exist=must_exist)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     driver = Driver(cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                     artifacts=plan.artifacts, view=view, ident=ident, lock=lock)
@@ -609,7 +696,7 @@ def summarize(study: optuna.Study, cfg: C.SweeperConfig, driver: Driver) -> Outc
     best = best_trial(study)
     interrupted = driver.stop.count > 0
     code = driver.stop.exit_code if interrupted else 0
-    if not interrupted and driver.failures_in_row >= cfg.study.max_consecutive_failures:
+    if not interrupted and (driver.broken or driver.failures_in_row >= cfg.study.max_consecutive_failures):
         code = 1
     return Outcome(counts=counts, best=best, interrupted=interrupted, exit_code=code, message=driver.message)
 

@@ -6,8 +6,10 @@ then writes fails at once with "database is locked" when another process wrote
 in between (WAL's BUSY_SNAPSHOT skips the busy handler). So every connection
 gets WAL and a busy timeout, and every transaction starts with BEGIN
 IMMEDIATE, which waits for the write lock instead of failing. PostgreSQL gets
-small pools, pre-ping and sessions pinned to UTC, because Optuna's heartbeat
-column has no time zone.
+small pools, pre-ping, TCP keepalives and sessions pinned to UTC, because
+Optuna's heartbeat column has no time zone. Creating Optuna's tables is
+serialised (an advisory lock on PostgreSQL, a file lock on SQLite) because
+RDBStorage's constructor races with itself on a fresh database.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import socket
 import sqlite3
 import warnings
 from pathlib import Path
@@ -24,11 +27,17 @@ import optuna
 import sqlalchemy
 from sqlalchemy import event
 
-from sweeper.errors import StorageError
+from sweeper.errors import ConfigError, StorageError
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
+# A driver uses two connections (its sessions and the claim lock), a worker two
+# (its sessions and the heartbeat thread): docs/scale-out.md has the arithmetic.
 PG_POOL_SIZE = 2
-PG_MAX_OVERFLOW = 2
+PG_MAX_OVERFLOW = 1
+# The server drops a silent client after idle + interval * count seconds, which
+# also frees an advisory lock held by a host that vanished from the network.
+PG_KEEPALIVE = {"idle": 30, "interval": 10, "count": 3}
+SCHEMA_LOCK = "sweeper:schema"
 
 # sweeper records heartbeats for ask/tell trials itself (Optuna only does inside
 # Study.optimize), so these warnings say nothing useful to a user
@@ -66,9 +75,23 @@ def engine_kwargs(url: str) -> dict[str, Any]:
             "pool_size": PG_POOL_SIZE,
             "max_overflow": PG_MAX_OVERFLOW,
             "pool_recycle": 1800,
-            "connect_args": {"options": "-c timezone=UTC", "connect_timeout": 10},
+            "connect_args": pg_connect_args(),
         }
     return {"pool_pre_ping": True}
+
+
+def pg_connect_args() -> dict[str, Any]:
+    """libpq settings: fail fast when the server is unreachable, notice a dead one,
+    and name the host in ``pg_stat_activity``."""
+    host = os.environ.get("SWEEPER_HOST_ID") or socket.gethostname()
+    return {
+        "connect_timeout": 10,
+        "application_name": f"sweeper@{host}"[:63],
+        "keepalives": 1,
+        "keepalives_idle": PG_KEEPALIVE["idle"],
+        "keepalives_interval": PG_KEEPALIVE["interval"],
+        "keepalives_count": PG_KEEPALIVE["count"],
+    }
 
 
 def _tune_sqlite(engine: sqlalchemy.Engine) -> None:
@@ -88,15 +111,25 @@ def _tune_sqlite(engine: sqlalchemy.Engine) -> None:
     engine.dispose()
 
 
+PG_SESSION_SETTINGS = (
+    # A startup option ("-c timezone=UTC") is not enough: libpq sends PGTZ as a
+    # startup parameter too, and the server applies it last.
+    "SET TIME ZONE 'UTC'",
+    f"SET tcp_keepalives_idle = {PG_KEEPALIVE['idle']}",
+    f"SET tcp_keepalives_interval = {PG_KEEPALIVE['interval']}",
+    f"SET tcp_keepalives_count = {PG_KEEPALIVE['count']}",
+)
+
+
 def _tune_postgres(engine: sqlalchemy.Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # belt and braces with the connect option: PGTZ in the client env must not leak in
         with dbapi_conn.cursor() as cur:
-            cur.execute("SET TIME ZONE 'UTC'")
+            for statement in PG_SESSION_SETTINGS:
+                cur.execute(statement)
         dbapi_conn.commit()
 
-    engine.dispose()
+    engine.dispose()  # connections opened before the hook existed are not pinned: drop them
 
 
 def prepare_sqlite_file(url: str) -> None:
@@ -116,8 +149,9 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
                  create: bool = True) -> optuna.storages.RDBStorage:
     """An RDBStorage for ``url``; raises StorageError when it cannot be reached.
 
-    With ``create=False`` a SQLite file that does not exist is an error rather than
-    being created (read-only commands must not write).
+    With ``create=False`` a database without Optuna's tables (or a SQLite file
+    that does not exist) is an error rather than being created: read-only
+    commands must not write.
     """
     url = normalize_url(url)
     if is_sqlite(url):
@@ -127,11 +161,13 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
         if create:
             prepare_sqlite_file(url)
     try:
-        with _quiet_optuna():
+        with _quiet_optuna(), schema_guard(url, create) as ready:
             storage = optuna.storages.RDBStorage(
-                url, engine_kwargs=engine_kwargs(url),
+                url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
                 heartbeat_interval=heartbeat_interval, grace_period=grace_period,
             )
+    except StorageError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any driver error means "unreachable"
         raise StorageError(f"storage {redact(url)}: cannot connect: {_first_line(exc)}") from None
     if is_sqlite(url):
@@ -139,6 +175,56 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     elif is_postgres(url):
         _tune_postgres(storage.engine)
     return storage
+
+
+@contextlib.contextmanager
+def schema_guard(url: str, create: bool) -> Iterator[bool]:
+    """Yields whether Optuna's schema is complete; while it is not, holds a lock
+    across processes and hosts so that one RDBStorage at a time creates it.
+
+    RDBStorage's constructor runs create_all, inserts the version row and stamps
+    alembic, each in its own transaction: on a fresh PostgreSQL database several
+    hosts starting together fail with duplicate keys or deadlock.
+    """
+    if is_postgres(url):
+        with _pg_schema_guard(url, create) as ready:
+            yield ready
+        return
+    path = sqlite_path(url) if is_sqlite(url) else None
+    if path is None or not create:
+        yield False
+        return
+    with FileLock(path.with_name(path.name + ".lock")):
+        yield False  # create_all only reads when the tables exist
+
+
+@contextlib.contextmanager
+def _pg_schema_guard(url: str, create: bool) -> Iterator[bool]:
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool, connect_args=pg_connect_args())
+    try:
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            if _pg_schema_ready(conn):
+                yield True
+                return
+            if not create:
+                raise StorageError(f"storage {redact(url)}: the database holds no sweeper study "
+                                   "(no Optuna tables): create one with `sweeper db init` or `sweeper run`")
+            key = advisory_key(SCHEMA_LOCK)
+            conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
+            try:
+                yield _pg_schema_ready(conn)  # another host may have finished while we waited
+            finally:
+                conn.exec_driver_sql(f"SELECT pg_advisory_unlock({key})")
+    finally:
+        engine.dispose()
+
+
+def _pg_schema_ready(conn: Any) -> bool:
+    """True once the last step of Optuna's set-up (the alembic stamp) is done."""
+    if conn.exec_driver_sql("SELECT to_regclass('alembic_version') IS NOT NULL").scalar() is not True:
+        return False
+    return conn.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() > 0
 
 
 def check_reachable(url: str) -> None:
@@ -195,6 +281,21 @@ def _quiet_optuna() -> Iterator[None]:
         optuna.logging.set_verbosity(level)
 
 
+def running_without_heartbeat(storage: Any, study_id: int) -> list[int]:
+    """Ids of the study's RUNNING trials that have no heartbeat row at all."""
+    from optuna.storages._rdb import models
+    from optuna.trial import TrialState
+
+    storage = getattr(storage, "_backend", storage)  # a study wraps its RDBStorage in a cache
+    trials, beats = models.TrialModel.__table__, models.TrialHeartbeatModel.__table__
+    query = (sqlalchemy.select(trials.c.trial_id)
+             .outerjoin(beats, beats.c.trial_id == trials.c.trial_id)
+             .where(trials.c.study_id == study_id, trials.c.state == TrialState.RUNNING,
+                    beats.c.trial_id.is_(None)))
+    with storage.engine.connect() as conn:
+        return [row[0] for row in conn.execute(query)]
+
+
 # ------------------------------------------------------------- claim lock
 
 class FileLock:
@@ -217,27 +318,46 @@ class FileLock:
             self._fd = None
 
 
+def advisory_key(name: str) -> int:
+    """A stable signed 64-bit key for ``pg_advisory_lock`` (scoped to the database)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
 class AdvisoryLock:
-    """A PostgreSQL session advisory lock, shared by every host of a study."""
+    """A PostgreSQL session advisory lock, shared by every host of a study.
+
+    Held on its own autocommit connection, so that the session sits idle rather
+    than idle in a transaction; if the holder dies the server ends the session
+    (socket closed, or keepalives unanswered) and the lock is released.
+    """
 
     def __init__(self, engine: sqlalchemy.Engine, key: str) -> None:
         self.engine = engine
-        self.key = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
+        self.key = advisory_key(key)
         self._conn: Any = None
 
     def __enter__(self) -> "AdvisoryLock":
-        self._conn = self.engine.connect()
-        self._conn.exec_driver_sql(f"SELECT pg_advisory_lock({self.key})")
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            conn.exec_driver_sql(f"SELECT pg_advisory_lock({self.key})")
+        except BaseException:
+            conn.invalidate()  # a lock request cut short may still be granted: never reuse it
+            conn.close()
+            raise
+        self._conn = conn
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.exec_driver_sql(f"SELECT pg_advisory_unlock({self.key})")
-                self._conn.commit()
-            finally:
-                self._conn.close()
-                self._conn = None
+        if self._conn is None:
+            return
+        conn, self._conn = self._conn, None
+        try:
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({self.key})")
+        except BaseException:
+            conn.invalidate()  # closing the session releases the lock
+            raise
+        finally:
+            conn.close()
 
 
 class NullLock:
@@ -262,12 +382,31 @@ def claim_lock(storage: optuna.storages.RDBStorage, url: str, study_name: str) -
 # ---------------------------------------------------------- artifacts
 
 def artifact_store(location: str) -> Any:
-    """FileSystemArtifactStore for a folder; Boto3ArtifactStore for ``s3://bucket/prefix``."""
-    from optuna.artifacts import Boto3ArtifactStore, FileSystemArtifactStore
+    """FileSystemArtifactStore under a folder; Boto3ArtifactStore for ``s3://bucket``."""
+    from optuna.artifacts import FileSystemArtifactStore
 
     if location.startswith("s3://"):
-        bucket = location[len("s3://"):].split("/", 1)[0]
-        return Boto3ArtifactStore(bucket)
+        from optuna.artifacts import Boto3ArtifactStore
+
+        return Boto3ArtifactStore(check_artifacts(location))
     base = Path(location) / "artifacts"
     base.mkdir(parents=True, exist_ok=True)
     return FileSystemArtifactStore(str(base))
+
+
+def check_artifacts(location: str) -> str | None:
+    """Pre-flight for ``study.artifacts``: the bucket of an ``s3://`` URL, once
+    boto3 is known to import (it is optional, so a missing one must be a clear
+    error here, not a crash in every worker)."""
+    if not location.startswith("s3://"):
+        return None
+    bucket, _, prefix = location[len("s3://"):].partition("/")
+    if not bucket or prefix.strip("/"):
+        raise ConfigError(f"study.artifacts: {location!r}: give a bucket as s3://BUCKET "
+                          "(Optuna's Boto3ArtifactStore writes at the bucket root; no prefix)")
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"study.artifacts: {location!r} needs boto3, which is not installed: "
+                          "`pip install boto3`, or set study.artifacts to a shared folder") from None
+    return bucket

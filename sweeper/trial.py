@@ -130,9 +130,9 @@ class TrialRunner:
         trial = optuna.Trial(self.study, trial_id)
         frozen = self.storage.get_trial(trial_id)
         log = _TrialLog(out / "train.log")
-        self._stamp(trial)
-        emit("start", number=number, params=frozen.params)
         with Heartbeat(self.storage, trial_id, self.cfg.study.heartbeat_interval):
+            self._stamp(trial)
+            emit("start", number=number, params=frozen.params)
             try:
                 state, value, attrs = self._train(trial, frozen, out, log)
             except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
@@ -193,14 +193,27 @@ class TrialRunner:
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
                 attrs: dict[str, Any], out: Path) -> bool:
-        for key, val in attrs.items():
-            trial.set_user_attr(key, _plain(val))
-        self._register_artifacts(trial, out)
-        values = value if state == TrialState.COMPLETE else None
-        self.study.tell(trial, values, state=state, skip_if_finished=True)
+        try:
+            for key, val in attrs.items():
+                trial.set_user_attr(key, _plain(val))
+            self._register_artifacts(trial, out)
+            values = value if state == TrialState.COMPLETE else None
+            self.study.tell(trial, values, state=state, skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return self._taken(trial, number)
         emit("end", number=number, state=state.name, value=value, reason=attrs.get("fail_reason"),
              metrics={k: _plain(v) for k, v in attrs.items()})
         return state != TrialState.FAIL
+
+    def _taken(self, trial: optuna.Trial, number: int) -> bool:
+        """Another driver finished this trial first (it judged the heartbeat stale):
+        the stored outcome stands, and this process is replaced to start clean."""
+        stored = self.storage.get_trial(trial._trial_id)
+        reason = stored.user_attrs.get("fail_reason")
+        print(f"trial {number} was already finished as {stored.state.name} ({reason}) by another driver; "
+              "its result here is dropped", flush=True)
+        emit("end", number=number, state=stored.state.name, value=None, reason=reason, metrics={})
+        return False
 
     def _register_artifacts(self, trial: optuna.Trial, out: Path) -> None:
         from optuna.artifacts import upload_artifact

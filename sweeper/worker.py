@@ -86,11 +86,15 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._beat, args=(storage, trial_id, interval), daemon=True)
 
     def _beat(self, storage: Any, trial_id: int, interval: float) -> None:
-        while not self._stop.wait(interval):
+        # beat at once: the driver's first heartbeat was recorded at claim time,
+        # and the grace period runs from there
+        while True:
             try:
                 storage.record_heartbeat(trial_id)
             except Exception:  # noqa: BLE001 - a missed beat is retried next interval
                 pass
+            if self._stop.wait(interval):
+                return
 
     def __enter__(self) -> "Heartbeat":
         self._thread.start()
