@@ -228,16 +228,17 @@ def gpu_slots(gpus: list[GPU], trials_per_gpu: int) -> list[Slot]:
 
 
 def cpu_slots(workers: int | str) -> list[Slot]:
-    """CPU slots. ``auto`` runs one trial per two cores, and the cores are shared out as threads.
+    """CPU slots. ``auto`` runs one single-threaded trial per core (at most 8).
 
-    Two intra-op threads per trial is roughly where the small models of a sweep stop
-    speeding up, and every worker holds its own copy of the panel in memory, so
-    ``cores // 2`` concurrent trials uses the cores without doubling RAM for little gain.
-    A 2-core box runs one trial with 2 threads; set ``cpu_workers: 2`` for two
-    single-threaded trials. An explicit count above the core count still gets 1 thread each.
+    The small models of a sweep barely speed up with more intra-op threads, and on a
+    busy machine OpenMP threads that share cores can make a step many times slower
+    (measured: a small LSTM step went from 0.4 ms to 44 ms with 2 threads on a loaded
+    2-core box), so trials in parallel beat threads within a trial. Cores beyond 8
+    are shared out as threads, since every worker holds its own copy of the panel.
+    An explicit count above the core count still gets 1 thread each.
     """
     cores = cpu_count()
-    count = max(1, cores // 2) if workers == "auto" else int(workers)
+    count = min(cores, 8) if workers == "auto" else int(workers)
     threads = max(1, cores // count)
     env = {"CUDA_VISIBLE_DEVICES": "", **_thread_env(threads)}
     return [Slot(id=k, kind="cpu", gpu=None, env=dict(env), threads=threads, label=f"cpu{k}") for k in range(count)]

@@ -137,13 +137,13 @@ def test_skip_busy_with_nothing_left_explains(fakes) -> None:
 def test_none_gives_cpu_slots_even_with_gpus(fakes) -> None:
     fakes(2)
     slots = plan_slots(DevicesConfig(gpus="none"))
-    assert [(s.kind, s.label, s.threads, s.gpu) for s in slots] == [("cpu", f"cpu{k}", 2, None) for k in range(4)]
-    assert slots[0].env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    assert [(s.kind, s.label, s.threads, s.gpu) for s in slots] == [("cpu", f"cpu{k}", 1, None) for k in range(8)]
+    assert slots[0].env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @pytest.mark.parametrize(
     "cores,workers,expected",
-    [(8, "auto", (4, 2)), (2, "auto", (1, 2)), (1, "auto", (1, 1)), (16, 3, (3, 5)), (2, 4, (4, 1)), (2, 2, (2, 1))],
+    [(8, "auto", (8, 1)), (2, "auto", (2, 1)), (1, "auto", (1, 1)), (32, "auto", (8, 4)), (16, 3, (3, 5)), (2, 4, (4, 1)), (2, 2, (2, 1))],
 )
 def test_cpu_slot_thread_split(monkeypatch: pytest.MonkeyPatch, cores: int, workers, expected) -> None:
     monkeypatch.setattr(devices, "cpu_count", lambda: cores)
