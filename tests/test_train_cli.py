@@ -1,0 +1,37 @@
+"""`sweeper train STUDY --set ... --json`: one run, the JSON keys the driver stores."""
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from sweeper.cli import main
+
+KEYS = {"val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir", "best_epoch",
+        "epochs_run", "batch_size", "micro_batch_size", "accum_steps", "precision", "samples_per_s", "peak_mem_mb",
+        "duration_s", "oracle_val_ic", "oracle_test_ic"}
+
+
+def test_train_json_prints_the_final_metrics(study_file):
+    path = study_file({"model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
+    result = CliRunner().invoke(main, ["train", str(path), "--set", "train.epochs=2", "--set", "train.lr=0.003",
+                                       "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    start = result.output.index("{")  # the per-epoch table goes to stderr, merged here by CliRunner
+    metrics = json.loads(result.output[start:])
+    assert KEYS <= set(metrics)
+    assert metrics["epochs_run"] == 2 and metrics["batch_size"] == 256
+    assert metrics["precision"] == "fp32" and metrics["accum_steps"] == 1
+    assert metrics["oracle_test_ic"] > 0.05
+    assert -1 <= metrics["val_ic"] <= 1
+
+
+def test_train_prints_a_table_per_epoch(study_file):
+    path = study_file({"model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
+    result = CliRunner().invoke(main, ["train", str(path), "--set", "train.epochs=3"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = next(i for i, line in enumerate(lines) if "val_ic" in line and "samples/s" in line)
+    assert [line.split()[0] for line in lines[header + 1: header + 4]] == ["1", "2", "3"]
+    assert any(line.startswith("valid: ic") for line in lines)
+    assert any(line.startswith("test:  ic") for line in lines)
