@@ -81,21 +81,23 @@ def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, m
     sys.exit(outcome.exit_code)
 
 
+def sweep_options(fn: Callable) -> Callable:
+    """The options shared by ``run`` and ``resume``."""
+    for option in (click.option("--force", is_flag=True, help="Resume even if the config drifted from the stored one."),
+                   storage_option, sets_option, study_file):
+        fn = option(fn)
+    return fn
+
+
 @main.command("run")
-@study_file
-@sets_option
-@storage_option
-@click.option("--force", is_flag=True, help="Resume even if the config drifted from the stored one.")
+@sweep_options
 def run_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool) -> None:
     """Run the sweep in STUDY (creates the study, or resumes it)."""
     _run(study, sets, storage, force, must_exist=False)
 
 
 @main.command("resume")
-@study_file
-@sets_option
-@storage_option
-@click.option("--force", is_flag=True, help="Resume even if the config drifted from the stored one.")
+@sweep_options
 def resume_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool) -> None:
     """Resume the sweep in STUDY; fails if the study does not exist yet."""
     _run(study, sets, storage, force, must_exist=True)
