@@ -1,0 +1,118 @@
+"""Scale-out pieces that need no PostgreSQL: host identity and the dead-driver
+check, several drivers on one SQLite file, the S3 artifact pre-flight, and a
+worker that can never start."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweeper.config import load_config
+from sweeper.driver import Identity, claim, fail_dead_local, run
+from sweeper.errors import ConfigError
+from sweeper.store import artifact_store, check_artifacts, claim_lock, open_storage
+from sweeper.view import NullView
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_identity_names_host_pid_driver_and_process_table(monkeypatch):
+    monkeypatch.setenv("SWEEPER_HOST_ID", "gpu-node-3")
+    a, b = Identity.current(), Identity.current()
+    assert (a.host, a.pid) == ("gpu-node-3", os.getpid())
+    assert a.driver_id != b.driver_id and len(a.driver_id) == 12
+    assert a.pid_ns and a.pid_ns == b.pid_ns
+    assert set(a.attrs()) == {"host", "driver_pid", "driver_id", "pid_ns"}
+
+
+def test_dead_local_driver_is_failed_only_when_its_pid_is_ours_to_judge(workdir, monkeypatch):
+    """Same host id and process table: a dead pid is failed at once. Same host id
+    but another process table (a second machine or pod given the same id): the
+    pid means nothing here, so the trial is left to the heartbeat check."""
+    monkeypatch.setenv("SWEEPER_HOST_ID", "node")
+    storage = open_storage("sqlite:///db.sqlite", heartbeat_interval=1, grace_period=60)
+    study = optuna.create_study(study_name="s", storage=storage)
+    me, pid = Identity.current(), _dead_pid()
+    here, elsewhere = study.ask(), study.ask()
+    for trial, ns in ((here, me.pid_ns), (elsewhere, "other-boot:pid:[1]")):
+        storage.record_heartbeat(trial._trial_id)
+        for key, value in {"host": "node", "driver_pid": pid, "driver_id": "old", "pid_ns": ns}.items():
+            trial.set_user_attr(key, value)
+    fail_dead_local(study, me)
+    assert study.trials[here.number].state == TrialState.FAIL
+    assert study.trials[here.number].user_attrs["fail_reason"] == "interrupted"
+    assert study.trials[elsewhere.number].state == TrialState.RUNNING
+
+
+def test_a_retry_claimed_by_another_host_carries_that_hosts_identity(study_file, workdir, monkeypatch):
+    path = study_file({"study": {"n_trials": 2}})
+    cfg = load_config(path)
+    storage = open_storage(cfg.study.resolved_storage, heartbeat_interval=1, grace_period=60)
+    study = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
+    lock = claim_lock(storage, cfg.study.resolved_storage, "tiny")
+    monkeypatch.setenv("SWEEPER_HOST_ID", "a")
+    first = claim(study, cfg, lock, Identity.current(), Path("runs/tiny"))
+    study._storage.set_trial_user_attr(first._trial_id, "fail_reason", "interrupted")
+    study._storage.set_trial_state_values(first._trial_id, state=TrialState.FAIL)
+    monkeypatch.setenv("SWEEPER_HOST_ID", "b")
+    other = Identity.current()
+    retry = claim(study, cfg, lock, other, Path("runs/tiny"))
+    got = study.trials[retry.number].user_attrs
+    assert got["retry_of"] == first.number and study.trials[retry.number].params == first.params
+    assert {k: got[k] for k in other.attrs()} == other.attrs()
+    assert got["checkpoint"] == f"runs/tiny/trials/{retry.number}/checkpoint.pt"
+
+
+def test_three_drivers_on_one_sqlite_file_share_the_budget_exactly(study_file):
+    path = study_file({"study": {"n_trials": 6}, "train": {"epochs": 1}, "devices": {"cpu_workers": 1}})
+    procs = [subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**os.environ, "SWEEPER_HOST_ID": f"h{k}"})
+             for k in range(3)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    study = optuna.load_study(study_name="tiny", storage=open_storage("sqlite:///runs/tiny/study.db", create=False))
+    trials = study.get_trials()
+    assert [t.number for t in trials] == list(range(6))
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 6
+    assert all("database is locked" not in o and "Traceback" not in o for o in outs)
+    assert sorted(Path(p).name for p in Path("runs/tiny/logs").iterdir()) == [f"h{k}.slot-0.log" for k in range(3)]
+
+
+def test_a_worker_that_never_starts_stops_the_driver(study_file):
+    """Without a limit the driver would respawn it forever (e.g. the database
+    refusing connections: too many clients)."""
+    path = study_file({"study": {"n_trials": 2}, "devices": {"cpu_workers": 1}})
+    Path("runs/tiny").mkdir(parents=True)
+    Path("runs/tiny/artifacts").write_text("a file where the workers need a folder")
+    outcome = run(load_config(path), view=NullView())
+    assert outcome.exit_code == 1
+    assert "exited 3 times before it was ready" in outcome.message
+    assert sum(outcome.counts.values()) == 0
+
+
+def test_s3_artifacts_without_boto3_is_a_clear_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match=r"study.artifacts: 's3://bucket' needs boto3.*pip install boto3"):
+        check_artifacts("s3://bucket")
+    with pytest.raises(ConfigError, match="needs boto3"):
+        artifact_store("s3://bucket")
+    with pytest.raises(ConfigError, match="no prefix"):
+        check_artifacts("s3://bucket/some/prefix")
+    assert check_artifacts("runs/x") is None
+
+
+def test_s3_artifacts_are_checked_before_anything_runs(study_file, monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)
+    path = study_file({"study": {"artifacts": "s3://sweeps"}})
+    with pytest.raises(ConfigError, match="needs boto3"):
+        run(load_config(path), view=NullView())
+    assert not Path("runs").exists()
