@@ -6,7 +6,6 @@ import json
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 import torch
 
 from sweeper.config import DataConfig
