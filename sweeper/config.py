@@ -6,6 +6,7 @@ The same dotted names are used in the YAML file, in ``--set key=value``, in
 from __future__ import annotations
 
 import copy
+import datetime
 import difflib
 import hashlib
 import json
@@ -93,6 +94,14 @@ class SplitConfig(_Strict):
     train: SplitPart = 0.6
     valid: SplitPart = 0.2
     test: SplitPart = 0.2
+
+    @field_validator("train", "valid", "test", mode="before")
+    @classmethod
+    def _dates_to_text(cls, v: Any) -> Any:
+        # YAML reads an unquoted 2015-01-01 as a date; the split wants the text
+        if isinstance(v, (list, tuple)):
+            return tuple(x.isoformat() if isinstance(x, datetime.date) else x for x in v)
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "SplitConfig":

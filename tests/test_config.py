@@ -112,3 +112,13 @@ def test_flatten_and_config_value():
     assert C.config_value(cfg, "model.name") == "gru"
     with pytest.raises(KeyError):
         C.config_value(cfg, "model.nope")
+
+
+def test_unquoted_yaml_dates_in_split_ranges(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n  split:\n"
+                    "    train: [2015-01-01, 2018-12-31]\n    valid: [2019-01-10, 2019-12-31]\n"
+                    "    test: [2020-01-10, 2020-12-31]\n")
+    cfg = C.load_config(path)
+    assert cfg.data.split.train == ("2015-01-01", "2018-12-31")
+    assert cfg.data.split.test == ("2020-01-10", "2020-12-31")
