@@ -198,14 +198,16 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
                    "lr": scheduler.get_last_lr()[0], "micro_batch_size": micro,
                    "accum_steps": math.ceil(batch_size / micro)}
         progress.record(epoch, metrics, tc.early_stop_metric, model)
-        if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
-            checkpoint.save(training_state(cfg, model, optimizer, scheduler, scaler, generator, progress,
-                                           batch_size, micro))
         say(epoch_line(metrics, tc.epochs))
+        # report first, then save: a checkpoint never holds an epoch the hook has not seen
+        # (a kill in between re-runs and re-reports that epoch rather than losing its report)
         if hook.on_epoch(epoch, metrics):
             stop_reason = "hook"
         elif progress.bad_epochs >= tc.patience and stop_reason == "epochs":
             stop_reason = "early_stop"
+        if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
+            checkpoint.save(training_state(cfg, model, optimizer, scheduler, scaler, generator, progress,
+                                           batch_size, micro))
 
     # ---- score valid and test with the best weights, through the same path as `predict`
     model.load_state_dict(progress.best_state)
