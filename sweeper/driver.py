@@ -37,6 +37,7 @@ from sweeper.store import check_artifacts, claim_lock, open_storage, running_wit
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 MAX_INTERRUPTED_RETRIES = 20
 MAX_EARLY_EXITS = 3
+WAIT_POLL_S = 0.5
 DRIFT_PREFIXES = ("data.", "model.", "train.", "search_space", "study.metric", "study.direction")
 
 
@@ -410,6 +411,8 @@ class Driver:
         self.failures_in_row = 0
         self.exhausted = False
         self.next_claim = 0.0
+        self.waiting_on: set[int] = set()  # other drivers' running trials that hold the budget
+        self.next_poll = 0.0
         self.message = ""
         self.broken = False
 
@@ -423,7 +426,7 @@ class Driver:
                 return
             if self.stop.count == 1:
                 self._drain()
-            elif not self._stopping() and time.monotonic() >= self.next_claim:
+            elif not self._stopping() and self._claim_due():
                 for w in self.workers:
                     if w.ready and w.running is None and not self.dispatch(w):
                         break
@@ -450,25 +453,40 @@ class Driver:
     def dispatch(self, w: WorkerHandle) -> bool:
         trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir)
         if trial is None:
-            if self._foreign_running():
+            foreign = self._foreign_running()
+            if foreign:
                 # the budget is held by other drivers' trials: they may finish, or die and
-                # need re-running, so look again after a heartbeat instead of leaving
+                # need re-running, so look again instead of leaving
+                self.waiting_on = foreign
                 self.next_claim = time.monotonic() + self.cfg.study.heartbeat_interval
                 return False
+            self.waiting_on = set()
             self.exhausted = True
             if not any(x.running for x in self.workers):
                 self.message = self.message or (
                     f"budget reached: study.n_trials={self.cfg.study.n_trials} trials are finished "
                     f"(counted across every host); nothing left for {self.ident.host} to run")
             return False
+        self.waiting_on = set()
         w.running = Running(number=trial.number, trial_id=trial._trial_id, started=time.monotonic())
         w.send({"op": "run", "trial_id": trial._trial_id, "number": trial.number})
         self.view.trial_started(w.slot, trial.number, trial.params)
         return True
 
-    def _foreign_running(self) -> bool:
+    def _claim_due(self) -> bool:
+        """Claim on schedule, or at once when a trial this driver waits on has ended
+        (a cheap poll of RUNNING trials, instead of a full claim every heartbeat)."""
+        now = time.monotonic()
+        if now >= self.next_claim:
+            return True
+        if self.waiting_on and now >= self.next_poll:
+            self.next_poll = now + WAIT_POLL_S
+            return not self.waiting_on <= self._foreign_running()
+        return False
+
+    def _foreign_running(self) -> set[int]:
         running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        return any(t.user_attrs.get("driver_id") != self.ident.driver_id for t in running)
+        return {t.number for t in running if t.user_attrs.get("driver_id") != self.ident.driver_id}
 
     def _spawn(self, w: WorkerHandle) -> None:
         w.start()
