@@ -48,3 +48,11 @@ def study_file(workdir):
         path.write_text(yaml.safe_dump(raw))
         return path
     return make
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    # on a busy 2-core box, OpenMP threads fighting over cores make small steps many times slower
+    import torch
+
+    torch.set_num_threads(1)
