@@ -231,7 +231,7 @@ def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         ua = t.user_attrs
         if (ua.get("host") != ident.host or ua.get("driver_id") == ident.driver_id or "driver_pid" not in ua
-                or not ident.pid_ns or ua.get("pid_ns") != ident.pid_ns):
+                or ua.get("pid_ns", ident.pid_ns) != ident.pid_ns):  # trials of older versions have none
             continue
         if not _pid_alive(int(ua["driver_pid"])):
             fail_interrupted(study, t._trial_id, f"driver {ua['driver_pid']} on {ident.host} is gone")

@@ -135,9 +135,12 @@ class TrialRunner:
             emit("start", number=number, params=frozen.params)
             try:
                 state, value, attrs = self._train(trial, frozen, out, log)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                return self._taken(trial, number)
             except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
                 state, value, attrs = TrialState.FAIL, None, _failure_attrs(exc, log)
-        return self._finish(trial, number, state, value, attrs, out)
+            # still beating: recording results must not look like a dead host to the others
+            return self._finish(trial, number, state, value, attrs, out)
 
     def _stamp(self, trial: optuna.Trial) -> None:
         attrs = {
