@@ -4,6 +4,8 @@ SWEEPER_HOST_IDs, a shared run folder, real SIGKILLs."""
 from __future__ import annotations
 
 import glob
+import io
+import json
 import os
 import signal
 import subprocess
@@ -154,6 +156,25 @@ def test_mixed_client_time_zones_cause_no_false_stale_trials(study_file, pg_url)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 8  # nobody's live trial was failed
     assert {t.user_attrs["host"] for t in trials} == {"utc", "tokyo"}
     assert _heartbeat_skew_s(pg_url) < 120  # all stored in UTC (Tokyo would be 9 h off)
+    _read_back(path, pg_url, finished=8)
+
+
+def _read_back(path: Path, url: str, finished: int) -> None:
+    """status, best and the dashboard read the study through --storage."""
+    status = subprocess.run([sys.executable, "-m", "sweeper.cli", "status", str(path), "--storage", url, "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert report["finished"] == finished and report["best"]["trial"] is not None
+    from sweeper.config import load_config
+    from sweeper.dashboard import app
+
+    got: dict = {}
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/api/studies", "SERVER_NAME": "localhost",
+               "SERVER_PORT": "80", "wsgi.input": io.BytesIO(), "wsgi.url_scheme": "http", "QUERY_STRING": ""}
+    body = b"".join(app(load_config(path), storage_url=url)(environ, lambda s, h, e=None: got.update(status=s)))
+    assert got["status"] == "200 OK"
+    assert [s["study_name"] for s in json.loads(body)["study_summaries"]] == ["tiny"]
 
 
 def test_six_drivers_started_in_the_same_second_on_a_fresh_database(study_file, pg_url):
