@@ -10,7 +10,6 @@ never creates a CUDA context.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import selectors

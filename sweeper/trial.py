@@ -25,7 +25,7 @@ import yaml
 from optuna.trial import TrialState
 
 from sweeper import config as C
-from sweeper.errors import Interrupted, SweeperError, TrialFailure
+from sweeper.errors import SweeperError, TrialFailure
 from sweeper.store import artifact_store, open_storage
 from sweeper.worker import Heartbeat, emit
 
