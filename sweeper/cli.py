@@ -255,6 +255,25 @@ def doctor_cmd() -> None:
     sys.exit(report.exit_code)
 
 
+# ------------------------------------------------------------------ db
+
+@main.group("db", cls=SweeperGroup)
+def db_group() -> None:
+    """Storage set-up for studies shared by several hosts."""
+
+
+@db_group.command("init")
+@study_file
+@storage_option
+def db_init_cmd(study: Path, storage: str | None) -> None:
+    """Create the tables and the study once, before the hosts start (idempotent)."""
+    from sweeper.driver import init_db
+
+    result = init_db(_load(study), storage)
+    state = "created" if result.created else f"already there ({result.n_trials} trials)"
+    click.echo(f"study {result.study!r} in {result.storage}: {state}")
+
+
 # ---------------------------------------------------------------- data
 
 @main.group("data", cls=SweeperGroup)

@@ -24,7 +24,7 @@ ALL = list(_commands(main))
 
 def test_every_command_is_listed():
     assert {c[0] for c in ALL} >= {"run", "resume", "validate", "train", "status", "best", "dashboard", "doctor", "data"}
-    assert ("data", "synth") in ALL
+    assert ("data", "synth") in ALL and ("db", "init") in ALL
 
 
 @pytest.mark.parametrize("cmd", ALL, ids=[" ".join(c) for c in ALL])
@@ -84,3 +84,20 @@ def test_doctor_runs_without_gpu(monkeypatch):
     result = CliRunner().invoke(main, ["doctor"], catch_exceptions=False)
     assert result.exit_code == 0
     assert result.output.strip().splitlines()[-1] == "no GPU: CPU slots will be used"
+
+
+def test_db_init_creates_the_study_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "s.yaml"
+    path.write_text("study: {name: shared}\ndata:\n  synthetic: {assets: 20, dates: 200, features: 4}\n"
+                    "model: {name: mlp, hidden_size: 8}\n")
+    url = f"sqlite:///{tmp_path}/shared.db"
+    first = CliRunner().invoke(main, ["db", "init", str(path), "--storage", url], catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    assert first.output.strip() == f"study 'shared' in {url}: created"
+    again = CliRunner().invoke(main, ["db", "init", str(path), "--storage", url], catch_exceptions=False)
+    assert again.output.strip() == f"study 'shared' in {url}: already there (0 trials)"
+    import optuna
+
+    study = optuna.load_study(study_name="shared", storage=url)
+    assert study.user_attrs["config"]["model"]["name"] == "mlp" and study.user_attrs["data_fingerprint"]
