@@ -264,12 +264,13 @@ def db_group() -> None:
 
 @db_group.command("init")
 @study_file
+@sets_option
 @storage_option
-def db_init_cmd(study: Path, storage: str | None) -> None:
+def db_init_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
     """Create the tables and the study once, before the hosts start (idempotent)."""
     from sweeper.driver import init_db
 
-    result = init_db(_load(study), storage)
+    result = init_db(_load(study, sets), storage)
     state = "created" if result.created else f"already there ({result.n_trials} trials)"
     click.echo(f"study {result.study!r} in {result.storage}: {state}")
 
