@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import optuna
-import yaml
 
 STUDY = {
     "study": {"name": "bench", "n_trials": 30, "sampler": {"name": "random", "seed": 0}, "pruner": {"name": "none"}},

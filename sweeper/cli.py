@@ -5,7 +5,6 @@ single boundary, :class:`SweeperGroup`. Nothing else here holds logic.
 """
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path

@@ -56,3 +56,9 @@ def _one_torch_thread():
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _test_modules_importable(monkeypatch):
+    # model classes named by dotted path (custom_model:Tiny, fault_models:Probe) live in tests/
+    monkeypatch.syspath_prepend(str(TESTS))

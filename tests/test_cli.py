@@ -1,7 +1,6 @@
 """The click shell: every command has --help; domain errors exit 2 with one line."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 

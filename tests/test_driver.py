@@ -1,7 +1,6 @@
 """The sweep driver end to end: real worker processes, a real SQLite store."""
 from __future__ import annotations
 
-from datetime import datetime
 
 import optuna
 import pytest

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,18 +9,6 @@ from sweeper.errors import ConfigError
 from sweeper.models import build_model, resolve_model_class
 from sweeper.models.transformer import TransformerModel, sinusoidal_positions
 
-
-@pytest.fixture(autouse=True)
-def _custom_models_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("cfg", [

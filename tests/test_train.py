@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,19 +20,6 @@ RESULT_KEYS = {"val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_ic", "val_rank_ic", "val_icir", "samples_per_s",
               "peak_mem_mb", "lr", "micro_batch_size", "accum_steps"}
 
-
-@pytest.fixture(autouse=True)
-def _custom_models_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny models: OpenMP threads only contend on a busy 2-core CI box
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

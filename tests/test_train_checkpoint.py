@@ -1,7 +1,6 @@
 """Checkpoints: atomic files, weights_only loading, and resume == straight run."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,14 +11,6 @@ from toy_panel import toy_config, toy_panel
 
 TIMING = {"samples_per_s", "peak_mem_mb", "duration_s"}
 
-
-@pytest.fixture(autouse=True)
-def _setup(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 class StopAfter(NullHook):

@@ -1,7 +1,6 @@
 """Out-of-memory during training, injected on the CPU by a model that refuses large batches."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,14 +9,6 @@ from sweeper.errors import OutOfMemory
 from sweeper.train import train
 from toy_panel import toy_config, toy_panel
 
-
-@pytest.fixture(autouse=True)
-def _setup(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def oom_log() -> list[int]:
