@@ -31,7 +31,7 @@ from sweeper import __version__
 from sweeper import config as C
 from sweeper.errors import ConfigDrift, ConfigError, StorageError, StudyNotFound
 from sweeper.results import best_trial
-from sweeper.store import check_artifacts, claim_lock, open_storage, running_without_heartbeat
+from sweeper.store import check_artifacts, claim_lock, open_storage, quiet_optuna, running_without_heartbeat
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 MAX_INTERRUPTED_RETRIES = 20
@@ -139,8 +139,9 @@ def open_study(storage: Any, cfg: C.SweeperConfig, *, attrs: dict[str, Any], loc
         exists = any(s.study_name == name for s in storage.get_all_studies())
         if must_exist and not exists:
             raise StudyNotFound(f"study {name!r} does not exist in {storage.url}: start it with `sweeper run`")
-        study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
-                                    direction=cfg.study.resolved_direction, load_if_exists=True)
+        with quiet_optuna():  # sweeper prints its own start lines; Optuna's INFO line is noise
+            study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
+                                        direction=cfg.study.resolved_direction, load_if_exists=True)
         if not exists or "config" not in study.user_attrs:
             for key, value in attrs.items():
                 study.set_user_attr(key, value)

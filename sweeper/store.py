@@ -161,7 +161,7 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
         if create:
             prepare_sqlite_file(url)
     try:
-        with _quiet_optuna(), schema_guard(url, create) as ready:
+        with quiet_optuna(), schema_guard(url, create) as ready:
             storage = optuna.storages.RDBStorage(
                 url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
                 heartbeat_interval=heartbeat_interval, grace_period=grace_period,
@@ -272,7 +272,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_optuna() -> Iterator[None]:
+def quiet_optuna() -> Iterator[None]:
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
