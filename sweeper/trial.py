@@ -100,7 +100,6 @@ class TrialRunner:
         self.cfg = C.validate_config(init["config"], "study config")
         self.run_dir = Path(init["run_dir"])
         self.slot = init["slot"]
-        self.driver = init["driver"]
         self.stop = stop
         self.threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or torch.get_num_threads()
         torch.set_num_threads(self.threads)
@@ -143,13 +142,11 @@ class TrialRunner:
             return self._finish(trial, number, state, value, attrs, out)
 
     def _stamp(self, trial: optuna.Trial) -> None:
+        # host, driver_id and driver_pid were written by the driver's claim, under its lock
         attrs = {
             "device": self.slot["label"],
             "slot": self.slot["id"],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "host": self.driver["host"],
-            "driver_id": self.driver["driver_id"],
-            "driver_pid": self.driver["pid"],
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
         }
