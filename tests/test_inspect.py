@@ -170,9 +170,17 @@ def test_dashboard_api_shows_trials_curves_attributes_and_artifacts(live):
     assert get_json(f"{base}/api/meta")["artifact_is_available"] is True
     names = [s["study_name"] for s in get_json(f"{base}/api/studies")["study_summaries"]]
     assert names == ["live"]
-    detail = get_json(f"{base}/api/studies/{sid}?after=0")
-    assert detail["name"] == "live" and detail["has_intermediate_values"] is True
     stored = {t.number: t for t in live["study"].get_trials()}
+    # optuna-dashboard caches a study's trials for 2 s: the poller's last read during the
+    # sweep may still be served, so wait for the dashboard to show the finished study
+    deadline = time.monotonic() + 15
+    while True:
+        detail = get_json(f"{base}/api/studies/{sid}?after=0")
+        done = [t for t in detail["trials"] if len(t["intermediate_values"]) == len(stored[t["number"]].intermediate_values)]
+        if len(done) == len(stored) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert detail["name"] == "live" and detail["has_intermediate_values"] is True
     assert sorted(t["number"] for t in detail["trials"]) == sorted(stored)
     for trial in detail["trials"]:
         t = stored[trial["number"]]
