@@ -317,6 +317,7 @@ class WorkerHandle:
         self.was_ready = False
         self.early_exits = 0  # exits before ever becoming ready, in a row
         self.running: Running | None = None
+        self.stop_sent = False  # a worker is told to stop once, however many loop turns the drain takes
         self._buf = b""
 
     def start(self) -> None:
@@ -328,6 +329,7 @@ class WorkerHandle:
                                      stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
         log.close()
         self.ready, self.was_ready, self.running, self._buf = False, False, None, b""
+        self.stop_sent = False
         self.send({"op": "init", **self.init, "slot": {"id": self.slot.id, "label": self.slot.label}})
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -565,9 +567,9 @@ class Driver:
 
     def _drain(self) -> None:
         for w in self.workers:
-            if not getattr(w, "_stop_sent", False):
+            if not w.stop_sent:
                 w.send({"op": "stop"})
-                w._stop_sent = True
+                w.stop_sent = True
 
     def _kill_all(self) -> None:
         for w in self.workers:

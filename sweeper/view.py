@@ -11,17 +11,13 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from sweeper.results import oracle_fractions
+
 
 def _fmt(value: Any, spec: str = ".4f") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return format(value, spec) if isinstance(value, (int, float)) else str(value)
-
-
-def oracle_fraction(value: float | None, oracle: dict[str, float] | None, split: str) -> float | None:
-    if value is None or not oracle or not oracle.get(split):
-        return None
-    return value / oracle[split]
 
 
 def summary_lines(outcome: Any, cfg: Any, plan: Any) -> list[str]:
@@ -33,7 +29,7 @@ def summary_lines(outcome: Any, cfg: Any, plan: Any) -> list[str]:
         line = f"best: trial {best.number}  {cfg.study.metric}={_fmt(best.value)}"
         line += "" if cfg.study.metric == "val_ic" else f"  val_ic={_fmt(ua.get('val_ic'))}"
         line += f"  test_ic={_fmt(ua.get('test_ic'))}"
-        frac = oracle_fraction(ua.get("test_ic"), plan.oracle_ic, "test")
+        frac = oracle_fractions(ua, plan.oracle_ic).get("test_ic_oracle_fraction")
         if frac is not None:
             line += f"  ({frac:.0%} of the oracle test IC {plan.oracle_ic['test']:.4f})"
         lines.append(line)
