@@ -4,7 +4,7 @@ interpreter per trial.
 Overhead is the wall time beyond the trials' own training time (their
 ``duration_s``), averaged per trial, on one CPU slot. Both modes run the same
 tiny trials through the real worker process and the real SQLite store; the
-baseline starts a new ``python -m sweeper.worker`` for every trial (import
+baseline starts a new ``python -m sweeper.sweep.worker`` for every trial (import
 torch, load the panel, attach to the study), as a per-trial subprocess
 launcher would.
 
@@ -39,8 +39,8 @@ def _durations(study: optuna.Study) -> float:
 
 
 def sweeper_overhead(cfg) -> tuple[float, float]:
-    from sweeper.driver import run
-    from sweeper.view import NullView
+    from sweeper.inspect.live import NullView
+    from sweeper.sweep.run import run
 
     start = time.perf_counter()
     run(cfg, view=NullView())
@@ -52,15 +52,18 @@ def sweeper_overhead(cfg) -> tuple[float, float]:
 
 def fresh_overhead(cfg, n: int) -> tuple[float, float]:
     """The same trials, each in a brand-new worker process."""
-    from sweeper import driver as D
     from sweeper.devices import plan_slots
     from sweeper.store import claim_lock, open_storage
+    from sweeper.sweep.claim import claim
+    from sweeper.sweep.handle import WorkerHandle
+    from sweeper.sweep.identity import Identity
+    from sweeper.sweep.study import open_study
 
     storage = open_storage(cfg.study.resolved_storage, heartbeat_interval=cfg.study.heartbeat_interval,
                            grace_period=cfg.study.grace_period)
     lock = claim_lock(storage, cfg.study.resolved_storage, cfg.study.name)
-    study, _ = D.open_study(storage, cfg, attrs={"config": {}}, lock=lock, force=True, must_exist=False)
-    ident = D.Identity.current()
+    study, _ = open_study(storage, cfg, attrs={"config": {}}, lock=lock, force=True, must_exist=False)
+    ident = Identity.current()
     run_dir = Path(f"runs/{cfg.study.name}")
     slot = plan_slots(cfg.devices)[0]
     init = {"config": __import__("sweeper.config", fromlist=["to_dict"]).to_dict(cfg),
@@ -68,8 +71,8 @@ def fresh_overhead(cfg, n: int) -> tuple[float, float]:
             "artifacts": str(run_dir), "driver": {"host": ident.host, "pid": ident.pid, "driver_id": ident.driver_id}}
     start = time.perf_counter()
     for _ in range(n):
-        trial = D.claim(study, cfg, lock, ident, run_dir)
-        worker = D.WorkerHandle(slot, init, run_dir / "logs")
+        trial = claim(study, cfg, lock, ident, run_dir)
+        worker = WorkerHandle(slot, init, run_dir)
         worker.start()
         worker.send({"op": "run", "trial_id": trial._trial_id, "number": trial.number})
         while True:

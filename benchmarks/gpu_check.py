@@ -23,12 +23,14 @@ from typing import Any, Callable
 
 import torch
 
-from sweeper.batch_size import CudaMemory, find_micro_batch, is_oom, release_memory
+from sweeper.core.batch_size import CudaMemory, find_micro_batch, is_oom, release_memory
 from sweeper.config import validate_config
 from sweeper.data import Batcher, load_panel
 from sweeper.models import build_model
-from sweeper.precision import resolve_precision
-from sweeper.train import make_optimizer, preserved, probe_step, train
+from sweeper.core import train
+from sweeper.core.precision import resolve_precision
+from sweeper.core.probe import preserved, probe_step
+from sweeper.core.schedule import make_optimizer
 
 MODELS = {
     "transformer": {"name": "transformer", "d_model": 64, "nhead": 4, "num_layers": 2, "dim_feedforward": 128},

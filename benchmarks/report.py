@@ -8,7 +8,7 @@ SQLite file in a temporary folder. Two figures, each the median of ``--repeats``
 - ``report_s``: the command a user types, ``sweeper report big.yaml -o report.html``,
   as a fresh process (interpreter start, imports, reading the study, the figures,
   writing the ~5 MB page);
-- ``library_s``: :func:`sweeper.report.write_report` inside a warm process.
+- ``library_s``: :func:`sweeper.inspect.report.write_report` inside a warm process.
 
     python benchmarks/report.py [--repeats 3]
 
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     from sweeper.config import load_config
-    from sweeper.report import write_report
+    from sweeper.inspect.report import write_report
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -71,8 +71,8 @@ def main() -> None:
 # ---------------------------------------------------------------- sweeps
 
 def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, must_exist: bool) -> None:
-    from sweeper.driver import run
-    from sweeper.view import default_view
+    from sweeper.inspect.live import default_view
+    from sweeper.sweep.run import run
 
     cfg = _load(study, sets)
     view = default_view()
@@ -108,7 +108,7 @@ def resume_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: b
 @storage_option
 def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
     """Check config, data, storage and devices without training or writing."""
-    from sweeper.driver import prepare
+    from sweeper.sweep.run import prepare
 
     plan = prepare(_load(study, sets), storage)
     click.echo(f"{study}: ok")
@@ -138,14 +138,15 @@ def train_cmd(study: Path, sets: tuple[str, ...], as_json: bool) -> None:
 @json_option
 def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """Counts by state, the best trial, and the running trials."""
-    from sweeper.results import load_existing, status_report
+    from sweeper.inspect.results import status_report
+    from sweeper.store.studies import load_existing
 
     cfg = _load(study)
     report = status_report(load_existing(cfg, storage), cfg)
     if as_json:
         _echo_json(report)
         return
-    from sweeper.view import print_status
+    from sweeper.inspect.printing import print_status
 
     print_status(report)
 
@@ -156,7 +157,8 @@ def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 @json_option
 def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """The best trial's params, valid and test metrics, and weight file."""
-    from sweeper.results import best_report, load_existing
+    from sweeper.inspect.results import best_report
+    from sweeper.store.studies import load_existing
 
     cfg = _load(study)
     report = best_report(load_existing(cfg, storage), cfg)
@@ -165,7 +167,7 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     if as_json:
         _echo_json(report)
         return
-    from sweeper.view import print_best
+    from sweeper.inspect.printing import print_best
 
     print_best(report)
 
@@ -177,7 +179,7 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind; loopback by default.")
 def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> None:
     """Serve optuna-dashboard for this study's storage and artifacts."""
-    from sweeper.dashboard import serve
+    from sweeper.inspect.dashboard import serve
 
     cfg = _load(study)
     serve(cfg, storage_url=storage, host=host, port=port, echo=click.echo)
@@ -190,7 +192,7 @@ def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> Non
               help="The HTML file to write (self-contained, works offline).")
 def report_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One HTML page: history, importances, learning curves, devices, IC and selection bias."""
-    from sweeper.report import write_report
+    from sweeper.inspect.report import write_report
 
     summary = write_report(_load(study), out, storage_url=storage)
     click.echo(f"wrote {out}: {summary['trials']} trials, {len(summary['figures'])} figures "
@@ -210,10 +212,10 @@ def report_cmd(study: Path, storage: str | None, out: Path) -> None:
 def predict_cmd(study: Path, storage: str | None, trial: str, split: str, data: Path | None,
                 device: str | None, out: Path) -> None:
     """Apply a trial's best weights to a split (or to --data) and write the predictions."""
-    from sweeper.export import write_table
-    from sweeper.metrics import ic_report
-    from sweeper.predict import predict_trial
-    from sweeper.results import load_existing
+    from sweeper.inspect.export import write_table
+    from sweeper.inspect.predict import predict_trial
+    from sweeper.quant.ic import ic_report
+    from sweeper.store.studies import load_existing
 
     cfg = _load(study)
     result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data, device=device)
@@ -232,8 +234,8 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str, data: 
               help="trials.parquet or trials.csv.")
 def export_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One row per trial: state, value, params, user attributes, times and duration."""
-    from sweeper.export import trials_frame, write_table
-    from sweeper.results import load_existing
+    from sweeper.inspect.export import trials_frame, write_table
+    from sweeper.store.studies import load_existing
 
     cfg = _load(study)
     frame = trials_frame(load_existing(cfg, storage))
@@ -244,7 +246,7 @@ def export_cmd(study: Path, storage: str | None, out: Path) -> None:
 @main.command("doctor")
 def doctor_cmd() -> None:
     """Report Python, torch, CUDA, GPUs (through NVML), optuna and SQLite."""
-    from sweeper.doctor import doctor
+    from sweeper.inspect.doctor import doctor
 
     report = doctor()
     width = max(len(k) for k, _ in report.rows) if report.rows else 0
@@ -267,7 +269,7 @@ def db_group() -> None:
 @storage_option
 def db_init_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
     """Create the tables and the study once, before the hosts start (idempotent)."""
-    from sweeper.driver import init_db
+    from sweeper.sweep.run import init_db
 
     result = init_db(_load(study, sets), storage)
     state = "created" if result.created else f"already there ({result.n_trials} trials)"

@@ -42,8 +42,8 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Train with ``cfg`` and return the final metrics (the ``--json`` keys)."""
     from rich.console import Console
 
+    from sweeper.core import train
     from sweeper.data import load_panel
-    from sweeper.train import train
 
     console = Console(stderr=quiet, file=sys.stderr if quiet else None)
     panel = load_panel(cfg.data)

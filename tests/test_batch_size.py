@@ -5,8 +5,8 @@ import weakref
 import pytest
 import torch
 
-import sweeper.batch_size as bs
-from sweeper.batch_size import find_micro_batch, is_oom
+import sweeper.core.batch_size as bs
+from sweeper.core.batch_size import find_micro_batch, is_oom
 from sweeper.errors import OutOfMemory
 
 
@@ -128,8 +128,10 @@ def test_probing_with_real_training_steps_leaves_no_trace():
     from sweeper.config import ModelConfig
     from sweeper.data import Batcher
     from sweeper.models import build_model
-    from sweeper.precision import resolve_precision
-    from sweeper.train import cpu_copy, make_optimizer, preserved, probe_step
+    from sweeper.core.precision import resolve_precision
+    from sweeper.core.probe import preserved, probe_step
+    from sweeper.core.progress import cpu_copy
+    from sweeper.core.schedule import make_optimizer
     from toy_panel import toy_panel
 
     torch.manual_seed(0)

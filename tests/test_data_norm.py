@@ -10,7 +10,8 @@ import torch
 
 from sweeper.config import DataConfig
 from sweeper.data import load_panel
-from sweeper.data.normalize import average_ranks, normalize_features, normalize_label
+from sweeper.data.normalize import normalize_features, normalize_label
+from sweeper.quant.ranks import average_ranks
 
 SQRT12 = math.sqrt(12.0)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sweeper import devices
+from sweeper.devices import slots as devices
 from sweeper.config import DevicesConfig
 from sweeper.devices import GPU, cpu_slots, environment_summary, list_gpus, plan_slots, probe, telemetry
 from sweeper.errors import DeviceError

@@ -8,9 +8,9 @@ import optuna
 import pytest
 import torch
 
-from sweeper import doctor as doctor_module
 from sweeper.devices import GPU, NvmlProbe, list_gpus
-from sweeper.doctor import NO_GPU_VERDICT, doctor
+from sweeper.inspect import doctor as doctor_module
+from sweeper.inspect.doctor import NO_GPU_VERDICT, doctor
 
 
 def h100(index: int, processes: list[dict] | None = None) -> GPU:

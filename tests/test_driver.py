@@ -7,8 +7,8 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
-from sweeper.driver import run
-from sweeper.view import NullView
+from sweeper.inspect.live import NullView
+from sweeper.sweep.run import run
 
 FAKE_UUIDS = [f"GPU-00000000-0000-4000-8000-00000000000{k}" for k in range(4)]
 

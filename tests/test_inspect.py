@@ -30,8 +30,8 @@ from optuna.trial import TrialState
 
 from conftest import TESTS, TINY, merge
 from sweeper.cli import main
-from sweeper.metrics import ic_report
-from sweeper.selection import selection_summary
+from sweeper.quant.ic import ic_report
+from sweeper.quant.selection import selection_summary
 
 ARTIFACTS = {"config.yaml", "metrics.csv", "train.log", "weights.pt", "daily_ic_valid.csv", "daily_ic_test.csv"}
 SWEEP = merge(TINY, {"study": {"name": "live", "n_trials": 8}, "train": {"epochs": 3},
@@ -284,7 +284,7 @@ def _expected_table(study: optuna.Study) -> pd.DataFrame:
 
 @pytest.mark.parametrize("name", ["trials.parquet", "trials.csv"])
 def test_export_round_trips(inside, name):
-    from sweeper.export import read_table
+    from sweeper.inspect.export import read_table
 
     out = cli("export", "study.yaml", "-o", name)
     expected = _expected_table(inside["study"])

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sweeper.errors import DataError
-from sweeper.metrics import (
+from sweeper.quant.ic import (
     daily_ic,
     daily_ic_torch,
     ic_loss,

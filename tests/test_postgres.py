@@ -19,10 +19,12 @@ from pg_server import pg_url  # noqa: F401 - fixture
 
 from sweeper.config import load_config
 from sweeper.data import write_synthetic
-from sweeper.driver import Identity, claim, init_db, run
+from sweeper.sweep.claim import claim
+from sweeper.sweep.identity import Identity
+from sweeper.sweep.run import init_db, run
 from sweeper.errors import ConfigDrift, StorageError
 from sweeper.store import AdvisoryLock, advisory_key, claim_lock, open_storage
-from sweeper.view import NullView
+from sweeper.inspect.live import NullView
 
 pytestmark = pytest.mark.postgres
 
@@ -65,7 +67,7 @@ def test_read_only_open_of_an_empty_database_creates_nothing(pg_url):
 RACE = textwrap.dedent("""
     import json, sys
     from sweeper.config import load_config
-    from sweeper.driver import init_db, prepare
+    from sweeper.sweep.run import init_db, prepare
     cfg = load_config(sys.argv[1])
     prepare(cfg, sys.argv[2], devices=False)  # warm up: imports, data, model; writes nothing
     print("ready", flush=True)

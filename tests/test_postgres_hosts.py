@@ -120,7 +120,9 @@ def test_three_hosts_one_killed_exact_budget_and_reruns(study_file, pg_url):
         if "host" in t.user_attrs:
             assert "no heartbeat within study.grace_period" in t.user_attrs["error"]
         retry = next(r for r in trials if r.user_attrs.get("retry_of") == t.number)
-        assert retry.params == t.params and retry.state == TrialState.COMPLETE
+        # a trial killed between ask() and suggest() has no params yet: its retry samples them afresh
+        assert t.params.items() <= retry.params.items() and retry.state == TrialState.COMPLETE
+        assert retry.params == t.params or not t.params
         assert retry.user_attrs["host"] in ("host-a", "host-c")
         assert retry.user_attrs["driver_id"] != t.user_attrs.get("driver_id")
         if Path(f"runs/tiny/trials/{t.number}/checkpoint.json").exists():
@@ -173,7 +175,7 @@ def _read_back(path: Path, url: str, finished: int) -> None:
     report = json.loads(status.stdout)
     assert report["finished"] == finished and report["best"]["trial"] is not None
     from sweeper.config import load_config
-    from sweeper.dashboard import app
+    from sweeper.inspect.dashboard import app
 
     got: dict = {}
     environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/api/studies", "SERVER_NAME": "localhost",

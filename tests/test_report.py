@@ -19,8 +19,8 @@ from optuna.trial import TrialState
 
 import synthetic_study
 from sweeper.cli import main
-from sweeper.report import FIGURES
-from sweeper.selection import selection_summary
+from sweeper.inspect.report import FIGURES
+from sweeper.quant.selection import selection_summary
 from sweeper.store import open_storage
 
 N = 500
@@ -159,7 +159,7 @@ def _span(number, slot, start_s, end_s, driver, host="h"):
 
 
 def test_utilisation_counts_each_run_with_its_own_slots(tmp_path):
-    from sweeper.report import StudyData, utilisation
+    from sweeper.inspect.report import StudyData, utilisation
 
     trials = [
         # run a: 2 slots for 100 s; cpu0 busy 0-100, cpu1 busy 0-40

@@ -13,8 +13,8 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
-from sweeper.driver import run
-from sweeper.view import NullView
+from sweeper.inspect.live import NullView
+from sweeper.sweep.run import run
 
 SLOW = {
     "study": {"n_trials": 4, "retries": 1, "heartbeat_interval": 1, "grace_period": 3},

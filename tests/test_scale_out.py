@@ -13,10 +13,13 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
-from sweeper.driver import Identity, claim, fail_dead_local, run
+from sweeper.sweep.claim import claim
+from sweeper.sweep.identity import Identity
+from sweeper.sweep.retries import fail_dead_local
+from sweeper.sweep.run import run
 from sweeper.errors import ConfigError
 from sweeper.store import artifact_store, check_artifacts, claim_lock, open_storage
-from sweeper.view import NullView
+from sweeper.inspect.live import NullView
 
 
 def _dead_pid() -> int:
@@ -125,7 +128,7 @@ def test_a_trial_failed_by_another_driver_is_dropped_cleanly_and_rerun(study_fil
     import threading
     import time
 
-    from sweeper.driver import fail_interrupted
+    from sweeper.sweep.retries import fail_interrupted
 
     path = study_file({"study": {"n_trials": 2, "grace_period": 60},
                        "model": {"name": "fault_models:Slow", "step_sleep": 0.1},

@@ -7,7 +7,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from sweeper.selection import deflated_sharpe, expected_max, null_max_ic, pbo, selection_summary
+from sweeper.quant.selection import deflated_sharpe, expected_max, null_max_ic, pbo, selection_summary
 
 PHI = NormalDist()
 

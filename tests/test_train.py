@@ -6,12 +6,14 @@ import pandas as pd
 import pytest
 import torch
 
-from sweeper import metrics as M
+from sweeper.quant import ic as M
 from sweeper.errors import ConfigError, Interrupted, NonFiniteLoss
 from sweeper.models import build_model
-from sweeper.train import (FileCheckpointer, NullHook, accumulate, lr_factor, predict, train)
+from sweeper.core import FileCheckpointer, NullHook, predict, train
+from sweeper.core.schedule import lr_factor
+from sweeper.core.step import accumulate
 from sweeper.data import Batch
-from sweeper.precision import resolve_precision
+from sweeper.core.precision import resolve_precision
 from toy_panel import toy_config, toy_panel
 
 RESULT_KEYS = {"val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
@@ -235,7 +237,7 @@ def test_checkpoint_from_another_config_is_refused(panel, tmp_path):
 
 def test_evaluation_halves_its_batch_on_oom(panel):
     from sweeper.data import Batcher
-    from sweeper.train import predict_rows
+    from sweeper.core import predict_rows
 
     class OomOnBigEval(torch.nn.Module):
         def __init__(self):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sweeper.errors import Interrupted
-from sweeper.train import FileCheckpointer, NullHook, train
+from sweeper.core import FileCheckpointer, NullHook, train
 from toy_panel import toy_config, toy_panel
 
 TIMING = {"samples_per_s", "peak_mem_mb", "duration_s"}

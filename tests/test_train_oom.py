@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sweeper.errors import OutOfMemory
-from sweeper.train import train
+from sweeper.core import train
 from toy_panel import toy_config, toy_panel
 
 

@@ -18,6 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from sweeper.quant.ranks import average_ranks
+
 FEATURE_NORMS = ("cs_zscore", "cs_rank", "robust_zscore", "none")
 LABEL_NORMS = ("cs_rank", "cs_zscore", "none")
 
@@ -55,40 +57,6 @@ def cs_rank(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         out = (ranks / (n - 1) - 0.5) * np.float32(math.sqrt(12.0))
     return np.where(valid & (n > 1), out, np.nan).astype(x.dtype, copy=False)
-
-
-def average_ranks(v: np.ndarray) -> np.ndarray:
-    """0-based float32 ranks along the last axis, ties given their average rank.
-
-    Only rows with a tie among finite values take the slower tie-averaging
-    pass (the +inf that pads missing entries may tie: those ranks are discarded).
-    """
-    shape, size = v.shape, v.shape[-1]
-    v = v.reshape(-1, size)
-    order = np.argsort(v, axis=-1)
-    s = np.take_along_axis(v, order, -1)
-    ranks = np.empty(v.shape, dtype=np.float32)
-    np.put_along_axis(ranks, order, np.broadcast_to(np.arange(size, dtype=np.float32), v.shape), -1)
-    tied = ((s[:, 1:] == s[:, :-1]) & np.isfinite(s[:, 1:])).any(-1)
-    if tied.any():
-        rows = np.flatnonzero(tied)
-        fixed = np.empty((len(rows), size), dtype=np.float32)
-        np.put_along_axis(fixed, order[rows], _tie_average(s[rows]), -1)
-        ranks[rows] = fixed
-    return ranks.reshape(shape)
-
-
-def _tie_average(s: np.ndarray) -> np.ndarray:
-    """Average positions of equal runs in each sorted row of ``s``."""
-    size = s.shape[-1]
-    pos = np.broadcast_to(np.arange(size), s.shape)
-    starts = np.ones(s.shape, dtype=bool)
-    starts[:, 1:] = s[:, 1:] != s[:, :-1]
-    ends = np.ones_like(starts)
-    ends[:, :-1] = starts[:, 1:]
-    first = np.maximum.accumulate(np.where(starts, pos, 0), axis=-1)
-    last = np.minimum.accumulate(np.where(ends, pos, size - 1)[:, ::-1], axis=-1)[:, ::-1]
-    return ((first + last) / 2).astype(np.float32)
 
 
 def robust_fit(x: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

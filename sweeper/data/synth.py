@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +18,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sweeper.atomic import atomic_path
 from sweeper.data.parquet import ORACLE_KEY
 from sweeper.data.split import SPLITS, fraction_splits, purge_gap
 from sweeper.errors import DataError
+from sweeper.quant.ic import grouped_pearson
 
 GENERATOR_VERSION = 1
 START_DATE = "2010-01-04"
@@ -136,24 +136,12 @@ def generate(assets: int, dates: int, features: int, seed: int) -> pd.DataFrame:
     return frame
 
 
-def daily_pearson(codes: np.ndarray, a: np.ndarray, b: np.ndarray, n_dates: int) -> np.ndarray:
-    """[n_dates] Pearson correlation of a and b per date code; NaN with < 2 pairs."""
-    ok = np.isfinite(a) & np.isfinite(b)
-    c, a, b = codes[ok], a[ok].astype(np.float64), b[ok].astype(np.float64)
-    sums = {k: np.bincount(c, w, minlength=n_dates) for k, w in
-            (("n", None), ("a", a), ("b", b), ("aa", a * a), ("bb", b * b), ("ab", a * b))}
-    n = sums["n"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cov = sums["ab"] - sums["a"] * sums["b"] / n
-        var = (sums["aa"] - sums["a"] ** 2 / n) * (sums["bb"] - sums["b"] ** 2 / n)
-        ic = cov / np.sqrt(var)
-    return np.where((n >= 2) & (var > 0), ic, np.nan)
-
-
 def oracle_ic(frame: pd.DataFrame, all_dates: np.ndarray, splits: dict[str, tuple[int, int]]) -> dict[str, float]:
     """Mean daily Pearson IC of ``_signal`` vs the raw label over each split's target dates."""
     codes = np.searchsorted(all_dates, frame["date"].to_numpy("datetime64[ns]"))
-    daily = daily_pearson(codes, frame[SIGNAL_COL].to_numpy(), frame["label"].to_numpy(), len(all_dates))
+    a, b = frame[SIGNAL_COL].to_numpy(np.float64), frame["label"].to_numpy(np.float64)
+    ok = np.isfinite(a) & np.isfinite(b)
+    daily = grouped_pearson(codes[ok], a[ok], b[ok], len(all_dates))
     return {name: float(np.nanmean(daily[a:b])) for name, (a, b) in splits.items()}
 
 
@@ -190,13 +178,8 @@ def write_synthetic(path: str | Path, assets: int, dates: int, features: int, se
 
 
 def _atomic_write(table: pa.Table, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise DataError(f"{path}: cannot write the Parquet file ({exc})") from None
-        raise
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot write the Parquet file ({exc})") from None

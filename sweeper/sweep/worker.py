@@ -1,10 +1,11 @@
 """The worker: a long-lived process per device slot that trains the trials the
 driver hands it, through the shared training core, and records them in the store.
 
-The driver starts it with ``python -m sweeper.worker`` and an environment that
-pins it to one GPU (CUDA_VISIBLE_DEVICES) or to CPU threads. It speaks JSON
-lines: commands on stdin, events on a private copy of stdout (stdout itself is
-pointed at stderr so that stray prints cannot corrupt the protocol).
+The driver starts it with ``python -m sweeper.sweep.worker`` and an environment
+that pins it to one GPU (CUDA_VISIBLE_DEVICES) or to CPU threads. It speaks the
+JSON lines of :mod:`sweeper.sweep.protocol`: commands on stdin, events on a
+private copy of stdout (stdout itself is pointed at stderr, the slot log, so
+that stray prints cannot corrupt the protocol).
 
 The worker finishes its own trials (COMPLETE, PRUNED, or FAIL with a
 ``fail_reason``). After any failure it exits, so the next trial on the slot
@@ -20,7 +21,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-OUT: TextIO = sys.stdout
+from sweeper.sweep import protocol
 
 
 def _die_with_parent() -> None:
@@ -29,17 +30,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     except OSError:
         pass
-
-
-def emit(event: str, **fields: Any) -> None:
-    OUT.write(json.dumps({"ev": event, **fields}, default=_json_default) + "\n")
-    OUT.flush()
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):
-        return obj.item()
-    return str(obj)
 
 
 class Commands:
@@ -56,7 +46,7 @@ class Commands:
     def _read(self) -> None:
         for line in self.stream:
             msg = json.loads(line)
-            if msg.get("op") == "stop":
+            if msg.get("op") == protocol.STOP:
                 self.stop.set()
             with self._ready:
                 self._queue.append(msg)
@@ -73,57 +63,29 @@ class Commands:
                 self._ready.wait(timeout=1.0)
             while self._queue:
                 msg = self._queue.pop(0)
-                if msg.get("op") != "stop":
+                if msg.get("op") != protocol.STOP:
                     return msg
             return None
 
 
-class Heartbeat:
-    """Records the trial's heartbeat every ``interval`` seconds until stopped."""
-
-    def __init__(self, storage: Any, trial_id: int, interval: float) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(storage, trial_id, interval), daemon=True)
-
-    def _beat(self, storage: Any, trial_id: int, interval: float) -> None:
-        # beat at once: the driver's first heartbeat was recorded at claim time,
-        # and the grace period runs from there
-        while True:
-            try:
-                storage.record_heartbeat(trial_id)
-            except Exception:  # noqa: BLE001 - a missed beat is retried next interval
-                pass
-            if self._stop.wait(interval):
-                return
-
-    def __enter__(self) -> "Heartbeat":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
 def main() -> int:
-    global OUT
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver relays Ctrl-C as 'stop'
-    OUT = os.fdopen(os.dup(1), "w", buffering=1)
+    protocol.set_channel(os.fdopen(os.dup(1), "w", buffering=1))
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # user models named by dotted path, like `python -m`
     commands = Commands(sys.stdin)
     init = commands.next()
-    if init is None or init.get("op") != "init":
+    if init is None or init.get("op") != protocol.INIT:
         return 2
-    from sweeper.trial import TrialRunner  # heavy imports (torch) after the handshake starts
+    from sweeper.sweep.runner import TrialRunner  # heavy imports (torch) after the handshake starts
 
     runner = TrialRunner(init, commands.stop)
-    emit("ready", pid=os.getpid(), threads=runner.threads)
+    protocol.emit(protocol.READY, pid=os.getpid(), threads=runner.threads)
     while (msg := commands.next()) is not None:
-        if msg.get("op") != "run":
+        if msg.get("op") != protocol.RUN:
             continue
         ok = runner.run(msg["trial_id"], msg["number"])
         if not ok or commands.stop.is_set():
@@ -132,8 +94,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # run the importable module's main, not __main__'s copy, so that the protocol
-    # stream set up in main() is the one sweeper.trial emits on
-    from sweeper.worker import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from sweeper.errors import DataError
+from sweeper.quant.ranks import average_ranks_torch
 
 REPORT_KEYS = ("ic", "rank_ic", "icir", "rank_icir", "n_dates")
 
@@ -47,8 +48,8 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     n_groups = len(uniques)
     rx = pd.Series(x).groupby(codes).rank(method="average").to_numpy(np.float64)
     ry = pd.Series(y).groupby(codes).rank(method="average").to_numpy(np.float64)
-    ic = _grouped_pearson(codes, x, y, n_groups)
-    rank_ic = _grouped_pearson(codes, rx, ry, n_groups)
+    ic = grouped_pearson(codes, x, y, n_groups)
+    rank_ic = grouped_pearson(codes, rx, ry, n_groups)
     ok = np.isfinite(ic) & np.isfinite(rank_ic)
     return pd.DataFrame({"date": uniques[ok], "ic": ic[ok], "rank_ic": rank_ic[ok]})
 
@@ -72,8 +73,9 @@ def _check_columns(df: pd.DataFrame, columns: tuple[str, ...]) -> None:
         )
 
 
-def _grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int) -> np.ndarray:
-    """Pearson correlation per group code; NaN for groups with < 2 rows or a constant side."""
+def grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int) -> np.ndarray:
+    """Pearson correlation per group code of finite ``x`` and ``y``; NaN for groups with < 2 rows
+    or a constant side. The one numpy Pearson of the package (the synthetic oracle uses it too)."""
     n = np.bincount(codes, minlength=n_groups).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         dx = x - (np.bincount(codes, x, n_groups) / n)[codes]
@@ -123,7 +125,7 @@ def daily_ic_torch(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tenso
     x, y = pred.detach().to(torch.float64), label.detach().to(torch.float64)
     valid = torch.isfinite(x) & torch.isfinite(y)
     pearson = _masked_pearson(x, y, valid)
-    spearman = _masked_pearson(_average_ranks(x, valid), _average_ranks(y, valid), valid)
+    spearman = _masked_pearson(average_ranks_torch(x, valid), average_ranks_torch(y, valid), valid)
     return pearson, spearman
 
 
@@ -152,20 +154,6 @@ def _masked_pearson(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> to
 def _varies(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     inf = torch.tensor(math.inf, dtype=x.dtype, device=x.device)
     return torch.where(valid, x, -inf).amax(1) > torch.where(valid, x, inf).amin(1)
-
-
-def _average_ranks(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """1-based ranks within each row among the valid entries; ties share their average rank.
-
-    Missing entries are sent to +inf so they sort last and never tie with a finite value;
-    the first and last position of each value's run come from searchsorted on the sorted row.
-    """
-    keyed = torch.where(valid, x, torch.tensor(math.inf, dtype=x.dtype, device=x.device))
-    ordered, order = torch.sort(keyed, dim=1)
-    first = torch.searchsorted(ordered, ordered, right=False)
-    last = torch.searchsorted(ordered, ordered, right=True)
-    mean_rank = (first + last + 1).to(x.dtype) / 2  # mean of the 1-based ranks first+1 .. last
-    return torch.empty_like(mean_rank).scatter_(1, order, mean_rank)
 
 
 def ic_loss(pred: torch.Tensor, label: torch.Tensor, group: torch.Tensor) -> torch.Tensor:

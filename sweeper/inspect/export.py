@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pandas as pd
 
+from sweeper.atomic import atomic_path
 from sweeper.errors import ConfigError
 
 FIXED = ("number", "state", "value", "datetime_start", "datetime_complete", "duration_s")
@@ -72,18 +71,11 @@ def write_table(frame: pd.DataFrame, out: str | Path) -> None:
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
         raise ConfigError(f"{out}: expected a .parquet or .csv file name")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_path(out) as tmp:
         if suffix == ".csv":
             frame.to_csv(tmp, index=False)
         else:
             frame.to_parquet(tmp, index=False)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_table(path: str | Path) -> pd.DataFrame:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from sweeper import config as C
+from sweeper.config import SweeperConfig
 from sweeper.store import artifact_store, open_storage, redact
 
 
-def serve(cfg: C.SweeperConfig, *, storage_url: str | None, host: str, port: int,
+def serve(cfg: SweeperConfig, *, storage_url: str | None, host: str, port: int,
           echo: Callable[[str], None] = print) -> None:
     """Blocks serving the dashboard. Binds loopback unless ``host`` says otherwise."""
     from optuna_dashboard import run_server
@@ -21,7 +21,7 @@ def serve(cfg: C.SweeperConfig, *, storage_url: str | None, host: str, port: int
     run_server(storage, host=host, port=port, artifact_store=store)
 
 
-def app(cfg: C.SweeperConfig, storage_url: str | None = None) -> Any:
+def app(cfg: SweeperConfig, storage_url: str | None = None) -> Any:
     """The WSGI app, for tests and for serving behind another server."""
     from optuna_dashboard import wsgi
 

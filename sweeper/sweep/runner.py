@@ -1,18 +1,15 @@
 """One trial's life inside a worker: attach to the trial in the store, train it
 with the shared core, write its artifacts, and finish it.
 
-Everything the trial produces lives under ``<run_dir>/trials/<number>/``:
-config.yaml, metrics.csv, train.log, weights.pt (best state dict),
-daily_ic_valid.csv, daily_ic_test.csv and checkpoint.pt. The files are also
-registered in Optuna's artifact store so optuna-dashboard lists them.
+Everything the trial produces lives in its folder of the run layout
+(:mod:`sweeper.store.layout`) and is also registered in Optuna's artifact store
+so optuna-dashboard lists it.
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
-import shutil
 import socket
 import threading
 import traceback
@@ -25,72 +22,16 @@ import yaml
 from optuna.trial import TrialState
 
 from sweeper import config as C
+from sweeper.atomic import atomic_path
+from sweeper.core.checkpoint import FileCheckpointer, checkpoint_epoch, copy_checkpoint
 from sweeper.errors import SweeperError, TrialFailure
 from sweeper.store import artifact_store, open_storage
-from sweeper.worker import Heartbeat, emit
-
-ARTIFACTS = ("config.yaml", "metrics.csv", "train.log", "weights.pt", "daily_ic_valid.csv", "daily_ic_test.csv")
-
-
-def trial_dir(run_dir: str | Path, number: int) -> Path:
-    return Path(run_dir) / "trials" / str(number)
-
-
-class TrialCheckpointer:
-    """The core's FileCheckpointer plus a JSON sidecar naming the saved epoch,
-    so a retry can replay exactly the intermediate values its checkpoint covers."""
-
-    def __init__(self, path: Path) -> None:
-        from sweeper.train import FileCheckpointer
-
-        self.inner = FileCheckpointer(path)
-        self.sidecar = path.with_suffix(".json")
-
-    def load(self) -> dict | None:
-        return self.inner.load()
-
-    def save(self, state: dict) -> None:
-        self.inner.save(state)
-        tmp = self.sidecar.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"epoch": int(state["epoch"])}))
-        os.replace(tmp, self.sidecar)
-
-
-def checkpoint_epoch(path: Path) -> int | None:
-    sidecar = path.with_suffix(".json")
-    if not (path.exists() and sidecar.exists()):
-        return None
-    return int(json.loads(sidecar.read_text())["epoch"])
-
-
-class OptunaHook:
-    """Reports the objective each epoch, prunes, logs metrics.csv, and tells the driver."""
-
-    def __init__(self, trial: optuna.Trial, metric: str, number: int, out: Path, stop: threading.Event) -> None:
-        self.trial, self.metric, self.number, self.out, self.stop = trial, metric, number, out, stop
-        self.pruned = False
-
-    def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
-        _append_csv(self.out / "metrics.csv", {"epoch": epoch, **metrics})
-        value = metrics.get(self.metric)
-        emit("epoch", number=self.number, epoch=epoch, metrics=metrics)
-        if value is None or not math.isfinite(value):
-            return False
-        self.trial.report(float(value), epoch)
-        self.pruned = self.trial.should_prune()
-        return self.pruned
-
-    def should_stop(self) -> bool:
-        return self.stop.is_set()
-
-
-def _append_csv(path: Path, row: dict[str, Any]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(row))
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
+from sweeper.store import optuna_private as private
+from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
+from sweeper.sweep import protocol
+from sweeper.sweep.heartbeat import Heartbeat
+from sweeper.sweep.samplers import build_pruner
+from sweeper.sweep.trial_hook import OptunaHook, copy_csv_upto
 
 
 class TrialRunner:
@@ -106,8 +47,6 @@ class TrialRunner:
         self.device = _pick_device()
         self.storage = open_storage(init["storage"], heartbeat_interval=self.cfg.study.heartbeat_interval,
                                     grace_period=self.cfg.study.grace_period)
-        from sweeper.driver import build_pruner
-
         self.study = optuna.load_study(study_name=init["study"], storage=self.storage,
                                        pruner=build_pruner(self.cfg.study.pruner))
         self.artifacts = artifact_store(init["artifacts"])
@@ -124,22 +63,22 @@ class TrialRunner:
 
     def run(self, trial_id: int, number: int) -> bool:
         """Train one trial to a finished state; False when the worker must be replaced."""
-        out = trial_dir(self.run_dir, number)
-        out.mkdir(parents=True, exist_ok=True)
+        files = trial_files(self.run_dir, number)
+        files.folder.mkdir(parents=True, exist_ok=True)
         trial = optuna.Trial(self.study, trial_id)
         frozen = self.storage.get_trial(trial_id)
-        log = _TrialLog(out / "train.log")
+        log = _TrialLog(files.log)
         with Heartbeat(self.storage, trial_id, self.cfg.study.heartbeat_interval):
             self._stamp(trial)
-            emit("start", number=number, params=frozen.params)
+            protocol.emit(protocol.START, number=number, params=frozen.params)
             try:
-                state, value, attrs = self._train(trial, frozen, out, log)
+                state, value, attrs = self._train(trial, frozen, files, log)
             except optuna.exceptions.UpdateFinishedTrialError:
                 return self._taken(trial, number)
             except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
                 state, value, attrs = TrialState.FAIL, None, _failure_attrs(exc, log)
             # still beating: recording results must not look like a dead host to the others
-            return self._finish(trial, number, state, value, attrs, out)
+            return self._finish(trial, number, state, value, attrs, files)
 
     def _stamp(self, trial: optuna.Trial) -> None:
         # host, driver_id and driver_pid were written by the driver's claim, under its lock
@@ -153,17 +92,17 @@ class TrialRunner:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
 
-    def _train(self, trial: optuna.Trial, frozen: Any, out: Path, log: "_TrialLog") -> tuple:
-        from sweeper.train import train
+    def _train(self, trial: optuna.Trial, frozen: Any, files: TrialFiles, log: "_TrialLog") -> tuple:
+        from sweeper.core import train
 
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
-        (out / "config.yaml").write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
-        ckpt_path = out / "checkpoint.pt"
-        self._adopt_checkpoint(trial, frozen, ckpt_path, log)
-        hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, out, self.stop)
+        files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
+        self._adopt_checkpoint(trial, frozen, files, log)
+        hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop)
         panel = self.panel(cfg)
-        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=TrialCheckpointer(ckpt_path), log=log)
-        _write_results(out, result)
+        checkpoint = FileCheckpointer(files.checkpoint, sidecar=True)  # the sidecar lets a retry replay epochs
+        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log)
+        _write_results(files, result)
         state = TrialState.PRUNED if hook.pruned else TrialState.COMPLETE
         value = result.metrics.get(self.cfg.study.metric)
         if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
@@ -171,55 +110,54 @@ class TrialRunner:
                                            "error": f"{self.cfg.study.metric} is not finite"}
         return state, value, dict(result.metrics)
 
-    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: Any, ckpt_path: Path, log: "_TrialLog") -> None:
+    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: Any, files: TrialFiles, log: "_TrialLog") -> None:
         """A retry continues from the interrupted trial's checkpoint, replaying its
         intermediate values up to that epoch exactly once."""
         source = frozen.user_attrs.get("resume_from")
-        if not source or ckpt_path.exists() or checkpoint_epoch(Path(source)) is None:
+        if not source or files.checkpoint.exists() or checkpoint_epoch(Path(source)) is None:
             return
         epoch = checkpoint_epoch(Path(source))
-        shutil.copyfile(source, ckpt_path)
-        shutil.copyfile(Path(source).with_suffix(".json"), ckpt_path.with_suffix(".json"))
+        copy_checkpoint(Path(source), files.checkpoint)
         previous = self.storage.get_trial(self.storage.get_trial_id_from_study_id_trial_number(
-            self.study._study_id, int(frozen.user_attrs["retry_of"])))
+            private.study_id(self.study), int(frozen.user_attrs["retry_of"])))
         for step, value in sorted(previous.intermediate_values.items()):
             if step <= epoch and step not in frozen.intermediate_values:
                 trial.report(value, step)
-        metrics_csv = Path(source).parent / "metrics.csv"
+        metrics_csv = TrialFiles(Path(source).parent).metrics
         if metrics_csv.exists():
-            _copy_csv_upto(metrics_csv, ckpt_path.parent / "metrics.csv", epoch)
+            copy_csv_upto(metrics_csv, files.metrics, epoch)
         trial.set_user_attr("resumed_from_epoch", epoch)
         log(f"resuming from {source} at epoch {epoch}")
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
-                attrs: dict[str, Any], out: Path) -> bool:
+                attrs: dict[str, Any], files: TrialFiles) -> bool:
         try:
             for key, val in attrs.items():
                 trial.set_user_attr(key, _plain(val))
-            self._register_artifacts(trial, out)
+            self._register_artifacts(trial, files)
             values = value if state == TrialState.COMPLETE else None
             self.study.tell(trial, values, state=state, skip_if_finished=True)
         except optuna.exceptions.UpdateFinishedTrialError:
             return self._taken(trial, number)
-        emit("end", number=number, state=state.name, value=value, reason=attrs.get("fail_reason"),
+        protocol.emit(protocol.END, number=number, state=state.name, value=value, reason=attrs.get("fail_reason"),
              metrics={k: _plain(v) for k, v in attrs.items()})
         return state != TrialState.FAIL
 
     def _taken(self, trial: optuna.Trial, number: int) -> bool:
         """Another driver finished this trial first (it judged the heartbeat stale):
         the stored outcome stands, and this process is replaced to start clean."""
-        stored = self.storage.get_trial(trial._trial_id)
+        stored = self.storage.get_trial(private.trial_id(trial))
         reason = stored.user_attrs.get("fail_reason")
         print(f"trial {number} was already finished as {stored.state.name} ({reason}) by another driver; "
               "its result here is dropped", flush=True)
-        emit("end", number=number, state=stored.state.name, value=None, reason=reason, metrics={})
+        protocol.emit(protocol.END, number=number, state=stored.state.name, value=None, reason=reason, metrics={})
         return False
 
-    def _register_artifacts(self, trial: optuna.Trial, out: Path) -> None:
+    def _register_artifacts(self, trial: optuna.Trial, files: TrialFiles) -> None:
         from optuna.artifacts import upload_artifact
 
         for name in ARTIFACTS:
-            path = out / name
+            path = files.folder / name
             if path.exists():
                 try:
                     upload_artifact(artifact_store=self.artifacts, file_path=str(path), study_or_trial=trial)
@@ -227,19 +165,11 @@ class TrialRunner:
                     pass
 
 
-def _copy_csv_upto(src: Path, dst: Path, epoch: int) -> None:
-    with src.open() as fh:
-        rows = [r for r in csv.DictReader(fh) if int(float(r["epoch"])) <= epoch]
-    for row in rows:
-        _append_csv(dst, row)
-
-
-def _write_results(out: Path, result: Any) -> None:
-    tmp = out / "weights.pt.tmp"
-    torch.save(result.best_state, tmp)
-    os.replace(tmp, out / "weights.pt")
+def _write_results(files: TrialFiles, result: Any) -> None:
+    with atomic_path(files.weights) as tmp:
+        torch.save(result.best_state, tmp)
     for split, frame in result.daily.items():
-        frame.to_csv(out / f"daily_ic_{split}.csv", index=False)
+        frame.to_csv(files.daily_ic(split), index=False)
 
 
 def _failure_attrs(exc: BaseException, log: "_TrialLog") -> dict[str, Any]:

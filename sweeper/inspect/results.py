@@ -1,5 +1,8 @@
-"""Reading a study back: status, best trial, the per-trial run folder, and how
+"""Reading a study back: status, the best trial with its oracle fractions, and how
 much of the best trial's IC survives the selection of the best of many.
+
+Opening the study and picking its best trial live in :mod:`sweeper.store.studies`;
+where each file is, in :mod:`sweeper.store.layout`.
 
 Read-only: nothing here creates a study or a database file.
 """
@@ -14,33 +17,12 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper import config as C
-from sweeper.errors import StudyNotFound
-from sweeper.store import open_storage
+from sweeper.config import SweeperConfig
+from sweeper.store import layout
+from sweeper.store.studies import FINISHED, best_trial
 
-
-def load_existing(cfg: C.SweeperConfig, storage_url: str | None = None) -> optuna.Study:
-    url = storage_url or cfg.study.resolved_storage
-    storage = open_storage(url, create=False)
-    names = [s.study_name for s in storage.get_all_studies()]
-    if cfg.study.name not in names:
-        known = f" (it holds: {', '.join(names)})" if names else ""
-        raise StudyNotFound(f"study {cfg.study.name!r} not found in {url}{known}; start it with `sweeper run`")
-    return optuna.load_study(study_name=cfg.study.name, storage=storage)
-
-
-def run_dir(cfg: C.SweeperConfig) -> Path:
-    artifacts = cfg.study.resolved_artifacts
-    return Path(f"runs/{cfg.study.name}") if artifacts.startswith("s3://") else Path(artifacts)
-
-
-def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and math.isfinite(t.value)]
-    if not done:
-        return None
-    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
-    return pick(done, key=lambda t: t.value)
+BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
+                "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")
 
 
 def _clean(value: Any) -> Any:
@@ -53,11 +35,6 @@ def oracle_fractions(attrs: dict[str, Any], oracle: dict[str, float] | None) -> 
         if oracle and oracle.get(split) and attrs.get(key) is not None:
             out[f"{key}_oracle_fraction"] = attrs[key] / oracle[split]
     return out
-
-
-def daily_ic_file(run_dir: str | Path, number: int, split: str) -> Path:
-    """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` of one trial (columns date, ic, rank_ic)."""
-    return Path(run_dir) / "trials" / str(number) / f"daily_ic_{split}.csv"
 
 
 def read_daily(path: Path) -> dict[str, np.ndarray] | None:
@@ -89,8 +66,8 @@ def valid_daily_ics(trials: list[FrozenTrial], run_dir: str | Path) -> dict[int,
     """
     out = {}
     for t in trials:
-        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
-            daily = read_daily(daily_ic_file(run_dir, t.number, "valid"))
+        if t.state in FINISHED:
+            daily = read_daily(layout.trial_files(run_dir, t.number).daily_ic("valid"))
             if daily is not None:
                 out[t.number] = daily["ic"]
     return out
@@ -98,10 +75,10 @@ def valid_daily_ics(trials: list[FrozenTrial], run_dir: str | Path) -> dict[int,
 
 def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial | None = None,
                      trials: list[FrozenTrial] | None = None) -> dict[str, Any] | None:
-    """:func:`sweeper.selection.selection_summary` of the study's daily validation ICs:
+    """:func:`sweeper.quant.selection.selection_summary` of the study's daily validation ICs:
     n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr, p_fluke, pbo.
     None when the best trial has no daily IC file (e.g. its run folder is elsewhere)."""
-    from sweeper.selection import selection_summary
+    from sweeper.quant.selection import selection_summary
 
     best = best or best_trial(study)
     trials = trials if trials is not None else study.get_trials(deepcopy=False)
@@ -113,55 +90,60 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
     return selection_summary(daily, best.number)
 
 
-def best_report(study: optuna.Study, cfg: C.SweeperConfig) -> dict[str, Any] | None:
+def best_report(study: optuna.Study, cfg: SweeperConfig) -> dict[str, Any] | None:
     best = best_trial(study)
     if best is None:
         return None
     ua = best.user_attrs
     oracle = study.user_attrs.get("oracle_ic")
-    weights = run_dir(cfg) / "trials" / str(best.number) / "weights.pt"
-    keys = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
-            "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")
+    weights = layout.trial_files(layout.run_dir(cfg), best.number).weights
     out = {
         "trial": best.number,
         "value": best.value,
         "metric": cfg.study.metric,
         "params": best.params,
-        "metrics": {k: _clean(ua.get(k)) for k in keys if k in ua},
+        "metrics": {k: _clean(ua.get(k)) for k in BEST_METRICS if k in ua},
         "weights": str(weights) if weights.exists() else None,
     }
     if oracle:
         out["oracle_val_ic"] = oracle.get("valid")
         out["oracle_test_ic"] = oracle.get("test")
         out.update(oracle_fractions(ua, oracle))
-    out["selection"] = selection_report(study, run_dir(cfg), best)
+    out["selection"] = selection_report(study, layout.run_dir(cfg), best)
     return out
 
 
-def status_report(study: optuna.Study, cfg: C.SweeperConfig) -> dict[str, Any]:
+def status_report(study: optuna.Study, cfg: SweeperConfig) -> dict[str, Any]:
     trials = study.get_trials(deepcopy=False)
     counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
-    running = [
-        {"trial": t.number, "device": t.user_attrs.get("device"), "host": t.user_attrs.get("host"),
-         "epoch": max(t.intermediate_values) if t.intermediate_values else None,
-         "params": t.params}
-        for t in trials if t.state == TrialState.RUNNING
-    ]
-    failed = {}
-    for t in trials:
-        if t.state == TrialState.FAIL:
-            reason = t.user_attrs.get("fail_reason", "unknown")
-            failed[reason] = failed.get(reason, 0) + 1
     return {
         "study": cfg.study.name,
         "n_trials": cfg.study.n_trials,
         "finished": counts["COMPLETE"] + counts["PRUNED"],
         "counts": counts,
-        "fail_reasons": failed,
+        "fail_reasons": _fail_reasons(trials),
         "best": best_report(study, cfg),
-        "running": running,
-        "devices": latest_telemetry(run_dir(cfg) / "devices.csv"),
+        "running": _running(trials),
+        "devices": latest_telemetry(layout.devices_csv(layout.run_dir(cfg))),
     }
+
+
+def _running(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
+    return [
+        {"trial": t.number, "device": t.user_attrs.get("device"), "host": t.user_attrs.get("host"),
+         "epoch": max(t.intermediate_values) if t.intermediate_values else None,
+         "params": t.params}
+        for t in trials if t.state == TrialState.RUNNING
+    ]
+
+
+def _fail_reasons(trials: list[FrozenTrial]) -> dict[str, int]:
+    failed: dict[str, int] = {}
+    for t in trials:
+        if t.state == TrialState.FAIL:
+            reason = t.user_attrs.get("fail_reason", "unknown")
+            failed[reason] = failed.get(reason, 0) + 1
+    return failed
 
 
 def latest_telemetry(path: Path) -> list[dict[str, Any]]:

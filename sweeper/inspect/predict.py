@@ -2,7 +2,7 @@
 
 The model is rebuilt from the trial's own resolved config (``trials/<n>/config.yaml``)
 and given ``weights.pt`` (its best epoch's state dict). Predictions go through the
-training core's :func:`sweeper.train.predict` with the trial's
+training core's :func:`sweeper.core.predict` with the trial's
 ``train.eval_batch_size``, the same path that scored the trial, so the IC of the
 valid split's output is the trial's stored ``val_ic``.
 
@@ -25,8 +25,10 @@ import torch
 import yaml
 from optuna.trial import FrozenTrial
 
-from sweeper import config as C
+from sweeper.config import SweeperConfig, validate_config
 from sweeper.errors import ConfigError, DataError, StudyNotFound
+from sweeper.store.layout import TrialFiles, run_dir, trial_files
+from sweeper.store.studies import best_trial
 
 SPLITS = ("valid", "test", "train", "all")
 
@@ -42,8 +44,6 @@ class Prediction:
 
 def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
     """``"best"`` or a trial number."""
-    from sweeper.results import best_trial
-
     if str(which) == "best":
         best = best_trial(study)
         if best is None:
@@ -60,15 +60,15 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
     return match[0]
 
 
-def trial_config(folder: Path) -> C.SweeperConfig:
-    path = folder / "config.yaml"
+def trial_config(files: TrialFiles) -> SweeperConfig:
+    path = files.config
     if not path.exists():
         raise DataError(f"{path}: missing; the trial's resolved config is written when it starts")
-    return C.validate_config(yaml.safe_load(path.read_text()), str(path))
+    return validate_config(yaml.safe_load(path.read_text()), str(path))
 
 
-def load_weights(folder: Path, trial: FrozenTrial) -> dict[str, torch.Tensor]:
-    path = folder / "weights.pt"
+def load_weights(files: TrialFiles, trial: FrozenTrial) -> dict[str, torch.Tensor]:
+    path = files.weights
     if not path.exists():
         raise DataError(f"{path}: missing; trial {trial.number} is {trial.state.name} and wrote no weights")
     return torch.load(path, map_location="cpu", weights_only=True)
@@ -84,17 +84,16 @@ def scoring_panel(panel: Any, split: str) -> Any:
     return dataclasses.replace(panel, y=y, splits=splits, _cache={})
 
 
-def predict_trial(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best", split: str = "valid",
+def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best", split: str = "valid",
                   data: str | Path | None = None, device: str | None = None) -> Prediction:
     """Predictions of ``trial`` (number or "best") on ``split`` of the study's data, or of ``data``."""
+    from sweeper.core import predict, resolve_device
     from sweeper.data import load_panel
     from sweeper.models import build_model
-    from sweeper.results import run_dir
-    from sweeper.train import predict, resolve_device
 
     chosen = pick_trial(study, trial)
-    folder = run_dir(cfg) / "trials" / str(chosen.number)
-    tcfg = trial_config(folder)
+    files = trial_files(run_dir(cfg), chosen.number)
+    tcfg = trial_config(files)
     data_cfg = tcfg.data
     if data is not None:
         if not Path(data).exists():
@@ -102,7 +101,7 @@ def predict_trial(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int
         data_cfg = data_cfg.model_copy(update={"path": str(data), "synthetic": None})
     panel = scoring_panel(load_panel(data_cfg), split)
     model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
-    model.load_state_dict(load_weights(folder, chosen))
+    model.load_state_dict(load_weights(files, chosen))
     target = resolve_device(device)
     frame = predict(model.to(target), panel.to(target, tcfg.data.device_share), split, target,
                     tcfg.train.eval_batch_size)

@@ -1,5 +1,4 @@
-"""The Optuna store: an RDBStorage tuned for many writers, a claim lock, and
-the artifact store.
+"""The Optuna storage engine: an RDBStorage tuned for many writers.
 
 Optuna sets no SQLite pragmas, and a deferred SQLite transaction that reads and
 then writes fails at once with "database is locked" when another process wrote
@@ -14,8 +13,6 @@ RDBStorage's constructor races with itself on a fresh database.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import os
 import socket
 import sqlite3
@@ -27,7 +24,9 @@ import optuna
 import sqlalchemy
 from sqlalchemy import event
 
-from sweeper.errors import ConfigError, StorageError
+from sweeper.errors import StorageError
+from sweeper.store.locks import FileLock, advisory_key
+from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, redact, sqlite_path
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
 # A driver uses two connections (its sessions and the claim lock), a worker two
@@ -43,27 +42,6 @@ SCHEMA_LOCK = "sweeper:schema"
 # Study.optimize), so these warnings say nothing useful to a user
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-
-
-def is_sqlite(url: str) -> bool:
-    return url.startswith("sqlite")
-
-
-def is_postgres(url: str) -> bool:
-    return url.startswith("postgresql")
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URL (None for in-memory)."""
-    path = sqlalchemy.engine.make_url(url).database
-    return Path(path) if path and path != ":memory:" else None
-
-
-def normalize_url(url: str) -> str:
-    # SQLAlchemy 2.1 maps postgresql:// to psycopg 3; older ones to psycopg2.
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
 
 
 def engine_kwargs(url: str) -> dict[str, Any]:
@@ -259,13 +237,6 @@ def _sqlite_readable(path: Path, url: str) -> None:
         raise StorageError(f"storage {url}: {path} is not a SQLite database ({exc})") from None
 
 
-def redact(url: str) -> str:
-    try:
-        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001
-        return url
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc.__cause__ or exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -279,134 +250,3 @@ def quiet_optuna() -> Iterator[None]:
         yield
     finally:
         optuna.logging.set_verbosity(level)
-
-
-def running_without_heartbeat(storage: Any, study_id: int) -> list[int]:
-    """Ids of the study's RUNNING trials that have no heartbeat row at all."""
-    from optuna.storages._rdb import models
-    from optuna.trial import TrialState
-
-    storage = getattr(storage, "_backend", storage)  # a study wraps its RDBStorage in a cache
-    trials, beats = models.TrialModel.__table__, models.TrialHeartbeatModel.__table__
-    query = (sqlalchemy.select(trials.c.trial_id)
-             .outerjoin(beats, beats.c.trial_id == trials.c.trial_id)
-             .where(trials.c.study_id == study_id, trials.c.state == TrialState.RUNNING,
-                    beats.c.trial_id.is_(None)))
-    with storage.engine.connect() as conn:
-        return [row[0] for row in conn.execute(query)]
-
-
-# ------------------------------------------------------------- claim lock
-
-class FileLock:
-    """An exclusive flock on a file beside the SQLite database (one host)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    def __enter__(self) -> "FileLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
-def advisory_key(name: str) -> int:
-    """A stable signed 64-bit key for ``pg_advisory_lock`` (scoped to the database)."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-
-
-class AdvisoryLock:
-    """A PostgreSQL session advisory lock, shared by every host of a study.
-
-    Held on its own autocommit connection, so that the session sits idle rather
-    than idle in a transaction; if the holder dies the server ends the session
-    (socket closed, or keepalives unanswered) and the lock is released.
-    """
-
-    def __init__(self, engine: sqlalchemy.Engine, key: str) -> None:
-        self.engine = engine
-        self.key = advisory_key(key)
-        self._conn: Any = None
-
-    def __enter__(self) -> "AdvisoryLock":
-        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        try:
-            conn.exec_driver_sql(f"SELECT pg_advisory_lock({self.key})")
-        except BaseException:
-            conn.invalidate()  # a lock request cut short may still be granted: never reuse it
-            conn.close()
-            raise
-        self._conn = conn
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._conn is None:
-            return
-        conn, self._conn = self._conn, None
-        try:
-            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({self.key})")
-        except BaseException:
-            conn.invalidate()  # closing the session releases the lock
-            raise
-        finally:
-            conn.close()
-
-
-class NullLock:
-    def __enter__(self) -> "NullLock":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def claim_lock(storage: optuna.storages.RDBStorage, url: str, study_name: str) -> Any:
-    """The lock under which a driver counts the budget and asks for a trial."""
-    url = normalize_url(url)
-    if is_sqlite(url):
-        path = sqlite_path(url)
-        return FileLock(path.with_name(path.name + ".lock")) if path else NullLock()
-    if is_postgres(url):
-        return AdvisoryLock(storage.engine, f"sweeper:{study_name}")
-    return NullLock()
-
-
-# ---------------------------------------------------------- artifacts
-
-def artifact_store(location: str) -> Any:
-    """FileSystemArtifactStore under a folder; Boto3ArtifactStore for ``s3://bucket``."""
-    from optuna.artifacts import FileSystemArtifactStore
-
-    if location.startswith("s3://"):
-        from optuna.artifacts import Boto3ArtifactStore
-
-        return Boto3ArtifactStore(check_artifacts(location))
-    base = Path(location) / "artifacts"
-    base.mkdir(parents=True, exist_ok=True)
-    return FileSystemArtifactStore(str(base))
-
-
-def check_artifacts(location: str) -> str | None:
-    """Pre-flight for ``study.artifacts``: the bucket of an ``s3://`` URL, once
-    boto3 is known to import (it is optional, so a missing one must be a clear
-    error here, not a crash in every worker)."""
-    if not location.startswith("s3://"):
-        return None
-    bucket, _, prefix = location[len("s3://"):].partition("/")
-    if not bucket or prefix.strip("/"):
-        raise ConfigError(f"study.artifacts: {location!r}: give a bucket as s3://BUCKET "
-                          "(Optuna's Boto3ArtifactStore writes at the bucket root; no prefix)")
-    try:
-        import boto3  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"study.artifacts: {location!r} needs boto3, which is not installed: "
-                          "`pip install boto3`, or set study.artifacts to a shared folder") from None
-    return bucket

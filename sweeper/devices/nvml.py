@@ -1,29 +1,19 @@
-"""GPUs as NVML sees them, and the worker slots a sweep runs on.
+"""GPUs as NVML sees them: what the driver plans slots from, what telemetry and
+``sweeper doctor`` report.
 
 Everything here reads NVML (``nvidia-ml-py``) and never touches ``torch.cuda``: the
 driver process must not hold a CUDA context (it would pin memory on every GPU and
-make forked workers unusable). Without the NVIDIA driver, :func:`list_gpus` is empty
-and the sweep falls back to CPU slots.
-
-A :class:`Slot` is one concurrent trial. Its ``env`` is merged into the worker
-process's environment: a GPU slot sees exactly one GPU, named by UUID because CUDA's
-default device order can differ from NVML's; a CPU slot sees none. Thread counts
-split the machine's cores between slots so concurrent trials don't oversubscribe.
+make forked workers unusable). Without the NVIDIA driver, :func:`list_gpus` is empty.
 
 Testing without GPUs: ``SWEEPER_FAKE_GPUS=N`` reports N fake 80 GB GPUs and
 ``SWEEPER_FAKE_BUSY=1,3`` marks those fake indices as used by another process.
-Fake GPU slots get the same env as real ones plus ``SWEEPER_FAKE_GPU_SLOT=1``, which
-tells the worker to train on the CPU.
 """
-from __future__ import annotations
-
 import os
 import platform
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Callable, TypeVar
 
-from sweeper.config import DevicesConfig
 from sweeper.errors import DeviceError
 
 FAKE_GPUS_ENV = "SWEEPER_FAKE_GPUS"
@@ -49,17 +39,6 @@ class GPU:
     bf16: bool | None = None  # compute capability >= 8.0 (Ampere, Hopper, ...)
     capability: tuple[int, int] | None = None
     fake: bool = False
-
-
-@dataclass
-class Slot:
-    id: int
-    kind: Literal["gpu", "cpu"]
-    gpu: GPU | None
-    env: dict[str, str]
-    threads: int
-    label: str
-
 
 @dataclass
 class NvmlProbe:
@@ -182,128 +161,6 @@ def _env_int(name: str, value: str) -> int:
     if number < 0:
         raise DeviceError(f"environment variable {name}: expected a whole number >= 0, got {value!r}")
     return number
-
-
-# ------------------------------------------------------------------ slots
-
-
-def plan_slots(cfg: DevicesConfig) -> list[Slot]:
-    """The worker slots for ``cfg``: ``trials_per_gpu`` per chosen GPU, or CPU slots.
-
-    ``gpus: auto`` takes every GPU found and falls back to CPU slots when there is none;
-    ``gpus: none`` forces CPU slots; a list picks GPUs by NVML index or UUID.
-
-    ``skip_busy`` leaves out GPUs that someone else is using: another process holds a
-    compute context on it, or more than ``busy_memory_mb`` of its memory is in use
-    (memory catches users NVML can't list, such as processes in other containers).
-    The check is a snapshot at planning time; it doesn't reserve anything.
-    """
-    if cfg.gpus == "none":
-        return cpu_slots(cfg.cpu_workers)
-    found = probe()
-    if cfg.gpus == "auto":
-        if not found.gpus:
-            return cpu_slots(cfg.cpu_workers)
-        chosen = found.gpus
-    else:
-        chosen = _select(found, cfg.gpus)
-    if cfg.skip_busy:
-        chosen = _skip_busy(chosen, cfg.busy_memory_mb)
-    return gpu_slots(chosen, cfg.trials_per_gpu)
-
-
-def gpu_slots(gpus: list[GPU], trials_per_gpu: int) -> list[Slot]:
-    threads = max(1, cpu_count() // max(1, len(gpus) * trials_per_gpu))
-    slots = []
-    for gpu in gpus:
-        for k in range(trials_per_gpu):
-            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": gpu.uuid, **_thread_env(threads)}
-            if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:  # a user's own setting is inherited instead
-                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # less fragmentation, fewer OOMs
-            if gpu.fake:
-                env[FAKE_SLOT_ENV] = "1"
-            label = f"gpu{gpu.index}" + (f"#{k}" if trials_per_gpu > 1 else "")
-            slots.append(Slot(id=len(slots), kind="gpu", gpu=gpu, env=env, threads=threads, label=label))
-    return slots
-
-
-def cpu_slots(workers: int | str) -> list[Slot]:
-    """CPU slots. ``auto`` runs one single-threaded trial per core (at most 8).
-
-    The small models of a sweep barely speed up with more intra-op threads, and on a
-    busy machine OpenMP threads that share cores can make a step many times slower
-    (measured: a small LSTM step went from 0.4 ms to 44 ms with 2 threads on a loaded
-    2-core box), so trials in parallel beat threads within a trial. Cores beyond 8
-    are shared out as threads, since every worker holds its own copy of the panel.
-    An explicit count above the core count still gets 1 thread each.
-    """
-    cores = cpu_count()
-    count = min(cores, 8) if workers == "auto" else int(workers)
-    threads = max(1, cores // count)
-    env = {"CUDA_VISIBLE_DEVICES": "", **_thread_env(threads)}
-    return [Slot(id=k, kind="cpu", gpu=None, env=dict(env), threads=threads, label=f"cpu{k}") for k in range(count)]
-
-
-def cpu_count() -> int:
-    """Cores this process may run on (affinity / container limits), not the host's total."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def _thread_env(threads: int) -> dict[str, str]:
-    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-
-
-def _select(found: NvmlProbe, wanted: list[int | str]) -> list[GPU]:
-    chosen: list[GPU] = []
-    for item in wanted:
-        gpu = _lookup(found.gpus, item)
-        if gpu is None:
-            raise DeviceError(f"devices.gpus: no GPU {_describe(item)}; {_available(found)}")
-        if gpu not in chosen:  # the same GPU by index and by UUID is still one GPU
-            chosen.append(gpu)
-    return chosen
-
-
-def _lookup(gpus: list[GPU], item: int | str) -> GPU | None:
-    text = str(item).strip()
-    if text.isdigit():
-        return next((g for g in gpus if g.index == int(text)), None)
-    key = text.lower() if text.lower().startswith("gpu-") else f"gpu-{text.lower()}"
-    return next((g for g in gpus if g.uuid.lower() == key), None)
-
-
-def _describe(item: int | str) -> str:
-    return f"with index {item}" if str(item).strip().isdigit() else f"with UUID {item!r}"
-
-
-def _available(found: NvmlProbe) -> str:
-    if not found.gpus:
-        why = f" ({found.error})" if found.error else ""
-        return f"no GPU was found{why}; use devices.gpus: auto or none to run on the CPU"
-    listing = ", ".join(f"{g.index}: {g.name} {g.uuid}" for g in found.gpus)
-    return f"available: {listing}"
-
-
-def _skip_busy(gpus: list[GPU], busy_memory_mb: int) -> list[GPU]:
-    mine = os.getpid()
-    free, busy = [], []
-    for gpu in gpus:
-        others = [p for p in gpu.processes if p["pid"] != mine]
-        reason = f"{len(others)} process(es)" if others else (
-            f"{gpu.used_mb} MB used" if gpu.used_mb > busy_memory_mb else None
-        )
-        (busy if reason else free).append((gpu, reason))
-    if not free:
-        detail = ", ".join(f"GPU {g.index} ({why})" for g, why in busy)
-        raise DeviceError(
-            f"devices.skip_busy: every requested GPU is busy: {detail}; wait for them to free up, "
-            f"raise devices.busy_memory_mb (now {busy_memory_mb}), or set devices.skip_busy: false"
-        )
-    return [g for g, _ in free]
-
 
 # ------------------------------------------------------------------ reporting
 

@@ -1,0 +1,23 @@
+"""The typed study config: YAML -> validated pydantic model, once, at the edge.
+
+- :mod:`~sweeper.config.schema`: the sections and their fields;
+- :mod:`~sweeper.config.load`: reading a study file, ``--set`` overrides, error messages;
+- :mod:`~sweeper.config.dotted`: dotted names, the JSON form that studies store, the hash;
+- :mod:`~sweeper.config.drift`: which keys differ from a stored config.
+"""
+from __future__ import annotations
+
+from sweeper.config.dotted import config_hash, config_value, flatten, set_dotted, to_dict
+from sweeper.config.drift import drift
+from sweeper.config.load import load_config, parse_sets, read_yaml, validate_config, with_overrides
+from sweeper.config.schema import (
+    BUILTIN_MODELS, METRICS, PRUNERS, SAMPLERS, DataConfig, DevicesConfig, ModelConfig, ParamSpec,
+    PrunerConfig, SamplerConfig, SplitConfig, StudyConfig, SweeperConfig, SyntheticConfig, TrainConfig,
+)
+
+__all__ = [
+    "BUILTIN_MODELS", "METRICS", "PRUNERS", "SAMPLERS", "DataConfig", "DevicesConfig", "ModelConfig", "ParamSpec",
+    "PrunerConfig", "SamplerConfig", "SplitConfig", "StudyConfig", "SweeperConfig", "SyntheticConfig",
+    "TrainConfig", "config_hash", "config_value", "drift", "flatten", "load_config", "parse_sets", "read_yaml",
+    "set_dotted", "to_dict", "validate_config", "with_overrides",
+]

@@ -1,0 +1,63 @@
+"""Dotted names (``train.lr``, ``model.d_model``): one config, one naming, everywhere.
+
+The YAML file, ``--set``, ``search_space`` keys, Optuna param names and the
+stored study attributes all address a value by the same dotted path.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+from sweeper.config.schema import SweeperConfig
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def to_dict(cfg: SweeperConfig) -> dict[str, Any]:
+    """JSON-safe dict of the resolved config (what the study stores)."""
+    out = cfg.model_dump(mode="json")
+    if cfg.model.is_custom:
+        out["model"] = {"name": cfg.model.name, **cfg.model.custom_kwargs()}
+    return out
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key != "options":
+            flat.update(flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def config_hash(cfg: SweeperConfig) -> str:
+    blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def config_value(cfg: SweeperConfig, key: str) -> Any:
+    """The value at dotted ``key`` (``model.name``, ``train.lr``); KeyError if absent."""
+    node: Any = cfg
+    for part in key.split("."):
+        if isinstance(node, dict):
+            node = node[part]
+        elif isinstance(node, BaseModel) and (part in type(node).model_fields or part in (node.model_extra or {})):
+            node = getattr(node, part)
+        else:
+            raise KeyError(key)
+    return node

@@ -1,0 +1,26 @@
+"""Config drift: which dotted keys of a stored config differ from the current one.
+
+Two rules use it: a resumed study refuses a study file whose data, model,
+training or search space changed (:data:`STUDY_SECTIONS`), and a checkpoint only
+continues the run that wrote it (:data:`CHECKPOINT_SECTIONS`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from sweeper.config.dotted import flatten
+
+STUDY_SECTIONS = ("data.", "model.", "train.", "search_space", "study.metric", "study.direction")
+CHECKPOINT_SECTIONS = ("model.", "train.", "data.")
+
+
+def differing_keys(stored: dict[str, Any], current: dict[str, Any], prefixes: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, stored value, current value)`` for every key under ``prefixes`` that differs, sorted."""
+    old, new = flatten(stored), flatten(current)
+    keys = sorted(k for k in set(old) | set(new) if k.startswith(prefixes))
+    return [(k, old.get(k, "<unset>"), new.get(k, "<unset>")) for k in keys if old.get(k) != new.get(k)]
+
+
+def drift(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ in the parts of the config a resume may not change."""
+    return [f"{k} ({a!r} -> {b!r})" for k, a, b in differing_keys(stored, current, STUDY_SECTIONS)]

@@ -1,0 +1,129 @@
+"""Reading a study file: YAML -> overrides -> one validated :class:`SweeperConfig`.
+
+Every problem becomes one :class:`ConfigError` naming the file and the dotted key.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sweeper.config.dotted import set_dotted
+from sweeper.config.schema import DataConfig, SweeperConfig
+from sweeper.errors import ConfigError
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
+    return ".".join(parts)
+
+
+def _model_at(loc: tuple[Any, ...]) -> Any:
+    """The pydantic model class whose fields live at ``loc`` (for suggestions)."""
+    cls: Any = SweeperConfig
+    for part in loc:
+        field = getattr(cls, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        cls = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")), None)
+        if cls is None:
+            return None
+    return cls
+
+
+def _format_error(err: dict[str, Any]) -> str:
+    loc = tuple(err["loc"])
+    key = _dotted(loc)
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        fields = getattr(parent, "model_fields", {})
+        close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.5)
+        prefix = _dotted(loc[:-1])
+        hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else ""
+        return f"unknown key '{key}'{hint}"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {got!r})"
+    if not key or msg.startswith("unknown key"):
+        return f"{msg}{shown}"
+    return f"{key}: {msg}{shown}"
+
+
+def validate_config(raw: dict[str, Any], source: str) -> SweeperConfig:
+    """Validate a raw mapping; any problem becomes one ConfigError naming ``source``."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections (study, data, model, ...), got {type(raw).__name__}")
+    try:
+        return SweeperConfig.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = _format_error(errors[0])
+        more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+        raise ConfigError(f"{source}: {first}{more}") from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: study file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        ctx, ctx_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if ctx and ctx_mark:  # an unclosed bracket is reported at the end; point at its start too
+            problem += f" ({ctx} at line {ctx_mark.line + 1}, column {ctx_mark.column + 1})"
+        raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}") from None
+    return raw if raw is not None else {}
+
+
+def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["train.lr=0.01", "model.name=lstm"]`` -> ``{"train.lr": 0.01, ...}``; values are YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value, such as train.lr=0.001")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def with_overrides(cfg: SweeperConfig, overrides: dict[str, Any], source: str) -> SweeperConfig:
+    """A new validated config with dotted ``overrides`` applied (``--set`` and trial params)."""
+    raw = cfg.model_dump(mode="python", exclude_unset=False)
+    if cfg.model.is_custom:
+        raw["model"] = {"name": cfg.model.name, **cfg.model.custom_kwargs()}
+    raw = copy.deepcopy(raw)
+    for key, value in overrides.items():
+        set_dotted(raw, key, value)
+    return validate_config(raw, source)
+
+
+def load_config(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> SweeperConfig:
+    """Read, override and validate a study file. Raises ConfigError only."""
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections (study, data, model, ...)")
+    for key, value in parse_sets(sets).items():
+        set_dotted(raw, key, value)
+    cfg = validate_config(raw, str(path))
+    return cfg.model_copy(update={"data": _resolve_data_path(cfg.data, Path(path))})
+
+
+def _resolve_data_path(data: DataConfig, study_file: Path) -> DataConfig:
+    # a relative data.path is taken relative to the working directory when it
+    # exists there, else relative to the study file (so `sweeper run x/y.yaml` works anywhere)
+    if data.path is None or Path(data.path).is_absolute() or Path(data.path).exists():
+        return data
+    beside = study_file.parent / data.path
+    return data.model_copy(update={"path": str(beside)}) if beside.exists() else data

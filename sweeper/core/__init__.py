@@ -1,0 +1,29 @@
+"""The training core: one trial's model trained on one device, scored on valid and test.
+
+No Optuna, no store, no CLI: the sweep drives it through :class:`EpochHook` and
+:class:`Checkpointer`. One concept per module:
+
+- :mod:`~sweeper.core.loop`: ``train``, the top-to-bottom loop, and ``TrainResult``;
+- :mod:`~sweeper.core.hooks`: the hook and checkpointer protocols and their null objects;
+- :mod:`~sweeper.core.checkpoint`: the checkpoint format, its file, its epoch sidecar, resume checks;
+- :mod:`~sweeper.core.step`: one optimizer step's forward and backward over micro-batches;
+- :mod:`~sweeper.core.probe`: choosing the batch and micro-batch before training, halving after an OOM;
+- :mod:`~sweeper.core.batch_size`: the micro-batch search against free memory, OOM detection;
+- :mod:`~sweeper.core.precision`: ``train.precision`` to autocast dtype and gradient scaler;
+- :mod:`~sweeper.core.schedule`: the optimizer, the learning-rate schedule, an epoch's batches;
+- :mod:`~sweeper.core.evaluate`: predictions, per-epoch validation scores, final scores;
+- :mod:`~sweeper.core.progress`: what the loop carries from epoch to epoch;
+- :mod:`~sweeper.core.device`: device choice, seeding, peak memory.
+"""
+from __future__ import annotations
+
+from sweeper.core.checkpoint import FileCheckpointer, checkpoint_epoch, copy_checkpoint
+from sweeper.core.device import resolve_device
+from sweeper.core.evaluate import predict, predict_rows
+from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
+from sweeper.core.loop import TrainResult, train
+
+__all__ = [
+    "Checkpointer", "EpochHook", "FileCheckpointer", "NullCheckpointer", "NullHook", "TrainResult",
+    "checkpoint_epoch", "copy_checkpoint", "predict", "predict_rows", "resolve_device", "train",
+]

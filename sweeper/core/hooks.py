@@ -1,0 +1,31 @@
+"""What ``train`` calls out to: the per-epoch hook and the checkpointer, as protocols,
+plus the null objects that stand in when nobody listens or keeps state."""
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class EpochHook(Protocol):
+    def on_epoch(self, epoch: int, metrics: dict) -> bool: ...   # True: stop now (pruned)
+    def should_stop(self) -> bool: ...                            # polled at every step boundary
+
+
+class Checkpointer(Protocol):
+    def load(self) -> dict | None: ...
+    def save(self, state: dict) -> None: ...
+
+
+class NullHook:
+    def on_epoch(self, epoch: int, metrics: dict) -> bool:
+        return False
+
+    def should_stop(self) -> bool:
+        return False
+
+
+class NullCheckpointer:
+    def load(self) -> dict | None:
+        return None
+
+    def save(self, state: dict) -> None:
+        return None

@@ -1,0 +1,168 @@
+"""The training loop: one trial's model trained on one device and scored on valid and test.
+
+``train`` is one top-to-bottom loop in the manner of nanoGPT's train.py; the
+other modules of :mod:`sweeper.core` only set things up, split a batch,
+evaluate and pack state, so the loop is the one place to read to know what a
+trial does, in order.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from sweeper.config import SweeperConfig
+from sweeper.core.batch_size import is_oom, release_memory
+from sweeper.core.checkpoint import check_same_config, restore, training_state
+from sweeper.core.device import peak_memory_mb, reset_peak_memory, resolve_device, seed_everything
+from sweeper.core.evaluate import evaluate, final_scores
+from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
+from sweeper.core.precision import resolve_precision
+from sweeper.core.probe import plan_batch, shrink_micro
+from sweeper.core.progress import Progress, epoch_line, mean
+from sweeper.core.schedule import count_steps, epoch_batches, lr_factor, make_optimizer
+from sweeper.core.step import accumulate
+from sweeper.data import Batcher, Panel
+from sweeper.errors import Interrupted, NonFiniteLoss
+from sweeper.models import build_model
+
+
+@dataclass
+class TrainResult:
+    metrics: dict
+    history: list[dict]
+    best_state: dict
+    daily: dict[str, pd.DataFrame]
+    predictions: dict[str, pd.DataFrame]
+    stopped_by_hook: bool = False
+    stop_reason: str = "epochs"   # epochs | early_stop | hook | time
+
+
+def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None = None,
+          hook: EpochHook = NullHook(), checkpoint: Checkpointer = NullCheckpointer(),
+          log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train ``cfg.model`` on ``panel``'s train split; early-stop on valid; score valid and test
+    with the best epoch's weights. Raises NonFiniteLoss, OutOfMemory, Interrupted."""
+    started = time.perf_counter()
+    tc = cfg.train
+    say = log or (lambda message: None)
+    device = resolve_device(device)
+    deadline = started + tc.max_minutes * 60 if tc.max_minutes else math.inf
+    seed_everything(tc.seed)
+
+    # ---- setup: data, model, precision, optimizer, batch size, schedule
+    panel = panel.to(device, cfg.data.device_share)
+    model = build_model(cfg.model, len(panel.features), panel.lookback).to(device)
+    precision = resolve_precision(tc.precision, device)
+    optimizer = make_optimizer(model, tc.lr, tc.weight_decay)
+    scaler = precision.scaler()
+    batcher = Batcher(panel, "train", device)
+    generator = torch.Generator().manual_seed(tc.seed)
+    step_model = torch.compile(model) if tc.compile else model
+    state = checkpoint.load()
+    if state is not None:
+        check_same_config(state, cfg)
+        batch_size, micro = int(state["batch_size"]), int(state["micro_batch_size"])
+    else:
+        batch_size, micro = plan_batch(cfg, step_model, optimizer, precision, batcher, device)
+    steps_per_epoch = count_steps(batcher, tc.resolved_batch_order, batch_size, tc.samples_per_epoch)
+    scheduler = LambdaLR(optimizer, lr_factor(tc.schedule, tc.warmup_frac, steps_per_epoch * tc.epochs))
+    progress = Progress()
+    if state is not None:
+        restore(state, model, optimizer, scheduler, scaler, generator, progress)
+        say(f"resumed after epoch {progress.epoch} (best {tc.early_stop_metric} {progress.best})")
+    say(f"training {cfg.model.name} on {device}: {batcher.n_samples} samples, batch {batch_size} "
+        f"(micro {micro}), {precision.name}, {steps_per_epoch} steps/epoch")
+
+    # ---- the epochs
+    stop_reason = "early_stop" if progress.bad_epochs >= tc.patience else "epochs"
+    for epoch in range(progress.epoch + 1, tc.epochs + 1):
+        if stop_reason != "epochs":
+            break
+        model.train()
+        reset_peak_memory(device)
+        epoch_start, seen, loss_sum, loss_steps = time.perf_counter(), 0, 0.0, 0
+        for batch in epoch_batches(batcher, tc.resolved_batch_order, batch_size, generator, tc.samples_per_epoch):
+            if hook.should_stop():
+                raise Interrupted(f"stop requested during epoch {epoch}; "
+                                  f"the last checkpoint holds epoch {epoch - 1}")
+            while True:  # one optimizer step; after an OOM, the same step again in smaller micro-batches
+                optimizer.zero_grad(set_to_none=True)
+                oom = False
+                try:
+                    loss = accumulate(step_model, batch, micro, tc.loss, precision, scaler)
+                except Exception as exc:
+                    if not is_oom(exc):
+                        raise
+                    oom = True
+                if not oom:
+                    break
+                optimizer.zero_grad(set_to_none=True)
+                release_memory()  # outside the except: the traceback no longer pins activations
+                micro = shrink_micro(micro, tc.min_micro_batch, batch_size)
+                say(f"out of memory: micro-batch now {micro}, accumulating {math.ceil(batch_size / micro)}")
+            loss_value = float(loss)
+            finite = math.isfinite(loss_value)
+            if finite:
+                scaler.unscale_(optimizer)
+                norm = nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip) if tc.grad_clip else None
+                # fp16: the scaler skips overflowing steps itself (and lowers its scale)
+                finite = scaler.is_enabled() or norm is None or bool(torch.isfinite(norm))
+                if finite:
+                    scaler.step(optimizer)
+                scaler.update()
+            if finite:
+                scheduler.step()  # the schedule counts updates, so a skipped step does not use one up
+                progress.nonfinite_steps = 0
+                loss_sum, loss_steps = loss_sum + loss_value, loss_steps + 1
+            else:  # no update from this batch; give up only when it keeps happening
+                progress.nonfinite_steps += 1
+                if progress.nonfinite_steps >= tc.nonfinite_patience:
+                    raise NonFiniteLoss(f"loss or gradients non-finite for {progress.nonfinite_steps} consecutive "
+                                        f"steps (epoch {epoch}, train.lr={tc.lr:g})")
+            seen += len(batch.y)
+            if time.perf_counter() > deadline:
+                stop_reason = "time"
+                break
+        train_seconds = time.perf_counter() - epoch_start
+
+        # ---- end of epoch: validate, keep the best weights, checkpoint, report
+        scores = evaluate(step_model, panel, "valid", device, tc.eval_batch_size, tc.loss)
+        metrics = {"epoch": epoch, "train_loss": loss_sum / loss_steps if loss_steps else math.nan, **scores,
+                   "samples_per_s": seen / max(train_seconds, 1e-9), "peak_mem_mb": peak_memory_mb(device),
+                   "lr": scheduler.get_last_lr()[0], "micro_batch_size": micro,
+                   "accum_steps": math.ceil(batch_size / micro)}
+        progress.record(epoch, metrics, tc.early_stop_metric, model)
+        say(epoch_line(metrics, tc.epochs))
+        # report first, then save: a checkpoint never holds an epoch the hook has not seen
+        # (a kill in between re-runs and re-reports that epoch rather than losing its report)
+        if hook.on_epoch(epoch, metrics):
+            stop_reason = "hook"
+        elif progress.bad_epochs >= tc.patience and stop_reason == "epochs":
+            stop_reason = "early_stop"
+        if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
+            checkpoint.save(training_state(cfg, model, optimizer, scheduler, scaler, generator, progress,
+                                           batch_size, micro))
+
+    # ---- score valid and test with the best weights, through the same path as `predict`
+    model.load_state_dict(progress.best_state)
+    result_metrics, daily, predictions = final_scores(model, panel, device, tc.eval_batch_size)
+    result_metrics.update(
+        val_loss=progress.best_metrics.get("val_loss", math.nan), best_epoch=progress.best_epoch,
+        epochs_run=progress.epoch, batch_size=batch_size, micro_batch_size=micro,
+        accum_steps=math.ceil(batch_size / micro), precision=precision.name,
+        samples_per_s=mean([h["samples_per_s"] for h in progress.history]),
+        peak_mem_mb=max([h["peak_mem_mb"] for h in progress.history], default=math.nan),
+        duration_s=time.perf_counter() - started)
+    if panel.oracle_ic:
+        result_metrics.update(oracle_val_ic=panel.oracle_ic["valid"], oracle_test_ic=panel.oracle_ic["test"])
+    say(f"done ({stop_reason}): best epoch {progress.best_epoch}, val_ic {result_metrics['val_ic']:.4f}, "
+        f"test_ic {result_metrics['test_ic']:.4f}")
+    return TrainResult(result_metrics, progress.history, progress.best_state, daily, predictions,
+                       stopped_by_hook=stop_reason == "hook", stop_reason=stop_reason)

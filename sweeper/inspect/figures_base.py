@@ -1,0 +1,49 @@
+"""What every figure of the report shares: the study data they read (loaded once),
+the plotly layout, the colour of each trial state and the placeholder figure."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import plotly.graph_objects as go
+from optuna.trial import FrozenTrial, TrialState
+
+STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#ff7f0e", "FAIL": "#d62728", "RUNNING": "#2ca02c",
+                "WAITING": "#7f7f7f"}
+LAYOUT = {"height": 420, "margin": {"l": 60, "r": 30, "t": 60, "b": 50}}
+
+
+@dataclass
+class StudyData:
+    """Everything the figures read, loaded once."""
+
+    name: str
+    metric: str
+    maximize: bool
+    trials: list[FrozenTrial]
+    run_dir: Path
+    study: optuna.Study
+    best: FrozenTrial | None = None
+    daily_valid: dict[int, np.ndarray] = field(default_factory=dict)
+    now: datetime = field(default_factory=datetime.now)
+
+    def finished(self, *states: TrialState) -> list[FrozenTrial]:
+        return [t for t in self.trials if t.state in states]
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def empty(message: str) -> go.Figure:
+    """A small figure that says why there is nothing to plot (its ``layout.meta.empty``)."""
+    fig = go.Figure()
+    fig.update_layout(**{**LAYOUT, "height": 200}, xaxis={"visible": False}, yaxis={"visible": False},
+                      annotations=[{"text": message, "showarrow": False, "font": {"size": 14}}],
+                      meta={"empty": message})
+    return fig

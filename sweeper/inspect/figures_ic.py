@@ -1,0 +1,87 @@
+"""Report figures 6-8, trusting the IC: validation against test IC per trial, the best
+trial's daily and cumulative IC, and the selection bias of picking the best of many
+(:mod:`sweeper.quant.selection`)."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from optuna.trial import TrialState
+
+from sweeper.inspect.figures_base import LAYOUT, StudyData, empty, finite
+from sweeper.inspect.results import read_daily
+from sweeper.store.layout import trial_files
+
+
+def overfit_figure(data: StudyData) -> go.Figure:
+    rows = [(t.number, t.user_attrs.get("val_ic"), t.user_attrs.get("test_ic")) for t in data.finished(TrialState.COMPLETE)]
+    rows = [r for r in rows if finite(r[1]) and finite(r[2])]
+    if not rows:
+        return empty("no complete trial has both val_ic and test_ic")
+    numbers, val, test = (np.array(c) for c in zip(*rows))
+    traces = [go.Scatter(x=val, y=test, mode="markers", customdata=numbers, name="trials",
+                         marker={"size": 6, "opacity": 0.6},
+                         hovertemplate="trial %{customdata}<br>val %{x:.4f} test %{y:.4f}<extra></extra>")]
+    if data.best is not None and data.best.number in set(numbers.tolist()):
+        k = int(np.flatnonzero(numbers == data.best.number)[0])
+        traces.append(go.Scatter(x=[val[k]], y=[test[k]], mode="markers", name=f"best (trial {data.best.number})",
+                                 marker={"size": 14, "symbol": "star", "color": "#d62728"}))
+    lo, hi = float(min(val.min(), test.min())), float(max(val.max(), test.max()))
+    traces.append(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="test = valid",
+                             line={"dash": "dash", "color": "#7f7f7f"}))
+    corr = float(np.corrcoef(val, test)[0, 1]) if len(val) > 2 and val.std() > 0 and test.std() > 0 else None
+    title = f"{len(val)} complete trials; mean test - valid {float((test - val).mean()):+.4f}"
+    title += f"; correlation {corr:.2f}" if corr is not None else ""
+    fig = go.Figure(traces)
+    fig.update_layout(**LAYOUT, title=title, xaxis_title="validation IC", yaxis_title="test IC",
+                      meta={"complete": len(val), "correlation": corr})
+    return fig
+
+
+def daily_figure(data: StudyData) -> go.Figure:
+    if data.best is None:
+        return empty("no complete trial yet")
+    files = trial_files(data.run_dir, data.best.number)
+    traces, days = [], {}
+    colors = {"valid": "#1f77b4", "test": "#ff7f0e"}
+    for split in ("valid", "test"):
+        daily = read_daily(files.daily_ic(split))
+        if daily is None:
+            continue
+        days[split] = len(daily["ic"])
+        dates = daily["date"].tolist() if "date" in daily else list(range(len(daily["ic"])))
+        traces.append(go.Bar(x=dates, y=daily["ic"], name=f"daily IC ({split})", marker_color=colors[split],
+                             opacity=0.45))
+        traces.append(go.Scatter(x=dates, y=np.nancumsum(daily["ic"]), name=f"cumulative IC ({split})",
+                                 yaxis="y2", line={"color": colors[split], "width": 2}))
+    if not traces:
+        return empty(f"trial {data.best.number} has no daily IC files in {files.folder.parent}")
+    fig = go.Figure(traces)
+    fig.update_layout(**LAYOUT, title=f"trial {data.best.number}: daily IC (bars) and cumulative IC (lines)",
+                      xaxis={"type": "date"}, yaxis={"title": "daily IC"}, bargap=0,
+                      yaxis2={"title": "cumulative IC", "overlaying": "y", "side": "right"},
+                      meta={"trial": data.best.number, "days": days})
+    return fig
+
+
+def selection_figure(data: StudyData) -> go.Figure:
+    """Histogram of the trials' mean validation IC with the signal-free bar, the best
+    and the deflated IC marked; ``layout.meta`` is selection_summary itself."""
+    from sweeper.quant.selection import selection_summary
+
+    if data.best is None or data.best.number not in data.daily_valid:
+        return empty("selection bias unavailable: the best trial has no daily_ic_valid.csv")
+    summary = selection_summary(data.daily_valid, data.best.number)
+    means = [float(np.nanmean(v)) for v in data.daily_valid.values() if np.isfinite(v).any()]
+    fig = go.Figure(go.Histogram(x=means, nbinsx=min(40, max(5, len(means) // 3)), name="trials",
+                                 marker_color="#9ecae1"))
+    marks = [("expected_max_null_ic", "no-signal best", "#d62728"), ("best_val_ic", "best", "#1f77b4"),
+             ("deflated_ic", "deflated", "#2ca02c")]
+    for key, label, color in marks:
+        if summary.get(key) is not None:
+            fig.add_vline(x=summary[key], line={"color": color, "dash": "dash"},
+                          annotation={"text": f"{label} {summary[key]:.4f}", "textangle": -90})
+    p = summary.get("p_fluke")
+    fig.update_layout(**LAYOUT, title=f"{summary['n_trials']} trials; P(best IC is a fluke) "
+                      + (f"{p:.1%}" if p is not None else "-"), xaxis_title="mean daily validation IC",
+                      yaxis_title="trials", meta={"selection": summary})
+    return fig

@@ -1,0 +1,117 @@
+"""Report figures 1-4, the search itself: optimisation history, parameter importances,
+parallel coordinates and learning curves."""
+from __future__ import annotations
+
+import html
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import optuna
+import plotly.graph_objects as go
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.inspect.figures_base import LAYOUT, STATE_COLORS, StudyData, empty
+
+
+def _objective_points(data: StudyData) -> tuple[np.ndarray, np.ndarray]:
+    done = [t for t in data.finished(TrialState.COMPLETE) if t.value is not None and math.isfinite(t.value)]
+    return (np.array([t.number for t in done], dtype=np.int64),
+            np.array([t.value for t in done], dtype=np.float64))
+
+
+def history_figure(data: StudyData) -> go.Figure:
+    numbers, values = _objective_points(data)
+    best = (np.maximum if data.maximize else np.minimum).accumulate(values) if len(values) else values
+    fig = go.Figure([
+        go.Scatter(x=numbers, y=values, mode="markers", name=data.metric, marker={"size": 6, "opacity": 0.7}),
+        go.Scatter(x=numbers, y=best, mode="lines", name="best so far", line={"shape": "hv", "color": "#d62728"}),
+    ])
+    fig.update_layout(**LAYOUT, title=f"{data.metric} of {len(values)} complete trials",
+                      xaxis_title="trial", yaxis_title=data.metric, meta={"complete": len(values)})
+    return fig
+
+
+def importance_figure(data: StudyData) -> go.Figure:
+    from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            scores = get_param_importances(data.study, evaluator=PedAnovaImportanceEvaluator())
+    except (ValueError, RuntimeError) as exc:  # too few trials, or no param that varies
+        return empty(f"parameter importances unavailable: {exc}")
+    if not scores:
+        return empty("parameter importances unavailable: no parameter is shared by the complete trials")
+    names = list(scores)[::-1]  # most important on top
+    # PED-ANOVA says so (and returns equal shares) when there are too few trials to tell
+    caveat = "; ".join(str(w.message) for w in caught if issubclass(w.category, UserWarning))
+    fig = go.Figure(go.Bar(x=[scores[n] for n in names], y=names, orientation="h", marker_color="#1f77b4"))
+    fig.update_layout(**LAYOUT, title="importance for the objective (PED-ANOVA, normalised to sum 1)"
+                      + (f"<br><sup>{html.escape(caveat)}</sup>" if caveat else ""),
+                      xaxis_title="importance", meta={"importances": dict(scores), "caveat": caveat or None})
+    return fig
+
+
+def parallel_figure(data: StudyData) -> go.Figure:
+    done = [t for t in data.finished(TrialState.COMPLETE) if t.value is not None and math.isfinite(t.value)]
+    if not done:
+        return empty("no complete trial yet")
+    shared = [p for p in done[0].params if all(p in t.params for t in done)]
+    dims = [_dimension(name, [t.params[name] for t in done], done[0].distributions[name]) for name in shared]
+    values = np.array([t.value for t in done])
+    dims.append({"label": data.metric, "values": values})
+    fig = go.Figure(go.Parcoords(dimensions=dims, line={"color": values, "colorscale": "Viridis",
+                                                          "showscale": True}))
+    left_out = sorted({p for t in done for p in t.params} - set(shared))
+    note = f" (conditional, left out: {', '.join(left_out)})" if left_out else ""
+    fig.update_layout(**{**LAYOUT, "margin": {"l": 80, "r": 80, "t": 80, "b": 40}},
+                      title=f"{len(done)} complete trials{note}", meta={"complete": len(done), "params": shared})
+    return fig
+
+
+def _dimension(name: str, values: list[Any], dist: Any) -> dict[str, Any]:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        choices = list(dist.choices)
+        return {"label": name, "values": [choices.index(v) for v in values],
+                "tickvals": list(range(len(choices))), "ticktext": [str(c) for c in choices]}
+    x = np.asarray(values, dtype=np.float64)
+    if getattr(dist, "log", False):
+        return {"label": f"log10({name})", "values": np.log10(x)}
+    return {"label": name, "values": x}
+
+
+def curves_figure(data: StudyData) -> go.Figure:
+    """One trace per state; each trial's curve is a run of points ended by a gap (NaN),
+    which draws as fast as one line however many trials there are."""
+    traces, counts = [], {}
+    for state in TrialState:
+        trials = [t for t in data.trials if t.state == state and t.intermediate_values]
+        if not trials:
+            continue
+        xs, ys, ids = _gapped_curves(trials)
+        counts[state.name] = len(trials)
+        traces.append(go.Scatter(x=xs, y=ys, customdata=ids, mode="lines", name=f"{state.name.lower()} ({len(trials)})",
+                                 line={"width": 1, "color": STATE_COLORS.get(state.name)}, opacity=0.6,
+                                 hovertemplate="trial %{customdata}<br>epoch %{x}: %{y:.4f}<extra></extra>"))
+    fig = go.Figure(traces)
+    fig.update_layout(**LAYOUT, title=f"{data.metric} per epoch, by trial state", xaxis_title="epoch",
+                      yaxis_title=data.metric, meta={"trials_by_state": counts})
+    return fig
+
+
+def _gapped_curves(trials: list[FrozenTrial]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Epochs, values and trial numbers of ``trials``' curves end to end, each curve
+    followed by one NaN point."""
+    lengths = [len(t.intermediate_values) + 1 for t in trials]
+    xs, ys = np.full(sum(lengths), np.nan), np.full(sum(lengths), np.nan)
+    ids = np.repeat(np.array([t.number for t in trials], dtype=np.float64), lengths)
+    at = 0
+    for t, n in zip(trials, lengths):
+        steps = sorted(t.intermediate_values)
+        xs[at:at + n - 1] = steps
+        ys[at:at + n - 1] = [t.intermediate_values[s] for s in steps]
+        ids[at + n - 1] = np.nan
+        at += n
+    return xs, ys, ids

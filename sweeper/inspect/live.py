@@ -1,0 +1,180 @@
+"""What the driver shows while it runs: a rich live view on a terminal, plain
+log lines otherwise, nothing in library use. The driver calls the same
+methods on each (null-object style), so it has no branches for output, and
+each view is fed by those calls alone: it never polls the study.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from optuna.trial import TrialState
+
+from sweeper.inspect.printing import fmt
+from sweeper.inspect.results import oracle_fractions
+
+
+def summary_lines(outcome: Any, cfg: Any, plan: Any) -> list[str]:
+    counts = ", ".join(f"{k.lower()} {v}" for k, v in outcome.counts.items() if v)
+    lines = [f"trials: {counts or 'none'}"]
+    best = outcome.best
+    if best is not None:
+        ua = best.user_attrs
+        line = f"best: trial {best.number}  {cfg.study.metric}={fmt(best.value)}"
+        line += "" if cfg.study.metric == "val_ic" else f"  val_ic={fmt(ua.get('val_ic'))}"
+        line += f"  test_ic={fmt(ua.get('test_ic'))}"
+        frac = oracle_fractions(ua, plan.oracle_ic).get("test_ic_oracle_fraction")
+        if frac is not None:
+            line += f"  ({frac:.0%} of the oracle test IC {plan.oracle_ic['test']:.4f})"
+        lines.append(line)
+    if outcome.message:
+        lines.append(outcome.message)
+    study_file = getattr(plan, "study_file", "STUDY.yaml")
+    if outcome.interrupted:
+        lines.append(f"interrupted: running trials were checkpointed. Resume with: sweeper resume {study_file}")
+    lines.append(f"next: sweeper best {study_file} | sweeper report {study_file} -o report.html | "
+                 f"sweeper dashboard {study_file}")
+    return lines
+
+
+def start_lines(cfg: Any, plan: Any, study: Any) -> list[str]:
+    from sweeper.store import redact
+
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    study_file = getattr(plan, "study_file", "STUDY.yaml")
+    return [
+        f"study {cfg.study.name!r}: {done}/{cfg.study.n_trials} finished, optimising {cfg.study.metric} "
+        f"({cfg.study.resolved_direction})",
+        f"storage: {redact(plan.storage_url)}",
+        f"data: {plan.source}",
+        "slots: " + ", ".join(s.label for s in plan.slots),
+        f"dashboard: sweeper dashboard {study_file}",
+    ]
+
+
+class NullView:
+    def start(self, cfg: Any, plan: Any, study: Any) -> None: ...
+    def trial_started(self, slot: Any, number: int, params: dict[str, Any]) -> None: ...
+    def epoch(self, slot: Any, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
+    def trial_ended(self, slot: Any, number: int, state: str, value: Any, reason: Any) -> None: ...
+    def progress(self, finished: int, best: Any) -> None: ...
+    def tick(self) -> None: ...
+    def close(self, outcome: Any, cfg: Any, plan: Any) -> None: ...
+
+
+class PlainView(NullView):
+    """One line per event, for logs and pipes."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stdout
+        self.metric = "val_ic"
+
+    def _say(self, line: str) -> None:
+        self.stream.write(f"[{time.strftime('%H:%M:%S')}] {line}\n")
+        self.stream.flush()
+
+    def start(self, cfg: Any, plan: Any, study: Any) -> None:
+        self.metric = cfg.study.metric
+        for line in start_lines(cfg, plan, study):
+            self._say(line)
+
+    def trial_started(self, slot: Any, number: int, params: dict[str, Any]) -> None:
+        shown = " ".join(f"{k}={fmt(v, '.4g')}" for k, v in params.items())
+        self._say(f"trial {number} started on {slot.label}: {shown}")
+
+    def epoch(self, slot: Any, number: int, epoch: int, metrics: dict[str, Any]) -> None:
+        self._say(f"trial {number} epoch {epoch}: {self.metric}={fmt(metrics.get(self.metric))} "
+                  f"loss={fmt(metrics.get('train_loss'))} mb={metrics.get('micro_batch_size', '-')}")
+
+    def trial_ended(self, slot: Any, number: int, state: str, value: Any, reason: Any) -> None:
+        tail = f" ({reason})" if reason else ""
+        self._say(f"trial {number} {state.lower()}{tail}: {self.metric}={fmt(value)}")
+
+    def close(self, outcome: Any, cfg: Any, plan: Any) -> None:
+        for line in summary_lines(outcome, cfg, plan):
+            self._say(line)
+
+
+class RichView(PlainView):
+    """A live panel: overall progress with ETA, the best so far, one line per slot.
+
+    Fed only by the driver's events (trial started, epoch, ended, and the study
+    progress each claim read): drawing it never queries the study.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        from rich.console import Console
+
+        self.console = Console()
+        self.live: Any = None
+        self.last = 0.0
+        self.n_trials = 0
+        self.done = self.done0 = 0
+        self.best: Any = None
+        self.slots: dict[str, dict[str, Any] | None] = {}
+
+    def _say(self, line: str) -> None:
+        self.console.print(line, highlight=False)
+
+    def start(self, cfg: Any, plan: Any, study: Any) -> None:
+        from rich.live import Live
+
+        super().start(cfg, plan, study)
+        self.started = time.monotonic()
+        self.n_trials = cfg.study.n_trials
+        self.done = self.done0 = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        self.slots = {s.label: None for s in plan.slots}
+        self.live = Live(console=self.console, refresh_per_second=4, transient=True)
+        self.live.start()
+
+    def progress(self, finished: int, best: Any) -> None:
+        self.done, self.best = finished, best
+
+    def trial_started(self, slot: Any, number: int, params: dict[str, Any]) -> None:
+        self.slots[slot.label] = {"number": number, "epoch": None, "metrics": {}}
+
+    def epoch(self, slot: Any, number: int, epoch: int, metrics: dict[str, Any]) -> None:
+        self.slots[slot.label] = {"number": number, "epoch": epoch, "metrics": metrics}
+
+    def trial_ended(self, slot: Any, number: int, state: str, value: Any, reason: Any) -> None:
+        self.slots[slot.label] = None
+        if state in ("COMPLETE", "PRUNED"):
+            self.done += 1
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.live is None or now - self.last < 0.25:
+            return
+        self.last = now
+        self.live.update(self._table())
+
+    def _table(self) -> Any:
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        n, done = self.n_trials, self.done
+        new = done - self.done0
+        per_trial = (time.monotonic() - self.started) / new if new > 0 else None
+        eta = f"ETA {max(n - done, 0) * per_trial / 60:.1f} min" if per_trial else "ETA -"
+        grid = Table.grid(padding=(0, 2))
+        grid.add_row(ProgressBar(total=n, completed=done, width=40), f"{done}/{n} trials  {eta}")
+        if self.best is not None:
+            grid.add_row("best", f"trial {self.best.number}: {self.metric}={fmt(self.best.value)}")
+        for label, r in self.slots.items():
+            m = r["metrics"] if r else {}
+            grid.add_row(label, "idle" if r is None else
+                         f"trial {r['number']} epoch {fmt(r['epoch'], 'd')} {self.metric}={fmt(m.get(self.metric))} "
+                         f"batch {m.get('micro_batch_size', '-')}x{m.get('accum_steps', '-')} "
+                         f"mem {fmt(m.get('peak_mem_mb'), '.0f')} MB")
+        return grid
+
+    def close(self, outcome: Any, cfg: Any, plan: Any) -> None:
+        if self.live is not None:
+            self.live.stop()
+        super().close(outcome, cfg, plan)
+
+
+def default_view() -> NullView:
+    return RichView() if sys.stdout.isatty() else PlainView()

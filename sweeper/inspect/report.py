@@ -1,0 +1,168 @@
+"""``sweeper report``: one self-contained HTML page about a study.
+
+Eight plotly figures, built with ``plotly.graph_objects`` from one read of the
+study (optuna.visualization re-reads the trials per plot and draws one trace per
+trial, which is far too slow at 500 trials):
+
+1. ``history``: the objective per finished trial and the best so far
+2. ``importance``: parameter importances (PED-ANOVA: fast, no scikit-learn)
+3. ``parallel``: parallel coordinates of params and objective
+4. ``curves``: per-epoch objective of every trial, coloured by state
+5. ``timeline``: trials per device slot over time, with the slots' utilisation
+   (plus GPU telemetry from ``devices.csv`` when the sweep had GPUs)
+6. ``overfit``: validation IC against test IC per trial
+7. ``daily``: the best trial's daily and cumulative IC on valid and test
+8. ``selection``: how much of the best validation IC a signal-free search of
+   this many trials would reach anyway (:mod:`sweeper.quant.selection`)
+
+Figures 1-4 are in :mod:`~sweeper.inspect.figures_search`, 5 in
+:mod:`~sweeper.inspect.figures_devices`, 6-8 in :mod:`~sweeper.inspect.figures_ic`;
+the data they share in :mod:`~sweeper.inspect.figures_base`. This module loads
+the study and lays out the page.
+
+plotly.js is inlined once, so the file works offline. Each figure's JSON sits in
+its own ``<script type="application/json" id="fig-NAME">`` tag; machine-readable
+figures (counts, utilisation, the selection summary) are in its ``layout.meta``.
+"""
+from __future__ import annotations
+
+import html
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import plotly.graph_objects as go
+from optuna.trial import TrialState
+
+from sweeper.atomic import write_text
+from sweeper.config import SweeperConfig
+from sweeper.inspect.figures_base import StudyData, finite
+from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, utilisation
+from sweeper.inspect.figures_ic import daily_figure, overfit_figure, selection_figure
+from sweeper.inspect.figures_search import curves_figure, history_figure, importance_figure, parallel_figure
+from sweeper.inspect.printing import selection_lines
+from sweeper.inspect.results import valid_daily_ics
+from sweeper.store import layout
+from sweeper.store.studies import best_trial, load_existing
+
+__all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_html", "utilisation", "write_report"]
+
+FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection")
+TITLES = {
+    "history": "1. Optimization history", "importance": "2. Parameter importances",
+    "parallel": "3. Parallel coordinates", "curves": "4. Learning curves (intermediate values)",
+    "timeline": "5. Trials per device", "overfit": "6. Validation IC vs test IC",
+    "daily": "7. Best trial: daily and cumulative IC", "selection": "8. Selection bias",
+}
+
+
+def load(study: optuna.Study, run_dir: str | Path, metric: str) -> StudyData:
+    trials = study.get_trials(deepcopy=False)
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return StudyData(name=study.study_name, metric=metric, maximize=maximize, trials=trials,
+                     run_dir=Path(run_dir), study=study, best=best_trial(study),
+                     daily_valid=valid_daily_ics(trials, run_dir))
+
+
+def build_figures(data: StudyData) -> dict[str, go.Figure]:
+    """The eight figures, by name (see FIGURES); ``telemetry`` too when devices.csv exists."""
+    figures = {
+        "history": history_figure(data), "importance": importance_figure(data),
+        "parallel": parallel_figure(data), "curves": curves_figure(data),
+        "timeline": timeline_figure(data), "overfit": overfit_figure(data),
+        "daily": daily_figure(data), "selection": selection_figure(data),
+    }
+    telemetry = telemetry_figure(layout.devices_csv(data.run_dir))
+    if telemetry is not None:
+        figures["telemetry"] = telemetry
+    return figures
+
+
+def write_report(cfg: SweeperConfig, out: str | Path, storage_url: str | None = None) -> dict[str, Any]:
+    """Write the report for ``cfg``'s study to ``out`` (atomically); returns a summary."""
+    started = time.perf_counter()
+    study = load_existing(cfg, storage_url)
+    data = load(study, layout.run_dir(cfg), cfg.study.metric)
+    figures = build_figures(data)
+    page = render_html(data, figures, oracle=study.user_attrs.get("oracle_ic"))
+    write_text(Path(out), page)
+    return {"path": str(out), "trials": len(data.trials), "figures": list(figures),
+            "seconds": time.perf_counter() - started}
+
+
+def render_html(data: StudyData, figures: dict[str, go.Figure], oracle: dict[str, float] | None = None) -> str:
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    sections = []
+    for name, fig in figures.items():
+        payload = pio.to_json(fig, validate=False).replace("</", "<\\/")
+        heading = TITLES.get(name, "5b. GPU telemetry")
+        notes = "".join(f"<p>{html.escape(line)}</p>" for line in _notes(name, fig))
+        sections.append(f'<section><h2>{heading}</h2>{notes}<div id="plot-{name}" class="plot"></div>'
+                        f'<script type="application/json" id="fig-{name}" class="fig">{payload}</script></section>')
+    return _PAGE.format(title=html.escape(f"sweeper report: {data.name}"), plotlyjs=get_plotlyjs(),
+                        header="".join(f"<p>{html.escape(line)}</p>" for line in _header(data, oracle)),
+                        sections="\n".join(sections))
+
+
+def _header(data: StudyData, oracle: dict[str, float] | None) -> list[str]:
+    counts = {s.name.lower(): sum(t.state == s for t in data.trials) for s in TrialState}
+    lines = [f"{len(data.trials)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v),
+             f"generated {data.now:%Y-%m-%d %H:%M:%S} from {data.run_dir}"]
+    if data.best is not None:
+        ua = data.best.user_attrs
+        line = f"best: trial {data.best.number}, {data.metric} {data.best.value:.4f}"
+        for split, key in (("valid", "val_ic"), ("test", "test_ic")):
+            if finite(ua.get(key)):
+                line += f", {split} IC {ua[key]:.4f}"
+                if oracle and oracle.get(split):
+                    line += f" ({ua[key] / oracle[split]:.0%} of the oracle {oracle[split]:.4f})"
+        lines.append(line)
+    return lines
+
+
+def _notes(name: str, fig: go.Figure) -> list[str]:
+    meta = fig.layout.meta or {}
+    if name == "timeline" and "utilisation" in meta:
+        return _utilisation_notes(meta["utilisation"])
+    if name == "selection" and "selection" in meta:
+        return [line.strip() for line in selection_lines(meta["selection"])] + [
+            "The no-signal best is the median standard error of the trials' mean daily IC times the expected "
+            "maximum of N standard normals (Bailey & Lopez de Prado); deflated IC = best - that. P(fluke) = 1 - "
+            "the Deflated Sharpe Ratio of the best trial's daily ICs; PBO = probability of backtest overfitting "
+            "(CSCV)."]
+    return []
+
+
+def _utilisation_notes(use: dict[str, Any]) -> list[str]:
+    if use["fraction"] is None:
+        return []
+    per = ", ".join(f"{k} {v:.0%}" for k, v in use["per_slot"].items() if v is not None)
+    runs = f" in {use['runs']} runs" if use["runs"] > 1 else ""
+    return [f"Utilisation {use['fraction']:.1%}: busy {use['busy_s']:.0f} s of {use['capacity_s']:.0f} "
+            f"slot-seconds ({use['slots']} slots x {use['span_s']:.0f} s of wall time{runs}; the time "
+            f"between runs is left out). Per slot: {per}."]
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222; }}
+h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ddd; }}
+p {{ margin: 0.3em 0; }} .plot {{ width: 100%; }}
+</style>
+<script type="text/javascript">{plotlyjs}</script>
+</head><body>
+<h1>{title}</h1>
+{header}
+{sections}
+<script type="text/javascript">
+document.querySelectorAll("script.fig").forEach(function (node) {{
+  var fig = JSON.parse(node.textContent);
+  Plotly.newPlot("plot-" + node.id.slice(4), fig.data, fig.layout, {{responsive: true, displaylogo: false}});
+}});
+</script>
+</body></html>
+"""

@@ -1,0 +1,23 @@
+"""The store: Optuna storage engines and their tuning, the locks drivers share,
+the artifact store, and the run folder's layout.
+
+- :mod:`~sweeper.store.urls`: what a storage URL names, and its printable form;
+- :mod:`~sweeper.store.engine`: an RDBStorage tuned for SQLite and PostgreSQL;
+- :mod:`~sweeper.store.locks`: the claim lock (flock or advisory lock);
+- :mod:`~sweeper.store.artifacts`: Optuna's artifact store (folder or S3);
+- :mod:`~sweeper.store.layout`: ``runs/<study>/trials/<n>/...``;
+- :mod:`~sweeper.store.studies`: opening an existing study, its best trial;
+- :mod:`~sweeper.store.optuna_private`: the private Optuna APIs sweeper needs, with reasons.
+"""
+from __future__ import annotations
+
+from sweeper.store.artifacts import artifact_store, check_artifacts
+from sweeper.store.engine import (
+    PG_MAX_OVERFLOW, PG_POOL_SIZE, check_reachable, open_storage, quiet_optuna,
+)
+from sweeper.store.locks import AdvisoryLock, FileLock, NullLock, advisory_key, claim_lock
+from sweeper.store.urls import normalize_url, redact
+
+__all__ = ["PG_MAX_OVERFLOW", "PG_POOL_SIZE", "AdvisoryLock", "FileLock", "NullLock", "advisory_key",
+           "artifact_store", "check_artifacts", "check_reachable", "claim_lock", "normalize_url", "open_storage",
+           "quiet_optuna", "redact"]

@@ -1,0 +1,84 @@
+"""The run folder: where every file of a study lives. The one home of this rule.
+
+::
+
+    <run_dir>/                    study.artifacts, or runs/<study> when artifacts go to S3
+      study.db                    the default SQLite storage (study.storage)
+      devices.csv                 GPU telemetry samples
+      logs/<host>.slot-<k>.log    each worker's stdout and stderr
+      artifacts/                  Optuna's artifact store (a folder store)
+      trials/<number>/
+        config.yaml               the trial's resolved config (its params applied)
+        metrics.csv               one row per epoch
+        train.log                 the training core's log lines
+        weights.pt                the best epoch's state dict
+        daily_ic_valid.csv        per-date IC and Rank IC of the best weights
+        daily_ic_test.csv
+        checkpoint.pt             the last end-of-epoch training state (core.checkpoint)
+
+Hosts may share a run folder, so each host writes its own slot logs.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from sweeper.config import SweeperConfig
+
+# the trial files registered in the artifact store, so optuna-dashboard lists them
+ARTIFACTS = ("config.yaml", "metrics.csv", "train.log", "weights.pt", "daily_ic_valid.csv", "daily_ic_test.csv")
+
+
+def run_dir(cfg: SweeperConfig) -> Path:
+    """The study's run folder on this host."""
+    artifacts = cfg.study.resolved_artifacts
+    return Path(f"runs/{cfg.study.name}") if artifacts.startswith("s3://") else Path(artifacts)
+
+
+@dataclass(frozen=True)
+class TrialFiles:
+    """The files of one trial (see the module docstring)."""
+
+    folder: Path
+
+    @property
+    def config(self) -> Path:
+        return self.folder / "config.yaml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.folder / "metrics.csv"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "train.log"
+
+    @property
+    def weights(self) -> Path:
+        return self.folder / "weights.pt"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.folder / "checkpoint.pt"
+
+    def daily_ic(self, split: str) -> Path:
+        """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
+        return self.folder / f"daily_ic_{split}.csv"
+
+
+def trial_files(run_dir: str | Path, number: int) -> TrialFiles:
+    return TrialFiles(Path(run_dir) / "trials" / str(number))
+
+
+def slot_log(run_dir: str | Path, host: str, slot_id: int) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host)
+    return Path(run_dir) / "logs" / f"{safe}.slot-{slot_id}.log"
+
+
+def logs_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "logs"
+
+
+def devices_csv(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "devices.csv"

@@ -1,0 +1,57 @@
+"""Every private Optuna API sweeper uses, in one place, each with the reason.
+
+Optuna 5 has no public way to do these; ``pyproject.toml`` bounds ``optuna``
+below 6 so that a release that moves them cannot break a sweep silently. A new
+use of a private name belongs here, with its reason, not at the call site.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+import sqlalchemy
+from optuna.trial import FrozenTrial, TrialState
+
+
+def backend(study: optuna.Study) -> optuna.storages.BaseStorage:
+    """The storage a study writes through. Optuna has no public accessor, and
+    sweeper must write user attrs and states of trials it does not hold an
+    ``optuna.Trial`` for (a worker's trial, failed by the driver)."""
+    return study._storage
+
+
+def study_id(study: optuna.Study) -> int:
+    """The study's row id (``Study._study_id``): the storage API is keyed by it."""
+    return study._study_id
+
+
+def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
+    """A trial's row id. ``FrozenTrial._trial_id`` and ``Trial._trial_id`` are private;
+    resolving it publicly costs a query per call (number -> id) on every event."""
+    return trial._trial_id
+
+
+def stale_trial_ids(storage: Any, study_id: int) -> list[int]:
+    """RUNNING trials whose heartbeat is older than the grace period.
+
+    The public ``optuna.storages.fail_stale_trials`` fails them at once, before a
+    ``fail_reason`` can be written (Optuna refuses user attrs on finished trials).
+    """
+    return storage._get_stale_trial_ids(study_id)
+
+
+def running_without_heartbeat(storage: Any, study_id: int) -> list[int]:
+    """Ids of the study's RUNNING trials that have no heartbeat row at all.
+
+    Optuna never considers these stale; its ORM models are the only way to ask.
+    """
+    from optuna.storages._rdb import models
+
+    storage = getattr(storage, "_backend", storage)  # a study wraps its RDBStorage in a cache
+    trials, beats = models.TrialModel.__table__, models.TrialHeartbeatModel.__table__
+    query = (sqlalchemy.select(trials.c.trial_id)
+             .outerjoin(beats, beats.c.trial_id == trials.c.trial_id)
+             .where(trials.c.study_id == study_id, trials.c.state == TrialState.RUNNING,
+                    beats.c.trial_id.is_(None)))
+    with storage.engine.connect() as conn:
+        return [row[0] for row in conn.execute(query)]

@@ -1,0 +1,42 @@
+"""Opening a study that must already exist, and reading its best trial.
+
+Read-only: nothing here creates a study or a database file.
+"""
+from __future__ import annotations
+
+import math
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.config import SweeperConfig
+from sweeper.errors import StudyNotFound
+from sweeper.store.engine import open_storage
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def load_existing(cfg: SweeperConfig, storage_url: str | None = None) -> optuna.Study:
+    url = storage_url or cfg.study.resolved_storage
+    storage = open_storage(url, create=False)
+    names = [s.study_name for s in storage.get_all_studies()]
+    if cfg.study.name not in names:
+        known = f" (it holds: {', '.join(names)})" if names else ""
+        raise StudyNotFound(f"study {cfg.study.name!r} not found in {url}{known}; start it with `sweeper run`")
+    return optuna.load_study(study_name=cfg.study.name, storage=storage)
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The best COMPLETE trial with a finite value, or None."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return best_in(done, study.direction == optuna.study.StudyDirection.MAXIMIZE)
+
+
+def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
+    """The best COMPLETE trial with a finite value among ``trials``, or None."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)]
+    return best_of(done, maximize) if done else None
+
+
+def best_of(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial:
+    return (max if maximize else min)(trials, key=lambda t: t.value)

@@ -1,0 +1,35 @@
+"""Storage URLs: which engine a URL names, where a SQLite file lives, and the
+form that is safe to print (no password)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith("postgresql")
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URL (None for in-memory)."""
+    path = sqlalchemy.engine.make_url(url).database
+    return Path(path) if path and path != ":memory:" else None
+
+
+def normalize_url(url: str) -> str:
+    # SQLAlchemy 2.1 maps postgresql:// to psycopg 3; older ones to psycopg2.
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def redact(url: str) -> str:
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001
+        return url

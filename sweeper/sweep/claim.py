@@ -1,0 +1,45 @@
+"""Claiming a trial: under the study's lock, fail stale trials, count the budget,
+ask Optuna, and make the trial this driver's before anyone else looks."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.config import SweeperConfig
+from sweeper.store import optuna_private as private
+from sweeper.store.layout import trial_files
+from sweeper.sweep.identity import Identity
+from sweeper.sweep.retries import reconcile
+from sweeper.sweep.space import suggest
+
+# WAITING trials are not counted: they are retries queued for the next free
+# slot, and ask() hands them out before sampling anything new, so counting them
+# would make a queued retry block itself. Every ask happens under the lock, so
+# the count can never overshoot.
+BUDGET_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+
+
+def claim(study: optuna.Study, cfg: SweeperConfig, lock: Any, ident: Identity, run_dir: Path,
+          seen: Callable[[list[FrozenTrial]], None] | None = None) -> optuna.Trial | None:
+    """Under the lock, in order: fail stale trials, count the budget, ask, record
+    the first heartbeat and the host. None when the budget is used up.
+
+    ``seen`` gets the trials read under the lock, so that a caller can show the
+    study's progress without reading them again."""
+    with lock:
+        trials = reconcile(study, cfg.study, ident)
+        if seen is not None:
+            seen(trials)
+        if sum(t.state in BUDGET_STATES for t in trials) >= cfg.study.n_trials:
+            return None
+        trial = study.ask()
+        private.backend(study).record_heartbeat(private.trial_id(trial))
+        # a retry carries the user attrs of its enqueue only; these make it this host's
+        checkpoint = str(trial_files(run_dir, trial.number).checkpoint)
+        for key, value in {**ident.attrs(), "checkpoint": checkpoint}.items():
+            trial.set_user_attr(key, value)
+        suggest(trial, cfg)
+    return trial

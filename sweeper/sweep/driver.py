@@ -1,0 +1,253 @@
+"""The dispatch loop of the driver (parent process): hand claimed trials to
+worker slots, read their events, enforce time limits, and survive anything a
+trial does.
+
+As in Optuna's ``_optimize``: :func:`sweeper.sweep.run.run` (set-up and cleanup
+in ``finally``) -> :meth:`Driver.loop` (slots, events, signals) ->
+:meth:`Driver.dispatch` (one trial). The view is fed by the events the loop
+handles; it never reads the study itself.
+"""
+from __future__ import annotations
+
+import selectors
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper import config as C
+from sweeper.store import optuna_private as private
+from sweeper.store.layout import logs_dir
+from sweeper.store.studies import FINISHED, best_in
+from sweeper.sweep import protocol
+from sweeper.sweep.claim import claim
+from sweeper.sweep.handle import Running, WorkerHandle
+from sweeper.sweep.identity import Identity
+
+MAX_EARLY_EXITS = 3
+WAIT_POLL_S = 0.5
+
+
+class Stop:
+    """Signal state: the first SIGINT/SIGTERM drains, the second kills."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        self.count += 1
+        self.signum = self.signum or signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
+
+
+@dataclass
+class Outcome:
+    counts: dict[str, int]
+    best: FrozenTrial | None
+    interrupted: bool
+    exit_code: int
+    message: str = ""
+
+
+class Driver:
+    def __init__(self, cfg: C.SweeperConfig, study: optuna.Study, slots: list[Any], *, storage_url: str,
+                 run_dir: Path, artifacts: str, view: Any, ident: Identity, lock: Any) -> None:
+        self.cfg, self.study, self.view, self.ident, self.lock = cfg, study, view, ident, lock
+        self.run_dir = run_dir
+        init = {"config": C.to_dict(cfg), "storage": storage_url, "study": cfg.study.name,
+                "run_dir": str(run_dir), "artifacts": artifacts,
+                "driver": {"host": ident.host, "pid": ident.pid, "driver_id": ident.driver_id}}
+        self.workers = [WorkerHandle(s, init, run_dir) for s in slots]
+        self.sel = selectors.DefaultSelector()
+        self.stop = Stop()
+        self.started = time.monotonic()
+        self.failures_in_row = 0
+        self.exhausted = False
+        self.next_claim = 0.0
+        self.waiting_on: set[int] = set()  # other drivers' running trials that hold the budget
+        self.next_poll = 0.0
+        self.message = ""
+        self.broken = False
+
+    # layer 2: the loop
+    def loop(self) -> None:
+        for w in self.workers:
+            self._spawn(w)
+        while True:
+            if self.stop.count >= 2:
+                self._kill_all()
+                return
+            if self.stop.count == 1:
+                self._drain()
+            elif not self._stopping() and self._claim_due():
+                for w in self.workers:
+                    if w.ready and w.running is None and not self.dispatch(w):
+                        break
+            if all(w.running is None for w in self.workers) and (self.stop.count or self._stopping()):
+                return
+            self._pump(timeout=0.2)
+            self._check_timeouts()
+            self.view.tick()
+
+    def _stopping(self) -> bool:
+        if self.broken:
+            return True
+        timeout = self.cfg.study.timeout
+        if timeout is not None and time.monotonic() - self.started > timeout:
+            self.message = self.message or f"study.timeout ({timeout:g} s) reached"
+            return True
+        if self.failures_in_row >= self.cfg.study.max_consecutive_failures:
+            self.message = (f"stopped: the last {self.failures_in_row} trials all failed "
+                            f"(study.max_consecutive_failures); see {logs_dir(self.run_dir)}")
+            return True
+        return self.exhausted
+
+    # layer 3: one trial
+    def dispatch(self, w: WorkerHandle) -> bool:
+        trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen)
+        if trial is None:
+            foreign = self._foreign_running()
+            if foreign:
+                # the budget is held by other drivers' trials: they may finish, or die and
+                # need re-running, so look again instead of leaving
+                self.waiting_on = foreign
+                self.next_claim = time.monotonic() + self.cfg.study.heartbeat_interval
+                return False
+            self.waiting_on = set()
+            self.exhausted = True
+            if not any(x.running for x in self.workers):
+                self.message = self.message or (
+                    f"budget reached: study.n_trials={self.cfg.study.n_trials} trials are finished "
+                    f"(counted across every host); nothing left for {self.ident.host} to run")
+            return False
+        self.waiting_on = set()
+        trial_id = private.trial_id(trial)
+        w.running = Running(number=trial.number, trial_id=trial_id, started=time.monotonic())
+        w.send({"op": protocol.RUN, "trial_id": trial_id, "number": trial.number})
+        self.view.trial_started(w.slot, trial.number, trial.params)
+        return True
+
+    def _seen(self, trials: list[FrozenTrial]) -> None:
+        """The study as the last claim read it: the view's progress, with no query of its own."""
+        maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
+        self.view.progress(sum(t.state in FINISHED for t in trials), best_in(trials, maximize))
+
+    def _claim_due(self) -> bool:
+        """Claim on schedule, or at once when a trial this driver waits on has ended
+        (a cheap poll of RUNNING trials, instead of a full claim every heartbeat)."""
+        now = time.monotonic()
+        if now >= self.next_claim:
+            return True
+        if self.waiting_on and now >= self.next_poll:
+            self.next_poll = now + WAIT_POLL_S
+            return not self.waiting_on <= self._foreign_running()
+        return False
+
+    def _foreign_running(self) -> set[int]:
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        return {t.number for t in running if t.user_attrs.get("driver_id") != self.ident.driver_id}
+
+    def _spawn(self, w: WorkerHandle) -> None:
+        w.start()
+        self.sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+
+    def _pump(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout=timeout):
+            w: WorkerHandle = key.data
+            events = w.read_events()
+            if events is None:
+                self._worker_exited(w)
+                continue
+            for ev in events:
+                self._on_event(w, ev)
+
+    def _on_event(self, w: WorkerHandle, ev: dict[str, Any]) -> None:
+        kind = ev["ev"]
+        if kind == protocol.READY:
+            w.ready = w.was_ready = True
+            w.early_exits = 0
+        elif kind == protocol.EPOCH and w.running:
+            w.running.epoch, w.running.metrics = ev["epoch"], ev["metrics"]
+            self.view.epoch(w.slot, ev["number"], ev["epoch"], ev["metrics"])
+        elif kind == protocol.END:
+            self.failures_in_row = self.failures_in_row + 1 if ev["state"] == "FAIL" else 0
+            self.view.trial_ended(w.slot, ev["number"], ev["state"], ev.get("value"), ev.get("reason"))
+            w.running = None
+            w.ready = ev["state"] != "FAIL"  # after a failure the worker exits; its replacement comes on EOF
+            self.exhausted = False  # a failure frees budget; the next claim re-counts
+
+    def _worker_exited(self, w: WorkerHandle) -> None:
+        self.sel.unregister(w.proc.stdout)
+        code = w.proc.wait()
+        if w.running is not None:
+            reason = "interrupted" if self.stop.count else "crash"
+            self._fail(w.running, reason, f"worker exited with code {code}", code)
+            self.failures_in_row += reason == "crash"
+            self.view.trial_ended(w.slot, w.running.number, "FAIL", None, reason)
+        w.close()
+        w.running = None
+        if not w.was_ready and not self.stop.count:
+            self._early_exit(w, code)
+        if not self.stop.count and not self._stopping():
+            self._spawn(w)
+
+    def _early_exit(self, w: WorkerHandle, code: int) -> None:
+        """A worker that dies before it is ready (storage refused, too many
+        connections, a broken install) would otherwise be respawned forever."""
+        w.early_exits += 1
+        if w.early_exits >= MAX_EARLY_EXITS and not self.broken:
+            self.broken = True
+            self.message = (f"stopped: the worker for {w.slot.label} exited {w.early_exits} times before it was "
+                            f"ready (last exit code {code}); see {w.log_path}")
+
+    def _fail(self, run: Running, reason: str, error: str, code: int | None = None) -> None:
+        storage = private.backend(self.study)
+        if storage.get_trial(run.trial_id).state.is_finished():
+            return
+        for key, value in {"fail_reason": reason, "error": error, "exit_code": code}.items():
+            storage.set_trial_user_attr(run.trial_id, key, value)
+        self.study.tell(run.number, state=TrialState.FAIL, skip_if_finished=True)
+        self.exhausted = False
+
+    def _check_timeouts(self) -> None:
+        limit = self.cfg.train.max_minutes
+        if limit is None:
+            return
+        for w in self.workers:
+            if w.running and time.monotonic() - w.running.started > limit * 60:
+                run = w.running
+                w.kill()
+                self._fail(run, "timeout", f"trial exceeded train.max_minutes={limit:g}", w.proc.returncode)
+                self.failures_in_row += 1
+                self.view.trial_ended(w.slot, run.number, "FAIL", None, "timeout")
+                w.running, w.ready = None, False  # the EOF that follows respawns the slot
+
+    def _drain(self) -> None:
+        for w in self.workers:
+            if not w.stop_sent:
+                w.send({"op": protocol.STOP})
+                w.stop_sent = True
+
+    def _kill_all(self) -> None:
+        for w in self.workers:
+            run = w.running
+            w.kill()
+            if run is not None:
+                self._fail(run, "interrupted", "killed by a second Ctrl-C", w.proc.returncode)
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            if w.running is None:
+                w.kill()  # idle (or still importing torch): holds no trial, no need to wait
+            w.close()
+            if w.running is not None:
+                self._fail(w.running, "interrupted", "driver shut down")
+        self.sel.close()

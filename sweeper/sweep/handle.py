@@ -1,0 +1,90 @@
+"""One worker subprocess, as the driver sees it: start, talk, read, stop."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweeper.store.layout import slot_log
+from sweeper.sweep import protocol
+
+
+@dataclass
+class Running:
+    """The trial a worker is on, as the driver tracks it."""
+
+    number: int
+    trial_id: int
+    started: float
+    epoch: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class WorkerHandle:
+    """One long-lived worker process bound to a device slot."""
+
+    def __init__(self, slot: Any, init: dict[str, Any], run_dir: Path) -> None:
+        self.slot = slot
+        self.init = init
+        # hosts may share the run folder: each writes its own slot logs
+        self.log_path = slot_log(run_dir, init["driver"]["host"], slot.id)
+        self.proc: subprocess.Popen | None = None
+        self.ready = False
+        self.was_ready = False
+        self.early_exits = 0  # exits before ever becoming ready, in a row
+        self.running: Running | None = None
+        self.stop_sent = False  # a worker is told to stop once, however many loop turns the drain takes
+        self._decoder = protocol.LineDecoder()
+
+    def start(self) -> None:
+        env = {**os.environ, **self.slot.env, "PYTHONUNBUFFERED": "1"}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        # own session: a terminal Ctrl-C reaches only the driver, which relays it
+        self.proc = subprocess.Popen([sys.executable, "-m", "sweeper.sweep.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+        log.close()
+        self.ready, self.was_ready, self.running = False, False, None
+        self.stop_sent = False
+        self._decoder = protocol.LineDecoder()
+        self.send({"op": protocol.INIT, **self.init, "slot": {"id": self.slot.id, "label": self.slot.label}})
+
+    def send(self, msg: dict[str, Any]) -> None:
+        try:
+            self.proc.stdin.write(protocol.encode(msg))
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the worker died; its EOF on stdout reports it
+
+    def read_events(self) -> list[dict[str, Any]] | None:
+        """Complete events available now; None at EOF (the worker exited)."""
+        chunk = os.read(self.proc.stdout.fileno(), 65536)
+        if not chunk:
+            return None
+        return self._decoder.feed(chunk)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc:
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.proc and self.proc.stdout:
+            self.proc.stdout.close()

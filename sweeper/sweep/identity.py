@@ -1,0 +1,52 @@
+"""Who runs a trial: host, driver process and run, and whether that driver is still alive."""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who runs a trial: the host id, the driver's pid, a per-run driver id, and
+    the process table that pid belongs to (boot id and pid namespace), so that
+    only a driver that can see a pid ever judges it dead."""
+
+    host: str
+    pid: int
+    driver_id: str
+    pid_ns: str = ""
+
+    @classmethod
+    def current(cls) -> "Identity":
+        host = os.environ.get("SWEEPER_HOST_ID") or socket.gethostname()
+        return cls(host=host, pid=os.getpid(), driver_id=uuid.uuid4().hex[:12], pid_ns=_pid_namespace())
+
+    def attrs(self) -> dict[str, Any]:
+        return {"host": self.host, "driver_pid": self.pid, "driver_id": self.driver_id, "pid_ns": self.pid_ns}
+
+
+def _pid_namespace() -> str:
+    # two pods on one node share the boot id but not the pid namespace; two
+    # machines given the same SWEEPER_HOST_ID share neither
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True

@@ -1,0 +1,101 @@
+"""Stale trials and retries: a RUNNING trial whose driver is gone is failed as
+``interrupted`` (with its reason recorded first), and every failure that
+deserves another go is queued with the same params and its checkpoint."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.config import StudyConfig
+from sweeper.core.checkpoint import checkpoint_epoch
+from sweeper.store import optuna_private as private
+from sweeper.sweep.identity import Identity, pid_alive
+
+MAX_INTERRUPTED_RETRIES = 20
+
+
+def fail_interrupted(study: optuna.Study, trial_id: int, why: str) -> bool:
+    """FAIL a RUNNING trial as ``interrupted``; False if it finished meanwhile.
+
+    The reason is written first: Optuna refuses user attributes on finished
+    trials, which is why its own stale-trial callback cannot record one.
+    """
+    storage = private.backend(study)
+    try:
+        storage.set_trial_user_attr(trial_id, "fail_reason", "interrupted")
+        storage.set_trial_user_attr(trial_id, "error", why)
+        return storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+
+
+def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig) -> list[tuple[FrozenTrial, dict[str, Any]]]:
+    """FAIL trials that should run again, each with the user attrs of its retry."""
+    retried = {t.user_attrs.get("retry_of") for t in trials if t.user_attrs.get("retry_of") is not None}
+    plan = []
+    for t in trials:
+        if t.state != TrialState.FAIL or t.number in retried:
+            continue
+        reason = t.user_attrs.get("fail_reason", "interrupted")
+        attempt = int(t.user_attrs.get("attempt", 0))
+        retry = {
+            "interrupted": attempt < MAX_INTERRUPTED_RETRIES,
+            "crash": int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
+            "timeout": cfg.retry_timeouts and int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
+        }.get(reason, False)
+        if retry:
+            plan.append((t, _retry_attrs(t, reason, attempt)))
+    return plan
+
+
+def _retry_attrs(t: FrozenTrial, reason: str, attempt: int) -> dict[str, Any]:
+    crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in ("crash", "timeout"))
+    ckpt = t.user_attrs.get("checkpoint")
+    resume = ckpt if ckpt and checkpoint_epoch(Path(ckpt)) is not None else t.user_attrs.get("resume_from")
+    attrs = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
+    if resume:
+        attrs["resume_from"] = resume
+    return attrs
+
+
+def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
+    """RUNNING trials of a driver on this host whose process is gone are certainly
+    stale: fail them now instead of waiting out the heartbeat grace period."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        ua = t.user_attrs
+        if (ua.get("host") != ident.host or ua.get("driver_id") == ident.driver_id or "driver_pid" not in ua
+                or ua.get("pid_ns", ident.pid_ns) != ident.pid_ns):  # trials of older versions have none
+            continue
+        if not pid_alive(int(ua["driver_pid"])):
+            fail_interrupted(study, private.trial_id(t), f"driver {ua['driver_pid']} on {ident.host} is gone")
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Optuna's fail_stale_trials, but recording ``fail_reason`` before the FAIL.
+
+    Also fails RUNNING trials that never got a heartbeat, which Optuna never
+    considers stale: under the claim lock such a trial can only be left by a
+    driver that died between ``ask`` and its first heartbeat.
+    """
+    storage = private.backend(study)
+    if storage.get_heartbeat_interval() is None:
+        return
+    study_id = private.study_id(study)
+    for trial_id in private.stale_trial_ids(storage, study_id):
+        fail_interrupted(study, trial_id, "no heartbeat within study.grace_period: its driver or host died")
+    for trial_id in private.running_without_heartbeat(storage, study_id):
+        fail_interrupted(study, trial_id, "its driver died while claiming it (no heartbeat was ever recorded)")
+
+
+def reconcile(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> list[FrozenTrial]:
+    """Fail stale RUNNING trials (dead drivers) and enqueue every due retry. Call
+    under the claim lock. Returns the trials as they stand after the failing."""
+    fail_dead_local(study, ident)
+    fail_stale(study)
+    trials = study.get_trials(deepcopy=False)
+    for failed, attrs in retry_plan(trials, cfg):
+        study.enqueue_trial(failed.params, user_attrs=attrs)
+    return trials

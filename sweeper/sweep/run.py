@@ -1,0 +1,157 @@
+"""``sweeper run`` / ``resume`` / ``validate`` / ``db init``: every check before
+anything is written, then the sweep itself with its cleanup in ``finally``.
+
+:func:`prepare` validates config names, data, devices and storage and writes
+nothing; :func:`run` attaches to the study under the claim lock, starts the
+:class:`~sweeper.sweep.driver.Driver` and always shuts its workers down.
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from sweeper import config as C
+from sweeper.errors import ConfigError, StorageError, StudyNotFound
+from sweeper.store import check_artifacts, claim_lock, open_storage
+from sweeper.store.layout import devices_csv, run_dir
+from sweeper.store.studies import best_trial
+from sweeper.sweep.driver import Driver, Outcome
+from sweeper.sweep.identity import Identity
+from sweeper.sweep.samplers import build_pruner, check_sampler
+from sweeper.sweep.study import open_study, study_attrs
+from sweeper.sweep.telemetry import Telemetry
+
+
+@dataclass
+class Plan:
+    """Everything validated before anything is written."""
+
+    cfg: C.SweeperConfig
+    storage_url: str
+    run_dir: Path
+    artifacts: str
+    slots: list[Any]
+    fingerprint: str
+    oracle_ic: dict[str, float] | None
+    source: str
+    study_file: str = "STUDY.yaml"
+
+
+def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True) -> Plan:
+    """Run every check (config names, data, devices, storage) without writing anything.
+
+    ``devices=False`` skips slot planning (``sweeper db init`` runs where there
+    may be no GPU, e.g. a Kubernetes init Job)."""
+    from sweeper.data import load_panel
+    from sweeper.devices import plan_slots
+    from sweeper.models import build_model, resolve_model_class
+    from sweeper.store import check_reachable
+
+    if storage_url:
+        cfg = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
+    check_sampler(cfg.study.sampler)
+    build_pruner(cfg.study.pruner)
+    _check_models(cfg, resolve_model_class)
+    panel = load_panel(cfg.data)
+    build_model(cfg.model, len(panel.features), cfg.data.lookback)  # constructor errors are config errors
+    slots = plan_slots(cfg.devices) if devices else []
+    url = cfg.study.resolved_storage
+    check_reachable(url)
+    artifacts = cfg.study.resolved_artifacts
+    check_artifacts(artifacts)
+    return Plan(cfg, url, run_dir(cfg), artifacts, slots, panel.fingerprint, panel.oracle_ic, panel.source)
+
+
+def _check_models(cfg: C.SweeperConfig, resolve: Any) -> None:
+    names = {cfg.model.name}
+    spec = cfg.search_space.get("model.name")
+    if spec is not None and spec.choices:
+        names |= {str(c) for c in spec.choices}
+    for name in sorted(names):
+        if name not in C.BUILTIN_MODELS and ":" not in name:
+            raise ConfigError(f"search_space.model.name: unknown model {name!r}")
+        resolve(name)
+
+
+def _attach(plan: Plan, *, force: bool, must_exist: bool) -> tuple[optuna.Study, Any, bool]:
+    """Open the storage, then create or join the study under the claim lock."""
+    from sweeper.devices import environment_summary
+
+    cfg = plan.cfg
+    try:
+        storage = open_storage(plan.storage_url, heartbeat_interval=cfg.study.heartbeat_interval,
+                               grace_period=cfg.study.grace_period, create=not must_exist)
+    except StorageError as exc:
+        if must_exist:
+            raise StudyNotFound(f"study {cfg.study.name!r} does not exist ({exc}); start it with `sweeper run`") from None
+        raise
+    lock = claim_lock(storage, plan.storage_url, cfg.study.name)
+    attrs = {**study_attrs(cfg, plan.fingerprint, environment_summary()), "oracle_ic": plan.oracle_ic,
+             "data_source": plan.source}
+    study, created = open_study(storage, cfg, attrs=attrs, lock=lock, force=force, must_exist=must_exist)
+    return study, lock, created
+
+
+@dataclass
+class InitResult:
+    study: str
+    storage: str
+    created: bool
+    n_trials: int
+
+
+def init_db(cfg: C.SweeperConfig, storage_url: str | None = None) -> InitResult:
+    """``sweeper db init``: create Optuna's tables and the study, with its config and
+    data fingerprint, once, before any host runs. Idempotent; refuses a study
+    file that differs from the one the study was created with."""
+    from sweeper.store import redact
+
+    plan = prepare(cfg, storage_url, devices=False)
+    study, _lock, created = _attach(plan, force=False, must_exist=False)
+    return InitResult(study=plan.cfg.study.name, storage=redact(plan.storage_url), created=created,
+                      n_trials=len(study.get_trials(deepcopy=False)))
+
+
+def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, force: bool = False,
+        must_exist: bool = False, study_file: str = "STUDY.yaml") -> Outcome:
+    """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point."""
+    plan = prepare(cfg, storage_url)
+    plan.study_file = study_file
+    cfg = plan.cfg
+    ident = Identity.current()
+    study, lock, _created = _attach(plan, force=force, must_exist=must_exist)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    driver = Driver(cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
+                    artifacts=plan.artifacts, view=view, ident=ident, lock=lock)
+    telemetry = Telemetry(devices_csv(plan.run_dir), plan.slots)
+    previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    view.start(cfg, plan, study)
+    try:
+        telemetry.start()
+        driver.loop()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        driver.shutdown()
+        telemetry.stop()
+    outcome = summarize(study, cfg, driver)
+    view.close(outcome, cfg, plan)
+    return outcome
+
+
+def summarize(study: optuna.Study, cfg: C.SweeperConfig, driver: Driver) -> Outcome:
+    trials = study.get_trials(deepcopy=False)
+    counts = {s.name: 0 for s in TrialState}
+    for t in trials:
+        counts[t.state.name] += 1
+    best = best_trial(study)
+    interrupted = driver.stop.count > 0
+    code = driver.stop.exit_code if interrupted else 0
+    if not interrupted and (driver.broken or driver.failures_in_row >= cfg.study.max_consecutive_failures):
+        code = 1
+    return Outcome(counts=counts, best=best, interrupted=interrupted, exit_code=code, message=driver.message)

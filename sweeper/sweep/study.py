@@ -1,0 +1,60 @@
+"""Creating or joining a study: its stored config and data fingerprint, and
+the refusal to resume one whose study file has drifted."""
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from sweeper import __version__
+from sweeper import config as C
+from sweeper.errors import ConfigDrift, StudyNotFound
+from sweeper.store import quiet_optuna
+from sweeper.sweep.samplers import build_pruner, build_sampler
+
+
+def study_attrs(cfg: C.SweeperConfig, fingerprint: str, environment: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "config": C.to_dict(cfg),
+        "config_hash": C.config_hash(cfg),
+        "sweeper_version": __version__,
+        "environment": environment,
+        "data_fingerprint": fingerprint,
+    }
+
+
+def open_study(storage: Any, cfg: C.SweeperConfig, *, attrs: dict[str, Any], lock: Any, force: bool,
+               must_exist: bool) -> tuple[optuna.Study, bool]:
+    """Create the study, or load it and refuse config drift (unless ``force``).
+    Returns the study and whether this call created it."""
+    sampler, pruner = build_sampler(cfg.study.sampler), build_pruner(cfg.study.pruner)
+    name = cfg.study.name
+    with lock:  # concurrent create_study is a known deadlock; serialise it
+        exists = any(s.study_name == name for s in storage.get_all_studies())
+        if must_exist and not exists:
+            raise StudyNotFound(f"study {name!r} does not exist in {storage.url}: start it with `sweeper run`")
+        with quiet_optuna():  # sweeper prints its own start lines; Optuna's INFO line is noise
+            study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
+                                        direction=cfg.study.resolved_direction, load_if_exists=True)
+        if not exists or "config" not in study.user_attrs:
+            for key, value in attrs.items():
+                study.set_user_attr(key, value)
+            return study, True
+    check_compatible(study, attrs, force)
+    return study, False
+
+
+def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:
+    stored = study.user_attrs
+    if study.direction.name.lower() != attrs["config"]["study"]["direction"] and attrs["config"]["study"]["direction"]:
+        raise ConfigDrift(f"study {study.study_name!r} was created to {study.direction.name.lower()}, "
+                          "the study file asks otherwise")
+    differ = C.drift(stored.get("config", {}), attrs["config"])
+    if stored.get("data_fingerprint") not in (None, attrs["data_fingerprint"]):
+        differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}):"
+                      f" the data file {attrs['config']['data'].get('path')} is not the data this study was run on")
+    if differ and not force:
+        raise ConfigDrift(
+            f"study {study.study_name!r} was created with a different config; these keys differ: "
+            + "; ".join(differ) + ". Revert them, use a new study.name, or pass --force to resume anyway."
+        )

@@ -1,0 +1,44 @@
+"""GPU telemetry during a sweep: a thread that samples each GPU through NVML
+every few seconds into ``devices.csv`` (no CUDA context)."""
+from __future__ import annotations
+
+import csv
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from sweeper.devices import telemetry
+
+
+class Telemetry:
+    """Samples each GPU through NVML every few seconds into devices.csv (no CUDA context)."""
+
+    def __init__(self, path: Path, slots: list[Any], interval: float | None = None) -> None:
+        self.path = path
+        self.enabled = any(s.kind == "gpu" for s in slots)
+        self.interval = interval or float(os.environ.get("SWEEPER_TELEMETRY_INTERVAL", "5"))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="telemetry")
+
+    def start(self) -> None:
+        if self.enabled:
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            rows = telemetry()
+            if rows:
+                new = not self.path.exists()
+                with self.path.open("a", newline="") as fh:
+                    writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                    if new:
+                        writer.writeheader()
+                    writer.writerows(rows)
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

@@ -1,0 +1,135 @@
+"""The package layout's rules (docs/architecture.md), checked on the source and on a real sweep.
+
+- no import cycles, counting imports inside functions too;
+- no module over 450 lines, and at least five sub-packages;
+- the training core reaches neither Optuna nor the sweep, the store or inspection;
+- the worker process never loads the parent's dispatch code.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from sweeper.config import load_config
+from sweeper.inspect.live import NullView
+from sweeper.sweep.run import run
+
+PACKAGE = Path(__file__).resolve().parent.parent / "sweeper"
+DISPATCH_MARKS = ("subprocess.Popen", "study.ask(")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: Path) -> tuple[set[str], set[str]]:
+    """(sweeper modules, other top-level packages) that ``path`` imports anywhere in its body."""
+    ours, others = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from pkg import sub`` imports the module pkg.sub when there is one
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                     for a in node.names]
+        for name in names:
+            if name == "sweeper" or name.startswith("sweeper."):
+                ours.add(name)
+            else:
+                others.add(name.split(".")[0])
+    return ours, others
+
+
+GRAPH = {name: _imports(path)[0] for name, path in MODULES.items()}
+
+
+def _cycle() -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for name in sorted(GRAPH):
+        if name not in state and (found := visit(name)):
+            return found
+    return None
+
+
+def _reachable(start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(GRAPH.get(node, ()))
+    return seen
+
+
+def test_no_import_cycles():
+    assert _cycle() is None, " -> ".join(_cycle())
+
+
+def test_module_sizes_and_subpackages():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    assert {n: s for n, s in sizes.items() if s > 450} == {}
+    packages = {p.parent.name for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    assert {"config", "core", "data", "models", "quant", "store", "sweep", "inspect", "devices"} <= packages
+
+
+def test_the_core_knows_nothing_of_optuna_the_sweep_or_the_store():
+    reached = set().union(*(_reachable(m) for m in MODULES if m.startswith("sweeper.core")))
+    assert {m for m in reached if m.startswith(("sweeper.sweep", "sweeper.store", "sweeper.inspect", "sweeper.cli"))} == set()
+    assert {"optuna", "click"} & set().union(*(_imports(MODULES[m])[1] for m in reached if m in MODULES)) == set()
+
+
+def test_no_module_outside_the_cli_imports_click():
+    users = {m for m, path in MODULES.items() if "click" in _imports(path)[1]}
+    assert users == {"sweeper.cli"}
+
+
+def _dispatch_code(name: str) -> list[str]:
+    origin = importlib.util.find_spec(name).origin
+    text = Path(origin).read_text()
+    return [mark for mark in DISPATCH_MARKS if mark in text]
+
+
+def test_the_worker_process_never_loads_dispatch_code(study_file, workdir, monkeypatch):
+    out = workdir / "modules"
+    out.mkdir()
+    monkeypatch.setenv("SWEEPER_TEST_MODULES", str(out))
+    path = study_file({"study": {"n_trials": 2}, "model": {"name": "module_probe:Recorder"},
+                       "devices": {"cpu_workers": 1}}, replace=("model",))
+    cfg = load_config(path)
+    assert run(cfg, view=NullView()).exit_code == 0
+    study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 2
+
+    records = sorted(out.glob("*.json"))
+    assert {p.stem.split("-")[1] for p in records} == {"built", "eval"}  # at the start and at the final scoring
+    loaded = set().union(*(json.loads(p.read_text()) for p in records)) | {"sweeper.sweep.worker"}
+    assert {"sweeper.sweep.runner", "sweeper.core.loop", "sweeper.sweep.protocol"} <= loaded
+    assert {m: _dispatch_code(m) for m in sorted(loaded) if _dispatch_code(m)} == {}
+    # the check can fail: the parent's dispatch modules do carry the marks, and the worker has none of them
+    assert _dispatch_code("sweeper.sweep.handle") == ["subprocess.Popen"]
+    assert _dispatch_code("sweeper.sweep.claim") == ["study.ask("]
+    assert not {"sweeper.sweep.run", "sweeper.sweep.driver", "sweeper.sweep.handle", "sweeper.sweep.claim"} & loaded
