@@ -56,6 +56,14 @@ class StudyConfig(_Strict):
             raise ValueError("must be a non-empty name without '/', '\\' or '..'")
         return v
 
+    @model_validator(mode="after")
+    def _grace_covers_heartbeats(self) -> "StudyConfig":
+        # one late or lost beat (a slow write, a busy store) must never make a live host look dead
+        if self.grace_period < 2 * self.heartbeat_interval:
+            raise ValueError(f"grace_period ({self.grace_period}) must be at least 2 x "
+                             f"heartbeat_interval ({self.heartbeat_interval})")
+        return self
+
     @property
     def resolved_direction(self) -> str:
         if self.direction is not None:
