@@ -78,7 +78,7 @@ def _check_models(cfg: C.SweeperConfig, resolve: Any) -> None:
         resolve(name)
 
 
-def _attach(plan: Plan, *, force: bool, must_exist: bool) -> tuple[optuna.Study, Any, bool]:
+def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "") -> tuple[optuna.Study, Any, bool]:
     """Open the storage, then create or join the study under the claim lock."""
     from sweeper.devices import environment_summary
 
@@ -93,7 +93,8 @@ def _attach(plan: Plan, *, force: bool, must_exist: bool) -> tuple[optuna.Study,
     lock = claim_lock(storage, plan.storage_url, cfg.study.name)
     attrs = {**study_attrs(cfg, plan.fingerprint, environment_summary()), "oracle_ic": plan.oracle_ic,
              "data_source": plan.source}
-    study, created = open_study(storage, cfg, attrs=attrs, lock=lock, force=force, must_exist=must_exist)
+    study, created = open_study(storage, cfg, attrs=attrs, lock=lock, force=force, must_exist=must_exist,
+                                driver_id=driver_id)
     return study, lock, created
 
 
@@ -124,7 +125,7 @@ def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, forc
     plan.study_file = study_file
     cfg = plan.cfg
     ident = Identity.current()
-    study, lock, _created = _attach(plan, force=force, must_exist=must_exist)
+    study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     driver = Driver(cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                     artifacts=plan.artifacts, view=view, ident=ident, lock=lock)

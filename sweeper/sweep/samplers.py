@@ -5,23 +5,42 @@ needs the same pruner to answer ``trial.should_prune()``.
 """
 from __future__ import annotations
 
+import hashlib
+
 import optuna
 
 from sweeper.config import PrunerConfig, SamplerConfig
 from sweeper.errors import ConfigError
 
 
-def build_sampler(cfg: SamplerConfig) -> optuna.samplers.BaseSampler:
+def build_sampler(cfg: SamplerConfig, seed: int | None = None) -> optuna.samplers.BaseSampler:
+    """The configured sampler, seeded with ``seed`` when given, else with ``study.sampler.seed``."""
     opts = dict(cfg.options)
+    seed = cfg.seed if seed is None else seed
     if cfg.name == "tpe":
-        return optuna.samplers.TPESampler(seed=cfg.seed, **opts)  # constant_liar=True is Optuna 5's default
+        return optuna.samplers.TPESampler(seed=seed, **opts)  # constant_liar=True is Optuna 5's default
     if cfg.name == "random":
-        return optuna.samplers.RandomSampler(seed=cfg.seed, **opts)
+        return optuna.samplers.RandomSampler(seed=seed, **opts)
     if cfg.name == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=cfg.seed, **opts)
+        return optuna.samplers.CmaEsSampler(seed=seed, **opts)
     if cfg.name == "gp":
-        return optuna.samplers.GPSampler(seed=cfg.seed, **opts)
-    return optuna.samplers.QMCSampler(seed=cfg.seed, **opts)
+        return optuna.samplers.GPSampler(seed=seed, **opts)
+    return optuna.samplers.QMCSampler(seed=seed, **opts)
+
+
+def driver_seed(seed: int | None, n_trials: int, driver_id: str) -> int | None:
+    """The sampler seed of a driver that joins or resumes a study.
+
+    A sampler seeded alike draws the same start-up params: a resumed study would
+    repeat the params it already tried, and two hosts would repeat each other's.
+    Mixing in the trials already in the study and the driver's own id makes each
+    driver's stream its own, while ``seed`` still decides it (None stays None:
+    an unseeded sampler is already unique).
+    """
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}:{n_trials}:{driver_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
 
 
 def build_pruner(cfg: PrunerConfig) -> optuna.pruners.BasePruner:

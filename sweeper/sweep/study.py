@@ -10,7 +10,7 @@ from sweeper import __version__
 from sweeper import config as C
 from sweeper.errors import ConfigDrift, StudyNotFound
 from sweeper.store import quiet_optuna
-from sweeper.sweep.samplers import build_pruner, build_sampler
+from sweeper.sweep.samplers import build_pruner, build_sampler, driver_seed
 
 
 def study_attrs(cfg: C.SweeperConfig, fingerprint: str, environment: dict[str, Any]) -> dict[str, Any]:
@@ -24,9 +24,14 @@ def study_attrs(cfg: C.SweeperConfig, fingerprint: str, environment: dict[str, A
 
 
 def open_study(storage: Any, cfg: C.SweeperConfig, *, attrs: dict[str, Any], lock: Any, force: bool,
-               must_exist: bool) -> tuple[optuna.Study, bool]:
+               must_exist: bool, driver_id: str = "") -> tuple[optuna.Study, bool]:
     """Create the study, or load it and refuse config drift (unless ``force``).
-    Returns the study and whether this call created it."""
+    Returns the study and whether this call created it.
+
+    Only the driver that creates a study samples with ``study.sampler.seed`` itself,
+    so a fresh single-driver study is reproducible; every driver that joins or
+    resumes one reseeds from the seed, the trials so far and its ``driver_id``
+    (:func:`~sweeper.sweep.samplers.driver_seed`), so no two repeat each other."""
     sampler, pruner = build_sampler(cfg.study.sampler), build_pruner(cfg.study.pruner)
     name = cfg.study.name
     with lock:  # concurrent create_study is a known deadlock; serialise it
@@ -40,7 +45,9 @@ def open_study(storage: Any, cfg: C.SweeperConfig, *, attrs: dict[str, Any], loc
             for key, value in attrs.items():
                 study.set_user_attr(key, value)
             return study, True
+        n_trials = len(study.get_trials(deepcopy=False))
     check_compatible(study, attrs, force)
+    study.sampler = build_sampler(cfg.study.sampler, driver_seed(cfg.study.sampler.seed, n_trials, driver_id))
     return study, False
 
 
