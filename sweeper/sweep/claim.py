@@ -36,10 +36,31 @@ def claim(study: optuna.Study, cfg: SweeperConfig, lock: Any, ident: Identity, r
         if sum(t.state in BUDGET_STATES for t in trials) >= cfg.study.n_trials:
             return None
         trial = study.ask()
-        private.backend(study).record_heartbeat(private.trial_id(trial))
-        # a retry carries the user attrs of its enqueue only; these make it this host's
-        checkpoint = str(trial_files(run_dir, trial.number).checkpoint)
-        for key, value in {**ident.attrs(), "checkpoint": checkpoint}.items():
-            trial.set_user_attr(key, value)
-        suggest(trial, cfg)
+        try:
+            _make_ours(study, trial, cfg, ident, run_dir)
+        except BaseException as exc:
+            # a RUNNING trial with no worker would hold the budget until its heartbeat lapses
+            _fail_claimed(study, trial, exc)
+            raise
     return trial
+
+
+def _make_ours(study: optuna.Study, trial: optuna.Trial, cfg: SweeperConfig, ident: Identity, run_dir: Path) -> None:
+    private.backend(study).record_heartbeat(private.trial_id(trial))
+    # a retry carries the user attrs of its enqueue only; these make it this host's
+    checkpoint = str(trial_files(run_dir, trial.number).checkpoint)
+    for key, value in {**ident.attrs(), "checkpoint": checkpoint}.items():
+        trial.set_user_attr(key, value)
+    suggest(trial, cfg)
+
+
+def _fail_claimed(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:
+    """FAIL a trial whose claim broke off: ``interrupted`` (re-run with its params) after
+    Ctrl-C, else ``crash`` with the error. Best effort: the store may be what broke."""
+    reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else "crash"
+    try:
+        trial.set_user_attr("fail_reason", reason)
+        trial.set_user_attr("error", f"claim broke off: {type(exc).__name__}: {exc}"[:2000])
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+    except Exception:  # noqa: BLE001 - the original error is the one to report
+        pass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import selectors
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from sweeper.sweep.handle import Running, WorkerHandle
 from sweeper.sweep.identity import Identity
 
 MAX_EARLY_EXITS = 3
+CLOSE_WAIT_S = 10.0  # how long shutdown waits for workers to finish their step and exit
 WAIT_POLL_S = 0.5
 
 
@@ -209,12 +211,17 @@ class Driver:
                             f"ready (last exit code {code}); see {w.log_path}")
 
     def _fail(self, run: Running, reason: str, error: str, code: int | None = None) -> None:
+        """FAIL a trial this driver ran, recording why; a no-op when it has finished
+        meanwhile (another host judged it stale, or its worker told the store first)."""
         storage = private.backend(self.study)
-        if storage.get_trial(run.trial_id).state.is_finished():
+        try:
+            if storage.get_trial(run.trial_id).state.is_finished():
+                return
+            for key, value in {"fail_reason": reason, "error": error, "exit_code": code}.items():
+                storage.set_trial_user_attr(run.trial_id, key, value)
+            self.study.tell(run.number, state=TrialState.FAIL, skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
             return
-        for key, value in {"fail_reason": reason, "error": error, "exit_code": code}.items():
-            storage.set_trial_user_attr(run.trial_id, key, value)
-        self.study.tell(run.number, state=TrialState.FAIL, skip_if_finished=True)
         self.exhausted = False
 
     def _check_timeouts(self) -> None:
@@ -244,10 +251,22 @@ class Driver:
                 self._fail(run, "interrupted", "killed by a second Ctrl-C", w.proc.returncode)
 
     def shutdown(self) -> None:
+        """Stop every worker at once, then wait for them together (not 10 s each in turn);
+        a worker or a store call that fails here does not keep the others from stopping."""
         for w in self.workers:
-            if w.running is None:
-                w.kill()  # idle (or still importing torch): holds no trial, no need to wait
-            w.close()
+            # idle (or still importing torch): holds no trial, no need to wait
+            _guarded(w.kill if w.running is None else w.request_close, w)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for w in self.workers:
+            _guarded(lambda: w.close(deadline), w)
             if w.running is not None:
-                self._fail(w.running, "interrupted", "driver shut down")
+                _guarded(lambda: self._fail(w.running, "interrupted", "driver shut down"), w)
         self.sel.close()
+
+
+def _guarded(action: Any, w: WorkerHandle) -> None:
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001 - shutdown goes on for the other workers
+        print(f"sweeper: stopping the worker on {w.slot.label} failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,14 +77,22 @@ class WorkerHandle:
         if self.proc:
             self.proc.wait()
 
-    def close(self) -> None:
+    def request_close(self) -> None:
+        """EOF on the worker's stdin: it stops at its next step and exits."""
         if self.proc and self.proc.poll() is None:
             try:
                 self.proc.stdin.close()
             except OSError:
                 pass
+
+    def close(self, deadline: float | None = None) -> None:
+        """Ask the worker to exit and wait for it until ``deadline`` (monotonic; 10 s
+        from now by default), then kill it."""
+        self.request_close()
+        if self.proc and self.proc.poll() is None:
+            timeout = 10.0 if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
         if self.proc and self.proc.stdout:
