@@ -39,19 +39,20 @@ class WorkerHandle:
         self.early_exits = 0  # exits before ever becoming ready, in a row
         self.running: Running | None = None
         self.stop_sent = False  # a worker is told to stop once, however many loop turns the drain takes
-        self._decoder = protocol.LineDecoder()
+        self._decoder = protocol.LineDecoder(self._malformed)
 
     def start(self) -> None:
         env = {**os.environ, **self.slot.env, "PYTHONUNBUFFERED": "1"}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         # own session: a terminal Ctrl-C reaches only the driver, which relays it
+        env["SWEEPER_DRIVER_PID"] = str(os.getpid())  # the worker checks it still has this parent
         self.proc = subprocess.Popen([sys.executable, "-m", "sweeper.sweep.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
         log.close()
         self.ready, self.was_ready, self.running = False, False, None
         self.stop_sent = False
-        self._decoder = protocol.LineDecoder()
+        self._decoder = protocol.LineDecoder(self._malformed)
         self.send({"op": protocol.INIT, **self.init, "slot": {"id": self.slot.id, "label": self.slot.label}})
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -60,6 +61,12 @@ class WorkerHandle:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # the worker died; its EOF on stdout reports it
+
+    def _malformed(self, line: str) -> None:
+        note = f"sweeper: skipped a malformed protocol line from the worker on {self.slot.label}: {line!r}"
+        print(note, file=sys.stderr, flush=True)
+        with open(self.log_path, "a") as log:
+            log.write(note + "\n")
 
     def read_events(self) -> list[dict[str, Any]] | None:
         """Complete events available now; None at EOF (the worker exited)."""

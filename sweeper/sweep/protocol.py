@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 # ops (driver -> worker)
 INIT, RUN, STOP = "init", "run", "stop"
@@ -37,15 +37,33 @@ def _json_default(obj: Any) -> Any:
 
 
 class LineDecoder:
-    """Splits a byte stream into complete JSON messages, keeping a partial last line."""
+    """Splits a byte stream into complete JSON messages, keeping a partial last line.
 
-    def __init__(self) -> None:
+    A line that is not a JSON object is handed to ``on_error`` and skipped: one
+    garbled line must not cost the trial, let alone the driver.
+    """
+
+    def __init__(self, on_error: Callable[[str], None] = lambda line: None) -> None:
         self._buf = b""
+        self.on_error = on_error
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
         self._buf += chunk
         *lines, self._buf = self._buf.split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        messages = (decode(line.decode(errors="replace"), self.on_error) for line in lines if line.strip())
+        return [m for m in messages if m is not None]
+
+
+def decode(line: str, on_error: Callable[[str], None]) -> dict[str, Any] | None:
+    """One message, or None (after ``on_error``) when the line is not a JSON object."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        message = None
+    if not isinstance(message, dict):
+        on_error(line.rstrip()[:500])
+        return None
+    return message
 
 
 def set_channel(stream: TextIO) -> None:

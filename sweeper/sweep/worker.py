@@ -14,7 +14,6 @@ runs in a clean process. It dies with the driver (parent-death signal).
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import sys
@@ -24,12 +23,25 @@ from typing import Any, TextIO
 from sweeper.sweep import protocol
 
 
+PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:
-    # prctl(PR_SET_PDEATHSIG, SIGKILL): no orphan may keep holding a GPU
+    """prctl(PR_SET_PDEATHSIG, SIGKILL): no orphan may keep holding a GPU.
+
+    The signal only covers a parent that dies after the call, so the parent is
+    checked once more afterwards: a driver that died while this process started
+    has already handed it to init, and it exits at once.
+    """
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
+        # the running interpreter's own symbols include libc's, whatever its file is called
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        print("sweeper: no parent-death signal on this platform", file=sys.stderr, flush=True)
+    expected = os.environ.get("SWEEPER_DRIVER_PID")
+    if expected and os.getppid() != int(expected):
+        print(f"sweeper: the driver (pid {expected}) is gone; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 class Commands:
@@ -45,7 +57,9 @@ class Commands:
 
     def _read(self) -> None:
         for line in self.stream:
-            msg = json.loads(line)
+            msg = protocol.decode(line, self._malformed) if line.strip() else None
+            if msg is None:
+                continue
             if msg.get("op") == protocol.STOP:
                 self.stop.set()
             with self._ready:
@@ -56,6 +70,10 @@ class Commands:
         with self._ready:
             self._closed = True
             self._ready.notify()
+
+    @staticmethod
+    def _malformed(line: str) -> None:
+        print(f"sweeper: skipped a malformed command line from the driver: {line!r}", file=sys.stderr, flush=True)
 
     def next(self) -> dict[str, Any] | None:
         with self._ready:

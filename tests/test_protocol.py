@@ -1,0 +1,44 @@
+"""The driver <-> worker protocol survives garbage, and a worker never outlives a dead driver."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+from sweeper.sweep.protocol import LineDecoder
+from sweeper.sweep.worker import Commands
+
+
+def test_malformed_lines_are_reported_and_skipped():
+    errors = []
+    decoder = LineDecoder(errors.append)
+    assert decoder.feed(b'{"ev": "ready"}\nnot json\n[1]\n{"ev": "end"}\n{"ev": ') == [{"ev": "ready"}, {"ev": "end"}]
+    assert decoder.feed(b'"epoch"}\n') == [{"ev": "epoch"}]  # a line split across reads is kept
+    assert errors == ["not json", "[1]"]
+
+
+def test_the_worker_skips_a_malformed_command(capsys):
+    commands = Commands(io.StringIO('garbage\n{"op": "run", "number": 1}\n'))
+    assert commands.next() == {"op": "run", "number": 1}
+    assert commands.next() is None  # EOF
+    assert "skipped a malformed command line from the driver: 'garbage'" in capsys.readouterr().err
+
+
+def test_a_worker_whose_driver_is_already_gone_exits_at_once():
+    # the parent-death signal only covers a parent that dies after it is set: the worker
+    # re-checks its parent, here a pid that is not its parent (as after a driver died)
+    env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid() + 1_000_000)}
+    out = subprocess.run([sys.executable, "-m", "sweeper.sweep.worker"], input="", capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 1
+    assert f"the driver (pid {os.getpid() + 1_000_000}) is gone; exiting" in out.stderr
+    assert out.stdout == ""
+
+
+def test_a_worker_with_its_driver_waits_for_the_handshake():
+    env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid())}
+    out = subprocess.run([sys.executable, "-m", "sweeper.sweep.worker"], input="", capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 2  # EOF before 'init': no trial, and not the 'driver is gone' exit
+    assert "is gone" not in out.stderr
