@@ -32,7 +32,8 @@ def summary_lines(outcome: Any, cfg: Any, plan: Any) -> list[str]:
         lines.append(outcome.message)
     study_file = getattr(plan, "study_file", "STUDY.yaml")
     if outcome.interrupted:
-        lines.append(f"interrupted: running trials were checkpointed. Resume with: sweeper resume {study_file}")
+        lines.append("interrupted: running trials stopped at their next step; each resumes from its last "
+                     f"end-of-epoch checkpoint. Resume with: sweeper resume {study_file}")
     lines.append(f"next: sweeper best {study_file} | sweeper report {study_file} -o report.html | "
                  f"sweeper dashboard {study_file}")
     return lines
