@@ -2,7 +2,8 @@
 ``SWEEPER_TEST_PG``, a libpq URL of a database to connect to as admin).
 
 Tests that use the ``pg_url`` fixture skip, with the reason, only when no
-server answers; any other failure is a test failure.
+server answers (and fail with it instead where ``SWEEPER_REQUIRE_SERVICES=1``, as
+in CI); any other failure is a test failure.
 """
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ import sqlalchemy
 ADMIN_URL = os.environ.get("SWEEPER_TEST_PG", "postgresql://127.0.0.1:5432/postgres")
 
 
+def skip_unless_required(reason: str) -> None:
+    """Skip with ``reason``; fail with it where SWEEPER_REQUIRE_SERVICES=1 (CI), so a
+    service that did not come up cannot pass as a green run."""
+    if os.environ.get("SWEEPER_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{reason} [SWEEPER_REQUIRE_SERVICES=1]", pytrace=False)
+    pytest.skip(reason)
+
+
 def _admin_connection():
     import psycopg
 
@@ -22,8 +31,9 @@ def _admin_connection():
         return psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3)
     except psycopg.OperationalError as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        pytest.skip(f"no PostgreSQL server reachable at {ADMIN_URL} ({first}); "
-                    "start one (see .ci/run) or set SWEEPER_TEST_PG")
+    # outside the except block, so that a failure does not chain psycopg's traceback
+    skip_unless_required(f"no PostgreSQL server reachable at {ADMIN_URL} ({first}); "
+                         "start one (see .ci/run) or set SWEEPER_TEST_PG")
 
 
 def database_url(name: str) -> str:

@@ -204,7 +204,10 @@ def _chromium() -> str | None:
 def test_browser_renders_the_study_page(live, tmp_path):
     browser = _chromium()
     if browser is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install chromium); .ci/run installs it")
+        reason = "no chromium on PATH (Debian: apt-get install chromium); .ci/run installs it"
+        if os.environ.get("SWEEPER_REQUIRE_SERVICES") == "1":  # CI: a missing browser is a failure
+            pytest.fail(f"{reason} [SWEEPER_REQUIRE_SERVICES=1]", pytrace=False)
+        pytest.skip(reason)
     url = f"{live['base']}/dashboard/studies/{live['study_id']}"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
