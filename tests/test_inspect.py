@@ -29,6 +29,7 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from conftest import TESTS, TINY, merge
+from pg_server import skip_unless_required
 from sweeper.cli import main
 from sweeper.quant.ic import ic_report
 from sweeper.quant.selection import selection_summary
@@ -204,10 +205,7 @@ def _chromium() -> str | None:
 def test_browser_renders_the_study_page(live, tmp_path):
     browser = _chromium()
     if browser is None:
-        reason = "no chromium on PATH (Debian: apt-get install chromium); .ci/run installs it"
-        if os.environ.get("SWEEPER_REQUIRE_SERVICES") == "1":  # CI: a missing browser is a failure
-            pytest.fail(f"{reason} [SWEEPER_REQUIRE_SERVICES=1]", pytrace=False)
-        pytest.skip(reason)
+        skip_unless_required("no chromium on PATH (Debian: apt-get install chromium); .ci/run installs it")
     url = f"{live['base']}/dashboard/studies/{live['study_id']}"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -35,8 +35,4 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
 def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
     """The best COMPLETE trial with a finite value among ``trials``, or None."""
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)]
-    return best_of(done, maximize) if done else None
-
-
-def best_of(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial:
-    return (max if maximize else min)(trials, key=lambda t: t.value)
+    return (max if maximize else min)(done, key=lambda t: t.value) if done else None
