@@ -36,6 +36,16 @@ class ConfigDrift(SweeperError):
     """The study file differs from the config the study was created with."""
 
 
+class StorageOutage(Exception):
+    """The store stayed unreachable past ``study.storage_outage_s``: one message,
+    exit code 1 (not a user mistake, and a later ``sweeper run`` resumes)."""
+
+
+class StopRequested(Exception):
+    """Ctrl-C or SIGTERM arrived while waiting (for the claim lock, the store);
+    the caller abandons the wait and drains."""
+
+
 class TrialFailure(Exception):
     """A trial ended in a known failure mode; ``reason`` is its fail_reason."""
 

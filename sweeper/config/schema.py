@@ -47,6 +47,10 @@ class StudyConfig(_Strict):
     max_consecutive_failures: int = Field(10, ge=1)
     heartbeat_interval: int = Field(5, ge=1)
     grace_period: int = Field(30, ge=2)
+    # a worker that makes no training step and sends no event for this long is killed (FAIL stall)
+    stall_timeout: float | None = Field(900, gt=0)
+    # transient storage errors are retried with backoff for this long before the sweep gives up
+    storage_outage_s: float = Field(300, ge=0)
 
     @field_validator("name")
     @classmethod

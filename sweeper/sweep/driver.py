@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import config as C
+from sweeper import interrupt
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import logs_dir
 from sweeper.store.studies import FINISHED, best_in
@@ -44,6 +45,7 @@ class Stop:
     def __call__(self, signum: int, _frame: Any) -> None:
         self.count += 1
         self.signum = self.signum or signum
+        interrupt.request_stop()  # waits below the loop (lock, store retries) give up too
 
     @property
     def exit_code(self) -> int:

@@ -44,6 +44,7 @@ def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig) -> list[tuple[Frozen
         retry = {
             "interrupted": attempt < MAX_INTERRUPTED_RETRIES,
             "crash": int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
+            "stall": int(t.user_attrs.get("crash_count", 0)) < cfg.retries,  # a hang is retried like a crash
             "timeout": cfg.retry_timeouts and int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
         }.get(reason, False)
         if retry:
@@ -52,7 +53,7 @@ def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig) -> list[tuple[Frozen
 
 
 def _retry_attrs(t: FrozenTrial, reason: str, attempt: int) -> dict[str, Any]:
-    crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in ("crash", "timeout"))
+    crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in ("crash", "stall", "timeout"))
     ckpt = t.user_attrs.get("checkpoint")
     resume = ckpt if ckpt and checkpoint_epoch(Path(ckpt)) is not None else t.user_attrs.get("resume_from")
     attrs = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}

@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper import config as C
+from sweeper import interrupt
 from sweeper.errors import ConfigError, StorageError, StudyNotFound
 from sweeper.store import check_artifacts, claim_lock, open_storage
 from sweeper.store.layout import devices_csv, run_dir
@@ -121,6 +122,7 @@ def init_db(cfg: C.SweeperConfig, storage_url: str | None = None) -> InitResult:
 def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, force: bool = False,
         must_exist: bool = False, study_file: str = "STUDY.yaml") -> Outcome:
     """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point."""
+    interrupt.clear()
     plan = prepare(cfg, storage_url)
     plan.study_file = study_file
     cfg = plan.cfg
