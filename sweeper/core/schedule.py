@@ -11,9 +11,17 @@ from sweeper.data import Batch, Batcher
 
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    # the usual exemption: biases, norms and position tables are not shrunk towards zero
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    """AdamW with weight decay on weight matrices only.
+
+    The usual exemption: biases, norms and position tables are not shrunk towards
+    zero. A position table is a matrix, so a model names such parameters in
+    ``no_weight_decay()`` (timm's convention; a custom model may define it too).
+    """
+    exempt = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    decay, other = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 and name not in exempt else other).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
 

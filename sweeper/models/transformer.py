@@ -40,6 +40,11 @@ class TransformerModel(nn.Module):
         self.gradient_checkpointing = gradient_checkpointing
         self.head = nn.Linear(d_model, 1)
 
+    def no_weight_decay(self) -> set[str]:
+        """Parameters AdamW must not decay: the learned position table (a matrix, but
+        shrinking it towards zero would only blur the positions)."""
+        return {"positions"} if isinstance(self.positions, nn.Parameter) else set()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.project(x) + self.positions[-x.shape[1]:]
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
