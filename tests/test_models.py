@@ -104,3 +104,56 @@ def test_wrong_output_shape_is_caught_at_build_time():
 def test_bad_constructor_kwargs_are_a_config_error():
     with pytest.raises(ConfigError, match="unexpected keyword argument 'widht'"):
         build_model(ModelConfig(name="custom_model:Tiny", widht=3), 4, 5)
+
+
+# ---------------------------------------------------------------- model shapes of a search space
+
+def _space_config(space, model=None):
+    from sweeper.config import validate_config
+
+    raw = {"data": {"synthetic": {"assets": 20, "dates": 200, "features": 3}}, "search_space": space}
+    if model:
+        raw["model"] = model
+    return validate_config(raw, "s.yaml")
+
+
+def test_shape_combinations_follow_conditions_and_skip_fractions():
+    from sweeper.models.shapes import shape_combinations
+
+    cfg = _space_config({
+        "model.name": {"type": "categorical", "choices": ["transformer", "lstm"]},
+        "model.d_model": {"type": "categorical", "choices": [16, 32], "when": {"model.name": "transformer"}},
+        "model.hidden_size": {"type": "categorical", "choices": [8, 16], "when": {"model.name": ["lstm", "gru"]}},
+        "model.dropout": {"type": "categorical", "choices": [0.1, 0.2]},
+        "train.batch_size": {"type": "categorical", "choices": [64, 128]},
+    })
+    assert shape_combinations(cfg) == [
+        {"model.name": "transformer", "model.d_model": 16}, {"model.name": "transformer", "model.d_model": 32},
+        {"model.name": "lstm", "model.hidden_size": 8}, {"model.name": "lstm", "model.hidden_size": 16},
+    ]
+    # a condition on a key outside the space reads the study file's value (model.name: transformer)
+    only = _space_config({"model.hidden_size": {"type": "categorical", "choices": [8, 16],
+                                                "when": {"model.name": "lstm"}}})
+    assert shape_combinations(only) == [{}]
+
+
+def test_more_than_64_shapes_are_not_each_built():
+    from sweeper.models.shapes import check_study_models, shape_combinations
+
+    space = {"model.num_layers": {"type": "categorical", "choices": list(range(1, 14))},
+             "model.hidden_size": {"type": "categorical", "choices": [4, 8, 12, 16, 20]}}
+    cfg = _space_config(space, {"name": "mlp", "hidden_size": 4})
+    assert shape_combinations(cfg) is None
+    assert shape_combinations(cfg, limit=65) is not None
+    assert check_study_models(cfg, 3, 5) == [
+        "note: search_space: more than 64 combinations of model choices; they are not each built in advance"]
+
+
+def test_a_sampled_model_name_that_does_not_import_is_an_error():
+    from sweeper.models.shapes import check_study_models
+
+    cfg = _space_config({"model.name": {"type": "categorical", "choices": ["mlp", "no_such_mod_xyz:Net"]}},
+                        {"name": "mlp"})
+    with pytest.raises(ConfigError, match=r"^model.name 'no_such_mod_xyz:Net': cannot import module 'no_such_mod_xyz'"):
+        check_study_models(cfg, 3, 5)
+

@@ -1,7 +1,6 @@
 """``model.name`` -> an nn.Module mapping x[B, L, F] to predictions [B]."""
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 import torch
@@ -10,6 +9,7 @@ from torch import nn
 from sweeper.config import ModelConfig
 from sweeper.errors import ConfigError
 from sweeper.models.mlp import MLPModel
+from sweeper.models.paths import import_model_module, search_folders
 from sweeper.models.recurrent import RecurrentModel
 from sweeper.models.transformer import TransformerModel
 
@@ -42,7 +42,8 @@ BUILTIN_CLASSES: dict[str, type[nn.Module]] = {
 
 
 def resolve_model_class(name: str) -> type:
-    """The class behind ``model.name``: a built-in, or ``package.module:Class`` imported.
+    """The class behind ``model.name``: a built-in, or ``package.module:Class`` imported
+    from the study file's folder, the current folder, or the Python path, in that order.
 
     Raises ConfigError naming ``model.name`` and the import problem, so a study file
     can be checked without building anything.
@@ -54,10 +55,13 @@ def resolve_model_class(name: str) -> type:
         raise ConfigError(f"model.name {name!r}: expected a built-in model "
                           f"({', '.join(BUILTIN_CLASSES)}) or a dotted path 'package.module:Class'")
     try:
-        module = importlib.import_module(module_name)
+        module = import_model_module(module_name)
     except Exception as exc:  # a broken user module can raise anything at import time
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.partition(".")[0]:
+            where = f"; looked in {', '.join(search_folders())} and on the Python path"
         raise ConfigError(f"model.name {name!r}: cannot import module {module_name!r} "
-                          f"({type(exc).__name__}: {exc})") from None
+                          f"({type(exc).__name__}: {exc}){where}") from None
     cls = getattr(module, attr, None)
     if cls is None:
         raise ConfigError(f"model.name {name!r}: module {module_name!r} has no attribute {attr!r}")

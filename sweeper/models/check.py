@@ -1,0 +1,138 @@
+"""The driver's check that each model can be built, with user models in a child process.
+
+Importing, constructing and running a user's ``module:Class`` once is the only user code
+the driver runs. A model that kills the interpreter there (``os._exit``, a segfault, an
+abort in C++) must end the check with one clear error naming ``model.name``, not take
+the driver with it. Built-in models are ours, cheap and safe: they are built in-process.
+
+Parent: :func:`check_models`. Child: ``python -m sweeper.models.check``, which reads one
+JSON request on stdin and writes one JSON line per job as it finishes it, so that the
+job it died on is known.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sweeper.config import ModelConfig
+from sweeper.errors import ConfigError
+
+# a large model on a CPU takes a while to construct; a check that hangs must end anyway
+CHECK_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One model to check: ``model`` (a model section) is built and run once; with
+    ``model=None`` the class named ``name`` is only imported. A failed ``fatal`` job
+    raises ConfigError; the others' failures are returned."""
+
+    name: str
+    model: dict[str, Any] | None = None
+    fatal: bool = True
+
+
+def model_section(model: ModelConfig) -> dict[str, Any]:
+    """The model section a job carries (a custom model's kwargs are what the user wrote)."""
+    if model.is_custom:
+        return {"name": model.name, **model.custom_kwargs()}
+    return model.model_dump(mode="json")
+
+
+def check_models(jobs: list[Job], n_features: int, lookback: int) -> list[str | None]:
+    """Each job's error message, or None when it built. Raises ConfigError with the first
+    failed fatal job's message; jobs after it are then not checked."""
+    results: list[str | None] = [None] * len(jobs)
+    pending = []
+    for i, job in enumerate(jobs):
+        if ":" in job.name:
+            pending.append(i)
+        elif job.model is not None:
+            results[i] = check_one(job, n_features, lookback)
+            if results[i] and job.fatal:
+                raise ConfigError(results[i])
+    while pending:  # a job that kills the child is reported; the rest go to a fresh child
+        answers, death = _run_child([jobs[i] for i in pending], n_features, lookback)
+        for i, answer in zip(pending, answers):
+            results[i] = answer
+            if answer and jobs[i].fatal:
+                raise ConfigError(answer)
+        if death is None:
+            break
+        culprit = pending[len(answers)]
+        results[culprit] = f"model.name {jobs[culprit].name!r}: checking it {death}"
+        if jobs[culprit].fatal:
+            raise ConfigError(results[culprit])
+        pending = pending[len(answers) + 1:]
+    return results
+
+
+def check_one(job: Job, n_features: int, lookback: int) -> str | None:
+    """Import (and build and run once) one model in this process: its error message, or None."""
+    from sweeper.models.build import build_model, resolve_model_class
+
+    try:
+        if job.model is None:
+            resolve_model_class(job.name)
+        else:
+            build_model(ModelConfig.model_validate(job.model), n_features, lookback)
+    except ConfigError as exc:
+        return str(exc)
+    except Exception as exc:  # a built-in's own checks (torch's asserts) raise anything
+        return f"model.name {job.name!r}: building it failed ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _run_child(jobs: list[Job], n_features: int, lookback: int) -> tuple[list[str | None], str | None]:
+    """The answers the child gave, in order, and how it died before answering them all."""
+    request = json.dumps({"n_features": n_features, "lookback": lookback, "jobs": [asdict(j) for j in jobs]})
+    # same interpreter, environment and folder as a worker: it finds the model where a worker would
+    cmd = [sys.executable, "-m", "sweeper.models.check"]
+    try:
+        done = subprocess.run(cmd, input=request, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+        out, code = done.stdout, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        out, code = exc.stdout or "", None
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+    answers = [json.loads(line)["error"] for line in out.splitlines() if line.startswith("{")]
+    if len(answers) >= len(jobs):
+        return answers[:len(jobs)], None
+    if code is None:
+        return answers, f"did not finish within {CHECK_TIMEOUT_S:g} s"
+    return answers, f"killed the Python process ({_how(code)})"
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {-code}, {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def main() -> int:
+    """The child: answer each job of the request on stdin with one JSON line."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it ends this process
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # a model's own prints go to stderr, never into the answers
+    sys.stdout = sys.stderr
+    request = json.load(sys.stdin)
+    for raw in request["jobs"]:
+        job = Job(**raw)
+        error = check_one(job, request["n_features"], request["lookback"])
+        answers.write(json.dumps({"error": error}) + "\n")
+        answers.flush()
+        if error and job.fatal:
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

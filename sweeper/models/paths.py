@@ -1,0 +1,112 @@
+"""Where ``model.name: module:Class`` is found: beside the study file, then in the current folder.
+
+The CLI names the study file's folder in ``SWEEPER_MODEL_PATH`` while a command runs
+(:func:`study_folder`); workers and the driver's check process inherit the variable and
+the working directory, so every process finds the same file, and no PYTHONPATH is needed.
+Folders named in the variable come first, so the study's folder wins over the current one.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Iterator
+
+MODEL_PATH_ENV = "SWEEPER_MODEL_PATH"
+
+# the folders this module put at the front of sys.path, so that the next study's folders
+# replace them instead of piling up (tests run many studies in one process)
+_ADDED: list[str] = []
+# top-level module name -> the file it was imported from, for modules imported from those folders
+_LOADED: dict[str, str] = {}
+
+
+def search_folders() -> list[str]:
+    """The folders searched first, best first: ``SWEEPER_MODEL_PATH``, then the current folder."""
+    named = [p for p in os.environ.get(MODEL_PATH_ENV, "").split(os.pathsep) if p]
+    folders: list[str] = []
+    for folder in [*named, os.getcwd()]:
+        folder = os.path.abspath(folder)
+        if folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+@contextmanager
+def study_folder(study_file: str | Path) -> Iterator[None]:
+    """Put the study file's folder first in ``SWEEPER_MODEL_PATH`` while the block runs."""
+    before = os.environ.get(MODEL_PATH_ENV)
+    folder = str(Path(study_file).resolve().parent)
+    os.environ[MODEL_PATH_ENV] = os.pathsep.join([folder, *([before] if before else [])])
+    try:
+        yield
+    finally:  # in-process callers (tests) must not see the last command's study folder
+        if before is None:
+            os.environ.pop(MODEL_PATH_ENV, None)
+        else:
+            os.environ[MODEL_PATH_ENV] = before
+
+
+def import_model_module(module_name: str) -> ModuleType:
+    """Import ``module_name`` (``mynet`` or ``pkg.mynet``) as a study's model module.
+
+    Its top-level name is looked up in :func:`search_folders` first; if none holds it,
+    it comes from the Python path (an installed package). Raises ImportError when a
+    different module of that name is already loaded, rather than use the wrong one.
+    """
+    top = module_name.partition(".")[0]
+    folders = search_folders()
+    _put_first(folders)
+    importlib.invalidate_caches()  # a model file written a moment ago must be seen
+    spec = importlib.machinery.PathFinder.find_spec(top, folders)
+    if spec is None:
+        return importlib.import_module(module_name)
+    where = _spec_file(spec)
+    cached = sys.modules.get(top)
+    if cached is not None and _module_file(cached) != where:
+        if _LOADED.get(top) != _module_file(cached):
+            raise ImportError(f"a different module {top!r} is already loaded (from "
+                              f"{_module_file(cached) or 'the interpreter'}), not {where}; rename {where}")
+        _forget(top, _LOADED.pop(top))  # another study's model module of the same name: load this one
+    module = importlib.import_module(module_name)
+    _LOADED[top] = where
+    return module
+
+
+def _put_first(folders: list[str]) -> None:
+    # kept on sys.path (not only while importing) so a model's own later imports of its
+    # sibling files work too
+    if _ADDED == folders and sys.path[:len(folders)] == folders:
+        return
+    for folder in _ADDED:
+        if folder in sys.path:
+            sys.path.remove(folder)
+    _ADDED[:] = folders
+    sys.path[:0] = folders
+
+
+def _spec_file(spec: importlib.machinery.ModuleSpec) -> str:
+    where = spec.origin if spec.has_location else next(iter(spec.submodule_search_locations or []), "")
+    return os.path.realpath(where or "")
+
+
+def _module_file(module: ModuleType) -> str | None:
+    where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", []) or []), None)
+    return os.path.realpath(where) if where else None
+
+
+def _forget(top: str, old_file: str) -> None:
+    """Drop another study's model module, its submodules, and the single-file modules
+    beside it (its helpers), so that this study's files of the same names are imported."""
+    folder = os.path.dirname(old_file)
+    if os.path.basename(old_file) == "__init__.py":  # a package: its helpers sit beside its folder
+        folder = os.path.dirname(folder)
+    for name, module in list(sys.modules.items()):
+        where = _module_file(module)
+        sibling = "." not in name and where is not None and os.path.dirname(where) == folder
+        if name == top or name.startswith(top + ".") or sibling:
+            del sys.modules[name]

@@ -1,0 +1,100 @@
+"""Which models a study can build: its own, every ``model.name`` it may sample, and each
+combination of the categorical model choices in its search space.
+
+A combination the model cannot take (``nhead`` not dividing ``d_model``) would otherwise
+surface only when a trial samples it. Checked before the sweep, the invalid ones are
+named in one warning; a study none of whose shapes builds is refused.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from sweeper import config as C
+from sweeper.errors import ConfigError
+from sweeper.models.check import Job, check_models, model_section
+
+MAX_SHAPES = 64  # each custom shape is a constructor call and a forward pass in the check
+SHOWN = 8  # invalid shapes named in the warning; the rest are counted
+
+
+def shape_keys(cfg: C.SweeperConfig) -> list[str]:
+    """The search-space keys that may change what gets built: categorical ``model.*``
+    choices, except lists of fractions (a dropout rate builds like any other)."""
+    return [key for key, spec in cfg.search_space.items()
+            if key.startswith("model.") and spec.type == "categorical"
+            and not all(isinstance(c, float) and not c.is_integer() for c in spec.choices or [])]
+
+
+def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[dict[str, Any]] | None:
+    """Every distinct set of model choices a trial can sample, in file order; None when
+    there are more than ``limit``. Keys whose ``when`` condition fails are left out, as
+    :func:`sweeper.sweep.space.suggest` leaves them out."""
+    keys = shape_keys(cfg)
+    choices = [cfg.search_space[k].choices or [] for k in keys]
+    total = 1
+    for c in choices:
+        total *= len(c)
+    if not keys or total > limit * limit:  # conditions can only shrink the count so much
+        return None if keys else []
+    seen: dict[tuple, dict[str, Any]] = {}
+    for values in itertools.product(*choices):
+        combo = _active(cfg, dict(zip(keys, values)))
+        seen.setdefault(tuple(combo.items()), combo)
+    return list(seen.values()) if len(seen) <= limit else None
+
+
+def _active(cfg: C.SweeperConfig, combo: dict[str, Any]) -> dict[str, Any]:
+    # as the sampler sees it: a condition reads the value chosen for its key, or else the
+    # study file's value; settled in passes, since one condition can depend on another
+    active = dict(combo)
+    for _ in range(len(combo)):
+        kept = {k: v for k, v in combo.items() if _met(cfg, cfg.search_space[k].when or {}, active)}
+        if kept == active:
+            break
+        active = kept
+    return active
+
+
+def _met(cfg: C.SweeperConfig, when: dict[str, Any], chosen: dict[str, Any]) -> bool:
+    for key, expected in when.items():
+        value = chosen[key] if key in chosen else C.config_value(cfg, key)
+        if value not in (expected if isinstance(expected, list) else [expected]):
+            return False
+    return True
+
+
+def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int) -> list[str]:
+    """Import every model the study names and build its own model (errors raise
+    ConfigError), then build each model shape its search space can sample. Returns the
+    lines to show (a warning naming the shapes that cannot be built, or a note that
+    there were too many to try); raises ConfigError when none of them builds."""
+    spec = cfg.search_space.get("model.name")
+    names = sorted({str(c) for c in (spec.choices or [])} - {cfg.model.name}) if spec is not None else []
+    jobs = [Job(n) for n in names if ":" in n] + [Job(cfg.model.name, model_section(cfg.model))]
+    combos = shape_combinations(cfg)
+    if combos is None:
+        check_models(jobs, n_features, lookback)
+        return [f"note: search_space: more than {MAX_SHAPES} combinations of model choices; "
+                "they are not each built in advance"]
+    combos = [c for c in combos if c]  # {}: every model key is off, so it is cfg.model, built above
+    labels = [", ".join(f"{k}={v}" for k, v in combo.items()) for combo in combos]
+    errors: dict[str, str | None] = dict.fromkeys(labels)
+    built = []
+    for label, combo in zip(labels, combos):
+        try:
+            shaped = C.with_overrides(cfg, combo, "search_space")
+        except ConfigError as exc:  # refused by the schema, like nhead not dividing d_model
+            errors[label] = str(exc).removeprefix("search_space: ").removeprefix("model: ")
+            continue
+        built.append(label)
+        jobs.append(Job(shaped.model.name, model_section(shaped.model), fatal=False))
+    results = check_models(jobs, n_features, lookback)
+    errors.update(zip(built, results[len(jobs) - len(built):]))
+    bad = [f"{label}: {error}" for label, error in errors.items() if error]
+    if not bad:
+        return []
+    listed = "; ".join(bad[:SHOWN]) + (f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else "")
+    if len(bad) == len(labels):
+        raise ConfigError(f"search_space: none of the {len(labels)} model shapes can be built: {listed}")
+    return [f"warning: search_space: {len(bad)} of {len(labels)} model shapes cannot be built: {listed}"]

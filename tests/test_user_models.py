@@ -1,0 +1,300 @@
+"""`model.name: module:Class` with the module beside the study file: every command finds it,
+from any folder, with no PYTHONPATH; a model that kills the interpreter while the driver
+checks it is one clean error; model shapes a trial may sample are built in advance."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from conftest import TINY, merge
+from sweeper.config import ModelConfig
+from sweeper.errors import ConfigError
+from sweeper.models import build_model, resolve_model_class
+from sweeper.models.paths import study_folder
+
+MYNET = textwrap.dedent('''
+    import ctypes
+    import os
+
+    import torch
+    from torch import nn
+
+    from helpers import hidden_width  # a file beside this one
+
+
+    class Net(nn.Module):
+        def __init__(self, n_features, lookback, width=8):
+            super().__init__()
+            if width == 5:
+                raise ValueError("width 5 is not supported")
+            if width == 6:
+                ctypes.string_at(0)
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(n_features * lookback, hidden_width(width)),
+                                     nn.GELU(), nn.Linear(hidden_width(width), 1))
+
+        def forward(self, x):
+            return self.net(x).squeeze(-1)
+
+
+    class Exit(Net):
+        def __init__(self, n_features, lookback, width=8):
+            os._exit(0)
+
+
+    class Segv(Net):
+        def __init__(self, n_features, lookback, width=8):
+            ctypes.string_at(0)
+
+
+    class SegvForward(Net):
+        def forward(self, x):
+            ctypes.string_at(0)
+''')
+
+# a mynet.py in the current folder that must lose to the one beside the study
+DECOY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self, n_features, lookback, width=8):
+            super().__init__()
+            if os.environ.get("DECOY_CONSTRUCTOR_FAILS"):
+                raise RuntimeError("the decoy mynet.py in the current folder was used")
+            self.linear = nn.Linear(n_features, 1)
+
+        def forward(self, x):
+            if self.training:  # the driver's check runs in eval mode: only a worker gets here
+                raise RuntimeError("the decoy mynet.py in the current folder was used")
+            return self.linear(x[:, -1]).squeeze(-1)
+''').replace("import torch", "import os\nimport torch")
+
+
+def _study(folder: Path, name: str = "study.yaml", model: dict | None = None, **over) -> Path:
+    """TINY with mynet:Net (or ``model``, whole), 2 trials of 1 epoch on one CPU worker."""
+    raw = merge(TINY, {"study": {"name": Path(name).stem, "n_trials": 2},
+                       "train": {"epochs": 1, "samples_per_epoch": 512},
+                       "devices": {"cpu_workers": 1}, "search_space": {}})
+    raw = merge(raw, over)
+    raw["model"] = model or {"name": "mynet:Net", "width": 8}
+    path = folder / name
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture
+def folders(tmp_path):
+    """proj/ holds the study and mynet.py (with its helper); other/ is another folder."""
+    proj, other = tmp_path / "proj", tmp_path / "other"
+    proj.mkdir()
+    other.mkdir()
+    (proj / "mynet.py").write_text(MYNET)
+    (proj / "helpers.py").write_text("def hidden_width(width):\n    return width\n")
+    return proj, other
+
+
+def _cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("PYTHONPATH", "SWEEPER_MODEL_PATH", "SWEEPER_FAKE_GPUS", "DECOY_CONSTRUCTOR_FAILS")}
+    return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, env={**clean, **(env or {})},
+                          capture_output=True, text=True, timeout=300)
+
+
+def _states(cwd: Path, study: str) -> list[str]:
+    loaded = optuna.load_study(study_name=study, storage=f"sqlite:///{cwd}/runs/{study}/study.db")
+    return [t.state.name for t in loaded.get_trials()]
+
+
+# ---------------------------------------------------------------- every command finds it
+
+def test_validate_db_init_and_train_from_another_folder(folders):
+    proj, other = folders
+    path = _study(proj)
+    (other / "mynet.py").write_text(DECOY)  # the study's folder wins over the current one
+    decoy = {"DECOY_CONSTRUCTOR_FAILS": "1"}
+
+    done = _cli(other, "validate", str(path), env=decoy)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"{path}: ok"
+    assert done.stderr == ""
+
+    done = _cli(other, "db", "init", str(path), env=decoy)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "study 'study' in sqlite:///runs/study/study.db: created"
+
+    done = _cli(other, "train", str(path), "--json", env=decoy)
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads(done.stdout)
+    assert metrics["epochs_run"] == 1 and -1 <= metrics["val_ic"] <= 1
+
+
+def test_the_current_folder_is_searched_after_the_study_folder(folders):
+    proj, other = folders
+    (proj / "sub").mkdir()
+    (other / "cwdnet.py").write_text(DECOY)
+    path = _study(proj / "sub", model={"name": "cwdnet:Net"})
+    done = _cli(other, "validate", str(path))
+    assert done.returncode == 0, done.stderr
+    missing = _study(proj / "sub", "missing.yaml", model={"name": "nowhere:Net"})
+    done = _cli(other, "validate", str(missing))
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "Error: model.name 'nowhere:Net': cannot import module 'nowhere' (ModuleNotFoundError: No module named "
+        f"'nowhere'); looked in {proj / 'sub'}, {other} and on the Python path")
+
+
+def test_run_from_its_own_folder_and_from_another_then_predict(folders):
+    proj, other = folders
+    _study(proj, "own.yaml")
+    done = _cli(proj, "run", "own.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _states(proj, "own") == ["COMPLETE", "COMPLETE"]
+
+    # the worker trains in other/, beside a decoy mynet.py that fails in training
+    (other / "mynet.py").write_text(DECOY)
+    path = _study(proj, "away.yaml")
+    done = _cli(other, "run", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _states(other, "away") == ["COMPLETE", "COMPLETE"]
+
+    done = _cli(other, "predict", str(path), "-o", "preds.csv")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("wrote preds.csv: trial ")
+    assert (other / "preds.csv").stat().st_size > 0
+
+
+# ---------------------------------------------------------------- a model that kills the check
+
+@pytest.mark.parametrize("cls, command, how", [
+    ("Exit", "validate", "exit code 0"),
+    ("Segv", "run", "signal 11, SIGSEGV"),
+    ("SegvForward", "validate", "signal 11, SIGSEGV"),
+])
+def test_a_model_that_kills_the_interpreter_is_a_clean_error(folders, cls, command, how):
+    proj, other = folders
+    path = _study(proj, model={"name": f"mynet:{cls}"})
+    done = _cli(other, command, str(path))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == f"Error: model.name 'mynet:{cls}': checking it killed the Python process ({how})"
+    assert "Traceback" not in done.stdout + done.stderr
+    assert os.listdir(other) == []  # nothing written
+
+
+# ---------------------------------------------------------------- model shapes
+
+SHAPES = {"model": {"name": "transformer", "d_model": 16, "nhead": 4, "num_layers": 1, "dim_feedforward": 16},
+          "search_space": {"model.d_model": {"type": "categorical", "choices": [32, 48]},
+                           "model.nhead": {"type": "categorical", "choices": [4, 5]},
+                           "model.dropout": {"type": "categorical", "choices": [0.1, 0.2]}}}
+BAD_SHAPES = ("model.d_model=32, model.nhead=5: d_model (32) must be divisible by nhead (5); "
+              "model.d_model=48, model.nhead=5: d_model (48) must be divisible by nhead (5)")
+
+
+def _builtin_study(folder: Path, name: str = "shapes.yaml", **over) -> Path:
+    return _study(folder, name, model=SHAPES["model"], **merge({"search_space": SHAPES["search_space"]}, over))
+
+
+def test_validate_names_the_shapes_the_model_cannot_take(folders):
+    proj, other = folders
+    done = _cli(other, "validate", str(_builtin_study(proj)))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == f"warning: search_space: 2 of 4 model shapes cannot be built: {BAD_SHAPES}"
+
+    none_build = _builtin_study(proj, "none.yaml", search_space={"model.nhead": {"choices": [5]}})
+    done = _cli(other, "validate", str(none_build))
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"Error: search_space: none of the 2 model shapes can be built: {BAD_SHAPES}"
+
+
+def test_run_warns_of_the_shapes_too(folders):
+    proj, other = folders
+    done = _cli(other, "run", str(_builtin_study(proj)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.splitlines()[0] == f"warning: search_space: 2 of 4 model shapes cannot be built: {BAD_SHAPES}"
+
+
+def test_custom_model_shapes_are_built_in_the_child_and_a_crash_costs_one_shape(folders):
+    proj, other = folders
+    path = _study(proj, search_space={"model.width": {"type": "categorical", "choices": [4, 5, 6, 8]}})
+    done = _cli(other, "validate", str(path))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == (
+        "warning: search_space: 2 of 4 model shapes cannot be built: model.width=5: model.name 'mynet:Net': "
+        "constructing it with n_features=3, lookback=5 and {'width': 5} failed (ValueError: width 5 is not "
+        "supported); model.width=6: model.name 'mynet:Net': checking it killed the Python process "
+        "(signal 11, SIGSEGV)")
+
+
+# ---------------------------------------------------------------- one process, many studies
+
+def _variant(folder: Path, marker: str) -> None:
+    folder.mkdir()
+    (folder / "varnet.py").write_text(textwrap.dedent('''
+        from torch import nn
+        from varhelp import MARKER
+
+
+        class Net(nn.Module):
+            marker = MARKER
+
+            def __init__(self, n_features, lookback):
+                super().__init__()
+                self.linear = nn.Linear(n_features, 1)
+
+            def forward(self, x):
+                return self.linear(x[:, -1]).squeeze(-1)
+    '''))
+    (folder / "varhelp.py").write_text(f"MARKER = {marker!r}\n")
+
+
+def test_two_study_folders_in_one_process_each_get_their_own_module(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SWEEPER_MODEL_PATH", raising=False)
+    _variant(tmp_path / "a", "a")
+    _variant(tmp_path / "b", "b")
+    seen = []
+    for folder in ("a", "b", "a"):
+        with study_folder(tmp_path / folder / "study.yaml"):
+            model = build_model(ModelConfig(name="varnet:Net"), 3, 5)
+            seen.append((type(model).marker, sys.modules["varhelp"].MARKER))
+            assert str(tmp_path / folder) in sys.path
+        assert "SWEEPER_MODEL_PATH" not in os.environ
+    assert seen == [("a", "a"), ("b", "b"), ("a", "a")]
+    assert str(tmp_path / "b") not in sys.path  # the folders of the last study but one are gone
+
+
+def test_the_cli_names_the_study_folder_only_while_its_command_runs(folders, monkeypatch):
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    proj, other = folders
+    monkeypatch.chdir(other)
+    monkeypatch.delenv("SWEEPER_MODEL_PATH", raising=False)
+    result = CliRunner().invoke(main, ["train", str(_study(proj)), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert sys.modules["mynet"].__file__ == str(proj / "mynet.py")  # built in this process, from proj/
+    assert "SWEEPER_MODEL_PATH" not in os.environ
+
+
+def test_a_module_of_the_same_name_loaded_from_elsewhere_is_refused(tmp_path, monkeypatch):
+    import custom_model  # tests/custom_model.py, as other tests load it
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "custom_model.py").write_text("class Tiny:\n    pass\n")
+    here = os.path.realpath(tmp_path / "custom_model.py")
+    with pytest.raises(ConfigError) as err:
+        resolve_model_class("custom_model:Tiny")
+    assert str(err.value) == (
+        "model.name 'custom_model:Tiny': cannot import module 'custom_model' (ImportError: a different module "
+        f"'custom_model' is already loaded (from {os.path.realpath(custom_model.__file__)}), not "
+        f"{here}; rename {here})")
