@@ -2,14 +2,18 @@
 invariants the scale-out design depends on."""
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
 
+import torch
 import yaml
 
 from sweeper.config import validate_config
 from sweeper.store import PG_MAX_OVERFLOW, PG_POOL_SIZE, normalize_url
 
-K8S = Path(__file__).parent.parent / "deploy" / "k8s"
+ROOT = Path(__file__).parent.parent
+K8S = ROOT / "deploy" / "k8s"
 
 
 def _docs() -> list[dict]:
@@ -146,3 +150,42 @@ def test_no_password_is_written_in_a_manifest():
             for name, var in _env(c).items():
                 if "PASSWORD" in name:
                     assert "value" not in var and "secretKeyRef" in var["valueFrom"], name
+
+
+# ------------------------------------------------------------------ the image
+
+
+def _dockerfile() -> tuple[list[str], dict[str, str]]:
+    """The Dockerfile's instructions (continuation lines joined) and its ARG defaults."""
+    text = (K8S / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    args = dict(ln.split(None, 1)[1].split("=", 1) for ln in lines if ln.startswith("ARG ") and "=" in ln)
+    return lines, args
+
+
+def test_image_runs_the_torch_the_tests_run_and_pyproject_claims_no_older_one():
+    lines, args = _dockerfile()
+    tested = torch.__version__.split("+")[0]  # "2.13.0+cpu": the CPU wheel of the same release
+    assert args["TORCH_VERSION"] == tested
+    # torch comes from one pinned install, not from a base image that bundles another version
+    assert lines[0].startswith("FROM python:") and "torch" not in lines[0]
+    installs = [ln for ln in lines if ln.startswith("RUN ") and "pip install" in ln]
+    assert installs and all('"torch==${TORCH_VERSION}"' in ln for ln in installs)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    bound = [re.fullmatch(r"torch>=(\d+)\.(\d+)", d.replace(" ", "")) for d in project["dependencies"]
+             if re.match(r"torch\b", d)]
+    assert len(bound) == 1 and bound[0], project["dependencies"]
+    assert (int(bound[0][1]), int(bound[0][2])) == tuple(int(p) for p in tested.split(".")[:2])
+    # and the image's Python is one pyproject allows
+    image_python = tuple(int(p) for p in re.match(r"FROM python:(\d+)\.(\d+)", lines[0]).groups())
+    assert image_python >= tuple(int(p) for p in re.fullmatch(r">=(\d+)\.(\d+)", project["requires-python"]).groups())
+
+
+def test_image_gets_the_driver_libraries_sweeper_needs_and_its_own_source():
+    lines, _ = _dockerfile()
+    env = " ".join(ln for ln in lines if ln.startswith("ENV "))
+    caps = re.search(r"NVIDIA_DRIVER_CAPABILITIES=(\S+)", env)[1].split(",")
+    assert {"compute", "utility"} <= set(caps)  # libcuda for the workers, libnvidia-ml for NVML slot planning
+    copied = {part for ln in lines if ln.startswith("COPY ") for part in ln.split()[1:-1]}
+    readme = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["readme"]
+    assert {"pyproject.toml", readme, "sweeper"} <= copied  # what `pip install .` builds from
