@@ -189,11 +189,14 @@ class FakeNvml(types.ModuleType):
     class NVMLError(Exception):
         pass
 
+    class NVMLError_NoPermission(NVMLError):  # noqa: N801 - pynvml's name
+        pass
+
     nvmlMemory_v2 = 0x2000028
 
-    def __init__(self, fail_init: bool = False, fail_count: bool = False) -> None:
+    def __init__(self, fail_init: bool = False, fail_count: bool = False, forbidden: tuple[int, ...] = ()) -> None:
         super().__init__("pynvml")
-        self.fail_init, self.fail_count = fail_init, fail_count
+        self.fail_init, self.fail_count, self.forbidden = fail_init, fail_count, forbidden
         self.inits = self.shutdowns = 0
 
     def nvmlInit(self) -> None:
@@ -220,6 +223,8 @@ class FakeNvml(types.ModuleType):
         return _Mem(total=80 * gib, free=70 * gib, used=10 * gib) if version else _Mem(80 * gib, 69 * gib, 11 * gib)
 
     def nvmlDeviceGetUUID(self, h: int) -> bytes | str:
+        if h in self.forbidden:
+            raise self.NVMLError_NoPermission("Insufficient Permissions")
         return b"GPU-aaaa" if h == 0 else "GPU-bbbb"  # old bindings return bytes
 
     def nvmlDeviceGetName(self, h: int) -> str:
@@ -274,6 +279,16 @@ def test_nvml_failure_mid_read_still_shuts_down(monkeypatch: pytest.MonkeyPatch)
     assert (nvml.inits, nvml.shutdowns) == (1, 1)
 
 
+def test_gpus_this_process_may_not_open_are_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slurm's ConstrainDevices: NVML counts every GPU of the node but refuses the other jobs'
+    monkeypatch.delenv("SWEEPER_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(forbidden=(0,)))
+    found = probe()
+    assert [g.uuid for g in found.gpus] == ["GPU-bbbb"] and found.error is None
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan_slots(DevicesConfig())] == ["GPU-bbbb"]
+
+
 # ------------------------------------------------------------------ no CUDA context
 
 
@@ -288,3 +303,27 @@ def test_reading_gpus_creates_no_cuda_context() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("visible, expected", [
+    ("1,3", [1, 3]),                       # Slurm's allocation by index
+    ("3,1", [3, 1]),                       # in CUDA's order, not NVML's
+    (UUID.format(2), [2]),              # by UUID
+    ("2,9,0", [2]),                        # like CUDA, the list ends at the first miss
+    ("", []),                              # no GPU for this job: CPU slots
+])
+def test_auto_keeps_to_the_drivers_cuda_visible_devices(fakes, monkeypatch: pytest.MonkeyPatch, visible, expected):
+    fakes(4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    slots = plan_slots(DevicesConfig(gpus="auto"))
+    if not expected:
+        assert {s.kind for s in slots} == {"cpu"}
+        return
+    uuids = [g.uuid for g in list_gpus()]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in slots] == [uuids[i] for i in expected]
+
+
+def test_auto_without_cuda_visible_devices_takes_every_gpu(fakes, monkeypatch: pytest.MonkeyPatch):
+    fakes(3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert len(plan_slots(DevicesConfig(gpus="auto"))) == 3

@@ -67,7 +67,7 @@ def probe() -> NvmlProbe:
         return NvmlProbe([], error=f"NVML unavailable ({exc}): no NVIDIA driver?")
     try:
         driver = _optional(lambda: _text(nvml.nvmlSystemGetDriverVersion()), None, nvml)
-        gpus = [_read_gpu(nvml, i) for i in range(nvml.nvmlDeviceGetCount())]
+        gpus = [g for g in (_read_gpu_or_none(nvml, i) for i in range(nvml.nvmlDeviceGetCount())) if g]
         return NvmlProbe(gpus, driver=driver)
     except nvml.NVMLError as exc:
         return NvmlProbe([], error=f"NVML failed while reading GPUs ({exc})")
@@ -78,6 +78,13 @@ def probe() -> NvmlProbe:
 def list_gpus() -> list[GPU]:
     """All GPUs NVML reports (or the ``SWEEPER_FAKE_GPUS`` fakes); ``[]`` without a driver."""
     return probe().gpus
+
+
+def _read_gpu_or_none(nvml: Any, index: int) -> GPU | None:
+    try:
+        return _read_gpu(nvml, index)
+    except getattr(nvml, "NVMLError_NoPermission", ()):  # another job's GPU (Slurm ConstrainDevices)
+        return None
 
 
 def _read_gpu(nvml: Any, index: int) -> GPU:

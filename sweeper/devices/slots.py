@@ -46,9 +46,9 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
         return cpu_slots(cfg.cpu_workers)
     found = probe()
     if cfg.gpus == "auto":
-        if not found.gpus:
+        chosen = visible(found.gpus)
+        if not chosen:
             return cpu_slots(cfg.cpu_workers)
-        chosen = found.gpus
     else:
         chosen = _select(found, cfg.gpus)
     if cfg.skip_busy:
@@ -98,6 +98,32 @@ def cpu_count() -> int:
 
 def _thread_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def visible(gpus: list[GPU]) -> list[GPU]:
+    """The GPUs that the driver's own CUDA_VISIBLE_DEVICES leaves it (Slurm and other
+    schedulers set it to the job's allocation), in its order; all of them when unset.
+
+    NVML lists every GPU of the node whatever that variable says, so without this a
+    job holding 4 of 8 GPUs would start workers on the other jobs' GPUs. As CUDA does,
+    an integer is an index (NVML's PCI bus order, which matches CUDA's with
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, as schedulers assume), a ``GPU-...`` entry matches a
+    UUID by prefix, and the list ends at the first entry that matches nothing.
+    """
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return gpus
+    out: list[GPU] = []
+    for item in (p.strip() for p in raw.split(",")):
+        if item.isdigit():
+            gpu = gpus[int(item)] if int(item) < len(gpus) else None
+        else:
+            hits = [g for g in gpus if item.lower().startswith("gpu-") and g.uuid.lower().startswith(item.lower())]
+            gpu = hits[0] if len(hits) == 1 else None
+        if gpu is None or gpu in out:
+            break
+        out.append(gpu)
+    return out
 
 
 def _select(found: NvmlProbe, wanted: list[int | str]) -> list[GPU]:
