@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from contextlib import nullcontext
 from typing import Any
 
@@ -31,6 +32,9 @@ class TableHook:
     def should_stop(self) -> bool:
         return False
 
+    def tick(self) -> None:
+        return None
+
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
@@ -45,12 +49,13 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     from sweeper.core import train
     from sweeper.data import load_panel
 
+    started = time.monotonic()  # train.max_minutes counts from here, loading the data included
     console = Console(stderr=quiet, file=sys.stderr if quiet else None)
     panel = load_panel(cfg.data)
     console.print(f"data: {panel.source}: {len(panel.dates)} dates x {len(panel.assets)} assets x "
                   f"{len(panel.features)} features; model {cfg.model.name}", highlight=False)
     with console.status("training...") if console.is_terminal else nullcontext():
-        result = train(cfg, panel, hook=TableHook(console), log=lambda line: None)
+        result = train(cfg, panel, hook=TableHook(console), log=lambda line: None, started=started)
     m = result.metrics
     console.print(f"valid: ic {_cell(m.get('val_ic'))}  rank_ic {_cell(m.get('val_rank_ic'))}  "
                   f"icir {_cell(m.get('val_icir'))}  loss {_cell(m.get('val_loss'))}", highlight=False)

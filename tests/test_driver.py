@@ -63,7 +63,8 @@ def test_busy_gpu_is_skipped(study_file, monkeypatch):
     assert used == {FAKE_UUIDS[0], FAKE_UUIDS[2]}
 
 
-def test_failing_trials_cost_only_themselves(study_file):
+def test_failing_trials_cost_only_themselves(study_file, monkeypatch):
+    monkeypatch.setenv("SWEEPER_TIMEOUT_GRACE_S", "1")  # the hang is killed 1.8 s after max_minutes, not 2 min
     path = study_file({
         "study": {"n_trials": 2, "retries": 0},
         "train": {"max_minutes": 0.15},
@@ -95,6 +96,7 @@ def test_pruning_across_processes(study_file):
     assert states[2:] == [("noise", TrialState.PRUNED)] * 2
     pruned = study.get_trials(states=(TrialState.PRUNED,))
     assert all(len(t.intermediate_values) < 3 for t in pruned)
+    assert [t.user_attrs["stop_reason"] for t in study.get_trials()] == ["epochs", "epochs", "pruned", "pruned"]
 
 
 def test_n_trials_counts_finished_trials_across_runs(study_file):
@@ -121,6 +123,7 @@ def test_stored_attributes(study_file):
                 "samples_per_s", "peak_mem_mb", "duration_s", "device", "cuda_visible_devices", "host", "pid"):
         assert key in t.user_attrs, key
     assert sorted(t.intermediate_values) == list(range(1, len(t.intermediate_values) + 1))
+    assert t.user_attrs["stop_reason"] == "epochs"
     run = f"runs/tiny/trials/{t.number}"
     import os
 

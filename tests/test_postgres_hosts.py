@@ -79,7 +79,7 @@ def _wait_for_victim(url: str, host: str, timeout: float = 90.0) -> optuna.Study
         trials = study.get_trials(deepcopy=False)
         done = sum(t.state in FINISHED for t in trials)
         mine = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("host") == host]
-        if done >= 6 and any(Path(f"runs/tiny/trials/{t.number}/checkpoint.json").exists() for t in mine):
+        if done >= 6 and any(Path(f"runs/tiny/trials/{t.number}/checkpoint.pt").exists() for t in mine):
             return study
     raise AssertionError(f"{host} never had a checkpointed running trial mid-sweep")
 
@@ -125,7 +125,7 @@ def test_three_hosts_one_killed_exact_budget_and_reruns(study_file, pg_url):
         assert retry.params == t.params or not t.params
         assert retry.user_attrs["host"] in ("host-a", "host-c")
         assert retry.user_attrs["driver_id"] != t.user_attrs.get("driver_id")
-        if Path(f"runs/tiny/trials/{t.number}/checkpoint.json").exists():
+        if Path(f"runs/tiny/trials/{t.number}/checkpoint.pt").exists():
             assert retry.user_attrs["resumed_from_epoch"] >= 1
     # the live hosts lost nothing, and each host id stamps one driver
     assert not [t for t in trials if t.state == TrialState.FAIL and owner(t) != "host-b"]

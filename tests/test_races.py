@@ -10,10 +10,12 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
+from sweeper.errors import StopRequested
 from sweeper.inspect.live import NullView
 from sweeper.store import NullLock, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.sweep import claim as claim_module
+from sweeper.sweep import driver as driver_module
 from sweeper.sweep.claim import claim
 from sweeper.sweep.driver import Driver
 from sweeper.sweep.handle import Running
@@ -108,3 +110,17 @@ def test_shutdown_stops_every_worker_even_when_one_fails(setup, workdir, capsys)
     driver.shutdown()
     assert bad.calls == ["kill", "close"] and good.calls == ["kill", "close"]
     assert "stopping the worker on cpu0 failed: OSError: pipe broken" in capsys.readouterr().err
+
+
+def test_a_stop_request_while_claiming_makes_dispatch_start_nothing(setup, workdir, monkeypatch):
+    cfg, study = setup
+    driver = _driver(cfg, study, workdir)
+
+    def waiting_for_the_lock(*args, **kwargs):
+        raise StopRequested("stop requested")  # Ctrl-C while the lock or the store was awaited
+
+    monkeypatch.setattr(driver_module, "claim", waiting_for_the_lock)
+    worker = _Worker("cpu0")
+    assert driver.dispatch(worker) is False
+    assert worker.running is None and worker.calls == [] and not driver.exhausted
+    assert study.get_trials() == []

@@ -1,7 +1,6 @@
 """Resume and reliability with real processes and real signals."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
+from sweeper.core import checkpoint_epoch
 from sweeper.inspect.live import NullView
 from sweeper.sweep.run import run
 
@@ -47,7 +47,7 @@ def _wait_for_checkpointed_running(path, timeout=60.0):
             running = study.get_trials(states=(TrialState.RUNNING,))
         except Exception:  # noqa: BLE001 - the driver may still be creating the study
             continue
-        ready = [t for t in running if Path(f"runs/tiny/trials/{t.number}/checkpoint.json").exists()]
+        ready = [t for t in running if Path(f"runs/tiny/trials/{t.number}/checkpoint.pt").exists()]
         if ready and all("pid" in t.user_attrs for t in running):
             return study, running
     raise AssertionError("no running trial reached a checkpoint in time")
@@ -81,7 +81,7 @@ def _check_completed_with_retries(study, n_trials, interrupted_numbers):
         assert original.user_attrs["fail_reason"] == "interrupted"
         retry = next(t for t in trials if t.user_attrs.get("retry_of") == number)
         assert retry.params == original.params
-        epoch = json.loads(Path(f"runs/tiny/trials/{number}/checkpoint.json").read_text())["epoch"]
+        epoch = checkpoint_epoch(f"runs/tiny/trials/{number}/checkpoint.pt")
         assert retry.user_attrs.get("resumed_from_epoch") == epoch >= 1
         steps = sorted(retry.intermediate_values)
         assert steps == list(range(1, len(steps) + 1))  # replayed once, then continued
@@ -108,7 +108,7 @@ def test_kill_9_driver_then_run_again(study_file):
     assert stranded
     outcome, study = _resume_in_process(path)
     assert outcome.exit_code == 0
-    resumed = [n for n in stranded if Path(f"runs/tiny/trials/{n}/checkpoint.json").exists()]
+    resumed = [n for n in stranded if Path(f"runs/tiny/trials/{n}/checkpoint.pt").exists()]
     _check_completed_with_retries(study, 4, resumed)
 
 
@@ -128,9 +128,10 @@ def _signal_test(study_file, signum, code):
     assert not study.get_trials(states=(TrialState.RUNNING,))
     interrupted = [t.number for t in study.get_trials(states=(TrialState.FAIL,))]
     assert interrupted and all(study.trials[n].user_attrs["fail_reason"] == "interrupted" for n in interrupted)
+    assert all(study.trials[n].user_attrs["stop_reason"] == "interrupted" for n in interrupted)
     outcome, study = _resume_in_process(path)
     assert outcome.exit_code == 0
-    with_ckpt = [n for n in interrupted if Path(f"runs/tiny/trials/{n}/checkpoint.json").exists()]
+    with_ckpt = [n for n in interrupted if Path(f"runs/tiny/trials/{n}/checkpoint.pt").exists()]
     assert with_ckpt
     _check_completed_with_retries(study, 4, with_ckpt)
 
@@ -148,7 +149,7 @@ def test_worker_sigkill_is_a_crash_and_is_retried(study_file):
     proc = _start(path)
     try:
         _, running = _wait_for_checkpointed_running(path)
-        victim = next(t for t in running if Path(f"runs/tiny/trials/{t.number}/checkpoint.json").exists())
+        victim = next(t for t in running if Path(f"runs/tiny/trials/{t.number}/checkpoint.pt").exists())
         os.kill(victim.user_attrs["pid"], signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
     finally:

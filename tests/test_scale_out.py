@@ -145,7 +145,7 @@ def test_a_trial_failed_by_another_driver_is_dropped_cleanly_and_rerun(study_fil
             except Exception:  # noqa: BLE001 - not created yet
                 continue
             for t in study.get_trials(states=(TrialState.RUNNING,)):
-                if Path(f"runs/tiny/trials/{t.number}/checkpoint.json").exists():
+                if Path(f"runs/tiny/trials/{t.number}/checkpoint.pt").exists():
                     fail_interrupted(study, t._trial_id, "no heartbeat within study.grace_period (simulated)")
                     victim.append(t.number)
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from sweeper.errors import Interrupted
-from sweeper.core import FileCheckpointer, NullHook, train
+from sweeper.core import FileCheckpointer, NullHook, checkpoint_epoch, copy_checkpoint, train
+from sweeper.core.checkpoint import checkpoint_meta, config_mismatch
 from toy_panel import toy_config, toy_panel
 
 TIMING = {"samples_per_s", "peak_mem_mb", "duration_s"}
@@ -85,3 +86,21 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path):
     assert ckpt.load() == {"epoch": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
     assert FileCheckpointer(tmp_path / "missing.pt").load() is None
+
+
+def test_the_checkpoint_names_its_own_epoch_and_config(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    assert checkpoint_epoch(path) is None and checkpoint_meta(path) is None
+    cfg = toy_config(epochs=2)
+    train(cfg, toy_panel(), checkpoint=FileCheckpointer(path))
+    assert checkpoint_epoch(path) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # one file, no sidecar to disagree with it
+    meta = checkpoint_meta(path)
+    assert config_mismatch(meta["config"], cfg) is None
+    assert config_mismatch(meta["config"], toy_config(epochs=3)) == (
+        "the checkpoint was written by a different run: train.epochs was 2, now 3")
+    copy_checkpoint(path, tmp_path / "retry" / "ckpt.pt")
+    assert checkpoint_epoch(tmp_path / "retry" / "ckpt.pt") == 2
+    assert [p.name for p in (tmp_path / "retry").iterdir()] == ["ckpt.pt"]
+    (tmp_path / "torn.pt").write_bytes(path.read_bytes()[:100])
+    assert checkpoint_epoch(tmp_path / "torn.pt") is None  # unreadable: nothing to resume from

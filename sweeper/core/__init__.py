@@ -5,7 +5,7 @@ No Optuna, no store, no CLI: the sweep drives it through :class:`EpochHook` and
 
 - :mod:`~sweeper.core.loop`: ``train``, the top-to-bottom loop, and ``TrainResult``;
 - :mod:`~sweeper.core.hooks`: the hook and checkpointer protocols and their null objects;
-- :mod:`~sweeper.core.checkpoint`: the checkpoint format, its file, its epoch sidecar, resume checks;
+- :mod:`~sweeper.core.checkpoint`: the checkpoint format, its one file (which names its epoch), resume checks;
 - :mod:`~sweeper.core.step`: one optimizer step's forward and backward over micro-batches;
 - :mod:`~sweeper.core.probe`: choosing the batch and micro-batch before training, halving after an OOM;
 - :mod:`~sweeper.core.batch_size`: the micro-batch search against free memory, OOM detection;

@@ -1,25 +1,26 @@
 """The checkpoint format, in one place: what a state holds, how it is saved and restored,
-which run it may continue, and the JSON sidecar that names its epoch.
+and which run it may continue.
 
 A state holds tensors, numbers, strings, lists and dicts only, so it loads with
-``torch.load(weights_only=True)``. ``<name>.pt`` and its sidecar ``<name>.json``
-(``{"epoch": n}``) are each replaced atomically; the sidecar lets a retry read the
-saved epoch without loading the tensors, and replay exactly the intermediate values
-its checkpoint covers.
+``torch.load(weights_only=True)``. It is one file, replaced atomically at every
+save, and it names its own epoch and config: :func:`checkpoint_meta` reads them
+through a memory map without loading the tensors, so that a retry can replay
+exactly the intermediate values its checkpoint covers. (There is no sidecar
+file that could name another epoch than the checkpoint holds.)
 """
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from sweeper.atomic import atomic_path, write_text
+from sweeper.atomic import atomic_path
 from sweeper.config import SweeperConfig, flatten, to_dict
 from sweeper.config.drift import CHECKPOINT_SECTIONS, differing_keys
 from sweeper.core.progress import Progress, cpu_copy
@@ -27,15 +28,10 @@ from sweeper.errors import ConfigError
 
 
 class FileCheckpointer:
-    """One checkpoint file, replaced atomically at every save.
+    """One checkpoint file, replaced atomically at every save."""
 
-    With ``sidecar=True`` each save then writes ``<path>.json`` (suffix replaced) naming the
-    saved epoch, for :func:`checkpoint_epoch` and :func:`copy_checkpoint`.
-    """
-
-    def __init__(self, path: str | Path, *, sidecar: bool = False) -> None:
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.sidecar = self.path.with_suffix(".json") if sidecar else None
 
     def load(self) -> dict | None:
         if not self.path.exists():
@@ -45,23 +41,28 @@ class FileCheckpointer:
     def save(self, state: dict) -> None:
         with atomic_path(self.path) as tmp:
             torch.save(state, tmp)
-        # after the checkpoint: a sidecar never names an epoch its checkpoint does not hold
-        if self.sidecar is not None:
-            write_text(self.sidecar, json.dumps({"epoch": int(state["epoch"])}))
 
 
-def checkpoint_epoch(path: Path) -> int | None:
-    """The epoch a checkpoint holds, from its sidecar; None unless both files exist."""
-    sidecar = path.with_suffix(".json")
-    if not (path.exists() and sidecar.exists()):
+def checkpoint_meta(path: str | Path) -> dict[str, Any] | None:
+    """``{"epoch", "config"}`` of a checkpoint, read through a memory map (the tensors stay
+    on disk); None when there is no file or it cannot be read as a checkpoint."""
+    try:
+        state = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
+        return {"epoch": int(state["epoch"]), "config": state.get("config", {})}
+    except Exception:  # noqa: BLE001 - missing or unreadable: there is nothing to resume from
         return None
-    return int(json.loads(sidecar.read_text())["epoch"])
+
+
+def checkpoint_epoch(path: str | Path) -> int | None:
+    """The epoch a checkpoint holds; None when there is none."""
+    meta = checkpoint_meta(path)
+    return None if meta is None else meta["epoch"]
 
 
 def copy_checkpoint(src: Path, dst: Path) -> None:
-    """Copy a checkpoint and its sidecar (a retry adopting the interrupted trial's state)."""
-    shutil.copyfile(src, dst)
-    shutil.copyfile(Path(src).with_suffix(".json"), Path(dst).with_suffix(".json"))
+    """Copy a checkpoint (a retry adopting the interrupted trial's state), atomically."""
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
 
 
 def training_state(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LambdaLR,
@@ -115,13 +116,22 @@ def set_rng_state(state: dict, generator: torch.Generator) -> None:
     generator.set_state(state["batches"])
 
 
+def config_mismatch(stored: dict, cfg: SweeperConfig) -> str | None:
+    """Why a checkpoint written under config ``stored`` cannot continue a run of ``cfg``
+    (model, train and data must match); None when it can."""
+    current = to_dict(cfg)
+    diffs = differing_keys(stored, current, CHECKPOINT_SECTIONS)
+    if not diffs:
+        return None
+    # the values again from the flat dicts: differing_keys spells a missing key "<unset>",
+    # this message has always said None
+    key = diffs[0][0]
+    old, new = flatten(stored).get(key), flatten(current).get(key)
+    return f"the checkpoint was written by a different run: {key} was {old!r}, now {new!r}"
+
+
 def check_same_config(state: dict, cfg: SweeperConfig) -> None:
     """A checkpoint continues only the run it came from: model, train and data must match."""
-    stored, current = state.get("config", {}), to_dict(cfg)
-    diffs = differing_keys(stored, current, CHECKPOINT_SECTIONS)
-    if diffs:
-        # the values again from the flat dicts: differing_keys spells a missing key "<unset>",
-        # this message has always said None
-        key = diffs[0][0]
-        old, new = flatten(stored).get(key), flatten(current).get(key)
-        raise ConfigError(f"the checkpoint was written by a different run: {key} was {old!r}, now {new!r}")
+    problem = config_mismatch(state.get("config", {}), cfg)
+    if problem:
+        raise ConfigError(problem)

@@ -3,7 +3,7 @@ per-epoch validation scores, and the final valid and test scores through ``predi
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -15,15 +15,20 @@ from sweeper.data import Batcher, Panel
 from sweeper.quant import ic as M
 
 SPLIT_PREFIX = {"valid": "val", "test": "test"}
+Tick = Callable[[], None]  # called once per evaluated batch: scoring is progress too
 
 
-def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int) -> torch.Tensor:
+def _no_tick() -> None:
+    return None
+
+
+def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int, tick: Tick = _no_tick) -> torch.Tensor:
     """Predictions [S] (fp32, eval mode) for the split's samples in sample-index order.
     Out of memory halves the evaluation batch and starts over."""
     while True:
         oom = False
         try:
-            return _forward_all(model, batcher, batch_size)
+            return _forward_all(model, batcher, batch_size, tick)
         except Exception as exc:
             if not is_oom(exc) or batch_size == 1:
                 raise
@@ -34,22 +39,25 @@ def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int) -> torch.T
 
 
 @torch.no_grad()
-def _forward_all(model: nn.Module, batcher: Batcher, batch_size: int) -> torch.Tensor:
+def _forward_all(model: nn.Module, batcher: Batcher, batch_size: int, tick: Tick) -> torch.Tensor:
     was_training = model.training
     model.eval()
+    out = []
     try:
-        out = [model(b.x).float() for b in batcher.eval_batches(batch_size)]
+        for b in batcher.eval_batches(batch_size):
+            out.append(model(b.x).float())
+            tick()
     finally:
         model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0, device=batcher.device)
 
 
 def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | str,
-            batch_size: int) -> pd.DataFrame:
+            batch_size: int, tick: Tick = _no_tick) -> pd.DataFrame:
     """Long frame ``date, asset, pred, label`` (label = raw) of one split. With the trial's
     best weights and ``train.eval_batch_size`` its IC is exactly the stored val_ic / test_ic."""
     batcher = Batcher(panel, split, torch.device(device))
-    pred = predict_rows(model, batcher, batch_size).cpu().numpy()
+    pred = predict_rows(model, batcher, batch_size, tick).cpu().numpy()
     idx = batcher.index.cpu().numpy()
     t, i = idx[:, 0], idx[:, 1]
     label = panel.y_raw.cpu().numpy()[t, i] if len(t) else np.zeros(0, np.float32)
@@ -57,10 +65,10 @@ def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | s
 
 
 def evaluate(model: nn.Module, panel: Panel, split: str, device: torch.device, batch_size: int,
-             loss_name: str) -> dict:
+             loss_name: str, tick: Tick = _no_tick) -> dict:
     """Per-epoch scores of a split: {val_loss, val_ic, val_rank_ic, val_icir} (vectorised torch)."""
     batcher = Batcher(panel, split, device)
-    pred = predict_rows(model, batcher, batch_size)
+    pred = predict_rows(model, batcher, batch_size, tick)
     start, stop = panel.splits[split]
     idx = batcher.index.to(pred.device)
     matrix = torch.full((stop - start, panel.y.shape[1]), math.nan, device=pred.device)
@@ -77,13 +85,14 @@ def evaluate(model: nn.Module, panel: Panel, split: str, device: torch.device, b
     return {f"{p}_loss": loss, f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"], f"{p}_icir": report["icir"]}
 
 
-def final_scores(model: nn.Module, panel: Panel, device: torch.device,
-                 batch_size: int) -> tuple[dict, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+def final_scores(model: nn.Module, panel: Panel, device: torch.device, batch_size: int,
+                 tick: Tick = _no_tick) -> tuple[dict, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """IC metrics, daily ICs and predictions of valid and test, from ``predict``'s frames."""
     scores: dict[str, Any] = {}
     daily, predictions = {}, {}
     for split, p in SPLIT_PREFIX.items():
-        frame = predict(model, panel, split, device, batch_size)
+        frame = predict(model, panel, split, device, batch_size, tick)
+        tick()
         report = M.ic_report(frame)
         scores.update({f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"], f"{p}_icir": report["icir"]})
         daily[split], predictions[split] = M.daily_ic(frame), frame

@@ -8,6 +8,9 @@ from typing import Protocol
 class EpochHook(Protocol):
     def on_epoch(self, epoch: int, metrics: dict) -> bool: ...   # True: stop now (pruned)
     def should_stop(self) -> bool: ...                            # polled at every step boundary
+    # called per batch of validation and final scoring: the run is alive although it makes no
+    # step (a sweep's stall watchdog counts it as progress). Optional: train() skips a hook without it
+    def tick(self) -> None: ...
 
 
 class Checkpointer(Protocol):
@@ -21,6 +24,9 @@ class NullHook:
 
     def should_stop(self) -> bool:
         return False
+
+    def tick(self) -> None:
+        return None
 
 
 class NullCheckpointer:

@@ -41,19 +41,25 @@ class TrainResult:
     daily: dict[str, pd.DataFrame]
     predictions: dict[str, pd.DataFrame]
     stopped_by_hook: bool = False
-    stop_reason: str = "epochs"   # epochs | early_stop | hook | time
+    stop_reason: str = "epochs"   # epochs | early_stop | pruned | time
 
 
 def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None = None,
           hook: EpochHook = NullHook(), checkpoint: Checkpointer = NullCheckpointer(),
-          log: Callable[[str], None] | None = None) -> TrainResult:
+          log: Callable[[str], None] | None = None, started: float | None = None) -> TrainResult:
     """Train ``cfg.model`` on ``panel``'s train split; early-stop on valid; score valid and test
-    with the best epoch's weights. Raises NonFiniteLoss, OutOfMemory, Interrupted."""
-    started = time.perf_counter()
+    with the best epoch's weights. Raises NonFiniteLoss, OutOfMemory, Interrupted.
+
+    ``started`` (a ``time.monotonic()`` reading, default now) is when the run began: a sweep's
+    worker passes the trial's start, so that ``train.max_minutes`` also counts loading the data.
+    Past that deadline the epoch ends at the next step and the run is scored as usual."""
+    began = time.perf_counter()
     tc = cfg.train
     say = log or (lambda message: None)
     device = resolve_device(device)
+    started = time.monotonic() if started is None else started
     deadline = started + tc.max_minutes * 60 if tc.max_minutes else math.inf
+    tick = getattr(hook, "tick", None) or (lambda: None)  # optional: hooks older than it have none
     seed_everything(tc.seed)
 
     # ---- setup: data, model, precision, optimizer, batch size, schedule
@@ -127,13 +133,13 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
                     raise NonFiniteLoss(f"loss or gradients non-finite for {progress.nonfinite_steps} consecutive "
                                         f"steps (epoch {epoch}, train.lr={tc.lr:g})")
             seen += len(batch.y)
-            if time.perf_counter() > deadline:
+            if time.monotonic() > deadline:
                 stop_reason = "time"
                 break
         train_seconds = time.perf_counter() - epoch_start
 
         # ---- end of epoch: validate, keep the best weights, checkpoint, report
-        scores = evaluate(step_model, panel, "valid", device, tc.eval_batch_size, tc.loss)
+        scores = evaluate(step_model, panel, "valid", device, tc.eval_batch_size, tc.loss, tick)
         metrics = {"epoch": epoch, "train_loss": loss_sum / loss_steps if loss_steps else math.nan, **scores,
                    "samples_per_s": seen / max(train_seconds, 1e-9), "peak_mem_mb": peak_memory_mb(device),
                    "lr": scheduler.get_last_lr()[0], "micro_batch_size": micro,
@@ -143,26 +149,28 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         # report first, then save: a checkpoint never holds an epoch the hook has not seen
         # (a kill in between re-runs and re-reports that epoch rather than losing its report)
         if hook.on_epoch(epoch, metrics):
-            stop_reason = "hook"
+            stop_reason = "pruned"
         elif progress.bad_epochs >= tc.patience and stop_reason == "epochs":
             stop_reason = "early_stop"
+        elif stop_reason == "epochs" and epoch < tc.epochs and time.monotonic() > deadline:
+            stop_reason = "time"  # the time ran out while validating: no new epoch for one step
         if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
             checkpoint.save(training_state(cfg, model, optimizer, scheduler, scaler, generator, progress,
                                            batch_size, micro))
 
     # ---- score valid and test with the best weights, through the same path as `predict`
     model.load_state_dict(progress.best_state)
-    result_metrics, daily, predictions = final_scores(model, panel, device, tc.eval_batch_size)
+    result_metrics, daily, predictions = final_scores(model, panel, device, tc.eval_batch_size, tick)
     result_metrics.update(
         val_loss=progress.best_metrics.get("val_loss", math.nan), best_epoch=progress.best_epoch,
         epochs_run=progress.epoch, batch_size=batch_size, micro_batch_size=micro,
         accum_steps=math.ceil(batch_size / micro), precision=precision.name,
         samples_per_s=mean([h["samples_per_s"] for h in progress.history]),
         peak_mem_mb=max([h["peak_mem_mb"] for h in progress.history], default=math.nan),
-        duration_s=time.perf_counter() - started)
+        duration_s=time.perf_counter() - began)
     if panel.oracle_ic:
         result_metrics.update(oracle_val_ic=panel.oracle_ic["valid"], oracle_test_ic=panel.oracle_ic["test"])
     say(f"done ({stop_reason}): best epoch {progress.best_epoch}, val_ic {result_metrics['val_ic']:.4f}, "
         f"test_ic {result_metrics['test_ic']:.4f}")
     return TrainResult(result_metrics, progress.history, progress.best_state, daily, predictions,
-                       stopped_by_hook=stop_reason == "hook", stop_reason=stop_reason)
+                       stopped_by_hook=stop_reason == "pruned", stop_reason=stop_reason)

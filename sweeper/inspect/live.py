@@ -60,6 +60,7 @@ class NullView:
     def epoch(self, slot: Any, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
     def trial_ended(self, slot: Any, number: int, state: str, value: Any, reason: Any) -> None: ...
     def progress(self, finished: int, best: Any) -> None: ...
+    def warn(self, slot: Any, text: str) -> None: ...   # a worker's problem that did not end its trial
     def tick(self) -> None: ...
     def close(self, outcome: Any, cfg: Any, plan: Any) -> None: ...
 
@@ -91,6 +92,9 @@ class PlainView(NullView):
     def trial_ended(self, slot: Any, number: int, state: str, value: Any, reason: Any) -> None:
         tail = f" ({reason})" if reason else ""
         self._say(f"trial {number} {state.lower()}{tail}: {self.metric}={fmt(value)}")
+
+    def warn(self, slot: Any, text: str) -> None:
+        self._say(f"warning from {slot.label}: {text}")
 
     def close(self, outcome: Any, cfg: Any, plan: Any) -> None:
         for line in summary_lines(outcome, cfg, plan):

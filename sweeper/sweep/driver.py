@@ -1,6 +1,6 @@
 """The dispatch loop of the driver (parent process): hand claimed trials to
-worker slots, read their events, enforce time limits, and survive anything a
-trial does.
+worker slots, read their events, enforce time limits and the stall watchdog,
+and survive anything a trial does.
 
 As in Optuna's ``_optimize``: :func:`sweeper.sweep.run.run` (set-up and cleanup
 in ``finally``) -> :meth:`Driver.loop` (slots, events, signals) ->
@@ -9,6 +9,8 @@ handles; it never reads the study itself.
 """
 from __future__ import annotations
 
+import math
+import os
 import selectors
 import signal
 import sys
@@ -22,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import config as C
 from sweeper import interrupt
+from sweeper.errors import StopRequested
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import logs_dir
 from sweeper.store.studies import FINISHED, best_in
@@ -33,6 +36,38 @@ from sweeper.sweep.identity import Identity
 MAX_EARLY_EXITS = 3
 CLOSE_WAIT_S = 10.0  # how long shutdown waits for workers to finish their step and exit
 WAIT_POLL_S = 0.5
+# train.max_minutes is the core's own deadline: it ends the epoch and scores the trial. The
+# driver kills a trial only this long after it (a share of the limit, and at least a floor):
+# the last step, validation, final scoring and writing results must fit in the grace.
+TIMEOUT_GRACE_FRACTION = 0.2
+TIMEOUT_GRACE_MIN_S = 120.0
+GRACE_ENV = "SWEEPER_TIMEOUT_GRACE_S"  # overrides the floor (tests that drill the hard kill)
+WARN_REPEAT_S = 60.0  # an identical warning from one slot is shown at most this often
+
+
+def timeout_grace_s(max_minutes: float) -> float:
+    """Seconds past ``train.max_minutes`` before the driver kills a trial (fail_reason timeout)."""
+    floor = float(os.environ.get(GRACE_ENV) or TIMEOUT_GRACE_MIN_S)
+    return max(TIMEOUT_GRACE_FRACTION * max_minutes * 60, floor)
+
+
+class Warnings:
+    """Worker warnings through the view; the same line from the same slot at most once per
+    ``WARN_REPEAT_S`` (a store outage would otherwise repeat it every heartbeat), with a count
+    of the repeats it held back."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.shown: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def __call__(self, slot: Any, text: str) -> None:
+        key, now = (slot.label, text), time.monotonic()
+        last, held = self.shown.get(key, (-math.inf, 0))
+        if now - last < WARN_REPEAT_S:
+            self.shown[key] = (last, held + 1)
+            return
+        self.shown[key] = (now, 0)
+        self.view.warn(slot, f"{text} (and {held} more times)" if held else text)
 
 
 class Stop:
@@ -80,6 +115,7 @@ class Driver:
         self.next_poll = 0.0
         self.message = ""
         self.broken = False
+        self.warnings = Warnings(view)
 
     # layer 2: the loop
     def loop(self) -> None:
@@ -116,6 +152,13 @@ class Driver:
 
     # layer 3: one trial
     def dispatch(self, w: WorkerHandle) -> bool:
+        """Claim a trial and hand it to ``w``; False when there is none to start now."""
+        try:
+            return self._dispatch(w)
+        except StopRequested:
+            return False  # Ctrl-C came while waiting for the lock or the store: the loop drains next
+
+    def _dispatch(self, w: WorkerHandle) -> bool:
         trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen)
         if trial is None:
             foreign = self._foreign_running()
@@ -152,7 +195,10 @@ class Driver:
             return True
         if self.waiting_on and now >= self.next_poll:
             self.next_poll = now + WAIT_POLL_S
-            return not self.waiting_on <= self._foreign_running()
+            try:
+                return not self.waiting_on <= self._foreign_running()
+            except StopRequested:
+                return False
         return False
 
     def _foreign_running(self) -> set[int]:
@@ -174,15 +220,23 @@ class Driver:
                 self._on_event(w, ev)
 
     def _on_event(self, w: WorkerHandle, ev: dict[str, Any]) -> None:
-        kind = ev["ev"]
+        kind, run = ev.get("ev"), w.running
+        if run is not None:
+            run.last_event = time.monotonic()  # any event: the worker is neither dead nor stuck
         if kind == protocol.READY:
             w.ready = w.was_ready = True
             w.early_exits = 0
-        elif kind == protocol.EPOCH and w.running:
-            w.running.epoch, w.running.metrics = ev["epoch"], ev["metrics"]
+        elif kind == protocol.PROGRESS and run:
+            run.steps = int(ev.get("steps") or 0)
+        elif kind == protocol.WARN:
+            self.warnings(w.slot, str(ev.get("text", "")))
+        elif kind == protocol.EPOCH and run:
+            run.epoch, run.metrics = ev["epoch"], ev["metrics"]
             self.view.epoch(w.slot, ev["number"], ev["epoch"], ev["metrics"])
-        elif kind == protocol.END:
-            self.failures_in_row = self.failures_in_row + 1 if ev["state"] == "FAIL" else 0
+        elif kind == protocol.END and run and ev.get("number") == run.number:
+            # (an END read after the driver killed the trial is stale: the trial is failed already)
+            failed = ev["state"] == "FAIL" or ev.get("reason") == "config"  # config: PRUNED for TPE's sake
+            self.failures_in_row = self.failures_in_row + 1 if failed else 0
             self.view.trial_ended(w.slot, ev["number"], ev["state"], ev.get("value"), ev.get("reason"))
             w.running = None
             w.ready = ev["state"] != "FAIL"  # after a failure the worker exits; its replacement comes on EOF
@@ -216,28 +270,44 @@ class Driver:
         """FAIL a trial this driver ran, recording why; a no-op when it has finished
         meanwhile (another host judged it stale, or its worker told the store first)."""
         storage = private.backend(self.study)
+        attrs = {"fail_reason": reason, "error": error, "exit_code": code}
+        if reason == "interrupted":
+            attrs["stop_reason"] = "interrupted"
         try:
             if storage.get_trial(run.trial_id).state.is_finished():
                 return
-            for key, value in {"fail_reason": reason, "error": error, "exit_code": code}.items():
+            for key, value in attrs.items():
                 storage.set_trial_user_attr(run.trial_id, key, value)
             self.study.tell(run.number, state=TrialState.FAIL, skip_if_finished=True)
         except optuna.exceptions.UpdateFinishedTrialError:
             return
+        except StopRequested:
+            return  # Ctrl-C during a store outage: the trial is failed as stale by the next run
         self.exhausted = False
 
     def _check_timeouts(self) -> None:
-        limit = self.cfg.train.max_minutes
-        if limit is None:
-            return
+        """The hard time limit (train.max_minutes plus its grace) and the stall watchdog:
+        a trial past either is killed with its worker's process group and failed."""
+        limit, stall = self.cfg.train.max_minutes, self.cfg.study.stall_timeout
         for w in self.workers:
-            if w.running and time.monotonic() - w.running.started > limit * 60:
-                run = w.running
-                w.kill()
-                self._fail(run, "timeout", f"trial exceeded train.max_minutes={limit:g}", w.proc.returncode)
-                self.failures_in_row += 1
-                self.view.trial_ended(w.slot, run.number, "FAIL", None, "timeout")
-                w.running, w.ready = None, False  # the EOF that follows respawns the slot
+            run, now = w.running, time.monotonic()
+            if run is None:
+                continue
+            if limit is not None and now - run.started > limit * 60 + timeout_grace_s(limit):
+                self._kill_trial(w, "timeout", f"trial exceeded train.max_minutes={limit:g} by more than its "
+                                 f"{timeout_grace_s(limit):g} s grace for scoring and writing results")
+            elif stall is not None and now - run.last_event > stall:
+                # the heartbeat thread beats through a hung step: only the events show progress
+                self._kill_trial(w, "stall", f"no training step and no event from its worker for "
+                                 f"{now - run.last_event:.0f} s (study.stall_timeout={stall:g})")
+
+    def _kill_trial(self, w: WorkerHandle, reason: str, error: str) -> None:
+        run = w.running
+        w.kill()
+        self._fail(run, reason, error, w.proc.returncode)
+        self.failures_in_row += 1
+        self.view.trial_ended(w.slot, run.number, "FAIL", None, reason)
+        w.running, w.ready = None, False  # the EOF that follows respawns the slot
 
     def _drain(self) -> None:
         for w in self.workers:
@@ -246,11 +316,14 @@ class Driver:
                 w.stop_sent = True
 
     def _kill_all(self) -> None:
+        """The second Ctrl-C: every worker's process group killed at once, then their trials failed."""
         for w in self.workers:
-            run = w.running
-            w.kill()
+            _guarded(w.kill, w)
+        for w in self.workers:
+            run, w.running = w.running, None
             if run is not None:
                 self._fail(run, "interrupted", "killed by a second Ctrl-C", w.proc.returncode)
+                self.view.trial_ended(w.slot, run.number, "FAIL", None, "interrupted")
 
     def shutdown(self) -> None:
         """Stop every worker at once, then wait for them together (not 10 s each in turn);

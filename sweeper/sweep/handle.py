@@ -23,6 +23,12 @@ class Running:
     started: float
     epoch: int | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    last_event: float = 0.0  # monotonic time of the worker's last event; the stall watchdog reads it
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        # the clock starts at dispatch: loading the data and the batch probe count as well
+        self.last_event = self.last_event or self.started
 
 
 class WorkerHandle:

@@ -2,29 +2,48 @@
 
 Other drivers judge a RUNNING trial dead when its heartbeat is older than
 ``study.grace_period``; the beat therefore runs on its own thread, so a long
-epoch or a slow write of results never looks like a dead host.
+epoch or a slow write of results never looks like a dead host. (For the same
+reason it beats through a hung training step: the driver's stall watchdog,
+fed by progress events, catches those.)
 """
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 
 class Heartbeat:
-    """Records the trial's heartbeat every ``interval`` seconds until stopped."""
+    """Records the trial's heartbeat every ``interval`` seconds until stopped.
 
-    def __init__(self, storage: Any, trial_id: int, interval: float) -> None:
+    A failed beat is retried at the next interval; ``warn`` hears of the first
+    failure of a run of them (and of each new kind of error), and of the recovery,
+    so an outage is told once, not every few seconds.
+    """
+
+    def __init__(self, storage: Any, trial_id: int, interval: float,
+                 warn: Callable[[str], None] = lambda text: None) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(storage, trial_id, interval), daemon=True)
+        self._warn = warn
+        self._thread = threading.Thread(target=self._beat, args=(storage, trial_id, interval), daemon=True,
+                                        name="heartbeat")
 
     def _beat(self, storage: Any, trial_id: int, interval: float) -> None:
         # beat at once: the driver's first heartbeat was recorded at claim time,
         # and the grace period runs from there
+        failing: str | None = None
+        misses = 0
         while True:
             try:
                 storage.record_heartbeat(trial_id)
-            except Exception:  # noqa: BLE001 - a missed beat is retried next interval
-                pass
+                if failing is not None:
+                    self._warn(f"heartbeat recorded again after {misses} failed beat(s)")
+                failing, misses = None, 0
+            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
+                text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                misses += 1
+                if text != failing:
+                    self._warn(f"heartbeat failed ({text}); retrying every {interval:g} s")
+                failing = text
             if self._stop.wait(interval):
                 return
 

@@ -7,8 +7,12 @@ Driver -> worker (the worker's stdin), one object per line with an ``op``:
 Worker -> driver (a private copy of the worker's stdout; the stdout file
 descriptor itself is pointed at the slot log so that a stray print cannot
 corrupt the stream), one object per line with an ``ev``: ``ready`` (pid,
-threads), ``start`` (number, params), ``epoch`` (number, epoch, metrics) and
-``end`` (number, state, value, reason, metrics).
+threads), ``start`` (number, params), ``progress`` (number, steps: training
+steps so far; sent at most every few seconds while steps or evaluation batches
+go on, for the driver's stall watchdog), ``epoch`` (number, epoch, metrics),
+``warn`` (text: one line about something that went wrong without ending the
+trial, such as a failed heartbeat or artifact upload) and ``end`` (number,
+state, value, reason, metrics).
 
 Both sides import this module, and only this one, to speak to each other.
 """
@@ -16,14 +20,16 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from typing import Any, Callable, TextIO
 
 # ops (driver -> worker)
 INIT, RUN, STOP = "init", "run", "stop"
 # events (worker -> driver)
-READY, START, EPOCH, END = "ready", "start", "epoch", "end"
+READY, START, PROGRESS, EPOCH, WARN, END = "ready", "start", "progress", "epoch", "warn", "end"
 
-_channel: TextIO = sys.stdout
+_channel: TextIO | None = None  # None: sys.stdout as it is at the time of writing
+_lock = threading.Lock()  # the heartbeat thread warns while the training thread reports
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -73,6 +79,9 @@ def set_channel(stream: TextIO) -> None:
 
 
 def emit(event: str, **fields: Any) -> None:
-    """Send one event to the driver (from the worker process)."""
-    _channel.write(json.dumps({"ev": event, **fields}, default=_json_default) + "\n")
-    _channel.flush()
+    """Send one event to the driver (from the worker process), one whole line at a time."""
+    line = json.dumps({"ev": event, **fields}, default=_json_default) + "\n"
+    with _lock:
+        channel = _channel or sys.stdout
+        channel.write(line)
+        channel.flush()

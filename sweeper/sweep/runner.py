@@ -12,9 +12,10 @@ import math
 import os
 import socket
 import threading
+import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 import torch
@@ -23,15 +24,15 @@ from optuna.trial import TrialState
 
 from sweeper import config as C
 from sweeper.atomic import atomic_path
-from sweeper.core.checkpoint import FileCheckpointer, checkpoint_epoch, copy_checkpoint
-from sweeper.errors import SweeperError, TrialFailure
+from sweeper.core.checkpoint import FileCheckpointer, checkpoint_meta, config_mismatch, copy_checkpoint
+from sweeper.errors import ConfigError, Interrupted, SweeperError, TrialFailure
 from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.sweep import protocol
 from sweeper.sweep.heartbeat import Heartbeat
 from sweeper.sweep.samplers import build_pruner
-from sweeper.sweep.trial_hook import OptunaHook, copy_csv_upto
+from sweeper.sweep.trial_hook import OptunaHook, copy_csv_upto, progress_interval
 
 
 class TrialRunner:
@@ -63,22 +64,24 @@ class TrialRunner:
 
     def run(self, trial_id: int, number: int) -> bool:
         """Train one trial to a finished state; False when the worker must be replaced."""
+        started = time.monotonic()  # train.max_minutes counts from here, loading the data included
         files = trial_files(self.run_dir, number)
         files.folder.mkdir(parents=True, exist_ok=True)
         trial = optuna.Trial(self.study, trial_id)
         frozen = self.storage.get_trial(trial_id)
         log = _TrialLog(files.log)
-        with Heartbeat(self.storage, trial_id, self.cfg.study.heartbeat_interval):
+        warn = _warner(number, log)
+        with Heartbeat(self.storage, trial_id, self.cfg.study.heartbeat_interval, warn=warn):
             self._stamp(trial)
             protocol.emit(protocol.START, number=number, params=frozen.params)
             try:
-                state, value, attrs = self._train(trial, frozen, files, log)
+                state, value, attrs = self._train(trial, frozen, files, log, started)
             except optuna.exceptions.UpdateFinishedTrialError:
                 return self._taken(trial, number)
             except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
-                state, value, attrs = TrialState.FAIL, None, _failure_attrs(exc, log)
+                state, value, attrs = _failed(exc, log)
             # still beating: recording results must not look like a dead host to the others
-            return self._finish(trial, number, state, value, attrs, files)
+            return self._finish(trial, number, state, value, attrs, files, warn)
 
     def _stamp(self, trial: optuna.Trial) -> None:
         # host, driver_id and driver_pid were written by the driver's claim, under its lock
@@ -92,31 +95,47 @@ class TrialRunner:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
 
-    def _train(self, trial: optuna.Trial, frozen: Any, files: TrialFiles, log: "_TrialLog") -> tuple:
+    def _train(self, trial: optuna.Trial, frozen: Any, files: TrialFiles, log: "_TrialLog",
+               started: float) -> tuple:
         from sweeper.core import train
 
+        # a sampled combination the model's config refuses raises ConfigError here or in train()
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
         files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
-        self._adopt_checkpoint(trial, frozen, files, log)
-        hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop)
+        self._adopt_checkpoint(trial, frozen, cfg, files, log)
+        hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop,
+                          progress_interval(self.cfg.study.stall_timeout))
         panel = self.panel(cfg)
-        checkpoint = FileCheckpointer(files.checkpoint, sidecar=True)  # the sidecar lets a retry replay epochs
-        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log)
+        hook.tick()  # the data is loaded: progress, for the stall watchdog
+        checkpoint = FileCheckpointer(files.checkpoint)  # holds its epoch: a retry replays up to it
+        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log, started=started)
         _write_results(files, result)
         state = TrialState.PRUNED if hook.pruned else TrialState.COMPLETE
         value = result.metrics.get(self.cfg.study.metric)
+        attrs = {**result.metrics, "stop_reason": result.stop_reason}
         if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
-            return TrialState.FAIL, None, {**result.metrics, "fail_reason": "nan",
+            return TrialState.FAIL, None, {**attrs, "fail_reason": "nan",
                                            "error": f"{self.cfg.study.metric} is not finite"}
-        return state, value, dict(result.metrics)
+        return state, value, attrs
 
-    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: Any, files: TrialFiles, log: "_TrialLog") -> None:
+    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: Any, cfg: C.SweeperConfig, files: TrialFiles,
+                          log: "_TrialLog") -> None:
         """A retry continues from the interrupted trial's checkpoint, replaying its
-        intermediate values up to that epoch exactly once."""
+        intermediate values up to that epoch exactly once. A checkpoint of another
+        config (the study was resumed with --force after a change) is not continued:
+        the trial starts fresh and says so."""
+        _drop_foreign(files.checkpoint, cfg, log)
         source = frozen.user_attrs.get("resume_from")
-        if not source or files.checkpoint.exists() or checkpoint_epoch(Path(source)) is None:
+        meta = checkpoint_meta(source) if source and not files.checkpoint.exists() else None
+        if meta is None:
             return
-        epoch = checkpoint_epoch(Path(source))
+        problem = config_mismatch(meta["config"], cfg)
+        if problem:
+            log(f"not resuming from {source}: {problem} (the study's config changed, e.g. under --force); "
+                "starting fresh")
+            trial.set_user_attr("resume_skipped", problem)
+            return
+        epoch = meta["epoch"]
         copy_checkpoint(Path(source), files.checkpoint)
         previous = self.storage.get_trial(self.storage.get_trial_id_from_study_id_trial_number(
             private.study_id(self.study), int(frozen.user_attrs["retry_of"])))
@@ -130,11 +149,11 @@ class TrialRunner:
         log(f"resuming from {source} at epoch {epoch}")
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
-                attrs: dict[str, Any], files: TrialFiles) -> bool:
+                attrs: dict[str, Any], files: TrialFiles, warn: Callable[[str], None]) -> bool:
         try:
             for key, val in attrs.items():
                 trial.set_user_attr(key, _plain(val))
-            self._register_artifacts(trial, files)
+            self._register_artifacts(trial, files, warn)
             values = value if state == TrialState.COMPLETE else None
             self.study.tell(trial, values, state=state, skip_if_finished=True)
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -153,16 +172,20 @@ class TrialRunner:
         protocol.emit(protocol.END, number=number, state=stored.state.name, value=None, reason=reason, metrics={})
         return False
 
-    def _register_artifacts(self, trial: optuna.Trial, files: TrialFiles) -> None:
+    def _register_artifacts(self, trial: optuna.Trial, files: TrialFiles, warn: Callable[[str], None]) -> None:
         from optuna.artifacts import upload_artifact
 
+        failed, first = [], None  # one line however many files fail, with the first error
         for name in ARTIFACTS:
             path = files.folder / name
             if path.exists():
                 try:
                     upload_artifact(artifact_store=self.artifacts, file_path=str(path), study_or_trial=trial)
-                except Exception:  # noqa: BLE001 - the files stay in the run folder either way
-                    pass
+                except Exception as exc:  # noqa: BLE001 - the files stay in the run folder either way
+                    failed.append(name)
+                    first = first or f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        if failed:
+            warn(f"artifact upload failed for {', '.join(failed)} ({first}); the files stay in {files.folder}")
 
 
 def _write_results(files: TrialFiles, result: Any) -> None:
@@ -172,11 +195,40 @@ def _write_results(files: TrialFiles, result: Any) -> None:
         frame.to_csv(files.daily_ic(split), index=False)
 
 
-def _failure_attrs(exc: BaseException, log: "_TrialLog") -> dict[str, Any]:
-    reason = exc.reason if isinstance(exc, TrialFailure) else "crash"
+def _failed(exc: BaseException, log: "_TrialLog") -> tuple[TrialState, None, dict[str, Any]]:
+    """How a trial that raised ends: FAIL with its fail_reason, except a config the model
+    cannot take, which is PRUNED (see below)."""
     log("".join(traceback.format_exception(exc)).rstrip())
     message = str(exc) if isinstance(exc, (TrialFailure, SweeperError)) else f"{type(exc).__name__}: {exc}"
-    return {"fail_reason": reason, "error": message[:2000]}
+    if isinstance(exc, ConfigError):
+        # A sampled combination the model refuses (nhead not dividing d_model, a constructor
+        # that raises). Not retried, and recorded PRUNED, not FAIL: Optuna's TPE never reads
+        # FAIL trials, so a FAIL would let it sample the region again; a PRUNED trial with no
+        # intermediate values ranks below every other trial, so TPE moves away from it.
+        return TrialState.PRUNED, None, {"fail_reason": "config", "error": message[:2000]}
+    attrs = {"fail_reason": exc.reason if isinstance(exc, TrialFailure) else "crash", "error": message[:2000]}
+    if isinstance(exc, Interrupted):
+        attrs["stop_reason"] = "interrupted"
+    return TrialState.FAIL, None, attrs
+
+
+def _drop_foreign(path: Path, cfg: C.SweeperConfig, log: "_TrialLog") -> None:
+    """A checkpoint already at the trial's own path that another config wrote (left by a
+    deleted study of the same name) is removed rather than crash the trial."""
+    meta = checkpoint_meta(path)
+    problem = None if meta is None else config_mismatch(meta["config"], cfg)
+    if problem:
+        log(f"removing {path}: {problem}; starting fresh")
+        path.unlink(missing_ok=True)
+
+
+def _warner(number: int, log: "_TrialLog") -> Callable[[str], None]:
+    """One line about a problem that does not end the trial: in the trial's log and the
+    slot log, and to the driver, which shows it."""
+    def warn(text: str) -> None:
+        log(f"warning: {text}")
+        protocol.emit(protocol.WARN, number=number, text=f"trial {number}: {text}")
+    return warn
 
 
 def _plain(value: Any) -> Any:

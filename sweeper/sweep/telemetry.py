@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ class Telemetry:
         self.interval = interval or float(os.environ.get("SWEEPER_TELEMETRY_INTERVAL", "5"))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="telemetry")
+        self._told: set[str] = set()  # errors already reported: each distinct one once
 
     def start(self) -> None:
         if self.enabled:
@@ -27,16 +29,28 @@ class Telemetry:
 
     def _loop(self) -> None:
         while True:
-            rows = telemetry()
-            if rows:
-                new = not self.path.exists()
-                with self.path.open("a", newline="") as fh:
-                    writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-                    if new:
-                        writer.writeheader()
-                    writer.writerows(rows)
+            try:
+                self._sample()
+            except Exception as exc:  # noqa: BLE001 - samples are a report's extra; the sweep goes on
+                self._tell(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
             if self._stop.wait(self.interval):
                 return
+
+    def _sample(self) -> None:
+        rows = telemetry()
+        if rows:
+            new = not self.path.exists()
+            with self.path.open("a", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                if new:
+                    writer.writeheader()
+                writer.writerows(rows)
+
+    def _tell(self, error: str) -> None:
+        if error not in self._told:
+            self._told.add(error)
+            print(f"sweeper: GPU telemetry failed ({error}); {self.path} misses samples while it does "
+                  "(the sweep goes on)", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,11 +1,13 @@
 """The training core's epoch hook inside a worker: per-epoch metrics to
-``metrics.csv``, the objective to Optuna (for pruning), and an ``epoch`` event
-to the driver."""
+``metrics.csv``, the objective to Optuna (for pruning), an ``epoch`` event to
+the driver, and ``progress`` events while steps and evaluation batches go on
+(the driver's stall watchdog lives on them)."""
 from __future__ import annotations
 
 import csv
 import math
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +15,25 @@ import optuna
 
 from sweeper.sweep import protocol
 
+PROGRESS_EVERY_S = 5.0  # the most a progress event waits; shorter when study.stall_timeout is short
+
+
+def progress_interval(stall_timeout: float | None) -> float:
+    """How often to report progress: several times within the stall timeout, so that one
+    slow pipe or busy driver turn never makes a live trial look stalled."""
+    return PROGRESS_EVERY_S if stall_timeout is None else min(PROGRESS_EVERY_S, stall_timeout / 4)
+
 
 class OptunaHook:
     """Reports the objective each epoch, prunes, logs metrics.csv, and tells the driver."""
 
     def __init__(self, trial: optuna.Trial, metric: str, number: int, metrics_csv: Path,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, progress_every: float = PROGRESS_EVERY_S) -> None:
         self.trial, self.metric, self.number, self.metrics_csv, self.stop = trial, metric, number, metrics_csv, stop
         self.pruned = False
+        self.steps = 0
+        self.progress_every = progress_every
+        self._next_progress = 0.0  # the first step is reported at once
 
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
         append_csv(self.metrics_csv, {"epoch": epoch, **metrics})
@@ -33,7 +46,17 @@ class OptunaHook:
         return self.pruned
 
     def should_stop(self) -> bool:
+        self.steps += 1  # polled once before every training step
+        self.tick()
         return self.stop.is_set()
+
+    def tick(self) -> None:
+        """Tell the driver the trial moves (a step or an evaluation batch), at most every
+        ``progress_every`` seconds: a clock read per batch, an event a few times a minute."""
+        now = time.monotonic()
+        if now >= self._next_progress:
+            self._next_progress = now + self.progress_every
+            protocol.emit(protocol.PROGRESS, number=self.number, steps=self.steps)
 
 
 def append_csv(path: Path, row: dict[str, Any]) -> None:

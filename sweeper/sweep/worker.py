@@ -73,7 +73,9 @@ class Commands:
 
     @staticmethod
     def _malformed(line: str) -> None:
-        print(f"sweeper: skipped a malformed command line from the driver: {line!r}", file=sys.stderr, flush=True)
+        note = f"skipped a malformed command line from the driver: {line!r}"
+        print(f"sweeper: {note}", file=sys.stderr, flush=True)  # the slot log
+        protocol.emit(protocol.WARN, text=note)
 
     def next(self) -> dict[str, Any] | None:
         with self._ready:
