@@ -122,3 +122,15 @@ def test_unquoted_yaml_dates_in_split_ranges(tmp_path):
     cfg = C.load_config(path)
     assert cfg.data.split.train == ("2015-01-01", "2018-12-31")
     assert cfg.data.split.test == ("2020-01-10", "2020-12-31")
+
+
+def test_keys_added_by_a_newer_version_are_not_drift_at_their_defaults():
+    from sweeper.config import drift, to_dict
+
+    current = to_dict(C.validate_config({"data": {"synthetic": {"assets": 8, "dates": 50}}}, "s.yaml"))
+    older = {k: dict(v) if isinstance(v, dict) else v for k, v in current.items()}
+    older["train"] = {k: v for k, v in current["train"].items() if k != "max_minutes"}  # a key it did not have
+    assert drift(older, current) == []
+    tuned = to_dict(C.validate_config({"data": {"synthetic": {"assets": 8, "dates": 50}},
+                                     "train": {"max_minutes": 5}}, "s.yaml"))
+    assert drift(older, tuned) == ["train.max_minutes (None -> 5.0)"]

@@ -127,8 +127,20 @@ def test_oracle_ic_read_from_metadata(tmp_path):
     assert plain.oracle_ic is None
     oracle = write_synthetic(tmp_path / "s.parquet", assets=20, dates=60, features=3, seed=1)
     panel = load_panel(DataConfig(path=str(tmp_path / "s.parquet")))
-    assert panel.oracle_ic == oracle
+    assert panel.oracle_ic == pytest.approx(oracle, rel=1e-12)  # the default split: the stored figures
     assert panel.source == str(tmp_path / "s.parquet")
+
+
+def test_oracle_of_a_file_follows_the_actual_split(tmp_path):
+    write_synthetic(tmp_path / "s.parquet", assets=20, dates=80, features=3, seed=1)
+    split = SplitConfig(train=0.5, valid=0.3, test=0.2)
+    from_file = load_panel(DataConfig(path=str(tmp_path / "s.parquet"), lookback=7, horizon=3, split=split))
+    in_memory = load_panel(DataConfig(synthetic=SyntheticConfig(assets=20, dates=80, features=3, seed=1),
+                                      lookback=7, horizon=3, split=split))
+    assert from_file.splits == in_memory.splits
+    assert from_file.oracle_ic == pytest.approx(in_memory.oracle_ic, rel=1e-9)
+    default = write_synthetic(tmp_path / "d.parquet", assets=20, dates=80, features=3, seed=1)
+    assert from_file.oracle_ic["valid"] != pytest.approx(default["valid"], rel=1e-3)
 
 
 def test_synthetic_source_needs_no_file():
@@ -194,9 +206,36 @@ def test_missing_dates(tmp_path):
     raises(cfg(path), path, "column 'date'", "1 rows have no date", "row 3")
 
 
-def test_numeric_date_column_is_refused(tmp_path):
-    path = write(long_frame().assign(date=20210104), tmp_path / "p.parquet")
-    raises(cfg(path), path, "date column 'date'", "int64")
+def test_yyyymmdd_integers_and_strings_are_dates(tmp_path):
+    frame = long_frame(n_dates=30, n_assets=3)
+    as_int = frame.assign(date=frame.date.dt.strftime("%Y%m%d").astype(np.int64))
+    as_int32 = frame.assign(date=frame.date.dt.strftime("%Y%m%d").astype(np.int32))
+    as_text = frame.assign(date=frame.date.dt.strftime("%Y%m%d"))
+    ref = load_panel(cfg(write(frame, tmp_path / "ref.parquet")))
+    for k, f in enumerate([as_int, as_int32, as_text]):
+        panel = load_panel(cfg(write(f, tmp_path / f"{k}.parquet")))
+        np.testing.assert_array_equal(panel.dates, ref.dates)
+        assert torch.equal(panel.X, ref.X) and panel.splits == ref.splits
+
+
+def test_other_numeric_dates_are_refused(tmp_path):
+    # epoch seconds are not read as dates (nor as nanoseconds since 1970)
+    seconds = lambda f: [int(d.timestamp()) for d in f.date]  # noqa: E731
+    path = write(long_frame().assign(date=seconds), tmp_path / "p.parquet")
+    raises(cfg(path), path, "column 'date'", "cannot parse", "1609718400", "YYYYMMDD integers")
+    floats = write(long_frame().assign(date=1.5), tmp_path / "f.parquet")
+    raises(cfg(floats), floats, "date column 'date'", "double")
+
+
+def test_feature_patterns_and_exclusions(tmp_path):
+    frame = long_frame().assign(mom_5=1.0, mom_20=2.0, vol_5=3.0, fwd_ret=4.0)
+    path = write(frame, tmp_path / "p.parquet")
+    assert load_panel(cfg(path, features=["mom_*", "f1"])).features == ["mom_5", "mom_20", "f1"]
+    assert load_panel(cfg(path, features=["*_5", "mom_5"])).features == ["mom_5", "vol_5"]  # once each
+    assert load_panel(cfg(path, exclude=["fwd_*", "f?"])).features == ["mom_5", "mom_20", "vol_5"]
+    assert load_panel(cfg(path, features=["[mv]*"], exclude=["*_20"])).features == ["mom_5", "vol_5"]
+    raises(cfg(path, features=["beta_*"]), path, "pattern 'beta_*'", "data.features", "matches no numeric column")
+    raises(cfg(path, exclude=["*"]), path, "no feature columns left", "data.exclude")
 
 
 def test_no_rows(tmp_path):
@@ -252,3 +291,25 @@ def test_arrow_table_with_nulls_and_int_features(tmp_path):
     panel = load_panel(cfg(path, feature_norm="none", label_norm="none"))
     assert panel.X[:, 0, 0].tolist() == [1.0] * 30 and panel.X[:, 1, 0].tolist() == [0.0] * 30
     assert list(panel.assets) == ["X", "Y"]
+
+
+def test_validate_accepts_yyyymmdd_integer_dates(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from sweeper.data import synthetic_frame
+
+    frame, _ = synthetic_frame(assets=12, dates=80, features=3, seed=0)
+    frame["date"] = frame["date"].dt.strftime("%Y%m%d").astype(np.int64)  # 20100104, ...
+    frame.to_parquet(tmp_path / "ashare.parquet", index=False)
+    study = {"study": {"name": "ints"}, "data": {"path": "ashare.parquet", "lookback": 5},
+             "model": {"name": "mlp", "hidden_size": 8}, "devices": {"gpus": "none", "cpu_workers": 1}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
+    out = subprocess.run([sys.executable, "-m", "sweeper.cli", "validate", "s.yaml"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "s.yaml: ok" in out.stdout and "data: ashare.parquet" in out.stdout

@@ -106,6 +106,19 @@ def test_min_budget_is_the_exact_threshold():
         assert b == 3 or min(fraction_sizes(b - 1, fractions)) < 1
 
 
+def test_a_larger_budget_never_empties_a_split():
+    # cumulative rounding alone gives 2/1/1 for 4 dates but 3/0/2 for 5 (hypothesis found it)
+    fractions = (0.5, 1 / 6, 1 / 3)
+    assert min_budget(fractions) == 4 and fraction_sizes(4, fractions) == [2, 1, 1]
+    assert fraction_sizes(5, fractions) == [2, 1, 2]
+    for fractions in [(0.5, 1 / 6, 1 / 3), (0.6, 0.2, 0.2), (0.8, 0.1, 0.1), (0.7, 0.05, 0.25)]:
+        b = min_budget(fractions)
+        assert all(min(fraction_sizes(n, fractions)) >= 1 for n in range(b, 400))
+        # borrowing moves dates between splits, never adds or drops one
+        assert all(sum(fraction_sizes(n, fractions)) == int(np.floor(np.cumsum(fractions)[-1] * n + 0.5 + 1e-9))
+                   for n in range(b, 400))
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     n_dates=st.integers(3, 400), lookback=st.integers(1, 30), horizon=st.integers(0, 6),

@@ -319,7 +319,7 @@ def test_best_and_status_show_oracle_fraction_and_deflated_ic(inside):
     assert report["test_ic_oracle_fraction"] == pytest.approx(best.user_attrs["test_ic"] / oracle["test"])
     daily = {t.number: pd.read_csv(f"runs/live/trials/{t.number}/daily_ic_valid.csv")["ic"].to_numpy()
              for t in study.get_trials()}
-    expected = selection_summary(daily, best.number)
+    expected = selection_summary(daily, best.number, horizon=SWEEP["data"].get("horizon", 2))
     assert report["selection"] == pytest.approx(expected, rel=1e-12)
     assert report["selection"]["n_trials"] == 8
     text = cli("best", "study.yaml")
@@ -337,7 +337,7 @@ def test_report_of_the_real_sweep(inside):
     cli("report", "study.yaml", "-o", "report.html")
     figures = figures_of(Path("report.html").read_text())
     assert list(figures) == ["history", "importance", "parallel", "curves", "timeline", "overfit", "daily",
-                             "selection"]  # no devices.csv: a CPU sweep has no GPU telemetry
+                             "selection", "buckets", "longshort"]  # no devices.csv: a CPU sweep has no GPU telemetry
     assert figures["curves"]["layout"]["meta"]["trials_by_state"] == {"COMPLETE": 8}
     use = figures["timeline"]["layout"]["meta"]["utilisation"]
     assert use["slots"] == 2 and 0 < use["fraction"] <= 1

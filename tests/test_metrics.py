@@ -23,14 +23,22 @@ from sweeper.quant.ic import (
 # ------------------------------------------------------------ reference
 
 
+def _constant_pred(g: pd.DataFrame) -> bool:
+    """>= 2 complete pairs, the prediction exactly constant, the label not."""
+    pairs = g[np.isfinite(g["pred"]) & np.isfinite(g["label"])]
+    return len(pairs) >= 2 and pairs["pred"].nunique() == 1 and pairs["label"].nunique() > 1
+
+
 def reference_daily(df: pd.DataFrame) -> pd.DataFrame:
-    """Qlib's calc_ic: groupby date, Series.corr, pearson and spearman; NaN dates dropped."""
+    """Qlib's calc_ic (groupby date, Series.corr, pearson and spearman; NaN dates dropped),
+    except that a date with a constant prediction scores 0 (sweeper's rule)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy warns on constant input
         grouped = df.groupby("date")
-        ic = grouped.apply(lambda g: g["pred"].corr(g["label"]))
-        rank_ic = grouped.apply(lambda g: g["pred"].corr(g["label"], method="spearman"))
-    out = pd.DataFrame({"ic": ic, "rank_ic": rank_ic})
+        constant = grouped.apply(_constant_pred)
+        ic = grouped.apply(lambda g: g["pred"].corr(g["label"])).where(~constant, 0.0)
+        rank_ic = grouped.apply(lambda g: g["pred"].corr(g["label"], method="spearman")).where(~constant, 0.0)
+    out = pd.DataFrame({"ic": ic, "rank_ic": rank_ic, "constant": constant})
     return out[out["ic"].notna()]
 
 
@@ -44,6 +52,7 @@ def reference_report(df: pd.DataFrame) -> dict:
             "icir": ic.mean() / ic.std(ddof=1),
             "rank_icir": rank_ic.mean() / rank_ic.std(ddof=1),
             "n_dates": len(ic),
+            "n_constant_dates": int(daily["constant"].sum()),
         }
 
 
@@ -69,6 +78,7 @@ def to_frame(pred: np.ndarray, label: np.ndarray) -> pd.DataFrame:
 
 def assert_reports_equal(got: dict, want: dict) -> None:
     assert got["n_dates"] == want["n_dates"]
+    assert got["n_constant_dates"] == want["n_constant_dates"]
     for key in ("ic", "rank_ic", "icir", "rank_icir"):
         if not math.isfinite(want[key]) or abs(want[key]) > 1e9:
             # no spread across days (or spread at rounding level): ICIR is undefined
@@ -80,10 +90,11 @@ def assert_reports_equal(got: dict, want: dict) -> None:
 def check_against_reference(pred: np.ndarray, label: np.ndarray) -> None:
     df = to_frame(pred, label)
     ref = reference_daily(df)
-    got = daily_ic(df)
+    got = daily_ic(df, flag_constant=True)
     assert list(got["date"]) == list(ref.index)
     np.testing.assert_allclose(got["ic"], ref["ic"], atol=1e-6)
     np.testing.assert_allclose(got["rank_ic"], ref["rank_ic"], atol=1e-6)
+    assert got["constant_pred"].tolist() == ref["constant"].astype(int).tolist()
 
     pearson, spearman = daily_ic_torch(torch.tensor(pred), torch.tensor(label))
     ref_full = ref.reindex(pd.date_range("2020-01-01", periods=len(pred), freq="D"))
@@ -106,26 +117,32 @@ def hand_frame() -> pd.DataFrame:
         ("d2", 1, 4), ("d2", 2, 3), ("d2", 2, 2), ("d2", 4, 1),
         # d3: one valid pair only -> skipped
         ("d3", 1, 1), ("d3", np.nan, 2), ("d3", 3, np.nan),
-        # d4: constant prediction -> skipped
+        # d4: constant prediction -> scored 0 (a collapsed model has no skill that day)
         ("d4", 5, 1), ("d4", 5, 2), ("d4", 5, 3),
+        # d5: constant label -> skipped (there is nothing to rank)
+        ("d5", 1, 2), ("d5", 2, 2), ("d5", 3, 2),
     ]
     return pd.DataFrame(rows, columns=["day", "score", "ret"])
 
 
 def test_hand_computed_example() -> None:
     df = hand_frame()
-    daily = daily_ic(df, pred="score", label="ret", date="day")
-    assert list(daily["date"]) == ["d1", "d2"]
+    assert list(daily_ic(df, pred="score", label="ret", date="day").columns) == ["date", "ic", "rank_ic"]
+    daily = daily_ic(df, pred="score", label="ret", date="day", flag_constant=True)
+    assert list(daily["date"]) == ["d1", "d2", "d4"]
+    assert daily["constant_pred"].tolist() == [0, 0, 1]
     d2_pearson = -4.5 / math.sqrt(4.75 * 5)
     d2_spearman = -3 / math.sqrt(10)
-    np.testing.assert_allclose(daily["ic"], [0.5, d2_pearson], rtol=1e-12)
-    np.testing.assert_allclose(daily["rank_ic"], [0.5, d2_spearman], rtol=1e-12)
+    np.testing.assert_allclose(daily["ic"], [0.5, d2_pearson, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(daily["rank_ic"], [0.5, d2_spearman, 0.0], rtol=1e-12)
 
     report = ic_report(df, pred="score", label="ret", date="day")
-    assert report["n_dates"] == 2
-    assert report["ic"] == pytest.approx((0.5 + d2_pearson) / 2, rel=1e-12)
-    assert report["icir"] == pytest.approx((0.5 + d2_pearson) / 2 / (abs(0.5 - d2_pearson) / math.sqrt(2)), rel=1e-12)
-    assert report["rank_icir"] == pytest.approx((0.5 + d2_spearman) / abs(0.5 - d2_spearman) * math.sqrt(2) / 2, rel=1e-12)
+    assert report["n_dates"] == 3 and report["n_constant_dates"] == 1
+    ics, ranks = np.array([0.5, d2_pearson, 0.0]), np.array([0.5, d2_spearman, 0.0])
+    assert report["ic"] == pytest.approx(ics.mean(), rel=1e-12)
+    assert report["icir"] == pytest.approx(ics.mean() / ics.std(ddof=1), rel=1e-12)
+    assert report["rank_icir"] == pytest.approx(ranks.mean() / ranks.std(ddof=1), rel=1e-12)
+
 
 
 def test_hand_example_in_torch() -> None:
@@ -134,9 +151,12 @@ def test_hand_example_in_torch() -> None:
     label = torch.tensor([[1, 3, 2, 7], [4, 3, 2, 1], [1, 2, nan, nan], [1, 2, 3, nan]], dtype=torch.float32)
     pearson, spearman = daily_ic_torch(pred, label)
     assert pearson.dtype == torch.float64
-    np.testing.assert_allclose(pearson.numpy(), [0.5, -4.5 / math.sqrt(23.75), nan, nan], rtol=1e-12)
-    np.testing.assert_allclose(spearman.numpy(), [0.5, -3 / math.sqrt(10), nan, nan], rtol=1e-12)
-    assert ic_report_torch(pred, label)["n_dates"] == 2
+    np.testing.assert_allclose(pearson.numpy(), [0.5, -4.5 / math.sqrt(23.75), nan, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(spearman.numpy(), [0.5, -3 / math.sqrt(10), nan, 0.0], rtol=1e-12)
+    report = ic_report_torch(pred, label)
+    assert report["n_dates"] == 3 and report["n_constant_dates"] == 1
+    # a constant label is still no correlation
+    assert math.isnan(daily_ic_torch(torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 3.0]]))[0].item())
 
 
 def test_single_date_has_no_icir_and_empty_frame_gives_nan() -> None:
@@ -273,10 +293,12 @@ def test_ic_loss_without_usable_group_is_a_backpropagating_zero() -> None:
     assert pred.grad.tolist() == [0.0, 0.0, 0.0]
 
 
-def test_inexact_constant_is_skipped_where_pandas_reports_zero() -> None:
-    # mean(0.1, 0.1, 0.1) != 0.1 in floating point: pandas sees tiny residuals and reports 0.0
+def test_inexact_constant_is_an_exact_zero_and_counted() -> None:
+    # mean(0.1, 0.1, 0.1) != 0.1 in floating point: pandas sees tiny residuals and reports a
+    # rounding-level 0.0; the exact test calls it constant, scores exactly 0 and counts it
     df = pd.DataFrame({"date": [1, 1, 1, 2, 2, 2], "pred": [0.1, 0.1, 0.1, 1.0, 2.0, 3.0], "label": [1.0, 2.0, 3.0] * 2})
-    assert df[df.date == 1]["pred"].corr(df[df.date == 1]["label"]) == 0.0
-    assert daily_ic(df)["date"].tolist() == [2]
+    daily = daily_ic(df, flag_constant=True)
+    assert daily["date"].tolist() == [1, 2] and daily["ic"].tolist()[0] == 0.0
+    assert daily["constant_pred"].tolist() == [1, 0]
     pearson, spearman = daily_ic_torch(torch.tensor([[0.1, 0.1, 0.1]]), torch.tensor([[1.0, 2.0, 3.0]]))
-    assert math.isnan(pearson.item()) and math.isnan(spearman.item())
+    assert pearson.item() == 0.0 and spearman.item() == 0.0

@@ -77,7 +77,7 @@ def test_self_contained_with_every_figure(big):
     assert not [t for t in tags if re.search(r"\b(src|href)=", t)]  # nothing fetched: works offline
     assert page.count('<script type="application/json"') == len(big["figures"])
     assert len(page) > 3_000_000 and "Plotly.newPlot" in page and "plotly.js v" in page[:100_000]
-    assert f"{N + 1} trials" in big["output"] and "9 figures" in big["output"]  # 8 + telemetry
+    assert f"{N + 1} trials" in big["output"] and "11 figures" in big["output"]  # 10 + telemetry
     assert big["seconds"] < 60  # a sanity bound only; benchmarks/report.py measures it
 
 
@@ -211,7 +211,7 @@ def test_selection_bias_panel_is_selection_summary(big):
         path = big["run_dir"] / "trials" / str(t.number) / "daily_ic_valid.csv"
         if path.exists() and t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             daily[t.number] = pd.read_csv(path)["ic"].to_numpy()
-    expected = selection_summary(daily, big["study"].best_trial.number)
+    expected = selection_summary(daily, big["study"].best_trial.number, horizon=2)  # data.horizon: lag 1
     meta = fig["layout"]["meta"]["selection"]
     assert meta.keys() == expected.keys()
     for key, value in expected.items():
@@ -234,11 +234,18 @@ def test_young_study_gives_placeholders_not_errors(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     figures = figures_of((tmp_path / "r.html").read_text())
     assert list(figures) == list(FIGURES)
-    for name in ("importance", "parallel", "overfit", "daily", "selection"):
+    for name in ("importance", "parallel", "overfit", "daily", "selection", "buckets", "longshort"):
         assert "empty" in figures[name]["layout"]["meta"], name
     assert figures["history"]["layout"]["meta"] == {"complete": 0}
     assert figures["timeline"]["layout"]["meta"]["utilisation"]["slots"] == 1
     study.tell(trial, state=TrialState.FAIL)
+
+
+def test_long_short_sections_say_why_they_are_empty(big):
+    # the written study has daily IC files but no weights: the figures say so instead of failing
+    for name in ("buckets", "longshort"):
+        message = big["figures"][name]["layout"]["meta"]["empty"]
+        assert message.startswith("no long-short view:") and "config.yaml: missing" in message
 
 
 def test_report_of_a_missing_study_is_a_clear_error(tmp_path, monkeypatch):

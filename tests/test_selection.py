@@ -189,3 +189,93 @@ def test_summary_single_trial_and_short_series() -> None:
     # trial 1 never varies, so only one trial has a Sharpe ratio: no spread across trials, no DSR
     assert short["sr0"] is None and short["dsr"] is None and short["p_fluke"] is None
     assert short["best_val_ic"] == 4.5 and short["n_trials"] == 2
+
+
+# ------------------------------------------------------------ overlapping labels (Newey-West)
+
+
+def newey_west_reference(x: np.ndarray, lag: int) -> float:
+    """Newey-West standard error of the mean, written out term by term from its definition:
+    s^2 (ddof=1) times 1 + 2 sum_k (1 - k/(lag+1)) rho_k, rho_k = sum_t c_t c_{t-k} / sum_t c_t^2."""
+    c = x - x.mean()
+    rho = [sum(c[t] * c[t - k] for t in range(k, len(x))) / sum(v * v for v in c) for k in range(1, lag + 1)]
+    ratio = 1 + 2 * sum((1 - k / (lag + 1)) * r for k, r in enumerate(rho, start=1))
+    return math.sqrt(x.var(ddof=1) * max(ratio, 1.0) / len(x))
+
+
+def test_newey_west_standard_error_exact() -> None:
+    from sweeper.quant.hac import effective_days, hac_standard_error, lag_for_horizon
+
+    x = np.array([0.3, 0.5, 0.4, 0.1, -0.2, -0.1, 0.2, 0.6, 0.5, 0.1])
+    for lag in (1, 2, 4):
+        assert hac_standard_error(x, lag) == pytest.approx(newey_west_reference(x, lag), rel=1e-12)
+    assert hac_standard_error(x, 0) == pytest.approx(x.std(ddof=1) / math.sqrt(10), rel=1e-12)
+    assert effective_days(x, 0) == 10
+    assert effective_days(x, 2) == pytest.approx(10 * x.var(ddof=1) / 10 / newey_west_reference(x, 2) ** 2)
+    assert [lag_for_horizon(h) for h in (0, 1, 2, 5)] == [0, 0, 1, 4]
+    # NaN days are dropped; a negative autocorrelation never shrinks the error below the plain one
+    alternating = np.array([1.0, -1.0] * 10 + [np.nan])
+    assert hac_standard_error(alternating, 3) == pytest.approx(np.nanstd(alternating, ddof=1) / math.sqrt(20))
+
+
+def test_horizon_sets_the_lag_of_every_figure() -> None:
+    rng = np.random.default_rng(5)
+    shocks = rng.normal(0.01, 0.1, 300)
+    overlapping = np.convolve(shocks, np.ones(5) / 5, mode="valid")  # a 5-day moving sum: MA(4)
+    daily = {0: overlapping, 1: rng.normal(0, 0.05, len(overlapping))}
+    plain, hac = selection_summary(daily, 0, horizon=1), selection_summary(daily, 0, horizon=5)
+    assert hac["best_val_ic"] == plain["best_val_ic"] and hac["sr"] == plain["sr"]
+    assert hac["expected_max_null_ic"] > plain["expected_max_null_ic"]
+    assert hac["p_fluke"] > plain["p_fluke"]
+    per_trial = selection_summary(daily, 0, horizon={0: 5, 1: 1})
+    assert per_trial["dsr"] == hac["dsr"]  # the best trial's own horizon drives its DSR
+
+
+def no_signal_daily_ics(seeds: int, dates: int, assets: int, horizon: int, seed: int = 0) -> np.ndarray:
+    """[seeds, dates] daily ICs of a persistent prediction (AR(1), phi 0.95, as a model's
+    output is) against an h-day forward return, with no relation between them at all."""
+    rng = np.random.default_rng(seed)
+    returns = rng.standard_normal((seeds, dates + horizon, assets)).astype(np.float32)
+    label = sum(returns[:, k:k + dates] for k in range(1, horizon + 1))
+    shocks = rng.standard_normal((seeds, dates, assets)).astype(np.float32)
+    pred = np.empty_like(shocks)
+    pred[:, 0] = shocks[:, 0]
+    for t in range(1, dates):
+        pred[:, t] = 0.95 * pred[:, t - 1] + math.sqrt(1 - 0.95**2) * shocks[:, t]
+    zp = (pred - pred.mean(2, keepdims=True)) / pred.std(2, keepdims=True)
+    zy = (label - label.mean(2, keepdims=True)) / label.std(2, keepdims=True)
+    return (zp * zy).mean(2).astype(np.float64)
+
+
+def test_five_day_label_on_no_signal_keeps_false_positives_near_five_percent() -> None:
+    ics = no_signal_daily_ics(seeds=2000, dates=250, assets=30, horizon=5)
+    p_hac = np.array([selection_summary({0: x}, 0, horizon=5)["p_fluke"] for x in ics])
+    p_iid = np.array([selection_summary({0: x}, 0, horizon=1)["p_fluke"] for x in ics])
+    rate_hac, rate_iid = float((p_hac < 0.05).mean()), float((p_iid < 0.05).mean())
+    # treating overlapping days as independent calls ~1 in 4 pure-noise models significant;
+    # Newey-West with lag h-1 brings it near the nominal 5% (Bartlett weights leave it a little above)
+    assert rate_iid > 0.18
+    assert 0.03 < rate_hac < 0.11
+
+
+def test_trials_are_lined_up_by_date_not_by_position() -> None:
+    import pandas as pd
+
+    rng = np.random.default_rng(6)
+    days = pd.bdate_range("2022-01-03", periods=60).strftime("%Y-%m-%d")
+    values = {k: rng.normal(0.02 * (k == 0), 0.1, 60) for k in range(4)}
+    # trial 0 (the best) and 1 were scored on days 0-39, trial 2 on days 2-41, trial 3 on days 10-49
+    spans = {0: (0, 40), 1: (0, 40), 2: (2, 42), 3: (10, 50)}
+    daily = {k: pd.Series(values[k][a:b], index=days[a:b]) for k, (a, b) in spans.items()}
+    by_hand = {}
+    for k, (a, b) in spans.items():
+        lookup = dict(zip(days[a:b], values[k][a:b]))
+        by_hand[k] = np.array([lookup.get(d, np.nan) for d in days[:40]])
+    summary = selection_summary(daily, 0)
+    assert summary == pytest.approx(selection_summary(by_hand, 0), rel=1e-12)
+    # trial 3 shares only 30 of the 40 dates (< 90%): it counts toward N but stays out of PBO
+    assert summary["n_trials"] == 4
+    assert summary["pbo"] == pbo(np.column_stack([by_hand[0], by_hand[1], by_hand[2]]), n_blocks=10)
+    # by position, trial 2's day 2 would be compared with the best trial's day 0
+    positional = selection_summary({k: v.to_numpy() for k, v in daily.items()}, 0)
+    assert positional["pbo"] != summary["pbo"] or positional["expected_max_null_ic"] != summary["expected_max_null_ic"]

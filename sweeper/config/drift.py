@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweeper.config.dotted import flatten
+from pydantic import ValidationError
+
+from sweeper.config.dotted import flatten, to_dict
+from sweeper.config.schema import SweeperConfig
 
 STUDY_SECTIONS = ("data.", "model.", "train.", "search_space", "study.metric", "study.direction")
 CHECKPOINT_SECTIONS = ("model.", "train.", "data.")
@@ -22,5 +25,17 @@ def differing_keys(stored: dict[str, Any], current: dict[str, Any], prefixes: tu
 
 
 def drift(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ in the parts of the config a resume may not change."""
+    """Dotted keys whose values differ in the parts of the config a resume may not change.
+
+    The stored config is read through today's schema first, so that a key added by a
+    newer sweeper (absent from a study created before it) counts only if the study
+    file sets it to something other than its default."""
+    stored = _with_defaults(stored)
     return [f"{k} ({a!r} -> {b!r})" for k, a, b in differing_keys(stored, current, STUDY_SECTIONS)]
+
+
+def _with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return to_dict(SweeperConfig.model_validate(stored))
+    except ValidationError:  # a key this version no longer knows: compare as stored
+        return stored

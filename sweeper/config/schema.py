@@ -94,11 +94,18 @@ SplitPart = Union[float, tuple[str, str]]
 
 
 class SplitConfig(_Strict):
-    """Fractions of the dates, or explicit inclusive [start, end] date ranges."""
+    """Fractions of the dates, or explicit inclusive [start, end] date ranges.
+
+    ``lookback``, ``horizon`` and ``embargo`` are the values the split is computed with, so
+    that every trial of a study is scored on the same dates: null (the default) is resolved
+    when the config is validated, to the widest that data.* and the search space allow."""
 
     train: SplitPart = 0.6
     valid: SplitPart = 0.2
     test: SplitPart = 0.2
+    lookback: int | None = Field(None, ge=1)
+    horizon: int | None = Field(None, ge=0)
+    embargo: int | None = Field(None, ge=0)
 
     @field_validator("train", "valid", "test", mode="before")
     @classmethod
@@ -129,6 +136,8 @@ class DataConfig(_Strict):
     asset_col: str = "asset"
     label: str = "label"
     features: list[str] | None = None
+    exclude: list[str] = Field(default_factory=list)
+    max_feature_label_corr: float = Field(0.3, gt=0, le=1)
     lookback: int = Field(20, ge=1)
     horizon: int = Field(2, ge=0)
     embargo: int = Field(0, ge=0)
@@ -228,12 +237,17 @@ class TrainConfig(_Strict):
 
 class DevicesConfig(_Strict):
     gpus: Literal["auto", "none"] | list[Union[int, str]] = "auto"
-    trials_per_gpu: int = Field(1, ge=1)
+    # auto: trials packed on each GPU by their measured memory (sweeper.devices.packing)
+    trials_per_gpu: Literal["auto"] | int = 1
+    # auto only: the share of each GPU's memory that packing leaves free
+    memory_margin: float = Field(0.1, ge=0, lt=1)
+    max_trials_per_gpu: int | None = Field(None, ge=1)  # auto only: at most this many (default 8)
+    max_gpu_util: float | None = Field(None, gt=0, le=100)  # auto only: add no trial to a GPU this busy (NVML %)
     skip_busy: bool = False
     busy_memory_mb: int = Field(1024, ge=0)
     cpu_workers: Literal["auto"] | int = "auto"
 
-    @field_validator("cpu_workers")
+    @field_validator("cpu_workers", "trials_per_gpu")
     @classmethod
     def _workers(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:
@@ -273,6 +287,12 @@ class ParamSpec(_Strict):
         return self
 
 
+class ReportConfig(_Strict):
+    """What ``sweeper best`` and ``sweeper report`` show beyond the IC."""
+
+    quantiles: int = Field(5, ge=2)
+
+
 class SweeperConfig(_Strict):
     study: StudyConfig = Field(default_factory=StudyConfig)
     data: DataConfig
@@ -280,6 +300,7 @@ class SweeperConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     devices: DevicesConfig = Field(default_factory=DevicesConfig)
     search_space: dict[str, ParamSpec] = Field(default_factory=dict)
+    report: ReportConfig = Field(default_factory=ReportConfig)
 
     @model_validator(mode="after")
     def _space_keys(self) -> "SweeperConfig":
@@ -289,10 +310,33 @@ class SweeperConfig(_Strict):
                 _check_space_key(self, cond, f"search_space.{key}.when")
         return self
 
+    @model_validator(mode="after")
+    def _pin_split(self) -> "SweeperConfig":
+        # trials that sample another lookback, horizon or embargo must still be scored on the
+        # same valid and test dates: the split takes the widest values any trial can have.
+        # The result is part of the config, so it travels to the workers and into every trial.
+        split = self.data.split
+        widest = {key: max([getattr(split, key) or 0, getattr(self.data, key),
+                            *_space_highs(self.search_space.get(f"data.{key}"))])
+                  for key in ("lookback", "horizon", "embargo")}
+        if any(getattr(split, key) != value for key, value in widest.items()):
+            self.data = self.data.model_copy(update={"split": split.model_copy(update=widest)})
+        return self
+
 
 # ---------------------------------------------------------------- helpers
 
 _TUNABLE = ("model", "train", "data")
+
+
+def _space_highs(spec: ParamSpec | None) -> list[int]:
+    """The largest value a search-space entry can take, as a one-element list (none: empty)."""
+    if spec is None:
+        return []
+    if spec.type == "categorical":
+        numbers = [int(c) for c in spec.choices or () if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        return [max(numbers)] if numbers else []
+    return [int(spec.high)] if spec.high is not None else []
 
 
 def _check_space_key(cfg: SweeperConfig, key: str, where: str) -> None:

@@ -70,15 +70,20 @@ def parse_dates(values: object, source: str, col: str) -> tuple[np.ndarray, np.n
         parsed = parsed.tz_convert("UTC").tz_localize(None)
     bad = np.asarray(parsed.isna())
     if bad.any():
+        sample = uniques[int(np.flatnonzero(bad)[0])]
+        sample = sample.item() if isinstance(sample, np.generic) else sample
         raise DataError(
             f"{source}: column '{col}': cannot parse {int(bad.sum())} distinct date value(s), "
-            f"e.g. {uniques[int(np.flatnonzero(bad)[0])]!r}; expected dates, timestamps or ISO date strings"
+            f"e.g. {sample!r}; expected dates, timestamps, ISO date strings "
+            "or YYYYMMDD integers"
         )
     remap, dates = pd.factorize(parsed.astype("datetime64[ns]"), sort=True)
     return remap[codes], np.asarray(dates, dtype="datetime64[ns]")
 
 
 def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
+    if _is_number(uniques):
+        return _yyyymmdd(uniques)
     if not _is_text(uniques):
         return pd.DatetimeIndex(pd.to_datetime(uniques, errors="coerce"))
     # ISO first (fast, unambiguous); only what fails gets the slower per-value parser
@@ -87,6 +92,20 @@ def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
     if retry.any():
         parsed[retry] = pd.to_datetime(uniques[retry], errors="coerce", format="mixed")
     return pd.DatetimeIndex(parsed)
+
+
+def _yyyymmdd(uniques: pd.Index) -> pd.DatetimeIndex:
+    """Integers such as 20200102 (the usual date form of A-share data) as dates. A number is
+    never read as nanoseconds since 1970: anything that is not an 8-digit YYYYMMDD fails."""
+    values = uniques.to_numpy(np.float64)
+    whole = np.isfinite(values) & (values == np.floor(values)) & (values >= 1e7) & (values < 1e8)
+    text = np.where(whole, np.where(whole, values, 0).astype(np.int64).astype(str), "")
+    return pd.DatetimeIndex(pd.to_datetime(pd.Index(text), errors="coerce", format="%Y%m%d"))
+
+
+def _is_number(values: object) -> bool:
+    dtype = getattr(values, "dtype", None)
+    return dtype is not None and (pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype))
 
 
 def _is_text(values: object) -> bool:

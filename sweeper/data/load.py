@@ -1,4 +1,9 @@
-"""``load_panel``: a DataConfig -> a validated, normalised, split Panel."""
+"""``load_panel``: a DataConfig -> a validated, normalised, split Panel.
+
+The split is computed with the study's pinned lookback, horizon and embargo
+(``data.split.*``, the widest any trial can sample), so every trial of a study has the
+same target dates; the leak guard (:mod:`sweeper.data.leak`) runs on the train split.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -10,11 +15,13 @@ import torch
 
 from sweeper.config import DataConfig
 from sweeper.data import synth
+from sweeper.data.features import select as select_columns
 from sweeper.data.layout import Columns, densify
-from sweeper.data.normalize import normalize_features, normalize_label
+from sweeper.data.leak import check_leaks
+from sweeper.data.normalize import fit_stats, normalize_features, normalize_label
 from sweeper.data.panel import Panel
 from sweeper.data.parquet import file_fingerprint, oracle_from_metadata, read_columns
-from sweeper.data.split import SPLITS, split_dates
+from sweeper.data.split import SPLITS, split_dates, split_widths
 from sweeper.errors import DataError
 
 OracleFn = Callable[[np.ndarray, dict[str, tuple[int, int]]], "dict[str, float] | None"]
@@ -26,8 +33,7 @@ def load_panel(cfg: DataConfig) -> Panel:
         return _synthetic_panel(cfg)
     cols, metadata = read_columns(cfg)
     selection = _selection(cols)
-    oracle = oracle_from_metadata(metadata)
-    return assemble(cols, cfg, file_fingerprint(str(cfg.path), selection), lambda dates, splits: oracle)
+    return assemble(cols, cfg, file_fingerprint(str(cfg.path), selection), oracle_from_metadata(metadata))
 
 
 def _selection(cols: Columns) -> dict:
@@ -35,24 +41,52 @@ def _selection(cols: Columns) -> dict:
 
 
 def assemble(cols: Columns, cfg: DataConfig, fingerprint: str, oracle: OracleFn) -> Panel:
-    """Dense layout, split, normalisation and the usable-sample checks."""
+    """Dense layout, split, leak guard, normalisation and the usable-sample checks."""
     _check_rows(cols)
     dense = densify(cols)
-    splits = split_dates(dense.dates, cfg.split, cfg.lookback, cfg.horizon, cfg.embargo,
+    lookback, horizon, embargo = split_widths(cfg)
+    splits = split_dates(dense.dates, cfg.split, lookback, horizon, embargo,
                          f"{cols.source}: column '{cols.date_col}'")
+    check_leaks(dense, cols, splits["train"], cfg.max_feature_label_corr)
     mask = torch.from_numpy(dense.mask)
     train_start, train_stop = splits["train"]
     fit_dates = (max(train_start - cfg.lookback + 1, 0), train_stop)  # what train windows can see
+    x_raw = torch.from_numpy(dense.X)
+    stats = fit_stats(x_raw, mask, cfg.feature_norm, fit_dates, list(cols.feature_names))
     y_raw = torch.from_numpy(dense.y)
     panel = Panel(
-        X=normalize_features(torch.from_numpy(dense.X), mask, cfg.feature_norm, fit_dates),
+        X=normalize_features(x_raw, mask, cfg.feature_norm, fit_dates, stats),
         y=normalize_label(y_raw, mask, cfg.label_norm), y_raw=y_raw, mask=mask,
         dates=dense.dates, assets=dense.assets, features=list(cols.feature_names), splits=splits,
         lookback=cfg.lookback, oracle_ic=oracle(dense.dates, splits), source=cols.source,
-        fingerprint=fingerprint,
+        fingerprint=fingerprint, norm_stats=stats,
     )
     _check_samples(panel, cols)
+    _remember(cfg, panel)
     return panel
+
+
+def _key(cfg: DataConfig) -> str:
+    return json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+
+
+# The parent loads the panel to check it (sweep.run.prepare) and, a moment later, records
+# the study's split dates and features as study attributes: this keeps them from the last
+# load in this process instead of reading the data a second time.
+_RECENT: dict[str, dict] = {}
+
+
+def _remember(cfg: DataConfig, panel: Panel) -> None:
+    _RECENT.clear()
+    _RECENT[_key(cfg)] = {"split_dates": panel.split_dates(), "features": list(panel.features)}
+
+
+def panel_summary(cfg: DataConfig) -> dict:
+    """``{"split_dates": {split: [first, last]}, "features": [...]}`` of the panel ``cfg`` gives
+    (the study's fixed split dates); from the last load in this process when it was this config."""
+    if _key(cfg) not in _RECENT:
+        load_panel(cfg)
+    return _RECENT[_key(cfg)]
 
 
 def _check_rows(cols: Columns) -> None:
@@ -92,10 +126,4 @@ def _synthetic_panel(cfg: DataConfig) -> Panel:
 
 
 def _synthetic_features(cfg: DataConfig, names: list[str], source: str) -> list[str]:
-    if cfg.features is None:
-        return names
-    missing = [f for f in cfg.features if f not in names]
-    if missing:
-        raise DataError(f"{source}: column '{missing[0]}' (data.features) not found; "
-                        f"the synthetic panel has columns: date, asset, {', '.join(names)}, label")
-    return list(cfg.features)
+    return select_columns(names, ["date", "asset", *names, "label"], cfg.features, cfg.exclude, source)

@@ -90,12 +90,39 @@ def by_date_chunks(method: Method, x: np.ndarray, valid: np.ndarray) -> np.ndarr
     return out
 
 
+def fit_stats(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int],
+              features: list[str]) -> dict:
+    """What ``method`` fits over time, JSON-ready: ``{method, features, median, scale}``.
+
+    Only ``robust_zscore`` fits anything (median and scaled MAD per feature over
+    ``fit_dates``); the per-date methods have ``median`` and ``scale`` None. A trial stores
+    this beside its weights, so that new data is normalised with the train statistics.
+    """
+    median = scale = None
+    if method == "robust_zscore":
+        xs = x.numpy()
+        valid = mask.numpy()[:, :, None] & np.isfinite(xs)
+        a, b = fit_dates
+        m, sc = robust_fit(xs[a:b], valid[a:b])
+        median, scale = _json_floats(m), _json_floats(sc)
+    return {"method": method, "features": list(features), "median": median, "scale": scale}
+
+
+def _json_floats(v: np.ndarray) -> list[float | None]:
+    return [float(a) if math.isfinite(a) else None for a in v]
+
+
+def _stat_array(values: list[float | None]) -> np.ndarray:
+    return np.array([np.nan if a is None else a for a in values], dtype=np.float64)
+
+
 def normalize_features(
-    x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int]
+    x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int], stats: dict | None = None
 ) -> torch.Tensor:
     """[T, N, F] raw features (NaN = missing) -> normalised, NaN replaced by 0.
 
-    ``fit_dates``: [start, stop) date indices whose rows fit robust_zscore.
+    ``fit_dates``: [start, stop) date indices whose rows fit robust_zscore, unless ``stats``
+    (from :func:`fit_stats`, e.g. a trial's saved statistics) already hold the fit.
     """
     xs = x.numpy()
     valid = mask.numpy()[:, :, None] & np.isfinite(xs)
@@ -104,8 +131,11 @@ def normalize_features(
     elif method == "cs_rank":
         out = by_date_chunks(cs_rank, xs, valid)
     elif method == "robust_zscore":
-        a, b = fit_dates
-        median, scale = robust_fit(xs[a:b], valid[a:b])
+        if stats is not None and stats.get("median") is not None:
+            median, scale = _stat_array(stats["median"]), _stat_array(stats["scale"])
+        else:
+            a, b = fit_dates
+            median, scale = robust_fit(xs[a:b], valid[a:b])
         out = by_date_chunks(lambda xc, vc: robust_apply(xc, vc, median, scale), xs, valid)
     elif method == "none":
         out = np.where(valid, xs, np.nan)

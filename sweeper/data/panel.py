@@ -26,6 +26,8 @@ class Panel:
     oracle_ic: dict[str, float] | None
     source: str
     fingerprint: str
+    # what normalisation fitted over time (normalize.fit_stats): saved with a trial's weights
+    norm_stats: dict | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def sample_index(self, split: str) -> torch.Tensor:
@@ -40,6 +42,14 @@ class Panel:
             idx[:, 0] += start
             self._cache[split] = idx
         return self._cache[split]
+
+    def split_dates(self) -> dict[str, list[str]]:
+        """``{split: [first, last]}`` target dates as ISO days (empty list: no date)."""
+        out = {}
+        for name, (start, stop) in self.splits.items():
+            days = [str(np.datetime_as_string(self.dates[k], unit="D")) for k in (start, stop - 1)]
+            out[name] = days if stop > start else []
+        return out
 
     @property
     def nbytes(self) -> int:

@@ -1,7 +1,7 @@
 """Reading the Parquet panel contract: schema checks, then only the needed columns.
 
 Contract: long format, one row per (date, asset); a date column (timestamp,
-date or ISO string), an asset column (any type, compared as text), numeric
+date, ISO string or YYYYMMDD integer), an asset column (any type, compared as text), numeric
 feature columns and a numeric label column (the forward return).
 """
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -16,10 +17,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sweeper.config import DataConfig
+from sweeper.data.features import select as select_columns
 from sweeper.data.layout import Columns
 from sweeper.errors import DataError
 
 ORACLE_KEY = b"sweeper.oracle_ic"
+ORACLE_DAILY_KEY = b"sweeper.oracle_daily_ic"
 _HASH_CHUNK = 1 << 20
 
 
@@ -39,19 +42,16 @@ def is_numeric(dtype: pa.DataType) -> bool:
 
 
 def select_features(schema: pa.Schema, cfg: DataConfig, path: Path) -> list[str]:
-    """cfg.features, or every numeric column but the date, asset and label."""
+    """cfg.features (names or glob patterns; every numeric column but the date, asset and
+    label when null) minus cfg.exclude (:mod:`sweeper.data.features`)."""
     for key, name in (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col), ("data.label", cfg.label)):
         _require(schema, name, key, path)
-    if cfg.features is None:
-        skip = {cfg.date_col, cfg.asset_col, cfg.label}
-        names = [f.name for f in schema if f.name not in skip and is_numeric(f.type)]
-        if not names:
-            raise DataError(f"{path}: no numeric feature columns besides '{cfg.date_col}', "
-                            f"'{cfg.asset_col}' and '{cfg.label}' (data.features)")
-        return names
-    for name in cfg.features:
-        _require(schema, name, "data.features", path)
-    return list(cfg.features)
+    skip = {cfg.date_col, cfg.asset_col, cfg.label}
+    candidates = [f.name for f in schema if f.name not in skip and is_numeric(f.type)]
+    if cfg.features is None and not candidates:
+        raise DataError(f"{path}: no numeric feature columns besides '{cfg.date_col}', "
+                        f"'{cfg.asset_col}' and '{cfg.label}' (data.features)")
+    return select_columns(candidates, list(schema.names), cfg.features, cfg.exclude, str(path))
 
 
 def _require(schema: pa.Schema, name: str, key: str, path: Path) -> None:
@@ -60,17 +60,17 @@ def _require(schema: pa.Schema, name: str, key: str, path: Path) -> None:
         raise DataError(f"{path}: column '{name}' ({key}) not found; the file has columns: {shown}")
 
 
-def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: Path) -> None:
-    for name in [*features, cfg.label]:
+def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: Path, label: bool = True) -> None:
+    for name in [*features, *([cfg.label] if label else [])]:
         dtype = schema.field(name).type
         if not is_numeric(dtype):
-            what = "label" if name == cfg.label else "feature"
+            what = "label" if label and name == cfg.label else "feature"
             raise DataError(f"{path}: {what} column '{name}' has type {dtype}; expected a numeric type (int or float)")
     dtype = schema.field(cfg.date_col).type
     if not (pa.types.is_timestamp(dtype) or pa.types.is_date(dtype) or pa.types.is_string(dtype)
-            or pa.types.is_large_string(dtype) or pa.types.is_dictionary(dtype)):
+            or pa.types.is_large_string(dtype) or pa.types.is_dictionary(dtype) or pa.types.is_integer(dtype)):
         raise DataError(f"{path}: date column '{cfg.date_col}' has type {dtype}; "
-                        "expected a timestamp, a date or ISO date strings")
+                        "expected a timestamp, a date, ISO date strings or YYYYMMDD integers")
 
 
 def read_columns(cfg: DataConfig) -> tuple[Columns, dict[bytes, bytes]]:
@@ -79,7 +79,24 @@ def read_columns(cfg: DataConfig) -> tuple[Columns, dict[bytes, bytes]]:
     schema = read_schema(path)
     features = select_features(schema, cfg, path)
     check_types(schema, cfg, features, path)
-    needed = list(dict.fromkeys([cfg.date_col, cfg.asset_col, cfg.label, *features]))
+    return _read(path, cfg, features, label=True), dict(schema.metadata or {})
+
+
+def read_scoring_columns(path: Path, cfg: DataConfig, features: list[str]) -> Columns:
+    """The columns of a file to score with a trained model: exactly ``features`` (the
+    trial's), and the label when the file has one (NaN otherwise: live data has none)."""
+    schema = read_schema(path)
+    for key, name in (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col)):
+        _require(schema, name, key, path)
+    for name in features:
+        _require(schema, name, "the trial's features", path)
+    has_label = schema.get_field_index(cfg.label) >= 0
+    check_types(schema, cfg, features, path, label=has_label)
+    return _read(path, cfg, features, label=has_label)
+
+
+def _read(path: Path, cfg: DataConfig, features: list[str], label: bool) -> Columns:
+    needed = list(dict.fromkeys([cfg.date_col, cfg.asset_col, *([cfg.label] if label else []), *features]))
     try:
         table = pq.read_table(path, columns=needed)
     except (pa.ArrowException, OSError) as exc:
@@ -87,12 +104,12 @@ def read_columns(cfg: DataConfig) -> tuple[Columns, dict[bytes, bytes]]:
     matrix = np.empty((table.num_rows, len(features)), dtype=np.float32)
     for k, name in enumerate(features):
         matrix[:, k] = _floats(table.column(name))
-    cols = Columns(
+    y = _floats(table.column(cfg.label)) if label else np.full(table.num_rows, np.nan, dtype=np.float32)
+    return Columns(
         source=str(path), date_col=cfg.date_col, asset_col=cfg.asset_col, label_col=cfg.label,
         dates=_values(table.column(cfg.date_col)), assets=_values(table.column(cfg.asset_col)),
-        features=matrix, label=_floats(table.column(cfg.label)), feature_names=features,
+        features=matrix, label=y, feature_names=features,
     )
-    return cols, dict(schema.metadata or {})
 
 
 def _floats(col: pa.ChunkedArray) -> np.ndarray:
@@ -107,8 +124,52 @@ def _values(col: pa.ChunkedArray) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
-def oracle_from_metadata(metadata: dict[bytes, bytes]) -> dict[str, float] | None:
-    raw = metadata.get(ORACLE_KEY)
+def oracle_from_metadata(metadata: dict[bytes, bytes]) -> Callable[[np.ndarray, dict], dict[str, float] | None]:
+    """The oracle IC of a file, as a function of the panel's dates and actual split.
+
+    A file from :func:`~sweeper.data.synth.write_synthetic` stores the oracle's daily IC
+    (``b"sweeper.oracle_daily_ic"``): the oracle of each split is its mean over that
+    split's target dates. An older file has only the figures of the default split
+    (``b"sweeper.oracle_ic"``), which are returned as they are. None without either.
+    """
+    daily = _daily_oracle(metadata.get(ORACLE_DAILY_KEY))
+    if daily is not None:
+        days, values = daily
+        return lambda dates, splits: oracle_on_splits(days, values, dates, splits)
+    fixed = _fixed_oracle(metadata.get(ORACLE_KEY))
+    return lambda dates, splits: fixed
+
+
+def oracle_on_splits(days: np.ndarray, values: np.ndarray, dates: np.ndarray,
+                     splits: dict[str, tuple[int, int]]) -> dict[str, float]:
+    """Mean of the daily oracle IC over each split's target dates (NaN days left out)."""
+    out = {}
+    for name, (start, stop) in splits.items():
+        picked = values[np.isin(days, dates[start:stop])]
+        picked = picked[np.isfinite(picked)]
+        out[name] = float(picked.mean()) if len(picked) else float("nan")
+    return out
+
+
+def daily_oracle_json(days: np.ndarray, values: np.ndarray) -> bytes:
+    """The metadata value of the daily oracle IC: ISO days and ICs (null for none)."""
+    return json.dumps({"dates": [str(d) for d in np.datetime_as_string(days, unit="D")],
+                       "ic": [float(v) if np.isfinite(v) else None for v in values]}).encode()
+
+
+def _daily_oracle(raw: bytes | None) -> tuple[np.ndarray, np.ndarray] | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+        days = np.array(value["dates"], dtype="datetime64[ns]")
+        values = np.array([np.nan if v is None else float(v) for v in value["ic"]], dtype=np.float64)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None  # a foreign or damaged entry: fall back to the fixed figures
+    return (days, values) if len(days) == len(values) else None
+
+
+def _fixed_oracle(raw: bytes | None) -> dict[str, float] | None:
     if raw is None:
         return None
     try:

@@ -13,10 +13,18 @@ import math
 import numpy as np
 import pandas as pd
 
-from sweeper.config import SplitConfig
+from sweeper.config import DataConfig, SplitConfig
 from sweeper.errors import DataError
 
 SPLITS = ("train", "valid", "test")
+
+
+def split_widths(cfg: DataConfig) -> tuple[int, int, int]:
+    """``(lookback, horizon, embargo)`` the split is computed with: the study's pinned
+    ``data.split.*`` values (the widest any of its trials can sample), never below the
+    config's own (a DataConfig built directly, with them null, uses its own)."""
+    s = cfg.split
+    return max(s.lookback or 0, cfg.lookback), max(s.horizon or 0, cfg.horizon), max(s.embargo or 0, cfg.embargo)
 
 
 def purge_gap(horizon: int, embargo: int) -> int:
@@ -45,7 +53,21 @@ def split_dates(
 
 
 def fraction_sizes(budget: int, fractions: tuple[float, float, float]) -> list[int]:
-    """Split ``budget`` dates by cumulative rounding (sizes add up exactly)."""
+    """Split ``budget`` dates by cumulative rounding (sizes add up exactly).
+
+    Rounding can empty a small split at one budget after filling it at a smaller one
+    (0.5/0.17/0.33 of 4 dates is 2/1/1, of 5 dates 3/0/2). From :func:`min_budget` on, an
+    emptied split takes a date from the largest, so every larger budget works too.
+    """
+    sizes = _rounded(budget, fractions)
+    if 0 in sizes and budget >= min_budget(fractions):
+        while 0 in sizes:
+            sizes[sizes.index(max(sizes))] -= 1
+            sizes[sizes.index(0)] += 1
+    return sizes
+
+
+def _rounded(budget: int, fractions: tuple[float, float, float]) -> list[int]:
     cum = np.cumsum(fractions)
     # half-up rounding with a tolerance so 0.6*1000 is 600, not 599.99..
     cuts = [0] + [int(math.floor(c * budget + 0.5 + 1e-9)) for c in cum]
@@ -55,7 +77,7 @@ def fraction_sizes(budget: int, fractions: tuple[float, float, float]) -> list[i
 def min_budget(fractions: tuple[float, float, float]) -> int:
     """Smallest number of target dates that gives every split at least one date."""
     budget = 3
-    while min(fraction_sizes(budget, fractions)) < 1:
+    while min(_rounded(budget, fractions)) < 1:
         budget += 1
     return budget
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sweeper.atomic import atomic_path
-from sweeper.data.parquet import ORACLE_KEY
+from sweeper.data.parquet import ORACLE_DAILY_KEY, ORACLE_KEY, daily_oracle_json
 from sweeper.data.split import SPLITS, fraction_splits, purge_gap
 from sweeper.errors import DataError
 from sweeper.quant.ic import grouped_pearson
@@ -136,12 +136,17 @@ def generate(assets: int, dates: int, features: int, seed: int) -> pd.DataFrame:
     return frame
 
 
-def oracle_ic(frame: pd.DataFrame, all_dates: np.ndarray, splits: dict[str, tuple[int, int]]) -> dict[str, float]:
-    """Mean daily Pearson IC of ``_signal`` vs the raw label over each split's target dates."""
+def oracle_daily(frame: pd.DataFrame, all_dates: np.ndarray) -> np.ndarray:
+    """[T] daily Pearson IC of ``_signal`` vs the raw label (NaN where undefined)."""
     codes = np.searchsorted(all_dates, frame["date"].to_numpy("datetime64[ns]"))
     a, b = frame[SIGNAL_COL].to_numpy(np.float64), frame["label"].to_numpy(np.float64)
     ok = np.isfinite(a) & np.isfinite(b)
-    daily = grouped_pearson(codes[ok], a[ok], b[ok], len(all_dates))
+    return grouped_pearson(codes[ok], a[ok], b[ok], len(all_dates))
+
+
+def oracle_ic(frame: pd.DataFrame, all_dates: np.ndarray, splits: dict[str, tuple[int, int]]) -> dict[str, float]:
+    """Mean daily Pearson IC of ``_signal`` vs the raw label over each split's target dates."""
+    daily = oracle_daily(frame, all_dates)
     return {name: float(np.nanmean(daily[a:b])) for name, (a, b) in splits.items()}
 
 
@@ -162,16 +167,21 @@ def synthetic_frame(assets: int, dates: int, features: int, seed: int) -> tuple[
 
 
 def write_synthetic(path: str | Path, assets: int, dates: int, features: int, seed: int) -> dict[str, float]:
-    """Write the synthetic panel to ``path`` atomically; returns the oracle IC dict,
-    which is also stored in the file metadata under ``b"sweeper.oracle_ic"``."""
+    """Write the synthetic panel to ``path`` atomically; returns the oracle IC dict (default
+    split), which is also stored in the file metadata under ``b"sweeper.oracle_ic"``. The
+    oracle's daily IC goes under ``b"sweeper.oracle_daily_ic"``, so that ``load_panel``
+    gives the oracle of whatever split the study uses."""
     path = Path(path)
     check_params(assets, dates, features, str(path))
     if not path.parent.is_dir():
         raise DataError(f"{path}: the folder {path.parent} does not exist")
-    frame, oracle = synthetic_frame(assets, dates, features, seed)
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+    full = generate(assets, dates, features, seed)
+    all_dates = np.unique(full["date"].to_numpy("datetime64[ns]"))
+    oracle = default_oracle(full, describe(assets, dates, features, seed))
+    table = pa.Table.from_pandas(full.drop(columns=[SIGNAL_COL]), preserve_index=False)
     params = {"assets": assets, "dates": dates, "features": features, "seed": seed, "generator": GENERATOR_VERSION}
     meta = {**(table.schema.metadata or {}), ORACLE_KEY: json.dumps(oracle).encode(),
+            ORACLE_DAILY_KEY: daily_oracle_json(all_dates, oracle_daily(full, all_dates)),
             b"sweeper.synthetic": json.dumps(params).encode()}
     _atomic_write(table.replace_schema_metadata(meta), path)
     return oracle

@@ -31,6 +31,9 @@ class StudyData:
     best: FrozenTrial | None = None
     daily_valid: dict[int, np.ndarray] = field(default_factory=dict)
     now: datetime = field(default_factory=datetime.now)
+    horizons: dict[int, int] | int = 1        # each trial's label horizon (Newey-West lags)
+    long_short: dict[str, Any] = field(default_factory=dict)  # split -> quant.portfolio.LongShort of the best
+    long_short_note: str | None = None       # why there is no long-short view
 
     def finished(self, *states: TrialState) -> list[FrozenTrial]:
         return [t for t in self.trials if t.state in states]

@@ -70,7 +70,7 @@ def selection_figure(data: StudyData) -> go.Figure:
 
     if data.best is None or data.best.number not in data.daily_valid:
         return empty("selection bias unavailable: the best trial has no daily_ic_valid.csv")
-    summary = selection_summary(data.daily_valid, data.best.number)
+    summary = selection_summary(data.daily_valid, data.best.number, data.horizons)
     means = [float(np.nanmean(v)) for v in data.daily_valid.values() if np.isfinite(v).any()]
     fig = go.Figure(go.Histogram(x=means, nbinsx=min(40, max(5, len(means) // 3)), name="trials",
                                  marker_color="#9ecae1"))

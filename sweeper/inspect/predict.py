@@ -1,110 +1,120 @@
-"""``sweeper predict``: a trial's best weights applied to a split, or to another file.
+"""``sweeper predict``: a trial's best weights, or an ensemble of the best trials, applied
+to a split of the study's data or to another file.
 
-The model is rebuilt from the trial's own resolved config (``trials/<n>/config.yaml``)
-and given ``weights.pt`` (its best epoch's state dict). Predictions go through the
-training core's :func:`sweeper.core.predict` with the trial's
-``train.eval_batch_size``, the same path that scored the trial, so the IC of the
-valid split's output is the trial's stored ``val_ic``.
+- ``--trial N`` or ``best``: one trial, rebuilt from its resolved config
+  (``trials/<n>/config.yaml``) with ``weights.pt`` (see :mod:`sweeper.inspect.trial_model`);
+  its valid IC is the stored ``val_ic``.
+- ``--trial topK`` (``top3``): the K best COMPLETE trials by the study metric; the output
+  ``pred`` is the mean of their per-date z-scored predictions
+  (:func:`sweeper.quant.ensemble.ensemble`).
+- ``--split``: ``valid`` (the default), ``test``, ``train`` or ``all`` (every date with a
+  full lookback window); ``--start``/``--end`` keep the split's dates within that range.
+- ``--data``: another file, scored with the trial's features and normalisation statistics
+  (nothing is re-fitted on it); it needs only ``lookback - 1`` dates of history before the
+  first date to score, and it may lack the label (live use). Its train / valid / test are
+  the study's date ranges.
 
-Rows: every present (date, asset) of the split with a full lookback window. A row
-whose label is not known (the latest dates of a file) is predicted too, with a NaN
-label. ``--data`` loads another Parquet file with the trial's data config, so its
-features are normalised on that file exactly as the trial's were on its own (a
-``robust_zscore`` fit uses that file's train split).
+Rows: every present (date, asset) with a full lookback window. A row whose label is not
+known (the latest dates of a file) is predicted too, with a NaN label.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+import math
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pandas as pd
-import torch
-import yaml
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.config import SweeperConfig, validate_config
-from sweeper.errors import ConfigError, DataError, StudyNotFound
-from sweeper.store.layout import TrialFiles, run_dir, trial_files
+from sweeper.config import SweeperConfig
+from sweeper.errors import ConfigError, StudyNotFound
+from sweeper.inspect.trial_model import SPLITS, Predictor, load_weights, trial_config
 from sweeper.store.studies import best_trial
 
-SPLITS = ("valid", "test", "train", "all")
+__all__ = ["SPLITS", "Prediction", "Predictor", "load_weights", "parse_trial", "pick_trial", "predict_trial",
+           "top_trials", "trial_config"]
+
+_TOP = re.compile(r"top(\d+)$")
 
 
 @dataclass
 class Prediction:
     frame: pd.DataFrame       # date, asset, pred, label (raw)
-    trial: int
+    trial: int | list[int]    # the trial, or the ensemble's members (best first)
     split: str
     source: str               # the data the predictions are of
     same_data: bool | None    # the study's data fingerprint matches (None: --data, or unknown)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        if isinstance(self.trial, list):
+            return f"top{len(self.trial)} ensemble of trials {', '.join(map(str, self.trial))}"
+        return f"trial {self.trial}"
+
+
+def parse_trial(which: str | int) -> int | str:
+    """``"best"``, a trial number, or ``"topK"`` (K >= 1); ConfigError for anything else."""
+    text = str(which).strip().lower()
+    if text == "best" or _TOP.match(text):
+        if text != "best" and int(_TOP.match(text).group(1)) < 1:
+            raise ConfigError(f"--trial: topK needs K >= 1, got {which!r}")
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--trial: expected a trial number, 'best' or 'topK' (e.g. top3), got {which!r}") from None
 
 
 def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
     """``"best"`` or a trial number."""
-    if str(which) == "best":
+    parsed = parse_trial(which)
+    if parsed == "best":
         best = best_trial(study)
         if best is None:
             raise StudyNotFound(f"study {study.study_name!r} has no completed trial yet")
         return best
-    try:
-        number = int(which)
-    except ValueError:
-        raise ConfigError(f"--trial: expected a trial number or 'best', got {which!r}") from None
+    if isinstance(parsed, str):
+        raise ConfigError(f"--trial {which}: an ensemble is not one trial")
     trials = study.get_trials(deepcopy=False)
-    match = [t for t in trials if t.number == number]
+    match = [t for t in trials if t.number == parsed]
     if not match:
-        raise StudyNotFound(f"study {study.study_name!r} has no trial {number} (it has {len(trials)} trials)")
+        raise StudyNotFound(f"study {study.study_name!r} has no trial {parsed} (it has {len(trials)} trials)")
     return match[0]
 
 
-def trial_config(files: TrialFiles) -> SweeperConfig:
-    path = files.config
-    if not path.exists():
-        raise DataError(f"{path}: missing; the trial's resolved config is written when it starts")
-    return validate_config(yaml.safe_load(path.read_text()), str(path))
-
-
-def load_weights(files: TrialFiles, trial: FrozenTrial) -> dict[str, torch.Tensor]:
-    path = files.weights
-    if not path.exists():
-        raise DataError(f"{path}: missing; trial {trial.number} is {trial.state.name} and wrote no weights")
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def scoring_panel(panel: Any, split: str) -> Any:
-    """The panel with every present row scoreable (unknown labels stay NaN in y_raw) and
-    an ``all`` split: every date with a full lookback window."""
-    y = torch.where(panel.mask & ~torch.isfinite(panel.y), torch.zeros_like(panel.y), panel.y)
-    splits = {**panel.splits, "all": (panel.lookback - 1, len(panel.dates))}
-    if split not in splits:
-        raise ConfigError(f"--split: expected one of {', '.join(SPLITS)}, got {split!r}")
-    return dataclasses.replace(panel, y=y, splits=splits, _cache={})
+def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
+    """The ``k`` best COMPLETE trials with a finite value, best first (ties: lower number first)."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.value is not None and math.isfinite(t.value)]
+    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    ranked = sorted(done, key=lambda t: (sign * t.value, t.number))
+    if len(ranked) < k:
+        raise StudyNotFound(f"study {study.study_name!r} has {len(ranked)} completed trials; top{k} needs {k}")
+    return ranked[:k]
 
 
 def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best", split: str = "valid",
-                  data: str | Path | None = None, device: str | None = None) -> Prediction:
-    """Predictions of ``trial`` (number or "best") on ``split`` of the study's data, or of ``data``."""
-    from sweeper.core import predict, resolve_device
-    from sweeper.data import load_panel
-    from sweeper.models import build_model
+                  data: str | Path | None = None, device: str | None = None, start: str | None = None,
+                  end: str | None = None, predictor: Predictor | None = None) -> Prediction:
+    """Predictions of ``trial`` (number, "best" or "topK") on ``split`` of the study's data, or of ``data``."""
+    from sweeper.quant.ensemble import ensemble
 
-    chosen = pick_trial(study, trial)
-    files = trial_files(run_dir(cfg), chosen.number)
-    tcfg = trial_config(files)
-    data_cfg = tcfg.data
-    if data is not None:
-        if not Path(data).exists():
-            raise DataError(f"{data}: no such file (--data)")
-        data_cfg = data_cfg.model_copy(update={"path": str(data), "synthetic": None})
-    panel = scoring_panel(load_panel(data_cfg), split)
-    model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
-    model.load_state_dict(load_weights(files, chosen))
-    target = resolve_device(device)
-    frame = predict(model.to(target), panel.to(target, tcfg.data.device_share), split, target,
-                    tcfg.train.eval_batch_size)
-    stored = study.user_attrs.get("data_fingerprint")
-    same = None if data is not None or stored is None else stored == panel.fingerprint
-    return Prediction(frame=frame, trial=chosen.number, split=split, source=panel.source, same_data=same)
+    if split not in SPLITS:
+        raise ConfigError(f"--split: expected one of {', '.join(SPLITS)}, got {split!r}")
+    parsed = parse_trial(trial)
+    is_ensemble = isinstance(parsed, str) and parsed != "best"
+    members = top_trials(study, int(parsed[3:])) if is_ensemble else [pick_trial(study, parsed)]
+    predictor = predictor or Predictor(cfg, study, device)
+    frames = [predictor.frame(t, split, data=data, start=start, end=end) for t in members]
+    if data is None:
+        own = predictor.own_panel(predictor.config(members[0]))
+        source, stored = own.source, study.user_attrs.get("data_fingerprint")
+        same = None if stored is None else stored == own.fingerprint
+    else:
+        source, same = str(data), None
+    return Prediction(frame=ensemble(frames) if is_ensemble else frames[0],
+                      trial=[t.number for t in members] if is_ensemble else members[0].number,
+                      split=split, source=source, same_data=same, notes=list(predictor.notes))

@@ -48,6 +48,16 @@ def print_best(best: dict[str, Any], console: Any = None) -> None:
             console.print(f"  oracle {split} IC {oracle:.4f}" + (f": {frac:.0%} reached" if frac is not None else ""))
     for line in selection_lines(best.get("selection")):
         console.print("  " + line, highlight=False)
+    if "portfolio" in best:
+        for line in portfolio_lines(best["portfolio"], best.get("portfolio_unavailable")):
+            console.print("  " + line, highlight=False, soft_wrap=True)
+        constant = best.get("constant_pred_dates") or {}
+        if any(constant.values()):
+            console.print("  constant predictions (scored IC 0): " + ", ".join(
+                f"{split} {n} dates" for split, n in constant.items()), highlight=False)
+    if "ensemble" in best:
+        for line in ensemble_lines(best["ensemble"], best.get("ensemble_unavailable")):
+            console.print("  " + line, highlight=False, soft_wrap=True)
     console.print("  params: " + ", ".join(f"{k}={v}" for k, v in best["params"].items()), soft_wrap=True)
     console.print(f"  weights: {best['weights'] or '-'}")
 
@@ -62,3 +72,29 @@ def selection_lines(sel: dict[str, Any] | None) -> list[str]:
         f"  deflated val IC {fmt(sel.get('deflated_ic'))}  P(fluke) {fmt(sel.get('p_fluke'), '.1%')}  "
         f"PBO {fmt(sel.get('pbo'), '.2f')}",
     ]
+
+
+def portfolio_lines(portfolio: dict[str, Any] | None, why: str | None = None) -> list[str]:
+    """The long-short figures of valid and test in words (``sweeper best`` and the report)."""
+    if not portfolio:
+        return [f"long-short: - ({why or 'not computed'})"]
+    first = next(iter(portfolio.values()))
+    lines = [f"long-short, q={first.get('quantiles')} buckets, dates {max(first.get('horizon') or 1, 1)} apart "
+             "(gross: equal weights, no costs):"]
+    for split, p in portfolio.items():
+        lines.append(f"  {split + ':':<6} ann. return {fmt(p.get('long_short_ann_return'), '.1%')}  "
+                     f"Sharpe {fmt(p.get('long_short_sharpe'), '.2f')}  "
+                     f"max drawdown {fmt(p.get('long_short_max_drawdown'), '.1%')}  "
+                     f"top turnover {fmt(p.get('top_turnover'), '.0%')}  ({p.get('n_periods')} periods)")
+    return lines
+
+
+def ensemble_lines(ens: dict[str, Any] | None, why: str | None = None) -> list[str]:
+    """The top-K ensemble beside the best trial."""
+    if not ens:
+        return [f"ensemble: - ({why or 'not computed'})"]
+    trials = ", ".join(map(str, ens["trials"]))
+    lines = [f"top{ens['k']} ensemble (trials {trials}): valid ic {fmt(ens['valid'].get('ic'))}  "
+             f"rank_ic {fmt(ens['valid'].get('rank_ic'))}  test ic {fmt(ens['test'].get('ic'))}  "
+             f"rank_ic {fmt(ens['test'].get('rank_ic'))}"]
+    return lines + ["  " + line for line in portfolio_lines(ens.get("portfolio"))[1:]]

@@ -14,9 +14,12 @@ trial, which is far too slow at 500 trials):
 7. ``daily``: the best trial's daily and cumulative IC on valid and test
 8. ``selection``: how much of the best validation IC a signal-free search of
    this many trials would reach anyway (:mod:`sweeper.quant.selection`)
+9. ``buckets``: the best trial's mean label per prediction bucket, valid and test
+10. ``longshort``: its cumulative long-short (top - bottom bucket) return
 
 Figures 1-4 are in :mod:`~sweeper.inspect.figures_search`, 5 in
-:mod:`~sweeper.inspect.figures_devices`, 6-8 in :mod:`~sweeper.inspect.figures_ic`;
+:mod:`~sweeper.inspect.figures_devices`, 6-8 in :mod:`~sweeper.inspect.figures_ic`,
+9-10 in :mod:`~sweeper.inspect.figures_portfolio`;
 the data they share in :mod:`~sweeper.inspect.figures_base`. This module loads
 the study and lays out the page.
 
@@ -37,32 +40,55 @@ from optuna.trial import TrialState
 
 from sweeper.atomic import write_text
 from sweeper.config import SweeperConfig
+from sweeper.errors import SweeperError
 from sweeper.inspect.figures_base import StudyData, finite
 from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, utilisation
 from sweeper.inspect.figures_ic import daily_figure, overfit_figure, selection_figure
+from sweeper.inspect.figures_portfolio import buckets_figure, longshort_figure
 from sweeper.inspect.figures_search import curves_figure, history_figure, importance_figure, parallel_figure
-from sweeper.inspect.printing import selection_lines
-from sweeper.inspect.results import valid_daily_ics
+from sweeper.inspect.printing import portfolio_lines, selection_lines
+from sweeper.inspect.results import trial_horizons, valid_daily_ics
 from sweeper.store import layout
 from sweeper.store.studies import best_trial, load_existing
 
 __all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_html", "utilisation", "write_report"]
 
-FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection")
+FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection", "buckets",
+           "longshort")
 TITLES = {
     "history": "1. Optimization history", "importance": "2. Parameter importances",
     "parallel": "3. Parallel coordinates", "curves": "4. Learning curves (intermediate values)",
     "timeline": "5. Trials per device", "overfit": "6. Validation IC vs test IC",
     "daily": "7. Best trial: daily and cumulative IC", "selection": "8. Selection bias",
+    "buckets": "9. Best trial: mean label per prediction bucket",
+    "longshort": "10. Best trial: cumulative long-short return",
 }
 
 
-def load(study: optuna.Study, run_dir: str | Path, metric: str) -> StudyData:
+def load(study: optuna.Study, run_dir: str | Path, metric: str, cfg: SweeperConfig | None = None) -> StudyData:
+    """The study read once. With ``cfg``: the trials' label horizons and the best trial's
+    long-short view (which runs its model on the study's data)."""
     trials = study.get_trials(deepcopy=False)
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    return StudyData(name=study.study_name, metric=metric, maximize=maximize, trials=trials,
+    data = StudyData(name=study.study_name, metric=metric, maximize=maximize, trials=trials,
                      run_dir=Path(run_dir), study=study, best=best_trial(study),
                      daily_valid=valid_daily_ics(trials, run_dir))
+    if cfg is not None:
+        data.horizons = trial_horizons(trials, cfg)
+        _load_long_short(data, cfg)
+    return data
+
+
+def _load_long_short(data: StudyData, cfg: SweeperConfig) -> None:
+    from sweeper.inspect.longshort import best_long_short
+    from sweeper.inspect.predict import Predictor
+
+    if data.best is None:
+        return
+    try:
+        data.long_short = best_long_short(cfg, Predictor(cfg, data.study), data.best)
+    except SweeperError as exc:
+        data.long_short_note = str(exc)
 
 
 def build_figures(data: StudyData) -> dict[str, go.Figure]:
@@ -72,6 +98,7 @@ def build_figures(data: StudyData) -> dict[str, go.Figure]:
         "parallel": parallel_figure(data), "curves": curves_figure(data),
         "timeline": timeline_figure(data), "overfit": overfit_figure(data),
         "daily": daily_figure(data), "selection": selection_figure(data),
+        "buckets": buckets_figure(data), "longshort": longshort_figure(data),
     }
     telemetry = telemetry_figure(layout.devices_csv(data.run_dir))
     if telemetry is not None:
@@ -83,7 +110,7 @@ def write_report(cfg: SweeperConfig, out: str | Path, storage_url: str | None = 
     """Write the report for ``cfg``'s study to ``out`` (atomically); returns a summary."""
     started = time.perf_counter()
     study = load_existing(cfg, storage_url)
-    data = load(study, layout.run_dir(cfg), cfg.study.metric)
+    data = load(study, layout.run_dir(cfg), cfg.study.metric, cfg)
     figures = build_figures(data)
     page = render_html(data, figures, oracle=study.user_attrs.get("oracle_ic"))
     write_text(Path(out), page)
@@ -132,7 +159,13 @@ def _notes(name: str, fig: go.Figure) -> list[str]:
             "The no-signal best is the median standard error of the trials' mean daily IC times the expected "
             "maximum of N standard normals (Bailey & Lopez de Prado); deflated IC = best - that. P(fluke) = 1 - "
             "the Deflated Sharpe Ratio of the best trial's daily ICs; PBO = probability of backtest overfitting "
-            "(CSCV)."]
+            "(CSCV). Standard errors are Newey-West with lag horizon - 1: an h-day label makes "
+            "neighbouring daily ICs overlap."]
+    if name == "buckets" and "valid" in meta:
+        return [line.strip() for line in portfolio_lines({k: meta[k] for k in ("valid", "test") if k in meta})] + [
+            "Dates: those with at least 2q assets, every h-th of them, so the h-day labels do not overlap. "
+            "Buckets: q equal-count buckets of the prediction's rank. Long-short = mean label of the top "
+            "bucket - mean label of the bottom one; annualised with 252/h. Gross: equal weights, no costs."]
     return []
 
 

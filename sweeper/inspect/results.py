@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import optuna
+import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig
@@ -59,8 +60,9 @@ def read_daily(path: Path) -> dict[str, np.ndarray] | None:
     return out if "ic" in out else None
 
 
-def valid_daily_ics(trials: list[FrozenTrial], run_dir: str | Path) -> dict[int, np.ndarray]:
-    """Trial number -> daily validation IC, for every finished trial that wrote the file.
+def valid_daily_ics(trials: list[FrozenTrial], run_dir: str | Path) -> dict[int, pd.Series]:
+    """Trial number -> daily validation IC indexed by date, for every finished trial that
+    wrote the file (the cross-trial statistics line trials up by date).
 
     Pruned trials count: each one was a chance to look good by luck.
     """
@@ -69,15 +71,23 @@ def valid_daily_ics(trials: list[FrozenTrial], run_dir: str | Path) -> dict[int,
         if t.state in FINISHED:
             daily = read_daily(layout.trial_files(run_dir, t.number).daily_ic("valid"))
             if daily is not None:
-                out[t.number] = daily["ic"]
+                index = daily["date"] if "date" in daily else np.arange(len(daily["ic"]))
+                out[t.number] = pd.Series(daily["ic"], index=pd.Index(index))
     return out
 
 
+def trial_horizons(trials: list[FrozenTrial], cfg: SweeperConfig) -> dict[int, int]:
+    """Each trial's label horizon: its ``data.horizon`` param, else the study's."""
+    return {t.number: int(t.params.get("data.horizon", cfg.data.horizon)) for t in trials}
+
+
 def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial | None = None,
-                     trials: list[FrozenTrial] | None = None) -> dict[str, Any] | None:
+                     trials: list[FrozenTrial] | None = None, horizons: dict[int, int] | int = 1,
+                     ) -> dict[str, Any] | None:
     """:func:`sweeper.quant.selection.selection_summary` of the study's daily validation ICs:
-    n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr, p_fluke, pbo.
-    None when the best trial has no daily IC file (e.g. its run folder is elsewhere)."""
+    n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr, p_fluke, pbo, with the
+    Newey-West lag of each trial's label ``horizons``. None when the best trial has no daily
+    IC file (e.g. its run folder is elsewhere)."""
     from sweeper.quant.selection import selection_summary
 
     best = best or best_trial(study)
@@ -87,10 +97,12 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
     daily = valid_daily_ics(trials, run_dir)
     if best.number not in daily:
         return None
-    return selection_summary(daily, best.number)
+    return selection_summary(daily, best.number, horizons)
 
 
-def best_report(study: optuna.Study, cfg: SweeperConfig) -> dict[str, Any] | None:
+def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = False) -> dict[str, Any] | None:
+    """The best trial in full. ``portfolio=True`` adds the long-short view and the top-3
+    ensemble (:mod:`sweeper.inspect.longshort`), which run the models on the data."""
     best = best_trial(study)
     if best is None:
         return None
@@ -109,7 +121,12 @@ def best_report(study: optuna.Study, cfg: SweeperConfig) -> dict[str, Any] | Non
         out["oracle_val_ic"] = oracle.get("valid")
         out["oracle_test_ic"] = oracle.get("test")
         out.update(oracle_fractions(ua, oracle))
-    out["selection"] = selection_report(study, layout.run_dir(cfg), best)
+    trials = study.get_trials(deepcopy=False)
+    out["selection"] = selection_report(study, layout.run_dir(cfg), best, trials, trial_horizons(trials, cfg))
+    if portfolio:
+        from sweeper.inspect.longshort import portfolio_report
+
+        out.update(portfolio_report(cfg, study, best))
     return out
 
 

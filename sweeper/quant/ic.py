@@ -2,8 +2,12 @@
 
 Conventions (Qlib's ``calc_ic``, see docs/domain): correlate prediction and raw label
 across assets on each date; a pair where either side is missing (NaN or +-inf) is
-dropped; a date with fewer than 2 pairs, or where either side is constant, has no
-correlation and is skipped. ``ic`` is the mean of the daily ICs, ``icir`` is their
+dropped; a date with fewer than 2 pairs, or where the label is constant, has no
+correlation and is skipped. One departure from Qlib: a date where the *prediction* is
+constant (and the label is not) scores IC 0 and Rank IC 0, not "skipped", because a
+model that collapses to a constant has no skill that day; dropping the date would
+flatter it. Such dates are counted (``n_constant_dates``, and the ``constant_pred``
+column of :func:`daily_ic` with ``flag_constant=True``). ``ic`` is the mean of the daily ICs, ``icir`` is their
 mean / std (ddof=1), not annualised.
 
 Two implementations give the same numbers: a pandas one for notebooks and reports
@@ -26,17 +30,20 @@ import torch
 from sweeper.errors import DataError
 from sweeper.quant.ranks import average_ranks_torch
 
-REPORT_KEYS = ("ic", "rank_ic", "icir", "rank_icir", "n_dates")
+REPORT_KEYS = ("ic", "rank_ic", "icir", "rank_icir", "n_dates", "n_constant_dates")
 
 
 # ------------------------------------------------------------------ pandas
 
 
-def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date") -> pd.DataFrame:
-    """Per-date Pearson IC and Spearman Rank IC: columns ``date, ic, rank_ic``.
+def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date",
+             flag_constant: bool = False) -> pd.DataFrame:
+    """Per-date Pearson IC and Spearman Rank IC: columns ``date, ic, rank_ic`` (the daily IC
+    files' columns), plus ``constant_pred`` (1 on a date whose prediction was constant, else
+    0) with ``flag_constant``.
 
-    Dates without a correlation (fewer than 2 valid pairs, or a constant side) are absent.
-    Rows are sorted by date.
+    Dates without a correlation (fewer than 2 valid pairs, or a constant label) are absent;
+    a date with a constant prediction scores 0. Rows are sorted by date.
     """
     _check_columns(df, (pred, label, date))
     x = pd.to_numeric(df[pred], errors="coerce").to_numpy(np.float64)
@@ -48,20 +55,25 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     n_groups = len(uniques)
     rx = pd.Series(x).groupby(codes).rank(method="average").to_numpy(np.float64)
     ry = pd.Series(y).groupby(codes).rank(method="average").to_numpy(np.float64)
-    ic = grouped_pearson(codes, x, y, n_groups)
-    rank_ic = grouped_pearson(codes, rx, ry, n_groups)
+    constant = _constant_prediction(codes, x, y, n_groups)
+    ic = np.where(constant, 0.0, grouped_pearson(codes, x, y, n_groups))
+    rank_ic = np.where(constant, 0.0, grouped_pearson(codes, rx, ry, n_groups))
     ok = np.isfinite(ic) & np.isfinite(rank_ic)
-    return pd.DataFrame({"date": uniques[ok], "ic": ic[ok], "rank_ic": rank_ic[ok]})
+    out = pd.DataFrame({"date": uniques[ok], "ic": ic[ok], "rank_ic": rank_ic[ok]})
+    if flag_constant:
+        out["constant_pred"] = constant[ok].astype(np.int64)
+    return out
 
 
 def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date") -> dict:
-    """``{ic, rank_ic, icir, rank_icir, n_dates}`` of a long frame with one row per (date, asset).
+    """``{ic, rank_ic, icir, rank_icir, n_dates, n_constant_dates}`` of a long frame with one row
+    per (date, asset); ``n_constant_dates`` counts the dates scored 0 for a constant prediction.
 
     >>> ic_report(predictions)            # doctest: +SKIP
     {'ic': 0.031, 'rank_ic': 0.042, 'icir': 0.25, 'rank_icir': 0.33, 'n_dates': 480}
     """
-    daily = daily_ic(df, pred=pred, label=label, date=date)
-    return _report(daily["ic"].to_numpy(), daily["rank_ic"].to_numpy())
+    daily = daily_ic(df, pred=pred, label=label, date=date, flag_constant=True)
+    return _report(daily["ic"].to_numpy(), daily["rank_ic"].to_numpy(), int(daily["constant_pred"].sum()))
 
 
 def _check_columns(df: pd.DataFrame, columns: tuple[str, ...]) -> None:
@@ -84,18 +96,30 @@ def grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: i
         sxx = np.bincount(codes, dx * dx, n_groups)
         syy = np.bincount(codes, dy * dy, n_groups)
         corr = np.clip(sxy / np.sqrt(sxx * syy), -1.0, 1.0)
+    x_varies, y_varies = _varies_by_group(codes, x, y, n_groups)
+    return np.where((n >= 2) & x_varies & y_varies, corr, np.nan)
+
+
+def _varies_by_group(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
     # exact constancy test (see module docstring): min == max within the group
     frame = pd.DataFrame({"x": x, "y": y}).groupby(codes)
     lo, hi = frame.min().reindex(range(n_groups)), frame.max().reindex(range(n_groups))
-    varies = ((hi["x"] > lo["x"]) & (hi["y"] > lo["y"])).to_numpy()
-    return np.where((n >= 2) & varies, corr, np.nan)
+    return (hi["x"] > lo["x"]).to_numpy(), (hi["y"] > lo["y"]).to_numpy()
 
 
-def _report(ic: np.ndarray, rank_ic: np.ndarray) -> dict:
+def _constant_prediction(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int) -> np.ndarray:
+    """Groups with >= 2 pairs, a varying label and a constant prediction: they score 0."""
+    n = np.bincount(codes, minlength=n_groups)
+    x_varies, y_varies = _varies_by_group(codes, x, y, n_groups)
+    return (n >= 2) & ~x_varies & y_varies
+
+
+def _report(ic: np.ndarray, rank_ic: np.ndarray, n_constant: int = 0) -> dict:
     mean_ic, icir = _mean_ir(ic)
     mean_rank, rank_icir = _mean_ir(rank_ic)
     n_dates = int(np.isfinite(np.asarray(ic, dtype=np.float64)).sum())
-    return {"ic": mean_ic, "rank_ic": mean_rank, "icir": icir, "rank_icir": rank_icir, "n_dates": n_dates}
+    return {"ic": mean_ic, "rank_ic": mean_rank, "icir": icir, "rank_icir": rank_icir, "n_dates": n_dates,
+            "n_constant_dates": int(n_constant)}
 
 
 def _mean_ir(series: np.ndarray) -> tuple[float, float]:
@@ -118,21 +142,33 @@ def daily_ic_torch(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tenso
     """Per-date (Pearson, Spearman) of ``[T, N]`` tensors, as float64 ``[T]`` on their device.
 
     A NaN or inf in either tensor marks the pair missing. Dates with fewer than 2 pairs
-    or a constant side are NaN. Fully vectorised: no per-date Python loop, no host copy.
+    or a constant label are NaN; a constant prediction scores 0. Fully vectorised: no
+    per-date Python loop, no host copy.
     """
-    if pred.shape != label.shape or pred.dim() != 2:
-        raise ValueError(f"pred and label must both be [T, N]; got {tuple(pred.shape)} and {tuple(label.shape)}")
-    x, y = pred.detach().to(torch.float64), label.detach().to(torch.float64)
-    valid = torch.isfinite(x) & torch.isfinite(y)
-    pearson = _masked_pearson(x, y, valid)
+    x, y, valid = _pairs(pred, label)
+    constant = _constant_torch(x, y, valid)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    pearson = torch.where(constant, zero, _masked_pearson(x, y, valid))
     spearman = _masked_pearson(average_ranks_torch(x, valid), average_ranks_torch(y, valid), valid)
-    return pearson, spearman
+    return pearson, torch.where(constant, zero, spearman)
 
 
 def ic_report_torch(pred: torch.Tensor, label: torch.Tensor) -> dict:
     """Same keys and numbers as :func:`ic_report`, from ``[T, N]`` tensors."""
     pearson, spearman = daily_ic_torch(pred, label)
-    return _report(pearson.cpu().numpy(), spearman.cpu().numpy())
+    n_constant = int(_constant_torch(*_pairs(pred, label)).sum())
+    return _report(pearson.cpu().numpy(), spearman.cpu().numpy(), n_constant)
+
+
+def _pairs(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if pred.shape != label.shape or pred.dim() != 2:
+        raise ValueError(f"pred and label must both be [T, N]; got {tuple(pred.shape)} and {tuple(label.shape)}")
+    x, y = pred.detach().to(torch.float64), label.detach().to(torch.float64)
+    return x, y, torch.isfinite(x) & torch.isfinite(y)
+
+
+def _constant_torch(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    return (valid.sum(1) >= 2) & ~_varies(x, valid) & _varies(y, valid)
 
 
 def summarize(daily: torch.Tensor) -> tuple[float, float]:

@@ -2,7 +2,9 @@
 
 With N trials and no real signal, the best validation score is still high by chance.
 The statistics here treat each trial's daily validation IC series as its "returns"
-(see docs/domain, "Choosing the best of many trials inflates the result"):
+(see docs/domain, "Choosing the best of many trials inflates the result"). An h-day label
+makes neighbouring daily ICs overlap, so every standard error is Newey-West with lag h-1
+(:mod:`sweeper.quant.hac`), and trials are lined up by date, not by position:
 
 - :func:`expected_max`: E[max of N iid N(0,1)], Bailey & Lopez de Prado's approximation.
 - :func:`null_max_ic`: the mean IC the best of N signal-free trials reaches by chance.
@@ -20,10 +22,14 @@ import math
 from statistics import NormalDist
 
 import numpy as np
+import pandas as pd
+
+from sweeper.quant.hac import effective_days, hac_standard_error, lag_for_horizon
 
 EULER_GAMMA = 0.5772156649015329
 _NORMAL = NormalDist()
 _PBO_CHUNK = 2048  # combinations scored per step, bounds memory at ~chunk * n_trials floats
+_PBO_COVERAGE = 0.9  # a trial enters PBO when it has a value on this share of the best trial's dates
 
 
 def expected_max(n: int) -> float:
@@ -39,29 +45,34 @@ def expected_max(n: int) -> float:
     return (1 - EULER_GAMMA) * _NORMAL.inv_cdf(1 - 1 / n) + EULER_GAMMA * _NORMAL.inv_cdf(1 - 1 / (n * math.e))
 
 
-def null_max_ic(daily_ics: list[np.ndarray]) -> float:
+def null_max_ic(daily_ics: list[np.ndarray], lags: list[int] | None = None) -> float:
     """The mean IC the best of these N trials would reach with no signal: median SE * E[max_N].
 
-    SE = std(daily, ddof=1) / sqrt(T) is each trial's standard error of its mean IC. The
-    median (not the mean) across trials keeps one degenerate trial, e.g. a diverged model
-    with wild daily ICs, from inflating the bar. Every trial counts toward N (each one was
-    a chance to get lucky) but only trials with >= 2 finite days give an SE. NaN if none does.
+    SE is each trial's Newey-West standard error of its mean IC with its ``lags`` entry
+    (default 0: std(daily, ddof=1) / sqrt(T)). The median (not the mean) across trials keeps
+    one degenerate trial, e.g. a diverged model with wild daily ICs, from inflating the bar.
+    Every trial counts toward N (each one was a chance to get lucky) but only trials with
+    >= 2 finite days give an SE. NaN if none does.
     """
-    errors = [se for se in (_standard_error(d) for d in daily_ics) if math.isfinite(se)]
+    lags = lags if lags is not None else [0] * len(daily_ics)
+    errors = [se for se in (_standard_error(d, lag) for d, lag in zip(daily_ics, lags)) if math.isfinite(se)]
     if not errors:
         return math.nan
     return float(np.median(errors)) * expected_max(len(daily_ics))
 
 
 def deflated_sharpe(
-    daily_best: np.ndarray, sr_trials: list[float], n_trials: int, *, null_ic: float | None = None
+    daily_best: np.ndarray, sr_trials: list[float], n_trials: int, *, null_ic: float | None = None,
+    lag: int = 0,
 ) -> dict:
     """Deflated Sharpe Ratio of the selected trial's daily ICs (Bailey & Lopez de Prado 2014).
 
-    DSR = Phi((SR - SR0) sqrt(T-1) / sqrt(1 - g3 SR + (g4-1)/4 SR^2)), SR0 = sd(sr_trials) E[max_N],
+    DSR = Phi((SR - SR0) sqrt(T'-1) / sqrt(1 - g3 SR + (g4-1)/4 SR^2)), SR0 = sd(sr_trials) E[max_N],
     where SR = mean/std(ddof=1) of the daily ICs (the ICIR), g3 their skew and g4 their
-    (non-excess) kurtosis. ``dsr`` is the probability that the true SR beats the best a
-    signal-free search of ``n_trials`` would find; ``p_fluke = 1 - dsr``.
+    (non-excess) kurtosis. T' is the number of days the series is worth once their overlap
+    is counted: T / the Newey-West variance ratio with ``lag`` (T itself for lag 0).
+    ``dsr`` is the probability that the true SR beats the best a signal-free search of
+    ``n_trials`` would find; ``p_fluke = 1 - dsr``.
 
     ``deflated_ic`` = mean IC - ``null_ic``; without ``null_ic`` the best trial's own SE
     stands in for the trials' median SE (see :func:`null_max_ic`).
@@ -72,9 +83,9 @@ def deflated_sharpe(
     sr = _sharpe(x)
     sr0 = _null_sharpe(_finite(sr_trials), n_trials)
     if null_ic is None:
-        null_ic = _standard_error(x) * expected_max(n_trials)
+        null_ic = _standard_error(x, lag) * expected_max(n_trials)
     mean_ic = float(x.mean()) if len(x) else math.nan
-    dsr = _probabilistic_sharpe(x, sr, sr0)
+    dsr = _probabilistic_sharpe(x, sr, sr0, effective_days(x, lag))
     return {"sr": sr, "sr0": sr0, "dsr": dsr, "p_fluke": 1 - dsr, "deflated_ic": mean_ic - null_ic}
 
 
@@ -86,8 +97,8 @@ def _null_sharpe(sr_trials: np.ndarray, n_trials: int) -> float:
     return float(np.std(sr_trials, ddof=1)) * expected_max(n_trials)
 
 
-def _probabilistic_sharpe(x: np.ndarray, sr: float, sr0: float) -> float:
-    if len(x) < 3 or not (math.isfinite(sr) and math.isfinite(sr0)):
+def _probabilistic_sharpe(x: np.ndarray, sr: float, sr0: float, days: float) -> float:
+    if len(x) < 3 or days <= 1 or not (math.isfinite(sr) and math.isfinite(sr0)):
         return math.nan
     centred = x - x.mean()
     m2 = float(np.mean(centred**2))
@@ -96,7 +107,7 @@ def _probabilistic_sharpe(x: np.ndarray, sr: float, sr0: float) -> float:
     var = 1 - skew * sr + (kurt - 1) / 4 * sr**2
     if var <= 0:
         return math.nan
-    return _NORMAL.cdf((sr - sr0) * math.sqrt(len(x) - 1) / math.sqrt(var))
+    return _NORMAL.cdf((sr - sr0) * math.sqrt(days - 1) / math.sqrt(var))
 
 
 def pbo(matrix: np.ndarray, n_blocks: int = 16) -> float:
@@ -143,21 +154,27 @@ def _safe_mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:
         return np.where(count > 0, total / count, -np.inf)
 
 
-def selection_summary(daily: dict[int, np.ndarray], best: int) -> dict:
+def selection_summary(daily: dict[int, np.ndarray | pd.Series], best: int,
+                      horizon: int | dict[int, int] = 1) -> dict:
     """Selection-bias figures for a study whose trials have these daily validation ICs.
 
-    ``daily`` maps trial number -> daily IC array (NaN days allowed); ``best`` is the
-    trial that was picked. PBO uses the trials whose series has the best trial's length
-    (the same validation dates) and needs >= 2 of them and >= 16 dates (4 blocks of 4);
-    otherwise it is None. Every undefined figure is None, so the dict is JSON-safe.
+    ``daily`` maps trial number -> daily IC series (NaN days allowed): a ``pd.Series``
+    indexed by date, or an array (then its position is its date). Every series is lined
+    up on the best trial's dates, so a trial scored on other dates is compared on the
+    dates it shares with the best (and one that shares none adds only to N). ``horizon``
+    is the label horizon (one for all, or per trial): the Newey-West lag is horizon - 1.
+    PBO takes the trials with a value on at least 90% of the best trial's dates and needs
+    >= 2 of them and >= 16 dates (4 blocks of 4); otherwise it is None. Every undefined
+    figure is None, so the dict is JSON-safe.
     """
-    series = {k: np.asarray(v, dtype=np.float64) for k, v in daily.items()}
-    if best not in series:
+    if best not in daily:
         raise KeyError(f"best trial {best} has no daily IC series")
+    series = _align(daily, best)
+    lags = {k: lag_for_horizon(horizon.get(k, 1) if isinstance(horizon, dict) else horizon) for k in series}
     n_trials = len(series)
-    null_ic = null_max_ic(list(series.values()))
+    null_ic = null_max_ic(list(series.values()), [lags[k] for k in series])
     sr_trials = [_sharpe(_finite(v)) for v in series.values()]
-    stats = deflated_sharpe(series[best], sr_trials, n_trials, null_ic=null_ic)
+    stats = deflated_sharpe(series[best], sr_trials, n_trials, null_ic=null_ic, lag=lags[best])
     best_ic = _finite(series[best]).mean() if len(_finite(series[best])) else math.nan
     out = {
         "n_trials": n_trials,
@@ -173,9 +190,24 @@ def selection_summary(daily: dict[int, np.ndarray], best: int) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
+def _align(daily: dict[int, np.ndarray | pd.Series], best: int) -> dict[int, np.ndarray]:
+    """Every series as float64 values on the best trial's dates (NaN where a trial has none)."""
+    as_series = {k: v if isinstance(v, pd.Series) else pd.Series(np.asarray(v, dtype=np.float64))
+                 for k, v in daily.items()}
+    dates = as_series[best].index
+    out = {}
+    for k, v in as_series.items():
+        v = pd.to_numeric(v, errors="coerce")
+        if not v.index.is_unique:
+            v = v.groupby(level=0).mean()
+        out[k] = v.reindex(dates).to_numpy(np.float64)
+    return out
+
+
 def _study_pbo(series: dict[int, np.ndarray], best: int) -> float | None:
     length = len(series[best])
-    columns = [v for v in series.values() if len(v) == length]
+    need = _PBO_COVERAGE * np.isfinite(series[best]).sum()
+    columns = [v for v in series.values() if np.isfinite(v).sum() >= need]
     n_blocks = min(16, (length // 4) // 2 * 2)
     if len(columns) < 2 or n_blocks < 4:
         return None
@@ -195,6 +227,5 @@ def _sharpe(x: np.ndarray) -> float:
     return mean / std if std > 1e-10 * abs(mean) else math.nan
 
 
-def _standard_error(daily: np.ndarray) -> float:
-    x = _finite(daily)
-    return float(np.std(x, ddof=1)) / math.sqrt(len(x)) if len(x) >= 2 else math.nan
+def _standard_error(daily: np.ndarray, lag: int = 0) -> float:
+    return hac_standard_error(daily, lag)

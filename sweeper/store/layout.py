@@ -14,6 +14,7 @@
         weights.pt                the best epoch's state dict
         daily_ic_valid.csv        per-date IC and Rank IC of the best weights
         daily_ic_test.csv
+        norm_stats.json           features and robust_zscore's train statistics (for new data)
         checkpoint.pt             the last end-of-epoch training state (core.checkpoint)
 
 Hosts may share a run folder, so each host writes its own slot logs.
@@ -61,6 +62,11 @@ class TrialFiles:
     @property
     def checkpoint(self) -> Path:
         return self.folder / "checkpoint.pt"
+
+    @property
+    def norm_stats(self) -> Path:
+        """``norm_stats.json``: the features and what normalisation fitted on the train split."""
+        return self.folder / "norm_stats.json"
 
     def daily_ic(self, split: str) -> Path:
         """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""

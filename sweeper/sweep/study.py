@@ -14,12 +14,22 @@ from sweeper.sweep.samplers import build_pruner, build_sampler, driver_seed
 
 
 def study_attrs(cfg: C.SweeperConfig, fingerprint: str, environment: dict[str, Any]) -> dict[str, Any]:
+    """The study's attributes. ``split_dates`` (``{split: [first, last]}`` target dates) are
+    fixed for the whole study: the split uses the widest lookback, horizon and embargo the
+    search space allows (``data.split.*``), so every trial is scored on these dates.
+    ``features`` are the columns the study's data selection resolved to."""
+    from sweeper.data.load import panel_summary
+
+    summary = panel_summary(cfg.data)  # the panel prepare() just loaded: no second read
     return {
         "config": C.to_dict(cfg),
         "config_hash": C.config_hash(cfg),
         "sweeper_version": __version__,
         "environment": environment,
         "data_fingerprint": fingerprint,
+        "split_dates": summary["split_dates"],
+        "split_widths": {k: getattr(cfg.data.split, k) for k in ("lookback", "horizon", "embargo")},
+        "features": summary["features"],
     }
 
 

@@ -1,0 +1,53 @@
+"""Which columns are features: ``data.features`` names or glob patterns, minus ``data.exclude``.
+
+- ``data.features: null`` takes every candidate column (for a Parquet file, every numeric
+  column but the date, asset and label columns);
+- an entry with a glob character (``*``, ``?``, ``[``) is a pattern matched with
+  :func:`fnmatch.fnmatchcase` against the candidates, in the file's column order; a
+  pattern that matches nothing is an error (a typo should not silently drop features);
+- any other entry is a column name and must exist (it may be of any type, so a text
+  column named on purpose gets the type check's clear message);
+- ``data.exclude`` patterns (or names) then drop columns from the result.
+
+The result keeps the first occurrence of each column, in the order the entries select them.
+"""
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from sweeper.errors import DataError
+
+_GLOB = set("*?[")
+
+
+def is_pattern(entry: str) -> bool:
+    return bool(_GLOB & set(entry))
+
+
+def select(candidates: list[str], columns: list[str], features: list[str] | None, exclude: list[str],
+           where: str) -> list[str]:
+    """Feature names from ``candidates`` (numeric, not date/asset/label) and ``columns`` (all).
+
+    ``where`` prefixes every error message, e.g. ``"data.parquet"``.
+    """
+    chosen: list[str] = []
+    for entry in candidates if features is None else features:
+        if features is not None and is_pattern(entry):
+            matched = [c for c in candidates if fnmatchcase(c, entry)]
+            if not matched:
+                raise DataError(f"{where}: the pattern '{entry}' (data.features) matches no numeric column; "
+                                f"the candidates are: {_shown(candidates)}")
+            chosen.extend(matched)
+        elif features is not None and entry not in columns:
+            raise DataError(f"{where}: column '{entry}' (data.features) not found; the file has columns: "
+                            f"{_shown(columns)}")
+        else:
+            chosen.append(entry)
+    kept = [c for c in dict.fromkeys(chosen) if not any(fnmatchcase(c, pat) for pat in exclude)]
+    if not kept:
+        raise DataError(f"{where}: no feature columns left after data.exclude {exclude} (data.features)")
+    return kept
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")

@@ -1,0 +1,75 @@
+"""The leak guard: a feature that correlates with the label on the same date is a future return.
+
+A label is a forward return, known only after the fact. A column such as another
+forward return, or the label with noise, correlates with it across the assets of each
+date far above what an honest feature reaches (typically below 0.1; a daily IC above
+about 0.3 on real equities almost always means leakage). Left in, it makes a model look
+brilliant in backtest and worthless live.
+
+The check: for each feature, the Pearson correlation of the raw feature with the raw
+label across the assets of each train target date (rows present, both values finite,
+at least 3 of them), averaged over those dates. A feature whose absolute mean exceeds
+``data.max_feature_label_corr`` is refused with a DataError that names it, unless the
+excess is within the noise of so few rows (3 / sqrt(rows), e.g. 0.07 over 2,000 rows,
+0.004 over 500,000): a tiny panel's chance correlation is not a leak.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from sweeper.data.layout import Columns, Dense
+from sweeper.errors import DataError
+
+_CELLS = 1 << 22  # (date, asset, feature) cells per chunk: bounds the float64 temporaries
+
+
+def mean_daily_corr(X: np.ndarray, y: np.ndarray, mask: np.ndarray,
+                    dates: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """``([F] mean over dates of the per-date Pearson correlation of each feature with y,
+    [F] number of rows those dates' correlations used)``."""
+    start, stop = dates
+    T, N, F = X.shape
+    total, count, rows = np.zeros(F), np.zeros(F), np.zeros(F)
+    step = max(1, _CELLS // max(N * F, 1))
+    for a in range(start, stop, step):
+        b = min(a + step, stop)
+        corr, n = _daily_corr(X[a:b].astype(np.float64), y[a:b].astype(np.float64)[:, :, None], mask[a:b, :, None])
+        ok = np.isfinite(corr)
+        total += np.where(ok, corr, 0.0).sum(0)
+        count += ok.sum(0)
+        rows += np.where(ok, n, 0).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total / count, rows
+
+
+def _daily_corr(x: np.ndarray, y: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``([D, F] Pearson across assets (axis 1), NaN with < 3 pairs or no spread; [D, F] pairs)``."""
+    valid = present & np.isfinite(x) & np.isfinite(y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n = valid.sum(1)
+        dx = np.where(valid, x - (np.where(valid, x, 0).sum(1) / n)[:, None], 0)
+        dy = np.where(valid, y - (np.where(valid, y, 0).sum(1) / n)[:, None], 0)
+        corr = (dx * dy).sum(1) / np.sqrt((dx * dx).sum(1) * (dy * dy).sum(1))
+    return np.where(n >= 3, corr, np.nan), n
+
+
+def check_leaks(dense: Dense, cols: Columns, train: tuple[int, int], threshold: float) -> None:
+    """DataError naming the feature most correlated with the label, if any is above
+    ``threshold`` by more than the noise of its rows (see the module docstring)."""
+    corr, rows = mean_daily_corr(dense.X, dense.y, dense.mask, train)
+    with np.errstate(divide="ignore"):
+        noise = 3.0 / np.sqrt(rows)
+    excess = np.where(np.isfinite(corr), np.abs(corr) - threshold - noise, -np.inf)
+    if not len(excess) or excess.max() <= 0:
+        return
+    k = int(np.argmax(np.where(excess > 0, np.abs(corr), -np.inf)))
+    others = [f"'{cols.feature_names[j]}' ({corr[j]:+.2f})" for j in np.argsort(-np.abs(np.nan_to_num(corr)))
+              if j != k and excess[j] > 0]
+    more = f"; also {', '.join(others[:5])}" if others else ""
+    raise DataError(
+        f"{cols.source}: feature column '{cols.feature_names[k]}' has a same-date correlation of "
+        f"{corr[k]:+.2f} with the label '{cols.label_col}' on the train split (mean over its dates, "
+        f"{int(rows[k])} rows), above data.max_feature_label_corr {threshold:g}{more}. A feature that close "
+        f"to the label is usually a future return: drop it with data.exclude, or raise "
+        f"data.max_feature_label_corr"
+    )

@@ -1,0 +1,62 @@
+"""Report figures 9-10, the long-short view of the best trial (:mod:`sweeper.quant.portfolio`):
+the mean label of each prediction bucket, and the cumulative long-short return, on valid
+and test. Gross figures: equal weights, no costs."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from sweeper.inspect.figures_base import LAYOUT, StudyData, empty
+
+COLORS = {"valid": "#1f77b4", "test": "#ff7f0e"}
+
+
+def _unavailable(data: StudyData) -> go.Figure | None:
+    if data.best is None:
+        return empty("no complete trial yet")
+    if not data.long_short:
+        return empty(f"no long-short view: {data.long_short_note or 'not computed'}")
+    return None
+
+
+def _meta(data: StudyData) -> dict[str, Any]:
+    first = next(iter(data.long_short.values()))
+    return {"trial": data.best.number, "quantiles": first.quantiles, "horizon": first.horizon,
+            **{split: view.summary() for split, view in data.long_short.items()}}
+
+
+def buckets_figure(data: StudyData) -> go.Figure:
+    """Bars: the mean label of each of the q buckets of the best trial's prediction."""
+    placeholder = _unavailable(data)
+    if placeholder is not None:
+        return placeholder
+    meta = _meta(data)
+    q = meta["quantiles"]
+    names = [f"{k + 1}" + (" (low)" if k == 0 else " (high)" if k == q - 1 else "") for k in range(q)]
+    traces = [go.Bar(x=names, y=meta[split]["bucket_mean_label"], name=split, marker_color=COLORS[split])
+              for split in data.long_short]
+    fig = go.Figure(traces)
+    fig.update_layout(**LAYOUT, barmode="group", meta=meta,
+                      title=f"trial {data.best.number}: mean label per prediction bucket "
+                            f"(q={q}, dates {max(meta['horizon'], 1)} apart)",
+                      xaxis_title="bucket of the prediction", yaxis_title="mean label")
+    return fig
+
+
+def longshort_figure(data: StudyData) -> go.Figure:
+    """Lines: the cumulative top-minus-bottom return (non-compounded) on valid and test."""
+    placeholder = _unavailable(data)
+    if placeholder is not None:
+        return placeholder
+    meta = _meta(data)
+    traces = []
+    for split, view in data.long_short.items():
+        dates = [str(d)[:10] for d in view.dates]
+        traces.append(go.Scatter(x=dates, y=np.cumsum(view.ls), mode="lines", name=f"{split}",
+                                 line={"color": COLORS[split], "width": 2}))
+    title = f"trial {data.best.number}: cumulative long-short return (top - bottom bucket, gross)"
+    fig = go.Figure(traces)
+    fig.update_layout(**LAYOUT, title=title, xaxis={"type": "date"}, yaxis_title="cumulative return", meta=meta)
+    return fig

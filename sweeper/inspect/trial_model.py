@@ -1,0 +1,171 @@
+"""A trial's model, rebuilt and applied: its resolved config, its weights, the panel it
+scores and the normalisation statistics that panel needs.
+
+:class:`Predictor` keeps what several predictions share (the study's panel for each data
+config, each trial's frames), so ``sweeper best`` scores the best trial and the top-3
+ensemble on valid and test with one load of the data.
+
+The study's own data is loaded with the trial's data config, exactly as the trial was
+trained (same split, same normalisation), and predicted through
+:func:`sweeper.core.predict` with the trial's ``train.eval_batch_size``: the IC of the
+valid output is the trial's stored ``val_ic``. Another file (``--data``) is scored with
+:func:`sweeper.data.scoring.scoring_panel`: the trial's features, normalised with the
+statistics of the trial's train split (``trials/<n>/norm_stats.json``; a trial without
+that file has them re-fitted on the study's train split, and the notes say so).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import yaml
+from optuna.trial import FrozenTrial
+
+from sweeper.config import SweeperConfig, validate_config
+from sweeper.errors import DataError, SweeperError
+from sweeper.store.layout import TrialFiles, run_dir, trial_files
+
+SPLITS = ("valid", "test", "train", "all")
+RANGE = "range"  # the split name of a --start/--end selection
+
+
+def trial_config(files: TrialFiles) -> SweeperConfig:
+    """The trial's resolved config. A trial written before the split was pinned per study
+    (no ``data.split.lookback``) used its own lookback, horizon and embargo: keep them."""
+    path = files.config
+    if not path.exists():
+        raise DataError(f"{path}: missing; the trial's resolved config is written when it starts")
+    raw = yaml.safe_load(path.read_text())
+    data = raw.get("data") if isinstance(raw, dict) else None
+    if isinstance(data, dict) and "lookback" not in (data.get("split") or {}):
+        raw = {**raw, "search_space": {}}  # its search space would widen the split it never had
+        data["split"] = {**(data.get("split") or {}), "lookback": data.get("lookback", 20),
+                         "horizon": data.get("horizon", 2), "embargo": data.get("embargo", 0)}
+    return validate_config(raw, str(path))
+
+
+def load_weights(files: TrialFiles, trial: FrozenTrial) -> dict[str, Any]:
+    """The best epoch's state dict (tensors on the CPU)."""
+    import torch  # here, not at the top: a report of a study without weights never needs torch
+
+    path = files.weights
+    if not path.exists():
+        raise DataError(f"{path}: missing; trial {trial.number} is {trial.state.name} and wrote no weights")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def own_scoring_panel(panel: Any) -> Any:
+    """The panel with every present row scoreable (unknown labels stay NaN in y_raw) and
+    an ``all`` split: every date with a full lookback window."""
+    import torch
+
+    y = torch.where(panel.mask & ~torch.isfinite(panel.y), torch.zeros_like(panel.y), panel.y)
+    splits = {**panel.splits, "all": (panel.lookback - 1, len(panel.dates))}
+    return dataclasses.replace(panel, y=y, splits=splits, _cache={})
+
+
+def restrict(panel: Any, split: str, start: str | None, end: str | None) -> tuple[Any, str]:
+    """``(panel, split name)``: the split itself, or its dates within ``[start, end]``."""
+    from sweeper.data.scoring import date_range
+
+    if split not in panel.splits:
+        raise DataError(f"{panel.source}: the study's {split} dates are not known (the study records them "
+                        "from this version on); use --split all or --start/--end")
+    if start is None and end is None:
+        return panel, split
+    a, b = panel.splits[split]
+    s, e = date_range(panel.dates, [start, end], panel.lookback, "--start/--end")
+    splits = {**panel.splits, RANGE: (max(a, s), max(min(b, e), max(a, s)))}
+    return dataclasses.replace(panel, splits=splits, _cache={}), RANGE
+
+
+class Predictor:
+    """Predictions of the study's trials, with the panels they share loaded once."""
+
+    def __init__(self, cfg: SweeperConfig, study: optuna.Study, device: str | None = None) -> None:
+        self.cfg, self.study = cfg, study
+        self.run_dir = run_dir(cfg)
+        self._device_name = device
+        self.notes: list[str] = []
+        self._panels: dict[str, Any] = {}
+        self._frames: dict[tuple, pd.DataFrame] = {}
+
+    def config(self, trial: FrozenTrial) -> SweeperConfig:
+        return trial_config(trial_files(self.run_dir, trial.number))
+
+    def frame(self, trial: FrozenTrial, split: str, *, data: str | Path | None = None,
+              start: str | None = None, end: str | None = None) -> pd.DataFrame:
+        """``date, asset, pred, label`` of ``trial`` on ``split`` of the study's data (or ``data``)."""
+        key = (trial.number, split, None if data is None else str(data), start, end)
+        if key not in self._frames:
+            self._frames[key] = self._predict(trial, split, data, start, end)
+        return self._frames[key]
+
+    def _predict(self, trial: FrozenTrial, split: str, data: str | Path | None, start: str | None,
+                 end: str | None) -> pd.DataFrame:
+        from sweeper.core import predict, resolve_device
+        from sweeper.models import build_model
+
+        files = trial_files(self.run_dir, trial.number)
+        tcfg = trial_config(files)
+        weights = load_weights(files, trial)  # a missing file fails before any data is read
+        panel = self.own_panel(tcfg) if data is None else self._new_panel(tcfg, files, trial, Path(data))
+        panel, name = restrict(panel, split, start, end)
+        if len(panel.sample_index(name)) == 0:
+            raise DataError(f"{panel.source}: no rows to predict in the {split} split"
+                            + (f" between {start or 'the start'} and {end or 'the end'}" if name == RANGE else "")
+                            + f" (trial {trial.number}, lookback {tcfg.data.lookback})")
+        model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
+        model.load_state_dict(weights)
+        device = resolve_device(self._device_name)
+        return predict(model.to(device), panel.to(device, tcfg.data.device_share), name, device,
+                       tcfg.train.eval_batch_size)
+
+    def own_panel(self, tcfg: SweeperConfig) -> Any:
+        """The study's data loaded with a trial's data config, every present row scoreable."""
+        from sweeper.data import load_panel
+
+        key = json.dumps(tcfg.data.model_dump(mode="json"), sort_keys=True)
+        if key not in self._panels:
+            self._panels[key] = own_scoring_panel(load_panel(tcfg.data))
+        return self._panels[key]
+
+    def _new_panel(self, tcfg: SweeperConfig, files: TrialFiles, trial: FrozenTrial, path: Path) -> Any:
+        from sweeper.data.scoring import scoring_panel
+
+        if not path.exists():
+            raise DataError(f"{path}: no such file (--data)")
+        stats, split_dates = self._scoring_inputs(tcfg, files, trial)
+        key = json.dumps([str(path), tcfg.data.model_dump(mode="json"), stats, split_dates], sort_keys=True)
+        if key not in self._panels:
+            self._panels[key] = scoring_panel(tcfg.data, path, stats["features"], stats, split_dates)
+        return self._panels[key]
+
+    def _scoring_inputs(self, tcfg: SweeperConfig, files: TrialFiles, trial: FrozenTrial) -> tuple[dict, dict]:
+        """The trial's features and normalisation statistics, and the study's split dates.
+
+        Both come from what the study kept (``norm_stats.json``, the ``split_dates``
+        attribute) when it kept them, else from the study's data loaded as the trial was."""
+        saved = json.loads(files.norm_stats.read_text()) if files.norm_stats.exists() else None
+        split_dates = self.study.user_attrs.get("split_dates")
+        if saved is not None and split_dates:
+            return saved, split_dates
+        try:
+            own = self.own_panel(tcfg)
+        except SweeperError as exc:
+            if saved is None:
+                raise DataError(f"trial {trial.number} has no {files.norm_stats.name} and the study's data cannot "
+                                f"be loaded to re-fit its normalisation: {exc}") from None
+            return saved, {}  # the study's dates are unknown: --split all or --start/--end only
+        if saved is None and tcfg.data.feature_norm == "robust_zscore":
+            self._note(f"trial {trial.number} has no {files.norm_stats.name} (it was trained before trials "
+                       "saved one): robust_zscore was re-fitted on the study's train split")
+        return saved or own.norm_stats, split_dates or {k: v for k, v in own.split_dates().items() if k != "all"}
+
+    def _note(self, line: str) -> None:
+        if line not in self.notes:
+            self.notes.append(line)

@@ -1,0 +1,40 @@
+"""Ensembles of prediction frames: the mean of the members' per-date z-scored predictions.
+
+Models differ in scale (one predicts returns, another ranks), so each member's ``pred``
+is z-scored across the assets of each date first (std with ddof=1, as ``cs_zscore``);
+a date where a member predicts a constant, or has one row, contributes 0 for it. The
+ensemble's ``pred`` is the plain mean over the members, on the (date, asset) rows that
+every member predicted; ``label`` is carried over unchanged.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+KEYS = ["date", "asset"]
+
+
+def zscore_by_date(frame: pd.DataFrame, pred: str = "pred", date: str = "date") -> np.ndarray:
+    """``pred`` z-scored within each date (ddof=1); 0 where the date has no spread."""
+    x = pd.to_numeric(frame[pred], errors="coerce").astype(np.float64)
+    grouped = x.groupby(frame[date].to_numpy())
+    mean, std = grouped.transform("mean"), grouped.transform("std")
+    z = ((x - mean) / std).to_numpy()
+    flat = ~(std.to_numpy() > 0) & np.isfinite(x.to_numpy())
+    return np.where(flat, 0.0, z)
+
+
+def ensemble(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``date, asset, pred, label``: the mean per-date z-score of every frame's ``pred``."""
+    if not frames:
+        raise ValueError("an ensemble needs at least one prediction frame")
+    merged = frames[0][[*KEYS, "label"]].copy()
+    merged["pred"] = zscore_by_date(frames[0])
+    for k, frame in enumerate(frames[1:], start=1):
+        member = frame[KEYS].copy()
+        member[f"pred_{k}"] = zscore_by_date(frame)
+        merged = merged.merge(member, on=KEYS, how="inner", sort=False)
+    columns = ["pred", *(f"pred_{k}" for k in range(1, len(frames)))]
+    merged["pred"] = merged[columns].mean(axis=1, skipna=False)
+    out = merged[[*KEYS, "pred", "label"]].sort_values(KEYS, kind="stable")
+    return out.reset_index(drop=True)

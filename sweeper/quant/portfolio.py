@@ -1,0 +1,147 @@
+"""The long-short view of a prediction frame: quantile buckets, the top-minus-bottom
+return, its annualised return, Sharpe ratio, drawdown and the top bucket's turnover.
+
+Definitions (docs/inspect.md, "The long-short view"), on a long frame ``date, asset,
+pred, label`` such as ``sweeper predict`` writes, with ``h`` the label horizon and ``q``
+the number of buckets (``report.quantiles``):
+
+- **dates**: those with at least ``2q`` rows whose ``pred`` and ``label`` are both finite;
+  every h-th of them from the first, so the h-day labels of the dates used do not overlap
+  (h = 0 or 1: every date);
+- **buckets**: on each date, ``pred`` ranked with ``rank(method="first")`` (ties by row
+  order) and cut into q equal-count buckets with ``pd.qcut`` on the rank; bucket q-1 is
+  the top;
+- ``ls`` = mean label of the top bucket - mean label of the bottom bucket;
+- ``long_short_ann_return`` = mean(ls) * 252 / h;
+  ``long_short_sharpe`` = mean(ls) / std(ls, ddof=1) * sqrt(252 / h);
+  ``long_short_max_drawdown`` = the largest fall of the cumulative sum of ls (starting
+  from 0 before the first period) below its running peak, non-compounded, as a positive
+  number; ``top_turnover`` = the mean over consecutive used dates of
+  1 - |top_t & top_prev| / |top_t|; ``n_periods`` = the number of dates used;
+  ``bucket_mean_label`` = each bucket's mean label, averaged over the dates used.
+
+Gross figures: equal weights, no costs, no borrow, labels as given.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+PERIODS_PER_YEAR = 252
+SUMMARY_KEYS = ("long_short_ann_return", "long_short_sharpe", "long_short_max_drawdown", "top_turnover",
+                "n_periods")
+
+
+@dataclass
+class LongShort:
+    """The long-short series of one frame and what it was computed with."""
+
+    dates: np.ndarray          # [P] the dates used
+    ls: np.ndarray             # [P] top - bottom mean label
+    buckets: np.ndarray        # [P, q] mean label per bucket (bottom first)
+    turnover: np.ndarray       # [P-1] 1 - overlap of consecutive top buckets
+    horizon: int
+    quantiles: int
+
+    def summary(self) -> dict:
+        """The figures of the module docstring; None where undefined (JSON-safe)."""
+        step = _step(self.horizon)
+        mean = float(self.ls.mean()) if len(self.ls) else math.nan
+        std = float(self.ls.std(ddof=1)) if len(self.ls) >= 2 else math.nan
+        out = {
+            "long_short_ann_return": mean * PERIODS_PER_YEAR / step,
+            "long_short_sharpe": mean / std * math.sqrt(PERIODS_PER_YEAR / step) if std > 0 else math.nan,
+            "long_short_max_drawdown": max_drawdown(self.ls),
+            "top_turnover": float(self.turnover.mean()) if len(self.turnover) else math.nan,
+            "n_periods": int(len(self.ls)),
+            "bucket_mean_label": [_clean(float(v)) for v in _column_means(self.buckets)],
+            "quantiles": self.quantiles,
+            "horizon": self.horizon,
+        }
+        return {k: _clean(v) for k, v in out.items()}
+
+
+def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5, *, pred: str = "pred",
+               label: str = "label", date: str = "date", asset: str = "asset") -> LongShort:
+    """The long-short series of ``frame`` (see the module docstring for every definition)."""
+    if quantiles < 2:
+        raise ValueError(f"quantiles must be >= 2, got {quantiles}")
+    rows = _usable_rows(frame, quantiles, horizon, pred, label, date)
+    if rows.empty:
+        empty = np.zeros(0)
+        return LongShort(np.array([], dtype=object), empty, np.zeros((0, quantiles)), empty, horizon, quantiles)
+    period, dates = pd.factorize(rows[date], sort=True)
+    bucket = _buckets(rows, period, pred, quantiles)
+    y = rows[label].to_numpy(np.float64)
+    key = period * quantiles + bucket
+    sums = np.bincount(key, y, len(dates) * quantiles).reshape(-1, quantiles)
+    counts = np.bincount(key, minlength=len(dates) * quantiles).reshape(-1, quantiles)
+    means = sums / counts  # every bucket of a used date holds at least 2 rows
+    codes, _ = pd.factorize(rows[asset])
+    top = bucket == quantiles - 1
+    return LongShort(np.asarray(dates), means[:, -1] - means[:, 0], means,
+                     _turnover(period[top], codes[top], len(dates)), horizon, quantiles)
+
+
+def _usable_rows(frame: pd.DataFrame, quantiles: int, horizon: int, pred: str, label: str,
+                 date: str) -> pd.DataFrame:
+    """Rows with a finite pred and label on every h-th date that has >= 2q of them, in frame order."""
+    x = pd.to_numeric(frame[pred], errors="coerce").to_numpy(np.float64)
+    y = pd.to_numeric(frame[label], errors="coerce").to_numpy(np.float64)
+    rows = frame[np.isfinite(x) & np.isfinite(y) & frame[date].notna().to_numpy()]
+    counts = rows.groupby(date, sort=True).size()
+    eligible = counts.index[counts.to_numpy() >= 2 * quantiles]
+    used = eligible[::_step(horizon)]
+    return rows[rows[date].isin(used)]
+
+
+def _buckets(rows: pd.DataFrame, period: np.ndarray, pred: str, quantiles: int) -> np.ndarray:
+    """0-based bucket of each row: ``pd.qcut`` of its ``rank(method="first")`` within its date.
+
+    A date with n rows has the ranks 1..n, so its buckets are those of ``pd.qcut(1..n)``:
+    one qcut per distinct n (pandas' own edges, float rounding included), then a lookup.
+    """
+    ranks = pd.Series(rows[pred].to_numpy(np.float64)).groupby(period).rank(method="first")
+    ranks = ranks.to_numpy().astype(np.int64)
+    sizes = np.bincount(period)[period]
+    out = np.empty(len(rows), dtype=np.int64)
+    for n in np.unique(sizes):
+        table = pd.qcut(np.arange(1, n + 1, dtype=np.float64), quantiles, labels=False)
+        at = sizes == n
+        out[at] = np.asarray(table, dtype=np.int64)[ranks[at] - 1]
+    return out
+
+
+def _turnover(period: np.ndarray, codes: np.ndarray, n_periods: int) -> np.ndarray:
+    """[P-1]: 1 - |top_t & top_{t-1}| / |top_t| for t = 1..P-1."""
+    if n_periods < 2:
+        return np.zeros(0)
+    n_assets = int(codes.max()) + 1
+    key = period.astype(np.int64) * n_assets + codes
+    stayed = np.isin(key - n_assets, key) & (period > 0)
+    size = np.bincount(period, minlength=n_periods).astype(np.float64)
+    kept = np.bincount(period, stayed.astype(np.float64), n_periods)
+    return (1.0 - kept / size)[1:]
+
+
+def max_drawdown(ls: np.ndarray) -> float:
+    """Largest fall of ``cumsum(ls)`` below its running peak, the curve starting at 0; NaN if empty."""
+    if len(ls) == 0:
+        return math.nan
+    curve = np.concatenate([[0.0], np.cumsum(np.asarray(ls, dtype=np.float64))])
+    return float((np.maximum.accumulate(curve) - curve).max())
+
+
+def _step(horizon: int) -> int:
+    return max(int(horizon), 1)
+
+
+def _column_means(m: np.ndarray) -> np.ndarray:
+    return m.mean(axis=0) if len(m) else np.full(m.shape[1], np.nan)
+
+
+def _clean(value: object) -> object:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
