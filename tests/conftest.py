@@ -51,6 +51,12 @@ def study_file(workdir):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _panel_cache(tmp_path_factory):
+    # the suite's panels are cached in a throw-away folder, not the user's ~/.cache
+    os.environ["SWEEPER_CACHE_DIR"] = str(tmp_path_factory.mktemp("panels"))
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
     # on a busy 2-core box, OpenMP threads fighting over cores make small steps many times slower
     import torch

@@ -134,3 +134,13 @@ def test_keys_added_by_a_newer_version_are_not_drift_at_their_defaults():
     tuned = to_dict(C.validate_config({"data": {"synthetic": {"assets": 8, "dates": 50}},
                                      "train": {"max_minutes": 5}}, "s.yaml"))
     assert drift(older, tuned) == ["train.max_minutes (None -> 5.0)"]
+
+
+def test_where_the_panel_is_cached_is_not_drift():
+    from sweeper.config import drift, to_dict
+
+    base = {"data": {"synthetic": {"assets": 8, "dates": 50}}}
+    stored = to_dict(C.validate_config(base, "s.yaml"))
+    moved = to_dict(C.validate_config({"data": {**base["data"], "cache_dir": "/elsewhere", "cache_max_gb": 5,
+                                                "device_share": 0.2}}, "s.yaml"))
+    assert drift(stored, moved) == []

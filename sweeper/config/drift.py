@@ -15,12 +15,14 @@ from sweeper.config.schema import SweeperConfig
 
 STUDY_SECTIONS = ("data.", "model.", "train.", "search_space", "study.metric", "study.direction")
 CHECKPOINT_SECTIONS = ("model.", "train.", "data.")
+# where the panel is cached and how much of it sits on the device change nothing a trial computes
+NOT_DRIFT = frozenset({"data.cache", "data.cache_dir", "data.cache_max_gb", "data.device_share"})
 
 
 def differing_keys(stored: dict[str, Any], current: dict[str, Any], prefixes: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
     """``(dotted key, stored value, current value)`` for every key under ``prefixes`` that differs, sorted."""
     old, new = flatten(stored), flatten(current)
-    keys = sorted(k for k in set(old) | set(new) if k.startswith(prefixes))
+    keys = sorted(k for k in set(old) | set(new) if k.startswith(prefixes) and k not in NOT_DRIFT)
     return [(k, old.get(k, "<unset>"), new.get(k, "<unset>")) for k in keys if old.get(k) != new.get(k)]
 
 

@@ -145,6 +145,10 @@ class DataConfig(_Strict):
     label_norm: Literal["cs_rank", "cs_zscore", "none"] = "cs_rank"
     split: SplitConfig = Field(default_factory=SplitConfig)
     device_share: float = Field(0.5, gt=0, le=1)
+    # the panel cache (docs/data.md): arrays built once per host, mapped read-only by every worker
+    cache: bool = True
+    cache_dir: str | None = None        # null: $SWEEPER_CACHE_DIR, else ~/.cache/sweeper/panels
+    cache_max_gb: float = Field(50.0, ge=0)
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataConfig":

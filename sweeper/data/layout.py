@@ -37,12 +37,29 @@ class Dense:
     mask: np.ndarray         # [T, N] bool, the row is present
 
 
-def densify(cols: Columns) -> Dense:
-    """Validate dates and (date, asset) uniqueness and scatter into dense arrays."""
+@dataclass
+class Codes:
+    """Each row's date and asset position in the dense layout."""
+
+    date: np.ndarray         # [R] int date index
+    asset: np.ndarray        # [R] int asset index
+    dates: np.ndarray        # [T] datetime64[ns], ascending
+    assets: np.ndarray       # [N] str (object), sorted as text
+
+
+def row_codes(cols: Columns) -> Codes:
+    """Parse the dates, factorise the assets and refuse duplicated (date, asset) rows."""
     d_code, dates = parse_dates(cols.dates, cols.source, cols.date_col)
     a_code, assets = factorize_assets(cols.assets, cols.source, cols.asset_col)
-    T, N, F = len(dates), len(assets), cols.features.shape[1]
     check_unique(d_code, a_code, dates, assets, cols)
+    return Codes(d_code, a_code, dates, assets)
+
+
+def densify(cols: Columns) -> Dense:
+    """Validate dates and (date, asset) uniqueness and scatter into dense arrays."""
+    codes = row_codes(cols)
+    d_code, a_code, dates, assets = codes.date, codes.asset, codes.dates, codes.assets
+    T, N, F = len(dates), len(assets), cols.features.shape[1]
     X = np.full((T, N, F), np.nan, dtype=np.float32)
     y = np.full((T, N), np.nan, dtype=np.float32)
     mask = np.zeros((T, N), dtype=bool)
@@ -61,7 +78,10 @@ def parse_dates(values: object, source: str, col: str) -> tuple[np.ndarray, np.n
     Only the distinct values are parsed, then re-factorised, so two spellings of
     one day ("2020-01-02", "2020-01-02 00:00") become one date.
     """
-    codes, uniques = pd.factorize(np.asarray(values, dtype=object) if _is_text(values) else values)
+    if isinstance(values, pd.Categorical):  # text encoded by Arrow (parquet.read_keys): parse the distinct values
+        codes, uniques = values.codes, values.categories.to_numpy()
+    else:
+        codes, uniques = pd.factorize(np.asarray(values, dtype=object) if _is_text(values) else values)
     if (codes < 0).any():
         row = int(np.flatnonzero(codes < 0)[0])
         raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no date (e.g. row {row})")
@@ -114,7 +134,10 @@ def _is_text(values: object) -> bool:
 
 
 def factorize_assets(values: object, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
-    codes, uniques = pd.factorize(values)
+    if isinstance(values, pd.Categorical):
+        codes, uniques = values.codes, values.categories.to_numpy()
+    else:
+        codes, uniques = pd.factorize(values)
     if (codes < 0).any():
         row = int(np.flatnonzero(codes < 0)[0])
         raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no asset id (e.g. row {row})")

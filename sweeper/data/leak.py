@@ -20,7 +20,7 @@ import numpy as np
 from sweeper.data.layout import Columns, Dense
 from sweeper.errors import DataError
 
-_CELLS = 1 << 22  # (date, asset, feature) cells per chunk: bounds the float64 temporaries
+_CELLS = 1 << 18  # (date, asset, feature) cells per chunk: bounds the float64 temporaries (2 MB each)
 
 
 def mean_daily_corr(X: np.ndarray, y: np.ndarray, mask: np.ndarray,
@@ -57,18 +57,26 @@ def check_leaks(dense: Dense, cols: Columns, train: tuple[int, int], threshold: 
     """DataError naming the feature most correlated with the label, if any is above
     ``threshold`` by more than the noise of its rows (see the module docstring)."""
     corr, rows = mean_daily_corr(dense.X, dense.y, dense.mask, train)
+    judge_leaks(corr, rows, threshold, cols.feature_names, cols.source, cols.label_col)
+
+
+def judge_leaks(corr: np.ndarray, rows: np.ndarray, threshold: float, names: list[str], source: str,
+                label_col: str) -> None:
+    """The verdict on :func:`mean_daily_corr`'s figures: kept apart so that a cached panel,
+    which stores them, is judged against the current ``data.max_feature_label_corr``."""
+    corr, rows = np.asarray(corr, dtype=np.float64), np.asarray(rows, dtype=np.float64)
     with np.errstate(divide="ignore"):
         noise = 3.0 / np.sqrt(rows)
     excess = np.where(np.isfinite(corr), np.abs(corr) - threshold - noise, -np.inf)
     if not len(excess) or excess.max() <= 0:
         return
     k = int(np.argmax(np.where(excess > 0, np.abs(corr), -np.inf)))
-    others = [f"'{cols.feature_names[j]}' ({corr[j]:+.2f})" for j in np.argsort(-np.abs(np.nan_to_num(corr)))
+    others = [f"'{names[j]}' ({corr[j]:+.2f})" for j in np.argsort(-np.abs(np.nan_to_num(corr)))
               if j != k and excess[j] > 0]
     more = f"; also {', '.join(others[:5])}" if others else ""
     raise DataError(
-        f"{cols.source}: feature column '{cols.feature_names[k]}' has a same-date correlation of "
-        f"{corr[k]:+.2f} with the label '{cols.label_col}' on the train split (mean over its dates, "
+        f"{source}: feature column '{names[k]}' has a same-date correlation of "
+        f"{corr[k]:+.2f} with the label '{label_col}' on the train split (mean over its dates, "
         f"{int(rows[k])} rows), above data.max_feature_label_corr {threshold:g}{more}. A feature that close "
         f"to the label is usually a future return: drop it with data.exclude, or raise "
         f"data.max_feature_label_corr"

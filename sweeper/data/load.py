@@ -8,62 +8,67 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import torch
 
 from sweeper.config import DataConfig
 from sweeper.data import synth
+from sweeper.data.build import Alloc, Built, build, in_memory, to_panel
 from sweeper.data.features import select as select_columns
-from sweeper.data.layout import Columns, densify
-from sweeper.data.leak import check_leaks
-from sweeper.data.normalize import fit_stats, normalize_features, normalize_label
+from sweeper.data.layout import Columns
+from sweeper.data.leak import judge_leaks
 from sweeper.data.panel import Panel
-from sweeper.data.parquet import file_fingerprint, oracle_from_metadata, read_columns
-from sweeper.data.split import SPLITS, split_dates, split_widths
+from sweeper.data.parquet import feature_blocks, file_fingerprint, oracle_from_metadata, read_keys, read_plan
+from sweeper.data.split import SPLITS
 from sweeper.errors import DataError
 
 OracleFn = Callable[[np.ndarray, dict[str, tuple[int, int]]], "dict[str, float] | None"]
 
 
+@dataclass
+class Recipe:
+    """What identifies a panel before it is built, and how to build it."""
+
+    source: str
+    label_col: str
+    fingerprint: str
+    make: Callable[[Alloc], Built]
+
+
 def load_panel(cfg: DataConfig) -> Panel:
-    """Read ``cfg.path`` (or generate ``cfg.synthetic``) into a Panel; raises DataError."""
-    if cfg.synthetic is not None:
-        return _synthetic_panel(cfg)
-    cols, metadata = read_columns(cfg)
-    selection = _selection(cols)
-    return assemble(cols, cfg, file_fingerprint(str(cfg.path), selection), oracle_from_metadata(metadata))
+    """Read ``cfg.path`` (or generate ``cfg.synthetic``) into a Panel; raises DataError.
 
+    With ``data.cache`` (the default) the arrays are built once per host and mapped
+    read-only from the panel cache (:mod:`sweeper.data.cache`); without it they are built
+    in this process's memory. Both run the same builder and give the same bits."""
+    recipe = _synthetic_recipe(cfg) if cfg.synthetic is not None else _file_recipe(cfg)
+    if cfg.cache:
+        from sweeper.data.cache import cached
 
-def _selection(cols: Columns) -> dict:
-    return {"date": cols.date_col, "asset": cols.asset_col, "label": cols.label_col, "features": cols.feature_names}
-
-
-def assemble(cols: Columns, cfg: DataConfig, fingerprint: str, oracle: OracleFn) -> Panel:
-    """Dense layout, split, leak guard, normalisation and the usable-sample checks."""
-    _check_rows(cols)
-    dense = densify(cols)
-    lookback, horizon, embargo = split_widths(cfg)
-    splits = split_dates(dense.dates, cfg.split, lookback, horizon, embargo,
-                         f"{cols.source}: column '{cols.date_col}'")
-    check_leaks(dense, cols, splits["train"], cfg.max_feature_label_corr)
-    mask = torch.from_numpy(dense.mask)
-    train_start, train_stop = splits["train"]
-    fit_dates = (max(train_start - cfg.lookback + 1, 0), train_stop)  # what train windows can see
-    x_raw = torch.from_numpy(dense.X)
-    stats = fit_stats(x_raw, mask, cfg.feature_norm, fit_dates, list(cols.feature_names))
-    y_raw = torch.from_numpy(dense.y)
-    panel = Panel(
-        X=normalize_features(x_raw, mask, cfg.feature_norm, fit_dates, stats),
-        y=normalize_label(y_raw, mask, cfg.label_norm), y_raw=y_raw, mask=mask,
-        dates=dense.dates, assets=dense.assets, features=list(cols.feature_names), splits=splits,
-        lookback=cfg.lookback, oracle_ic=oracle(dense.dates, splits), source=cols.source,
-        fingerprint=fingerprint, norm_stats=stats,
-    )
-    _check_samples(panel, cols)
+        built, entry = cached(cfg, recipe.fingerprint, recipe.make)
+        # the entry keeps the guard's figures: judged against this config's threshold
+        judge_leaks(np.asarray(built.leak_corr), np.asarray(built.leak_rows), cfg.max_feature_label_corr,
+                    built.features, recipe.source, recipe.label_col)
+        panel = to_panel(built, cfg, recipe.fingerprint, recipe.source, str(entry))
+    else:
+        panel = to_panel(recipe.make(in_memory), cfg, recipe.fingerprint, recipe.source)
+    _check_samples(panel, recipe.label_col)
     _remember(cfg, panel)
     return panel
+
+
+def _file_recipe(cfg: DataConfig) -> Recipe:
+    path, features, metadata = read_plan(cfg)
+    selection = {"date": cfg.date_col, "asset": cfg.asset_col, "label": cfg.label, "features": features}
+
+    def make(alloc: Alloc) -> Built:
+        keys = read_keys(path, cfg, features)
+        blocks = feature_blocks(path, features, len(keys.label))
+        return build(keys, blocks, cfg, oracle_from_metadata(metadata), alloc)
+
+    return Recipe(str(path), cfg.label, file_fingerprint(path, selection), make)
 
 
 def _key(cfg: DataConfig) -> str:
@@ -89,40 +94,35 @@ def panel_summary(cfg: DataConfig) -> dict:
     return _RECENT[_key(cfg)]
 
 
-def _check_rows(cols: Columns) -> None:
-    if len(cols.label) == 0:
-        raise DataError(f"{cols.source}: no usable rows: the data has no rows")
-    if not np.isfinite(cols.label).any():
-        raise DataError(f"{cols.source}: column '{cols.label_col}': no usable rows: "
-                        f"none of the {len(cols.label)} rows has a finite label")
-
-
-def _check_samples(panel: Panel, cols: Columns) -> None:
+def _check_samples(panel: Panel, label_col: str) -> None:
     for name in SPLITS:
         if len(panel.sample_index(name)) == 0:
             a, b = panel.splits[name]
             first, last = (np.datetime_as_string(panel.dates[k], unit="D") for k in (a, b - 1))
-            raise DataError(f"{cols.source}: column '{cols.label_col}': no usable rows in the {name} split "
+            raise DataError(f"{panel.source}: column '{label_col}': no usable rows in the {name} split "
                             f"({first} to {last}): no present row has a finite label")
 
 
-def _synthetic_panel(cfg: DataConfig) -> Panel:
+def _synthetic_recipe(cfg: DataConfig) -> Recipe:
     params = cfg.synthetic
     assert params is not None
     source = synth.describe(params.assets, params.dates, params.features, params.seed)
-    frame = synth.generate(params.assets, params.dates, params.features, params.seed)
-    names = synth.feature_names(params.features)
-    chosen = _synthetic_features(cfg, names, source)
-    cols = Columns(
-        source=source, date_col="date", asset_col="asset", label_col="label",
-        dates=frame["date"].to_numpy("datetime64[ns]"), assets=frame["asset"].to_numpy(object),
-        features=frame[chosen].to_numpy(np.float32), label=frame["label"].to_numpy(np.float32),
-        feature_names=chosen,
-    )
+    chosen = _synthetic_features(cfg, synth.feature_names(params.features), source)
     blob = json.dumps({"synthetic": params.model_dump(), "generator": synth.GENERATOR_VERSION,
                        "features": chosen}, sort_keys=True)
-    return assemble(cols, cfg, hashlib.sha256(blob.encode()).hexdigest(),
-                    lambda dates, splits: synth.oracle_ic(frame, dates, splits))
+
+    def make(alloc: Alloc) -> Built:
+        frame = synth.generate(params.assets, params.dates, params.features, params.seed)
+        keys = Columns(
+            source=source, date_col="date", asset_col="asset", label_col="label",
+            dates=frame["date"].to_numpy("datetime64[ns]"), assets=frame["asset"].to_numpy(object),
+            features=np.empty((len(frame), 0), dtype=np.float32), label=frame["label"].to_numpy(np.float32),
+            feature_names=chosen,
+        )
+        blocks = ((k, frame[chosen[k:k + 8]].to_numpy(np.float32)) for k in range(0, len(chosen), 8))
+        return build(keys, blocks, cfg, lambda dates, splits: synth.oracle_ic(frame, dates, splits), alloc)
+
+    return Recipe(source, "label", hashlib.sha256(blob.encode()).hexdigest(), make)
 
 
 def _synthetic_features(cfg: DataConfig, names: list[str], source: str) -> list[str]:

@@ -27,6 +27,7 @@ MAD_TO_STD = 1.4826  # MAD of a normal distribution times this is its std (as Ql
 ROBUST_EPS = 1e-12   # Qlib's EPS: keeps a constant feature from dividing by zero
 ROBUST_CLIP = 3.0
 _CHUNK = 128         # dates per chunk: bounds the temporaries of a large panel
+_CELLS = 1 << 22     # and at most this many values per chunk of the panel being built
 
 Method = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -63,13 +64,16 @@ def robust_fit(x: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Median and scaled MAD per column over every valid (date, asset) row of ``x``.
 
     ``scale = (MAD + 1e-12) * 1.4826`` exactly as Qlib's RobustZScoreNorm; float64.
+    One column at a time: the temporaries are one column's values, never a copy of ``x``.
     """
+    return _robust_columns(x, lambda k: valid[..., k])
+
+
+def _robust_columns(x: np.ndarray, valid_of: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     cols = x.shape[-1]
-    by_col = np.ascontiguousarray(x.reshape(-1, cols).T)
-    ok = np.ascontiguousarray(valid.reshape(-1, cols).T)
     median, scale = np.full(cols, np.nan), np.full(cols, np.nan)
     for k in range(cols):  # per column: a plain median of the valid values, no NaN handling
-        values = by_col[k][ok[k]].astype(np.float64)
+        values = x[..., k][valid_of(k)].astype(np.float64)
         if values.size:
             median[k] = np.median(values)
             scale[k] = (np.median(np.abs(values - median[k])) + ROBUST_EPS) * MAD_TO_STD
@@ -100,10 +104,9 @@ def fit_stats(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple
     """
     median = scale = None
     if method == "robust_zscore":
-        xs = x.numpy()
-        valid = mask.numpy()[:, :, None] & np.isfinite(xs)
         a, b = fit_dates
-        m, sc = robust_fit(xs[a:b], valid[a:b])
+        xs, present = x.numpy()[a:b], mask.numpy()[a:b]
+        m, sc = _robust_columns(xs, lambda k: present & np.isfinite(xs[..., k]))
         median, scale = _json_floats(m), _json_floats(sc)
     return {"method": method, "features": list(features), "median": median, "scale": scale}
 
@@ -119,29 +122,43 @@ def _stat_array(values: list[float | None]) -> np.ndarray:
 def normalize_features(
     x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int], stats: dict | None = None
 ) -> torch.Tensor:
-    """[T, N, F] raw features (NaN = missing) -> normalised, NaN replaced by 0.
+    """[T, N, F] raw features (NaN = missing) -> normalised, NaN replaced by 0 (a new tensor).
 
     ``fit_dates``: [start, stop) date indices whose rows fit robust_zscore, unless ``stats``
     (from :func:`fit_stats`, e.g. a trial's saved statistics) already hold the fit.
     """
-    xs = x.numpy()
-    valid = mask.numpy()[:, :, None] & np.isfinite(xs)
+    if method == "robust_zscore" and (stats is None or stats.get("median") is None):
+        stats = fit_stats(x, mask, method, fit_dates, [])
+    out = x.numpy().copy()
+    normalize_inplace(out, mask.numpy(), method, stats)
+    return torch.from_numpy(out)
+
+
+def normalize_inplace(x: np.ndarray, mask: np.ndarray, method: str, stats: dict | None) -> None:
+    """Normalise the [T, N, F] raw features ``x`` where they lie, NaN replaced by 0.
+
+    Chunks of dates bound the temporaries to a chunk's size: the panel being built
+    (perhaps a file-backed map in the panel cache) is the only full-size array.
+    ``stats`` holds robust_zscore's fit (:func:`fit_stats`); other methods ignore it.
+    """
     if method == "cs_zscore":
-        out = by_date_chunks(cs_zscore, xs, valid)
+        fn: Method = cs_zscore
     elif method == "cs_rank":
-        out = by_date_chunks(cs_rank, xs, valid)
+        fn = cs_rank
     elif method == "robust_zscore":
-        if stats is not None and stats.get("median") is not None:
-            median, scale = _stat_array(stats["median"]), _stat_array(stats["scale"])
-        else:
-            a, b = fit_dates
-            median, scale = robust_fit(xs[a:b], valid[a:b])
-        out = by_date_chunks(lambda xc, vc: robust_apply(xc, vc, median, scale), xs, valid)
+        assert stats is not None and stats.get("median") is not None, "robust_zscore needs fitted statistics"
+        median, scale = _stat_array(stats["median"]), _stat_array(stats["scale"])
+        fn = lambda xc, vc: robust_apply(xc, vc, median, scale)  # noqa: E731
     elif method == "none":
-        out = np.where(valid, xs, np.nan)
+        fn = lambda xc, vc: np.where(vc, xc, np.nan)  # noqa: E731
     else:
         raise ValueError(f"unknown feature normalisation {method!r}; expected one of {FEATURE_NORMS}")
-    return torch.from_numpy(np.nan_to_num(out, copy=False, nan=0.0))
+    # every method works per date (or per value), so the chunking never changes a bit
+    step = max(1, min(_CHUNK, _CELLS // max(x[0].size, 1)))
+    for start in range(0, x.shape[0], step):
+        part = slice(start, start + step)
+        valid = mask[part][:, :, None] & np.isfinite(x[part])
+        x[part] = np.nan_to_num(fn(x[part], valid), copy=False, nan=0.0)
 
 
 def normalize_label(y: torch.Tensor, mask: torch.Tensor, method: str) -> torch.Tensor:

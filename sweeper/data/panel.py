@@ -28,6 +28,9 @@ class Panel:
     fingerprint: str
     # what normalisation fitted over time (normalize.fit_stats): saved with a trial's weights
     norm_stats: dict | None = None
+    # the panel cache entry whose read-only maps X, y, y_raw and mask are (sweeper.data.cache);
+    # None: they live in this process's memory
+    cache_entry: str | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def sample_index(self, split: str) -> torch.Tensor:
@@ -69,12 +72,18 @@ class Panel:
             return self
         if device.type != "cuda":
             return self._moved(lambda t: t.to(device))
+        # to the device straight from the host tensors (a cache entry's maps included):
+        # the copy reads the mapped pages, no host copy of the panel is made first
         where = placement(self.nbytes, free_device_bytes(device), share)
         if where == ON_DEVICE:
             return self._moved(lambda t: t.to(device))
         assert where == PINNED_HOST
+        if self.cache_entry is not None:
+            # pinning would copy the shared map into this process; the batcher already
+            # gathers each batch into pinned memory, so the map itself serves as the host copy
+            return self
         return self._moved(lambda t: t.cpu().pin_memory())
 
     def _moved(self, move) -> Panel:
         moved = {name: move(getattr(self, name)) for name in _TENSORS}
-        return dataclasses.replace(self, **moved, _cache={})
+        return dataclasses.replace(self, **moved, cache_entry=None, _cache={})

@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -82,6 +83,51 @@ def read_columns(cfg: DataConfig) -> tuple[Columns, dict[bytes, bytes]]:
     return _read(path, cfg, features, label=True), dict(schema.metadata or {})
 
 
+def read_plan(cfg: DataConfig) -> tuple[Path, list[str], dict[bytes, bytes]]:
+    """The schema checks alone: the file, its selected feature columns and its metadata."""
+    path = Path(str(cfg.path))
+    schema = read_schema(path)
+    features = select_features(schema, cfg, path)
+    check_types(schema, cfg, features, path)
+    return path, features, dict(schema.metadata or {})
+
+
+def read_keys(path: Path, cfg: DataConfig, features: list[str]) -> Columns:
+    """The date, asset and label columns; ``features`` is an empty ``[R, 0]`` matrix, the
+    feature values come later in blocks (:func:`feature_blocks`) so they are never all
+    held twice."""
+    table = _table(path, [cfg.date_col, cfg.asset_col, cfg.label])
+    return Columns(
+        source=str(path), date_col=cfg.date_col, asset_col=cfg.asset_col, label_col=cfg.label,
+        dates=_keys(table.column(cfg.date_col)), assets=_keys(table.column(cfg.asset_col)),
+        features=np.empty((table.num_rows, 0), dtype=np.float32), label=_floats(table.column(cfg.label)),
+        feature_names=features,
+    )
+
+
+def feature_blocks(path: Path, features: list[str], rows: int,
+                   budget: int = 64 << 20) -> Iterator[tuple[int, np.ndarray]]:
+    """``(first column, [R, C] float32)`` blocks of the feature columns, read ``C`` at a time
+    so that a block holds at most about ``budget`` bytes and an eighth of the features
+    (at least one column)."""
+    per = max(1, min(budget // max(4 * rows, 1), len(features) // 8))
+    for k0 in range(0, len(features), per):
+        names = features[k0:k0 + per]
+        table = _table(path, names)
+        block = np.empty((table.num_rows, len(names)), dtype=np.float32)
+        for k, name in enumerate(names):
+            block[:, k] = _floats(table.column(name))
+        del table
+        yield k0, block
+
+
+def _table(path: Path, columns: list[str]) -> pa.Table:
+    try:
+        return pq.read_table(path, columns=list(dict.fromkeys(columns)))
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: cannot read the Parquet data ({exc})") from None
+
+
 def read_scoring_columns(path: Path, cfg: DataConfig, features: list[str]) -> Columns:
     """The columns of a file to score with a trained model: exactly ``features`` (the
     trial's), and the label when the file has one (NaN otherwise: live data has none)."""
@@ -116,6 +162,18 @@ def _floats(col: pa.ChunkedArray) -> np.ndarray:
     # nulls become NaN once the column is floating point
     # unsafe: a large int64 may round to the nearest float32, which is what we want
     return pc.cast(col, pa.float32(), safe=False).to_numpy(zero_copy_only=False)
+
+
+def _keys(col: pa.ChunkedArray) -> object:
+    """A key column; text as a ``pd.Categorical`` encoded by Arrow, so that millions of rows
+    never become millions of Python strings (only the distinct values do)."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return _values(col)
+    uniques = pc.drop_null(pc.unique(col))
+    codes = pc.index_in(col, value_set=uniques).fill_null(-1).to_numpy()
+    return pd.Categorical.from_codes(codes, categories=pd.Index(uniques.to_numpy(zero_copy_only=False), dtype=object))
 
 
 def _values(col: pa.ChunkedArray) -> np.ndarray:

@@ -1,0 +1,131 @@
+"""Building a panel's arrays with bounded memory: the rows' keys first, then the
+features scattered block by block into the one full-size array, normalised where it lies.
+
+Peak memory is about the final arrays plus one block of feature columns and one chunk
+of dates of temporaries: no full ``[rows, features]`` matrix sits beside the dense
+``[dates, assets, features]`` one, and normalisation writes back into it. ``alloc`` says
+where the arrays live: plain memory (``data.cache: false``) or the files of a panel
+cache entry being written (:mod:`sweeper.data.cache`), so both paths run the same code
+and give the same bits.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from sweeper.config import DataConfig
+from sweeper.data.layout import Codes, Columns, row_codes
+from sweeper.data.leak import judge_leaks, mean_daily_corr
+from sweeper.data.normalize import fit_stats, normalize_inplace, normalize_label
+from sweeper.data.panel import Panel
+from sweeper.data.split import split_dates, split_widths
+from sweeper.errors import DataError
+
+Alloc = Callable[[str, tuple, np.dtype], np.ndarray]
+OracleFn = Callable[[np.ndarray, dict], "dict[str, float] | None"]
+ARRAYS = ("X", "y", "y_raw", "mask")
+_DATES = 128  # dates per chunk of the NaN fill and the infinity clean-up
+
+
+@dataclass
+class Built:
+    """A panel's arrays and everything it carries besides them (what a cache entry stores)."""
+
+    X: np.ndarray            # [T, N, F] float32 normalised, NaN -> 0
+    y: np.ndarray            # [T, N] float32 normalised label
+    y_raw: np.ndarray        # [T, N] float32 raw label
+    mask: np.ndarray         # [T, N] bool
+    dates: np.ndarray        # [T] datetime64[ns]
+    assets: np.ndarray       # [N] str (object)
+    features: list[str]
+    splits: dict[str, tuple[int, int]]
+    norm_stats: dict
+    oracle_ic: dict[str, float] | None
+    leak_corr: list[float]   # the leak guard's figures, judged again at every load
+    leak_rows: list[float]
+
+
+def in_memory(name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The ``alloc`` of an uncached panel: plain process memory."""
+    return np.empty(shape, dtype=dtype)
+
+
+def build(keys: Columns, blocks: Iterable[tuple[int, np.ndarray]], cfg: DataConfig, oracle: OracleFn,
+          alloc: Alloc) -> Built:
+    """Dense layout, split, leak guard and normalisation; raises DataError.
+
+    ``keys``: the rows' dates, assets and label (its ``features`` unused); ``blocks``:
+    ``(first column, [R, C] values)`` of the feature columns ``keys.feature_names``."""
+    check_rows(keys)
+    codes = row_codes(keys)
+    lookback, horizon, embargo = split_widths(cfg)
+    splits = split_dates(codes.dates, cfg.split, lookback, horizon, embargo,
+                         f"{keys.source}: column '{keys.date_col}'")
+    X, y_raw, mask = _scatter(keys, codes, blocks, alloc)
+    corr, rows = mean_daily_corr(X, y_raw, mask, splits["train"])
+    judge_leaks(corr, rows, cfg.max_feature_label_corr, keys.feature_names, keys.source, keys.label_col)
+    train_start, train_stop = splits["train"]
+    fit_dates = (max(train_start - cfg.lookback + 1, 0), train_stop)  # what train windows can see
+    stats = fit_stats(torch.from_numpy(X), torch.from_numpy(mask), cfg.feature_norm, fit_dates,
+                      list(keys.feature_names))
+    normalize_inplace(X, mask, cfg.feature_norm, stats)
+    y = alloc("y", y_raw.shape, np.dtype(np.float32))
+    y[...] = normalize_label(torch.from_numpy(y_raw), torch.from_numpy(mask), cfg.label_norm).numpy()
+    return Built(X=X, y=y, y_raw=y_raw, mask=mask, dates=codes.dates, assets=codes.assets,
+                 features=list(keys.feature_names), splits=splits, norm_stats=stats,
+                 oracle_ic=oracle(codes.dates, splits), leak_corr=[float(c) for c in corr],
+                 leak_rows=[float(r) for r in rows])
+
+
+def _scatter(keys: Columns, codes: Codes, blocks: Iterable[tuple[int, np.ndarray]],
+             alloc: Alloc) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    T, N, F = len(codes.dates), len(codes.assets), len(keys.feature_names)
+    X = alloc("X", (T, N, F), np.dtype(np.float32))
+    for a in range(0, T, _DATES):
+        X[a:a + _DATES] = np.nan
+    for k0, block in blocks:
+        X[codes.date, codes.asset, k0:k0 + block.shape[1]] = block
+        del block
+    y_raw = alloc("y_raw", (T, N), np.dtype(np.float32))
+    y_raw[...] = np.nan
+    y_raw[codes.date, codes.asset] = keys.label
+    mask = alloc("mask", (T, N), np.dtype(bool))
+    mask[...] = False
+    mask[codes.date, codes.asset] = True
+    # infinities are as unusable as NaN and would poison every statistic
+    for a in range(0, T, _DATES):
+        part = X[a:a + _DATES]
+        part[~np.isfinite(part)] = np.nan
+    y_raw[~np.isfinite(y_raw)] = np.nan
+    return X, y_raw, mask
+
+
+def check_rows(cols: Columns) -> None:
+    if len(cols.label) == 0:
+        raise DataError(f"{cols.source}: no usable rows: the data has no rows")
+    if not np.isfinite(cols.label).any():
+        raise DataError(f"{cols.source}: column '{cols.label_col}': no usable rows: "
+                        f"none of the {len(cols.label)} rows has a finite label")
+
+
+def to_panel(b: Built, cfg: DataConfig, fingerprint: str, source: str, entry: str | None = None) -> Panel:
+    """The Panel over ``b``'s arrays, sharing their memory (a cache entry's maps stay maps)."""
+    return Panel(X=tensor(b.X), y=tensor(b.y), y_raw=tensor(b.y_raw), mask=tensor(b.mask), dates=b.dates,
+                 assets=b.assets, features=list(b.features), splits=dict(b.splits), lookback=cfg.lookback,
+                 oracle_ic=b.oracle_ic, source=source, fingerprint=fingerprint, norm_stats=b.norm_stats,
+                 cache_entry=entry)
+
+
+def tensor(a: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy`` without a copy, also of a read-only map.
+
+    torch warns that it cannot make a read-only array read-only; the panel's tensors are
+    never written in place (normalisation happened while building), and the kernel
+    refuses a write to a read-only map outright, so the cache cannot be corrupted."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(a)

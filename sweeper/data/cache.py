@@ -1,0 +1,201 @@
+"""The panel cache: a panel's arrays built once per host, mapped read-only by every process.
+
+An entry is a folder ``<root>/<key>/`` holding ``X.npy``, ``y.npy``, ``y_raw.npy``,
+``mask.npy`` (memory-mappable NumPy files), ``dates.npy`` and ``meta.json`` (assets,
+features, splits, normalisation statistics, oracle IC, the leak guard's figures). The
+key is a sha256 of the data fingerprint (file content and column selection) and of the
+``data`` keys that shape the arrays (normalisations, split, the pinned widths, and the
+lookback when ``robust_zscore`` fits over it), so a study that tunes ``data.lookback``
+with a cross-sectional normalisation shares one entry between its trials.
+
+- **Once per host**: the first process builds under an exclusive ``flock`` on
+  ``<root>/.locks/<key>.lock``; the others wait on it and then map what it wrote.
+- **Never half an entry**: the arrays are written into ``<root>/.tmp-<key>-...`` (as
+  file-backed maps, so the build holds no second copy), flushed, ``meta.json`` last, and
+  the folder is renamed into place in one step. A crash leaves a ``.tmp-`` folder that is
+  never read and is removed by the next eviction; an entry that fails to open (damaged
+  by hand, a truncated file) is removed and rebuilt.
+- **Read-only maps**: ``np.load(mmap_mode="r")``; the pages are the page cache's, shared
+  by every process that maps them, so a host holds one copy however many workers train.
+- **Eviction**: after a build, the entries least recently used are removed until the
+  cache holds at most ``data.cache_max_gb`` (10^9 bytes), the entry just built excepted.
+  An entry another process is opening (shared lock held) is skipped; one already mapped
+  is safe to remove, its maps stay valid until they are closed.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from sweeper.atomic import write_text
+from sweeper.config import DataConfig
+from sweeper.data.build import ARRAYS, Alloc, Built
+from sweeper.data.split import split_widths
+
+CACHE_VERSION = 1
+ENV_DIR = "SWEEPER_CACHE_DIR"
+GB = 10**9
+_TMP, _TRASH, _LOCKS = ".tmp-", ".trash-", ".locks"
+_STALE_TMP_S = 3600.0  # a .tmp- folder whose builder holds no lock and is older than this is debris
+
+builds = 0  # entries this process built: tests check that a second load maps instead
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    """``data.cache_dir``, else ``$SWEEPER_CACHE_DIR``, else ``~/.cache/sweeper/panels``."""
+    where = cfg.cache_dir or os.environ.get(ENV_DIR) or Path.home() / ".cache" / "sweeper" / "panels"
+    return Path(where).expanduser()
+
+
+def entry_key(fingerprint: str, cfg: DataConfig) -> str:
+    """sha256 of the data fingerprint and the config keys that shape the arrays."""
+    shape = {
+        "version": CACHE_VERSION, "data": fingerprint, "feature_norm": cfg.feature_norm,
+        "label_norm": cfg.label_norm, "split": cfg.split.model_dump(mode="json"),
+        "widths": list(split_widths(cfg)),
+        # only robust_zscore's fit depends on the lookback (the dates train windows can see)
+        "fit_lookback": cfg.lookback if cfg.feature_norm == "robust_zscore" else None,
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def cached(cfg: DataConfig, fingerprint: str, make: Callable[[Alloc], Built]) -> tuple[Built, Path]:
+    """The entry of ``(fingerprint, cfg)``, mapped read-only; built with ``make`` if missing."""
+    root = cache_root(cfg)
+    (root / _LOCKS).mkdir(parents=True, exist_ok=True)
+    key = entry_key(fingerprint, cfg)
+    entry = root / key
+    with _locked(root, key, fcntl.LOCK_SH):
+        built = open_entry(entry)
+    if built is None:
+        with _locked(root, key, fcntl.LOCK_EX):
+            built = open_entry(entry)  # another process may have built it while we waited
+            if built is None:
+                _discard(entry)
+                _write(entry, make)
+                built = open_entry(entry)
+                assert built is not None, f"{entry}: the entry just written does not open"
+        evict(root, cfg.cache_max_gb * GB, keep=key)
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # last use: eviction removes the least recently used first
+    return built, entry
+
+
+def open_entry(entry: Path) -> Built | None:
+    """The entry's arrays as read-only maps, or None when it is missing or incomplete."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        if meta.get("version") != CACHE_VERSION:
+            return None
+        arrays = {name: np.load(entry / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+        if any(list(arrays[n].shape) != meta["shapes"][n] for n in ARRAYS):
+            return None
+        return Built(**arrays, dates=np.load(entry / "dates.npy"), assets=np.asarray(meta["assets"], dtype=object),
+                     features=meta["features"], splits={k: tuple(v) for k, v in meta["splits"].items()},
+                     norm_stats=meta["norm_stats"], oracle_ic=meta["oracle_ic"],
+                     leak_corr=meta["leak_corr"], leak_rows=meta["leak_rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing, truncated or foreign: never used, rebuilt under the lock
+
+
+def _write(entry: Path, make: Callable[[Alloc], Built]) -> None:
+    global builds
+    tmp = entry.parent / f"{_TMP}{entry.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        def alloc(name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+            return np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
+
+        built = make(alloc)
+        for name in ARRAYS:
+            getattr(built, name).flush()  # on disk before the entry can be seen
+        np.save(tmp / "dates.npy", built.dates)
+        write_text(tmp / "meta.json", json.dumps(_meta(built)))
+        del built
+        # the whole folder appears at once: an entry is complete or absent
+        os.rename(tmp, entry)
+        builds += 1
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _meta(b: Built) -> dict:
+    return {"version": CACHE_VERSION, "shapes": {n: list(getattr(b, n).shape) for n in ARRAYS},
+            "assets": [str(a) for a in b.assets], "features": list(b.features),
+            "splits": {k: list(v) for k, v in b.splits.items()}, "norm_stats": b.norm_stats,
+            "oracle_ic": b.oracle_ic, "leak_corr": b.leak_corr, "leak_rows": b.leak_rows,
+            "created": time.time()}
+
+
+def evict(root: Path, max_bytes: float, keep: str = "") -> list[str]:
+    """Remove the least recently used entries until the cache holds at most ``max_bytes``
+    (``keep`` excepted), and the debris of crashed builds. Returns the removed keys."""
+    entries = []
+    for path in root.iterdir():
+        if path.name.startswith(_TMP):
+            _remove_debris(root, path)
+        elif path.name.startswith(_TRASH):
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.is_dir() and not path.name.startswith("."):
+            entries.append((path.stat().st_mtime, _size(path), path))
+    total = sum(size for _t, size, _p in entries)
+    removed = []
+    for _used, size, path in sorted(entries, key=lambda e: e[0]):
+        if total <= max_bytes:
+            break
+        if path.name != keep and _remove(root, path):
+            total -= size
+            removed.append(path.name)
+    return removed
+
+
+def _remove(root: Path, entry: Path) -> bool:
+    try:
+        with _locked(root, entry.name, fcntl.LOCK_EX | fcntl.LOCK_NB):
+            trash = root / f"{_TRASH}{entry.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(entry, trash)  # gone in one step; the files go after
+    except (BlockingIOError, OSError):
+        return False  # being opened or built right now: next time
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
+def _remove_debris(root: Path, tmp: Path) -> None:
+    key = tmp.name[len(_TMP):].split("-")[0]
+    with contextlib.suppress(BlockingIOError, OSError):
+        if time.time() - tmp.stat().st_mtime > _STALE_TMP_S:
+            with _locked(root, key, fcntl.LOCK_EX | fcntl.LOCK_NB):  # its builder is gone
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+@contextlib.contextmanager
+def _locked(root: Path, key: str, how: int) -> Iterator[None]:
+    with open(root / _LOCKS / f"{key}.lock", "a+") as fh:
+        fcntl.flock(fh, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _discard(entry: Path) -> None:
+    """An incomplete entry (under the exclusive lock): out of the way of the rebuild."""
+    if entry.exists():
+        trash = entry.parent / f"{_TRASH}{entry.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(entry, trash)
+        shutil.rmtree(trash, ignore_errors=True)
