@@ -218,3 +218,22 @@ def test_building_peaks_below_twice_the_final_arrays(tmp_path):
         final = sum(getattr(panel, n).nbytes for n in ("X", "y", "y_raw", "mask"))
         # numpy's allocations are traced; the cached build writes into file maps, not the heap
         assert peak <= (2.0 if not cache else 1.0) * final, (cache, peak / final)
+
+
+def test_a_files_fingerprint_is_remembered_until_the_file_changes(tmp_path):
+    import os
+
+    from sweeper.data.parquet import file_fingerprint
+
+    data = tmp_path / "panel.parquet"
+    data.write_bytes(b"x" * 1000)
+    memo = tmp_path / "cache"
+    plain = file_fingerprint(data, {"features": ["a"]})
+    assert file_fingerprint(data, {"features": ["a"]}, memo) == plain  # same value as without a memo
+    [record] = (memo / ".fingerprints").iterdir()
+    record.write_text("f" * 64)  # proves the next call reads the record instead of the file
+    assert file_fingerprint(data, {"features": ["a"]}, memo) == "f" * 64
+    assert file_fingerprint(data, {"features": ["b"]}, memo) not in (plain, "f" * 64)  # selection is part of the key
+    st = data.stat()
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # touched: hashed again
+    assert file_fingerprint(data, {"features": ["a"]}, memo) == plain

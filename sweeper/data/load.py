@@ -68,7 +68,12 @@ def _file_recipe(cfg: DataConfig) -> Recipe:
         blocks = feature_blocks(path, features, len(keys.label))
         return build(keys, blocks, cfg, oracle_from_metadata(metadata), alloc)
 
-    return Recipe(str(path), cfg.label, file_fingerprint(path, selection), make)
+    memo = None
+    if cfg.cache:
+        from sweeper.data.cache import cache_root
+
+        memo = cache_root(cfg)
+    return Recipe(str(path), cfg.label, file_fingerprint(path, selection, memo), make)
 
 
 def _key(cfg: DataConfig) -> str:

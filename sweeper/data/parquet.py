@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from sweeper.atomic import write_text
 from sweeper.config import DataConfig
 from sweeper.data.features import select as select_columns
 from sweeper.data.layout import Columns
@@ -237,11 +238,29 @@ def _fixed_oracle(raw: bytes | None) -> dict[str, float] | None:
         return None  # a foreign or damaged entry: the panel simply has no oracle
 
 
-def file_fingerprint(path: str | Path, selection: dict) -> str:
-    """sha256 of the file bytes (read in chunks) plus the column selection."""
+def file_fingerprint(path: str | Path, selection: dict, memo: Path | None = None) -> str:
+    """sha256 of the file bytes (read in chunks) plus the column selection.
+
+    With ``memo`` (the panel cache's folder), the fingerprint of a file whose path,
+    inode, size and modification time (in ns) are unchanged is read back instead of
+    re-reading the file: every worker would otherwise hash a multi-GB panel before
+    its first step. Those are the signs ``make`` and ``rsync`` trust.
+    """
+    path = Path(path)
+    chosen = json.dumps(selection, sort_keys=True)
+    st = path.stat()
+    sign = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{chosen}"
+    record = memo / ".fingerprints" / hashlib.sha256(sign.encode()).hexdigest()[:32] if memo else None
+    if record is not None and record.exists():
+        known = record.read_text().strip()
+        if len(known) == 64:
+            return known
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
             digest.update(chunk)
-    digest.update(json.dumps(selection, sort_keys=True).encode())
+    digest.update(chosen.encode())
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        write_text(record, digest.hexdigest())
     return digest.hexdigest()
