@@ -1,36 +1,52 @@
-"""GPU check of the training core (run it by hand on a CUDA machine; about 3 minutes on an H200).
+"""GPU check of the training core and of packing: one run of at most 5 minutes on one GPU.
 
-1. throughput: each model trains a few hundred steps in fp32, bf16 and fp16 -> samples/s, peak memory
+1. throughput: each model trains two epochs in fp32, bf16 and fp16 -> samples/s, peak memory,
+   and each precision's speed against fp32 (what ``precision: auto`` picks is in the summary)
 2. probe: the micro-batch probe against an exhaustive scan of micro-batch throughput, under a
    memory ceiling made by a blocker tensor (so the sizes are realistic)
 3. oom: an OOM forced mid-training with torch.cuda.set_per_process_memory_fraction; the loop must
    halve the micro-batch, accumulate, and finish
+4. packing: one generated study run twice with ``python -m sweeper.cli run`` in a temp folder,
+   ``devices.trials_per_gpu: auto`` and then ``1``, same study and same budget (study.timeout):
+   trials per hour, the most trials at once (from the store), and the GPU's utilisation sampled
+   from NVML every 0.5 s while each sweep runs
 
-The last line of output is one JSON summary. Without CUDA it says so, prints {"cuda": false} and
-exits 0. ``--cpu-smoke`` runs a tiny version of section 1 on the CPU (to test the script itself).
+The last line of output is one JSON summary (a section that fails reports its error there).
+Without CUDA it says so, prints {"cuda": false} and exits 0. ``--cpu-smoke`` runs every section's
+code path on the CPU, small: throughput in fp32 and bf16; the probe with a stand-in memory
+reader; the OOM from a model that refuses large batches once squeezed; packing on one fake
+4000 MB GPU (SWEEPER_FAKE_GPUS=1) whose trials report 1200 MB, with no NVML.
 
-    python benchmarks/gpu_check.py [--budget-s 270]
+    python benchmarks/gpu_check.py [--budget-s 240] [--cpu-smoke]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
+from datetime import datetime
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import yaml
 
-from sweeper.core.batch_size import CudaMemory, find_micro_batch, is_oom, release_memory
 from sweeper.config import validate_config
-from sweeper.data import Batcher, load_panel
-from sweeper.models import build_model
-from sweeper.core import train
-from sweeper.core.precision import resolve_precision
+from sweeper.core import NullHook, train
+from sweeper.core.batch_size import CudaMemory, attempt, find_micro_batch, release_memory
+from sweeper.core.precision import native_bf16, resolve_precision
 from sweeper.core.probe import preserved, probe_step
 from sweeper.core.schedule import make_optimizer
+from sweeper.data import Batcher, load_panel
+from sweeper.models import build_model
 
 MODELS = {
     "transformer": {"name": "transformer", "d_model": 64, "nhead": 4, "num_layers": 2, "dim_feedforward": 128},
@@ -38,8 +54,25 @@ MODELS = {
     "gru": {"name": "gru", "hidden_size": 64, "num_layers": 2},
     "mlp": {"name": "mlp", "hidden_size": 256, "num_layers": 2},
 }
-PRECISIONS = ("fp32", "bf16", "fp16")
 GiB = 2**30
+UTIL_EVERY_S = 0.5
+SQUEEZE_MODULE = """import torch
+from torch import nn
+
+LIMIT = [None]  # gpu_check --cpu-smoke: training batches above LIMIT rows run out of memory once it is set
+
+
+class Squeezed(nn.Module):
+    def __init__(self, n_features, lookback, hidden=32):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(n_features * lookback, hidden), nn.GELU(),
+                                 nn.Linear(hidden, 1))
+
+    def forward(self, x):
+        if self.training and LIMIT[0] is not None and len(x) > LIMIT[0]:
+            raise torch.OutOfMemoryError(f"out of memory (squeezed: {len(x)} rows > {LIMIT[0]})")
+        return self.net(x).squeeze(-1)
+"""
 
 
 def config(model: dict, synthetic: dict, **train: Any):
@@ -48,138 +81,337 @@ def config(model: dict, synthetic: dict, **train: Any):
                             "train": base | train}, "gpu_check")
 
 
-def throughput(panel, synthetic: dict, device: str, precisions, models, batch: int, deadline: float) -> list[dict]:
-    """Two epochs (a few hundred steps) per model and precision; the second epoch is the steady one."""
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------- 1. throughput
+
+
+def throughput(panel, synthetic: dict, device: torch.device, precisions, models, batch: int,
+               deadline: float) -> dict:
+    """Two epochs per model and precision; the second epoch is the steady one."""
     rows = []
     for name, model in models.items():
         for precision in precisions:
             if time.monotonic() > deadline:
                 rows.append({"model": name, "precision": precision, "skipped": "time budget"})
                 continue
-            cfg = config(model, synthetic, precision=precision, batch_size=batch)
-            result = train(cfg, panel, device=device)
+            result = train(config(model, synthetic, precision=precision, batch_size=batch), panel, device=device)
             last = result.history[-1]
             row = {"model": name, "precision": result.metrics["precision"],
                    "samples_per_s": round(last["samples_per_s"]), "peak_mem_mb": round(last["peak_mem_mb"], 1),
-                   "steps": 2 * math.ceil(Batcher(panel, "train", "cpu").n_samples / batch),
                    "val_ic": round(result.metrics["val_ic"], 4), "duration_s": round(result.metrics["duration_s"], 1)}
             print(f"  {name:12s} {row['precision']:5s} {row['samples_per_s']:>10,} samples/s "
                   f"{row['peak_mem_mb']:>9.1f} MiB peak  val_ic {row['val_ic']:.4f}  {row['duration_s']}s", flush=True)
             rows.append(row)
-    return rows
+    fp32 = {r["model"]: r["samples_per_s"] for r in rows if r.get("precision") == "fp32" and "samples_per_s" in r}
+    for r in rows:
+        if r.get("samples_per_s") and fp32.get(r["model"]):
+            r["vs_fp32"] = round(r["samples_per_s"] / fp32[r["model"]], 2)
+    return {"auto_precision": resolve_precision("auto", device).name, "runs": rows}
 
 
-def timed_steps(step: Callable[[int], None], size: int, steps: int) -> float:
+# ---------------------------------------------------------------- 2. the probe against a scan
+
+
+class Ledger:
+    """--cpu-smoke's stand-in memory reader: a step of ``rows`` peaks at rows x ``per_row`` bytes."""
+
+    base_bytes = 0
+
+    def __init__(self, free: int, per_row: int) -> None:
+        self.free, self.per_row, self.peak = free, per_row, 0
+
+    def free_bytes(self) -> int:
+        return self.free
+
+    def reset_peak(self) -> None:
+        self.peak = 0
+
+    def peak_bytes(self) -> int:
+        return self.peak
+
+    def charged(self, step: Callable[[int], None]) -> Callable[[int], None]:
+        def charged_step(rows: int) -> None:
+            step(rows)
+            self.peak = max(self.peak, rows * self.per_row)
+        return charged_step
+
+
+def timed_steps(step: Callable[[int], None], size: int, steps: int, device: torch.device) -> float:
     """Samples/s of ``steps`` steps at ``size`` after one warm-up step."""
     step(size)
-    torch.cuda.synchronize()
+    sync(device)
     start = time.perf_counter()
     for _ in range(steps):
         step(size)
-    torch.cuda.synchronize()
+    sync(device)
     return steps * size / (time.perf_counter() - start)
 
 
-def probe_vs_scan(panel, synthetic: dict, leave_gib: float, deadline: float) -> dict:
+def probe_vs_scan(panel, synthetic: dict, device: torch.device, leave_gib: float, deadline: float) -> dict:
     """The probe's choice under a ceiling of ``leave_gib`` free GiB, against a scan of every
     power-of-two micro-batch (and the choice itself): does it fit, and how fast is it?"""
-    device = torch.device("cuda")
-    cfg = config({"name": "transformer", "d_model": 256, "nhead": 8, "num_layers": 4, "dim_feedforward": 1024},
-                 synthetic, precision="bf16")
+    cuda = device.type == "cuda"
+    model_cfg = ({"name": "transformer", "d_model": 256, "nhead": 8, "num_layers": 4, "dim_feedforward": 1024}
+                 if cuda else {"name": "mlp", "hidden_size": 64})
+    precision = resolve_precision("bf16", device)
     torch.manual_seed(0)
-    model = build_model(cfg.model, len(panel.features), panel.lookback).to(device)
+    model = build_model(config(model_cfg, synthetic).model, len(panel.features), panel.lookback).to(device)
     optimizer = make_optimizer(model, 1e-4, 0.01)
     batcher = Batcher(panel.to(device, 0.5), "train", device)
-    step = probe_step(model, optimizer, resolve_precision("bf16", device), batcher, "mse", 0)
-    free = torch.cuda.mem_get_info()[0]
-    blocker = torch.empty(max(0, free - int(leave_gib * GiB)), dtype=torch.uint8, device=device)
+    step = probe_step(model, optimizer, precision, batcher, "mse", 0)
+    blocker = None
+    if cuda:
+        mem: Any = CudaMemory(device)
+        blocker = torch.empty(max(0, torch.cuda.mem_get_info()[0] - int(leave_gib * GiB)), dtype=torch.uint8,
+                              device=device)
+    else:
+        mem = Ledger(free=1_000_000, per_row=2_000)  # 0.9 x 1 MB at 2 kB a row: 450 rows
+        step = mem.charged(step)
     try:
         t0 = time.perf_counter()
         with preserved(model, optimizer):
-            probe = find_micro_batch(step, CudaMemory(device), start=512, cap=batcher.n_samples, margin=0.1, steps=3)
+            probe = find_micro_batch(step, mem, start=64 if not cuda else 512, cap=batcher.n_samples, margin=0.1,
+                                     steps=3)
         probe_s = time.perf_counter() - t0
         print(f"  probe: micro-batch {probe.micro_batch} after {len(probe.tried)} sizes in {probe_s:.1f}s "
-              f"(budget {probe.budget_bytes / GiB:.2f} GiB of {probe.free_bytes / GiB:.2f} GiB free)", flush=True)
-        scan = scan_sizes(step, model, optimizer, probe.micro_batch, batcher.n_samples, deadline)
+              f"(budget {probe.budget_bytes / GiB:.3f} GiB of {probe.free_bytes / GiB:.3f} GiB free)", flush=True)
+        scan = scan_sizes(step, model, optimizer, probe.micro_batch, batcher.n_samples, device, deadline)
     finally:
         del blocker
         release_memory()
     ran = [s for s in scan if s.get("samples_per_s")]
     best = max(ran, key=lambda s: s["samples_per_s"]) if ran else None
     chosen = next((s for s in scan if s["size"] == probe.micro_batch), None)
-    largest_fit = max((s["size"] for s in ran), default=None)
-    return {"leave_gib": leave_gib, "micro_batch": probe.micro_batch, "tried": probe.tried, "probe_s": round(probe_s, 1),
-            "budget_gib": round(probe.budget_bytes / GiB, 3), "scan": scan, "largest_fit_in_scan": largest_fit,
-            "best_size": best and best["size"],
+    return {"leave_gib": leave_gib if cuda else None, "micro_batch": probe.micro_batch, "tried": probe.tried,
+            "probe_s": round(probe_s, 1), "budget_gib": round(probe.budget_bytes / GiB, 3), "scan": scan,
+            "largest_fit_in_scan": max((s["size"] for s in ran), default=None), "best_size": best and best["size"],
             "chosen_vs_best_throughput": (round(chosen["samples_per_s"] / best["samples_per_s"], 3)
                                           if chosen and best and chosen.get("samples_per_s") else None)}
 
 
-def scan_sizes(step, model, optimizer, chosen: int, cap: int, deadline: float) -> list[dict]:
+def scan_sizes(step, model, optimizer, chosen: int, cap: int, device: torch.device, deadline: float) -> list[dict]:
     sizes = sorted({min(cap, 2**k) for k in range(6, 30) if 2**k <= 2 * chosen} | {chosen})
     rows = []
     for size in sizes:
         if time.monotonic() > deadline:
             rows.append({"size": size, "skipped": "time budget"})
             continue
-        oom = False
         with preserved(model, optimizer):
-            torch.cuda.reset_peak_memory_stats()
-            try:
-                rate = timed_steps(step, size, 5)
-            except Exception as exc:
-                if not is_oom(exc):
-                    raise
-                oom = True
-        if oom:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            ok, rate = attempt(timed_steps, step, size, 5, device)
+        if not ok:
             release_memory()
             rows.append({"size": size, "oom": True})
             print(f"  scan {size:>7}: OOM", flush=True)
             continue
-        peak = torch.cuda.max_memory_allocated() / GiB
-        rows.append({"size": size, "samples_per_s": round(rate), "peak_gib": round(peak, 3)})
-        print(f"  scan {size:>7}: {rate:>12,.0f} samples/s  peak {peak:.2f} GiB", flush=True)
+        peak = torch.cuda.max_memory_allocated() / GiB if device.type == "cuda" else None
+        rows.append({"size": size, "samples_per_s": round(rate), "peak_gib": peak and round(peak, 3)})
+        print(f"  scan {size:>7}: {rate:>12,.0f} samples/s" + (f"  peak {peak:.2f} GiB" if peak else ""), flush=True)
     return rows
 
 
-class Squeeze:
-    """Hook that, a few steps in, caps this process at ``share`` of the memory the step peaked at:
-    the next step at the probed micro-batch then runs out of memory."""
+# ---------------------------------------------------------------- 3. OOM recovery
 
-    def __init__(self, at_poll: int, share: float) -> None:
-        self.at_poll, self.share, self.polls, self.cap_gib = at_poll, share, 0, None
 
-    def on_epoch(self, epoch: int, metrics: dict) -> bool:
-        return False
+class Squeeze(NullHook):
+    """Hook that, a few steps in, caps memory at ``share`` of what the step peaked at: the next
+    step at the probed micro-batch then runs out of memory. On the CPU (--cpu-smoke) the cap is
+    the Squeezed model's row limit at ``share`` of the batch."""
+
+    def __init__(self, at_poll: int, share: float, batch: int) -> None:
+        self.at_poll, self.share, self.batch, self.polls, self.cap_gib = at_poll, share, batch, 0, None
 
     def should_stop(self) -> bool:
         self.polls += 1
         if self.polls == self.at_poll:
-            total = torch.cuda.mem_get_info()[1]
-            cap = self.share * torch.cuda.max_memory_allocated()
-            torch.cuda.set_per_process_memory_fraction(cap / total)
-            torch.cuda.empty_cache()  # cached blocks would otherwise serve the next step
-            self.cap_gib = cap / GiB
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                total = torch.cuda.mem_get_info()[1]
+                cap = self.share * torch.cuda.max_memory_allocated()
+                torch.cuda.set_per_process_memory_fraction(cap / total)
+                torch.cuda.empty_cache()  # cached blocks would otherwise serve the next step
+                self.cap_gib = cap / GiB
+            else:
+                sys.modules["squeeze_model"].LIMIT[0] = int(self.share * self.batch)
         return False
 
 
-def oom_recovery(panel, synthetic: dict) -> dict:
-    batch = 16384
-    cfg = config({"name": "transformer", "d_model": 128, "nhead": 4, "num_layers": 2, "dim_feedforward": 512},
-                 synthetic, precision="bf16", batch_size=batch, epochs=1, samples_per_epoch=batch * 12)
-    hook = Squeeze(at_poll=4, share=0.7)
+def oom_recovery(panel, synthetic: dict, device: torch.device, folder: Path) -> dict:
+    cuda = device.type == "cuda"
+    batch = 16384 if cuda else 256
+    model = ({"name": "transformer", "d_model": 128, "nhead": 4, "num_layers": 2, "dim_feedforward": 512}
+             if cuda else {"name": "squeeze_model:Squeezed"})
+    if not cuda:  # a user model file, found the way a study's models are (SWEEPER_MODEL_PATH)
+        (folder / "squeeze_model.py").write_text(SQUEEZE_MODULE)
+        os.environ["SWEEPER_MODEL_PATH"] = str(folder)
+    cfg = config(model, synthetic, precision="bf16" if cuda else "fp32", batch_size=batch, epochs=1,
+                 samples_per_epoch=batch * 12)
+    hook = Squeeze(at_poll=4, share=0.7, batch=batch)
     try:
-        result = train(cfg, panel, device="cuda", hook=hook, log=lambda line: print("   ", line, flush=True))
+        result = train(cfg, panel, device=device, hook=hook, log=lambda line: print("   ", line, flush=True))
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
+        if cuda:
+            torch.cuda.set_per_process_memory_fraction(1.0)
         release_memory()
     m = result.metrics
-    out = {"batch_size": m["batch_size"], "micro_batch_size": m["micro_batch_size"], "accum_steps": m["accum_steps"],
-           "cap_gib": hook.cap_gib and round(hook.cap_gib, 3), "val_ic": round(m["val_ic"], 4),
-           "recovered": m["micro_batch_size"] < batch and math.isfinite(m["val_ic"])}
     print(f"  OOM recovery: micro-batch {batch} -> {m['micro_batch_size']} (accum {m['accum_steps']}), "
           f"val_ic {m['val_ic']:.4f}", flush=True)
+    return {"batch_size": m["batch_size"], "micro_batch_size": m["micro_batch_size"], "accum_steps": m["accum_steps"],
+            "cap_gib": hook.cap_gib and round(hook.cap_gib, 3), "val_ic": round(m["val_ic"], 4),
+            "recovered": m["micro_batch_size"] < batch and math.isfinite(m["val_ic"])}
+
+
+# ---------------------------------------------------------------- 4. a packed sweep against one trial per GPU
+
+
+def packing_study(per_gpu: Any, smoke: bool, timeout_s: float | None) -> dict:
+    """The same study for both sweeps; only devices.trials_per_gpu differs."""
+    if smoke:  # tiny trials on one fake GPU
+        data = {"synthetic": {"assets": 24, "dates": 160, "features": 3, "seed": 1}, "lookback": 5}
+        model = {"name": "mlp", "hidden_size": 16, "dropout": 0.0}
+        train_cfg = {"epochs": 2, "batch_size": 256, "samples_per_epoch": 8192}
+        study = {"n_trials": 4}
+        space = {"model.hidden_size": {"type": "categorical", "choices": [8, 16]}}
+        most = 3
+    else:  # small alpha models: the trials that leave a GPU idle when run one at a time
+        data = {"synthetic": {"assets": 300, "dates": 1000, "features": 16, "seed": 0}, "lookback": 20}
+        model = {"name": "transformer", "d_model": 32, "nhead": 2, "num_layers": 1, "dim_feedforward": 64,
+                 "dropout": 0.0}
+        train_cfg = {"epochs": 3, "batch_size": 1024, "samples_per_epoch": 65536, "max_minutes": 0.25}
+        study = {"n_trials": 400, "timeout": timeout_s}
+        space = {"model.d_model": {"type": "categorical", "choices": [32, 64]},
+                 "model.num_layers": {"type": "categorical", "choices": [1, 2]}}
+        most = max(2, min(8, (os.cpu_count() or 2) // 2))
+    space["train.lr"] = {"type": "float", "low": 5e-4, "high": 5e-3, "log": True}
+    devices = {"gpus": "auto", "trials_per_gpu": per_gpu}
+    if per_gpu == "auto":
+        devices.update(memory_margin=0.1, max_trials_per_gpu=most)
+    return {"study": {"name": "packing", "sampler": {"name": "random", "seed": 0}, "pruner": {"name": "none"},
+                      **study},
+            "data": data, "model": model, "train": {"patience": 5, **train_cfg}, "devices": devices,
+            "search_space": space}
+
+
+class UtilSampler:
+    """NVML utilisation of one GPU every ``every`` seconds, on a thread, while a sweep runs."""
+
+    def __init__(self, uuid: str | None, every: float = UTIL_EVERY_S) -> None:
+        self.uuid, self.every, self.samples, self.error = uuid, every, [], None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "UtilSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = self._handle(pynvml)
+            while not self._stop.wait(self.every):
+                self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            pynvml.nvmlShutdown()
+        except Exception as exc:  # noqa: BLE001 - no NVML (CPU, fake GPUs): no samples, said why
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _handle(self, pynvml: Any) -> Any:
+        """The GPU this process (and so the sweep) sees, by UUID: NVML numbers GPUs its own way."""
+        if self.uuid:
+            try:
+                return pynvml.nvmlDeviceGetHandleByUUID(self.uuid)
+            except Exception:  # noqa: BLE001 - an unexpected UUID form: the first GPU, as on a one-GPU machine
+                pass
+        return pynvml.nvmlDeviceGetHandleByIndex(0)
+
+    def summary(self) -> dict:
+        s = sorted(self.samples)
+        if not s:
+            return {"samples": 0, "error": self.error}
+        return {"samples": len(s), "mean": round(statistics.mean(s), 1), "median": statistics.median(s),
+                "p90": s[int(0.9 * (len(s) - 1))], "share_at_least_75": round(sum(v >= 75 for v in s) / len(s), 3)}
+
+
+def most_at_once(trials: list) -> int:
+    """The most trials running at once, from their start and complete times in the store."""
+    edges: list[tuple[datetime, int]] = []
+    for t in trials:
+        if t.datetime_start and t.datetime_complete:
+            edges += [(t.datetime_start, 1), (t.datetime_complete, -1)]
+    running = most = 0
+    for _, step in sorted(edges):  # an end sorts before a start at the same instant
+        running += step
+        most = max(most, running)
+    return most
+
+
+def one_sweep(folder: Path, study: dict, env: dict, limit_s: float, uuid: str | None) -> dict:
+    import optuna
+
+    folder.mkdir(parents=True)
+    (folder / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    with UtilSampler(uuid) as util:
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", "study.yaml"], cwd=folder, env=env,
+                              capture_output=True, text=True, timeout=limit_s)
+        wall = time.monotonic() - start
+    if proc.returncode != 0:
+        return {"error": f"sweeper run exited {proc.returncode}: {(proc.stdout + proc.stderr)[-600:]}"}
+    storage = f"sqlite:///{folder / 'runs' / study['study']['name'] / 'study.db'}"
+    trials = optuna.load_study(study_name=study["study"]["name"], storage=storage).get_trials()
+    done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    attrs = [t.user_attrs for t in done]
+
+    def median_of(key: str) -> float | None:
+        values = [a[key] for a in attrs if isinstance(a.get(key), (int, float)) and math.isfinite(a[key])]
+        return round(statistics.median(values), 1) if values else None
+    span = (max(t.datetime_complete for t in done) - min(t.datetime_start for t in done)).total_seconds() \
+        if done else 0.0
+    return {"trials_per_gpu": study["devices"]["trials_per_gpu"], "finished": len(done),
+            "failed": sum(t.state.name == "FAIL" for t in trials), "wall_s": round(wall, 1),
+            "trials_per_hour": round(3600 * len(done) / wall, 1),  # start-up and the last trial's tail included
+            "trials_per_hour_steady": round(3600 * len(done) / span, 1) if span else None,  # first start to last end
+            "most_at_once": most_at_once(done),
+            "median_trial_s": median_of("duration_s"), "median_peak_mem_mb": median_of("peak_mem_mb"),
+            "median_probe_peak_mem_mb": median_of("probe_peak_mem_mb"),
+            "median_allotted_mb": median_of("gpu_mem_allotted_mb"), "gpu_util": util.summary()}
+
+
+def packed_vs_one(smoke: bool, deadline: float, folder: Path, uuid: str | None) -> dict:
+    env = {**os.environ}
+    env.pop("SWEEPER_MODEL_PATH", None)
+    root = str(Path(__file__).resolve().parents[1])  # sweeper importable from the temp folder, installed or not
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    if smoke:
+        env.update(SWEEPER_FAKE_GPUS="1", SWEEPER_FAKE_GPU_MEMORY_MB="4000", SWEEPER_FAKE_TRIAL_MEMORY_MB="1200")
+    # each sweep: the same budget, and time left for start-up and the trials still running at the timeout
+    timeout_s = None if smoke else max(20.0, (deadline - time.monotonic()) / 2 - 25)
+    out: dict[str, Any] = {"timeout_s": timeout_s and round(timeout_s)}
+    for per_gpu in ("auto", 1):
+        print(f"  sweep with devices.trials_per_gpu: {per_gpu}", flush=True)
+        out[f"per_gpu_{per_gpu}"] = row = one_sweep(folder / f"per_gpu_{per_gpu}",
+                                                    packing_study(per_gpu, smoke, timeout_s), env,
+                                                    limit_s=240 if smoke else (timeout_s or 0) + 120, uuid=uuid)
+        print(f"    {json.dumps(row)}", flush=True)
+    auto, one = out["per_gpu_auto"], out["per_gpu_1"]
+    if auto.get("trials_per_hour") and one.get("trials_per_hour"):
+        out["trials_per_hour_ratio"] = round(auto["trials_per_hour"] / one["trials_per_hour"], 2)
+    errors = [r["error"] for r in (auto, one) if "error" in r]
+    if errors:
+        out["error"] = errors[0]
     return out
+
+
+# ---------------------------------------------------------------- the run
 
 
 def section(summary: dict, name: str, fn: Callable[[], Any]) -> None:
@@ -195,36 +427,44 @@ def section(summary: dict, name: str, fn: Callable[[], Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting new runs after this")
-    parser.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run of the throughput section")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="stop starting new work after this")
+    parser.add_argument("--cpu-smoke", action="store_true", help="every section's code path, small, on the CPU")
     args = parser.parse_args(argv)
     start = time.monotonic()
-    deadline = start + args.budget_s
-    if args.cpu_smoke:
-        synthetic = {"assets": 40, "dates": 120, "features": 4, "seed": 0}
-        panel = load_panel(config(MODELS["mlp"], synthetic).data)
-        rows = throughput(panel, synthetic, "cpu", ("fp32", "bf16"), {"mlp": MODELS["mlp"], "lstm": MODELS["lstm"]},
-                          256, deadline)
-        print(json.dumps({"cuda": False, "cpu_smoke": rows}))
-        return 0
-    if not torch.cuda.is_available():
+    budget = args.budget_s
+    smoke = args.cpu_smoke
+    if not smoke and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; nothing to check (run it on a GPU machine)")
         print(json.dumps({"cuda": False}))
         return 0
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in this table
-    synthetic = {"assets": 500, "dates": 600, "features": 16, "seed": 0}
+    device = torch.device("cpu") if smoke else torch.device("cuda", 0)
+    if smoke:
+        torch.set_num_threads(1)
+        synthetic, models, precisions, batch = ({"assets": 40, "dates": 120, "features": 4, "seed": 0},
+                                                {"mlp": MODELS["mlp"], "lstm": MODELS["lstm"]}, ("fp32", "bf16"), 256)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in this table
+        synthetic, models, precisions, batch = ({"assets": 500, "dates": 600, "features": 16, "seed": 0}, MODELS,
+                                                ("fp32", "bf16", "fp16"), 1024)
     panel = load_panel(config(MODELS["mlp"], synthetic).data)
-    summary: dict[str, Any] = {"cuda": True, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "bf16_supported": torch.cuda.is_bf16_supported(),
-                               "total_gib": round(torch.cuda.mem_get_info()[1] / GiB, 1),
+    summary: dict[str, Any] = {"cuda": not smoke, "cpu_smoke": smoke, "torch": torch.__version__,
                                "panel": {**synthetic, "train_samples": Batcher(panel, "train", "cpu").n_samples}}
-    section(summary, "throughput", lambda: throughput(panel, synthetic, "cuda", PRECISIONS, MODELS, 1024,
-                                                      start + 0.5 * args.budget_s))
-    section(summary, "probe", lambda: probe_vs_scan(panel, synthetic, leave_gib=4.0, deadline=start + 0.8 * args.budget_s))
-    section(summary, "oom", lambda: oom_recovery(panel, synthetic))
+    if not smoke:
+        summary.update(device=torch.cuda.get_device_name(), total_gib=round(torch.cuda.mem_get_info()[1] / GiB, 1),
+                       bf16_supported=torch.cuda.is_bf16_supported(), bf16_native=native_bf16(device))
+    # NVML's name for this GPU (torch may or may not print the GPU- prefix)
+    uuid = None if smoke else "GPU-" + str(getattr(torch.cuda.get_device_properties(device), "uuid", "")).removeprefix(
+        "GPU-")
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
+        folder = Path(tmp)
+        section(summary, "throughput", lambda: throughput(panel, synthetic, device, precisions, models, batch,
+                                                          start + 0.25 * budget))
+        section(summary, "probe", lambda: probe_vs_scan(panel, synthetic, device, 4.0, start + 0.4 * budget))
+        section(summary, "oom", lambda: oom_recovery(panel, synthetic, device, folder))
+        release_memory()  # the sweeps' workers need the GPU more than this process's cache does
+        section(summary, "packing", lambda: packed_vs_one(smoke, start + budget, folder, uuid))
     summary["total_s"] = round(time.monotonic() - start, 1)
-    summary["ok"] = all("error" not in (summary[k] if isinstance(summary[k], dict) else {})
-                        for k in ("throughput", "probe", "oom"))
+    summary["ok"] = all("error" not in summary[k] for k in ("throughput", "probe", "oom", "packing"))
     print(json.dumps(summary))
     return 0
 

@@ -157,3 +157,206 @@ def test_probing_with_real_training_steps_leaves_no_trace():
     assert len(optimizer.state) == 0
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.grad is None for p in model.parameters())
+
+
+# ---------------------------------------------------------------- CudaMemory, against a stand-in allocator
+
+
+class FakeCuda:
+    """torch.cuda's memory calls over a ledger: what the caching allocator has allocated and its
+    peak, the driver's free bytes (nothing cached: reserved == allocated)."""
+
+    def __init__(self, total: int, allocated: int = 0) -> None:
+        self.total, self.allocated, self.peak, self.fraction = total, allocated, allocated, 1.0
+
+    def current_device(self):
+        return 0
+
+    def mem_get_info(self, device):
+        return self.total - self.allocated, self.total
+
+    def memory_allocated(self, device):
+        return self.allocated
+
+    def memory_reserved(self, device):
+        return self.allocated
+
+    def get_per_process_memory_fraction(self, device):
+        return self.fraction
+
+    def synchronize(self, device):
+        return None
+
+    def reset_peak_memory_stats(self, device):
+        self.peak = self.allocated
+
+    def max_memory_allocated(self, device):
+        return self.peak
+
+    def alloc(self, n: int) -> None:
+        if self.allocated + n > self.total:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {n} bytes")
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+
+def adamw_like_step(cuda: FakeCuda, per_row: int, state: int):
+    """A step whose activations (per_row x rows) die with it, and whose first update leaves
+    optimizer state behind for good, as AdamW's moments do."""
+    made = []
+
+    def step(rows: int) -> None:
+        cuda.alloc(per_row * rows)
+        try:
+            if not made:
+                cuda.alloc(state)
+                made.append(state)
+        finally:
+            cuda.allocated -= per_row * rows
+    return step
+
+
+def test_optimizer_state_made_by_the_first_size_is_charged_to_every_later_size():
+    # 100 MB, 10 % margin: 90 MB for state (30 MB) + 30 kB per row -> 2000 rows; without the
+    # state charged after the first size, 3000 rows would pass
+    cuda = FakeCuda(total=100_000_000)
+    mem = bs.CudaMemory(torch.device("cuda", 0), cuda=cuda)
+    r = find_micro_batch(adamw_like_step(cuda, 30_000, 30_000_000), mem, start=64, cap=1 << 20, margin=0.1, steps=2)
+    assert r.tried == [64, 128, 256, 512, 1024, 2048, 1536, 1792, 1920, 1984, 2016, 2000, 2008, 2004, 2002, 2001]
+    assert r.micro_batch == 2000 and r.peak_bytes[2000] == 90_000_000 and mem.base_bytes == 0
+
+
+def test_a_memory_limit_bounds_the_probe_and_counts_what_is_allocated():
+    MiB = 2**20
+    # 1000 MiB GPU, 10 MiB of weights already allocated; the trial is allotted 100 MiB in all:
+    # 90 MiB free for it, 81 MiB after the margin, for 4 MiB of state + 40 KiB per row -> 1971 rows
+    cuda = FakeCuda(total=1000 * MiB, allocated=10 * MiB)
+    mem = bs.CudaMemory(torch.device("cuda", 0), limit_mb=100, cuda=cuda)
+    r = find_micro_batch(adamw_like_step(cuda, 40 * 1024, 4 * MiB), mem, start=1024, cap=4096, margin=0.1, steps=2)
+    assert (r.free_bytes, mem.base_bytes) == (90 * MiB, 10 * MiB)
+    assert r.tried == [1024, 2048, 1536, 1792, 1920, 1984, 1952, 1968, 1976, 1972, 1970, 1971]
+    assert r.micro_batch == 1971
+    unlimited = FakeCuda(total=1000 * MiB, allocated=10 * MiB)
+    r = find_micro_batch(adamw_like_step(unlimited, 40 * 1024, 4 * MiB), bs.CudaMemory(torch.device("cuda", 0),
+                         cuda=unlimited), start=1024, cap=4096, margin=0.1, steps=2)
+    assert r.tried == [1024, 2048, 4096] and r.micro_batch == 4096
+
+
+def test_available_bytes():
+    # driver free + our cached-but-unused blocks
+    assert bs.available_bytes(free=500, total=1000, reserved=300, allocated=200, fraction=1.0, limit=None) == 600
+    # a per-process fraction binds first: 0.5 x 1000 - 200 allocated
+    assert bs.available_bytes(free=500, total=1000, reserved=300, allocated=200, fraction=0.5, limit=None) == 300
+    # a trial's allotment covers what it has allocated already
+    assert bs.available_bytes(free=500, total=1000, reserved=300, allocated=200, fraction=1.0, limit=450) == 250
+    assert bs.available_bytes(free=500, total=1000, reserved=300, allocated=200, fraction=1.0, limit=100) == 0
+
+
+# ---------------------------------------------------------------- the IC loss's floor, and shrinking
+
+
+def test_halving_stops_at_the_minimum():
+    from sweeper.core.probe import shrink_micro
+
+    sizes, micro = [], 100
+    with pytest.raises(OutOfMemory, match="out of memory at micro-batch 12; halving it would go below "
+                                          r"train.min_micro_batch=8"):
+        while True:
+            micro = shrink_micro(micro, 8, 1000)
+            sizes.append(micro)
+    assert sizes == [50, 25, 12]
+
+
+def test_an_ic_micro_batch_shrinks_to_one_date_and_then_says_why_it_cannot():
+    from sweeper.core.probe import shrink_micro
+
+    sizes, micro = [], 1024
+    with pytest.raises(OutOfMemory, match="out of memory at micro-batch 300; it cannot shrink: the IC loss keeps "
+                                          "each date's rows in one micro-batch and the largest date of the "
+                                          r"training split has 300 rows \(train.loss: mse can split a date"):
+        while True:
+            micro = shrink_micro(micro, 8, 4096, date_rows=300)
+            sizes.append(micro)
+    assert sizes == [512, 300]
+
+
+# ---------------------------------------------------------------- the whole plan: training, then evaluation
+
+
+class Ledger:
+    """A MemoryReader whose memory is spent by LedgerModel: rows x bytes per row, plus AdamW's
+    state once the optimizer has made it; above ``free`` it is out of memory."""
+
+    base_bytes = 7 * 2**20
+
+    def __init__(self, free: int, per_train_row: int, per_eval_row: int, state: int) -> None:
+        self.free, self.per_train_row, self.per_eval_row, self.state = free, per_train_row, per_eval_row, state
+        self.optimizer = None
+        self.peak, self.sizes = 0, []
+
+    def free_bytes(self) -> int:
+        return self.free
+
+    def reset_peak(self) -> None:
+        self.peak = 0
+
+    def peak_bytes(self) -> int:
+        return self.peak
+
+    def spend(self, rows: int, training: bool) -> None:
+        self.sizes.append(("train" if training else "eval", rows))
+        need = rows * (self.per_train_row if training else self.per_eval_row)
+        need += self.state if self.optimizer is not None and self.optimizer.state else 0
+        if need > self.free:
+            raise torch.OutOfMemoryError("CUDA out of memory (ledger)")
+        self.peak = max(self.peak, need)
+
+
+class LedgerModel(torch.nn.Module):
+    def __init__(self, ledger: Ledger, features: int) -> None:
+        super().__init__()
+        self.ledger, self.linear = ledger, torch.nn.Linear(features, 1)
+
+    def forward(self, x):
+        self.ledger.spend(len(x), self.training)
+        return self.linear(x[:, -1]).squeeze(-1)
+
+
+def _plan(ledger: Ledger, **train):
+    from sweeper.core.precision import resolve_precision
+    from sweeper.core.probe import plan_batch
+    from sweeper.core.schedule import DateRuns, make_optimizer
+    from sweeper.data import Batcher
+    from toy_panel import toy_config, toy_panel
+
+    panel, cfg = toy_panel(), toy_config(**train)
+    model = LedgerModel(ledger, 3)
+    ledger.optimizer = make_optimizer(model, 1e-2, 0.01)
+    batcher = Batcher(panel, "train", "cpu")
+    date_rows = DateRuns(batcher).largest if cfg.train.loss == "ic" else 1
+    return plan_batch(cfg, model, ledger.optimizer, resolve_precision("fp32", torch.device("cpu")), batcher, panel,
+                      ledger, date_rows)
+
+
+def test_the_plan_fits_the_evaluation_batch_too_and_reports_the_peak():
+    # training: 1000 B/row + 5000 B of state: 64 rows peak at 69 kB; evaluation: 500 B/row + state,
+    # so the 256-row eval batch (133 kB) runs out of 100 kB and 170 rows (90 kB) is the most within 90 %
+    ledger = Ledger(free=100_000, per_train_row=1000, per_eval_row=500, state=5000)
+    plan = _plan(ledger, batch_size=64, eval_batch_size=256, probe_steps=2)
+    assert (plan.batch_size, plan.micro_batch, plan.eval_batch_size) == (64, 64, 170)
+    assert ledger.sizes[:2] == [("train", 64), ("train", 64)]  # the state exists from the second step on
+    assert [rows for kind, rows in ledger.sizes if kind == "eval"] == [256, 128, 192, 160, 176, 168, 172, 170, 171]
+    assert plan.peak_mem_mb == (Ledger.base_bytes + 90_000) / 2**20
+    assert "probed micro-batch 64 (tried [64]) and eval batch 170" in plan.note
+    assert len(ledger.optimizer.state) == 0  # probing left no state behind
+
+
+def test_an_ic_plan_starts_at_one_whole_date():
+    # batch 16 rows, but a cross-sectional IC batch holds whole dates of up to 32 rows
+    ledger = Ledger(free=10_000_000, per_train_row=1000, per_eval_row=10, state=0)
+    plan = _plan(ledger, loss="ic", batch_size=16, probe_steps=1)
+    assert (plan.micro_batch, [rows for kind, rows in ledger.sizes if kind == "train"]) == (32, [32])
+    with pytest.raises(OutOfMemory, match=r"no micro-batch of at least 32 rows fits in memory \(tried \[32\]; "
+                                          r"budget 0 MiB\); the IC loss keeps each date's rows in one micro-batch "
+                                          r"and the largest date has 32 rows"):
+        _plan(Ledger(free=31_000, per_train_row=1000, per_eval_row=10, state=0), loss="ic", batch_size=16)

@@ -11,6 +11,7 @@ from sweeper.errors import ConfigError, Interrupted, NonFiniteLoss
 from sweeper.models import build_model
 from sweeper.core import FileCheckpointer, NullHook, predict, train
 from sweeper.core.schedule import lr_factor
+from sweeper.core.schedule import Rows
 from sweeper.core.step import accumulate
 from sweeper.data import Batch
 from sweeper.core.precision import resolve_precision
@@ -18,7 +19,7 @@ from toy_panel import toy_config, toy_panel
 
 RESULT_KEYS = {"val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
                "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "accum_steps", "precision",
-               "samples_per_s", "peak_mem_mb", "duration_s"}
+               "samples_per_s", "peak_mem_mb", "duration_s", "eval_batch_size", "probe_peak_mem_mb"}
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_ic", "val_rank_ic", "val_icir", "samples_per_s",
               "peak_mem_mb", "lr", "micro_batch_size", "accum_steps"}
 
@@ -69,6 +70,7 @@ def test_result_metrics_and_frames(panel):
     assert set(m) == RESULT_KEYS | {"oracle_val_ic", "oracle_test_ic"}
     assert (m["oracle_val_ic"], m["oracle_test_ic"]) == (0.91, 0.92)
     assert (m["batch_size"], m["micro_batch_size"], m["accum_steps"], m["precision"]) == (64, 64, 1, "fp32")
+    assert m["eval_batch_size"] == 256 and math.isnan(m["probe_peak_mem_mb"])  # nothing is probed on the CPU
     assert m["epochs_run"] == 3 and len(result.history) == 3
     assert all(set(h) == EPOCH_KEYS for h in result.history)
     # the stored scores come from the best epoch's weights, through `predict`
@@ -124,7 +126,7 @@ def test_the_hook_sees_every_epoch_and_can_stop_training(panel):
     hook = Recorder(stop_at_epoch=2)
     result = train(toy_config(epochs=5), panel, hook=hook)
     assert hook.epochs == [1, 2]
-    assert result.stopped_by_hook and result.stop_reason == "hook"
+    assert result.stopped_by_hook and result.stop_reason == "pruned"
     assert result.metrics["epochs_run"] == 2
     assert hook.metrics[1]["epoch"] == 2 and hook.metrics[1]["accum_steps"] == 1
     assert hook.polls == 2 * 18  # polled before every step
@@ -199,24 +201,38 @@ def test_precision_resolution_on_cpu():
 
 
 @pytest.mark.parametrize("loss_name", ["mse", "ic"])
-def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_name):
+@pytest.mark.parametrize("with_counts", [False, True])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_name, with_counts):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 1), torch.nn.Flatten(0))
+    x, y = torch.randn(13, 4, 3), torch.randn(13)
     t = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 4, 4, 4])  # date 3 has one row: ic_loss skips it
-    perm = torch.randperm(len(t))
-    batch = Batch(torch.randn(13, 4, 3), torch.randn(13), torch.randn(13), t[perm], perm)
+    # a cross-sectional batch comes grouped by date with its counts; a random one shuffled, without
+    idx = torch.stack([t, torch.arange(13)], 1)
+    rows = Rows(idx, [3, 2, 4, 1, 3]) if with_counts else Rows(idx[torch.randperm(13)])
+    gathered: list[int] = []
+
+    def gather(part):
+        gathered.append(len(part))
+        return Batch(x[part[:, 1]], y[part[:, 1]], y[part[:, 1]], part[:, 0], part[:, 1])
+
     fp32 = resolve_precision("fp32", torch.device("cpu"))
     scaler = fp32.scaler()
     grads = []
     for micro in (13, 5, 4, 1):
         model.zero_grad()
-        loss = accumulate(model, batch, micro, loss_name, fp32, scaler)
+        loss = accumulate(model, gather, rows, micro, loss_name, fp32, scaler)
         grads.append((loss, [p.grad.clone() for p in model.parameters()]))
     full_loss, full_grads = grads[0]
     for loss, g in grads[1:]:
         torch.testing.assert_close(loss, full_loss)
         for a, b in zip(g, full_grads):
             torch.testing.assert_close(a, b)
+    # one gather per micro-batch: rows for MSE; for the IC loss whole dates (rows 3, 2, 4, 1, 3), and
+    # at micro 1 the one-row date, which ic_loss ignores, is not gathered at all
+    expected = {"mse": [13, 5, 5, 3, 4, 4, 4, 1] + [1] * 13,
+                "ic": [13, 3 + 2, 4 + 1, 3, 3, 2, 4, 1 + 3, 3, 2, 4, 3]}[loss_name]
+    assert gathered == expected
 
 
 def test_lr_schedules():

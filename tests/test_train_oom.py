@@ -45,3 +45,61 @@ def test_oom_below_the_minimum_micro_batch_fails_the_trial():
                                           "train.min_micro_batch=8"):
         train(toy_config({"name": "custom_model:OomAbove", "limit": 4}, min_micro_batch=8), toy_panel())
     assert oom_log() == [64, 32, 16, 8]
+
+
+def test_oom_in_the_batch_gather_halves_the_micro_batch(monkeypatch):
+    from sweeper.data.batches import Batcher
+
+    gathered: list[int] = []
+    real_gather = Batcher.gather
+
+    def gather(self, idx):
+        gathered.append(len(idx))
+        if len(idx) > 16:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (fake gather of {len(idx)} rows)")
+        return real_gather(self, idx)
+    monkeypatch.setattr(Batcher, "gather", gather)
+    panel = toy_panel()
+    result = train(toy_config({"name": "custom_model:Tiny"}, epochs=2, min_micro_batch=8), panel)
+    assert gathered[:6] == [64, 32, 16, 16, 16, 16]
+    assert sum(gathered[2:]) == 2 * 1143 and max(gathered[2:]) == 16  # each micro-batch gathers its own rows
+    assert (result.metrics["micro_batch_size"], result.metrics["accum_steps"]) == (16, 4)
+    monkeypatch.setattr(Batcher, "gather", real_gather)
+    whole = train(toy_config({"name": "custom_model:Tiny"}, epochs=2), panel)
+    for key, value in whole.best_state.items():
+        torch.testing.assert_close(result.best_state[key], value, atol=1e-6, rtol=1e-5)
+
+
+def test_oom_in_the_optimizer_update_redoes_the_step_in_halves(monkeypatch):
+    # AdamW allocates its moments in its first update: the place a step runs out of memory after backward
+    real_step = torch.optim.AdamW.step
+    updates: list[int] = []
+
+    def step(self, *args, **kwargs):
+        updates.append(len(updates))
+        if len(updates) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (fake, allocating AdamW's state)")
+        return real_step(self, *args, **kwargs)
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    oom_log().clear()
+    panel = toy_panel()
+    result = train(toy_config({"name": "custom_model:OomAbove", "limit": 1000}, epochs=2), panel)
+    log = list(oom_log())
+    assert log[:5] == [64, 32, 32, 32, 32] and sum(log[1:]) == 2 * 1143
+    assert len(updates) == 1 + 2 * 18  # the failed update, then one per step
+    assert result.metrics["micro_batch_size"] == 32
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    whole = train(toy_config({"name": "custom_model:Tiny"}, epochs=2), panel)
+    for key, value in whole.best_state.items():  # the failed update left the optimizer as it found it
+        torch.testing.assert_close(result.best_state[key], value, atol=1e-6, rtol=1e-5)
+
+
+def test_an_ic_micro_batch_cannot_split_a_date_and_says_so():
+    oom_log().clear()
+    # cross-sectional batches of 2 dates (32 rows each until asset 0 delists): the micro-batch halves
+    # to one date, and one date is still too large
+    with pytest.raises(OutOfMemory, match="out of memory at micro-batch 32; it cannot shrink: the IC loss keeps "
+                                          "each date's rows in one micro-batch and the largest date of the "
+                                          "training split has 32 rows"):
+        train(toy_config({"name": "custom_model:OomAbove", "limit": 16}, loss="ic", min_micro_batch=8), toy_panel())
+    assert oom_log() == [64, 32]

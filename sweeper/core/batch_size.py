@@ -1,17 +1,18 @@
 """Fit the micro-batch to free device memory (in the spirit of accelerate's
 ``find_executable_batch_size`` and Lightning's batch-size scaler).
 
-Two rules from their bug trackers shape this module: probe with the real step
-(precision, optimizer state), and recover from an OOM *outside* the ``except``
-block, so the exception's frames (and the tensors they reference) are gone
-before memory is released.
+Rules from their bug trackers shape this module: one OOM predicate; probe with the
+real step (precision, optimizer state, evaluation); peaks counted from one base, taken
+before probing, so what outlives an attempt (AdamW's moments, created by the first
+step) is charged to every size; a cap and a margin; and recovery from an OOM *outside*
+the ``except`` block, so the exception's frames (and the tensors they reference) are
+gone before memory is released.
 """
 from __future__ import annotations
 
 import gc
-import math
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -40,39 +41,69 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def attempt(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    """``(True, fn(*args))``, or ``(False, None)`` when it ran out of memory; any other
+    exception propagates. On return the exception is gone, so the caller can free what
+    its frames pinned (drop references, then :func:`release_memory`)."""
+    try:
+        return True, fn(*args)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+    return False, None
+
+
 class MemoryReader(Protocol):
-    def free_bytes(self) -> int: ...
+    base_bytes: int                       # allocated when the free memory was read; peaks count from it
+    def free_bytes(self) -> int: ...      # read once, before probing
     def reset_peak(self) -> None: ...
-    def peak_bytes(self) -> int: ...
+    def peak_bytes(self) -> int: ...      # peak allocation since reset_peak, above base_bytes
+
+
+def available_bytes(free: int, total: int, reserved: int, allocated: int, fraction: float,
+                    limit: int | None) -> int:
+    """What this process may still allocate: the driver's free bytes plus the blocks our
+    caching allocator holds unused; capped by a per-process memory fraction, and by
+    ``limit``, the allotment of a trial that shares its GPU (it covers all the trial
+    allocates, so what is allocated already counts against it)."""
+    available = free + reserved - allocated
+    if fraction < 1.0:  # set_per_process_memory_fraction binds before the driver does
+        available = min(available, int(fraction * total) - allocated)
+    if limit is not None:
+        available = min(available, limit - allocated)
+    return int(max(available, 0))
 
 
 class CudaMemory:
-    """MemoryReader for one CUDA device; peaks are measured above the allocation at reset."""
+    """MemoryReader for one CUDA device. The free memory and the base allocation are read
+    once, at the first ``free_bytes()``, and every peak is counted from that base: what
+    outlives one probed size (AdamW's moments, made by the first step that fits) is
+    charged to every later size too. ``cuda`` is ``torch.cuda``, or a stand-in in tests."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, limit_mb: float | None = None, cuda: Any = torch.cuda) -> None:
         if device.index is None:  # some torch.cuda calls insist on an index
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
-        self._base = 0
+            device = torch.device("cuda", cuda.current_device())
+        self.device, self.cuda = device, cuda
+        self.limit_bytes = None if limit_mb is None else int(limit_mb * 2**20)
+        self.base_bytes = 0
+        self._free: int | None = None
 
     def free_bytes(self) -> int:
-        free, total = torch.cuda.mem_get_info(self.device)
-        allocated = torch.cuda.memory_allocated(self.device)
-        # blocks cached by our own allocator are free for us, though not for the driver
-        available = free + torch.cuda.memory_reserved(self.device) - allocated
-        fraction = torch.cuda.get_per_process_memory_fraction(self.device)
-        if fraction < 1.0:  # a cap set with set_per_process_memory_fraction binds before the driver does
-            available = min(available, int(fraction * total) - allocated)
-        return int(max(available, 0))
+        if self._free is None:
+            cuda, device = self.cuda, self.device
+            free, total = cuda.mem_get_info(device)
+            self.base_bytes = cuda.memory_allocated(device)
+            self._free = available_bytes(free, total, cuda.memory_reserved(device), self.base_bytes,
+                                         cuda.get_per_process_memory_fraction(device), self.limit_bytes)
+        return self._free
 
     def reset_peak(self) -> None:
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self._base = torch.cuda.memory_allocated(self.device)
+        self.cuda.synchronize(self.device)
+        self.cuda.reset_peak_memory_stats(self.device)
 
     def peak_bytes(self) -> int:
-        torch.cuda.synchronize(self.device)
-        return int(torch.cuda.max_memory_allocated(self.device) - self._base)
+        self.cuda.synchronize(self.device)
+        return int(self.cuda.max_memory_allocated(self.device) - self.base_bytes)
 
 
 @dataclass
@@ -85,37 +116,31 @@ class ProbeResult:
     budget_bytes: int = 0
 
 
-def _attempt(try_step: Callable[[int], None], mem: MemoryReader, size: int, steps: int) -> int | None:
+def _measure(try_step: Callable[[int], None], mem: MemoryReader, size: int, steps: int) -> int | None:
     """Peak bytes of ``steps`` steps at ``size``, or None on OOM."""
     mem.reset_peak()
-    oom = False
-    try:
-        for _ in range(steps):
-            try_step(size)
-    except Exception as exc:
-        if not is_oom(exc):
-            raise
-        oom = True
-    if oom:  # here, not in the except block: the traceback no longer pins tensors
-        release_memory()
-        return None
+    for _ in range(steps):
+        ok, _ = attempt(try_step, size)
+        if not ok:  # here, not in the except block: the traceback no longer pins tensors
+            release_memory()
+            return None
     return mem.peak_bytes()
 
 
 def find_micro_batch(try_step: Callable[[int], None], mem: MemoryReader, *, start: int, cap: int,
-                     margin: float, steps: int, minimum: int = 1) -> ProbeResult:
+                     margin: float, steps: int, minimum: int = 1, why_minimum: str = "") -> ProbeResult:
     """Largest micro-batch <= cap whose ``steps`` real steps run without OOM and peak
     at most (1 - margin) x the free memory measured before probing.
 
     Doubles from ``start`` until a size fails (or reaches ``cap``), then bisects
     between the last fit and the first failure. Raises OutOfMemory when nothing
-    down to ``minimum`` fits.
+    down to ``minimum`` fits (``why_minimum`` says why the minimum is what it is).
     """
     free = mem.free_bytes()
     result = ProbeResult(0, [], free_bytes=free, budget_bytes=int((1.0 - margin) * free))
 
     def fits(size: int) -> bool:
-        peak = _attempt(try_step, mem, size, steps)
+        peak = _measure(try_step, mem, size, steps)
         ok = peak is not None and peak <= result.budget_bytes
         result.tried.append(size)
         result.fits[size] = ok
@@ -138,10 +163,6 @@ def find_micro_batch(try_step: Callable[[int], None], mem: MemoryReader, *, star
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     if lo < minimum:
         raise OutOfMemory(f"no micro-batch of at least {minimum} rows fits in memory "
-                          f"(tried {result.tried}; budget {result.budget_bytes / 2**20:.0f} MiB)")
+                          f"(tried {result.tried}; budget {result.budget_bytes / 2**20:.0f} MiB){why_minimum}")
     result.micro_batch = lo
     return result
-
-
-def accumulation_steps(batch: int, micro: int) -> int:
-    return math.ceil(batch / micro)

@@ -10,27 +10,32 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import pandas as pd
 import torch
-from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from sweeper.config import SweeperConfig
-from sweeper.core.batch_size import is_oom, release_memory
+from sweeper.core.batch_size import attempt, release_memory
 from sweeper.core.checkpoint import check_same_config, restore, training_state
 from sweeper.core.device import peak_memory_mb, reset_peak_memory, resolve_device, seed_everything
 from sweeper.core.evaluate import evaluate, final_scores
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
 from sweeper.core.precision import resolve_precision
-from sweeper.core.probe import plan_batch, shrink_micro
-from sweeper.core.progress import Progress, epoch_line, mean
-from sweeper.core.schedule import count_steps, epoch_batches, lr_factor, make_optimizer
-from sweeper.core.step import accumulate
+from sweeper.core.probe import BatchPlan, device_memory, plan_batch, shrink_micro
+from sweeper.core.progress import EpochSteps, Progress, epoch_line, mean
+from sweeper.core.schedule import DateRuns, Rows, count_steps, epoch_rows, lr_factor, make_optimizer, rewind
+from sweeper.core.step import train_step
 from sweeper.data import Batcher, Panel
 from sweeper.errors import Interrupted, NonFiniteLoss
 from sweeper.models import build_model
+
+# Steps between host syncs. A step leaves its loss and non-finite flag on the device; the
+# loop reads them every SYNC_EVERY steps and at the end of the epoch, so a small model's
+# launch queue never drains. Non-finite patience is judged then, up to SYNC_EVERY steps late.
+SYNC_EVERY = 32
 
 
 @dataclass
@@ -46,13 +51,16 @@ class TrainResult:
 
 def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None = None,
           hook: EpochHook = NullHook(), checkpoint: Checkpointer = NullCheckpointer(),
-          log: Callable[[str], None] | None = None, started: float | None = None) -> TrainResult:
+          log: Callable[[str], None] | None = None, started: float | None = None,
+          memory_limit_mb: float | None = None) -> TrainResult:
     """Train ``cfg.model`` on ``panel``'s train split; early-stop on valid; score valid and test
     with the best epoch's weights. Raises NonFiniteLoss, OutOfMemory, Interrupted.
 
     ``started`` (a ``time.monotonic()`` reading, default now) is when the run began: a sweep's
     worker passes the trial's start, so that ``train.max_minutes`` also counts loading the data.
-    Past that deadline the epoch ends at the next step and the run is scored as usual."""
+    Past that deadline the epoch ends at the next step and the run is scored as usual.
+    ``memory_limit_mb``: this trial's allotment of a GPU it shares; the batch probe plans within
+    it (less the margin) instead of within all the free memory. None: all the free memory."""
     began = time.perf_counter()
     tc = cfg.train
     say = log or (lambda message: None)
@@ -69,15 +77,20 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     optimizer = make_optimizer(model, tc.lr, tc.weight_decay)
     scaler = precision.scaler()
     batcher = Batcher(panel, "train", device)
+    order = tc.resolved_batch_order
+    runs = DateRuns(batcher) if order == "cross_section" else None
+    date_rows = runs.largest if runs is not None and tc.loss == "ic" else 1  # an IC micro-batch holds whole dates
     generator = torch.Generator().manual_seed(tc.seed)
     step_model = torch.compile(model) if tc.compile else model
     state = checkpoint.load()
     if state is not None:
         check_same_config(state, cfg)
-        batch_size, micro = int(state["batch_size"]), int(state["micro_batch_size"])
+        plan = BatchPlan(int(state["batch_size"]), int(state["micro_batch_size"]), tc.eval_batch_size)
     else:
-        batch_size, micro = plan_batch(cfg, step_model, optimizer, precision, batcher, device)
-    steps_per_epoch = count_steps(batcher, tc.resolved_batch_order, batch_size, tc.samples_per_epoch)
+        plan = plan_batch(cfg, step_model, optimizer, precision, batcher, panel, device_memory(device, memory_limit_mb),
+                          date_rows)
+    batch_size, micro, eval_batch = plan.batch_size, plan.micro_batch, plan.eval_batch_size
+    steps_per_epoch = count_steps(batcher, order, batch_size, tc.samples_per_epoch)
     scheduler = LambdaLR(optimizer, lr_factor(tc.schedule, tc.warmup_frac, steps_per_epoch * tc.epochs))
     progress = Progress()
     if state is not None:
@@ -85,6 +98,14 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         say(f"resumed after epoch {progress.epoch} (best {tc.early_stop_metric} {progress.best})")
     say(f"training {cfg.model.name} on {device}: {batcher.n_samples} samples, batch {batch_size} "
         f"(micro {micro}), {precision.name}, {steps_per_epoch} steps/epoch")
+    if plan.note:
+        say(plan.note)
+    on_probe = getattr(hook, "on_probe", None)  # optional, like tick
+    if on_probe is not None and not math.isnan(plan.peak_mem_mb):  # a probe ran: its peak, before any epoch
+        on_probe(plan.peak_mem_mb)
+    step = partial(train_step, step_model, list(model.parameters()), optimizer, scaler, precision, batcher.gather,
+                   loss_name=tc.loss, grad_clip=tc.grad_clip)
+    shrink = partial(shrink_micro, minimum=tc.min_micro_batch, batch_size=batch_size, date_rows=date_rows)
 
     # ---- the epochs
     stop_reason = "early_stop" if progress.bad_epochs >= tc.patience else "epochs"
@@ -93,54 +114,27 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
             break
         model.train()
         reset_peak_memory(device)
-        epoch_start, seen, loss_sum, loss_steps = time.perf_counter(), 0, 0.0, 0
-        for batch in epoch_batches(batcher, tc.resolved_batch_order, batch_size, generator, tc.samples_per_epoch):
-            if hook.should_stop():
+        epoch_start, seen, steps = time.perf_counter(), 0, EpochSteps()
+        for rows in epoch_rows(batcher, order, batch_size, generator, tc.samples_per_epoch, runs):
+            if hook.should_stop():  # a flag read, not a device sync
                 raise Interrupted(f"stop requested during epoch {epoch}; "
                                   f"the last checkpoint holds epoch {epoch - 1}")
-            while True:  # one optimizer step; after an OOM, the same step again in smaller micro-batches
-                optimizer.zero_grad(set_to_none=True)
-                oom = False
-                try:
-                    loss = accumulate(step_model, batch, micro, tc.loss, precision, scaler)
-                except Exception as exc:
-                    if not is_oom(exc):
-                        raise
-                    oom = True
-                if not oom:
-                    break
-                optimizer.zero_grad(set_to_none=True)
-                release_memory()  # outside the except: the traceback no longer pins activations
-                micro = shrink_micro(micro, tc.min_micro_batch, batch_size)
-                say(f"out of memory: micro-batch now {micro}, accumulating {math.ceil(batch_size / micro)}")
-            loss_value = float(loss)
-            finite = math.isfinite(loss_value)
-            if finite:
-                scaler.unscale_(optimizer)
-                norm = nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip) if tc.grad_clip else None
-                # fp16: the scaler skips overflowing steps itself (and lowers its scale)
-                finite = scaler.is_enabled() or norm is None or bool(torch.isfinite(norm))
-                if finite:
-                    scaler.step(optimizer)
-                scaler.update()
-            if finite:
-                scheduler.step()  # the schedule counts updates, so a skipped step does not use one up
-                progress.nonfinite_steps = 0
-                loss_sum, loss_steps = loss_sum + loss_value, loss_steps + 1
-            else:  # no update from this batch; give up only when it keeps happening
-                progress.nonfinite_steps += 1
-                if progress.nonfinite_steps >= tc.nonfinite_patience:
-                    raise NonFiniteLoss(f"loss or gradients non-finite for {progress.nonfinite_steps} consecutive "
-                                        f"steps (epoch {epoch}, train.lr={tc.lr:g})")
-            seen += len(batch.y)
+            micro, loss, skipped = _step_until_it_fits(step, rows, micro, optimizer, shrink, say)
+            steps.add(loss, skipped)
+            scheduler.step()  # every step; the sync takes back the steps that turn out to have made no update
+            seen += len(rows.idx)
+            if steps.unread >= SYNC_EVERY:
+                _sync(steps, progress, scheduler, tc.nonfinite_patience, epoch, tc.lr)
             if time.monotonic() > deadline:
                 stop_reason = "time"
                 break
+        _sync(steps, progress, scheduler, tc.nonfinite_patience, epoch, tc.lr)  # waits for the epoch's last step
         train_seconds = time.perf_counter() - epoch_start
+        optimizer.zero_grad(set_to_none=True)  # validation needs no gradients: their memory is free for it
 
         # ---- end of epoch: validate, keep the best weights, checkpoint, report
-        scores = evaluate(step_model, panel, "valid", device, tc.eval_batch_size, tc.loss, tick)
-        metrics = {"epoch": epoch, "train_loss": loss_sum / loss_steps if loss_steps else math.nan, **scores,
+        scores = evaluate(step_model, panel, "valid", device, eval_batch, tc.loss, tick)
+        metrics = {"epoch": epoch, "train_loss": steps.mean_loss, **scores,
                    "samples_per_s": seen / max(train_seconds, 1e-9), "peak_mem_mb": peak_memory_mb(device),
                    "lr": scheduler.get_last_lr()[0], "micro_batch_size": micro,
                    "accum_steps": math.ceil(batch_size / micro)}
@@ -160,17 +154,43 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
 
     # ---- score valid and test with the best weights, through the same path as `predict`
     model.load_state_dict(progress.best_state)
-    result_metrics, daily, predictions = final_scores(model, panel, device, tc.eval_batch_size, tick)
+    result_metrics, daily, predictions = final_scores(model, panel, device, eval_batch, tick)
     result_metrics.update(
         val_loss=progress.best_metrics.get("val_loss", math.nan), best_epoch=progress.best_epoch,
         epochs_run=progress.epoch, batch_size=batch_size, micro_batch_size=micro,
-        accum_steps=math.ceil(batch_size / micro), precision=precision.name,
+        accum_steps=math.ceil(batch_size / micro), eval_batch_size=eval_batch, precision=precision.name,
         samples_per_s=mean([h["samples_per_s"] for h in progress.history]),
         peak_mem_mb=max([h["peak_mem_mb"] for h in progress.history], default=math.nan),
-        duration_s=time.perf_counter() - began)
+        probe_peak_mem_mb=plan.peak_mem_mb, duration_s=time.perf_counter() - began)
     if panel.oracle_ic:
         result_metrics.update(oracle_val_ic=panel.oracle_ic["valid"], oracle_test_ic=panel.oracle_ic["test"])
     say(f"done ({stop_reason}): best epoch {progress.best_epoch}, val_ic {result_metrics['val_ic']:.4f}, "
         f"test_ic {result_metrics['test_ic']:.4f}")
     return TrainResult(result_metrics, progress.history, progress.best_state, daily, predictions,
                        stopped_by_hook=stop_reason == "pruned", stop_reason=stop_reason)
+
+
+def _step_until_it_fits(step: Callable[..., tuple[torch.Tensor, torch.Tensor]], rows: Rows, micro: int,
+                        optimizer: torch.optim.Optimizer, shrink: Callable[[int], int],
+                        say: Callable[[str], None]) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """One optimizer step: (micro-batch, loss, skip flag). An OOM anywhere in it (gather, forward,
+    backward, clipping, the update and AdamW's first allocation of its state) redoes the
+    same step from scratch in micro-batches half the size."""
+    while True:
+        ok, out = attempt(step, rows, micro)
+        if ok:
+            return (micro, *out)
+        optimizer.zero_grad(set_to_none=True)
+        release_memory()  # outside the except: the traceback no longer pins activations
+        micro = shrink(micro)
+        say(f"out of memory: micro-batch now {micro}, accumulating {math.ceil(len(rows.idx) / micro)}")
+
+
+def _sync(steps: EpochSteps, progress: Progress, scheduler: LambdaLR, patience: int, epoch: int, lr: float) -> None:
+    """Read the pending steps: judge non-finite patience, and take back the schedule steps
+    of the steps that made no update (the LR ran ahead by that many since the last sync)."""
+    skipped, exhausted = steps.sync(progress, patience)
+    if exhausted:
+        raise NonFiniteLoss(f"loss or gradients non-finite for {progress.nonfinite_steps} consecutive "
+                            f"steps (epoch {epoch}, train.lr={lr:g})")
+    rewind(scheduler, skipped)

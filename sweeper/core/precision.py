@@ -9,6 +9,7 @@ import torch
 from sweeper.errors import ConfigError
 
 DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+NATIVE_BF16_MAJOR = 8  # compute capability 8.0 (Ampere) and later have bf16 tensor cores
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,22 @@ class Precision:
         return torch.amp.GradScaler("cuda", enabled=self.name == "fp16")
 
 
+def native_bf16(device: torch.device) -> bool:
+    """True where bf16 runs on the hardware. ``is_bf16_supported()`` alone also says yes
+    where bf16 is emulated (V100, T4), which is slower than fp16 with a scaler."""
+    with torch.cuda.device(device):
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # torch before 2.3 has no including_emulation (nor counted emulation)
+            return torch.cuda.get_device_capability(device)[0] >= NATIVE_BF16_MAJOR
+
+
 def resolve_precision(requested: str, device: torch.device) -> Precision:
-    """auto: bf16 on CUDA where supported, else fp16; fp32 on CPU."""
+    """auto: bf16 on CUDA where it is native, else fp16 (with a GradScaler); fp32 on the CPU."""
     if requested == "auto":
         if device.type != "cuda":
             return Precision("fp32", device.type)
-        return Precision("bf16" if torch.cuda.is_bf16_supported() else "fp16", "cuda")
+        return Precision("bf16" if native_bf16(device) else "fp16", "cuda")
     if requested == "fp16" and device.type != "cuda":
         raise ConfigError(f"train.precision: fp16 needs a CUDA device (training on {device.type}); "
                           "use bf16 or fp32")

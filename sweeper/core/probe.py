@@ -1,55 +1,104 @@
-"""Choosing the batch before training: the effective batch and the micro-batch, probed on
-CUDA with real training steps that leave no trace; and halving the micro-batch after an OOM."""
+"""Choosing the batch before training: the effective batch, the micro-batch and the
+evaluation batch, probed on CUDA with real training steps and a real evaluation pass
+that leave no trace; and halving the micro-batch after an OOM."""
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
 from sweeper.config import SweeperConfig
-from sweeper.core.batch_size import CudaMemory, find_micro_batch, release_memory
+from sweeper.core.batch_size import CudaMemory, MemoryReader, find_micro_batch, release_memory
 from sweeper.core.precision import Precision
 from sweeper.core.progress import cpu_copy
-from sweeper.core.step import accumulate
-from sweeper.data import Batcher
+from sweeper.core.schedule import Rows
+from sweeper.core.step import train_step
+from sweeper.data import Batcher, Panel
 from sweeper.errors import OutOfMemory
 
 AUTO_PROBE_START = 512  # first size tried for batch_size: auto (then doubling)
+EVAL_SPLITS = ("valid", "test")  # what the loop evaluates: per epoch, then at the end
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    batch_size: int          # rows behind one optimizer step
+    micro_batch: int         # rows per forward/backward
+    eval_batch_size: int     # rows per evaluation forward
+    peak_mem_mb: float = math.nan  # the probe's measured device peak (allocated) at these sizes; NaN: not probed
+    note: str = ""           # what the probe did, for the log
+
+
+def device_memory(device: torch.device, memory_limit_mb: float | None) -> MemoryReader | None:
+    """What the probe measures on ``device``: CUDA memory, within the trial's allotment of a
+    shared GPU (``memory_limit_mb``) when it has one. None elsewhere: nothing is probed."""
+    return CudaMemory(device, memory_limit_mb) if device.type == "cuda" else None
 
 
 def plan_batch(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-               batcher: Batcher, device: torch.device) -> tuple[int, int]:
-    """(effective batch, micro-batch). On CUDA the micro-batch is probed against free memory."""
+               batcher: Batcher, panel: Panel, mem: MemoryReader | None, date_rows: int = 1) -> BatchPlan:
+    """The batch plan. With ``mem`` the micro-batch, then the evaluation batch, are probed
+    against its free memory less ``train.memory_margin``; without it, micro-batch = batch.
+    ``date_rows`` > 1: the IC loss's micro-batches hold whole dates, so none can be smaller."""
     tc = cfg.train
     auto = tc.batch_size == "auto"
     cap = min(tc.max_batch_size if auto else int(tc.batch_size), max(1, batcher.n_samples))
-    if device.type != "cuda":
-        return cap, cap
-    step = probe_step(model, optimizer, precision, batcher, tc.loss, tc.seed)
+    if mem is None:
+        return BatchPlan(cap, cap, tc.eval_batch_size)
+    minimum, why = min(tc.min_micro_batch, cap), ""
+    if date_rows > minimum:
+        minimum, cap = date_rows, max(cap, date_rows)
+        why = (f"; the IC loss keeps each date's rows in one micro-batch and the largest date has {date_rows} rows "
+               "(train.loss: mse can split it)")
+    evaluator = max((Batcher(panel, split, batcher.device) for split in EVAL_SPLITS), key=lambda b: b.n_samples)
+    eval_cap = max(1, min(tc.eval_batch_size, evaluator.n_samples))
+    step = probe_step(model, optimizer, precision, batcher, tc.loss, tc.seed, tc.grad_clip)
     with preserved(model, optimizer):
-        probe = find_micro_batch(step, CudaMemory(device), start=min(cap, AUTO_PROBE_START) if auto else cap,
-                                 cap=cap, margin=tc.memory_margin, steps=tc.probe_steps,
-                                 minimum=min(tc.min_micro_batch, cap))
-    micro = probe.micro_batch
-    return (micro if auto else cap), micro
+        train = find_micro_batch(step, mem, start=min(cap, AUTO_PROBE_START) if auto else cap, cap=cap,
+                                 margin=tc.memory_margin, steps=tc.probe_steps, minimum=minimum, why_minimum=why)
+        micro = train.micro_batch
+        # AdamW's state, made by the first step, is alive (and counted) while the evaluation is probed
+        evals = find_micro_batch(eval_step(model, evaluator), mem, start=eval_cap, cap=eval_cap,
+                                 margin=tc.memory_margin, steps=1) if evaluator.n_samples else None
+    eval_batch = evals.micro_batch if evals else tc.eval_batch_size
+    peak = mem.base_bytes + max(train.peak_bytes[micro], evals.peak_bytes[eval_batch] if evals else 0)
+    note = (f"probed micro-batch {micro} (tried {train.tried}) and eval batch {eval_batch}: "
+            f"peak {peak / 2**20:.0f} MiB, budget {train.budget_bytes / 2**20:.0f} MiB above "
+            f"{mem.base_bytes / 2**20:.0f} MiB in use")
+    return BatchPlan(micro if auto else cap, micro, eval_batch, peak / 2**20, note)
 
 
 def probe_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, batcher: Batcher,
-               loss_name: str, seed: int) -> Callable[[int], None]:
-    """A real training step (precision, backward, optimizer state) on a real batch of ``size`` rows."""
+               loss_name: str, seed: int, grad_clip: float | None = 1.0) -> Callable[[int], None]:
+    """A real training step (gather, precision, backward, clipping, AdamW update and its state) on
+    ``size`` random rows; its gradients are freed afterwards, as the loop frees them to evaluate."""
     generator = torch.Generator().manual_seed(seed + 1)
-    scaler = precision.scaler()
+    scaler = precision.scaler()  # its own: probing must not move the trial's loss scale
+    params = list(model.parameters())
 
     def step(size: int) -> None:
-        batch = next(batcher.random_batches(size, generator))
+        order = torch.randint(batcher.n_samples, (size,), generator=generator).to(batcher.index.device)
+        train_step(model, params, optimizer, scaler, precision, batcher.gather, Rows(batcher.index[order]), size,
+                   loss_name, grad_clip)
         optimizer.zero_grad(set_to_none=True)
-        accumulate(model, batch, size, loss_name, precision, scaler)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def eval_step(model: nn.Module, batcher: Batcher) -> Callable[[int], None]:
+    """One evaluation forward (fp32, eval mode, no autograd) of ``size`` rows, as ``evaluate`` runs it."""
+    def step(size: int) -> None:
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                model(batcher.gather(batcher.index[:size]).x).float()
+        finally:
+            model.train(was_training)
     return step
 
 
@@ -72,9 +121,17 @@ def preserved(model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[No
         release_memory()
 
 
-def shrink_micro(micro: int, minimum: int, batch_size: int) -> int:
+def shrink_micro(micro: int, minimum: int, batch_size: int, date_rows: int = 1) -> int:
+    """The micro-batch after an OOM: half, down to ``train.min_micro_batch``; with the IC loss
+    (``date_rows`` > 1) no smaller than the largest date, which one micro-batch must hold whole."""
     smaller = micro // 2
     if smaller < min(minimum, batch_size):
         raise OutOfMemory(f"out of memory at micro-batch {micro}; halving it would go below "
                           f"train.min_micro_batch={minimum}")
+    if smaller < date_rows:
+        if micro > date_rows:
+            return date_rows
+        raise OutOfMemory(f"out of memory at micro-batch {micro}; it cannot shrink: the IC loss keeps each "
+                          f"date's rows in one micro-batch and the largest date of the training split has "
+                          f"{date_rows} rows (train.loss: mse can split a date; or fewer assets, or more memory)")
     return smaller

@@ -1,10 +1,12 @@
 """What the loop carries from epoch to epoch: history, the best epoch and its weights,
-the patience and non-finite counters; plus the one-line epoch summary."""
+the patience and non-finite counters; what it learns of an epoch's steps at each host
+sync; plus the one-line epoch summary."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 
@@ -34,6 +36,48 @@ class Progress:
             self.bad_epochs = 0 if better else self.bad_epochs + 1
         else:
             self.bad_epochs += 1
+
+
+@dataclass
+class EpochSteps:
+    """An epoch's training steps as the host learns them: each step leaves its loss and its
+    skip flag (1.0: no update, the loss or a gradient was non-finite) on the device, and
+    :meth:`sync` reads every pending pair in one transfer."""
+
+    loss_sum: float = 0.0
+    updates: int = 0
+    pending: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, loss: torch.Tensor, skipped: torch.Tensor) -> None:
+        self.pending += (loss, skipped)
+
+    @property
+    def unread(self) -> int:
+        return len(self.pending) // 2
+
+    def sync(self, progress: Progress, patience: int) -> tuple[int, bool]:
+        """Reads the pending steps (one device sync) in order: a finite one adds its loss and
+        resets ``progress.nonfinite_steps``, a non-finite one counts. Returns (steps that made
+        no update, whether ``patience`` consecutive non-finite steps were reached)."""
+        if not self.pending:
+            return 0, False
+        values = torch.stack(self.pending).tolist()
+        self.pending.clear()
+        skipped = 0
+        for loss, skip in zip(values[::2], values[1::2]):
+            if not skip:
+                self.loss_sum, self.updates = self.loss_sum + loss, self.updates + 1
+                progress.nonfinite_steps = 0
+                continue
+            skipped += 1
+            progress.nonfinite_steps += 1
+            if progress.nonfinite_steps >= patience:
+                return skipped, True
+        return skipped, False
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.updates if self.updates else math.nan
 
 
 def cpu_copy(state_dict: dict) -> dict:

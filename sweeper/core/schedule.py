@@ -1,13 +1,30 @@
-"""The optimizer, the learning-rate schedule, and how an epoch is cut into batches."""
+"""The optimizer, the learning-rate schedule, and how an epoch is cut into batches.
+
+An epoch's batches are *rows* (the (t, i) sample pairs of the sample index), not
+gathered windows: the step gathers each micro-batch itself, so that a smaller
+micro-batch after an out-of-memory error also makes a smaller gather, and a
+failed gather can be redone. The order is drawn from the batch-order generator
+exactly as :class:`~sweeper.data.Batcher`'s own batches are.
+"""
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
-from sweeper.data import Batch, Batcher
+from sweeper.data import Batcher
+
+FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused AdamW kernel runs
+
+
+class Rows(NamedTuple):
+    """One batch's sample pairs [B, 2] (on the sample index's device), and, for a
+    cross-sectional batch, the row count of each of its dates in order (known on the host)."""
+    idx: torch.Tensor
+    date_counts: list[int] | None = None
 
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -16,14 +33,19 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.op
     The usual exemption: biases, norms and position tables are not shrunk towards
     zero. A position table is a matrix, so a model names such parameters in
     ``no_weight_decay()`` (timm's convention; a custom model may define it too).
+
+    The fused kernel where it runs: one launch per step, and it can skip a step on a
+    device-side flag, which is what lets the loop skip non-finite steps without a host sync.
     """
     exempt = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
     decay, other = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 and name not in exempt else other).append(p)
+    params = decay + other
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, fused=fused or None)
 
 
 def lr_factor(schedule: str, warmup_frac: float, total_steps: int) -> Callable[[int], float]:
@@ -45,6 +67,14 @@ def lr_factor(schedule: str, warmup_frac: float, total_steps: int) -> Callable[[
     return factor
 
 
+def rewind(scheduler: LambdaLR, steps: int) -> None:
+    """Take back ``steps`` schedule steps: the loop advances the schedule at every step and
+    learns only at a sync point how many of them made no update."""
+    if steps:
+        scheduler.last_epoch -= steps + 1
+        scheduler.step()  # recomputes the learning rate at the corrected position
+
+
 def count_steps(batcher: Batcher, order: str, batch_size: int, limit: int | None) -> int:
     """Optimizer steps per epoch (exact for random order, the expected count for cross sections)."""
     samples = batcher.n_samples if limit is None else min(limit, batcher.n_samples)
@@ -59,8 +89,52 @@ def dates_per_batch(batcher: Batcher, batch_size: int) -> int:
     return max(1, round(batch_size * batcher.n_dates / max(1, batcher.n_samples)))
 
 
-def epoch_batches(batcher: Batcher, order: str, batch_size: int, generator: torch.Generator,
-                  limit: int | None) -> Iterator[Batch]:
+class DateRuns:
+    """Where each date's samples sit in a split's sample index (sorted by date), on the host."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        dates = batcher.index[:, 0].cpu()
+        self.counts = torch.unique_consecutive(dates, return_counts=True)[1]
+        self.starts = torch.cumsum(self.counts, 0) - self.counts
+
+    @property
+    def largest(self) -> int:
+        """Rows of the split's largest date (the smallest micro-batch an IC loss can use)."""
+        return int(self.counts.max()) if len(self.counts) else 1
+
+
+def epoch_rows(batcher: Batcher, order: str, batch_size: int, generator: torch.Generator,
+               limit: int | None, runs: DateRuns | None = None) -> Iterator[Rows]:
+    """The epoch's batches as rows: a random order of samples, or whole dates in a random order."""
     if order == "random":
-        return batcher.random_batches(batch_size, generator, limit)
-    return batcher.cross_section_batches(dates_per_batch(batcher, batch_size), generator, limit)
+        return _random_rows(batcher, batch_size, generator, limit)
+    return _cross_section_rows(batcher, runs or DateRuns(batcher), dates_per_batch(batcher, batch_size),
+                               generator, limit)
+
+
+def _random_rows(batcher: Batcher, batch_size: int, generator: torch.Generator, limit: int | None) -> Iterator[Rows]:
+    cap = batcher.n_samples if limit is None else min(limit, batcher.n_samples)
+    order = torch.randperm(batcher.n_samples, generator=generator, device=generator.device)[:cap]
+    order = order.to(batcher.index.device)  # once per epoch; each batch is then sliced where the index lives
+    for start in range(0, cap, batch_size):
+        yield Rows(batcher.index[order[start:start + batch_size]])
+
+
+def _cross_section_rows(batcher: Batcher, runs: DateRuns, per_batch: int, generator: torch.Generator,
+                        limit: int | None) -> Iterator[Rows]:
+    """All samples of ``per_batch`` dates per batch, assets ascending within a date; ``limit``
+    stops before the date that would exceed it (at least one date is served). The rows are
+    laid out on the host once per epoch, so no batch waits on the device."""
+    perm = torch.randperm(len(runs.counts), generator=generator, device=generator.device).cpu()
+    counts = runs.counts[perm]
+    if limit is not None:
+        perm = perm[: max(int((torch.cumsum(counts, 0) <= limit).sum()), 1)]
+        counts = counts[: len(perm)]
+    ends = torch.cumsum(counts, 0)
+    total = int(ends[-1]) if len(ends) else 0
+    rows = torch.repeat_interleave(runs.starts[perm] - (ends - counts), counts) + torch.arange(total)
+    rows = rows.to(batcher.index.device)
+    sizes, bounds = counts.tolist(), [0] + ends.tolist()
+    for first in range(0, len(sizes), per_batch):
+        last = min(first + per_batch, len(sizes))
+        yield Rows(batcher.index[rows[bounds[first]:bounds[last]]], sizes[first:last])

@@ -1,13 +1,24 @@
-"""One optimizer step's forward and backward: the loss, and the split of a batch into
-micro-batches whose weighted losses add up to the whole batch's loss."""
+"""One optimizer step, with no host sync: the split of a batch's rows into micro-batches
+whose weighted losses add up to the whole batch's loss, forward and backward of each,
+then unscale, clip and update unless the loss or a gradient is non-finite.
+
+Nothing here reads a value back from the device: whether a step was non-finite stays a
+device-side flag that the optimizer itself obeys, and the loop reads the step's loss and
+flag later, many steps at a time (see ``loop.SYNC_EVERY``).
+"""
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
 
 from sweeper.core.precision import Precision
+from sweeper.core.schedule import Rows
 from sweeper.data import Batch
 from sweeper.quant import ic as M
+
+Gather = Callable[[torch.Tensor], Batch]  # sample pairs [B, 2] -> the batch on the training device
 
 
 def compute_loss(loss_name: str, pred: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -17,37 +28,103 @@ def compute_loss(loss_name: str, pred: torch.Tensor, batch: Batch) -> torch.Tens
     return M.ic_loss(pred, batch.y, batch.t)
 
 
-def micro_batches(batch: Batch, micro: int, loss_name: str) -> list[tuple[Batch, float]]:
+def split_rows(rows: Rows, micro: int, loss_name: str) -> list[tuple[torch.Tensor, float]]:
     """Split a batch into micro-batches of at most ``micro`` rows, each with the weight that
-    makes the sum of their losses equal the loss of the whole batch."""
-    n = len(batch.y)
+    makes the sum of their losses equal the loss of the whole batch.
+
+    The IC loss averages over dates, so its micro-batches hold whole dates (a date larger
+    than ``micro`` is one micro-batch of its own) weighted by the share of the dates
+    ``ic_loss`` counts. A cross-sectional batch brings its date counts from the host; a
+    random-order batch is grouped by date here, which reads the counts back (one sync,
+    only when an IC batch is split)."""
+    idx = rows.idx
+    n = len(idx)
     if micro >= n:
-        return [(batch, 1.0)]
+        return [(idx, 1.0)]
     if loss_name == "mse":  # mean over rows: weight = share of rows
-        return [(Batch(*(v[s:s + micro] for v in batch)), min(micro, n - s) / n) for s in range(0, n, micro)]
-    # ic: mean over dates; whole dates per micro-batch, weight = share of the dates ic_loss averages
-    batch = Batch(*(v[torch.argsort(batch.t, stable=True)] for v in batch))
-    counts = torch.unique_consecutive(batch.t, return_counts=True)[1].tolist()
-    usable = sum(c >= 2 for c in counts) or 1
-    parts, start, rows, dates = [], 0, 0, 0
+        return [(idx[s:s + micro], min(micro, n - s) / n) for s in range(0, n, micro)]
+    counts = rows.date_counts
+    if counts is None:
+        idx = idx[torch.argsort(idx[:, 0], stable=True)]
+        counts = torch.unique_consecutive(idx[:, 0], return_counts=True)[1].tolist()
+    usable = sum(c >= 2 for c in counts) or 1  # ic_loss skips dates of one row
+    parts, start, size, dates = [], 0, 0, 0
     for c in counts + [None]:
-        if c is None or (rows and rows + c > micro):
+        if c is None or (size and size + c > micro):
             if dates:
-                parts.append((Batch(*(v[start:start + rows] for v in batch)), dates / usable))
-            start, rows, dates = start + rows, 0, 0
+                parts.append((idx[start:start + size], dates / usable))
+            start, size, dates = start + size, 0, 0
         if c is not None:
-            rows, dates = rows + c, dates + (c >= 2)
+            size, dates = size + c, dates + (c >= 2)
     return parts
 
 
-def accumulate(model: nn.Module, batch: Batch, micro: int, loss_name: str, precision: Precision,
+def accumulate(model: nn.Module, gather: Gather, rows: Rows, micro: int, loss_name: str, precision: Precision,
                scaler: torch.amp.GradScaler) -> torch.Tensor:
-    """Forward and backward every micro-batch; returns the (detached) loss of the whole batch."""
-    total = torch.zeros((), device=batch.y.device)
-    for part, weight in micro_batches(batch, micro, loss_name):
+    """Gather, forward and backward every micro-batch; returns the (detached) loss of the whole batch."""
+    total = None
+    for part, weight in split_rows(rows, micro, loss_name):
+        batch = gather(part)  # per micro-batch: a smaller micro-batch gathers less too
         with precision.autocast():
-            pred = model(part.x)
-        loss = compute_loss(loss_name, pred, part) * weight
+            pred = model(batch.x)
+        loss = compute_loss(loss_name, pred, batch)
+        if weight != 1.0:
+            loss = loss * weight
         scaler.scale(loss).backward()
-        total += loss.detach()
+        total = loss.detach() if total is None else total + loss.detach()
+        del batch, pred, loss  # the next micro-batch's gather must not find this one's still alive
+    assert total is not None, "a batch has at least one row"
     return total
+
+
+def finish_step(params: list[nn.Parameter], optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                loss: torch.Tensor, grad_clip: float | None) -> torch.Tensor:
+    """Unscale, clip, and update unless the loss or the gradient norm is non-finite.
+
+    Returns the step's skip flag, a float32 device scalar: 1.0 when no update was made.
+    With fp16 the gradients are unscaled first, so a non-finite norm is the same test the
+    GradScaler makes (an inf or NaN gradient): its skipped steps are non-finite steps
+    like any other."""
+    scaler.unscale_(optimizer)  # a no-op unless fp16
+    try:
+        if grad_clip:
+            norm = nn.utils.clip_grad_norm_(params, grad_clip)
+        else:
+            norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        # (loss + norm) x 0 is 0 when both are finite and NaN otherwise: three small kernels, no read
+        skipped = torch.add(loss, norm).mul_(0).nan_to_num_(nan=1.0, posinf=1.0, neginf=1.0).to(torch.float32)
+        update_unless(optimizer, skipped)
+    finally:
+        # closes the scaler's iteration even when the update ran out of memory, so that the
+        # step can be redone; fp16: lowers the scale after an overflow, as scaler.step would
+        scaler.update()
+    return skipped
+
+
+def update_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """``optimizer.step()`` unless the device flag ``skip`` (float32 1.0) is set, without reading it.
+
+    torch's fused AdamW skips a step on the device when its ``found_inf`` is set (steps,
+    moments and weights untouched): the GradScaler hands it the flag through the
+    ``found_inf`` / ``grad_scale`` attributes, and so do we. Other optimizers read the
+    flag on the host (a sync per step). The groups decide, not the defaults: a state loaded
+    from an older checkpoint brings its groups' ``fused`` setting with it."""
+    if not all(group.get("fused") for group in optimizer.param_groups):
+        if not bool(skip):
+            optimizer.step()
+        return
+    optimizer.grad_scale = None  # gradients are already unscaled
+    optimizer.found_inf = skip
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
+
+
+def train_step(model: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler, precision: Precision, gather: Gather, rows: Rows, micro: int,
+               loss_name: str, grad_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over ``rows``: (the batch's loss, the skip flag), both on the device."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = accumulate(model, gather, rows, micro, loss_name, precision, scaler)
+    return loss, finish_step(params, optimizer, scaler, loss, grad_clip)

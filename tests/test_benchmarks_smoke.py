@@ -1,0 +1,52 @@
+"""The benchmark scripts run end to end on the CPU and end with their JSON line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *args: str, timeout: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_core_overhead_smoke():
+    out = _run("core_overhead.py", "--smoke", timeout=120)
+    assert {"core_samples_per_s", "plain_samples_per_s", "ratio"} <= set(out)
+    assert (out["model"], out["repeats"], out["epochs_counted"]) == ("mlp", 1, 1)
+    assert out["core_samples_per_s"] > 0 and out["plain_samples_per_s"] > 0
+    assert out["ratio"] == round(out["core_samples_per_s"] / out["plain_samples_per_s"], 3)
+
+
+@pytest.mark.slow
+def test_gpu_check_cpu_smoke_runs_every_section():
+    out = _run("gpu_check.py", "--cpu-smoke", timeout=300)
+    assert (out["cuda"], out["cpu_smoke"], out["ok"]) == (False, True, True)
+    runs = out["throughput"]["runs"]
+    assert [(r["model"], r["precision"]) for r in runs] == [("mlp", "fp32"), ("mlp", "bf16"),
+                                                              ("lstm", "fp32"), ("lstm", "bf16")]
+    assert out["throughput"]["auto_precision"] == "fp32"
+    # the stand-in memory: 90 % of 1 MB at 2 kB per row
+    assert out["probe"]["micro_batch"] == 450 and out["probe"]["tried"][:4] == [64, 128, 256, 512]
+    assert [s["size"] for s in out["probe"]["scan"]] == [64, 128, 256, 450, 512]
+    assert out["oom"] == {**out["oom"], "batch_size": 256, "micro_batch_size": 128, "accum_steps": 2,
+                          "recovered": True}
+    packing = out["packing"]
+    for per_gpu in ("auto", 1):
+        row = packing[f"per_gpu_{per_gpu}"]
+        assert (row["trials_per_gpu"], row["finished"], row["failed"]) == (per_gpu, 4, 0)
+        assert row["median_peak_mem_mb"] == 1200.0  # what the fake GPU's trials report
+        assert row["gpu_util"]["samples"] == 0  # no NVML behind a fake GPU
+    assert packing["per_gpu_auto"]["median_allotted_mb"] in (1200.0, 1500.0, 3600.0)  # packing stamps it
+    assert packing["per_gpu_1"]["median_allotted_mb"] is None
+    assert packing["trials_per_hour_ratio"] > 0
