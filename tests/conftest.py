@@ -35,6 +35,8 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     monkeypatch.delenv("SWEEPER_FAKE_GPUS", raising=False)
     monkeypatch.delenv("SWEEPER_FAKE_BUSY", raising=False)
+    monkeypatch.delenv("SWEEPER_FAKE_GPU_MEMORY_MB", raising=False)
+    monkeypatch.delenv("SWEEPER_FAKE_TRIAL_MEMORY_MB", raising=False)
     return tmp_path
 
 

@@ -22,6 +22,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch):
     """``fakes(4, busy="1,3")`` sets the fake-GPU environment; 8 cores for predictable threads."""
     monkeypatch.setattr(devices, "cpu_count", lambda: 8)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("SWEEPER_FAKE_GPU_MEMORY_MB", raising=False)
 
     def set_fakes(n: int, busy: str = "") -> None:
         monkeypatch.setenv("SWEEPER_FAKE_GPUS", str(n))
@@ -76,6 +77,25 @@ def test_trials_per_gpu(fakes) -> None:
     assert [s.id for s in slots] == list(range(6))
     assert [s.env["CUDA_VISIBLE_DEVICES"][-1] for s in slots] == list("000111")
     assert {s.threads for s in slots} == {1}  # 8 cores // 6 slots
+
+
+def test_trials_per_gpu_auto_plans_the_most_packing_may_run(fakes) -> None:
+    fakes(2)
+    slots = plan_slots(DevicesConfig(trials_per_gpu="auto"))  # 8 per GPU unless max_trials_per_gpu says
+    assert [s.label for s in slots] == [f"gpu{g}#{k}" for g in range(2) for k in range(8)]
+    assert {s.threads for s in slots} == {1} and [s.id for s in slots] == list(range(16))
+    capped = plan_slots(DevicesConfig(trials_per_gpu="auto", max_trials_per_gpu=2))
+    assert [s.label for s in capped] == ["gpu0#0", "gpu0#1", "gpu1#0", "gpu1#1"]
+    assert {s.threads for s in capped} == {2}  # 8 cores // 4 slots
+
+
+def test_fake_gpu_memory(fakes, monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes(2, busy="1")
+    monkeypatch.setenv("SWEEPER_FAKE_GPU_MEMORY_MB", "4000")
+    assert [(g.total_mb, g.used_mb, g.free_mb) for g in list_gpus()] == [(4000, 0, 4000), (4000, 4000, 0)]
+    monkeypatch.setenv("SWEEPER_FAKE_GPU_MEMORY_MB", "4 GB")
+    with pytest.raises(DeviceError, match="SWEEPER_FAKE_GPU_MEMORY_MB: expected a whole number >= 0, got '4 GB'"):
+        list_gpus()
 
 
 def test_select_by_index_and_uuid(fakes) -> None:

@@ -5,8 +5,9 @@ Everything here reads NVML (``nvidia-ml-py``) and never touches ``torch.cuda``: 
 driver process must not hold a CUDA context (it would pin memory on every GPU and
 make forked workers unusable). Without the NVIDIA driver, :func:`list_gpus` is empty.
 
-Testing without GPUs: ``SWEEPER_FAKE_GPUS=N`` reports N fake 80 GB GPUs and
-``SWEEPER_FAKE_BUSY=1,3`` marks those fake indices as used by another process.
+Testing without GPUs: ``SWEEPER_FAKE_GPUS=N`` reports N fake 80 GB GPUs,
+``SWEEPER_FAKE_BUSY=1,3`` marks those fake indices as used by another process, and
+``SWEEPER_FAKE_GPU_MEMORY_MB`` sets each fake GPU's size (packing tests).
 """
 import os
 import platform
@@ -19,6 +20,7 @@ from sweeper.errors import DeviceError
 FAKE_GPUS_ENV = "SWEEPER_FAKE_GPUS"
 FAKE_BUSY_ENV = "SWEEPER_FAKE_BUSY"
 FAKE_SLOT_ENV = "SWEEPER_FAKE_GPU_SLOT"
+FAKE_MEMORY_ENV = "SWEEPER_FAKE_GPU_MEMORY_MB"
 FAKE_TOTAL_MB = 81920
 FAKE_BUSY_PID = 999_999  # "someone else": never a pid of ours in tests
 FAKE_BUSY_MB = 30_000
@@ -140,20 +142,24 @@ def _fake_gpus() -> list[GPU]:
     count = _env_int(FAKE_GPUS_ENV, os.environ[FAKE_GPUS_ENV])
     raw_busy = [part for part in os.environ.get(FAKE_BUSY_ENV, "").split(",") if part.strip()]
     busy = {_env_int(FAKE_BUSY_ENV, part) for part in raw_busy}
-    return [_fake_gpu(k, k in busy) for k in range(count)]
+    raw_total = os.environ.get(FAKE_MEMORY_ENV, "").strip()
+    total = _env_int(FAKE_MEMORY_ENV, raw_total) if raw_total else FAKE_TOTAL_MB
+    return [_fake_gpu(k, k in busy, total) for k in range(count)]
 
 
-def _fake_gpu(index: int, busy: bool) -> GPU:
-    used = FAKE_BUSY_MB if busy else 0
+def _fake_gpu(index: int, busy: bool, total: int = FAKE_TOTAL_MB) -> GPU:
+    # a fake GPU's memory is not used by the trials on it (they train on the CPU): packing
+    # counts them by the peaks they report (SWEEPER_FAKE_TRIAL_MEMORY_MB)
+    used = min(FAKE_BUSY_MB, total) if busy else 0
     return GPU(
         index=index,
         uuid=f"GPU-00000000-0000-4000-8000-{index:012d}",
         name="Fake GPU",
-        total_mb=FAKE_TOTAL_MB,
-        free_mb=FAKE_TOTAL_MB - used,
+        total_mb=total,
+        free_mb=total - used,
         used_mb=used,
         util=100 if busy else 0,
-        processes=[{"pid": FAKE_BUSY_PID, "used_mb": FAKE_BUSY_MB}] if busy else [],
+        processes=[{"pid": FAKE_BUSY_PID, "used_mb": used}] if busy else [],
         bf16=True,
         capability=(9, 0),
         fake=True,

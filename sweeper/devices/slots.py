@@ -7,6 +7,10 @@ between slots so concurrent trials don't oversubscribe.
 
 Fake GPU slots (``SWEEPER_FAKE_GPUS``) get the same env as real ones plus
 ``SWEEPER_FAKE_GPU_SLOT=1``, which tells the worker to train on the CPU.
+
+With ``trials_per_gpu: auto`` each GPU gets ``max_trials_per_gpu`` slots (8 unless set):
+the most trials packing may run on it at once. The driver starts their workers as
+packing needs them (:mod:`sweeper.devices.packing`).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from sweeper.config import DevicesConfig
 from sweeper.devices.nvml import FAKE_SLOT_ENV, GPU, NvmlProbe, probe
 from sweeper.errors import DeviceError
 
+AUTO_MAX_TRIALS_PER_GPU = 8  # trials_per_gpu: auto without max_trials_per_gpu
 
 @dataclass
 class Slot:
@@ -27,8 +32,6 @@ class Slot:
     env: dict[str, str]
     threads: int
     label: str
-
-
 
 
 def plan_slots(cfg: DevicesConfig) -> list[Slot]:
@@ -53,7 +56,15 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
         chosen = _select(found, cfg.gpus)
     if cfg.skip_busy:
         chosen = _skip_busy(chosen, cfg.busy_memory_mb)
-    return gpu_slots(chosen, cfg.trials_per_gpu)
+    return gpu_slots(chosen, slots_per_gpu(cfg))
+
+
+def slots_per_gpu(cfg: DevicesConfig) -> int:
+    """Worker slots per GPU: ``trials_per_gpu``, or with ``auto`` the most trials packing may
+    run on one GPU at once."""
+    if cfg.trials_per_gpu == "auto":
+        return cfg.max_trials_per_gpu or AUTO_MAX_TRIALS_PER_GPU
+    return int(cfg.trials_per_gpu)
 
 
 def gpu_slots(gpus: list[GPU], trials_per_gpu: int) -> list[Slot]:

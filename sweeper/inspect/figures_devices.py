@@ -91,15 +91,26 @@ def timeline_figure(data: StudyData) -> go.Figure:
             continue
         traces.append(go.Bar(
             y=[r[0] for r in rows], base=[r[1].isoformat() for r in rows],
-            x=[(r[2] - r[1]).total_seconds() * 1000 for r in rows], customdata=[r[3].number for r in rows],
+            x=[(r[2] - r[1]).total_seconds() * 1000 for r in rows],
+            customdata=[[r[3].number, _sharing(r[3])] for r in rows],
             orientation="h", name=state.name.lower(), marker_color=STATE_COLORS.get(state.name),
-            hovertemplate="trial %{customdata}<br>%{base} for %{x:.0f} ms<extra></extra>"))
+            hovertemplate="trial %{customdata[0]}<br>%{base} for %{x:.0f} ms%{customdata[1]}<extra></extra>"))
     fig = go.Figure(traces)
     frac = use["fraction"]
     title = f"{use['slots']} slots, utilisation {frac:.1%}" if frac is not None else "no trial has started on a slot"
     fig.update_layout(**LAYOUT, title=title, barmode="overlay", xaxis={"type": "date", "title": "time"},
                       yaxis={"title": "slot", "categoryorder": "category descending"}, meta={"utilisation": use})
     return fig
+
+
+def _sharing(t: FrozenTrial) -> str:
+    """A packed trial's GPU (trials_per_gpu: auto): the trials beside it, its allotment and peak."""
+    ua = t.user_attrs
+    if ua.get("gpu_mem_allotted_mb") is None:
+        return ""
+    peak = ua.get("peak_mem_mb")
+    return (f"<br>GPU shared with {ua.get('gpu_shared_with', 0)} other trial(s); allotted "
+            f"{ua['gpu_mem_allotted_mb']:.0f} MB, peak {'?' if peak is None else f'{peak:.0f}'} MB")
 
 
 def telemetry_figure(path: Path) -> go.Figure | None:

@@ -6,6 +6,10 @@ As in Optuna's ``_optimize``: :func:`sweeper.sweep.run.run` (set-up and cleanup
 in ``finally``) -> :meth:`Driver.loop` (slots, events, signals) ->
 :meth:`Driver.dispatch` (one trial). The view is fed by the events the loop
 handles; it never reads the study itself.
+
+With ``devices.trials_per_gpu: auto`` a :class:`~sweeper.sweep.packer.Packer` decides
+instead when a GPU takes another trial, and with how much memory
+(:meth:`Driver._dispatch_packed`).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from sweeper.sweep import protocol
 from sweeper.sweep.claim import claim
 from sweeper.sweep.handle import Running, WorkerHandle
 from sweeper.sweep.identity import Identity
+from sweeper.sweep.packer import Held, Packer, first_per_gpu, workers_by_gpu
 
 MAX_EARLY_EXITS = 3
 CLOSE_WAIT_S = 10.0  # how long shutdown waits for workers to finish their step and exit
@@ -116,18 +121,26 @@ class Driver:
         self.message = ""
         self.broken = False
         self.warnings = Warnings(view)
+        gpus = {s.gpu.uuid: s.gpu for s in slots if s.kind == "gpu"}
+        self.packer = Packer(cfg.devices, gpus.values(), study) if cfg.devices.trials_per_gpu == "auto" and gpus \
+            else None
+        self.held: Held | None = None  # packing: a claimed trial waiting for room on a GPU
 
     # layer 2: the loop
     def loop(self) -> None:
-        for w in self.workers:
-            self._spawn(w)
+        for w in self.workers if self.packer is None else first_per_gpu(self.workers):
+            self._spawn(w)  # packing starts the others as room for more trials shows up
         while True:
             if self.stop.count >= 2:
                 self._kill_all()
                 return
             if self.stop.count == 1:
                 self._drain()
-            elif not self._stopping() and self._claim_due():
+            elif self._stopping():
+                self._drop_held("the sweep stopped before it could start")
+            elif self.packer is not None:
+                self._dispatch_packed()
+            elif self._claim_due():
                 for w in self.workers:
                     if w.ready and w.running is None and not self.dispatch(w):
                         break
@@ -159,6 +172,13 @@ class Driver:
             return False  # Ctrl-C came while waiting for the lock or the store: the loop drains next
 
     def _dispatch(self, w: WorkerHandle) -> bool:
+        trial = self._claim()
+        if trial is None:
+            return False
+        self._start(w, private.trial_id(trial), trial.number, trial.params)
+        return True
+
+    def _claim(self) -> optuna.Trial | None:
         trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen)
         if trial is None:
             foreign = self._foreign_running()
@@ -167,25 +187,64 @@ class Driver:
                 # need re-running, so look again instead of leaving
                 self.waiting_on = foreign
                 self.next_claim = time.monotonic() + self.cfg.study.heartbeat_interval
-                return False
+                return None
             self.waiting_on = set()
             self.exhausted = True
             if not any(x.running for x in self.workers):
                 self.message = self.message or (
                     f"budget reached: study.n_trials={self.cfg.study.n_trials} trials are finished "
                     f"(counted across every host); nothing left for {self.ident.host} to run")
-            return False
+            return None
         self.waiting_on = set()
-        trial_id = private.trial_id(trial)
-        w.running = Running(number=trial.number, trial_id=trial_id, started=time.monotonic())
-        w.send({"op": protocol.RUN, "trial_id": trial_id, "number": trial.number})
-        self.view.trial_started(w.slot, trial.number, trial.params)
-        return True
+        return trial
+
+    def _start(self, w: WorkerHandle, trial_id: int, number: int, params: dict[str, Any], **run: Any) -> None:
+        w.running = Running(number=number, trial_id=trial_id, started=time.monotonic())
+        w.send({"op": protocol.RUN, "trial_id": trial_id, "number": number, **run})
+        self.view.trial_started(w.slot, number, params)
+
+    def _dispatch_packed(self) -> None:
+        """trials_per_gpu: auto. Claim a trial only while some GPU has room for one, start it
+        where it fits with its allotment, and start another worker where room waits for one."""
+        try:
+            self.packer.keep({w.running.number for w in self.workers if w.running is not None})
+            while self.held is not None or self._claim_due():
+                idle, spare = workers_by_gpu(self.workers)
+                if self.held is None and self.packer.gate(idle) is None:
+                    return self._spawn_on(spare, self.packer.gate(spare))
+                if self.held is None:
+                    trial = self._claim()
+                    if trial is None:
+                        return
+                    self.held = self.packer.hold(trial)
+                placement = self.packer.place(self.held, idle)
+                if placement is None:
+                    self.packer.beat(self.held, self.cfg.study.heartbeat_interval)
+                    spot = self.packer.place(self.held, spare)
+                    return self._spawn_on(spare, spot and spot.gpu)
+                held, self.held = self.held, None
+                self.packer.start(held, placement)
+                self._start(idle[placement.gpu], held.trial_id, held.number, held.params,
+                            memory_limit_mb=placement.allotted_mb)
+        except StopRequested:
+            return  # Ctrl-C came while waiting for the lock or the store: the loop drains next
+
+    def _spawn_on(self, spare: dict[str, WorkerHandle], gpu: str | None) -> None:
+        if gpu is not None:
+            self._spawn(spare[gpu])
+
+    def _drop_held(self, why: str) -> None:
+        """FAIL a held trial as interrupted (a retry runs it); the loop is leaving."""
+        held, self.held = self.held, None
+        if held is not None:
+            self._fail(Running(held.number, held.trial_id, time.monotonic()), "interrupted", why)
 
     def _seen(self, trials: list[FrozenTrial]) -> None:
         """The study as the last claim read it: the view's progress, with no query of its own."""
         maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
         self.view.progress(sum(t.state in FINISHED for t in trials), best_in(trials, maximize))
+        if self.packer is not None:
+            self.packer.learn(trials)
 
     def _claim_due(self) -> bool:
         """Claim on schedule, or at once when a trial this driver waits on has ended
@@ -233,7 +292,12 @@ class Driver:
         elif kind == protocol.EPOCH and run:
             run.epoch, run.metrics = ev["epoch"], ev["metrics"]
             self.view.epoch(w.slot, ev["number"], ev["epoch"], ev["metrics"])
+            self._measured(run.number, ev["metrics"].get("peak_mem_mb"))
+        elif kind == protocol.MEMORY and run:
+            self._measured(run.number, ev.get("peak_mb"))
         elif kind == protocol.END and run and ev.get("number") == run.number:
+            if self.packer is not None:
+                self.packer.ended(run.number, ev["state"], ev.get("metrics") or {})
             # (an END read after the driver killed the trial is stale: the trial is failed already)
             failed = ev["state"] == "FAIL" or ev.get("reason") == "config"  # config: PRUNED for TPE's sake
             self.failures_in_row = self.failures_in_row + 1 if failed else 0
@@ -241,6 +305,10 @@ class Driver:
             w.running = None
             w.ready = ev["state"] != "FAIL"  # after a failure the worker exits; its replacement comes on EOF
             self.exhausted = False  # a failure frees budget; the next claim re-counts
+
+    def _measured(self, number: int, peak_mb: Any) -> None:
+        if self.packer is not None:
+            self.packer.measured(number, peak_mb)
 
     def _worker_exited(self, w: WorkerHandle) -> None:
         self.sel.unregister(w.proc.stdout)
@@ -310,6 +378,7 @@ class Driver:
         w.running, w.ready = None, False  # the EOF that follows respawns the slot
 
     def _drain(self) -> None:
+        self._drop_held("stopped (Ctrl-C or SIGTERM) before it could start")
         for w in self.workers:
             if not w.stop_sent:
                 w.send({"op": protocol.STOP})

@@ -61,7 +61,14 @@ class WorkerHandle:
         self._decoder = protocol.LineDecoder(self._malformed)
         self.send({"op": protocol.INIT, **self.init, "slot": {"id": self.slot.id, "label": self.slot.label}})
 
+    @property
+    def started(self) -> bool:
+        """Whether its process was ever started: a packing driver starts some only when needed."""
+        return self.proc is not None
+
     def send(self, msg: dict[str, Any]) -> None:
+        if self.proc is None:
+            return  # never started: nothing to tell
         try:
             self.proc.stdin.write(protocol.encode(msg))
             self.proc.stdin.flush()

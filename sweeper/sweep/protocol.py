@@ -2,7 +2,8 @@
 
 Driver -> worker (the worker's stdin), one object per line with an ``op``:
 ``init`` (config, storage, study, run_dir, artifacts, driver, slot), ``run``
-(trial_id, number) and ``stop``.
+(trial_id, number; with ``trials_per_gpu: auto`` also memory_limit_mb, the trial's
+allotment of its GPU in MB) and ``stop``.
 
 Worker -> driver (a private copy of the worker's stdout; the stdout file
 descriptor itself is pointed at the slot log so that a stray print cannot
@@ -11,8 +12,10 @@ threads), ``start`` (number, params), ``progress`` (number, steps: training
 steps so far; sent at most every few seconds while steps or evaluation batches
 go on, for the driver's stall watchdog), ``epoch`` (number, epoch, metrics),
 ``warn`` (text: one line about something that went wrong without ending the
-trial, such as a failed heartbeat or artifact upload) and ``end`` (number,
-state, value, reason, metrics).
+trial, such as a failed heartbeat or artifact upload), ``memory`` (number,
+peak_mb: the device memory the trial was measured to need, sent when its batch
+probe has measured it, for packing trials on a GPU) and ``end`` (number, state,
+value, reason, metrics).
 
 Both sides import this module, and only this one, to speak to each other.
 """
@@ -26,7 +29,7 @@ from typing import Any, Callable, TextIO
 # ops (driver -> worker)
 INIT, RUN, STOP = "init", "run", "stop"
 # events (worker -> driver)
-READY, START, PROGRESS, EPOCH, WARN, END = "ready", "start", "progress", "epoch", "warn", "end"
+READY, START, PROGRESS, EPOCH, WARN, MEMORY, END = "ready", "start", "progress", "epoch", "warn", "memory", "end"
 
 _channel: TextIO | None = None  # None: sys.stdout as it is at the time of writing
 _lock = threading.Lock()  # the heartbeat thread warns while the training thread reports

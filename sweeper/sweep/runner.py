@@ -23,9 +23,9 @@ import yaml
 from optuna.trial import TrialState
 
 from sweeper import config as C
-from sweeper.atomic import atomic_path
+from sweeper.atomic import atomic_path, write_text
 from sweeper.core.checkpoint import FileCheckpointer, checkpoint_meta, config_mismatch, copy_checkpoint
-from sweeper.errors import ConfigError, Interrupted, SweeperError, TrialFailure
+from sweeper.errors import ConfigError, Interrupted, OutOfMemory, SweeperError, TrialFailure
 from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
@@ -33,6 +33,8 @@ from sweeper.sweep import protocol
 from sweeper.sweep.heartbeat import Heartbeat
 from sweeper.sweep.samplers import build_pruner
 from sweeper.sweep.trial_hook import OptunaHook, copy_csv_upto, progress_interval
+
+FAKE_TRIAL_MEMORY_ENV = "SWEEPER_FAKE_TRIAL_MEMORY_MB"  # the peak a trial on a fake GPU reports
 
 
 class TrialRunner:
@@ -52,6 +54,7 @@ class TrialRunner:
                                        pruner=build_pruner(self.cfg.study.pruner))
         self.artifacts = artifact_store(init["artifacts"])
         self._panels: dict[str, Any] = {}
+        self.memory_limit_mb: float | None = None  # the running trial's allotment of a shared GPU
 
     def panel(self, cfg: C.SweeperConfig) -> Any:
         from sweeper.data import load_panel
@@ -62,9 +65,13 @@ class TrialRunner:
             self._panels[key] = load_panel(cfg.data)
         return self._panels[key]
 
-    def run(self, trial_id: int, number: int) -> bool:
-        """Train one trial to a finished state; False when the worker must be replaced."""
+    def run(self, trial_id: int, number: int, *, memory_limit_mb: float | None = None) -> bool:
+        """Train one trial to a finished state; False when the worker must be replaced.
+
+        ``memory_limit_mb``: the trial's allotment of a GPU it shares (``trials_per_gpu: auto``),
+        which its batch probe plans within."""
         started = time.monotonic()  # train.max_minutes counts from here, loading the data included
+        self.memory_limit_mb = memory_limit_mb
         files = trial_files(self.run_dir, number)
         files.folder.mkdir(parents=True, exist_ok=True)
         trial = optuna.Trial(self.study, trial_id)
@@ -72,7 +79,7 @@ class TrialRunner:
         log = _TrialLog(files.log)
         warn = _warner(number, log)
         with Heartbeat(self.storage, trial_id, self.cfg.study.heartbeat_interval, warn=warn):
-            self._stamp(trial)
+            self._stamp(trial, memory_limit_mb)
             protocol.emit(protocol.START, number=number, params=frozen.params)
             try:
                 state, value, attrs = self._train(trial, frozen, files, log, started)
@@ -81,9 +88,11 @@ class TrialRunner:
             except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
                 state, value, attrs = _failed(exc, log)
             # still beating: recording results must not look like a dead host to the others
-            return self._finish(trial, number, state, value, attrs, files, warn)
+            ok = self._finish(trial, number, state, value, attrs, files, warn)
+        _release_device_memory()
+        return ok
 
-    def _stamp(self, trial: optuna.Trial) -> None:
+    def _stamp(self, trial: optuna.Trial, memory_limit_mb: float | None) -> None:
         # host, driver_id and driver_pid were written by the driver's claim, under its lock
         attrs = {
             "device": self.slot["label"],
@@ -92,6 +101,8 @@ class TrialRunner:
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
         }
+        if memory_limit_mb is not None:  # packed on a GPU (the driver writes gpu_shared_with)
+            attrs["gpu_mem_allotted_mb"] = memory_limit_mb
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
 
@@ -103,16 +114,22 @@ class TrialRunner:
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
         files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
         self._adopt_checkpoint(trial, frozen, cfg, files, log)
+        fake_peak = _fake_trial_peak(self.memory_limit_mb)
         hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop,
-                          progress_interval(self.cfg.study.stall_timeout))
+                          progress_interval(self.cfg.study.stall_timeout), fake_peak_mb=fake_peak)
         panel = self.panel(cfg)
         hook.tick()  # the data is loaded: progress, for the stall watchdog
+        if fake_peak is not None:
+            hook.on_probe(fake_peak)  # as a real probe would, before the first epoch
         checkpoint = FileCheckpointer(files.checkpoint)  # holds its epoch: a retry replays up to it
-        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log, started=started)
-        _write_results(files, result)
+        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log, started=started,
+                       memory_limit_mb=self.memory_limit_mb)
+        _write_results(files, result, panel)
         state = TrialState.PRUNED if hook.pruned else TrialState.COMPLETE
         value = result.metrics.get(self.cfg.study.metric)
         attrs = {**result.metrics, "stop_reason": result.stop_reason}
+        if fake_peak is not None:
+            attrs["peak_mem_mb"] = fake_peak
         if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
             return TrialState.FAIL, None, {**attrs, "fail_reason": "nan",
                                            "error": f"{self.cfg.study.metric} is not finite"}
@@ -188,9 +205,11 @@ class TrialRunner:
             warn(f"artifact upload failed for {', '.join(failed)} ({first}); the files stay in {files.folder}")
 
 
-def _write_results(files: TrialFiles, result: Any) -> None:
+def _write_results(files: TrialFiles, result: Any, panel: Any) -> None:
     with atomic_path(files.weights) as tmp:
         torch.save(result.best_state, tmp)
+    if panel.norm_stats is not None:  # new data (predict --data) is normalised with these train statistics
+        write_text(files.norm_stats, json.dumps(panel.norm_stats))
     for split, frame in result.daily.items():
         frame.to_csv(files.daily_ic(split), index=False)
 
@@ -237,6 +256,26 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _fake_trial_peak(memory_limit_mb: float | None) -> float | None:
+    """On a fake GPU with SWEEPER_FAKE_TRIAL_MEMORY_MB set: the peak the trial reports, after
+    an OOM like a real probe's when that is more than its allotment. None elsewhere."""
+    raw = os.environ.get(FAKE_TRIAL_MEMORY_ENV, "").strip()
+    if not (raw and os.environ.get("SWEEPER_FAKE_GPU_SLOT")):
+        return None
+    peak = float(raw)
+    if memory_limit_mb is not None and peak > memory_limit_mb:
+        raise OutOfMemory(f"fake GPU: the trial needs {peak:g} MB and was allotted {memory_limit_mb:g} MB "
+                          f"({FAKE_TRIAL_MEMORY_ENV})")
+    return peak
+
+
+def _release_device_memory() -> None:
+    """Hand the allocator's cached blocks back after a trial: an idle worker must not hold
+    memory that trials packed on its GPU need."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _pick_device() -> torch.device:

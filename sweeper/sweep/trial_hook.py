@@ -28,14 +28,25 @@ class OptunaHook:
     """Reports the objective each epoch, prunes, logs metrics.csv, and tells the driver."""
 
     def __init__(self, trial: optuna.Trial, metric: str, number: int, metrics_csv: Path,
-                 stop: threading.Event, progress_every: float = PROGRESS_EVERY_S) -> None:
+                 stop: threading.Event, progress_every: float = PROGRESS_EVERY_S,
+                 fake_peak_mb: float | None = None) -> None:
         self.trial, self.metric, self.number, self.metrics_csv, self.stop = trial, metric, number, metrics_csv, stop
         self.pruned = False
         self.steps = 0
         self.progress_every = progress_every
         self._next_progress = 0.0  # the first step is reported at once
+        self.fake_peak_mb = fake_peak_mb  # a fake GPU's trial reports this peak (SWEEPER_FAKE_TRIAL_MEMORY_MB)
+
+    def on_probe(self, peak_mb: float | None) -> None:
+        """The batch probe's measured peak at the micro-batch it chose: the driver packs trials
+        on a GPU by it, long before the first epoch's peak comes."""
+        peak = self.fake_peak_mb if self.fake_peak_mb is not None else peak_mb
+        if peak is not None and math.isfinite(peak):
+            protocol.emit(protocol.MEMORY, number=self.number, peak_mb=peak)
 
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
+        if self.fake_peak_mb is not None:
+            metrics = {**metrics, "peak_mem_mb": self.fake_peak_mb}
         append_csv(self.metrics_csv, {"epoch": epoch, **metrics})
         value = metrics.get(self.metric)
         protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch, metrics=metrics)

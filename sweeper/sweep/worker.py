@@ -107,7 +107,7 @@ def main() -> int:
     while (msg := commands.next()) is not None:
         if msg.get("op") != protocol.RUN:
             continue
-        ok = runner.run(msg["trial_id"], msg["number"])
+        ok = runner.run(msg["trial_id"], msg["number"], memory_limit_mb=msg.get("memory_limit_mb"))
         if not ok or commands.stop.is_set():
             break
     return 0
