@@ -21,13 +21,23 @@ class UserError(click.ClickException):
 
 
 class SweeperGroup(click.Group):
-    """Maps every domain error, from any command, to a clean exit 2."""
+    """Maps every domain error, from any command, to a clean exit 2; a store that
+    stayed away past study.storage_outage_s to exit 1, and Ctrl-C to exit 130,
+    each with one line and no traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from sweeper.errors import StopRequested, StorageOutage
+
         try:
             return super().invoke(ctx)
         except SweeperError as exc:
             raise UserError(str(exc)) from None
+        except StorageOutage as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(1)
+        except (KeyboardInterrupt, StopRequested):  # click's own handling prints "Aborted!" and exits 1
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
 
 
 def study_file(fn: Callable) -> Callable:
@@ -54,8 +64,15 @@ def _echo_json(obj: Any) -> None:
 
 def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
     from sweeper.config import load_config
+    from sweeper.models.paths import study_folder
 
-    return load_config(path, sets)
+    cfg = load_config(path, sets)
+    # model.name module:Class is found beside the study file, here and in every worker,
+    # for as long as the command runs
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.with_resource(study_folder(path))
+    return cfg
 
 
 @click.group(cls=SweeperGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -71,12 +88,30 @@ def main() -> None:
 # ---------------------------------------------------------------- sweeps
 
 def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, must_exist: bool) -> None:
+    import signal
+
+    from sweeper.errors import StopRequested
     from sweeper.inspect.live import default_view
     from sweeper.sweep.run import run
 
-    cfg = _load(study, sets)
-    view = default_view()
-    outcome = run(cfg, view=view, storage_url=storage, force=force, must_exist=must_exist, study_file=str(study))
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, _frame: Any) -> None:
+        # until the driver installs its own handlers (it waits for the lock, the store
+        # or the data first) SIGTERM ends the command like Ctrl-C does, with 143
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        cfg = _load(study, sets)
+        view = default_view()
+        outcome = run(cfg, view=view, storage_url=storage, force=force, must_exist=must_exist, study_file=str(study))
+    except (KeyboardInterrupt, StopRequested):
+        click.echo(f"interrupted; run `sweeper run {study}` again to resume", err=True)
+        sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sys.exit(outcome.exit_code)
 
 
@@ -156,12 +191,12 @@ def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 @storage_option
 @json_option
 def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
-    """The best trial's params, valid and test metrics, and weight file."""
+    """The best trial's params, valid and test metrics, long-short view, top-3 ensemble and weight file."""
     from sweeper.inspect.results import best_report
     from sweeper.store.studies import load_existing
 
     cfg = _load(study)
-    report = best_report(load_existing(cfg, storage), cfg)
+    report = best_report(load_existing(cfg, storage), cfg, portfolio=True)
     if report is None:
         raise UserError(f"study {cfg.study.name!r} has no completed trial yet")
     if as_json:
@@ -202,29 +237,40 @@ def report_cmd(study: Path, storage: str | None, out: Path) -> None:
 @main.command("predict")
 @study_file
 @storage_option
-@click.option("--trial", default="best", show_default=True, metavar="N|best", help="Trial number, or best.")
-@click.option("--split", default="valid", show_default=True, type=click.Choice(["valid", "test", "train", "all"]))
+@click.option("--trial", default="best", show_default=True, metavar="N|best|topK",
+              help="Trial number, best, or topK: the mean per-date z-score of the K best trials.")
+@click.option("--split", default=None, type=click.Choice(["valid", "test", "train", "all"]),
+              help="What to score [default: valid; all with --start/--end].")
+@click.option("--start", default=None, metavar="DATE", help="Score only dates from DATE on (inclusive).")
+@click.option("--end", default=None, metavar="DATE", help="Score only dates up to DATE (inclusive).")
 @click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Another Parquet file with the study's columns (normalised the same way).")
+              help="Another Parquet file with the study's columns (the label may be missing).")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="preds.parquet (or .csv): columns date, asset, pred, label.")
-def predict_cmd(study: Path, storage: str | None, trial: str, split: str, data: Path | None,
-                device: str | None, out: Path) -> None:
-    """Apply a trial's best weights to a split (or to --data) and write the predictions."""
+def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None, start: str | None,
+                end: str | None, data: Path | None, device: str | None, out: Path) -> None:
+    """Apply a trial's best weights (or the top-K ensemble) to a split, a date range or --data."""
     from sweeper.inspect.export import write_table
     from sweeper.inspect.predict import predict_trial
     from sweeper.quant.ic import ic_report
     from sweeper.store.studies import load_existing
 
     cfg = _load(study)
-    result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data, device=device)
+    split = split or ("all" if start or end else "valid")
+    result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data, device=device,
+                           start=start, end=end)
     write_table(result.frame, out)
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     if result.same_data is False:
         click.echo("warning: the data differs from the data the study was run on (fingerprint changed)", err=True)
     ic = ic_report(result.frame)
-    click.echo(f"wrote {out}: trial {result.trial}, split {split} of {result.source}, {len(result.frame)} rows, "
-               f"IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} over {ic['n_dates']} dates")
+    dates = result.frame["date"]
+    span = f"{str(dates.min())[:10]} to {str(dates.max())[:10]}" if len(dates) else "no dates"
+    click.echo(f"wrote {out}: {result.label}, split {split} of {result.source} ({span}), {len(result.frame)} rows, "
+               f"IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} over {ic['n_dates']} dates"
+               + (f" ({ic['n_constant_dates']} with a constant prediction, scored 0)" if ic["n_constant_dates"] else ""))
 
 
 @main.command("export")

@@ -149,15 +149,21 @@ def test_advisory_lock_excludes_and_dies_with_its_holder(pg_url):
 
 def test_claim_fails_a_trial_left_without_any_heartbeat(study_file, pg_url, tmp_path):
     """A driver that died between ask() and its first heartbeat leaves a RUNNING
-    trial Optuna never calls stale; the next claim fails and re-queues it."""
-    path = study_file({"study": {"name": "orphan", "n_trials": 2}})
+    trial Optuna never calls stale. A claim suspects it (its claimer may only be
+    waiting out an outage); a claim grace_period later fails and re-queues it."""
+    path = study_file({"study": {"name": "orphan", "n_trials": 3}})
     cfg = load_config(path)
     init_db(cfg, pg_url)
     storage = open_storage(pg_url, heartbeat_interval=1, grace_period=4)
     study = optuna.load_study(study_name="orphan", storage=storage)
     orphan = study.ask({"train.lr": optuna.distributions.FloatDistribution(1e-3, 1e-2, log=True)})
     ident = Identity.current()
-    trial = claim(study, cfg, claim_lock(storage, pg_url, "orphan"), ident, tmp_path)
+    lock = claim_lock(storage, pg_url, "orphan")
+    first = claim(study, cfg, lock, ident, tmp_path)
+    assert study.trials[orphan.number].state == TrialState.RUNNING and first.number == orphan.number + 1
+    time.sleep(cfg.study.grace_period)
+    trial = claim(study, cfg, lock, ident, tmp_path)
+    assert study.trials[first.number].state == TrialState.RUNNING  # this driver's own: never judged by heartbeat
     dead = study.trials[orphan.number]
     assert dead.state == TrialState.FAIL and dead.user_attrs["fail_reason"] == "interrupted"
     assert "no heartbeat was ever recorded" in dead.user_attrs["error"]

@@ -3,7 +3,8 @@ the artifact store, and the run folder's layout.
 
 - :mod:`~sweeper.store.urls`: what a storage URL names, and its printable form;
 - :mod:`~sweeper.store.engine`: an RDBStorage tuned for SQLite and PostgreSQL;
-- :mod:`~sweeper.store.locks`: the claim lock (flock or advisory lock);
+- :mod:`~sweeper.store.outage`: which errors are transient, and the policy that rides them out;
+- :mod:`~sweeper.store.locks`: the claim lock (flock or advisory lock), tried until a stop request;
 - :mod:`~sweeper.store.artifacts`: Optuna's artifact store (folder or S3);
 - :mod:`~sweeper.store.layout`: ``runs/<study>/trials/<n>/...``;
 - :mod:`~sweeper.store.studies`: opening an existing study, its best trial;
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 from sweeper.store.artifacts import artifact_store, check_artifacts
 from sweeper.store.engine import (
-    PG_MAX_OVERFLOW, PG_POOL_SIZE, check_reachable, open_storage, quiet_optuna,
+    PG_MAX_OVERFLOW, PG_POOL_SIZE, SweeperStorage, check_reachable, open_storage, quiet_optuna,
 )
 from sweeper.store.locks import AdvisoryLock, FileLock, NullLock, advisory_key, claim_lock
 from sweeper.store.urls import normalize_url, redact
 
-__all__ = ["PG_MAX_OVERFLOW", "PG_POOL_SIZE", "AdvisoryLock", "FileLock", "NullLock", "advisory_key",
+__all__ = ["PG_MAX_OVERFLOW", "PG_POOL_SIZE", "SweeperStorage", "AdvisoryLock", "FileLock", "NullLock", "advisory_key",
            "artifact_store", "check_artifacts", "check_reachable", "claim_lock", "normalize_url", "open_storage",
            "quiet_optuna", "redact"]

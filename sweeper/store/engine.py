@@ -1,14 +1,20 @@
-"""The Optuna storage engine: an RDBStorage tuned for many writers.
+"""The Optuna storage engine: an RDBStorage tuned for many writers, whose calls
+ride out storage outages.
 
 Optuna sets no SQLite pragmas, and a deferred SQLite transaction that reads and
 then writes fails at once with "database is locked" when another process wrote
 in between (WAL's BUSY_SNAPSHOT skips the busy handler). So every connection
-gets WAL and a busy timeout, and every transaction starts with BEGIN
-IMMEDIATE, which waits for the write lock instead of failing. PostgreSQL gets
-small pools, pre-ping, TCP keepalives and sessions pinned to UTC, because
-Optuna's heartbeat column has no time zone. Creating Optuna's tables is
-serialised (an advisory lock on PostgreSQL, a file lock on SQLite) because
-RDBStorage's constructor races with itself on a fresh database.
+gets WAL and a busy timeout, and every transaction that writes starts with BEGIN
+IMMEDIATE, which waits for the write lock instead of failing. A change of a
+trial's state (a tell) commits with ``synchronous=FULL``, so a told trial, and
+everything written before it, survives a power loss. Transactions that only read begin
+deferred: under WAL they never wait for a writer, so the dashboard and
+``sweeper status`` do not queue behind a sweep. :class:`SweeperStorage` knows
+which is which by the Optuna method it runs. PostgreSQL gets small pools,
+pre-ping, TCP keepalives and sessions pinned to UTC, because Optuna's heartbeat
+column has no time zone. Creating Optuna's tables is serialised (an advisory
+lock on PostgreSQL, a file lock on SQLite) because RDBStorage's constructor
+races with itself on a fresh database.
 """
 from __future__ import annotations
 
@@ -16,19 +22,27 @@ import contextlib
 import os
 import socket
 import sqlite3
+import threading
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import optuna
 import sqlalchemy
 from sqlalchemy import event
 
+from optuna.storages import RDBStorage
+from optuna.trial import TrialState
+
 from sweeper.errors import StorageError
-from sweeper.store.locks import FileLock, advisory_key
+from sweeper.store import optuna_private as private
+from sweeper.store import outage
+from sweeper.store.locks import FileLock, acquire, advisory_key
 from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, redact, sqlite_path
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
+# an operator's (and the outage tests') override, read when a storage is opened
+SQLITE_BUSY_TIMEOUT_ENV = "SWEEPER_SQLITE_BUSY_TIMEOUT_S"
 # A driver uses two connections (its sessions and the claim lock), a worker two
 # (its sessions and the heartbeat thread): docs/scale-out.md has the arithmetic.
 PG_POOL_SIZE = 2
@@ -44,9 +58,14 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 
+def sqlite_busy_timeout_s() -> float:
+    """How long a SQLite write waits for the lock before "database is locked"."""
+    return float(os.environ.get(SQLITE_BUSY_TIMEOUT_ENV) or SQLITE_BUSY_TIMEOUT_S)
+
+
 def engine_kwargs(url: str) -> dict[str, Any]:
     if is_sqlite(url):
-        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+        return {"connect_args": {"timeout": sqlite_busy_timeout_s()}}
     if is_postgres(url):
         return {
             "pool_pre_ping": True,
@@ -78,13 +97,23 @@ def _tune_sqlite(engine: sqlalchemy.Engine) -> None:
         # autocommit at the driver level, so that the "begin" hook below owns BEGIN
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.execute(f"PRAGMA busy_timeout = {int(sqlite_busy_timeout_s() * 1000)}")
+        cur.execute("PRAGMA synchronous = FULL")
         cur.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Only a call known to read begins deferred; anything else (Optuna's own set-up,
+        # a raw query) keeps the safe IMMEDIATE. Only a change of a trial's state (a tell)
+        # syncs the WAL at its commit (FULL): that fsync (about 6 ms here) also makes every
+        # earlier write of any process durable, since they precede it in the same log, and a
+        # trial writes some 40 transactions, which FULL on each would cost 0.25 s a trial.
+        mode = getattr(_txn, "mode", None)
+        sync = "NORMAL" if mode in (READ, WRITE) else "FULL"
+        if conn.info.get("synchronous") != sync:
+            conn.exec_driver_sql(f"PRAGMA synchronous = {sync}")
+            conn.info["synchronous"] = sync
+        conn.exec_driver_sql("BEGIN" if mode == READ else "BEGIN IMMEDIATE")
 
     engine.dispose()
 
@@ -116,20 +145,108 @@ def prepare_sqlite_file(url: str) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S)
+    conn = sqlite3.connect(path, timeout=sqlite_busy_timeout_s())
     try:
         conn.execute("PRAGMA journal_mode=WAL")
     finally:
         conn.close()
 
 
+# What the storage call running on this thread does (READ, WRITE or DURABLE): the
+# SQLite "begin" hook reads it.
+_txn = threading.local()
+READ, WRITE, DURABLE = "read", "write", "durable"
+
+# Optuna's storage methods by whether their transaction writes (the private ones, with
+# their reason, live in sweeper.store.optuna_private).
+READS = frozenset({
+    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
+    "get_study_system_attrs", "get_all_studies", "get_trial_id_from_study_id_trial_number",
+    "get_trial_number_from_id", "get_trial_param", "get_trial", "get_all_trials", "get_n_trials",
+    "get_best_trial", "get_trial_params", "get_trial_user_attrs", "get_trial_system_attrs",
+}) | private.CACHED_STORAGE_READS
+WRITES = frozenset({
+    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr", "create_new_trial",
+    "set_trial_param", "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr",
+    # (the stale check, _get_stale_trial_ids, reads but counts as a write on purpose: while
+    # a writer holds SQLite's lock no heartbeat can land, so the check must not see trials
+    # stale then; it waits, or fails as an outage, until the store takes writes again)
+}) | private.CACHED_STORAGE_WRITES  # record_heartbeat and set_trial_state_values are defined below
+
+
+class SweeperStorage(RDBStorage):
+    """Optuna's RDBStorage whose every call rides out outages through the store's
+    :class:`~sweeper.store.outage.OutagePolicy`, and tells the SQLite "begin" hook
+    whether it only reads (deferred), writes (IMMEDIATE) or changes a trial's state
+    (IMMEDIATE, synced to disk at commit).
+
+    A retried write whose first attempt did commit (the connection dropped before
+    the reply) is harmless for upserts; a finished trial told again is recognised
+    in :meth:`set_trial_state_values`. A trial created twice by ``ask`` in an
+    outage is left RUNNING without a heartbeat; the stale check fails and re-queues it.
+    """
+
+    outage_policy: outage.OutagePolicy | None = None
+
+    def _through(self, mode: str, fn: Callable[[], Any], max_delay: float = outage.MAX_DELAY_S) -> Any:
+        outer = getattr(_txn, "mode", None), getattr(_txn, "depth", 0)
+        _txn.mode, _txn.depth = mode, outer[1] + 1
+        try:
+            if outer[1] or self.outage_policy is None:  # nested (get_best_trial -> get_trial): the outermost retries
+                return fn()
+            return self.outage_policy.call(fn, max_delay=max_delay)
+        finally:
+            _txn.mode, _txn.depth = outer
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        # retried at least once an interval: a live trial's beat is back within one
+        # interval of the store's return, well inside the stale check's wait
+        cap = min(outage.MAX_DELAY_S, float(self.heartbeat_interval or outage.MAX_DELAY_S))
+        self._through(WRITE, lambda: RDBStorage.record_heartbeat(self, trial_id), max_delay=cap)
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Sequence[float] | None = None) -> bool:
+        tries: list[None] = []
+
+        def attempt() -> bool:
+            tries.append(None)
+            try:
+                return RDBStorage.set_trial_state_values(self, trial_id, state, values)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # a retry refused because the trial is finished: if it is finished the way
+                # this call asked, the attempt that seemed lost did commit
+                if len(tries) > 1 and self._landed(trial_id, state, values):
+                    return True
+                raise
+        return self._through(DURABLE, attempt)
+
+    def _landed(self, trial_id: int, state: TrialState, values: Sequence[float] | None) -> bool:
+        stored = RDBStorage.get_trial(self, trial_id)
+        return stored.state == state and (values is None or stored.values == [float(v) for v in values])
+
+
+def _routed(name: str, mode: str) -> Callable[..., Any]:
+    base = getattr(RDBStorage, name)
+
+    def method(self: SweeperStorage, *args: Any, **kwargs: Any) -> Any:
+        return self._through(mode, lambda: base(self, *args, **kwargs))
+    method.__name__, method.__qualname__, method.__doc__ = name, f"SweeperStorage.{name}", base.__doc__
+    return method
+
+
+for _name in READS | WRITES:
+    setattr(SweeperStorage, _name, _routed(_name, WRITE if _name in WRITES else READ))
+
+
 def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None,
-                 create: bool = True) -> optuna.storages.RDBStorage:
-    """An RDBStorage for ``url``; raises StorageError when it cannot be reached.
+                 create: bool = True, outage_s: float | None = None) -> "SweeperStorage":
+    """A :class:`SweeperStorage` for ``url``; raises StorageError when it cannot be reached.
 
     With ``create=False`` a database without Optuna's tables (or a SQLite file
     that does not exist) is an error rather than being created: read-only
-    commands must not write.
+    commands must not write. ``outage_s`` (``study.storage_outage_s``) is how long
+    calls ride out an outage of this store; None keeps the store's current limit
+    (300 s unless a caller set another).
     """
     url = normalize_url(url)
     if is_sqlite(url):
@@ -140,7 +257,7 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
             prepare_sqlite_file(url)
     try:
         with quiet_optuna(), schema_guard(url, create) as ready:
-            storage = optuna.storages.RDBStorage(
+            storage = SweeperStorage(
                 url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
                 heartbeat_interval=heartbeat_interval, grace_period=grace_period,
             )
@@ -152,6 +269,9 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
         _tune_sqlite(storage.engine)
     elif is_postgres(url):
         _tune_postgres(storage.engine)
+    storage.outage_policy = outage.for_url(url)
+    if outage_s is not None:
+        storage.outage_policy.limit_s = outage_s
     return storage
 
 
@@ -169,11 +289,18 @@ def schema_guard(url: str, create: bool) -> Iterator[bool]:
             yield ready
         return
     path = sqlite_path(url) if is_sqlite(url) else None
-    if path is None or not create:
+    if path is None:
         yield False
         return
+    if not create:
+        # never create_all outside the lock: it would race with a driver creating the tables
+        if not _sqlite_schema_ready(path):
+            raise StorageError(f"storage {url}: the database holds no sweeper study (no Optuna tables): "
+                               "create one with `sweeper db init` or `sweeper run`")
+        yield True
+        return
     with FileLock(path.with_name(path.name + ".lock")):
-        yield False  # create_all only reads when the tables exist
+        yield _sqlite_schema_ready(path)
 
 
 @contextlib.contextmanager
@@ -189,13 +316,25 @@ def _pg_schema_guard(url: str, create: bool) -> Iterator[bool]:
                 raise StorageError(f"storage {redact(url)}: the database holds no sweeper study "
                                    "(no Optuna tables): create one with `sweeper db init` or `sweeper run`")
             key = advisory_key(SCHEMA_LOCK)
-            conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
+            acquire(lambda: conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar(),
+                    "the lock that guards creating the tables")
             try:
                 yield _pg_schema_ready(conn)  # another host may have finished while we waited
             finally:
                 conn.exec_driver_sql(f"SELECT pg_advisory_unlock({key})")
     finally:
         engine.dispose()
+
+
+def _sqlite_schema_ready(path: Path) -> bool:
+    """True once the last step of Optuna's set-up (the alembic stamp) is done (read-only)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=sqlite_busy_timeout_s())
+    try:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'").fetchall():
+            return False
+        return conn.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0
+    finally:
+        conn.close()
 
 
 def _pg_schema_ready(conn: Any) -> bool:

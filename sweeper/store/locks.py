@@ -3,19 +3,40 @@ serialises creating Optuna's tables.
 
 SQLite studies live on one host, so a ``flock`` on a file beside the database
 serves; PostgreSQL studies span hosts, so they take a session advisory lock.
+Neither blocks in the kernel or the server: both are tried every
+``LOCK_POLL_S`` and the wait in between looks for a stop request, so Ctrl-C and
+SIGTERM end a process that waits for a lock another driver holds.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import os
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 import sqlalchemy
 
+from sweeper.store import outage
 from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, sqlite_path
+
+LOCK_POLL_S = 0.1
+LOCK_NOTICE_S = 3.0  # a claim takes milliseconds: a longer wait is worth a line
+
+
+def acquire(try_once: Callable[[], bool], what: str) -> None:
+    """Call ``try_once`` until it takes the lock. Between tries: StopRequested when
+    a stop was requested (KeyboardInterrupt passes through as raised)."""
+    started = time.monotonic()
+    told = False
+    while not try_once():
+        if not told and time.monotonic() - started >= LOCK_NOTICE_S:
+            print(f"sweeper: waiting for {what}, held by another sweeper process", file=sys.stderr, flush=True)
+            told = True
+        outage.wait(LOCK_POLL_S)
 
 
 class FileLock:
@@ -27,8 +48,13 @@ class FileLock:
 
     def __enter__(self) -> "FileLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            acquire(lambda: _try_flock(fd), f"the lock file {self.path}")
+        except BaseException:
+            os.close(fd)  # closing the descriptor drops the lock if the last try did take it
+            raise
+        self._fd = fd
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -36,6 +62,14 @@ class FileLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def advisory_key(name: str) -> int:
@@ -48,34 +82,58 @@ class AdvisoryLock:
 
     Held on its own autocommit connection, so that the session sits idle rather
     than idle in a transaction; if the holder dies the server ends the session
-    (socket closed, or keepalives unanswered) and the lock is released.
+    (socket closed, or keepalives unanswered) and the lock is released. A server
+    restart ends the session too: the lost connection is invalidated, never
+    reused, and the next ``with`` takes the lock afresh. Tries that fail because
+    the server is away are retried through the store's outage policy.
     """
 
-    def __init__(self, engine: sqlalchemy.Engine, key: str) -> None:
+    def __init__(self, engine: sqlalchemy.Engine, key: str, policy: outage.OutagePolicy | None = None) -> None:
         self.engine = engine
+        self.name = key
         self.key = advisory_key(key)
+        self.policy = policy
         self._conn: Any = None
+        self._pending: Any = None  # the connection of a try in flight
 
     def __enter__(self) -> "AdvisoryLock":
-        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
-            conn.exec_driver_sql(f"SELECT pg_advisory_lock({self.key})")
+            acquire(self._try, f"the claim lock {self.name!r}")
         except BaseException:
-            conn.invalidate()  # a lock request cut short may still be granted: never reuse it
-            conn.close()
+            self._drop_pending()
             raise
-        self._conn = conn
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _try(self) -> bool:
+        def once() -> bool:
+            self._drop_pending()
+            self._pending = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            if not self._pending.exec_driver_sql(f"SELECT pg_try_advisory_lock({self.key})").scalar():
+                self._pending.close()
+                self._pending = None
+                return False
+            self._conn, self._pending = self._pending, None
+            return True
+        return self.policy.call(once) if self.policy is not None else once()
+
+    def _drop_pending(self) -> None:
+        """A try cut short (an error, Ctrl-C) may hold the lock: end its session."""
+        conn, self._pending = self._pending, None
+        if conn is not None:
+            conn.invalidate()
+            conn.close()
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
         if self._conn is None:
             return
         conn, self._conn = self._conn, None
         try:
             conn.exec_driver_sql(f"SELECT pg_advisory_unlock({self.key})")
-        except BaseException:
+        except Exception as err:
             conn.invalidate()  # closing the session releases the lock
-            raise
+            # lost with the connection (a server restart): the server already released it
+            if exc_type is None and not outage.is_transient(err):
+                raise
         finally:
             conn.close()
 
@@ -95,5 +153,5 @@ def claim_lock(storage: optuna.storages.RDBStorage, url: str, study_name: str) -
         path = sqlite_path(url)
         return FileLock(path.with_name(path.name + ".lock")) if path else NullLock()
     if is_postgres(url):
-        return AdvisoryLock(storage.engine, f"sweeper:{study_name}")
+        return AdvisoryLock(storage.engine, f"sweeper:{study_name}", policy=outage.for_url(url))
     return NullLock()

@@ -13,6 +13,14 @@ import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
 
+# RDBStorage methods that Optuna's _CachedStorage (the cache a Study puts in front of an
+# RDBStorage) calls directly, bypassing the public ones. sweeper's storage routes every
+# call through its outage policy and tells SQLite whether the call writes, so it must
+# wrap these too. ``_get_stale_trial_ids`` is Optuna's stale check (fail_stale_trials).
+CACHED_STORAGE_READS = frozenset({"_get_trials", "_get_best_trial_id"})
+CACHED_STORAGE_WRITES = frozenset({"_create_new_trial", "_set_trial_param", "_get_stale_trial_ids"})
+
+
 def backend(study: optuna.Study) -> optuna.storages.BaseStorage:
     """The storage a study writes through. Optuna has no public accessor, and
     sweeper must write user attrs and states of trials it does not hold an

@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import config as C
 from sweeper import interrupt
-from sweeper.errors import StopRequested
+from sweeper.errors import StopRequested, StorageOutage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import logs_dir
 from sweeper.store.studies import FINISHED, best_in
@@ -285,7 +285,7 @@ class Driver:
         if kind == protocol.READY:
             w.ready = w.was_ready = True
             w.early_exits = 0
-        elif kind == protocol.PROGRESS and run:
+        elif kind == protocol.PROGRESS and run and "steps" in ev:  # (no steps: waiting for the store)
             run.steps = int(ev.get("steps") or 0)
         elif kind == protocol.WARN:
             self.warnings(w.slot, str(ev.get("text", "")))
@@ -411,6 +411,8 @@ class Driver:
 def _guarded(action: Any, w: WorkerHandle) -> None:
     try:
         action()
+    except (StorageOutage, StopRequested):
+        pass  # reported once, at the CLI boundary
     except Exception as exc:  # noqa: BLE001 - shutdown goes on for the other workers
         print(f"sweeper: stopping the worker on {w.slot.label} failed: {type(exc).__name__}: {exc}",
               file=sys.stderr, flush=True)

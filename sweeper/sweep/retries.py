@@ -3,6 +3,7 @@
 deserves another go is queued with the same params and its checkpoint."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import StudyConfig
 from sweeper.core.checkpoint import checkpoint_epoch
 from sweeper.store import optuna_private as private
+from sweeper.store import outage
 from sweeper.sweep.identity import Identity, pid_alive
 
 MAX_INTERRUPTED_RETRIES = 20
@@ -26,6 +28,7 @@ def fail_interrupted(study: optuna.Study, trial_id: int, why: str) -> bool:
     storage = private.backend(study)
     try:
         storage.set_trial_user_attr(trial_id, "fail_reason", "interrupted")
+        storage.set_trial_user_attr(trial_id, "stop_reason", "interrupted")
         storage.set_trial_user_attr(trial_id, "error", why)
         return storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
@@ -46,6 +49,8 @@ def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig) -> list[tuple[Frozen
             "crash": int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
             "stall": int(t.user_attrs.get("crash_count", 0)) < cfg.retries,  # a hang is retried like a crash
             "timeout": cfg.retry_timeouts and int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
+            # out of memory beside other trials (trials_per_gpu: auto): once more, with a GPU to itself
+            "oom": int(t.user_attrs.get("gpu_shared_with") or 0) > 0 and not t.user_attrs.get("exclusive_gpu"),
         }.get(reason, False)
         if retry:
             plan.append((t, _retry_attrs(t, reason, attempt)))
@@ -57,6 +62,8 @@ def _retry_attrs(t: FrozenTrial, reason: str, attempt: int) -> dict[str, Any]:
     ckpt = t.user_attrs.get("checkpoint")
     resume = ckpt if ckpt and checkpoint_epoch(Path(ckpt)) is not None else t.user_attrs.get("resume_from")
     attrs = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
+    if reason == "oom" or t.user_attrs.get("exclusive_gpu"):
+        attrs["exclusive_gpu"] = True  # the driver starts it on a GPU of its own and lets nothing join it
     if resume:
         attrs["resume_from"] = resume
     return attrs
@@ -74,28 +81,68 @@ def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
             fail_interrupted(study, private.trial_id(t), f"driver {ua['driver_pid']} on {ident.host} is gone")
 
 
-def fail_stale(study: optuna.Study) -> None:
-    """Optuna's fail_stale_trials, but recording ``fail_reason`` before the FAIL.
+class _Suspects:
+    """Other drivers' RUNNING trials this process has seen stale, with when it first
+    saw each so (monotonic seconds), per study."""
 
-    Also fails RUNNING trials that never got a heartbeat, which Optuna never
-    considers stale: under the claim lock such a trial can only be left by a
-    driver that died between ``ask`` and its first heartbeat.
+    def __init__(self) -> None:
+        self.first_seen: dict[tuple[int, int], float] = {}
+
+    def due(self, study_id: int, trial_ids: set[int], wait_s: float) -> set[int]:
+        """The trials seen stale on two looks ``wait_s`` apart, with no storage trouble
+        seen by this process since the first; remembers the rest, forgets the others."""
+        now, trouble = time.monotonic(), outage.last_trouble()
+        seen = {}
+        for trial_id in trial_ids:
+            first = self.first_seen.get((study_id, trial_id), now)
+            seen[(study_id, trial_id)] = now if trouble >= first else first
+        self.first_seen = {k: v for k, v in self.first_seen.items() if k[0] != study_id} | seen
+        return {k[1] for k, first in seen.items() if now - first >= wait_s}
+
+
+_suspects = _Suspects()
+
+
+def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
+    """Fail, as ``interrupted`` with the reason recorded first, the RUNNING trials of
+    other drivers whose heartbeat has stopped; Optuna's fail_stale_trials cannot
+    record a reason.
+
+    A heartbeat older than the grace period may only mean the store was down (a
+    restart, a failover, a long lock) while the trial trained on. So a trial is
+    failed only when this driver sees it stale on two looks ``grace_period``
+    apart, and saw no storage error or recovery in between. A live worker's beat
+    is retried at least once an interval through an outage, so it is back within
+    that wait; a dead one is failed between two and about three grace periods
+    after its last beat. A driver never judges its own trials by heartbeat: it
+    watches their processes itself.
+
+    RUNNING trials that never got a heartbeat, which Optuna never considers stale,
+    count too: under the claim lock such a trial can only be left by a driver that
+    died between ``ask`` and its first heartbeat (or a lost commit of ``ask``).
     """
     storage = private.backend(study)
     if storage.get_heartbeat_interval() is None:
         return
     study_id = private.study_id(study)
-    for trial_id in private.stale_trial_ids(storage, study_id):
-        fail_interrupted(study, trial_id, "no heartbeat within study.grace_period: its driver or host died")
-    for trial_id in private.running_without_heartbeat(storage, study_id):
-        fail_interrupted(study, trial_id, "its driver died while claiming it (no heartbeat was ever recorded)")
+    policy = outage.for_url(cfg.resolved_storage)  # the raw query below bypasses the storage's retries
+    reasons = {t: "no heartbeat within study.grace_period: its driver or host died"
+               for t in private.stale_trial_ids(storage, study_id)}
+    reasons |= {t: "its driver died while claiming it (no heartbeat was ever recorded)"
+                for t in policy.call(lambda: private.running_without_heartbeat(storage, study_id))}
+    if reasons:
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        ours = {private.trial_id(t) for t in running if t.user_attrs.get("driver_id") == ident.driver_id}
+        reasons = {t: why for t, why in reasons.items() if t not in ours}
+    for trial_id in _suspects.due(study_id, set(reasons), cfg.grace_period):
+        fail_interrupted(study, trial_id, reasons[trial_id])
 
 
 def reconcile(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> list[FrozenTrial]:
     """Fail stale RUNNING trials (dead drivers) and enqueue every due retry. Call
     under the claim lock. Returns the trials as they stand after the failing."""
     fail_dead_local(study, ident)
-    fail_stale(study)
+    fail_stale(study, cfg, ident)
     trials = study.get_trials(deepcopy=False)
     for failed, attrs in retry_plan(trials, cfg):
         study.enqueue_trial(failed.params, user_attrs=attrs)

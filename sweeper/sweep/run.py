@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from sweeper import config as C
 from sweeper import interrupt
-from sweeper.errors import ConfigError, StorageError, StudyNotFound
+from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
 from sweeper.store import check_artifacts, claim_lock, open_storage
 from sweeper.store.layout import devices_csv, run_dir
 from sweeper.store.studies import best_trial
@@ -44,39 +44,45 @@ class Plan:
 
 
 def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True) -> Plan:
-    """Run every check (config names, data, devices, storage) without writing anything.
+    """Run every check (config names, data, models, devices, storage) without writing anything.
 
     ``devices=False`` skips slot planning (``sweeper db init`` runs where there
-    may be no GPU, e.g. a Kubernetes init Job)."""
+    may be no GPU, e.g. a Kubernetes init Job). User models are imported, built and
+    run once in a child process; the model-shapes check's warnings go to stderr."""
+    import sys
+
     from sweeper.data import load_panel
     from sweeper.devices import plan_slots
-    from sweeper.models import build_model, resolve_model_class
+    from sweeper.models.shapes import check_study_models
     from sweeper.store import check_reachable
 
     if storage_url:
         cfg = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
     check_sampler(cfg.study.sampler)
     build_pruner(cfg.study.pruner)
-    _check_models(cfg, resolve_model_class)
+    _check_models(cfg)
     panel = load_panel(cfg.data)
-    build_model(cfg.model, len(panel.features), cfg.data.lookback)  # constructor errors are config errors
+    # keep what the plan needs, not the panel: the driver holds no dense copy while workers
+    # train (with the panel cache they map the entry this load built; without it they build their own)
+    n_features, fingerprint, oracle_ic, source = len(panel.features), panel.fingerprint, panel.oracle_ic, panel.source
+    del panel
+    notes = check_study_models(cfg, n_features, cfg.data.lookback)  # a model's errors are config errors
     slots = plan_slots(cfg.devices) if devices else []
     url = cfg.study.resolved_storage
     check_reachable(url)
     artifacts = cfg.study.resolved_artifacts
     check_artifacts(artifacts)
-    return Plan(cfg, url, run_dir(cfg), artifacts, slots, panel.fingerprint, panel.oracle_ic, panel.source)
+    for note in notes:  # shapes a trial may sample but cannot build: worth knowing, not fatal
+        print(note, file=sys.stderr, flush=True)
+    return Plan(cfg, url, run_dir(cfg), artifacts, slots, fingerprint, oracle_ic, source)
 
 
-def _check_models(cfg: C.SweeperConfig, resolve: Any) -> None:
-    names = {cfg.model.name}
+def _check_models(cfg: C.SweeperConfig) -> None:
+    # names only, before the data loads; importing a user's module is the child check's job
     spec = cfg.search_space.get("model.name")
-    if spec is not None and spec.choices:
-        names |= {str(c) for c in spec.choices}
-    for name in sorted(names):
+    for name in sorted({str(c) for c in (spec.choices or [])} if spec is not None else ()):
         if name not in C.BUILTIN_MODELS and ":" not in name:
             raise ConfigError(f"search_space.model.name: unknown model {name!r}")
-        resolve(name)
 
 
 def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "") -> tuple[optuna.Study, Any, bool]:
@@ -86,7 +92,8 @@ def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "") -
     cfg = plan.cfg
     try:
         storage = open_storage(plan.storage_url, heartbeat_interval=cfg.study.heartbeat_interval,
-                               grace_period=cfg.study.grace_period, create=not must_exist)
+                               grace_period=cfg.study.grace_period, create=not must_exist,
+                               outage_s=cfg.study.storage_outage_s)
     except StorageError as exc:
         if must_exist:
             raise StudyNotFound(f"study {cfg.study.name!r} does not exist ({exc}); start it with `sweeper run`") from None
@@ -132,17 +139,23 @@ def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, forc
     driver = Driver(cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                     artifacts=plan.artifacts, view=view, ident=ident, lock=lock)
     telemetry = Telemetry(devices_csv(plan.run_dir), plan.slots)
-    previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
     view.start(cfg, plan, study)
+    previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         telemetry.start()
         driver.loop()
+    except StopRequested:
+        pass  # a wait below the loop (the claim lock, the store) gave up on Ctrl-C/SIGTERM: shut down as usual
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         driver.shutdown()
         telemetry.stop()
-    outcome = summarize(study, cfg, driver)
+    try:
+        outcome = summarize(study, cfg, driver)
+    except StopRequested:  # stopped while the store is away: no counts to show
+        outcome = Outcome(counts={}, best=None, interrupted=True, exit_code=driver.stop.exit_code,
+                          message="the store did not answer; the summary is left out")
     view.close(outcome, cfg, plan)
     return outcome
 

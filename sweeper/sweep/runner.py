@@ -49,7 +49,8 @@ class TrialRunner:
         torch.set_num_threads(self.threads)
         self.device = _pick_device()
         self.storage = open_storage(init["storage"], heartbeat_interval=self.cfg.study.heartbeat_interval,
-                                    grace_period=self.cfg.study.grace_period)
+                                    grace_period=self.cfg.study.grace_period,
+                                    outage_s=self.cfg.study.storage_outage_s)
         self.study = optuna.load_study(study_name=init["study"], storage=self.storage,
                                        pruner=build_pruner(self.cfg.study.pruner))
         self.artifacts = artifact_store(init["artifacts"])

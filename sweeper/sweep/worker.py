@@ -20,6 +20,9 @@ import sys
 import threading
 from typing import Any, TextIO
 
+from sweeper import interrupt
+from sweeper.errors import StopRequested
+from sweeper.store import outage
 from sweeper.sweep import protocol
 
 
@@ -62,11 +65,13 @@ class Commands:
                 continue
             if msg.get("op") == protocol.STOP:
                 self.stop.set()
+                interrupt.request_stop()  # a storage call waiting out an outage gives up too
             with self._ready:
                 self._queue.append(msg)
                 self._ready.notify()
         # EOF: the driver is gone or done with us
         self.stop.set()
+        interrupt.request_stop()
         with self._ready:
             self._closed = True
             self._ready.notify()
@@ -103,11 +108,16 @@ def main() -> int:
     from sweeper.sweep.runner import TrialRunner  # heavy imports (torch) after the handshake starts
 
     runner = TrialRunner(init, commands.stop)
+    # a trial waiting out a storage outage makes no step: tell the driver's stall watchdog it lives
+    outage.on_retry(lambda: protocol.emit(protocol.PROGRESS, waiting="storage"))
     protocol.emit(protocol.READY, pid=os.getpid(), threads=runner.threads)
     while (msg := commands.next()) is not None:
         if msg.get("op") != protocol.RUN:
             continue
-        ok = runner.run(msg["trial_id"], msg["number"], memory_limit_mb=msg.get("memory_limit_mb"))
+        try:
+            ok = runner.run(msg["trial_id"], msg["number"], memory_limit_mb=msg.get("memory_limit_mb"))
+        except StopRequested:  # stopped while the store was away: the trial stays RUNNING; a later run re-runs it
+            break
         if not ok or commands.stop.is_set():
             break
     return 0

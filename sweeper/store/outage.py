@@ -1,0 +1,221 @@
+"""Riding out storage outages: which errors mean "the store is away for now",
+and the one policy every storage call retries them through.
+
+A PostgreSQL restart or failover, a dropped connection, or a SQLite file locked
+past its busy timeout are transient: the same call succeeds once the store is
+back. Anything else (an integrity error, a finished trial, a bad query) is not,
+and is raised at once. Transient errors are retried with capped exponential
+backoff and jitter for up to ``study.storage_outage_s`` seconds from the first
+failure of the outage; then :class:`~sweeper.errors.StorageOutage` ends the
+process with one message, and a later ``sweeper run`` resumes.
+
+The outage is the store's, not one call's: every call and thread of a process
+that talks to a store shares its :class:`OutagePolicy`, so the limit counts from
+the first failure, and after one give-up the rest give up at once (a driver's
+shutdown must not wait out another outage per call). Waits poll
+:mod:`sweeper.interrupt`, so Ctrl-C works while the store is away.
+"""
+from __future__ import annotations
+
+import math
+import random
+import sqlite3
+import sys
+import threading
+import time
+from typing import Callable, TypeVar
+
+import sqlalchemy
+
+from sweeper import interrupt
+from sweeper.errors import StorageOutage
+from sweeper.store.urls import is_sqlite, normalize_url, redact, sqlite_path
+
+T = TypeVar("T")
+
+FIRST_DELAY_S = 0.5
+MAX_DELAY_S = 10.0
+POLL_S = 0.1  # how often a wait looks for a stop request
+DEFAULT_OUTAGE_S = 300.0  # study.storage_outage_s's default, for callers without a config
+# SQLite reports a lock held past the busy timeout with these; every other
+# sqlite3.OperationalError (no such table, a syntax error) is a real error
+SQLITE_BUSY = ("database is locked", "database table is locked", "database schema is locked", "database is busy")
+
+_jitter = random.Random()  # its own generator: retries must not shift anyone's seeded draws
+_registry_lock = threading.Lock()
+_policies: dict[str, "OutagePolicy"] = {}
+_last_trouble = -math.inf
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` (or what it wraps) says the store is unreachable for now.
+
+    Optuna wraps SQLAlchemy errors in ``StorageInternalError`` (its
+    ``_create_scoped_session``), SQLAlchemy wraps the driver's in ``DBAPIError``:
+    the chain of causes is walked to the driver's own error.
+    """
+    seen = 0
+    err: BaseException | None = exc
+    while err is not None and seen < 6:
+        if _transient_here(err):
+            return True
+        seen += 1
+        err = err.__cause__ or getattr(err, "orig", None)
+    return False
+
+
+def _transient_here(err: BaseException) -> bool:
+    if isinstance(err, sqlalchemy.exc.DisconnectionError):
+        return True
+    if isinstance(err, sqlalchemy.exc.DBAPIError) and err.connection_invalidated:
+        return True  # SQLAlchemy recognised a lost connection (closed, reset, admin shutdown)
+    if isinstance(err, sqlite3.OperationalError):
+        return str(err).lower().startswith(SQLITE_BUSY)
+    if isinstance(err, sqlalchemy.exc.OperationalError):
+        # the driver's error is checked next in the chain: sqlite3's by its message;
+        # psycopg's OperationalError covers refused, reset, "terminating connection due
+        # to administrator command", "the database system is starting up/shutting down"
+        return not isinstance(err.orig, sqlite3.Error)
+    name = type(err).__module__.split(".")[0]
+    if name in ("psycopg", "psycopg2"):
+        kind = type(err).__mro__
+        if any(k.__name__ == "OperationalError" for k in kind):
+            return True
+        return any(k.__name__ == "InterfaceError" for k in kind) and "closed" in str(err).lower()
+    if isinstance(err, sqlalchemy.exc.InterfaceError):
+        return "closed" in str(err).lower()
+    return False
+
+
+def policy(store: str) -> "OutagePolicy":
+    """The process's policy for ``store`` (its printable URL): one per store, shared
+    by every storage object and thread that talks to it."""
+    with _registry_lock:
+        if store not in _policies:
+            _policies[store] = OutagePolicy(store)
+        return _policies[store]
+
+
+def for_url(url: str) -> "OutagePolicy":
+    """The policy of the store ``url`` names (keyed by its printable form; a SQLite
+    file by its absolute path, so that one process's studies in different folders
+    never share an outage)."""
+    url = normalize_url(url)
+    path = sqlite_path(url) if is_sqlite(url) else None
+    return policy(f"sqlite:///{path.resolve()}" if path is not None else redact(url))
+
+
+def last_trouble() -> float:
+    """``time.monotonic()`` of the last transient storage error or recovery this
+    process saw (``-inf`` if none): stale-trial judging restarts its clock then."""
+    return _last_trouble
+
+
+def _note_trouble(now: float) -> None:
+    global _last_trouble
+    _last_trouble = max(_last_trouble, now)
+
+
+class OutagePolicy:
+    """Retries transient errors of one store until ``limit_s`` after the outage began."""
+
+    def __init__(self, store: str, limit_s: float = DEFAULT_OUTAGE_S) -> None:
+        self.store = store
+        self.limit_s = limit_s
+        self.gave_up = False
+        self.retries = 0  # over the process's life, for the log and the tests
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._first_error = ""
+        self._episode_retries = 0
+
+    def call(self, fn: Callable[[], T], *, max_delay: float = MAX_DELAY_S) -> T:
+        """``fn()``, retried through transient errors; StorageOutage past the limit."""
+        attempt = 0
+        while True:
+            try:
+                result = fn()
+            except Exception as exc:
+                if not is_transient(exc):
+                    self._recovered()  # the store answered, if only to refuse
+                    raise
+                delay = self._failed(exc, attempt, max_delay)
+                _notify_retry()
+                wait(delay)
+                attempt += 1
+                continue
+            self._recovered()
+            return result
+
+    def _failed(self, exc: BaseException, attempt: int, max_delay: float) -> float:
+        """Record a failure; the delay before the next attempt, or StorageOutage."""
+        now = time.monotonic()
+        _note_trouble(now)
+        with self._lock:
+            if self._down_since is None:
+                self._down_since, self._first_error, self._episode_retries = now, _first_line(exc), 0
+                _log(f"storage {self.store} is unavailable ({self._first_error}); "
+                     f"retrying for up to {self.limit_s:g} s (study.storage_outage_s)")
+            elapsed = now - self._down_since
+            if self.gave_up or elapsed >= self.limit_s:
+                self.gave_up = True
+                raise StorageOutage(
+                    f"storage {self.store} has been unreachable for {elapsed:.0f} s, more than "
+                    f"study.storage_outage_s = {self.limit_s:g} ({self._first_error}); finished trials are "
+                    "saved: run `sweeper run` again to resume once it is back") from None
+            self.retries += 1
+            self._episode_retries += 1
+            delay = min(max_delay, FIRST_DELAY_S * 2 ** min(attempt, 16)) * _jitter.uniform(0.5, 1.0)
+            return max(0.05, min(delay, self._down_since + self.limit_s - now))
+
+    def _recovered(self) -> None:
+        if self._down_since is None and not self.gave_up:  # the usual case: nothing to record
+            return
+        now = time.monotonic()
+        _note_trouble(now)
+        with self._lock:
+            if self._down_since is not None:
+                _log(f"storage {self.store} is back after {now - self._down_since:.1f} s "
+                     f"({self._episode_retries} retries)")
+            self._down_since, self.gave_up = None, False
+
+
+_retry_listeners: list[Callable[[], None]] = []
+
+
+def on_retry(listener: Callable[[], None]) -> None:
+    """Call ``listener`` before each wait for the store (a worker tells its driver that
+    it lives, so that a trial waiting out an outage is not taken for a stalled one)."""
+    _retry_listeners.append(listener)
+
+
+def _notify_retry() -> None:
+    for listener in _retry_listeners:
+        try:
+            listener()
+        except Exception:  # noqa: BLE001 - a listener must never turn a retry into a failure
+            pass
+
+
+def wait(seconds: float) -> None:
+    """Sleep, giving up with StopRequested as soon as a stop is requested."""
+    deadline = time.monotonic() + seconds
+    while True:
+        interrupt.check()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(POLL_S, left))
+
+
+def _first_line(exc: BaseException) -> str:
+    inner = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    lines = str(getattr(inner, "orig", None) or inner).strip().splitlines()
+    return (lines[0] if lines else type(inner).__name__)[:300]
+
+
+def _log(line: str) -> None:
+    # stderr: the terminal for a driver, the slot log for a worker
+    print(f"sweeper: {line}", file=sys.stderr, flush=True)
