@@ -18,8 +18,8 @@ from optuna.trial import TrialState
 from sweeper.config import load_config
 from sweeper.core import checkpoint_epoch
 from sweeper.inspect.live import NullView
-from sweeper.sweep import driver as driver_module
-from sweeper.sweep.driver import Warnings
+from sweeper.sweep import notices
+from sweeper.sweep.notices import Warnings
 from sweeper.sweep.heartbeat import Heartbeat
 from sweeper.sweep.run import run
 from sweeper.sweep.telemetry import Telemetry
@@ -217,7 +217,7 @@ def test_a_failed_artifact_upload_is_logged_and_shown_once(study_file, workdir):
 
 
 def test_repeated_warnings_are_held_back_and_counted(monkeypatch):
-    monkeypatch.setattr(driver_module, "WARN_REPEAT_S", 0.3)
+    monkeypatch.setattr(notices, "WARN_REPEAT_S", 0.3)
     view, slot, other = Recorder(), types.SimpleNamespace(label="cpu0"), types.SimpleNamespace(label="cpu1")
     warnings = Warnings(view)
     for _ in range(3):

@@ -13,7 +13,6 @@ instead when a GPU takes another trial, and with how much memory
 """
 from __future__ import annotations
 
-import math
 import os
 import selectors
 import signal
@@ -36,6 +35,7 @@ from sweeper.sweep import protocol
 from sweeper.sweep.claim import claim
 from sweeper.sweep.handle import Running, WorkerHandle
 from sweeper.sweep.identity import Identity
+from sweeper.sweep.notices import Warnings
 from sweeper.sweep.packer import Held, Packer, first_per_gpu, workers_by_gpu
 
 MAX_EARLY_EXITS = 3
@@ -47,32 +47,12 @@ WAIT_POLL_S = 0.5
 TIMEOUT_GRACE_FRACTION = 0.2
 TIMEOUT_GRACE_MIN_S = 120.0
 GRACE_ENV = "SWEEPER_TIMEOUT_GRACE_S"  # overrides the floor (tests that drill the hard kill)
-WARN_REPEAT_S = 60.0  # an identical warning from one slot is shown at most this often
 
 
 def timeout_grace_s(max_minutes: float) -> float:
     """Seconds past ``train.max_minutes`` before the driver kills a trial (fail_reason timeout)."""
     floor = float(os.environ.get(GRACE_ENV) or TIMEOUT_GRACE_MIN_S)
     return max(TIMEOUT_GRACE_FRACTION * max_minutes * 60, floor)
-
-
-class Warnings:
-    """Worker warnings through the view; the same line from the same slot at most once per
-    ``WARN_REPEAT_S`` (a store outage would otherwise repeat it every heartbeat), with a count
-    of the repeats it held back."""
-
-    def __init__(self, view: Any) -> None:
-        self.view = view
-        self.shown: dict[tuple[str, str], tuple[float, int]] = {}
-
-    def __call__(self, slot: Any, text: str) -> None:
-        key, now = (slot.label, text), time.monotonic()
-        last, held = self.shown.get(key, (-math.inf, 0))
-        if now - last < WARN_REPEAT_S:
-            self.shown[key] = (last, held + 1)
-            return
-        self.shown[key] = (now, 0)
-        self.view.warn(slot, f"{text} (and {held} more times)" if held else text)
 
 
 class Stop:
