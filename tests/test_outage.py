@@ -460,3 +460,20 @@ def test_ctrl_c_while_the_store_is_down_exits_130_and_a_later_run_resumes(study_
     assert again.returncode == 0, out
     states = [t.state for t in _study(throwaway_pg.url).get_trials()]
     assert states.count(TrialState.COMPLETE) == 12 and TrialState.RUNNING not in states, states
+
+
+def test_a_server_error_is_judged_by_its_sqlstate():
+    import psycopg
+
+    class Shutdown(psycopg.errors.InternalError):  # a class the driver might map 57P01 to
+        sqlstate = "57P01"
+
+    class Unique(psycopg.errors.IntegrityError):
+        sqlstate = "23505"
+
+    assert is_transient(optuna.exceptions.StorageInternalError("x").with_traceback(None)) is False
+    wrapped = optuna.exceptions.StorageInternalError("commit failed")
+    wrapped.__cause__ = sqlalchemy.exc.InternalError("SELECT 1", {}, Shutdown("terminating connection"))
+    wrapped.__cause__.__cause__ = wrapped.__cause__.orig
+    assert is_transient(wrapped) is True
+    assert is_transient(sqlalchemy.exc.IntegrityError("INSERT", {}, Unique("duplicate key"))) is False

@@ -76,10 +76,15 @@ def _transient_here(err: BaseException) -> bool:
         # psycopg's OperationalError covers refused, reset, "terminating connection due
         # to administrator command", "the database system is starting up/shutting down"
         return not isinstance(err.orig, sqlite3.Error)
-    name = type(err).__module__.split(".")[0]
-    if name in ("psycopg", "psycopg2"):
-        kind = type(err).__mro__
+    kind = type(err).__mro__
+    if any(k.__module__.split(".")[0] in ("psycopg", "psycopg2") for k in kind):
         if any(k.__name__ == "OperationalError" for k in kind):
+            return True
+        # by SQLSTATE, whatever class the driver maps it to: connection exceptions (08),
+        # operator intervention such as a shutdown or a server still starting (57), insufficient
+        # resources (53), and a serialization failure or deadlock (40001, 40P01)
+        state = str(getattr(err, "sqlstate", None) or getattr(err, "pgcode", None) or "")
+        if state[:2] in ("08", "57", "53") or state in ("40001", "40P01"):
             return True
         return any(k.__name__ == "InterfaceError" for k in kind) and "closed" in str(err).lower()
     if isinstance(err, sqlalchemy.exc.InterfaceError):
