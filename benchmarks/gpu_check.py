@@ -32,7 +32,6 @@ import tempfile
 import threading
 import time
 import traceback
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,6 +45,7 @@ from sweeper.core.precision import native_bf16, resolve_precision
 from sweeper.core.probe import preserved, probe_step
 from sweeper.core.schedule import make_optimizer
 from sweeper.data import Batcher, load_panel
+from sweeper.inspect.results import most_at_once
 from sweeper.models import build_model
 
 MODELS = {
@@ -339,19 +339,6 @@ class UtilSampler:
             return {"samples": 0, "error": self.error}
         return {"samples": len(s), "mean": round(statistics.mean(s), 1), "median": statistics.median(s),
                 "p90": s[int(0.9 * (len(s) - 1))], "share_at_least_75": round(sum(v >= 75 for v in s) / len(s), 3)}
-
-
-def most_at_once(trials: list) -> int:
-    """The most trials running at once, from their start and complete times in the store."""
-    edges: list[tuple[datetime, int]] = []
-    for t in trials:
-        if t.datetime_start and t.datetime_complete:
-            edges += [(t.datetime_start, 1), (t.datetime_complete, -1)]
-    running = most = 0
-    for _, step in sorted(edges):  # an end sorts before a start at the same instant
-        running += step
-        most = max(most, running)
-    return most
 
 
 def one_sweep(folder: Path, study: dict, env: dict, limit_s: float, uuid: str | None) -> dict:

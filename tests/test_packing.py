@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from datetime import datetime
 from types import SimpleNamespace
 
 import optuna
@@ -17,6 +16,7 @@ from sweeper.config import DevicesConfig, load_config
 from sweeper.devices import list_gpus
 from sweeper.devices.packing import (HEADROOM, Policy, Room, admits, allotment_mb, charge_mb, choose, free_mb,
                                      others_mb, shape_key)
+from sweeper.inspect.results import most_at_once
 from sweeper.errors import ConfigError
 from sweeper.inspect.figures_base import StudyData
 from sweeper.inspect.figures_devices import timeline_figure
@@ -240,30 +240,18 @@ def _packed_sweep(study_file, workdir, trial_mb: int, n_trials: int, step_sleep:
     return optuna.load_study(study_name="tiny", storage=storage).get_trials()
 
 
-def _most_at_once(trials) -> int:
-    """The most trials running at once, from their start and complete times in the store."""
-    edges: list[tuple[datetime, int]] = []
-    for t in trials:
-        edges += [(t.datetime_start, 1), (t.datetime_complete, -1)]
-    running = most = 0
-    for _, step in sorted(edges):  # an end sorts before a start at the same instant
-        running += step
-        most = max(most, running)
-    return most
-
-
 def test_1200_mb_trials_share_a_4000_mb_gpu_two_or_three_at_once(study_file, workdir):
     # trials of about 4 s: longer than a worker takes to start, so packing has the chance
     trials = _packed_sweep(study_file, workdir, 1200, n_trials=5, step_sleep=0.5)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 5
-    assert 2 <= _most_at_once(trials) <= 3
+    assert 2 <= most_at_once(trials) <= 3
     ua = [t.user_attrs for t in trials]
     assert {u["peak_mem_mb"] for u in ua} == {1200.0}
     assert ua[0]["gpu_mem_allotted_mb"] == 3600.0  # the first: no peak measured yet, the whole budget
     # beside others, 1.25 x 1200 within what is left; alone (between trials), all of it
     assert {u["gpu_mem_allotted_mb"] for u in ua[1:]} <= {1200.0, 1500.0, 3600.0}
     assert {u["gpu_mem_allotted_mb"] for u in ua[1:]} & {1200.0, 1500.0}
-    assert max(u["gpu_shared_with"] for u in ua) == _most_at_once(trials) - 1
+    assert max(u["gpu_shared_with"] for u in ua) == most_at_once(trials) - 1
     assert {u["device"] for u in ua} <= {"gpu0#0", "gpu0#1", "gpu0#2"}
     # the report's device timeline: one row per worker, and each trial's sharing in its hover
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{workdir}/runs/tiny/study.db")
@@ -276,7 +264,7 @@ def test_1200_mb_trials_share_a_4000_mb_gpu_two_or_three_at_once(study_file, wor
 def test_3000_mb_trials_run_one_at_a_time(study_file, workdir):
     trials = _packed_sweep(study_file, workdir, 3000, n_trials=3, step_sleep=0.1)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
-    assert _most_at_once(trials) == 1
+    assert most_at_once(trials) == 1
     # and no second worker was even started for one (a worker starts as soon as packing sees room)
     assert {t.user_attrs["device"] for t in trials} == {"gpu0#0"}
     assert [p.name.split(".")[-2] for p in (workdir / "runs/tiny/logs").glob("*.slot-*.log")] == ["slot-0"]

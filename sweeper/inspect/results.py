@@ -145,6 +145,19 @@ def status_report(study: optuna.Study, cfg: SweeperConfig) -> dict[str, Any]:
     }
 
 
+def most_at_once(trials: list[FrozenTrial]) -> int:
+    """The most trials that ran at once, from their start and complete times in the store."""
+    edges: list[tuple[Any, int]] = []
+    for t in trials:
+        if t.datetime_start and t.datetime_complete:
+            edges += [(t.datetime_start, 1), (t.datetime_complete, -1)]
+    running = most = 0
+    for _, step in sorted(edges):  # an end sorts before a start at the same instant
+        running += step
+        most = max(most, running)
+    return most
+
+
 def _running(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
     return [
         {"trial": t.number, "device": t.user_attrs.get("device"), "host": t.user_attrs.get("host"),
