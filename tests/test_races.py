@@ -112,7 +112,7 @@ def test_shutdown_stops_every_worker_even_when_one_fails(setup, workdir, capsys)
     assert "stopping the worker on cpu0 failed: OSError: pipe broken" in capsys.readouterr().err
 
 
-def test_a_stop_request_while_claiming_makes_dispatch_start_nothing(setup, workdir, monkeypatch):
+def test_a_stop_request_while_claiming_starts_nothing(setup, workdir, monkeypatch):
     cfg, study = setup
     driver = _driver(cfg, study, workdir)
 
@@ -121,6 +121,8 @@ def test_a_stop_request_while_claiming_makes_dispatch_start_nothing(setup, workd
 
     monkeypatch.setattr(driver_module, "claim", waiting_for_the_lock)
     worker = _Worker("cpu0")
-    assert driver.dispatch(worker) is False
+    worker.ready = True
+    driver.workers = [worker]
+    driver._start_trials()  # the wait ends without an error, and the loop goes on to drain
     assert worker.running is None and worker.calls == [] and not driver.exhausted
     assert study.get_trials() == []

@@ -118,12 +118,8 @@ class Driver:
                 self._drain()
             elif self._stopping():
                 self._drop_held("the sweep stopped before it could start")
-            elif self.packer is not None:
-                self._dispatch_packed()
-            elif self._claim_due():
-                for w in self.workers:
-                    if w.ready and w.running is None and not self.dispatch(w):
-                        break
+            else:
+                self._start_trials()
             if all(w.running is None for w in self.workers) and (self.stop.count or self._stopping()):
                 return
             self._pump(timeout=0.2)
@@ -143,15 +139,21 @@ class Driver:
             return True
         return self.exhausted
 
+    def _start_trials(self) -> None:
+        """Claim and start what the free slots (or, packing, the GPUs' room) can take."""
+        try:
+            if self.packer is not None:
+                self._dispatch_packed()
+            elif self._claim_due():
+                for w in self.workers:
+                    if w.ready and w.running is None and not self.dispatch(w):
+                        break
+        except StopRequested:
+            return  # Ctrl-C came while waiting for the lock or the store: the loop drains next
+
     # layer 3: one trial
     def dispatch(self, w: WorkerHandle) -> bool:
         """Claim a trial and hand it to ``w``; False when there is none to start now."""
-        try:
-            return self._dispatch(w)
-        except StopRequested:
-            return False  # Ctrl-C came while waiting for the lock or the store: the loop drains next
-
-    def _dispatch(self, w: WorkerHandle) -> bool:
         trial = self._claim()
         if trial is None:
             return False
@@ -186,28 +188,25 @@ class Driver:
     def _dispatch_packed(self) -> None:
         """trials_per_gpu: auto. Claim a trial only while some GPU has room for one, start it
         where it fits with its allotment, and start another worker where room waits for one."""
-        try:
-            self.packer.keep({w.running.number for w in self.workers if w.running is not None})
-            while self.held is not None or self._claim_due():
-                idle, spare = workers_by_gpu(self.workers)
-                if self.held is None and self.packer.gate(idle) is None:
-                    return self._spawn_on(spare, self.packer.gate(spare))
-                if self.held is None:
-                    trial = self._claim()
-                    if trial is None:
-                        return
-                    self.held = self.packer.hold(trial)
-                placement = self.packer.place(self.held, idle)
-                if placement is None:
-                    self.packer.beat(self.held, self.cfg.study.heartbeat_interval)
-                    spot = self.packer.place(self.held, spare)
-                    return self._spawn_on(spare, spot and spot.gpu)
-                held, self.held = self.held, None
-                self.packer.start(held, placement)
-                self._start(idle[placement.gpu], held.trial_id, held.number, held.params,
-                            memory_limit_mb=placement.allotted_mb)
-        except StopRequested:
-            return  # Ctrl-C came while waiting for the lock or the store: the loop drains next
+        self.packer.keep({w.running.number for w in self.workers if w.running is not None})
+        while self.held is not None or self._claim_due():
+            idle, spare = workers_by_gpu(self.workers)
+            if self.held is None and self.packer.gate(idle) is None:
+                return self._spawn_on(spare, self.packer.gate(spare))
+            if self.held is None:
+                trial = self._claim()
+                if trial is None:
+                    return
+                self.held = self.packer.hold(trial)
+            placement = self.packer.place(self.held, idle)
+            if placement is None:
+                self.packer.beat(self.held, self.cfg.study.heartbeat_interval)
+                spot = self.packer.place(self.held, spare)
+                return self._spawn_on(spare, spot and spot.gpu)
+            held, self.held = self.held, None
+            self.packer.start(held, placement)
+            self._start(idle[placement.gpu], held.trial_id, held.number, held.params,
+                        memory_limit_mb=placement.allotted_mb)
 
     def _spawn_on(self, spare: dict[str, WorkerHandle], gpu: str | None) -> None:
         if gpu is not None:
@@ -234,10 +233,7 @@ class Driver:
             return True
         if self.waiting_on and now >= self.next_poll:
             self.next_poll = now + WAIT_POLL_S
-            try:
-                return not self.waiting_on <= self._foreign_running()
-            except StopRequested:
-                return False
+            return not self.waiting_on <= self._foreign_running()
         return False
 
     def _foreign_running(self) -> set[int]:
