@@ -477,3 +477,6 @@ def test_a_server_error_is_judged_by_its_sqlstate():
     wrapped.__cause__.__cause__ = wrapped.__cause__.orig
     assert is_transient(wrapped) is True
     assert is_transient(sqlalchemy.exc.IntegrityError("INSERT", {}, Unique("duplicate key"))) is False
+    pool_wait = optuna.exceptions.StorageInternalError("commit failed")
+    pool_wait.__cause__ = sqlalchemy.exc.TimeoutError("QueuePool limit of size 2 overflow 1 reached")
+    assert is_transient(pool_wait) is True
