@@ -52,7 +52,11 @@ def is_transient(exc: BaseException) -> bool:
 
     Optuna wraps SQLAlchemy errors in ``StorageInternalError`` (its
     ``_create_scoped_session``), SQLAlchemy wraps the driver's in ``DBAPIError``:
-    the chain of causes is walked to the driver's own error.
+    the chain of causes is walked to the driver's own error. A
+    ``PendingRollbackError`` is the aftermath of an earlier failure in the same
+    transaction, so it is judged by that failure: Optuna's ``_get_trials`` catches
+    an ``OperationalError`` (the connection died mid-query) to retry the query
+    without its IN clause, and that second query raises it.
     """
     seen = 0
     err: BaseException | None = exc
@@ -60,8 +64,14 @@ def is_transient(exc: BaseException) -> bool:
         if _transient_here(err):
             return True
         seen += 1
-        err = err.__cause__ or getattr(err, "orig", None)
+        err = err.__cause__ or getattr(err, "orig", None) or _aftermath_of(err)
     return False
+
+
+def _aftermath_of(err: BaseException) -> BaseException | None:
+    if isinstance(err, sqlalchemy.exc.PendingRollbackError):
+        return err.__context__  # the error being handled when the session was used again
+    return None
 
 
 def _transient_here(err: BaseException) -> bool:
