@@ -407,6 +407,37 @@ def test_a_postgresql_restart_mid_sweep_loses_nothing(study_file, throwaway_pg):
           f"({states.count(TrialState.COMPLETE)} complete), {_retries(logs)} retries logged")
 
 
+def test_sessions_killed_again_and_again_mid_sweep_lose_nothing(study_file, pg_url):
+    """Every sweeper session (driver, lock, workers, heartbeats) is terminated every
+    0.1 s for 15 s, so connections die mid-query, mid-commit and mid-checkout, not
+    only at a clean server stop: every call rides it out and the sweep finishes."""
+    path = study_file({**SLOW, "study": {"n_trials": 12}}, replace=("model",))
+    proc = _sweep(path, pg_url)
+    admin = sqlalchemy.create_engine(pg_url, poolclass=sqlalchemy.pool.NullPool)
+    kill_all = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name LIKE 'sweeper@%%' AND datname = current_database()")
+    kills = 0
+    try:
+        _wait(pg_url, lambda ts: any(t.state == TrialState.COMPLETE for t in ts), [proc])
+        end = time.monotonic() + 15
+        with admin.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            while time.monotonic() < end and proc.poll() is None:
+                kills += conn.exec_driver_sql(kill_all).scalar()
+                time.sleep(0.1)
+        out = proc.communicate(timeout=180)[0]
+    finally:
+        admin.dispose()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-8000:]
+    states = [t.state for t in _study(pg_url).get_trials()]
+    assert states.count(TrialState.COMPLETE) == 12 and TrialState.RUNNING not in states, states
+    logs = _logs([out])
+    assert kills >= 20 and "is unavailable" in logs and "Traceback" not in logs, (kills, logs[-4000:])
+    print(f"\n{kills} sessions killed in 15 s: exit 0, 12/12 complete, {_retries(logs)} retries logged")
+
+
 def _wait_connected(url: str, app: str, n: int, proc: subprocess.Popen) -> None:
     engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
     deadline = time.monotonic() + 90

@@ -227,8 +227,8 @@ def wait(seconds: float) -> None:
 
 def _first_line(exc: BaseException) -> str:
     inner = exc
-    while inner.__cause__ is not None:
-        inner = inner.__cause__
+    while (deeper := inner.__cause__ or _aftermath_of(inner)) is not None:
+        inner = deeper
     lines = str(getattr(inner, "orig", None) or inner).strip().splitlines()
     return (lines[0] if lines else type(inner).__name__)[:300]
 
