@@ -56,6 +56,7 @@ SCHEMA_LOCK = "sweeper:schema"
 # Study.optimize), so these warnings say nothing useful to a user
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+private.quiet_trials_query_fallback()
 
 
 def sqlite_busy_timeout_s() -> float:

@@ -6,6 +6,7 @@ use of a private name belongs here, with its reason, not at the call site.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import optuna
@@ -63,3 +64,18 @@ def running_without_heartbeat(storage: Any, study_id: int) -> list[int]:
                     beats.c.trial_id.is_(None)))
     with storage.engine.connect() as conn:
         return [row[0] for row in conn.execute(query)]
+
+
+class _TrialsQueryFallbackNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Caught an error from sqlalchemy")
+
+
+def quiet_trials_query_fallback() -> None:
+    """Silence the warning RDBStorage._get_trials logs (the whole failed SQL, then
+    "Falling back to a slower alternative") when its trials query fails and it
+    queries again. In a sweep that failure is nearly always a connection lost in a
+    store outage, which the outage policy already reports in one line and retries;
+    the dump would bury that line. The logger is named after Optuna's private
+    module, hence here."""
+    logging.getLogger("optuna.storages._rdb.storage").addFilter(_TrialsQueryFallbackNoise())
