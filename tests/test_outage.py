@@ -198,17 +198,20 @@ def test_a_connection_killed_while_optuna_reads_the_trials_is_ridden_out(pg_url)
     handler.emit = lambda record: heard.append(record.getMessage())
     optuna_root.addHandler(handler)
     policy = storage.outage_policy
-    storage.outage_policy = None  # the raw error first
-    with pytest.raises(optuna.exceptions.StorageInternalError) as raw:
-        storage._get_trials(study._study_id, None, set(), -1)
-    assert type(raw.value.__cause__) is sqlalchemy.exc.PendingRollbackError and is_transient(raw.value)
-    killed.clear()
-    storage.outage_policy, before = policy, policy.retries
-    assert [t.number for t in storage.get_all_trials(study._study_id)] == [0]
-    assert len(killed) == 1 and policy.retries == before + 1
-    optuna_root.removeHandler(handler)
+    try:
+        storage.outage_policy = None  # the raw error first
+        with pytest.raises(optuna.exceptions.StorageInternalError) as raw:
+            storage._get_trials(study._study_id, None, set(), -1)
+        assert type(raw.value.__cause__) is sqlalchemy.exc.PendingRollbackError and is_transient(raw.value)
+        killed.clear()
+        storage.outage_policy, before = policy, policy.retries
+        assert [t.number for t in storage.get_all_trials(study._study_id)] == [0]
+        assert len(killed) == 1 and policy.retries == before + 1
+    finally:
+        optuna_root.removeHandler(handler)
+        admin.dispose()
+        storage.engine.dispose()
     assert heard == []  # not Optuna's dump of the failed SQL: the outage policy reports it in one line
-    admin.dispose()
 
 
 def test_the_claim_lock_is_taken_afresh_after_its_session_died(pg_url):
