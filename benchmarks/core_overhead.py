@@ -6,7 +6,7 @@ one torch thread each, and see the same batches in the same order:
 - **core**: ``sweeper.core.train`` (hook polls, the no-sync step, non-finite guard on the device,
   accumulation split, OOM guard, the sync every ``SYNC_EVERY`` steps, time checks), measured by
   its own per-epoch ``samples_per_s`` (training steps only, up to the epoch-end sync);
-- **plain**: the loop anyone would write: ``Batcher.random_batches`` (the same gather), forward,
+- **plain**: the loop anyone would write: the core's batch order (``epoch_rows``) and gather, forward,
   MSE, backward, ``clip_grad_norm_``, AdamW (fused, weight decay on matrices, as the core's),
   a LambdaLR step. No AMP (this is the CPU figure), no NaN check, no hook.
 
@@ -36,7 +36,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from sweeper.config import validate_config
 from sweeper.core import NullHook, train
-from sweeper.core.schedule import lr_factor
+from sweeper.core.schedule import epoch_rows, lr_factor
 from sweeper.data import Batcher, Panel
 from sweeper.models import build_model
 
@@ -103,7 +103,8 @@ def plain_epochs(cfg, panel: Panel) -> Iterator[float]:
     for _ in range(tc.epochs):
         model.train()
         start, seen = time.perf_counter(), 0
-        for batch in batcher.random_batches(tc.batch_size, generator, tc.samples_per_epoch):
+        for rows in epoch_rows(batcher, "random", tc.batch_size, generator, tc.samples_per_epoch):
+            batch = batcher.gather(rows.idx)
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.mse_loss(model(batch.x).float(), batch.y)
             loss.backward()

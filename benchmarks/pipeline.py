@@ -2,8 +2,8 @@
 
 Same random panel for both: 500 assets x 1000 dates x 20 features, lookback
 20, the first 100,000 samples (dates 19..218, all assets), random order,
-batch 512. sweeper: ``Batcher.random_batches`` (one index_select per batch on
-the resident tensor). Recipe: a torch ``Dataset`` whose ``__getitem__`` slices
+batch 512. sweeper: the training order (``core.schedule.epoch_rows``) gathered
+by ``Batcher.gather`` (one index_select per batch on the resident tensor). Recipe: a torch ``Dataset`` whose ``__getitem__`` slices
 the [T, N, F] tensor, under a ``DataLoader`` with num_workers 0 and 2
 (persistent workers, so worker start-up is not counted). Each figure is the
 median of a few timed epochs after one warm-up epoch; the contenders' epochs
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from sweeper.core.schedule import epoch_rows
 from sweeper.data import Batcher, Panel
 
 ASSETS, DATES, FEATURES, LOOKBACK, SAMPLES, BATCH = 500, 1000, 20, 20, 100_000, 512
@@ -84,8 +85,8 @@ def sweeper_epoch(batcher: Batcher, seed: list[int]):
     def run() -> int:
         seed[0] += 1
         n = 0
-        for batch in batcher.random_batches(BATCH, torch.Generator().manual_seed(seed[0])):
-            n += batch.x.shape[0]
+        for rows in epoch_rows(batcher, "random", BATCH, torch.Generator().manual_seed(seed[0]), None):
+            n += batcher.gather(rows.idx).x.shape[0]
         return n
     return run
 
@@ -113,7 +114,7 @@ def main() -> None:
             **{f"recipe_w{w}": recipe_epoch(loader) for w, loader in loaders.items()}}
     rates = interleaved_medians(runs, args.repeats)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
-    print(f"sweeper Batcher.random_batches: {rates['sweeper']:,.0f} samples/s")
+    print(f"sweeper epoch_rows + Batcher.gather: {rates['sweeper']:,.0f} samples/s")
     for w in loaders:
         print(f"recipe Dataset+DataLoader, num_workers={w}: {rates[f'recipe_w{w}']:,.0f} samples/s")
     best = max(rates["recipe_w0"], rates["recipe_w2"])

@@ -1,10 +1,11 @@
-"""Batcher: gathered windows equal a slow reference, both batch orders, placement."""
+"""Batcher: gathered windows equal a slow reference, both batch orders (as training draws them), placement."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from sweeper.config import DataConfig, SyntheticConfig
+from sweeper.core.schedule import dates_per_batch, epoch_rows
 from sweeper.data import Batcher, load_panel, placement
 from sweeper.data.placement import free_device_bytes
 
@@ -24,6 +25,21 @@ def reference(panel, t: int, i: int):
 
 def seen(batches) -> list[tuple[int, int]]:
     return [(int(t), int(i)) for b in batches for t, i in zip(b.t, b.i)]
+
+
+def random_batches(b: Batcher, batch_size: int, generator: torch.Generator, limit: int | None = None):
+    """An epoch in random order, gathered as the training step gathers it."""
+    return (b.gather(rows.idx) for rows in epoch_rows(b, "random", batch_size, generator, limit))
+
+
+def cross_section_batches(b: Batcher, dates: int, generator: torch.Generator, limit: int | None = None):
+    """An epoch of whole dates, ``dates`` per batch (the batch size that gives them), gathered."""
+    batch_size = round(dates * b.n_samples / b.n_dates)
+    assert dates_per_batch(b, batch_size) == dates
+    for rows in epoch_rows(b, "cross_section", batch_size, generator, limit):
+        batch = b.gather(rows.idx)
+        assert rows.date_counts == torch.unique_consecutive(batch.t, return_counts=True)[1].tolist()
+        yield batch
 
 
 def test_gather_equals_the_slow_reference(panel):
@@ -49,28 +65,28 @@ def test_first_target_window_starts_at_date_zero(panel):
 
 def test_random_batches_cover_every_sample_once_and_are_deterministic(panel):
     b = Batcher(panel, "train", "cpu")
-    first = seen(b.random_batches(64, torch.Generator().manual_seed(3)))
-    again = seen(b.random_batches(64, torch.Generator().manual_seed(3)))
-    other = seen(b.random_batches(64, torch.Generator().manual_seed(4)))
+    first = seen(random_batches(b, 64, torch.Generator().manual_seed(3)))
+    again = seen(random_batches(b, 64, torch.Generator().manual_seed(3)))
+    other = seen(random_batches(b, 64, torch.Generator().manual_seed(4)))
     assert first == again and first != other
     assert sorted(first) == [tuple(p) for p in panel.sample_index("train").tolist()]
     assert first != sorted(first)  # really shuffled
-    sizes = [len(x.y) for x in b.random_batches(64, torch.Generator().manual_seed(3))]
+    sizes = [len(x.y) for x in random_batches(b, 64, torch.Generator().manual_seed(3))]
     assert sizes[:-1] == [64] * (len(sizes) - 1) and sum(sizes) == b.n_samples
 
 
 def test_random_batches_limit(panel):
     b = Batcher(panel, "train", "cpu")
-    got = seen(b.random_batches(50, torch.Generator().manual_seed(0), limit=120))
+    got = seen(random_batches(b, 50, torch.Generator().manual_seed(0), limit=120))
     assert len(got) == 120 and len(set(got)) == 120
-    full = seen(b.random_batches(50, torch.Generator().manual_seed(0)))
+    full = seen(random_batches(b, 50, torch.Generator().manual_seed(0)))
     assert got == full[:120]  # the limit takes a prefix of the epoch's permutation
-    assert len(seen(b.random_batches(50, torch.Generator(), limit=10**9))) == b.n_samples
+    assert len(seen(random_batches(b, 50, torch.Generator(), limit=10**9))) == b.n_samples
 
 
 def test_random_batch_contents(panel):
     b = Batcher(panel, "valid", "cpu")
-    batch = next(b.random_batches(8, torch.Generator().manual_seed(1)))
+    batch = next(random_batches(b, 8, torch.Generator().manual_seed(1)))
     for k in range(8):
         x, y, y_raw = reference(panel, int(batch.t[k]), int(batch.i[k]))
         assert torch.equal(batch.x[k], x) and batch.y[k] == y and batch.y_raw[k] == y_raw
@@ -80,7 +96,7 @@ def test_cross_section_batches_hold_exactly_the_valid_assets_of_each_date(panel)
     b = Batcher(panel, "train", "cpu")
     a, z = panel.splits["train"]
     dates = []
-    for batch in b.cross_section_batches(3, torch.Generator().manual_seed(2)):
+    for batch in cross_section_batches(b, 3, torch.Generator().manual_seed(2)):
         ts = batch.t.tolist()
         groups = list(dict.fromkeys(ts))
         assert len(groups) <= 3
@@ -98,13 +114,13 @@ def test_cross_section_batches_hold_exactly_the_valid_assets_of_each_date(panel)
 
 def test_cross_section_batches_deterministic_and_limited(panel):
     b = Batcher(panel, "train", "cpu")
-    one = seen(b.cross_section_batches(2, torch.Generator().manual_seed(9)))
-    assert one == seen(b.cross_section_batches(2, torch.Generator().manual_seed(9)))
+    one = seen(cross_section_batches(b, 2, torch.Generator().manual_seed(9)))
+    assert one == seen(cross_section_batches(b, 2, torch.Generator().manual_seed(9)))
     per_date = len(one) / b.n_dates
-    limited = seen(b.cross_section_batches(2, torch.Generator().manual_seed(9), limit=100))
+    limited = seen(cross_section_batches(b, 2, torch.Generator().manual_seed(9), limit=100))
     assert len(limited) <= 100 and len(limited) > 100 - 2 * per_date
     assert limited == one[:len(limited)]  # whole dates, in the same order
-    tiny = list(b.cross_section_batches(2, torch.Generator().manual_seed(9), limit=1))
+    tiny = list(cross_section_batches(b, 2, torch.Generator().manual_seed(9), limit=1))
     assert len(tiny) == 1 and len(set(tiny[0].t.tolist())) == 1  # at least one date
 
 
@@ -143,8 +159,8 @@ def test_cuda_batches_match_cpu(panel, share):
     moved = panel.to("cuda", share)
     assert (moved.X.device.type == "cuda") == (share == 0.9)
     assert share == 0.9 or moved.X.is_pinned()
-    gpu = Batcher(moved, "train", "cuda").random_batches(64, torch.Generator().manual_seed(0))
-    cpu = Batcher(panel, "train", "cpu").random_batches(64, torch.Generator().manual_seed(0))
+    gpu = random_batches(Batcher(moved, "train", "cuda"), 64, torch.Generator().manual_seed(0))
+    cpu = random_batches(Batcher(panel, "train", "cpu"), 64, torch.Generator().manual_seed(0))
     for g, c in zip(gpu, cpu):
         assert g.x.device.type == "cuda"
         assert torch.equal(g.x.cpu(), c.x) and torch.equal(g.t.cpu(), c.t)

@@ -25,7 +25,8 @@ class Batch(NamedTuple):
 
 
 class Batcher:
-    """Random, cross-sectional and evaluation batches of one split."""
+    """Gathered batches of one split: of any sample pairs (an epoch's order is
+    :func:`sweeper.core.schedule.epoch_rows`), or of every sample in order, to evaluate."""
 
     def __init__(self, panel: Panel, split: str, device: torch.device | str) -> None:
         self.panel = panel
@@ -44,10 +45,7 @@ class Batcher:
         self._copy = self._home != self.device
         self.index = panel.sample_index(split)
         self.n_samples = int(self.index.shape[0])
-        # sample_index is sorted by date: each date's samples are one contiguous run
-        self._dates, self._counts = torch.unique_consecutive(self.index[:, 0], return_counts=True)
-        self._starts = torch.cumsum(self._counts, 0) - self._counts
-        self.n_dates = int(self._dates.shape[0])
+        self.n_dates = int(torch.unique_consecutive(self.index[:, 0]).shape[0])  # the index is sorted by date
 
     def gather(self, idx: torch.Tensor) -> Batch:
         """int64 [B, 2] (t, i) pairs -> Batch on the training device."""
@@ -87,41 +85,7 @@ class Batcher:
     def _move(self, v: torch.Tensor) -> torch.Tensor:
         return v.to(self.device, non_blocking=True) if self._copy else v
 
-    def random_batches(
-        self, batch_size: int, generator: torch.Generator, limit: int | None = None
-    ) -> Iterator[Batch]:
-        """Samples in a random order drawn from ``generator`` (deterministic for
-        its state); at most ``limit`` samples; the last batch may be smaller."""
-        order = torch.randperm(self.n_samples, generator=generator, device=generator.device)
-        order = order[: self._cap(limit)].to(self._home)
-        for start in range(0, len(order), batch_size):
-            yield self._gather(self.index[order[start:start + batch_size]])
-
-    def cross_section_batches(
-        self, dates_per_batch: int, generator: torch.Generator, limit: int | None = None
-    ) -> Iterator[Batch]:
-        """All samples of ``dates_per_batch`` dates per batch, rows grouped by
-        date (assets ascending), dates in a random order. ``limit`` stops before
-        the date that would exceed it (at least one date is always served)."""
-        perm = torch.randperm(self.n_dates, generator=generator, device=generator.device).to(self._home)
-        if limit is not None:
-            within = int((torch.cumsum(self._counts[perm], 0) <= limit).sum())
-            perm = perm[: max(within, 1)]
-        for start in range(0, len(perm), dates_per_batch):
-            chosen = perm[start:start + dates_per_batch]
-            yield self._gather(self.index[self._rows_of(chosen)])
-
-    def _rows_of(self, date_pos: torch.Tensor) -> torch.Tensor:
-        """Rows of the sample index belonging to the given date positions, in order."""
-        counts = self._counts[date_pos]
-        firsts = torch.repeat_interleave(self._starts[date_pos], counts)
-        run_start = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        return firsts + torch.arange(int(counts.sum()), device=self._home) - run_start
-
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
         """Every sample once, in (t, i) order."""
         for start in range(0, self.n_samples, batch_size):
             yield self._gather(self.index[start:start + batch_size])
-
-    def _cap(self, limit: int | None) -> int:
-        return self.n_samples if limit is None else min(limit, self.n_samples)
