@@ -11,13 +11,26 @@ from sweeper.config.dotted import config_hash, config_value, flatten, set_dotted
 from sweeper.config.drift import drift
 from sweeper.config.load import load_config, parse_sets, read_yaml, validate_config, with_overrides
 from sweeper.config.schema import (
-    BUILTIN_MODELS, METRICS, PRUNERS, SAMPLERS, DataConfig, DevicesConfig, ModelConfig, ParamSpec,
-    PrunerConfig, SamplerConfig, SplitConfig, StudyConfig, SweeperConfig, SyntheticConfig, TrainConfig,
+    BUILTIN_MODELS,
+    METRICS,
+    PRUNERS,
+    SAMPLERS,
+    DataConfig,
+    DevicesConfig,
+    ModelConfig,
+    ParamSpec,
+    PrunerConfig,
+    SamplerConfig,
+    SplitConfig,
+    StudyConfig,
+    SweeperConfig,
+    SyntheticConfig,
+    TrainConfig,
 )
 
 __all__ = [
-    "BUILTIN_MODELS", "METRICS", "PRUNERS", "SAMPLERS", "DataConfig", "DevicesConfig", "ModelConfig", "ParamSpec",
-    "PrunerConfig", "SamplerConfig", "SplitConfig", "StudyConfig", "SweeperConfig", "SyntheticConfig",
-    "TrainConfig", "config_hash", "config_value", "drift", "flatten", "load_config", "parse_sets", "read_yaml",
-    "set_dotted", "to_dict", "validate_config", "with_overrides",
+    "BUILTIN_MODELS", "METRICS", "PRUNERS", "SAMPLERS", "DataConfig", "DevicesConfig", "ModelConfig",
+    "ParamSpec", "PrunerConfig", "SamplerConfig", "SplitConfig", "StudyConfig", "SweeperConfig",
+    "SyntheticConfig", "TrainConfig", "config_hash", "config_value", "drift", "flatten", "load_config",
+    "parse_sets", "read_yaml", "set_dotted", "to_dict", "validate_config", "with_overrides",
 ]

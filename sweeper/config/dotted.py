@@ -56,7 +56,8 @@ def config_value(cfg: SweeperConfig, key: str) -> Any:
     for part in key.split("."):
         if isinstance(node, dict):
             node = node[part]
-        elif isinstance(node, BaseModel) and (part in type(node).model_fields or part in (node.model_extra or {})):
+        elif isinstance(node, BaseModel) and (part in type(node).model_fields
+                                              or part in (node.model_extra or {})):
             node = getattr(node, part)
         else:
             raise KeyError(key)

@@ -19,7 +19,8 @@ CHECKPOINT_SECTIONS = ("model.", "train.", "data.")
 NOT_DRIFT = frozenset({"data.cache", "data.cache_dir", "data.cache_max_gb", "data.device_share"})
 
 
-def differing_keys(stored: dict[str, Any], current: dict[str, Any], prefixes: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+def differing_keys(stored: dict[str, Any], current: dict[str, Any],
+                   prefixes: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
     """``(dotted key, stored value, current value)`` for every key under ``prefixes`` that differs, sorted."""
     old, new = flatten(stored), flatten(current)
     keys = sorted(k for k in set(old) | set(new) if k.startswith(prefixes) and k not in NOT_DRIFT)

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from sweeper.config.dotted import set_dotted
 from sweeper.config.schema import DataConfig, SweeperConfig
@@ -22,7 +23,7 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-def _model_at(loc: tuple[Any, ...]) -> Any:
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class whose fields live at ``loc`` (for suggestions)."""
     cls: Any = SweeperConfig
     for part in loc:
@@ -36,7 +37,7 @@ def _model_at(loc: tuple[Any, ...]) -> Any:
     return cls
 
 
-def _format_error(err: dict[str, Any]) -> str:
+def _format_error(err: ErrorDetails) -> str:
     loc = tuple(err["loc"])
     key = _dotted(loc)
     if err["type"] == "extra_forbidden":
@@ -57,13 +58,15 @@ def _format_error(err: dict[str, Any]) -> str:
 def validate_config(raw: dict[str, Any], source: str) -> SweeperConfig:
     """Validate a raw mapping; any problem becomes one ConfigError naming ``source``."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections (study, data, model, ...), got {type(raw).__name__}")
+        raise ConfigError(f"{source}: expected a mapping of sections (study, data, model, ...), "
+                          f"got {type(raw).__name__}")
     try:
         return SweeperConfig.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         first = _format_error(errors[0])
-        more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+        extra = len(errors) - 1
+        more = f" (and {extra} more problem{'s' if extra > 1 else ''})" if extra else ""
         raise ConfigError(f"{source}: {first}{more}") from None
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -61,7 +61,7 @@ class StudyConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _grace_covers_heartbeats(self) -> "StudyConfig":
+    def _grace_covers_heartbeats(self) -> StudyConfig:
         # one late or lost beat (a slow write, a busy store) must never make a live host look dead
         if self.grace_period < 2 * self.heartbeat_interval:
             raise ValueError(f"grace_period ({self.grace_period}) must be at least 2 x "
@@ -90,7 +90,7 @@ class SyntheticConfig(_Strict):
     seed: int = 0
 
 
-SplitPart = Union[float, tuple[str, str]]
+SplitPart = float | tuple[str, str]
 
 
 class SplitConfig(_Strict):
@@ -116,16 +116,14 @@ class SplitConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SplitConfig":
-        parts = (self.train, self.valid, self.test)
-        kinds = {isinstance(p, float) for p in parts}
-        if len(kinds) != 1:
+    def _consistent(self) -> SplitConfig:
+        fractions = [p for p in (self.train, self.valid, self.test) if isinstance(p, float)]
+        if len(fractions) not in (0, 3):
             raise ValueError("use fractions for all three splits, or date ranges for all three")
-        if isinstance(self.train, float):
-            if any(p <= 0 for p in parts):
-                raise ValueError("split fractions must be > 0")
-            if sum(parts) > 1.0 + 1e-9:
-                raise ValueError(f"split fractions add up to {sum(parts):g}, more than 1")
+        if any(p <= 0 for p in fractions):
+            raise ValueError("split fractions must be > 0")
+        if sum(fractions) > 1.0 + 1e-9:
+            raise ValueError(f"split fractions add up to {sum(fractions):g}, more than 1")
         return self
 
 
@@ -151,7 +149,7 @@ class DataConfig(_Strict):
     cache_max_gb: float = Field(50.0, ge=0)
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DataConfig":
+    def _one_source(self) -> DataConfig:
         if self.path is None and self.synthetic is None:
             raise ValueError("set data.path to a Parquet file, or data.synthetic for the built-in panel")
         if self.path is not None and self.synthetic is not None:
@@ -177,7 +175,7 @@ class ModelConfig(BaseModel):
     gradient_checkpointing: bool = False
 
     @model_validator(mode="after")
-    def _known(self) -> "ModelConfig":
+    def _known(self) -> ModelConfig:
         if ":" in self.name:
             return self
         if self.name not in BUILTIN_MODELS:
@@ -187,7 +185,8 @@ class ModelConfig(BaseModel):
             )
         extra = sorted(self.model_extra or {})
         if extra:
-            raise ValueError(_unknown_key_message(f"model.{extra[0]}", extra[0], type(self).model_fields, "model."))
+            raise ValueError(_unknown_key_message(f"model.{extra[0]}", extra[0], type(self).model_fields,
+                                                  "model."))
         if self.name == "transformer" and self.d_model % self.nhead:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead})")
         return self
@@ -240,13 +239,14 @@ class TrainConfig(_Strict):
 
 
 class DevicesConfig(_Strict):
-    gpus: Literal["auto", "none"] | list[Union[int, str]] = "auto"
+    gpus: Literal["auto", "none"] | list[int | str] = "auto"
     # auto: trials packed on each GPU by their measured memory (sweeper.devices.packing)
     trials_per_gpu: Literal["auto"] | int = 1
     # auto only: the share of each GPU's memory that packing leaves free
     memory_margin: float = Field(0.1, ge=0, lt=1)
     max_trials_per_gpu: int | None = Field(None, ge=1)  # auto only: at most this many (default 8)
-    max_gpu_util: float | None = Field(None, gt=0, le=100)  # auto only: add no trial to a GPU this busy (NVML %)
+    # auto only: add no trial to a GPU this busy (NVML utilisation, %)
+    max_gpu_util: float | None = Field(None, gt=0, le=100)
     skip_busy: bool = False
     busy_memory_mb: int = Field(1024, ge=0)
     cpu_workers: Literal["auto"] | int = "auto"
@@ -269,7 +269,7 @@ class ParamSpec(_Strict):
     when: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "ParamSpec":
+    def _check(self) -> ParamSpec:
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("categorical parameter needs a non-empty 'choices' list")
@@ -307,7 +307,7 @@ class SweeperConfig(_Strict):
     report: ReportConfig = Field(default_factory=ReportConfig)
 
     @model_validator(mode="after")
-    def _space_keys(self) -> "SweeperConfig":
+    def _space_keys(self) -> SweeperConfig:
         for key, spec in self.search_space.items():
             _check_space_key(self, key, "search_space")
             for cond in (spec.when or {}):
@@ -315,7 +315,7 @@ class SweeperConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _pin_split(self) -> "SweeperConfig":
+    def _pin_split(self) -> SweeperConfig:
         # trials that sample another lookback, horizon or embargo must still be scored on the
         # same valid and test dates: the split takes the widest values any trial can have.
         # The result is part of the config, so it travels to the workers and into every trial.
@@ -338,7 +338,8 @@ def _space_highs(spec: ParamSpec | None) -> list[int]:
     if spec is None:
         return []
     if spec.type == "categorical":
-        numbers = [int(c) for c in spec.choices or () if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        numbers = [int(c) for c in spec.choices or ()
+                   if isinstance(c, (int, float)) and not isinstance(c, bool)]
         return [max(numbers)] if numbers else []
     return [int(spec.high)] if spec.high is not None else []
 
