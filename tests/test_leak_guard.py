@@ -73,12 +73,16 @@ def test_honest_features_pass_and_tiny_panels_are_not_refused_by_chance(tmp_path
 
 
 def _dense(path):
-    from sweeper.data.layout import densify
-    from sweeper.data.parquet import read_columns
+    """The raw dense arrays as load_panel scatters them (the file recipe's readers)."""
+    from sweeper.data.build import in_memory, scatter
+    from sweeper.data.columns import row_codes
+    from sweeper.data.parquet import feature_blocks, read_keys, read_plan
 
-    cols, _ = read_columns(DataConfig(path=str(path)))
-    dense = densify(cols)
-    return dense.X, dense.y, dense.mask, (19, 80)
+    cfg = DataConfig(path=str(path))
+    path, features, _ = read_plan(cfg)
+    keys = read_keys(path, cfg, features)
+    X, y, mask = scatter(keys, row_codes(keys), feature_blocks(path, features, len(keys.label)), in_memory)
+    return X, y, mask, (19, 80)
 
 
 def test_validate_refuses_it_from_the_outside(tmp_path, monkeypatch) -> None:

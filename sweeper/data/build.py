@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from sweeper.config import DataConfig
-from sweeper.data.layout import Codes, Columns, row_codes
+from sweeper.data.columns import Codes, Columns, row_codes
 from sweeper.data.leak import judge_leaks, mean_daily_corr
 from sweeper.data.normalize import fit_stats, normalize_inplace, normalize_label
 from sweeper.data.panel import Panel
@@ -65,7 +65,7 @@ def build(keys: Columns, blocks: Iterable[tuple[int, np.ndarray]], cfg: DataConf
     lookback, horizon, embargo = split_widths(cfg)
     splits = split_dates(codes.dates, cfg.split, lookback, horizon, embargo,
                          f"{keys.source}: column '{keys.date_col}'")
-    X, y_raw, mask = _scatter(keys, codes, blocks, alloc)
+    X, y_raw, mask = scatter(keys, codes, blocks, alloc)
     corr, rows = mean_daily_corr(X, y_raw, mask, splits["train"])
     judge_leaks(corr, rows, cfg.max_feature_label_corr, keys.feature_names, keys.source, keys.label_col)
     train_start, train_stop = splits["train"]
@@ -81,8 +81,11 @@ def build(keys: Columns, blocks: Iterable[tuple[int, np.ndarray]], cfg: DataConf
                  leak_rows=[float(r) for r in rows])
 
 
-def _scatter(keys: Columns, codes: Codes, blocks: Iterable[tuple[int, np.ndarray]],
-             alloc: Alloc) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def scatter(keys: Columns, codes: Codes, blocks: Iterable[tuple[int, np.ndarray]],
+            alloc: Alloc) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The raw dense ``(X [T, N, F], y_raw [T, N], mask [T, N])``: every row's features
+    (``blocks`` as in :func:`build`) and label put at its codes, NaN where a row is absent
+    or a value is missing or infinite. The one scatter of training and of scoring new data."""
     T, N, F = len(codes.dates), len(codes.assets), len(keys.feature_names)
     X = alloc("X", (T, N, F), np.dtype(np.float32))
     for a in range(0, T, _DATES):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from sweeper.data.layout import Columns, Dense
 from sweeper.errors import DataError
 
 _CELLS = 1 << 18  # (date, asset, feature) cells per chunk: bounds the float64 temporaries (2 MB each)
@@ -53,17 +52,12 @@ def _daily_corr(x: np.ndarray, y: np.ndarray, present: np.ndarray) -> tuple[np.n
     return np.where(n >= 3, corr, np.nan), n
 
 
-def check_leaks(dense: Dense, cols: Columns, train: tuple[int, int], threshold: float) -> None:
-    """DataError naming the feature most correlated with the label, if any is above
-    ``threshold`` by more than the noise of its rows (see the module docstring)."""
-    corr, rows = mean_daily_corr(dense.X, dense.y, dense.mask, train)
-    judge_leaks(corr, rows, threshold, cols.feature_names, cols.source, cols.label_col)
-
-
 def judge_leaks(corr: np.ndarray, rows: np.ndarray, threshold: float, names: list[str], source: str,
                 label_col: str) -> None:
-    """The verdict on :func:`mean_daily_corr`'s figures: kept apart so that a cached panel,
-    which stores them, is judged against the current ``data.max_feature_label_corr``."""
+    """The verdict on :func:`mean_daily_corr`'s figures: a DataError naming the feature most
+    correlated with the label, if any is above ``threshold`` by more than the noise of its rows
+    (see the module docstring). Kept apart so that a cached panel, which stores the figures,
+    is judged against the current ``data.max_feature_label_corr``."""
     corr, rows = np.asarray(corr, dtype=np.float64), np.asarray(rows, dtype=np.float64)
     with np.errstate(divide="ignore"):
         noise = 3.0 / np.sqrt(rows)

@@ -16,8 +16,8 @@ import numpy as np
 from sweeper.config import DataConfig
 from sweeper.data import synth
 from sweeper.data.build import Alloc, Built, build, in_memory, to_panel
+from sweeper.data.columns import Columns
 from sweeper.data.features import select as select_columns
-from sweeper.data.layout import Columns
 from sweeper.data.leak import judge_leaks
 from sweeper.data.panel import Panel
 from sweeper.data.parquet import feature_blocks, file_fingerprint, oracle_from_metadata, read_keys, read_plan

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 
 from sweeper.atomic import write_text
 from sweeper.config import DataConfig
+from sweeper.data.columns import Columns
 from sweeper.data.features import select as select_columns
-from sweeper.data.layout import Columns
 from sweeper.errors import DataError
 
 ORACLE_KEY = b"sweeper.oracle_ic"
@@ -73,15 +73,6 @@ def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: P
             or pa.types.is_large_string(dtype) or pa.types.is_dictionary(dtype) or pa.types.is_integer(dtype)):
         raise DataError(f"{path}: date column '{cfg.date_col}' has type {dtype}; "
                         "expected a timestamp, a date, ISO date strings or YYYYMMDD integers")
-
-
-def read_columns(cfg: DataConfig) -> tuple[Columns, dict[bytes, bytes]]:
-    """Validated columns of ``cfg.path`` and the file's key-value metadata."""
-    path = Path(str(cfg.path))
-    schema = read_schema(path)
-    features = select_features(schema, cfg, path)
-    check_types(schema, cfg, features, path)
-    return _read(path, cfg, features, label=True), dict(schema.metadata or {})
 
 
 def read_plan(cfg: DataConfig) -> tuple[Path, list[str], dict[bytes, bytes]]:

@@ -21,7 +21,8 @@ import pandas as pd
 import torch
 
 from sweeper.config import DataConfig
-from sweeper.data.layout import densify
+from sweeper.data.build import in_memory, scatter
+from sweeper.data.columns import row_codes
 from sweeper.data.normalize import normalize_features
 from sweeper.data.panel import Panel
 from sweeper.data.parquet import file_fingerprint, read_scoring_columns
@@ -37,15 +38,17 @@ def scoring_panel(cfg: DataConfig, path: str | Path, features: list[str], stats:
         raise DataError(f"{path}: no rows to score")
     if cfg.feature_norm == "robust_zscore" and (stats is None or stats.get("median") is None):
         raise DataError(f"{path}: robust_zscore needs the trial's fitted statistics, and none were given")
-    dense = densify(cols)
-    mask = torch.from_numpy(dense.mask)
-    X = normalize_features(torch.from_numpy(dense.X), mask, cfg.feature_norm, (0, 0), stats)
+    codes = row_codes(cols)
+    raw_X, y_raw, present = scatter(cols, codes, [(0, cols.features)], in_memory)
+    mask = torch.from_numpy(present)
+    X = normalize_features(torch.from_numpy(raw_X), mask, cfg.feature_norm, (0, 0), stats)
     y = torch.where(mask, torch.zeros(mask.shape), torch.full(mask.shape, float("nan")))
-    splits = {"all": (min(cfg.lookback - 1, len(dense.dates)), len(dense.dates))}
+    dates = codes.dates
+    splits = {"all": (min(cfg.lookback - 1, len(dates)), len(dates))}
     for name, days in (split_dates or {}).items():
-        splits[name] = date_range(dense.dates, days, cfg.lookback)
+        splits[name] = date_range(dates, days, cfg.lookback)
     selection = {"date": cols.date_col, "asset": cols.asset_col, "label": cols.label_col, "features": features}
-    return Panel(X=X, y=y, y_raw=torch.from_numpy(dense.y), mask=mask, dates=dense.dates, assets=dense.assets,
+    return Panel(X=X, y=y, y_raw=torch.from_numpy(y_raw), mask=mask, dates=dates, assets=codes.assets,
                  features=list(features), splits=splits, lookback=cfg.lookback, oracle_ic=None,
                  source=str(path), fingerprint=file_fingerprint(path, selection), norm_stats=stats)
 

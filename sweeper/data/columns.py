@@ -1,7 +1,9 @@
-"""Long rows (one per date and asset) -> dense [dates, assets, columns] arrays.
+"""A panel's long columns (one row per date and asset) and each row's place in the dense
+[dates, assets, columns] layout.
 
-Vectorised: dates and assets are factorised to integer codes and the values
-are scattered into NaN-filled arrays in one assignment; no per-row Python.
+Vectorised: dates are parsed once per distinct value and dates and assets are factorised
+to integer codes, with no per-row Python; :func:`sweeper.data.build.scatter` then puts the
+values where the codes say.
 """
 from __future__ import annotations
 
@@ -29,15 +31,6 @@ class Columns:
 
 
 @dataclass
-class Dense:
-    dates: np.ndarray        # [T] datetime64[ns], ascending
-    assets: np.ndarray       # [N] str (object)
-    X: np.ndarray            # [T, N, F] float32, NaN where missing or absent
-    y: np.ndarray            # [T, N] float32, NaN where missing or absent
-    mask: np.ndarray         # [T, N] bool, the row is present
-
-
-@dataclass
 class Codes:
     """Each row's date and asset position in the dense layout."""
 
@@ -53,23 +46,6 @@ def row_codes(cols: Columns) -> Codes:
     a_code, assets = factorize_assets(cols.assets, cols.source, cols.asset_col)
     check_unique(d_code, a_code, dates, assets, cols)
     return Codes(d_code, a_code, dates, assets)
-
-
-def densify(cols: Columns) -> Dense:
-    """Validate dates and (date, asset) uniqueness and scatter into dense arrays."""
-    codes = row_codes(cols)
-    d_code, a_code, dates, assets = codes.date, codes.asset, codes.dates, codes.assets
-    T, N, F = len(dates), len(assets), cols.features.shape[1]
-    X = np.full((T, N, F), np.nan, dtype=np.float32)
-    y = np.full((T, N), np.nan, dtype=np.float32)
-    mask = np.zeros((T, N), dtype=bool)
-    X[d_code, a_code] = cols.features
-    y[d_code, a_code] = cols.label
-    mask[d_code, a_code] = True
-    # infinities are as unusable as NaN and would poison every statistic
-    X[~np.isfinite(X)] = np.nan
-    y[~np.isfinite(y)] = np.nan
-    return Dense(dates=dates, assets=assets, X=X, y=y, mask=mask)
 
 
 def parse_dates(values: object, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
