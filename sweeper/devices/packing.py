@@ -20,8 +20,9 @@ and that trial is given all that is free there.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 # a trial of a measured shape may probe up to this multiple of its expected peak: the batch
 # probe keeps train.memory_margin of what it is given free, so the micro-batch its shape was

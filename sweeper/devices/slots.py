@@ -5,12 +5,12 @@ slot sees exactly one GPU, named by UUID because CUDA's default device order can
 differ from NVML's; a CPU slot sees none. Thread counts split the machine's cores
 between slots so concurrent trials don't oversubscribe.
 
-Fake GPU slots (``SWEEPER_FAKE_GPUS``) get the same env as real ones plus
-``SWEEPER_FAKE_GPU_SLOT=1``, which tells the worker to train on the CPU.
+A GPU may add to its slots' env (``GPU.slot_env``): a fake GPU's tell the worker to train
+on the CPU (:mod:`sweeper.devices.fake`).
 
 With ``trials_per_gpu: auto`` each GPU gets ``max_trials_per_gpu`` slots (8 unless set):
 the most trials packing may run on it at once. The driver starts their workers as
-packing needs them (:mod:`sweeper.devices.packing`).
+packing needs them (:mod:`sweeper.sweep.packer`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sweeper.config import DevicesConfig
-from sweeper.devices.nvml import FAKE_SLOT_ENV, GPU, NvmlProbe, probe
+from sweeper.devices.gpus import probe
+from sweeper.devices.nvml import GPU, NvmlProbe
 from sweeper.errors import DeviceError
 
 AUTO_MAX_TRIALS_PER_GPU = 8  # trials_per_gpu: auto without max_trials_per_gpu
@@ -69,14 +70,13 @@ def slots_per_gpu(cfg: DevicesConfig) -> int:
 
 def gpu_slots(gpus: list[GPU], trials_per_gpu: int) -> list[Slot]:
     threads = max(1, cpu_count() // max(1, len(gpus) * trials_per_gpu))
-    slots = []
+    slots: list[Slot] = []
     for gpu in gpus:
         for k in range(trials_per_gpu):
-            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": gpu.uuid, **_thread_env(threads)}
+            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": gpu.uuid,
+                   **_thread_env(threads), **gpu.slot_env}
             if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:  # a user's own setting is inherited instead
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # less fragmentation, fewer OOMs
-            if gpu.fake:
-                env[FAKE_SLOT_ENV] = "1"
             label = f"gpu{gpu.index}" + (f"#{k}" if trials_per_gpu > 1 else "")
             slots.append(Slot(id=len(slots), kind="gpu", gpu=gpu, env=env, threads=threads, label=label))
     return slots
@@ -96,7 +96,8 @@ def cpu_slots(workers: int | str) -> list[Slot]:
     count = min(cores, 8) if workers == "auto" else int(workers)
     threads = max(1, cores // count)
     env = {"CUDA_VISIBLE_DEVICES": "", **_thread_env(threads)}
-    return [Slot(id=k, kind="cpu", gpu=None, env=dict(env), threads=threads, label=f"cpu{k}") for k in range(count)]
+    return [Slot(id=k, kind="cpu", gpu=None, env=dict(env), threads=threads, label=f"cpu{k}")
+            for k in range(count)]
 
 
 def cpu_count() -> int:
@@ -129,7 +130,8 @@ def visible(gpus: list[GPU]) -> list[GPU]:
         if item.isdigit():
             gpu = gpus[int(item)] if int(item) < len(gpus) else None
         else:
-            hits = [g for g in gpus if item.lower().startswith("gpu-") and g.uuid.lower().startswith(item.lower())]
+            prefix = item.lower()
+            hits = [g for g in gpus if prefix.startswith("gpu-") and g.uuid.lower().startswith(prefix)]
             gpu = hits[0] if len(hits) == 1 else None
         if gpu is None or gpu in out:
             break
@@ -170,17 +172,21 @@ def _available(found: NvmlProbe) -> str:
 
 def _skip_busy(gpus: list[GPU], busy_memory_mb: int) -> list[GPU]:
     mine = os.getpid()
-    free, busy = [], []
+    free: list[GPU] = []
+    busy: list[str] = []  # "GPU 1 (2 process(es))"
     for gpu in gpus:
         others = [p for p in gpu.processes if p["pid"] != mine]
         reason = f"{len(others)} process(es)" if others else (
             f"{gpu.used_mb} MB used" if gpu.used_mb > busy_memory_mb else None
         )
-        (busy if reason else free).append((gpu, reason))
+        if reason is None:
+            free.append(gpu)
+        else:
+            busy.append(f"GPU {gpu.index} ({reason})")
     if not free:
-        detail = ", ".join(f"GPU {g.index} ({why})" for g, why in busy)
+        detail = ", ".join(busy)
         raise DeviceError(
             f"devices.skip_busy: every requested GPU is busy: {detail}; wait for them to free up, "
             f"raise devices.busy_memory_mb (now {busy_memory_mb}), or set devices.skip_busy: false"
         )
-    return [g for g, _ in free]
+    return free

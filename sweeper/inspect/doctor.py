@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from sweeper import __version__
 from sweeper.devices import GPU, NvmlProbe, probe
+from sweeper.devices.fake import GPUS_ENV
 
 NO_GPU_VERDICT = "no GPU: CPU slots will be used"
 
@@ -52,7 +53,7 @@ def doctor() -> DoctorReport:
 
 def _driver(found: NvmlProbe) -> str:
     if found.fake:
-        return f"fake GPUs (SWEEPER_FAKE_GPUS={len(found.gpus)})"
+        return f"fake GPUs ({GPUS_ENV}={len(found.gpus)})"
     return found.driver or f"not found: {found.error or 'NVML reported nothing'}"
 
 
@@ -82,7 +83,7 @@ def _verdict(found: NvmlProbe, torch_cuda: str | None, available: bool) -> tuple
         return NO_GPU_VERDICT, 0
     gpus = f"{n} GPU{'s' if n > 1 else ''}"
     if found.fake:
-        return f"{gpus} faked by SWEEPER_FAKE_GPUS: GPU slots will train on the CPU", 0
+        return f"{gpus} faked by {GPUS_ENV}: GPU slots will train on the CPU", 0
     if torch_cuda is None:
         return f"{gpus} found but this torch is a CPU-only build: install a CUDA build of torch", 1
     if not available:

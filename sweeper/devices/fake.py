@@ -1,0 +1,72 @@
+"""Fake GPUs, for tests and drills on machines without any, and the one place that
+chooses between them and the real ones.
+
+- ``SWEEPER_FAKE_GPUS=N``: the GPUs this process sees are N fake 80 GB GPUs, not NVML's;
+- ``SWEEPER_FAKE_BUSY=1,3``: those fake indices are used by another process;
+- ``SWEEPER_FAKE_GPU_MEMORY_MB``: each fake GPU's size (packing tests);
+- ``SWEEPER_FAKE_GPU_SLOT=1``: put in the env of a fake GPU's worker slots, so that the worker
+  trains on the CPU;
+- ``SWEEPER_FAKE_TRIAL_MEMORY_MB``: on such a slot, the peak memory every trial reports (its
+  batch probe's, each epoch's); a trial allotted less runs out of memory at its start.
+
+The environment is read at each call, never at import: tests set it after importing.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from sweeper.devices.nvml import GPU, NvmlProbe, read_nvml
+from sweeper.errors import DeviceError
+
+GPUS_ENV = "SWEEPER_FAKE_GPUS"
+BUSY_ENV = "SWEEPER_FAKE_BUSY"
+GPU_MEMORY_ENV = "SWEEPER_FAKE_GPU_MEMORY_MB"
+SLOT_ENV = "SWEEPER_FAKE_GPU_SLOT"
+TRIAL_MEMORY_ENV = "SWEEPER_FAKE_TRIAL_MEMORY_MB"
+TOTAL_MB = 81920
+BUSY_PID = 999_999  # "someone else": never a pid of ours in tests
+BUSY_MB = 30_000
+
+
+def gpu_reader() -> Callable[[], NvmlProbe]:
+    """What reads this process's GPUs: the fakes while ``SWEEPER_FAKE_GPUS`` is set, else NVML."""
+    return read_fakes if os.environ.get(GPUS_ENV, "").strip() else read_nvml
+
+
+def read_fakes() -> NvmlProbe:
+    count = _env_int(GPUS_ENV, os.environ[GPUS_ENV])
+    raw_busy = [part for part in os.environ.get(BUSY_ENV, "").split(",") if part.strip()]
+    busy = {_env_int(BUSY_ENV, part) for part in raw_busy}
+    raw_total = os.environ.get(GPU_MEMORY_ENV, "").strip()
+    total = _env_int(GPU_MEMORY_ENV, raw_total) if raw_total else TOTAL_MB
+    return NvmlProbe([_fake_gpu(k, k in busy, total) for k in range(count)], driver="fake", fake=True)
+
+
+def _fake_gpu(index: int, busy: bool, total: int) -> GPU:
+    # a fake GPU's memory is not used by the trials on it (they train on the CPU): packing
+    # counts them by the peaks they report (SWEEPER_FAKE_TRIAL_MEMORY_MB)
+    used = min(BUSY_MB, total) if busy else 0
+    return GPU(
+        index=index,
+        uuid=f"GPU-00000000-0000-4000-8000-{index:012d}",
+        name="Fake GPU",
+        total_mb=total,
+        free_mb=total - used,
+        used_mb=used,
+        util=100 if busy else 0,
+        processes=[{"pid": BUSY_PID, "used_mb": used}] if busy else [],
+        bf16=True,
+        capability=(9, 0),
+        slot_env={SLOT_ENV: "1"},
+    )
+
+
+def _env_int(name: str, value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise DeviceError(f"environment variable {name}: expected a whole number >= 0, got {value!r}")
+    return number
