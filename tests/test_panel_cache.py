@@ -29,6 +29,33 @@ def entries(root) -> list[str]:
     return sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
 
 
+# Counts the entries this process builds: every finished write of one (a build that fails
+# raises out of the write and is not counted). The same count runs in a subprocess's script.
+COUNT_BUILDS = """
+from sweeper.data import cache as _cache
+builds = []
+_real_write = _cache._write
+def _counted_write(entry, make):
+    _real_write(entry, make)
+    builds.append(entry)
+_cache._write = _counted_write
+"""
+
+
+@pytest.fixture
+def builds(monkeypatch) -> list:
+    """The entries this process built during the test, in order."""
+    done: list = []
+    real = C._write
+
+    def counted(entry, make):
+        real(entry, make)
+        done.append(entry)
+
+    monkeypatch.setattr(C, "_write", counted)
+    return done
+
+
 def assert_same_panel(a, b) -> None:
     for name in ("X", "y", "y_raw", "mask"):
         assert torch.equal(getattr(a, name), getattr(b, name), ) or (
@@ -42,13 +69,13 @@ def assert_same_panel(a, b) -> None:
         assert torch.equal(a.sample_index(split), b.sample_index(split))
 
 
-def test_built_once_then_mapped(tmp_path):
-    before = C.builds
+def test_built_once_then_mapped(tmp_path, builds):
+    before = len(builds)
     first = load_panel(syn(tmp_path))
     x_file = os.path.join(first.cache_entry, "X.npy")
     inode, mtime = os.stat(x_file).st_ino, os.stat(x_file).st_mtime_ns
     second = load_panel(syn(tmp_path))
-    assert C.builds == before + 1  # the second load mapped the entry
+    assert len(builds) == before + 1  # the second load mapped the entry
     assert second.cache_entry == first.cache_entry
     assert (os.stat(x_file).st_ino, os.stat(x_file).st_mtime_ns) == (inode, mtime)
     assert entries(tmp_path / "cache") == [os.path.basename(first.cache_entry)]
@@ -148,22 +175,22 @@ def test_eviction_removes_the_least_recently_used_past_the_size_cap(tmp_path):
     assert entries(root) == [os.path.basename(newest)]
 
 
-def test_a_torn_entry_is_never_used(tmp_path):
+def test_a_torn_entry_is_never_used(tmp_path, builds):
     reference = load_panel(syn(tmp_path, cache=False))
     first = load_panel(syn(tmp_path))
     x_file = os.path.join(first.cache_entry, "X.npy")
     del first
     with open(x_file, "r+b") as fh:  # a crash (or a full disk) cut the file short
         fh.truncate(os.path.getsize(x_file) // 2)
-    before = C.builds
+    before = len(builds)
     again = load_panel(syn(tmp_path))
-    assert C.builds == before + 1 and os.path.getsize(x_file) > 0
+    assert len(builds) == before + 1 and os.path.getsize(x_file) > 0
     assert_same_panel(again, reference.__class__(**{**reference.__dict__, "cache_entry": again.cache_entry}))
     os.remove(os.path.join(again.cache_entry, "meta.json"))  # no meta: not complete
-    assert load_panel(syn(tmp_path)).cache_entry == again.cache_entry and C.builds == before + 2
+    assert load_panel(syn(tmp_path)).cache_entry == again.cache_entry and len(builds) == before + 2
 
 
-def test_a_builder_killed_mid_build_leaves_nothing_that_is_read(tmp_path):
+def test_a_builder_killed_mid_build_leaves_nothing_that_is_read(tmp_path, builds):
     cfg = syn(tmp_path)
     script = textwrap.dedent(f"""
         import os, signal
@@ -179,9 +206,9 @@ def test_a_builder_killed_mid_build_leaves_nothing_that_is_read(tmp_path):
     root = tmp_path / "cache"
     debris = [p for p in root.iterdir() if p.name.startswith(".tmp-")]
     assert len(debris) == 1 and (debris[0] / "X.npy").exists() and entries(root) == []
-    before = C.builds
+    before = len(builds)
     panel = load_panel(cfg)
-    assert C.builds == before + 1
+    assert len(builds) == before + 1
     assert_same_panel(panel, load_panel(cfg.model_copy(update={"cache": False})).__class__(
         **{**load_panel(cfg.model_copy(update={"cache": False})).__dict__, "cache_entry": panel.cache_entry}))
     os.utime(debris[0], (0, 0))  # old, and its builder holds no lock: eviction clears it
@@ -191,13 +218,13 @@ def test_a_builder_killed_mid_build_leaves_nothing_that_is_read(tmp_path):
 
 def test_concurrent_builders_make_one_entry_and_see_the_same_arrays(tmp_path):
     cfg = syn(tmp_path, synthetic={"assets": 80, "dates": 400, "features": 6, "seed": 5})
-    script = textwrap.dedent(f"""
+    script = COUNT_BUILDS + textwrap.dedent(f"""
         import hashlib, json
         from sweeper.config import DataConfig
-        from sweeper.data import cache, load_panel
+        from sweeper.data import load_panel
         p = load_panel(DataConfig.model_validate({cfg.model_dump(mode="json")!r}))
         digest = hashlib.sha256(p.X.numpy().tobytes() + p.y.numpy().tobytes() + p.mask.numpy().tobytes()).hexdigest()
-        print(json.dumps({{"builds": cache.builds, "digest": digest, "entry": p.cache_entry}}))
+        print(json.dumps({{"builds": len(builds), "digest": digest, "entry": p.cache_entry}}))
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [json.loads(p.communicate(timeout=180)[0].splitlines()[-1]) for p in procs]

@@ -144,8 +144,10 @@ def test_new_dates_are_scored_with_the_trials_statistics(views, monkeypatch):
     """A file holding only lookback-1 dates of history before the dates to score and no
     label column: its predictions equal those on the study's own data, so robust_zscore
     used the trial's train statistics (a fit on these 30-odd dates would differ)."""
+    import torch
+
     from sweeper.data import load_panel
-    from sweeper.data.normalize import robust_fit
+    from sweeper.data.normalize import fit_stats
     from sweeper.inspect.trial_model import trial_config
     from sweeper.store.layout import trial_files
 
@@ -165,7 +167,9 @@ def test_new_dates_are_scored_with_the_trials_statistics(views, monkeypatch):
     # the check can fail: fitted on the new file itself, the statistics are different
     train_median = load_panel(trial_config(trial_files(root / "runs/views", best)).data).norm_stats["median"]
     new = pd.read_parquet(root / "new.parquet")[["f00", "f01", "f02"]].to_numpy(np.float32)
-    own_median, _ = robust_fit(new[None], np.isfinite(new)[None])
+    own = fit_stats(torch.from_numpy(new[None]), torch.ones(1, len(new), dtype=torch.bool), "robust_zscore",
+                    (0, 1), [])
+    own_median = np.array(own["median"])
     assert np.abs(own_median - np.array(train_median)).max() > 0.05
 
 

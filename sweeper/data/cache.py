@@ -48,9 +48,6 @@ GB = 10**9
 _TMP, _TRASH, _LOCKS = ".tmp-", ".trash-", ".locks"
 _STALE_TMP_S = 3600.0  # a .tmp- folder whose builder holds no lock and is older than this is debris
 
-builds = 0  # entries this process built: tests check that a second load maps instead
-
-
 def cache_root(cfg: DataConfig) -> Path:
     """``data.cache_dir``, else ``$SWEEPER_CACHE_DIR``, else ``~/.cache/sweeper/panels``."""
     where = cfg.cache_dir or os.environ.get(ENV_DIR) or Path.home() / ".cache" / "sweeper" / "panels"
@@ -109,7 +106,6 @@ def open_entry(entry: Path) -> Built | None:
 
 
 def _write(entry: Path, make: Callable[[Alloc], Built]) -> None:
-    global builds
     tmp = entry.parent / f"{_TMP}{entry.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -124,7 +120,6 @@ def _write(entry: Path, make: Callable[[Alloc], Built]) -> None:
         del built
         # the whole folder appears at once: an entry is complete or absent
         os.rename(tmp, entry)
-        builds += 1
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -60,16 +60,12 @@ def cs_rank(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.where(valid & (n > 1), out, np.nan).astype(x.dtype, copy=False)
 
 
-def robust_fit(x: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Median and scaled MAD per column over every valid (date, asset) row of ``x``.
+def _robust_columns(x: np.ndarray, valid_of: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Median and scaled MAD per column over the valid (date, asset) rows of each column of ``x``.
 
     ``scale = (MAD + 1e-12) * 1.4826`` exactly as Qlib's RobustZScoreNorm; float64.
     One column at a time: the temporaries are one column's values, never a copy of ``x``.
     """
-    return _robust_columns(x, lambda k: valid[..., k])
-
-
-def _robust_columns(x: np.ndarray, valid_of: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     cols = x.shape[-1]
     median, scale = np.full(cols, np.nan), np.full(cols, np.nan)
     for k in range(cols):  # per column: a plain median of the valid values, no NaN handling
