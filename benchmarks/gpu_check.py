@@ -40,9 +40,9 @@ import yaml
 
 from sweeper.config import validate_config
 from sweeper.core import NullHook, train
-from sweeper.core.batch_size import CudaMemory, attempt, find_micro_batch, release_memory
+from sweeper.core.batch_plan import preserved, probe_step
+from sweeper.core.batch_search import CudaMemory, attempt, find_micro_batch, release_memory
 from sweeper.core.precision import native_bf16, resolve_precision
-from sweeper.core.probe import preserved, probe_step
 from sweeper.core.schedule import make_optimizer
 from sweeper.data import Batcher, load_panel
 from sweeper.inspect.results import most_at_once

@@ -5,8 +5,8 @@ import weakref
 import pytest
 import torch
 
-import sweeper.core.batch_size as bs
-from sweeper.core.batch_size import find_micro_batch, is_oom
+import sweeper.core.batch_search as bs
+from sweeper.core.batch_search import find_micro_batch, is_oom
 from sweeper.errors import OutOfMemory
 
 
@@ -129,7 +129,7 @@ def test_probing_with_real_training_steps_leaves_no_trace():
     from sweeper.data import Batcher
     from sweeper.models import build_model
     from sweeper.core.precision import resolve_precision
-    from sweeper.core.probe import preserved, probe_step
+    from sweeper.core.batch_plan import preserved, probe_step
     from sweeper.core.progress import cpu_copy
     from sweeper.core.schedule import make_optimizer
     from toy_panel import toy_panel
@@ -256,7 +256,7 @@ def test_available_bytes():
 
 
 def test_halving_stops_at_the_minimum():
-    from sweeper.core.probe import shrink_micro
+    from sweeper.core.batch_plan import shrink_micro
 
     sizes, micro = [], 100
     with pytest.raises(OutOfMemory, match="out of memory at micro-batch 12; halving it would go below "
@@ -268,7 +268,7 @@ def test_halving_stops_at_the_minimum():
 
 
 def test_an_ic_micro_batch_shrinks_to_one_date_and_then_says_why_it_cannot():
-    from sweeper.core.probe import shrink_micro
+    from sweeper.core.batch_plan import shrink_micro
 
     sizes, micro = [], 1024
     with pytest.raises(OutOfMemory, match="out of memory at micro-batch 300; it cannot shrink: the IC loss keeps "
@@ -324,7 +324,7 @@ class LedgerModel(torch.nn.Module):
 
 def _plan(ledger: Ledger, **train):
     from sweeper.core.precision import resolve_precision
-    from sweeper.core.probe import plan_batch
+    from sweeper.core.batch_plan import plan_batch
     from sweeper.core.schedule import DateRuns, make_optimizer
     from sweeper.data import Batcher
     from toy_panel import toy_config, toy_panel

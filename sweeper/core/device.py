@@ -1,11 +1,15 @@
-"""The device a trial trains on: which one, seeding, and peak-memory readings."""
+"""The device a trial trains on: which one, seeding, and the memory it is measured by."""
 from __future__ import annotations
 
 import random
 import resource
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
+
+from sweeper.core.batch_search import CudaMemory, MemoryReader
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
@@ -24,13 +28,69 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds every CUDA device too
 
 
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+class TrialMemory(Protocol):
+    """The device memory the core measures a trial by, chosen once per trial as its precision is:
+    what the batch probe measures, the peak known before the first epoch, and each epoch's peak.
+    :func:`trial_memory` gives a device's own; a caller may hand ``train`` another."""
+
+    def reader(self) -> MemoryReader | None:
+        """What the batch probe measures against; None: nothing is probed (micro-batch = batch)."""
+        ...
+
+    def start_peak_mb(self, probed_mb: float) -> float:
+        """The peak reported before the first epoch (packing charges the trial by it from then
+        on), from what the probe measured (NaN: nothing was probed, on the CPU or on resuming).
+        May raise OutOfMemory, as a probe does, for a trial that cannot fit its allotment."""
+        ...
+
+    def reset_peak(self) -> None:
+        """An epoch begins."""
+        ...
+
+    def peak_mb(self) -> float:
+        """The peak since the epoch began."""
+        ...
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak allocated since the epoch began. CPU: the process's peak resident size."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+@dataclass(frozen=True)
+class CudaTrialMemory:
+    """A CUDA device's memory, within ``limit_mb``, the trial's allotment of a GPU it shares
+    (None: all that is free). Peaks are the caching allocator's allocated bytes."""
+
+    device: torch.device
+    limit_mb: float | None = None
+
+    def reader(self) -> CudaMemory:
+        return CudaMemory(self.device, self.limit_mb)
+
+    def start_peak_mb(self, probed_mb: float) -> float:
+        return probed_mb
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_mb(self) -> float:
+        return torch.cuda.max_memory_allocated(self.device) / 2**20
+
+
+class HostMemory:
+    """The CPU's: nothing is probed (the host's allocator tells no free memory or peak to probe
+    against); a peak is the process's peak resident size, which cannot be reset."""
+
+    def reader(self) -> None:
+        return None
+
+    def start_peak_mb(self, probed_mb: float) -> float:
+        return probed_mb
+
+    def reset_peak(self) -> None:
+        return None
+
+    def peak_mb(self) -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def trial_memory(device: torch.device, limit_mb: float | None = None) -> TrialMemory:
+    """The memory a trial on ``device`` is measured by: CUDA's, within its allotment ``limit_mb``
+    of a shared GPU when it has one; elsewhere the host's."""
+    return CudaTrialMemory(device, limit_mb) if device.type == "cuda" else HostMemory()

@@ -18,13 +18,13 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from sweeper.config import SweeperConfig
-from sweeper.core.batch_size import attempt, release_memory
+from sweeper.core.batch_plan import BatchPlan, plan_batch, shrink_micro
+from sweeper.core.batch_search import attempt, release_memory
 from sweeper.core.checkpoint import check_same_config, restore, training_state
-from sweeper.core.device import peak_memory_mb, reset_peak_memory, resolve_device, seed_everything
+from sweeper.core.device import TrialMemory, resolve_device, seed_everything, trial_memory
 from sweeper.core.evaluate import evaluate, final_scores
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
 from sweeper.core.precision import resolve_precision
-from sweeper.core.probe import BatchPlan, device_memory, plan_batch, shrink_micro
 from sweeper.core.progress import EpochSteps, Progress, epoch_line, mean
 from sweeper.core.schedule import DateRuns, Rows, count_steps, epoch_rows, lr_factor, make_optimizer, rewind
 from sweeper.core.step import train_step
@@ -52,15 +52,18 @@ class TrainResult:
 def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None = None,
           hook: EpochHook = NullHook(), checkpoint: Checkpointer = NullCheckpointer(),
           log: Callable[[str], None] | None = None, started: float | None = None,
-          memory_limit_mb: float | None = None) -> TrainResult:
+          memory: TrialMemory | None = None, memory_limit_mb: float | None = None) -> TrainResult:
     """Train ``cfg.model`` on ``panel``'s train split; early-stop on valid; score valid and test
     with the best epoch's weights. Raises NonFiniteLoss, OutOfMemory, Interrupted.
 
     ``started`` (a ``time.monotonic()`` reading, default now) is when the run began: a sweep's
     worker passes the trial's start, so that ``train.max_minutes`` also counts loading the data.
     Past that deadline the epoch ends at the next step and the run is scored as usual.
-    ``memory_limit_mb``: this trial's allotment of a GPU it shares; the batch probe plans within
-    it (less the margin) instead of within all the free memory. None: all the free memory."""
+    ``memory``: what the trial's memory is measured by (the batch probe, the peaks reported); by
+    default the device's own (:func:`~sweeper.core.device.trial_memory`), where a CUDA probe plans
+    within all the free memory. A trial given an allotment of a GPU it shares passes
+    ``trial_memory(device, allotted_mb)``.
+    ``memory_limit_mb``: temporary, until the sweep's worker passes ``memory`` (issue 19)."""
     began = time.perf_counter()
     tc = cfg.train
     say = log or (lambda message: None)
@@ -74,6 +77,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     panel = panel.to(device, cfg.data.device_share)
     model = build_model(cfg.model, len(panel.features), panel.lookback).to(device)
     precision = resolve_precision(tc.precision, device)
+    memory = trial_memory(device, memory_limit_mb) if memory is None else memory
     optimizer = make_optimizer(model, tc.lr, tc.weight_decay)
     scaler = precision.scaler()
     batcher = Batcher(panel, "train", device)
@@ -87,8 +91,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         check_same_config(state, cfg)
         plan = BatchPlan(int(state["batch_size"]), int(state["micro_batch_size"]), tc.eval_batch_size)
     else:
-        plan = plan_batch(cfg, step_model, optimizer, precision, batcher, panel, device_memory(device, memory_limit_mb),
-                          date_rows)
+        plan = plan_batch(cfg, step_model, optimizer, precision, batcher, panel, memory.reader(), date_rows)
     batch_size, micro, eval_batch = plan.batch_size, plan.micro_batch, plan.eval_batch_size
     steps_per_epoch = count_steps(batcher, order, batch_size, tc.samples_per_epoch)
     scheduler = LambdaLR(optimizer, lr_factor(tc.schedule, tc.warmup_frac, steps_per_epoch * tc.epochs))
@@ -100,9 +103,10 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         f"(micro {micro}), {precision.name}, {steps_per_epoch} steps/epoch")
     if plan.note:
         say(plan.note)
+    start_peak = memory.start_peak_mb(plan.peak_mem_mb)  # NaN: not known before an epoch measures it
     on_probe = getattr(hook, "on_probe", None)  # optional, like tick
-    if on_probe is not None and not math.isnan(plan.peak_mem_mb):  # a probe ran: its peak, before any epoch
-        on_probe(plan.peak_mem_mb)
+    if on_probe is not None and not math.isnan(start_peak):
+        on_probe(start_peak)
     step = partial(train_step, step_model, list(model.parameters()), optimizer, scaler, precision, batcher.gather,
                    loss_name=tc.loss, grad_clip=tc.grad_clip)
     shrink = partial(shrink_micro, minimum=tc.min_micro_batch, batch_size=batch_size, date_rows=date_rows)
@@ -113,7 +117,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         if stop_reason != "epochs":
             break
         model.train()
-        reset_peak_memory(device)
+        memory.reset_peak()
         epoch_start, seen, steps = time.perf_counter(), 0, EpochSteps()
         for rows in epoch_rows(batcher, order, batch_size, generator, tc.samples_per_epoch, runs):
             if hook.should_stop():  # a flag read, not a device sync
@@ -135,7 +139,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         # ---- end of epoch: validate, keep the best weights, checkpoint, report
         scores = evaluate(step_model, panel, "valid", device, eval_batch, tc.loss, tick)
         metrics = {"epoch": epoch, "train_loss": steps.mean_loss, **scores,
-                   "samples_per_s": seen / max(train_seconds, 1e-9), "peak_mem_mb": peak_memory_mb(device),
+                   "samples_per_s": seen / max(train_seconds, 1e-9), "peak_mem_mb": memory.peak_mb(),
                    "lr": scheduler.get_last_lr()[0], "micro_batch_size": micro,
                    "accum_steps": math.ceil(batch_size / micro)}
         progress.record(epoch, metrics, tc.early_stop_metric, model)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from sweeper.config import SweeperConfig
-from sweeper.core.batch_size import CudaMemory, MemoryReader, find_micro_batch, release_memory
+from sweeper.core.batch_search import MemoryReader, find_micro_batch, release_memory
 from sweeper.core.precision import Precision
 from sweeper.core.progress import cpu_copy
 from sweeper.core.schedule import Rows
@@ -32,12 +32,6 @@ class BatchPlan:
     eval_batch_size: int     # rows per evaluation forward
     peak_mem_mb: float = math.nan  # the probe's measured device peak (allocated) at these sizes; NaN: not probed
     note: str = ""           # what the probe did, for the log
-
-
-def device_memory(device: torch.device, memory_limit_mb: float | None) -> MemoryReader | None:
-    """What the probe measures on ``device``: CUDA memory, within the trial's allotment of a
-    shared GPU (``memory_limit_mb``) when it has one. None elsewhere: nothing is probed."""
-    return CudaMemory(device, memory_limit_mb) if device.type == "cuda" else None
 
 
 def plan_batch(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
