@@ -1,5 +1,6 @@
 """Fake GPUs, for tests and drills on machines without any, and the one place that
-chooses between them and the real ones.
+chooses between them and the real ones: the GPUs a process sees (:func:`gpu_reader`) and
+what a worker's trials train on (:func:`trial_device`).
 
 - ``SWEEPER_FAKE_GPUS=N``: the GPUs this process sees are N fake 80 GB GPUs, not NVML's;
 - ``SWEEPER_FAKE_BUSY=1,3``: those fake indices are used by another process;
@@ -15,9 +16,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from sweeper.devices.nvml import GPU, NvmlProbe, read_nvml
-from sweeper.errors import DeviceError
+from sweeper.errors import DeviceError, OutOfMemory
+
+if TYPE_CHECKING:
+    from sweeper.core.device import TrialMemory
 
 GPUS_ENV = "SWEEPER_FAKE_GPUS"
 BUSY_ENV = "SWEEPER_FAKE_BUSY"
@@ -70,3 +76,81 @@ def _env_int(name: str, value: str) -> int:
     if number < 0:
         raise DeviceError(f"environment variable {name}: expected a whole number >= 0, got {value!r}")
     return number
+
+
+# ------------------------------------------------------------------ a worker's trials
+
+
+class TrialDevice(Protocol):
+    """What a worker's trials train on: ``train(device=torch_device, memory=memory(allotted_mb))``."""
+
+    @property
+    def torch_device(self) -> str:
+        """``"cuda"`` or ``"cpu"``."""
+        ...
+
+    def memory(self, limit_mb: float | None) -> TrialMemory:
+        """What a trial allotted ``limit_mb`` of a shared GPU (None: all of it) is measured by."""
+        ...
+
+
+def trial_device() -> TrialDevice:
+    """The device of this worker's trials, asked once at its start: on a fake GPU's slot
+    (``SWEEPER_FAKE_GPU_SLOT``) the CPU, with the fake trial memory; else CUDA where torch
+    sees a GPU (the one its slot names), else the CPU."""
+    if os.environ.get(SLOT_ENV):
+        return FakeSlot()
+    import torch  # a worker's: the processes that read GPUs through this module need no torch
+
+    return RealDevice("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass(frozen=True)
+class RealDevice:
+    torch_device: str
+
+    def memory(self, limit_mb: float | None) -> TrialMemory:
+        import torch
+
+        from sweeper.core.device import trial_memory
+
+        return trial_memory(torch.device(self.torch_device), limit_mb)
+
+
+@dataclass(frozen=True)
+class FakeSlot:
+    """A fake GPU's slot: its trials train on the CPU, and report ``SWEEPER_FAKE_TRIAL_MEMORY_MB``
+    as their peak where it is set (read per trial, as a trial's failure if it is no number)."""
+
+    torch_device: str = "cpu"
+
+    def memory(self, limit_mb: float | None) -> TrialMemory:
+        raw = os.environ.get(TRIAL_MEMORY_ENV, "").strip()
+        if not raw:
+            return RealDevice(self.torch_device).memory(limit_mb)
+        return FakeTrialMemory(float(raw), limit_mb)
+
+
+@dataclass(frozen=True)
+class FakeTrialMemory:
+    """A trial's memory on a fake GPU: ``needs_mb`` wherever a GPU trial reports a measured peak
+    (before its first epoch, as a batch probe's; each epoch's), and out of memory at its start
+    when that is more than it was allotted. Nothing is probed: it trains on the CPU."""
+
+    needs_mb: float
+    allotted_mb: float | None
+
+    def reader(self) -> None:
+        return None
+
+    def start_peak_mb(self, probed_mb: float) -> float:
+        if self.allotted_mb is not None and self.needs_mb > self.allotted_mb:
+            raise OutOfMemory(f"fake GPU: the trial needs {self.needs_mb:g} MB and was allotted "
+                              f"{self.allotted_mb:g} MB ({TRIAL_MEMORY_ENV})")
+        return self.needs_mb
+
+    def reset_peak(self) -> None:
+        return None
+
+    def peak_mb(self) -> float:
+        return self.needs_mb
