@@ -42,6 +42,7 @@ from sweeper.config import validate_config
 from sweeper.core import NullHook, train
 from sweeper.core.batch_plan import preserved, probe_step
 from sweeper.core.batch_search import CudaMemory, attempt, find_micro_batch, release_memory
+from sweeper.core.loss import resolve_loss
 from sweeper.core.precision import native_bf16, resolve_precision
 from sweeper.core.schedule import make_optimizer
 from sweeper.data import Batcher, load_panel
@@ -162,7 +163,7 @@ def probe_vs_scan(panel, synthetic: dict, device: torch.device, leave_gib: float
     model = build_model(config(model_cfg, synthetic).model, len(panel.features), panel.lookback).to(device)
     optimizer = make_optimizer(model, 1e-4, 0.01)
     batcher = Batcher(panel.to(device, 0.5), "train", device)
-    step = probe_step(model, optimizer, precision, batcher, "mse", 0)
+    step = probe_step(model, optimizer, precision, batcher, resolve_loss("mse"), 0)
     blocker = None
     if cuda:
         mem: Any = CudaMemory(device)

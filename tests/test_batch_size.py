@@ -130,6 +130,7 @@ def test_probing_with_real_training_steps_leaves_no_trace():
     from sweeper.models import build_model
     from sweeper.core.precision import resolve_precision
     from sweeper.core.batch_plan import preserved, probe_step
+    from sweeper.core.loss import resolve_loss
     from sweeper.core.progress import cpu_copy
     from sweeper.core.schedule import make_optimizer
     from toy_panel import toy_panel
@@ -139,7 +140,7 @@ def test_probing_with_real_training_steps_leaves_no_trace():
     optimizer = make_optimizer(model, 1e-2, 0.01)
     before, rng = cpu_copy(model.state_dict()), torch.get_rng_state()
     step = probe_step(model, optimizer, resolve_precision("fp32", torch.device("cpu")),
-                      Batcher(toy_panel(), "train", "cpu"), "mse", seed=0)
+                      Batcher(toy_panel(), "train", "cpu"), resolve_loss("mse"), seed=0)
     dev = FakeDevice(free=1_000_000, base=0, per_row=1_000)  # budget 900 kB: 900 rows
     changed = []
 
@@ -325,6 +326,7 @@ class LedgerModel(torch.nn.Module):
 def _plan(ledger: Ledger, **train):
     from sweeper.core.precision import resolve_precision
     from sweeper.core.batch_plan import plan_batch
+    from sweeper.core.loss import resolve_loss
     from sweeper.core.schedule import DateRuns, make_optimizer
     from sweeper.data import Batcher
     from toy_panel import toy_config, toy_panel
@@ -334,8 +336,8 @@ def _plan(ledger: Ledger, **train):
     ledger.optimizer = make_optimizer(model, 1e-2, 0.01)
     batcher = Batcher(panel, "train", "cpu")
     date_rows = DateRuns(batcher).largest if cfg.train.loss == "ic" else 1
-    return plan_batch(cfg, model, ledger.optimizer, resolve_precision("fp32", torch.device("cpu")), batcher, panel,
-                      ledger, date_rows)
+    return plan_batch(cfg, model, ledger.optimizer, resolve_precision("fp32", torch.device("cpu")),
+                      resolve_loss(cfg.train.loss), batcher, panel, ledger, date_rows)
 
 
 def test_the_plan_fits_the_evaluation_batch_too_and_reports_the_peak():

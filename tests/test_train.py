@@ -12,6 +12,7 @@ from sweeper.models import build_model
 from sweeper.core import FileCheckpointer, NullHook, predict, train
 from sweeper.core.schedule import lr_factor
 from sweeper.core.schedule import Rows
+from sweeper.core.loss import resolve_loss
 from sweeper.core.step import accumulate
 from sweeper.data import Batch
 from sweeper.core.precision import resolve_precision
@@ -221,7 +222,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_name, with_cou
     grads = []
     for micro in (13, 5, 4, 1):
         model.zero_grad()
-        loss = accumulate(model, gather, rows, micro, loss_name, fp32, scaler)
+        loss = accumulate(model, gather, rows, micro, resolve_loss(loss_name), fp32, scaler)
         grads.append((loss, [p.grad.clone() for p in model.parameters()]))
     full_loss, full_grads = grads[0]
     for loss, g in grads[1:]:

@@ -14,6 +14,7 @@ from torch import nn
 
 from sweeper.config import SweeperConfig
 from sweeper.core.batch_search import MemoryReader, find_micro_batch, release_memory
+from sweeper.core.loss import Loss
 from sweeper.core.precision import Precision
 from sweeper.core.progress import cpu_copy
 from sweeper.core.schedule import Rows
@@ -35,7 +36,8 @@ class BatchPlan:
 
 
 def plan_batch(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-               batcher: Batcher, panel: Panel, mem: MemoryReader | None, date_rows: int = 1) -> BatchPlan:
+               criterion: Loss, batcher: Batcher, panel: Panel, mem: MemoryReader | None,
+               date_rows: int = 1) -> BatchPlan:
     """The batch plan. With ``mem`` the micro-batch, then the evaluation batch, are probed
     against its free memory less ``train.memory_margin``; without it, micro-batch = batch.
     ``date_rows`` > 1: the IC loss's micro-batches hold whole dates, so none can be smaller."""
@@ -51,7 +53,7 @@ def plan_batch(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Opti
                "(train.loss: mse can split it)")
     evaluator = max((Batcher(panel, split, batcher.device) for split in EVAL_SPLITS), key=lambda b: b.n_samples)
     eval_cap = max(1, min(tc.eval_batch_size, evaluator.n_samples))
-    step = probe_step(model, optimizer, precision, batcher, tc.loss, tc.seed, tc.grad_clip)
+    step = probe_step(model, optimizer, precision, batcher, criterion, tc.seed, tc.grad_clip)
     with preserved(model, optimizer):
         train = find_micro_batch(step, mem, start=min(cap, AUTO_PROBE_START) if auto else cap, cap=cap,
                                  margin=tc.memory_margin, steps=tc.probe_steps, minimum=minimum, why_minimum=why)
@@ -68,7 +70,7 @@ def plan_batch(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Opti
 
 
 def probe_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, batcher: Batcher,
-               loss_name: str, seed: int, grad_clip: float | None = 1.0) -> Callable[[int], None]:
+               criterion: Loss, seed: int, grad_clip: float | None = 1.0) -> Callable[[int], None]:
     """A real training step (gather, precision, backward, clipping, AdamW update and its state) on
     ``size`` random rows; its gradients are freed afterwards, as the loop frees them to evaluate."""
     generator = torch.Generator().manual_seed(seed + 1)
@@ -78,7 +80,7 @@ def probe_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Pr
     def step(size: int) -> None:
         order = torch.randint(batcher.n_samples, (size,), generator=generator).to(batcher.index.device)
         train_step(model, params, optimizer, scaler, precision, batcher.gather, Rows(batcher.index[order]), size,
-                   loss_name, grad_clip)
+                   criterion, grad_clip)
         optimizer.zero_grad(set_to_none=True)
     return step
 

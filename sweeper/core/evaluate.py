@@ -10,7 +10,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from sweeper.core.batch_size import is_oom, release_memory
+from sweeper.core.batch_search import is_oom, release_memory
+from sweeper.core.loss import Loss
 from sweeper.data import Batcher, Panel
 from sweeper.quant import ic as M
 
@@ -65,7 +66,7 @@ def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | s
 
 
 def evaluate(model: nn.Module, panel: Panel, split: str, device: torch.device, batch_size: int,
-             loss_name: str, tick: Tick = _no_tick) -> dict:
+             criterion: Loss, tick: Tick = _no_tick) -> dict:
     """Per-epoch scores of a split: {val_loss, val_ic, val_rank_ic, val_icir} (vectorised torch)."""
     batcher = Batcher(panel, split, device)
     pred = predict_rows(model, batcher, batch_size, tick)
@@ -75,12 +76,7 @@ def evaluate(model: nn.Module, panel: Panel, split: str, device: torch.device, b
     matrix[idx[:, 0] - start, idx[:, 1]] = pred
     report = M.ic_report_torch(matrix, panel.y_raw[start:stop].to(pred.device))
     y = panel.y.to(pred.device)[idx[:, 0], idx[:, 1]]
-    if not len(pred):
-        loss = math.nan
-    elif loss_name == "mse":
-        loss = float(nn.functional.mse_loss(pred, y))
-    else:
-        loss = float(M.ic_loss(pred, y, idx[:, 0]))
+    loss = float(criterion(pred, y, idx[:, 0])) if len(pred) else math.nan
     p = SPLIT_PREFIX[split]
     return {f"{p}_loss": loss, f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"], f"{p}_icir": report["icir"]}
 

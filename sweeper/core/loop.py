@@ -24,6 +24,7 @@ from sweeper.core.checkpoint import check_same_config, restore, training_state
 from sweeper.core.device import TrialMemory, resolve_device, seed_everything, trial_memory
 from sweeper.core.evaluate import evaluate, final_scores
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
+from sweeper.core.loss import resolve_loss
 from sweeper.core.precision import resolve_precision
 from sweeper.core.progress import EpochSteps, Progress, epoch_line, mean
 from sweeper.core.schedule import DateRuns, Rows, count_steps, epoch_rows, lr_factor, make_optimizer, rewind
@@ -77,13 +78,14 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     panel = panel.to(device, cfg.data.device_share)
     model = build_model(cfg.model, len(panel.features), panel.lookback).to(device)
     precision = resolve_precision(tc.precision, device)
+    criterion = resolve_loss(tc.loss)
     memory = trial_memory(device, memory_limit_mb) if memory is None else memory
     optimizer = make_optimizer(model, tc.lr, tc.weight_decay)
     scaler = precision.scaler()
     batcher = Batcher(panel, "train", device)
     order = tc.resolved_batch_order
     runs = DateRuns(batcher) if order == "cross_section" else None
-    date_rows = runs.largest if runs is not None and tc.loss == "ic" else 1  # an IC micro-batch holds whole dates
+    date_rows = runs.largest if runs is not None and criterion.whole_dates else 1
     generator = torch.Generator().manual_seed(tc.seed)
     step_model = torch.compile(model) if tc.compile else model
     state = checkpoint.load()
@@ -91,7 +93,8 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         check_same_config(state, cfg)
         plan = BatchPlan(int(state["batch_size"]), int(state["micro_batch_size"]), tc.eval_batch_size)
     else:
-        plan = plan_batch(cfg, step_model, optimizer, precision, batcher, panel, memory.reader(), date_rows)
+        plan = plan_batch(cfg, step_model, optimizer, precision, criterion, batcher, panel, memory.reader(),
+                          date_rows)
     batch_size, micro, eval_batch = plan.batch_size, plan.micro_batch, plan.eval_batch_size
     steps_per_epoch = count_steps(batcher, order, batch_size, tc.samples_per_epoch)
     scheduler = LambdaLR(optimizer, lr_factor(tc.schedule, tc.warmup_frac, steps_per_epoch * tc.epochs))
@@ -108,7 +111,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     if on_probe is not None and not math.isnan(start_peak):
         on_probe(start_peak)
     step = partial(train_step, step_model, list(model.parameters()), optimizer, scaler, precision, batcher.gather,
-                   loss_name=tc.loss, grad_clip=tc.grad_clip)
+                   criterion=criterion, grad_clip=tc.grad_clip)
     shrink = partial(shrink_micro, minimum=tc.min_micro_batch, batch_size=batch_size, date_rows=date_rows)
 
     # ---- the epochs
@@ -137,7 +140,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         optimizer.zero_grad(set_to_none=True)  # validation needs no gradients: their memory is free for it
 
         # ---- end of epoch: validate, keep the best weights, checkpoint, report
-        scores = evaluate(step_model, panel, "valid", device, eval_batch, tc.loss, tick)
+        scores = evaluate(step_model, panel, "valid", device, eval_batch, criterion, tick)
         metrics = {"epoch": epoch, "train_loss": steps.mean_loss, **scores,
                    "samples_per_s": seen / max(train_seconds, 1e-9), "peak_mem_mb": memory.peak_mb(),
                    "lr": scheduler.get_last_lr()[0], "micro_batch_size": micro,

@@ -1,5 +1,5 @@
-"""One optimizer step, with no host sync: the split of a batch's rows into micro-batches
-whose weighted losses add up to the whole batch's loss, forward and backward of each,
+"""One optimizer step, with no host sync: a batch's rows in the micro-batches its loss
+splits them into (:meth:`~sweeper.core.loss.Loss.split`), forward and backward of each,
 then unscale, clip and update unless the loss or a gradient is non-finite.
 
 Nothing here reads a value back from the device: whether a step was non-finite stays a
@@ -13,61 +13,23 @@ from typing import Callable
 import torch
 from torch import nn
 
+from sweeper.core.loss import Loss
 from sweeper.core.precision import Precision
 from sweeper.core.schedule import Rows
 from sweeper.data import Batch
-from sweeper.quant import ic as M
 
 Gather = Callable[[torch.Tensor], Batch]  # sample pairs [B, 2] -> the batch on the training device
 
 
-def compute_loss(loss_name: str, pred: torch.Tensor, batch: Batch) -> torch.Tensor:
-    pred = pred.float()  # losses in fp32 whatever the autocast dtype
-    if loss_name == "mse":
-        return nn.functional.mse_loss(pred, batch.y)
-    return M.ic_loss(pred, batch.y, batch.t)
-
-
-def split_rows(rows: Rows, micro: int, loss_name: str) -> list[tuple[torch.Tensor, float]]:
-    """Split a batch into micro-batches of at most ``micro`` rows, each with the weight that
-    makes the sum of their losses equal the loss of the whole batch.
-
-    The IC loss averages over dates, so its micro-batches hold whole dates (a date larger
-    than ``micro`` is one micro-batch of its own) weighted by the share of the dates
-    ``ic_loss`` counts. A cross-sectional batch brings its date counts from the host; a
-    random-order batch is grouped by date here, which reads the counts back (one sync,
-    only when an IC batch is split)."""
-    idx = rows.idx
-    n = len(idx)
-    if micro >= n:
-        return [(idx, 1.0)]
-    if loss_name == "mse":  # mean over rows: weight = share of rows
-        return [(idx[s:s + micro], min(micro, n - s) / n) for s in range(0, n, micro)]
-    counts = rows.date_counts
-    if counts is None:
-        idx = idx[torch.argsort(idx[:, 0], stable=True)]
-        counts = torch.unique_consecutive(idx[:, 0], return_counts=True)[1].tolist()
-    usable = sum(c >= 2 for c in counts) or 1  # ic_loss skips dates of one row
-    parts, start, size, dates = [], 0, 0, 0
-    for c in counts + [None]:
-        if c is None or (size and size + c > micro):
-            if dates:
-                parts.append((idx[start:start + size], dates / usable))
-            start, size, dates = start + size, 0, 0
-        if c is not None:
-            size, dates = size + c, dates + (c >= 2)
-    return parts
-
-
-def accumulate(model: nn.Module, gather: Gather, rows: Rows, micro: int, loss_name: str, precision: Precision,
+def accumulate(model: nn.Module, gather: Gather, rows: Rows, micro: int, criterion: Loss, precision: Precision,
                scaler: torch.amp.GradScaler) -> torch.Tensor:
     """Gather, forward and backward every micro-batch; returns the (detached) loss of the whole batch."""
     total = None
-    for part, weight in split_rows(rows, micro, loss_name):
+    for part, weight in criterion.split(rows, micro):
         batch = gather(part)  # per micro-batch: a smaller micro-batch gathers less too
         with precision.autocast():
             pred = model(batch.x)
-        loss = compute_loss(loss_name, pred, batch)
+        loss = criterion(pred, batch.y, batch.t)
         if weight != 1.0:
             loss = loss * weight
         scaler.scale(loss).backward()
@@ -123,8 +85,8 @@ def update_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
 
 def train_step(model: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, precision: Precision, gather: Gather, rows: Rows, micro: int,
-               loss_name: str, grad_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+               criterion: Loss, grad_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step over ``rows``: (the batch's loss, the skip flag), both on the device."""
     optimizer.zero_grad(set_to_none=True)
-    loss = accumulate(model, gather, rows, micro, loss_name, precision, scaler)
+    loss = accumulate(model, gather, rows, micro, criterion, precision, scaler)
     return loss, finish_step(params, optimizer, scaler, loss, grad_clip)
