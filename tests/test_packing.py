@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from sweeper.config import DevicesConfig, load_config
 from sweeper.devices import list_gpus
-from sweeper.devices.packing import (HEADROOM, Policy, Room, admits, allotment_mb, charge_mb, choose, free_mb,
+from sweeper.devices.room import (HEADROOM, Policy, Room, admits, allotment_mb, charge_mb, choose, free_mb,
                                      others_mb, shape_key)
 from sweeper.inspect.results import most_at_once
 from sweeper.errors import ConfigError

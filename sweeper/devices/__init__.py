@@ -1,7 +1,7 @@
 """Devices: the GPUs this process sees (:mod:`~sweeper.devices.gpus`, read through
 :mod:`~sweeper.devices.nvml`, or the fakes of :mod:`~sweeper.devices.fake`), the worker slots
 planned on them (:mod:`~sweeper.devices.slots`), and the arithmetic of packing trials by their
-memory (:mod:`~sweeper.devices.packing`). No CUDA context, ever."""
+memory (:mod:`~sweeper.devices.room`). No CUDA context, ever."""
 from __future__ import annotations
 
 from sweeper.devices.gpus import environment_summary, list_gpus, probe, telemetry
