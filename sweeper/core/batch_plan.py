@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ class BatchPlan:
     batch_size: int          # rows behind one optimizer step
     micro_batch: int         # rows per forward/backward
     eval_batch_size: int     # rows per evaluation forward
-    peak_mem_mb: float = math.nan  # the probe's measured device peak (allocated) at these sizes; NaN: not probed
+    peak_mem_mb: float = math.nan  # the probe's device peak (allocated) at these sizes; NaN: not probed
     note: str = ""           # what the probe did, for the log
 
 
@@ -49,14 +49,16 @@ def plan_batch(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Opti
     minimum, why = min(tc.min_micro_batch, cap), ""
     if date_rows > minimum:
         minimum, cap = date_rows, max(cap, date_rows)
-        why = (f"; the IC loss keeps each date's rows in one micro-batch and the largest date has {date_rows} rows "
-               "(train.loss: mse can split it)")
-    evaluator = max((Batcher(panel, split, batcher.device) for split in EVAL_SPLITS), key=lambda b: b.n_samples)
+        why = ("; the IC loss keeps each date's rows in one micro-batch and the largest date has "
+               f"{date_rows} rows (train.loss: mse can split it)")
+    evaluator = max((Batcher(panel, split, batcher.device) for split in EVAL_SPLITS),
+                    key=lambda b: b.n_samples)
     eval_cap = max(1, min(tc.eval_batch_size, evaluator.n_samples))
     step = probe_step(model, optimizer, precision, batcher, criterion, tc.seed, tc.grad_clip)
     with preserved(model, optimizer):
         train = find_micro_batch(step, mem, start=min(cap, AUTO_PROBE_START) if auto else cap, cap=cap,
-                                 margin=tc.memory_margin, steps=tc.probe_steps, minimum=minimum, why_minimum=why)
+                                 margin=tc.memory_margin, steps=tc.probe_steps, minimum=minimum,
+                                 why_minimum=why)
         micro = train.micro_batch
         # AdamW's state, made by the first step, is alive (and counted) while the evaluation is probed
         evals = find_micro_batch(eval_step(model, evaluator), mem, start=eval_cap, cap=eval_cap,
@@ -79,8 +81,8 @@ def probe_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Pr
 
     def step(size: int) -> None:
         order = torch.randint(batcher.n_samples, (size,), generator=generator).to(batcher.index.device)
-        train_step(model, params, optimizer, scaler, precision, batcher.gather, Rows(batcher.index[order]), size,
-                   criterion, grad_clip)
+        train_step(model, params, optimizer, scaler, precision, batcher.gather, Rows(batcher.index[order]),
+                   size, criterion, grad_clip)
         optimizer.zero_grad(set_to_none=True)
     return step
 
@@ -129,5 +131,6 @@ def shrink_micro(micro: int, minimum: int, batch_size: int, date_rows: int = 1) 
             return date_rows
         raise OutOfMemory(f"out of memory at micro-batch {micro}; it cannot shrink: the IC loss keeps each "
                           f"date's rows in one micro-batch and the largest date of the training split has "
-                          f"{date_rows} rows (train.loss: mse can split a date; or fewer assets, or more memory)")
+                          f"{date_rows} rows (train.loss: mse can split a date; or fewer assets, or more "
+                          "memory)")
     return smaller

@@ -11,8 +11,9 @@ gone before memory is released.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -74,13 +75,27 @@ def available_bytes(free: int, total: int, reserved: int, allocated: int, fracti
     return int(max(available, 0))
 
 
+class CudaApi(Protocol):
+    """The calls of ``torch.cuda`` that :class:`CudaMemory` makes."""
+
+    def current_device(self) -> int: ...
+    def mem_get_info(self, device: torch.device) -> tuple[int, int]: ...
+    def memory_allocated(self, device: torch.device) -> int: ...
+    def memory_reserved(self, device: torch.device) -> int: ...
+    def get_per_process_memory_fraction(self, device: torch.device) -> float: ...
+    def synchronize(self, device: torch.device) -> None: ...
+    def reset_peak_memory_stats(self, device: torch.device) -> None: ...
+    def max_memory_allocated(self, device: torch.device) -> int: ...
+
+
 class CudaMemory:
     """MemoryReader for one CUDA device. The free memory and the base allocation are read
     once, at the first ``free_bytes()``, and every peak is counted from that base: what
     outlives one probed size (AdamW's moments, made by the first step that fits) is
     charged to every later size too. ``cuda`` is ``torch.cuda``, or a stand-in in tests."""
 
-    def __init__(self, device: torch.device, limit_mb: float | None = None, cuda: Any = torch.cuda) -> None:
+    def __init__(self, device: torch.device, limit_mb: float | None = None,
+                 cuda: CudaApi = torch.cuda) -> None:
         if device.index is None:  # some torch.cuda calls insist on an index
             device = torch.device("cuda", cuda.current_device())
         self.device, self.cuda = device, cuda
@@ -162,7 +177,8 @@ def find_micro_batch(try_step: Callable[[int], None], mem: MemoryReader, *, star
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     if lo < minimum:
+        budget_mib = result.budget_bytes / 2**20
         raise OutOfMemory(f"no micro-batch of at least {minimum} rows fits in memory "
-                          f"(tried {result.tried}; budget {result.budget_bytes / 2**20:.0f} MiB){why_minimum}")
+                          f"(tried {result.tried}; budget {budget_mib:.0f} MiB){why_minimum}")
     result.micro_batch = lo
     return result
