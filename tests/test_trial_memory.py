@@ -1,4 +1,5 @@
-"""A worker's trial device (sweeper.devices.fake.trial_device) and the fake GPU's trial memory,
+"""The memory a trial is measured by (sweeper.core.device), a worker's trial device
+(sweeper.devices.fake.trial_device) and the fake GPU's trial memory,
 through the real training core: the peaks a trial on a fake GPU reports, and its OOM."""
 from __future__ import annotations
 
@@ -85,3 +86,15 @@ def test_the_cpu_default_probes_nothing_and_reports_the_resident_peak() -> None:
     result = train(toy_config(epochs=1), toy_panel(), device="cpu", hook=hook)
     assert [kind for kind, _ in hook.events] == ["epoch"]  # no probe, so no peak before the epoch
     assert result.metrics["peak_mem_mb"] > 10  # MB resident: a Python process with torch
+
+
+def test_cuda_memory_reads_the_allocators_peak_and_probes_within_the_allotment(monkeypatch) -> None:
+    calls: list[tuple[str, torch.device]] = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(("reset", device)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 1536 * 2**20)
+    memory = trial_memory(torch.device("cuda", 0), 2000.0)
+    memory.reset_peak()
+    assert memory.peak_mb() == 1536.0 and calls == [("reset", torch.device("cuda", 0))]
+    assert memory.start_peak_mb(700.0) == 700.0 and math.isnan(memory.start_peak_mb(math.nan))
+    reader = memory.reader()
+    assert reader.device == torch.device("cuda", 0) and reader.limit_bytes == 2000 * 2**20
