@@ -3,7 +3,7 @@ per-epoch validation scores, and the final valid and test scores through ``predi
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -66,7 +66,7 @@ def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | s
 
 
 def evaluate(model: nn.Module, panel: Panel, split: str, device: torch.device, batch_size: int,
-             criterion: Loss, tick: Tick = _no_tick) -> dict:
+             criterion: Loss, tick: Tick = _no_tick) -> dict[str, float]:
     """Per-epoch scores of a split: {val_loss, val_ic, val_rank_ic, val_icir} (vectorised torch)."""
     batcher = Batcher(panel, split, device)
     pred = predict_rows(model, batcher, batch_size, tick)
@@ -78,18 +78,23 @@ def evaluate(model: nn.Module, panel: Panel, split: str, device: torch.device, b
     y = panel.y.to(pred.device)[idx[:, 0], idx[:, 1]]
     loss = float(criterion(pred, y, idx[:, 0])) if len(pred) else math.nan
     p = SPLIT_PREFIX[split]
-    return {f"{p}_loss": loss, f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"], f"{p}_icir": report["icir"]}
+    return {f"{p}_loss": loss, f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"],
+            f"{p}_icir": report["icir"]}
+
+
+Frames = dict[str, pd.DataFrame]  # split -> a frame of it
 
 
 def final_scores(model: nn.Module, panel: Panel, device: torch.device, batch_size: int,
-                 tick: Tick = _no_tick) -> tuple[dict, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+                 tick: Tick = _no_tick) -> tuple[dict[str, float], Frames, Frames]:
     """IC metrics, daily ICs and predictions of valid and test, from ``predict``'s frames."""
-    scores: dict[str, Any] = {}
+    scores: dict[str, float] = {}
     daily, predictions = {}, {}
     for split, p in SPLIT_PREFIX.items():
         frame = predict(model, panel, split, device, batch_size, tick)
         tick()
         report = M.ic_report(frame)
-        scores.update({f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"], f"{p}_icir": report["icir"]})
+        scores.update({f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"],
+                       f"{p}_icir": report["icir"]})
         daily[split], predictions[split] = M.daily_ic(frame), frame
     return scores, daily, predictions

@@ -9,7 +9,8 @@ permutation of the samples, or whole dates in a random order (:func:`epoch_rows`
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -112,7 +113,8 @@ def epoch_rows(batcher: Batcher, order: str, batch_size: int, generator: torch.G
                                generator, limit)
 
 
-def _random_rows(batcher: Batcher, batch_size: int, generator: torch.Generator, limit: int | None) -> Iterator[Rows]:
+def _random_rows(batcher: Batcher, batch_size: int, generator: torch.Generator,
+                 limit: int | None) -> Iterator[Rows]:
     cap = batcher.n_samples if limit is None else min(limit, batcher.n_samples)
     order = torch.randperm(batcher.n_samples, generator=generator, device=generator.device)[:cap]
     order = order.to(batcher.index.device)  # once per epoch; each batch is then sliced where the index lives

@@ -8,7 +8,7 @@ flag later, many steps at a time (see ``loop.SYNC_EVERY``).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -21,8 +21,8 @@ from sweeper.data import Batch
 Gather = Callable[[torch.Tensor], Batch]  # sample pairs [B, 2] -> the batch on the training device
 
 
-def accumulate(model: nn.Module, gather: Gather, rows: Rows, micro: int, criterion: Loss, precision: Precision,
-               scaler: torch.amp.GradScaler) -> torch.Tensor:
+def accumulate(model: nn.Module, gather: Gather, rows: Rows, micro: int, criterion: Loss,
+               precision: Precision, scaler: torch.amp.GradScaler) -> torch.Tensor:
     """Gather, forward and backward every micro-batch; returns the (detached) loss of the whole batch."""
     total = None
     for part, weight in criterion.split(rows, micro):

@@ -8,7 +8,8 @@ batch is gathered into pinned memory and copied with ``non_blocking=True``.
 """
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 import torch

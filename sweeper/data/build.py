@@ -11,8 +11,8 @@ and give the same bits.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -20,13 +20,14 @@ import torch
 from sweeper.config import DataConfig
 from sweeper.data.columns import Codes, Columns, row_codes
 from sweeper.data.leak import judge_leaks, mean_daily_corr
-from sweeper.data.normalize import fit_stats, normalize_inplace, normalize_label
+from sweeper.data.normalize import NormStats, fit_stats, normalize_inplace, normalize_label
 from sweeper.data.panel import Panel
 from sweeper.data.split import split_dates, split_widths
 from sweeper.errors import DataError
 
-Alloc = Callable[[str, tuple, np.dtype], np.ndarray]
-OracleFn = Callable[[np.ndarray, dict], "dict[str, float] | None"]
+Alloc = Callable[[str, tuple[int, ...], np.dtype], np.ndarray]  # (array name, shape, dtype) -> the array
+# the oracle IC of each split, from the panel's dates and its splits ([start, stop) date indices)
+OracleFn = Callable[[np.ndarray, dict[str, tuple[int, int]]], dict[str, float] | None]
 ARRAYS = ("X", "y", "y_raw", "mask")
 _DATES = 128  # dates per chunk of the NaN fill and the infinity clean-up
 
@@ -43,13 +44,13 @@ class Built:
     assets: np.ndarray       # [N] str (object)
     features: list[str]
     splits: dict[str, tuple[int, int]]
-    norm_stats: dict
+    norm_stats: NormStats
     oracle_ic: dict[str, float] | None
     leak_corr: list[float]   # the leak guard's figures, judged again at every load
     leak_rows: list[float]
 
 
-def in_memory(name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+def in_memory(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """The ``alloc`` of an uncached panel: plain process memory."""
     return np.empty(shape, dtype=dtype)
 

@@ -32,8 +32,8 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -97,7 +97,8 @@ def open_entry(entry: Path) -> Built | None:
         arrays = {name: np.load(entry / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
         if any(list(arrays[n].shape) != meta["shapes"][n] for n in ARRAYS):
             return None
-        return Built(**arrays, dates=np.load(entry / "dates.npy"), assets=np.asarray(meta["assets"], dtype=object),
+        return Built(**arrays, dates=np.load(entry / "dates.npy"),
+                     assets=np.asarray(meta["assets"], dtype=object),
                      features=meta["features"], splits={k: tuple(v) for k, v in meta["splits"].items()},
                      norm_stats=meta["norm_stats"], oracle_ic=meta["oracle_ic"],
                      leak_corr=meta["leak_corr"], leak_rows=meta["leak_rows"])
@@ -109,7 +110,7 @@ def _write(entry: Path, make: Callable[[Alloc], Built]) -> None:
     tmp = entry.parent / f"{_TMP}{entry.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        def alloc(name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        def alloc(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
             return np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
 
         built = make(alloc)

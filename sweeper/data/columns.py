@@ -14,6 +14,9 @@ import pandas as pd
 
 from sweeper.errors import DataError
 
+# a key column: plain values, or text as a pd.Categorical (parquet.read_keys: one string per distinct value)
+Keys = np.ndarray | pd.Categorical
+
 
 @dataclass
 class Columns:
@@ -23,8 +26,8 @@ class Columns:
     date_col: str
     asset_col: str
     label_col: str
-    dates: object            # array-like of dates (datetime64, date objects or strings)
-    assets: object           # array-like of asset ids
+    dates: Keys              # [R] dates (datetime64, date objects, strings or YYYYMMDD numbers)
+    assets: Keys             # [R] asset ids
     features: np.ndarray     # [R, F] float32, NaN = missing
     label: np.ndarray        # [R] float32, NaN = missing
     feature_names: list[str]
@@ -48,19 +51,20 @@ def row_codes(cols: Columns) -> Codes:
     return Codes(d_code, a_code, dates, assets)
 
 
-def parse_dates(values: object, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
+def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
     """Row codes into the sorted unique dates (datetime64[ns]); DataError on bad dates.
 
     Only the distinct values are parsed, then re-factorised, so two spellings of
     one day ("2020-01-02", "2020-01-02 00:00") become one date.
     """
-    if isinstance(values, pd.Categorical):  # text encoded by Arrow (parquet.read_keys): parse the distinct values
+    if isinstance(values, pd.Categorical):  # text encoded by Arrow (parquet.read_keys): its distinct values
         codes, uniques = values.codes, values.categories.to_numpy()
     else:
         codes, uniques = pd.factorize(np.asarray(values, dtype=object) if _is_text(values) else values)
     if (codes < 0).any():
         row = int(np.flatnonzero(codes < 0)[0])
-        raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no date (e.g. row {row})")
+        raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no date "
+                        f"(e.g. row {row})")
     parsed = _to_datetime(pd.Index(uniques))
     if getattr(parsed, "tz", None) is not None:
         parsed = parsed.tz_convert("UTC").tz_localize(None)
@@ -106,17 +110,18 @@ def _is_number(values: object) -> bool:
 
 def _is_text(values: object) -> bool:
     dtype = getattr(values, "dtype", None)
-    return dtype is not None and (dtype == object or pd.api.types.is_string_dtype(dtype))
+    return dtype is not None and (dtype == np.dtype(object) or pd.api.types.is_string_dtype(dtype))
 
 
-def factorize_assets(values: object, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
+def factorize_assets(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(values, pd.Categorical):
         codes, uniques = values.codes, values.categories.to_numpy()
     else:
         codes, uniques = pd.factorize(values)
     if (codes < 0).any():
         row = int(np.flatnonzero(codes < 0)[0])
-        raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no asset id (e.g. row {row})")
+        raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no asset id "
+                        f"(e.g. row {row})")
     names = np.asarray([str(u) for u in uniques], dtype=object)
     order = np.argsort(names, kind="stable")
     rank = np.empty_like(order)
@@ -127,7 +132,8 @@ def factorize_assets(values: object, source: str, col: str) -> tuple[np.ndarray,
     return rank[codes], names[order]
 
 
-def check_unique(d_code: np.ndarray, a_code: np.ndarray, dates: np.ndarray, assets: np.ndarray, cols: Columns) -> None:
+def check_unique(d_code: np.ndarray, a_code: np.ndarray, dates: np.ndarray, assets: np.ndarray,
+                 cols: Columns) -> None:
     key = d_code.astype(np.int64) * len(assets) + a_code
     dup = pd.Series(key).duplicated().to_numpy()
     if dup.any():

@@ -27,12 +27,13 @@ def mean_daily_corr(X: np.ndarray, y: np.ndarray, mask: np.ndarray,
     """``([F] mean over dates of the per-date Pearson correlation of each feature with y,
     [F] number of rows those dates' correlations used)``."""
     start, stop = dates
-    T, N, F = X.shape
+    _, N, F = X.shape
     total, count, rows = np.zeros(F), np.zeros(F), np.zeros(F)
     step = max(1, _CELLS // max(N * F, 1))
     for a in range(start, stop, step):
         b = min(a + step, stop)
-        corr, n = _daily_corr(X[a:b].astype(np.float64), y[a:b].astype(np.float64)[:, :, None], mask[a:b, :, None])
+        corr, n = _daily_corr(X[a:b].astype(np.float64), y[a:b].astype(np.float64)[:, :, None],
+                              mask[a:b, :, None])
         ok = np.isfinite(corr)
         total += np.where(ok, corr, 0.0).sum(0)
         count += ok.sum(0)

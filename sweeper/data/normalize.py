@@ -13,7 +13,8 @@ numpy's argsort is several times faster than torch.sort here.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -30,6 +31,15 @@ _CHUNK = 128         # dates per chunk: bounds the temporaries of a large panel
 _CELLS = 1 << 22     # and at most this many values per chunk of the panel being built
 
 Method = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+class NormStats(TypedDict):
+    """What ``data.feature_norm`` fitted over time (:func:`fit_stats`), JSON-ready."""
+
+    method: str
+    features: list[str]
+    median: list[float | None] | None  # robust_zscore: per feature (None: it had no value); else None
+    scale: list[float | None] | None
 
 
 def cs_zscore(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -91,14 +101,15 @@ def by_date_chunks(method: Method, x: np.ndarray, valid: np.ndarray) -> np.ndarr
 
 
 def fit_stats(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int],
-              features: list[str]) -> dict:
+              features: list[str]) -> NormStats:
     """What ``method`` fits over time, JSON-ready: ``{method, features, median, scale}``.
 
     Only ``robust_zscore`` fits anything (median and scaled MAD per feature over
     ``fit_dates``); the per-date methods have ``median`` and ``scale`` None. A trial stores
     this beside its weights, so that new data is normalised with the train statistics.
     """
-    median = scale = None
+    median: list[float | None] | None = None
+    scale: list[float | None] | None = None
     if method == "robust_zscore":
         a, b = fit_dates
         xs, present = x.numpy()[a:b], mask.numpy()[a:b]
@@ -111,13 +122,19 @@ def _json_floats(v: np.ndarray) -> list[float | None]:
     return [float(a) if math.isfinite(a) else None for a in v]
 
 
-def _stat_array(values: list[float | None]) -> np.ndarray:
+def _fitted(stats: NormStats | None) -> tuple[np.ndarray, np.ndarray]:
+    """robust_zscore's fitted (median, scale) as float64 arrays, NaN where a feature had no value."""
+    median, scale = (stats.get("median"), stats.get("scale")) if stats is not None else (None, None)
+    assert median is not None and scale is not None, "robust_zscore needs fitted statistics"
+    return _floats(median), _floats(scale)
+
+
+def _floats(values: list[float | None]) -> np.ndarray:
     return np.array([np.nan if a is None else a for a in values], dtype=np.float64)
 
 
-def normalize_features(
-    x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int], stats: dict | None = None
-) -> torch.Tensor:
+def normalize_features(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int],
+                       stats: NormStats | None = None) -> torch.Tensor:
     """[T, N, F] raw features (NaN = missing) -> normalised, NaN replaced by 0 (a new tensor).
 
     ``fit_dates``: [start, stop) date indices whose rows fit robust_zscore, unless ``stats``
@@ -130,7 +147,7 @@ def normalize_features(
     return torch.from_numpy(out)
 
 
-def normalize_inplace(x: np.ndarray, mask: np.ndarray, method: str, stats: dict | None) -> None:
+def normalize_inplace(x: np.ndarray, mask: np.ndarray, method: str, stats: NormStats | None) -> None:
     """Normalise the [T, N, F] raw features ``x`` where they lie, NaN replaced by 0.
 
     Chunks of dates bound the temporaries to a chunk's size: the panel being built
@@ -142,8 +159,7 @@ def normalize_inplace(x: np.ndarray, mask: np.ndarray, method: str, stats: dict 
     elif method == "cs_rank":
         fn = cs_rank
     elif method == "robust_zscore":
-        assert stats is not None and stats.get("median") is not None, "robust_zscore needs fitted statistics"
-        median, scale = _stat_array(stats["median"]), _stat_array(stats["scale"])
+        median, scale = _fitted(stats)
         fn = lambda xc, vc: robust_apply(xc, vc, median, scale)  # noqa: E731
     elif method == "none":
         fn = lambda xc, vc: np.where(vc, xc, np.nan)  # noqa: E731

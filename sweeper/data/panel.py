@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sweeper.data.normalize import NormStats
 from sweeper.data.placement import ON_DEVICE, PINNED_HOST, free_device_bytes, placement
 
 _TENSORS = ("X", "y", "y_raw", "mask")
@@ -27,11 +28,11 @@ class Panel:
     source: str
     fingerprint: str
     # what normalisation fitted over time (normalize.fit_stats): saved with a trial's weights
-    norm_stats: dict | None = None
+    norm_stats: NormStats | None = None
     # the panel cache entry whose read-only maps X, y, y_raw and mask are (sweeper.data.cache);
     # None: they live in this process's memory
     cache_entry: str | None = None
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     def sample_index(self, split: str) -> torch.Tensor:
         """int64 [S, 2] of (t, i), sorted by t then i: t in the split (so

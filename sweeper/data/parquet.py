@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 
 from sweeper.atomic import write_text
 from sweeper.config import DataConfig
-from sweeper.data.columns import Columns
+from sweeper.data.build import OracleFn
+from sweeper.data.columns import Columns, Keys
 from sweeper.data.features import select as select_columns
 from sweeper.errors import DataError
 
@@ -46,7 +47,8 @@ def is_numeric(dtype: pa.DataType) -> bool:
 def select_features(schema: pa.Schema, cfg: DataConfig, path: Path) -> list[str]:
     """cfg.features (names or glob patterns; every numeric column but the date, asset and
     label when null) minus cfg.exclude (:mod:`sweeper.data.features`)."""
-    for key, name in (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col), ("data.label", cfg.label)):
+    keys = (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col), ("data.label", cfg.label))
+    for key, name in keys:
         _require(schema, name, key, path)
     skip = {cfg.date_col, cfg.asset_col, cfg.label}
     candidates = [f.name for f in schema if f.name not in skip and is_numeric(f.type)]
@@ -62,15 +64,18 @@ def _require(schema: pa.Schema, name: str, key: str, path: Path) -> None:
         raise DataError(f"{path}: column '{name}' ({key}) not found; the file has columns: {shown}")
 
 
-def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: Path, label: bool = True) -> None:
+def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: Path,
+                label: bool = True) -> None:
     for name in [*features, *([cfg.label] if label else [])]:
         dtype = schema.field(name).type
         if not is_numeric(dtype):
             what = "label" if label and name == cfg.label else "feature"
-            raise DataError(f"{path}: {what} column '{name}' has type {dtype}; expected a numeric type (int or float)")
+            raise DataError(f"{path}: {what} column '{name}' has type {dtype}; "
+                            "expected a numeric type (int or float)")
     dtype = schema.field(cfg.date_col).type
     if not (pa.types.is_timestamp(dtype) or pa.types.is_date(dtype) or pa.types.is_string(dtype)
-            or pa.types.is_large_string(dtype) or pa.types.is_dictionary(dtype) or pa.types.is_integer(dtype)):
+            or pa.types.is_large_string(dtype) or pa.types.is_dictionary(dtype)
+            or pa.types.is_integer(dtype)):
         raise DataError(f"{path}: date column '{cfg.date_col}' has type {dtype}; "
                         "expected a timestamp, a date, ISO date strings or YYYYMMDD integers")
 
@@ -156,7 +161,7 @@ def _floats(col: pa.ChunkedArray) -> np.ndarray:
     return pc.cast(col, pa.float32(), safe=False).to_numpy(zero_copy_only=False)
 
 
-def _keys(col: pa.ChunkedArray) -> object:
+def _keys(col: pa.ChunkedArray) -> Keys:
     """A key column; text as a ``pd.Categorical`` encoded by Arrow, so that millions of rows
     never become millions of Python strings (only the distinct values do)."""
     if pa.types.is_dictionary(col.type):
@@ -165,7 +170,8 @@ def _keys(col: pa.ChunkedArray) -> object:
         return _values(col)
     uniques = pc.drop_null(pc.unique(col))
     codes = pc.index_in(col, value_set=uniques).fill_null(-1).to_numpy()
-    return pd.Categorical.from_codes(codes, categories=pd.Index(uniques.to_numpy(zero_copy_only=False), dtype=object))
+    categories = pd.Index(uniques.to_numpy(zero_copy_only=False), dtype=object)
+    return pd.Categorical.from_codes(codes, categories=categories)
 
 
 def _values(col: pa.ChunkedArray) -> np.ndarray:
@@ -174,7 +180,7 @@ def _values(col: pa.ChunkedArray) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
-def oracle_from_metadata(metadata: dict[bytes, bytes]) -> Callable[[np.ndarray, dict], dict[str, float] | None]:
+def oracle_from_metadata(metadata: dict[bytes, bytes]) -> OracleFn:
     """The oracle IC of a file, as a function of the panel's dates and actual split.
 
     A file from :func:`~sweeper.data.synth.write_synthetic` stores the oracle's daily IC
@@ -229,7 +235,7 @@ def _fixed_oracle(raw: bytes | None) -> dict[str, float] | None:
         return None  # a foreign or damaged entry: the panel simply has no oracle
 
 
-def file_fingerprint(path: str | Path, selection: dict, memo: Path | None = None) -> str:
+def file_fingerprint(path: str | Path, selection: Mapping[str, object], memo: Path | None = None) -> str:
     """sha256 of the file bytes (read in chunks) plus the column selection.
 
     With ``memo`` (the panel cache's folder), the fingerprint of a file whose path,

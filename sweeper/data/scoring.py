@@ -23,13 +23,13 @@ import torch
 from sweeper.config import DataConfig
 from sweeper.data.build import in_memory, scatter
 from sweeper.data.columns import row_codes
-from sweeper.data.normalize import normalize_features
+from sweeper.data.normalize import NormStats, normalize_features
 from sweeper.data.panel import Panel
 from sweeper.data.parquet import file_fingerprint, read_scoring_columns
 from sweeper.errors import DataError
 
 
-def scoring_panel(cfg: DataConfig, path: str | Path, features: list[str], stats: dict | None,
+def scoring_panel(cfg: DataConfig, path: str | Path, features: list[str], stats: NormStats | None,
                   split_dates: dict[str, list[str]] | None = None) -> Panel:
     """The panel of ``path`` (see the module docstring); ``stats`` from ``fit_stats``."""
     path = Path(path)
@@ -47,7 +47,8 @@ def scoring_panel(cfg: DataConfig, path: str | Path, features: list[str], stats:
     splits = {"all": (min(cfg.lookback - 1, len(dates)), len(dates))}
     for name, days in (split_dates or {}).items():
         splits[name] = date_range(dates, days, cfg.lookback)
-    selection = {"date": cols.date_col, "asset": cols.asset_col, "label": cols.label_col, "features": features}
+    selection = {"date": cols.date_col, "asset": cols.asset_col, "label": cols.label_col,
+                 "features": features}
     return Panel(X=X, y=y, y_raw=torch.from_numpy(y_raw), mask=mask, dates=dates, assets=codes.assets,
                  features=list(features), splits=splits, lookback=cfg.lookback, oracle_ic=None,
                  source=str(path), fingerprint=file_fingerprint(path, selection), norm_stats=stats)

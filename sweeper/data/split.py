@@ -24,7 +24,8 @@ def split_widths(cfg: DataConfig) -> tuple[int, int, int]:
     ``data.split.*`` values (the widest any of its trials can sample), never below the
     config's own (a DataConfig built directly, with them null, uses its own)."""
     s = cfg.split
-    return max(s.lookback or 0, cfg.lookback), max(s.horizon or 0, cfg.horizon), max(s.embargo or 0, cfg.embargo)
+    return (max(s.lookback or 0, cfg.lookback), max(s.horizon or 0, cfg.horizon),
+            max(s.embargo or 0, cfg.embargo))
 
 
 def purge_gap(horizon: int, embargo: int) -> int:
@@ -45,10 +46,10 @@ def split_dates(
     ``where`` prefixes every error message (e.g. ``"data.parquet: column 'date'"``).
     """
     gap = purge_gap(horizon, embargo)
-    if isinstance(split.train, float):
-        fractions = (float(split.train), float(split.valid), float(split.test))
-        return fraction_splits(len(dates), fractions, lookback, gap, where, (horizon, embargo))
-    ranges = (split.train, split.valid, split.test)
+    train, valid, test = split.train, split.valid, split.test  # all fractions or all date ranges (validated)
+    if isinstance(train, float) and isinstance(valid, float) and isinstance(test, float):
+        return fraction_splits(len(dates), (train, valid, test), lookback, gap, where, (horizon, embargo))
+    ranges = tuple(part for part in (train, valid, test) if not isinstance(part, float))
     return range_splits(dates, ranges, lookback, gap, where)
 
 
@@ -70,7 +71,7 @@ def fraction_sizes(budget: int, fractions: tuple[float, float, float]) -> list[i
 def _rounded(budget: int, fractions: tuple[float, float, float]) -> list[int]:
     cum = np.cumsum(fractions)
     # half-up rounding with a tolerance so 0.6*1000 is 600, not 599.99..
-    cuts = [0] + [int(math.floor(c * budget + 0.5 + 1e-9)) for c in cum]
+    cuts = [0] + [math.floor(c * budget + 0.5 + 1e-9) for c in cum]
     return [cuts[k + 1] - cuts[k] for k in range(3)]
 
 

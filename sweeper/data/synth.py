@@ -144,7 +144,8 @@ def oracle_daily(frame: pd.DataFrame, all_dates: np.ndarray) -> np.ndarray:
     return grouped_pearson(codes[ok], a[ok], b[ok], len(all_dates))
 
 
-def oracle_ic(frame: pd.DataFrame, all_dates: np.ndarray, splits: dict[str, tuple[int, int]]) -> dict[str, float]:
+def oracle_ic(frame: pd.DataFrame, all_dates: np.ndarray,
+              splits: dict[str, tuple[int, int]]) -> dict[str, float]:
     """Mean daily Pearson IC of ``_signal`` vs the raw label over each split's target dates."""
     daily = oracle_daily(frame, all_dates)
     return {name: float(np.nanmean(daily[a:b])) for name, (a, b) in splits.items()}
@@ -159,7 +160,8 @@ def default_oracle(frame: pd.DataFrame, where: str) -> dict[str, float]:
     return {name: oracle_ic(frame, all_dates, splits)[name] for name in SPLITS}
 
 
-def synthetic_frame(assets: int, dates: int, features: int, seed: int) -> tuple[pd.DataFrame, dict[str, float]]:
+def synthetic_frame(assets: int, dates: int, features: int,
+                    seed: int) -> tuple[pd.DataFrame, dict[str, float]]:
     """(long frame: date, asset, f00.., label; oracle IC per split). Deterministic for a seed."""
     frame = generate(assets, dates, features, seed)
     oracle = default_oracle(frame, describe(assets, dates, features, seed))
@@ -179,7 +181,8 @@ def write_synthetic(path: str | Path, assets: int, dates: int, features: int, se
     all_dates = np.unique(full["date"].to_numpy("datetime64[ns]"))
     oracle = default_oracle(full, describe(assets, dates, features, seed))
     table = pa.Table.from_pandas(full.drop(columns=[SIGNAL_COL]), preserve_index=False)
-    params = {"assets": assets, "dates": dates, "features": features, "seed": seed, "generator": GENERATOR_VERSION}
+    params = {"assets": assets, "dates": dates, "features": features, "seed": seed,
+              "generator": GENERATOR_VERSION}
     meta = {**(table.schema.metadata or {}), ORACLE_KEY: json.dumps(oracle).encode(),
             ORACLE_DAILY_KEY: daily_oracle_json(all_dates, oracle_daily(full, all_dates)),
             b"sweeper.synthetic": json.dumps(params).encode()}
