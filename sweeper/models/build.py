@@ -1,7 +1,8 @@
 """``model.name`` -> an nn.Module mapping x[B, L, F] to predictions [B]."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -56,7 +57,7 @@ def resolve_model_class(name: str) -> type:
                           f"({', '.join(BUILTIN_CLASSES)}) or a dotted path 'package.module:Class'")
     try:
         module = import_model_module(module_name)
-    except Exception as exc:  # a broken user module can raise anything at import time
+    except Exception as exc:  # noqa: BLE001 - a broken user module can raise anything at import time
         where = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.partition(".")[0]:
             where = f"; looked in {', '.join(search_folders())} and on the Python path"
@@ -78,11 +79,12 @@ def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Mo
     kwargs: dict[str, Any] = model_cfg.custom_kwargs()
     try:
         model = cls(n_features=n_features, lookback=lookback, **kwargs)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a user's constructor can raise anything
         raise ConfigError(f"model.name {model_cfg.name!r}: constructing it with n_features={n_features}, "
                           f"lookback={lookback} and {kwargs} failed ({type(exc).__name__}: {exc})") from None
     if not isinstance(model, nn.Module):
-        raise ConfigError(f"model.name {model_cfg.name!r}: expected a torch.nn.Module, got {type(model).__name__}")
+        raise ConfigError(f"model.name {model_cfg.name!r}: expected a torch.nn.Module, "
+                          f"got {type(model).__name__}")
     _check_output_shape(model, model_cfg.name, n_features, lookback)
     return model
 
@@ -94,12 +96,12 @@ def _check_output_shape(model: nn.Module, name: str, n_features: int, lookback: 
     try:
         with torch.no_grad():
             out = model(torch.zeros(2, lookback, n_features))
-    except Exception as exc:
-        raise ConfigError(f"model.name {name!r}: a test forward pass on x[2, {lookback}, {n_features}] failed "
-                          f"({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # noqa: BLE001 - a user's forward can raise anything
+        raise ConfigError(f"model.name {name!r}: a test forward pass on x[2, {lookback}, {n_features}] "
+                          f"failed ({type(exc).__name__}: {exc})") from None
     finally:
         model.train(was_training)
     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
     if shape != (2,):
-        raise ConfigError(f"model.name {name!r}: forward(x[B, {lookback}, {n_features}]) must return a tensor "
-                          f"of shape [B]; got {shape} for B=2")
+        raise ConfigError(f"model.name {name!r}: forward(x[B, {lookback}, {n_features}]) must return "
+                          f"a tensor of shape [B]; got {shape} for B=2")

@@ -83,7 +83,7 @@ def check_one(job: Job, n_features: int, lookback: int) -> str | None:
             build_model(ModelConfig.model_validate(job.model), n_features, lookback)
     except ConfigError as exc:
         return str(exc)
-    except Exception as exc:  # a built-in's own checks (torch's asserts) raise anything
+    except Exception as exc:  # noqa: BLE001 - a built-in's own checks (torch's asserts) raise anything
         return f"model.name {job.name!r}: building it failed ({type(exc).__name__}: {exc})"
     return None
 
@@ -97,9 +97,9 @@ def _run_child(jobs: list[Job], n_features: int, lookback: int) -> tuple[list[st
         done = subprocess.run(cmd, input=request, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
         out, code = done.stdout, done.returncode
     except subprocess.TimeoutExpired as exc:
-        out, code = exc.stdout or "", None
-        if isinstance(out, bytes):
-            out = out.decode(errors="replace")
+        partial = exc.stdout or ""
+        out = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+        code = None
     answers = [json.loads(line)["error"] for line in out.splitlines() if line.startswith("{")]
     if len(answers) >= len(jobs):
         return answers[:len(jobs)], None

@@ -11,10 +11,10 @@ import importlib
 import importlib.machinery
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
 
 MODEL_PATH_ENV = "SWEEPER_MODEL_PATH"
 
@@ -80,7 +80,7 @@ def import_model_module(module_name: str) -> ModuleType:
 def _put_first(folders: list[str]) -> None:
     # kept on sys.path (not only while importing) so a model's own later imports of its
     # sibling files work too
-    if _ADDED == folders and sys.path[:len(folders)] == folders:
+    if folders == _ADDED and sys.path[:len(folders)] == folders:
         return
     for folder in _ADDED:
         if folder in sys.path:

@@ -51,7 +51,9 @@ class TransformerModel(nn.Module):
             # trade one extra forward per layer for not storing its activations
             for layer in self.encoder.layers:
                 h = checkpoint(layer, h, use_reentrant=False)
-            h = self.encoder.norm(h)
+            norm = self.encoder.norm
+            assert norm is not None  # always built in __init__; torch types it optional
+            h = norm(h)
         else:
             h = self.encoder(h)
         pooled = h[:, -1] if self.pooling == "last" else h.mean(dim=1)
