@@ -7,8 +7,8 @@ correlation and is skipped. One departure from Qlib: a date where the *predictio
 constant (and the label is not) scores IC 0 and Rank IC 0, not "skipped", because a
 model that collapses to a constant has no skill that day; dropping the date would
 flatter it. Such dates are counted (``n_constant_dates``, and the ``constant_pred``
-column of :func:`daily_ic` with ``flag_constant=True``). ``ic`` is the mean of the daily ICs, ``icir`` is their
-mean / std (ddof=1), not annualised.
+column of :func:`daily_ic` with ``flag_constant=True``). ``ic`` is the mean of the daily ICs,
+``icir`` is their mean / std (ddof=1), not annualised.
 
 Two implementations give the same numbers: a pandas one for notebooks and reports
 (:func:`ic_report`, :func:`daily_ic`) and a vectorised torch one for the training
@@ -22,6 +22,7 @@ pandas a spurious 0.0 where we give no correlation.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,16 @@ import torch
 from sweeper.errors import DataError
 from sweeper.quant.ranks import average_ranks_torch
 
-REPORT_KEYS = ("ic", "rank_ic", "icir", "rank_icir", "n_dates", "n_constant_dates")
+
+class ICReport(TypedDict):
+    """What :func:`ic_report` and :func:`ic_report_torch` return (NaN where undefined)."""
+
+    ic: float
+    rank_ic: float
+    icir: float
+    rank_icir: float
+    n_dates: int
+    n_constant_dates: int  # dates scored 0 for a constant prediction
 
 
 # ------------------------------------------------------------------ pandas
@@ -65,7 +75,8 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     return out
 
 
-def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date") -> dict:
+def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label",
+              date: str = "date") -> ICReport:
     """``{ic, rank_ic, icir, rank_icir, n_dates, n_constant_dates}`` of a long frame with one row
     per (date, asset); ``n_constant_dates`` counts the dates scored 0 for a constant prediction.
 
@@ -73,7 +84,8 @@ def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: 
     {'ic': 0.031, 'rank_ic': 0.042, 'icir': 0.25, 'rank_icir': 0.33, 'n_dates': 480}
     """
     daily = daily_ic(df, pred=pred, label=label, date=date, flag_constant=True)
-    return _report(daily["ic"].to_numpy(), daily["rank_ic"].to_numpy(), int(daily["constant_pred"].sum()))
+    n_constant = int(daily["constant_pred"].sum())
+    return _report(daily["ic"].to_numpy(), daily["rank_ic"].to_numpy(), n_constant)
 
 
 def _check_columns(df: pd.DataFrame, columns: tuple[str, ...]) -> None:
@@ -100,7 +112,8 @@ def grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: i
     return np.where((n >= 2) & x_varies & y_varies, corr, np.nan)
 
 
-def _varies_by_group(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+def _varies_by_group(codes: np.ndarray, x: np.ndarray, y: np.ndarray,
+                     n_groups: int) -> tuple[np.ndarray, np.ndarray]:
     # exact constancy test (see module docstring): min == max within the group
     frame = pd.DataFrame({"x": x, "y": y}).groupby(codes)
     lo, hi = frame.min().reindex(range(n_groups)), frame.max().reindex(range(n_groups))
@@ -114,7 +127,7 @@ def _constant_prediction(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_grou
     return (n >= 2) & ~x_varies & y_varies
 
 
-def _report(ic: np.ndarray, rank_ic: np.ndarray, n_constant: int = 0) -> dict:
+def _report(ic: np.ndarray, rank_ic: np.ndarray, n_constant: int = 0) -> ICReport:
     mean_ic, icir = _mean_ir(ic)
     mean_rank, rank_icir = _mean_ir(rank_ic)
     n_dates = int(np.isfinite(np.asarray(ic, dtype=np.float64)).sum())
@@ -153,7 +166,7 @@ def daily_ic_torch(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tenso
     return pearson, torch.where(constant, zero, spearman)
 
 
-def ic_report_torch(pred: torch.Tensor, label: torch.Tensor) -> dict:
+def ic_report_torch(pred: torch.Tensor, label: torch.Tensor) -> ICReport:
     """Same keys and numbers as :func:`ic_report`, from ``[T, N]`` tensors."""
     pearson, spearman = daily_ic_torch(pred, label)
     n_constant = int(_constant_torch(*_pairs(pred, label)).sum())
@@ -162,7 +175,8 @@ def ic_report_torch(pred: torch.Tensor, label: torch.Tensor) -> dict:
 
 def _pairs(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if pred.shape != label.shape or pred.dim() != 2:
-        raise ValueError(f"pred and label must both be [T, N]; got {tuple(pred.shape)} and {tuple(label.shape)}")
+        raise ValueError(f"pred and label must both be [T, N]; "
+                         f"got {tuple(pred.shape)} and {tuple(label.shape)}")
     x, y = pred.detach().to(torch.float64), label.detach().to(torch.float64)
     return x, y, torch.isfinite(x) & torch.isfinite(y)
 

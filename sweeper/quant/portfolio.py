@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,19 @@ import pandas as pd
 PERIODS_PER_YEAR = 252
 SUMMARY_KEYS = ("long_short_ann_return", "long_short_sharpe", "long_short_max_drawdown", "top_turnover",
                 "n_periods")
+
+
+class LongShortSummary(TypedDict):
+    """:meth:`LongShort.summary`: the figures of the module docstring, None where undefined."""
+
+    long_short_ann_return: float | None
+    long_short_sharpe: float | None
+    long_short_max_drawdown: float | None
+    top_turnover: float | None
+    n_periods: int
+    bucket_mean_label: list[float | None]
+    quantiles: int
+    horizon: int
 
 
 @dataclass
@@ -46,22 +60,22 @@ class LongShort:
     horizon: int
     quantiles: int
 
-    def summary(self) -> dict:
+    def summary(self) -> LongShortSummary:
         """The figures of the module docstring; None where undefined (JSON-safe)."""
         step = _step(self.horizon)
         mean = float(self.ls.mean()) if len(self.ls) else math.nan
         std = float(self.ls.std(ddof=1)) if len(self.ls) >= 2 else math.nan
-        out = {
-            "long_short_ann_return": mean * PERIODS_PER_YEAR / step,
-            "long_short_sharpe": mean / std * math.sqrt(PERIODS_PER_YEAR / step) if std > 0 else math.nan,
-            "long_short_max_drawdown": max_drawdown(self.ls),
-            "top_turnover": float(self.turnover.mean()) if len(self.turnover) else math.nan,
-            "n_periods": int(len(self.ls)),
+        return {
+            "long_short_ann_return": _clean(mean * PERIODS_PER_YEAR / step),
+            "long_short_sharpe": _clean(mean / std * math.sqrt(PERIODS_PER_YEAR / step)
+                                        if std > 0 else math.nan),
+            "long_short_max_drawdown": _clean(max_drawdown(self.ls)),
+            "top_turnover": _clean(float(self.turnover.mean()) if len(self.turnover) else math.nan),
+            "n_periods": len(self.ls),
             "bucket_mean_label": [_clean(float(v)) for v in _column_means(self.buckets)],
             "quantiles": self.quantiles,
             "horizon": self.horizon,
         }
-        return {k: _clean(v) for k, v in out.items()}
 
 
 def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5, *, pred: str = "pred",
@@ -72,7 +86,8 @@ def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5, *, pred: s
     rows = _usable_rows(frame, quantiles, horizon, pred, label, date)
     if rows.empty:
         empty = np.zeros(0)
-        return LongShort(np.array([], dtype=object), empty, np.zeros((0, quantiles)), empty, horizon, quantiles)
+        return LongShort(np.array([], dtype=object), empty, np.zeros((0, quantiles)), empty,
+                         horizon, quantiles)
     period, dates = pd.factorize(rows[date], sort=True)
     bucket = _buckets(rows, period, pred, quantiles)
     y = rows[label].to_numpy(np.float64)
@@ -104,8 +119,8 @@ def _buckets(rows: pd.DataFrame, period: np.ndarray, pred: str, quantiles: int) 
     A date with n rows has the ranks 1..n, so its buckets are those of ``pd.qcut(1..n)``:
     one qcut per distinct n (pandas' own edges, float rounding included), then a lookup.
     """
-    ranks = pd.Series(rows[pred].to_numpy(np.float64)).groupby(period).rank(method="first")
-    ranks = ranks.to_numpy().astype(np.int64)
+    by_date = pd.Series(rows[pred].to_numpy(np.float64)).groupby(period)
+    ranks = by_date.rank(method="first").to_numpy().astype(np.int64)
     sizes = np.bincount(period)[period]
     out = np.empty(len(rows), dtype=np.int64)
     for n in np.unique(sizes):
@@ -143,5 +158,5 @@ def _column_means(m: np.ndarray) -> np.ndarray:
     return m.mean(axis=0) if len(m) else np.full(m.shape[1], np.nan)
 
 
-def _clean(value: object) -> object:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+def _clean(value: float) -> float | None:
+    return None if not math.isfinite(value) else value

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from statistics import NormalDist
 
 import numpy as np
@@ -42,7 +43,8 @@ def expected_max(n: int) -> float:
         raise ValueError(f"expected_max needs n >= 1 trials, got {n}")
     if n == 1:
         return 0.0
-    return (1 - EULER_GAMMA) * _NORMAL.inv_cdf(1 - 1 / n) + EULER_GAMMA * _NORMAL.inv_cdf(1 - 1 / (n * math.e))
+    return ((1 - EULER_GAMMA) * _NORMAL.inv_cdf(1 - 1 / n)
+            + EULER_GAMMA * _NORMAL.inv_cdf(1 - 1 / (n * math.e)))
 
 
 def null_max_ic(daily_ics: list[np.ndarray], lags: list[int] | None = None) -> float:
@@ -64,7 +66,7 @@ def null_max_ic(daily_ics: list[np.ndarray], lags: list[int] | None = None) -> f
 def deflated_sharpe(
     daily_best: np.ndarray, sr_trials: list[float], n_trials: int, *, null_ic: float | None = None,
     lag: int = 0,
-) -> dict:
+) -> dict[str, float]:
     """Deflated Sharpe Ratio of the selected trial's daily ICs (Bailey & Lopez de Prado 2014).
 
     DSR = Phi((SR - SR0) sqrt(T'-1) / sqrt(1 - g3 SR + (g4-1)/4 SR^2)), SR0 = sd(sr_trials) E[max_N],
@@ -124,7 +126,8 @@ def pbo(matrix: np.ndarray, n_blocks: int = 16) -> float:
     if m.ndim != 2 or m.shape[1] < 2:
         raise ValueError(f"pbo needs a [dates, trials] matrix with >= 2 trials, got shape {m.shape}")
     if n_blocks < 2 or n_blocks % 2 or m.shape[0] < n_blocks:
-        raise ValueError(f"pbo needs an even n_blocks >= 2 and at least that many dates; got {n_blocks} for {m.shape[0]}")
+        raise ValueError(f"pbo needs an even n_blocks >= 2 and at least that many dates; "
+                         f"got {n_blocks} for {m.shape[0]}")
     finite = np.isfinite(m)
     blocks = np.array_split(np.arange(len(m)), n_blocks)
     sums = np.stack([np.where(finite[b], m[b], 0.0).sum(0) for b in blocks])  # [S, N]
@@ -154,8 +157,8 @@ def _safe_mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:
         return np.where(count > 0, total / count, -np.inf)
 
 
-def selection_summary(daily: dict[int, np.ndarray | pd.Series], best: int,
-                      horizon: int | dict[int, int] = 1) -> dict:
+def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
+                      horizon: int | Mapping[int, int] = 1) -> dict[str, int | float | None]:
     """Selection-bias figures for a study whose trials have these daily validation ICs.
 
     ``daily`` maps trial number -> daily IC series (NaN days allowed): a ``pd.Series``
@@ -170,7 +173,8 @@ def selection_summary(daily: dict[int, np.ndarray | pd.Series], best: int,
     if best not in daily:
         raise KeyError(f"best trial {best} has no daily IC series")
     series = _align(daily, best)
-    lags = {k: lag_for_horizon(horizon.get(k, 1) if isinstance(horizon, dict) else horizon) for k in series}
+    lags = {k: lag_for_horizon(horizon.get(k, 1) if isinstance(horizon, Mapping) else horizon)
+            for k in series}
     n_trials = len(series)
     null_ic = null_max_ic(list(series.values()), [lags[k] for k in series])
     sr_trials = [_sharpe(_finite(v)) for v in series.values()]
@@ -190,7 +194,7 @@ def selection_summary(daily: dict[int, np.ndarray | pd.Series], best: int,
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
-def _align(daily: dict[int, np.ndarray | pd.Series], best: int) -> dict[int, np.ndarray]:
+def _align(daily: Mapping[int, np.ndarray | pd.Series], best: int) -> dict[int, np.ndarray]:
     """Every series as float64 values on the best trial's dates (NaN where a trial has none)."""
     as_series = {k: v if isinstance(v, pd.Series) else pd.Series(np.asarray(v, dtype=np.float64))
                  for k, v in daily.items()}
