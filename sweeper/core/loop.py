@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import cast
 
 import pandas as pd
 import torch
+from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from sweeper.config import SweeperConfig
@@ -87,7 +89,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     runs = DateRuns(batcher) if order == "cross_section" else None
     date_rows = runs.largest if runs is not None and criterion.whole_dates else 1
     generator = torch.Generator().manual_seed(tc.seed)
-    step_model = torch.compile(model) if tc.compile else model
+    step_model = cast(nn.Module, torch.compile(model)) if tc.compile else model  # a compiled module is one
     state = checkpoint.load()
     if state is not None:
         check_same_config(state, cfg)
@@ -110,8 +112,8 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     on_probe = getattr(hook, "on_probe", None)  # optional, like tick
     if on_probe is not None and not math.isnan(start_peak):
         on_probe(start_peak)
-    step = partial(train_step, step_model, list(model.parameters()), optimizer, scaler, precision, batcher.gather,
-                   criterion=criterion, grad_clip=tc.grad_clip)
+    step = partial(train_step, step_model, list(model.parameters()), optimizer, scaler, precision,
+                   batcher.gather, criterion=criterion, grad_clip=tc.grad_clip)
     shrink = partial(shrink_micro, minimum=tc.min_micro_batch, batch_size=batch_size, date_rows=date_rows)
 
     # ---- the epochs
@@ -135,7 +137,8 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
             if time.monotonic() > deadline:
                 stop_reason = "time"
                 break
-        _sync(steps, progress, scheduler, tc.nonfinite_patience, epoch, tc.lr)  # waits for the epoch's last step
+        # waits for the epoch's last step
+        _sync(steps, progress, scheduler, tc.nonfinite_patience, epoch, tc.lr)
         train_seconds = time.perf_counter() - epoch_start
         optimizer.zero_grad(set_to_none=True)  # validation needs no gradients: their memory is free for it
 
@@ -161,7 +164,8 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
 
     # ---- score valid and test with the best weights, through the same path as `predict`
     model.load_state_dict(progress.best_state)
-    result_metrics, daily, predictions = final_scores(model, panel, device, eval_batch, tick)
+    final, daily, predictions = final_scores(model, panel, device, eval_batch, tick)
+    result_metrics: dict[str, float | str] = {**final}  # with the run's figures, and its precision's name
     result_metrics.update(
         val_loss=progress.best_metrics.get("val_loss", math.nan), best_epoch=progress.best_epoch,
         epochs_run=progress.epoch, batch_size=batch_size, micro_batch_size=micro,
@@ -193,7 +197,8 @@ def _step_until_it_fits(step: Callable[..., tuple[torch.Tensor, torch.Tensor]], 
         say(f"out of memory: micro-batch now {micro}, accumulating {math.ceil(len(rows.idx) / micro)}")
 
 
-def _sync(steps: EpochSteps, progress: Progress, scheduler: LambdaLR, patience: int, epoch: int, lr: float) -> None:
+def _sync(steps: EpochSteps, progress: Progress, scheduler: LambdaLR, patience: int, epoch: int,
+          lr: float) -> None:
     """Read the pending steps: judge non-finite patience, and take back the schedule steps
     of the steps that made no update (the LR ran ahead by that many since the last sync)."""
     skipped, exhausted = steps.sync(progress, patience)

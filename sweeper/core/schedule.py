@@ -38,8 +38,10 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.op
     The fused kernel where it runs: one launch per step, and it can skip a step on a
     device-side flag, which is what lets the loop skip non-finite steps without a host sync.
     """
-    exempt = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    decay, other = [], []
+    named = getattr(model, "no_weight_decay", None)
+    exempt = set(named()) if named is not None else set()
+    decay: list[nn.Parameter] = []
+    other: list[nn.Parameter] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 and name not in exempt else other).append(p)

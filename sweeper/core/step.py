@@ -9,6 +9,7 @@ flag later, many steps at a time (see ``loop.SYNC_EVERY``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -75,12 +76,13 @@ def update_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
         if not bool(skip):
             optimizer.step()
         return
-    optimizer.grad_scale = None  # gradients are already unscaled
-    optimizer.found_inf = skip
+    fused: Any = optimizer  # the two attributes are the GradScaler's protocol, not declared on Optimizer
+    fused.grad_scale = None  # gradients are already unscaled
+    fused.found_inf = skip
     try:
         optimizer.step()
     finally:
-        del optimizer.grad_scale, optimizer.found_inf
+        del fused.grad_scale, fused.found_inf
 
 
 def train_step(model: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
