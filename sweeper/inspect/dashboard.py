@@ -1,7 +1,11 @@
 """``sweeper dashboard``: optuna-dashboard over the study's storage and artifact store."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wsgiref.types import WSGIApplication
 
 from sweeper.config import SweeperConfig
 from sweeper.store import artifact_store, open_storage, redact
@@ -21,7 +25,7 @@ def serve(cfg: SweeperConfig, *, storage_url: str | None, host: str, port: int,
     run_server(storage, host=host, port=port, artifact_store=store)
 
 
-def app(cfg: SweeperConfig, storage_url: str | None = None) -> Any:
+def app(cfg: SweeperConfig, storage_url: str | None = None) -> WSGIApplication:
     """The WSGI app, for tests and for serving behind another server."""
     from optuna_dashboard import wsgi
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pandas as pd
@@ -29,15 +28,17 @@ FORMATS = (".parquet", ".csv")
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per trial (see the module docstring)."""
-    attrs = ("number", "state", "value", "datetime_start", "datetime_complete", "duration", "params", "user_attrs")
+    attrs = ("number", "state", "value", "datetime_start", "datetime_complete", "duration", "params",
+             "user_attrs")
     raw = study.trials_dataframe(attrs=attrs, multi_index=True)
     if raw.empty:
         return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("value", "duration_s") else "object")
                              for c in FIXED})
     frame = pd.DataFrame({".".join(p for p in col if p): raw[col] for col in raw.columns})
     frame["duration_s"] = frame.pop("duration").dt.total_seconds()
-    params = sorted(c for c in frame if c.startswith("params."))
-    user = sorted(c for c in frame if c.startswith("user_attrs."))
+    names = [str(c) for c in frame.columns]  # the dotted names made just above
+    params = sorted(c for c in names if c.startswith("params."))
+    user = sorted(c for c in names if c.startswith("user_attrs."))
     frame = frame[[c for c in FIXED if c in frame] + params + user]
     for column in params + user:
         frame[column] = _one_type(frame[column])
@@ -53,7 +54,7 @@ def _one_type(column: pd.Series) -> pd.Series:
                      index=column.index, dtype="object")
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, (int, float)):
@@ -61,7 +62,7 @@ def _kind(value: Any) -> str:
     return "string" if isinstance(value, str) else "json"
 
 
-def _missing(value: Any) -> bool:
+def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 

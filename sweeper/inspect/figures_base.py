@@ -6,12 +6,16 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sweeper.quant.portfolio import LongShort
 
 STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#ff7f0e", "FAIL": "#d62728", "RUNNING": "#2ca02c",
                 "WAITING": "#7f7f7f"}
@@ -29,17 +33,17 @@ class StudyData:
     run_dir: Path
     study: optuna.Study
     best: FrozenTrial | None = None
-    daily_valid: dict[int, np.ndarray] = field(default_factory=dict)
+    daily_valid: dict[int, pd.Series] = field(default_factory=dict)  # trial -> daily valid IC by date
     now: datetime = field(default_factory=datetime.now)
     horizons: dict[int, int] | int = 1        # each trial's label horizon (Newey-West lags)
-    long_short: dict[str, Any] = field(default_factory=dict)  # split -> quant.portfolio.LongShort of the best
+    long_short: dict[str, LongShort] = field(default_factory=dict)  # split -> the best trial's view
     long_short_note: str | None = None       # why there is no long-short view
 
     def finished(self, *states: TrialState) -> list[FrozenTrial]:
         return [t for t in self.trials if t.state in states]
 
 
-def finite(value: Any) -> bool:
+def finite(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 

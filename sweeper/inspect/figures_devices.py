@@ -13,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.inspect.figures_base import LAYOUT, STATE_COLORS, StudyData
 
 IDLE_GAP = timedelta(minutes=5)  # no trial running for longer than this: the sweep was stopped
+Spans = dict[str, list[tuple[datetime, datetime, FrozenTrial]]]  # slot -> (start, end, trial)
 
 
 def _slot(t: FrozenTrial, hosts: int) -> str | None:
@@ -22,10 +23,10 @@ def _slot(t: FrozenTrial, hosts: int) -> str | None:
     return f"{t.user_attrs.get('host')}/{device}" if hosts > 1 else str(device)
 
 
-def _spans(data: StudyData) -> dict[str, list[tuple[datetime, datetime, FrozenTrial]]]:
+def _spans(data: StudyData) -> Spans:
     """Slot -> (start, end, trial), for every trial that started on a known slot."""
     hosts = len({t.user_attrs.get("host") for t in data.trials if "device" in t.user_attrs})
-    spans: dict[str, list] = {}
+    spans: Spans = {}
     for t in data.trials:
         slot = _slot(t, hosts)
         if slot is None or t.datetime_start is None:
@@ -46,20 +47,20 @@ def _union(intervals: list[tuple[datetime, datetime]], gap: timedelta = timedelt
     return merged
 
 
-def _windows(spans: dict[str, list]) -> list[tuple[datetime, datetime, set[str]]]:
+def _windows(spans: Spans) -> list[tuple[datetime, datetime, set[str]]]:
     """The stretches of wall time a sweep ran, each with the slots it used: one per
     ``sweeper run`` (its trials' first start to last end, by their driver_id); trials
     without one are joined unless no trial ran for over IDLE_GAP."""
-    runs: dict[Any, list[tuple[str, datetime, datetime]]] = {}
+    runs: dict[str | None, list[tuple[str, datetime, datetime]]] = {}  # by driver_id
     for slot, rows in spans.items():
         for s, e, t in rows:
             runs.setdefault(t.user_attrs.get("driver_id"), []).append((slot, s, e))
     windows = []
-    for driver, rows in runs.items():
-        cuts = _union([(s, e) for _, s, e in rows], IDLE_GAP) if driver is None else \
-            [[min(s for _, s, _ in rows), max(e for _, _, e in rows)]]
+    for driver, spans_of_run in runs.items():
+        cuts = _union([(s, e) for _, s, e in spans_of_run], IDLE_GAP) if driver is None else \
+            [[min(s for _, s, _ in spans_of_run), max(e for _, _, e in spans_of_run)]]
         for a, b in cuts:
-            windows.append((a, b, {slot for slot, s, e in rows if a <= s <= b}))
+            windows.append((a, b, {slot for slot, s, _ in spans_of_run if a <= s <= b}))
     return windows
 
 
@@ -94,12 +95,15 @@ def timeline_figure(data: StudyData) -> go.Figure:
             x=[(r[2] - r[1]).total_seconds() * 1000 for r in rows],
             customdata=[[r[3].number, _sharing(r[3])] for r in rows],
             orientation="h", name=state.name.lower(), marker_color=STATE_COLORS.get(state.name),
-            hovertemplate="trial %{customdata[0]}<br>%{base} for %{x:.0f} ms%{customdata[1]}<extra></extra>"))
+            hovertemplate="trial %{customdata[0]}<br>%{base} for %{x:.0f} ms%{customdata[1]}"
+                          "<extra></extra>"))
     fig = go.Figure(traces)
     frac = use["fraction"]
-    title = f"{use['slots']} slots, utilisation {frac:.1%}" if frac is not None else "no trial has started on a slot"
+    title = (f"{use['slots']} slots, utilisation {frac:.1%}" if frac is not None
+             else "no trial has started on a slot")
     fig.update_layout(**LAYOUT, title=title, barmode="overlay", xaxis={"type": "date", "title": "time"},
-                      yaxis={"title": "slot", "categoryorder": "category descending"}, meta={"utilisation": use})
+                      yaxis={"title": "slot", "categoryorder": "category descending"},
+                      meta={"utilisation": use})
     return fig
 
 
@@ -127,7 +131,8 @@ def telemetry_figure(path: Path) -> go.Figure | None:
         mine = [r for r in rows if r.get("index", "") == index]
         # Optuna's trial times are naive local time: show the samples the same way
         when = [datetime.fromtimestamp(float(r["time"])).isoformat() for r in mine]
-        traces.append(go.Scatter(x=when, y=[_number(r.get("util")) for r in mine], name=f"GPU {index} util %"))
+        traces.append(go.Scatter(x=when, y=[_number(r.get("util")) for r in mine],
+                                 name=f"GPU {index} util %"))
         traces.append(go.Scatter(x=when, y=[_number(r.get("mem_used_mb")) for r in mine], yaxis="y2",
                                  name=f"GPU {index} memory MB", line={"dash": "dot"}))
     fig = go.Figure(traces)

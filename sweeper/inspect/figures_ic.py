@@ -13,7 +13,8 @@ from sweeper.store.layout import trial_files
 
 
 def overfit_figure(data: StudyData) -> go.Figure:
-    rows = [(t.number, t.user_attrs.get("val_ic"), t.user_attrs.get("test_ic")) for t in data.finished(TrialState.COMPLETE)]
+    rows = [(t.number, t.user_attrs.get("val_ic"), t.user_attrs.get("test_ic"))
+            for t in data.finished(TrialState.COMPLETE)]
     rows = [r for r in rows if finite(r[1]) and finite(r[2])]
     if not rows:
         return empty("no complete trial has both val_ic and test_ic")
@@ -23,7 +24,8 @@ def overfit_figure(data: StudyData) -> go.Figure:
                          hovertemplate="trial %{customdata}<br>val %{x:.4f} test %{y:.4f}<extra></extra>")]
     if data.best is not None and data.best.number in set(numbers.tolist()):
         k = int(np.flatnonzero(numbers == data.best.number)[0])
-        traces.append(go.Scatter(x=[val[k]], y=[test[k]], mode="markers", name=f"best (trial {data.best.number})",
+        traces.append(go.Scatter(x=[val[k]], y=[test[k]], mode="markers",
+                                 name=f"best (trial {data.best.number})",
                                  marker={"size": 14, "symbol": "star", "color": "#d62728"}))
     lo, hi = float(min(val.min(), test.min())), float(max(val.max(), test.max()))
     traces.append(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="test = valid",

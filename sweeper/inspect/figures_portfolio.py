@@ -7,32 +7,32 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+from optuna.trial import FrozenTrial
 
 from sweeper.inspect.figures_base import LAYOUT, StudyData, empty
+from sweeper.quant.portfolio import LongShort
 
 COLORS = {"valid": "#1f77b4", "test": "#ff7f0e"}
 
 
-def _unavailable(data: StudyData) -> go.Figure | None:
+def _unavailable(data: StudyData) -> go.Figure:
+    """The placeholder when there is no best trial or no long-short view of it."""
     if data.best is None:
         return empty("no complete trial yet")
-    if not data.long_short:
-        return empty(f"no long-short view: {data.long_short_note or 'not computed'}")
-    return None
+    return empty(f"no long-short view: {data.long_short_note or 'not computed'}")
 
 
-def _meta(data: StudyData) -> dict[str, Any]:
-    first = next(iter(data.long_short.values()))
-    return {"trial": data.best.number, "quantiles": first.quantiles, "horizon": first.horizon,
-            **{split: view.summary() for split, view in data.long_short.items()}}
+def _meta(best: FrozenTrial, long_short: dict[str, LongShort]) -> dict[str, Any]:
+    first = next(iter(long_short.values()))
+    return {"trial": best.number, "quantiles": first.quantiles, "horizon": first.horizon,
+            **{split: view.summary() for split, view in long_short.items()}}
 
 
 def buckets_figure(data: StudyData) -> go.Figure:
     """Bars: the mean label of each of the q buckets of the best trial's prediction."""
-    placeholder = _unavailable(data)
-    if placeholder is not None:
-        return placeholder
-    meta = _meta(data)
+    if data.best is None or not data.long_short:
+        return _unavailable(data)
+    meta = _meta(data.best, data.long_short)
     q = meta["quantiles"]
     names = [f"{k + 1}" + (" (low)" if k == 0 else " (high)" if k == q - 1 else "") for k in range(q)]
     traces = [go.Bar(x=names, y=meta[split]["bucket_mean_label"], name=split, marker_color=COLORS[split])
@@ -47,10 +47,9 @@ def buckets_figure(data: StudyData) -> go.Figure:
 
 def longshort_figure(data: StudyData) -> go.Figure:
     """Lines: the cumulative top-minus-bottom return (non-compounded) on valid and test."""
-    placeholder = _unavailable(data)
-    if placeholder is not None:
-        return placeholder
-    meta = _meta(data)
+    if data.best is None or not data.long_short:
+        return _unavailable(data)
+    meta = _meta(data.best, data.long_short)
     traces = []
     for split, view in data.long_short.items():
         dates = [str(d)[:10] for d in view.dates]
@@ -58,5 +57,6 @@ def longshort_figure(data: StudyData) -> go.Figure:
                                  line={"color": COLORS[split], "width": 2}))
     title = f"trial {data.best.number}: cumulative long-short return (top - bottom bucket, gross)"
     fig = go.Figure(traces)
-    fig.update_layout(**LAYOUT, title=title, xaxis={"type": "date"}, yaxis_title="cumulative return", meta=meta)
+    fig.update_layout(**LAYOUT, title=title, xaxis={"type": "date"}, yaxis_title="cumulative return",
+                      meta=meta)
     return fig

@@ -8,8 +8,8 @@ import warnings
 from typing import Any
 
 import numpy as np
-import optuna
 import plotly.graph_objects as go
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.inspect.figures_base import LAYOUT, STATE_COLORS, StudyData, empty
@@ -26,7 +26,8 @@ def history_figure(data: StudyData) -> go.Figure:
     best = (np.maximum if data.maximize else np.minimum).accumulate(values) if len(values) else values
     fig = go.Figure([
         go.Scatter(x=numbers, y=values, mode="markers", name=data.metric, marker={"size": 6, "opacity": 0.7}),
-        go.Scatter(x=numbers, y=best, mode="lines", name="best so far", line={"shape": "hv", "color": "#d62728"}),
+        go.Scatter(x=numbers, y=best, mode="lines", name="best so far",
+                   line={"shape": "hv", "color": "#d62728"}),
     ])
     fig.update_layout(**LAYOUT, title=f"{data.metric} of {len(values)} complete trials",
                       xaxis_title="trial", yaxis_title=data.metric, meta={"complete": len(values)})
@@ -67,12 +68,13 @@ def parallel_figure(data: StudyData) -> go.Figure:
     left_out = sorted({p for t in done for p in t.params} - set(shared))
     note = f" (conditional, left out: {', '.join(left_out)})" if left_out else ""
     fig.update_layout(**{**LAYOUT, "margin": {"l": 80, "r": 80, "t": 80, "b": 40}},
-                      title=f"{len(done)} complete trials{note}", meta={"complete": len(done), "params": shared})
+                      title=f"{len(done)} complete trials{note}",
+                      meta={"complete": len(done), "params": shared})
     return fig
 
 
-def _dimension(name: str, values: list[Any], dist: Any) -> dict[str, Any]:
-    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+def _dimension(name: str, values: list[Any], dist: BaseDistribution) -> dict[str, Any]:
+    if isinstance(dist, CategoricalDistribution):
         choices = list(dist.choices)
         return {"label": name, "values": [choices.index(v) for v in values],
                 "tickvals": list(range(len(choices))), "ticktext": [str(c) for c in choices]}
@@ -92,7 +94,8 @@ def curves_figure(data: StudyData) -> go.Figure:
             continue
         xs, ys, ids = _gapped_curves(trials)
         counts[state.name] = len(trials)
-        traces.append(go.Scatter(x=xs, y=ys, customdata=ids, mode="lines", name=f"{state.name.lower()} ({len(trials)})",
+        traces.append(go.Scatter(x=xs, y=ys, customdata=ids, mode="lines",
+                                 name=f"{state.name.lower()} ({len(trials)})",
                                  line={"width": 1, "color": STATE_COLORS.get(state.name)}, opacity=0.6,
                                  hovertemplate="trial %{customdata}<br>epoch %{x}: %{y:.4f}<extra></extra>"))
     fig = go.Figure(traces)

@@ -27,10 +27,12 @@ ENSEMBLE_K = 3
 IC_KEYS = ("ic", "rank_ic", "icir", "n_dates", "n_constant_dates")
 
 
-def best_long_short(cfg: SweeperConfig, predictor: Predictor, best: FrozenTrial) -> dict[str, LongShort]:
+def best_long_short(cfg: SweeperConfig, predictor: Predictor,
+                    best: FrozenTrial) -> dict[str, LongShort]:
     """``{"valid"|"test": LongShort}`` of the best trial (raises SweeperError when it cannot)."""
     horizon = predictor.config(best).data.horizon
-    return {split: long_short(predictor.frame(best, split), horizon, cfg.report.quantiles) for split in SCORED}
+    return {split: long_short(predictor.frame(best, split), horizon, cfg.report.quantiles)
+            for split in SCORED}
 
 
 def portfolio_report(cfg: SweeperConfig, study: optuna.Study, best: FrozenTrial,
@@ -42,7 +44,8 @@ def portfolio_report(cfg: SweeperConfig, study: optuna.Study, best: FrozenTrial,
     try:
         views = best_long_short(cfg, predictor, best)
         out["portfolio"] = {split: view.summary() for split, view in views.items()}
-        out["constant_pred_dates"] = {s: ic_report(predictor.frame(best, s))["n_constant_dates"] for s in SCORED}
+        out["constant_pred_dates"] = {s: ic_report(predictor.frame(best, s))["n_constant_dates"]
+                                      for s in SCORED}
     except SweeperError as exc:
         out.update(portfolio=None, portfolio_unavailable=str(exc), constant_pred_dates=None)
     try:
@@ -64,10 +67,10 @@ def ensemble_report(cfg: SweeperConfig, study: optuna.Study, predictor: Predicto
     for split in SCORED:
         frame = ensemble([predictor.frame(t, split) for t in members])
         report = ic_report(frame)
-        out[split] = {key: _clean(report[key]) for key in IC_KEYS}
+        out[split] = {key: _clean(value) for key, value in report.items() if key in IC_KEYS}
         out["portfolio"][split] = long_short(frame, horizon, cfg.report.quantiles).summary()
     return out
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> object:
     return None if isinstance(value, float) and value != value else value

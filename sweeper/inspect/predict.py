@@ -33,8 +33,8 @@ from sweeper.errors import ConfigError, StudyNotFound
 from sweeper.inspect.trial_model import SPLITS, Predictor, load_weights, trial_config
 from sweeper.store.studies import best_trial
 
-__all__ = ["SPLITS", "Prediction", "Predictor", "load_weights", "parse_trial", "pick_trial", "predict_trial",
-           "top_trials", "trial_config"]
+__all__ = ["SPLITS", "Prediction", "Predictor", "load_weights", "parse_trial", "pick_trial",
+           "predict_trial", "top_trials", "trial_config"]
 
 _TOP = re.compile(r"top(\d+)$")
 
@@ -58,14 +58,16 @@ class Prediction:
 def parse_trial(which: str | int) -> int | str:
     """``"best"``, a trial number, or ``"topK"`` (K >= 1); ConfigError for anything else."""
     text = str(which).strip().lower()
-    if text == "best" or _TOP.match(text):
-        if text != "best" and int(_TOP.match(text).group(1)) < 1:
-            raise ConfigError(f"--trial: topK needs K >= 1, got {which!r}")
+    top = _TOP.match(text)
+    if top is not None and int(top.group(1)) < 1:
+        raise ConfigError(f"--trial: topK needs K >= 1, got {which!r}")
+    if text == "best" or top is not None:
         return text
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(f"--trial: expected a trial number, 'best' or 'topK' (e.g. top3), got {which!r}") from None
+        raise ConfigError(f"--trial: expected a trial number, 'best' or 'topK' (e.g. top3), "
+                          f"got {which!r}") from None
 
 
 def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
@@ -87,26 +89,30 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
 
 def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     """The ``k`` best COMPLETE trials with a finite value, best first (ties: lower number first)."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    done = [(t.value, t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if t.value is not None and math.isfinite(t.value)]
     sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    ranked = sorted(done, key=lambda t: (sign * t.value, t.number))
+    ranked = [t for _, t in sorted(done, key=lambda vt: (sign * vt[0], vt[1].number))]
     if len(ranked) < k:
-        raise StudyNotFound(f"study {study.study_name!r} has {len(ranked)} completed trials; top{k} needs {k}")
+        raise StudyNotFound(f"study {study.study_name!r} has {len(ranked)} completed trials; "
+                            f"top{k} needs {k}")
     return ranked[:k]
 
 
-def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best", split: str = "valid",
-                  data: str | Path | None = None, device: str | None = None, start: str | None = None,
-                  end: str | None = None, predictor: Predictor | None = None) -> Prediction:
-    """Predictions of ``trial`` (number, "best" or "topK") on ``split`` of the study's data, or of ``data``."""
+def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best",
+                  split: str = "valid", data: str | Path | None = None, device: str | None = None,
+                  start: str | None = None, end: str | None = None,
+                  predictor: Predictor | None = None) -> Prediction:
+    """Predictions of ``trial`` (number, "best" or "topK") on ``split`` of the study's data,
+    or of ``data``."""
     from sweeper.quant.ensemble import ensemble
 
     if split not in SPLITS:
         raise ConfigError(f"--split: expected one of {', '.join(SPLITS)}, got {split!r}")
     parsed = parse_trial(trial)
-    is_ensemble = isinstance(parsed, str) and parsed != "best"
-    members = top_trials(study, int(parsed[3:])) if is_ensemble else [pick_trial(study, parsed)]
+    top_k = int(parsed[3:]) if isinstance(parsed, str) and parsed != "best" else None
+    is_ensemble = top_k is not None
+    members = top_trials(study, top_k) if top_k is not None else [pick_trial(study, parsed)]
     predictor = predictor or Predictor(cfg, study, device)
     frames = [predictor.frame(t, split, data=data, start=start, end=end) for t in members]
     if data is None:

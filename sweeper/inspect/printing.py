@@ -3,10 +3,13 @@ and the selection-bias lines that the report shows too."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
-def fmt(value: Any, spec: str = ".4f") -> str:
+def fmt(value: object, spec: str = ".4f") -> str:
     """``value`` formatted with ``spec``; ``-`` for None and non-finite floats."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
@@ -19,7 +22,8 @@ def print_status(report: dict[str, Any]) -> None:
 
     console = Console()
     counts = ", ".join(f"{k.lower()} {v}" for k, v in report["counts"].items() if v)
-    console.print(f"study {report['study']!r}: {report['finished']}/{report['n_trials']} finished ({counts or 'no trials'})")
+    console.print(f"study {report['study']!r}: {report['finished']}/{report['n_trials']} finished "
+                  f"({counts or 'no trials'})")
     if report["fail_reasons"]:
         console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items()))
     if report["best"]:
@@ -34,18 +38,20 @@ def print_status(report: dict[str, Any]) -> None:
                       f"mem {d.get('mem_used_mb')}/{d.get('mem_total_mb')} MB, {d.get('n_procs')} processes")
 
 
-def print_best(best: dict[str, Any], console: Any = None) -> None:
+def print_best(best: dict[str, Any], console: Console | None = None) -> None:
     from rich.console import Console
 
     console = console or Console()
     m = best["metrics"]
     console.print(f"best: trial {best['trial']}  {best['metric']}={fmt(best['value'])}")
-    console.print(f"  valid: ic {fmt(m.get('val_ic'))}  rank_ic {fmt(m.get('val_rank_ic'))}  icir {fmt(m.get('val_icir'))}")
-    console.print(f"  test:  ic {fmt(m.get('test_ic'))}  rank_ic {fmt(m.get('test_rank_ic'))}  icir {fmt(m.get('test_icir'))}")
+    for label, key in (("valid:", "val"), ("test: ", "test")):
+        console.print(f"  {label} ic {fmt(m.get(f'{key}_ic'))}  rank_ic {fmt(m.get(f'{key}_rank_ic'))}  "
+                      f"icir {fmt(m.get(f'{key}_icir'))}")
     for split, key in (("valid", "val"), ("test", "test")):
         oracle, frac = best.get(f"oracle_{key}_ic"), best.get(f"{key}_ic_oracle_fraction")
         if oracle:
-            console.print(f"  oracle {split} IC {oracle:.4f}" + (f": {frac:.0%} reached" if frac is not None else ""))
+            reached = f": {frac:.0%} reached" if frac is not None else ""
+            console.print(f"  oracle {split} IC {oracle:.4f}{reached}")
     for line in selection_lines(best.get("selection")):
         console.print("  " + line, highlight=False)
     if "portfolio" in best:
@@ -79,7 +85,8 @@ def portfolio_lines(portfolio: dict[str, Any] | None, why: str | None = None) ->
     if not portfolio:
         return [f"long-short: - ({why or 'not computed'})"]
     first = next(iter(portfolio.values()))
-    lines = [f"long-short, q={first.get('quantiles')} buckets, dates {max(first.get('horizon') or 1, 1)} apart "
+    apart = max(first.get("horizon") or 1, 1)
+    lines = [f"long-short, q={first.get('quantiles')} buckets, dates {apart} apart "
              "(gross: equal weights, no costs):"]
     for split, p in portfolio.items():
         lines.append(f"  {split + ':':<6} ann. return {fmt(p.get('long_short_ann_return'), '.1%')}  "

@@ -51,10 +51,11 @@ from sweeper.inspect.results import trial_horizons, valid_daily_ics
 from sweeper.store import layout
 from sweeper.store.studies import best_trial, load_existing
 
-__all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_html", "utilisation", "write_report"]
+__all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_html", "utilisation",
+           "write_report"]
 
-FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection", "buckets",
-           "longshort")
+FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection",
+           "buckets", "longshort")
 TITLES = {
     "history": "1. Optimization history", "importance": "2. Parameter importances",
     "parallel": "3. Parallel coordinates", "curves": "4. Learning curves (intermediate values)",
@@ -65,7 +66,8 @@ TITLES = {
 }
 
 
-def load(study: optuna.Study, run_dir: str | Path, metric: str, cfg: SweeperConfig | None = None) -> StudyData:
+def load(study: optuna.Study, run_dir: str | Path, metric: str,
+         cfg: SweeperConfig | None = None) -> StudyData:
     """The study read once. With ``cfg``: the trials' label horizons and the best trial's
     long-short view (which runs its model on the study's data)."""
     trials = study.get_trials(deepcopy=False)
@@ -118,7 +120,8 @@ def write_report(cfg: SweeperConfig, out: str | Path, storage_url: str | None = 
             "seconds": time.perf_counter() - started}
 
 
-def render_html(data: StudyData, figures: dict[str, go.Figure], oracle: dict[str, float] | None = None) -> str:
+def render_html(data: StudyData, figures: dict[str, go.Figure],
+                oracle: dict[str, float] | None = None) -> str:
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
@@ -128,7 +131,8 @@ def render_html(data: StudyData, figures: dict[str, go.Figure], oracle: dict[str
         heading = TITLES.get(name, "5b. GPU telemetry")
         notes = "".join(f"<p>{html.escape(line)}</p>" for line in _notes(name, fig))
         sections.append(f'<section><h2>{heading}</h2>{notes}<div id="plot-{name}" class="plot"></div>'
-                        f'<script type="application/json" id="fig-{name}" class="fig">{payload}</script></section>')
+                        f'<script type="application/json" id="fig-{name}" class="fig">{payload}</script>'
+                        '</section>')
     return _PAGE.format(title=html.escape(f"sweeper report: {data.name}"), plotlyjs=get_plotlyjs(),
                         header="".join(f"<p>{html.escape(line)}</p>" for line in _header(data, oracle)),
                         sections="\n".join(sections))
@@ -156,13 +160,14 @@ def _notes(name: str, fig: go.Figure) -> list[str]:
         return _utilisation_notes(meta["utilisation"])
     if name == "selection" and "selection" in meta:
         return [line.strip() for line in selection_lines(meta["selection"])] + [
-            "The no-signal best is the median standard error of the trials' mean daily IC times the expected "
-            "maximum of N standard normals (Bailey & Lopez de Prado); deflated IC = best - that. P(fluke) = 1 - "
-            "the Deflated Sharpe Ratio of the best trial's daily ICs; PBO = probability of backtest overfitting "
-            "(CSCV). Standard errors are Newey-West with lag horizon - 1: an h-day label makes "
-            "neighbouring daily ICs overlap."]
+            "The no-signal best is the median standard error of the trials' mean daily IC times the "
+            "expected maximum of N standard normals (Bailey & Lopez de Prado); deflated IC = best - that. "
+            "P(fluke) = 1 - the Deflated Sharpe Ratio of the best trial's daily ICs; PBO = probability of "
+            "backtest overfitting (CSCV). Standard errors are Newey-West with lag horizon - 1: an h-day "
+            "label makes neighbouring daily ICs overlap."]
     if name == "buckets" and "valid" in meta:
-        return [line.strip() for line in portfolio_lines({k: meta[k] for k in ("valid", "test") if k in meta})] + [
+        splits = {k: meta[k] for k in ("valid", "test") if k in meta}
+        return [line.strip() for line in portfolio_lines(splits)] + [
             "Dates: those with at least 2q assets, every h-th of them, so the h-day labels do not overlap. "
             "Buckets: q equal-count buckets of the prediction's rank. Long-short = mean label of the top "
             "bucket - mean label of the bottom one; annualised with 252/h. Gross: equal weights, no costs."]
