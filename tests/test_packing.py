@@ -12,11 +12,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from overlap import most_at_once
 from sweeper.config import DevicesConfig, load_config
 from sweeper.devices import list_gpus
 from sweeper.devices.room import (HEADROOM, Policy, Room, admits, allotment_mb, charge_mb, choose, free_mb,
                                      others_mb, shape_key)
-from sweeper.inspect.results import most_at_once
 from sweeper.errors import ConfigError
 from sweeper.inspect.figures_base import StudyData
 from sweeper.inspect.figures_devices import timeline_figure

@@ -26,7 +26,7 @@ BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "tes
                 "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> object:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
@@ -83,7 +83,7 @@ def trial_horizons(trials: list[FrozenTrial], cfg: SweeperConfig) -> dict[int, i
 
 def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial | None = None,
                      trials: list[FrozenTrial] | None = None, horizons: dict[int, int] | int = 1,
-                     ) -> dict[str, Any] | None:
+                     ) -> dict[str, int | float | None] | None:
     """:func:`sweeper.quant.selection.selection_summary` of the study's daily validation ICs:
     n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr, p_fluke, pbo, with the
     Newey-West lag of each trial's label ``horizons``. None when the best trial has no daily
@@ -143,19 +143,6 @@ def status_report(study: optuna.Study, cfg: SweeperConfig) -> dict[str, Any]:
         "running": _running(trials),
         "devices": latest_telemetry(layout.devices_csv(layout.run_dir(cfg))),
     }
-
-
-def most_at_once(trials: list[FrozenTrial]) -> int:
-    """The most trials that ran at once, from their start and complete times in the store."""
-    edges: list[tuple[Any, int]] = []
-    for t in trials:
-        if t.datetime_start and t.datetime_complete:
-            edges += [(t.datetime_start, 1), (t.datetime_complete, -1)]
-    running = most = 0
-    for _, step in sorted(edges):  # an end sorts before a start at the same instant
-        running += step
-        most = max(most, running)
-    return most
 
 
 def _running(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
