@@ -6,9 +6,11 @@ single boundary, :class:`SweeperGroup`. Nothing else here holds logic.
 from __future__ import annotations
 
 import json
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -21,9 +23,10 @@ class UserError(click.ClickException):
 
 
 class SweeperGroup(click.Group):
-    """Maps every domain error, from any command, to a clean exit 2; a store that
-    stayed away past study.storage_outage_s to exit 1, and Ctrl-C to exit 130,
-    each with one line and no traceback."""
+    """The one boundary where errors become exit codes, each with one line and no traceback:
+    a domain error, from any command, exits 2; a store that stayed away past
+    study.storage_outage_s exits 1; Ctrl-C exits 130 (SIGTERM, during a sweep, 143). A
+    sweep's outcome carries its own code (Outcome.exit_code, from how it ended)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         from sweeper.errors import StopRequested, StorageOutage
@@ -35,9 +38,9 @@ class SweeperGroup(click.Group):
         except StorageOutage as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(1)
-        except (KeyboardInterrupt, StopRequested):  # click's own handling prints "Aborted!" and exits 1
+        except (KeyboardInterrupt, StopRequested) as exc:  # click's own handling prints "Aborted!" and exits 1
             click.echo("interrupted", err=True)
-            ctx.exit(130)
+            ctx.exit(128 + getattr(exc, "signum", signal.SIGINT))
 
 
 def study_file(fn: Callable) -> Callable:
@@ -88,30 +91,14 @@ def main() -> None:
 # ---------------------------------------------------------------- sweeps
 
 def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, must_exist: bool) -> None:
-    import signal
-
-    from sweeper.errors import StopRequested
     from sweeper.inspect.live import default_view
     from sweeper.sweep.run import run
 
-    terminated: list[int] = []
-
-    def on_sigterm(signum: int, _frame: Any) -> None:
-        # until the driver installs its own handlers (it waits for the lock, the store
-        # or the data first) SIGTERM ends the command like Ctrl-C does, with 143
-        terminated.append(signum)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        cfg = _load(study, sets)
-        view = default_view()
-        outcome = run(cfg, view=view, storage_url=storage, force=force, must_exist=must_exist, study_file=str(study))
-    except (KeyboardInterrupt, StopRequested):
+    cfg = _load(study, sets)
+    outcome = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
+                  study_file=str(study))
+    if not outcome.summarized:  # stopped during set-up: the view never started to say so
         click.echo(f"interrupted; run `sweeper run {study}` again to resume", err=True)
-        sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     sys.exit(outcome.exit_code)
 
 
@@ -142,12 +129,13 @@ def resume_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: b
 @sets_option
 @storage_option
 def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
-    """Check config, data, storage and devices without training or writing."""
+    """Check config, data, storage and devices without training, and without touching the
+    study or the run folder (with data.cache the panel cache entry is built, as a run would)."""
     from sweeper.sweep.run import prepare
 
     plan = prepare(_load(study, sets), storage)
     click.echo(f"{study}: ok")
-    click.echo(f"  data: {plan.source} ({plan.fingerprint[:12]})")
+    click.echo(f"  data: {plan.panel.source} ({plan.panel.fingerprint[:12]})")
     click.echo(f"  storage: {plan.storage_url}")
     click.echo("  slots: " + ", ".join(s.label for s in plan.slots))
 

@@ -7,6 +7,9 @@ and exit code 2. ``TrialFailure`` subclasses end one trial, never the sweep;
 """
 from __future__ import annotations
 
+import signal
+from enum import StrEnum
+
 
 class SweeperError(Exception):
     """A user-facing error: one clear message, exit code 2, no traceback."""
@@ -41,28 +44,48 @@ class StorageOutage(Exception):
     exit code 1 (not a user mistake, and a later ``sweeper run`` resumes)."""
 
 
-class StopRequested(Exception):
-    """Ctrl-C or SIGTERM arrived while waiting (for the claim lock, the store);
-    the caller abandons the wait and drains."""
+class StopRequested(BaseException):
+    """Ctrl-C or SIGTERM arrived while waiting (for the claim lock, the store), or during
+    set-up; the caller abandons the wait and drains. ``signum`` is the signal that asked.
+    Like KeyboardInterrupt it is no error: a handler of ``Exception`` lets it through."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(f"stop requested ({signal.Signals(signum).name})")
+        self.signum = signum
+
+
+class FailReason(StrEnum):
+    """A failed (or, for ``config``, pruned) trial's ``fail_reason`` user attribute."""
+
+    CRASH = "crash"  # raised, segfaulted, or its worker exited
+    NAN = "nan"  # the loss or the objective is not finite
+    OOM = "oom"  # out of memory at the smallest micro-batch
+    TIMEOUT = "timeout"  # killed past train.max_minutes and its grace
+    STALL = "stall"  # no step and no event for study.stall_timeout
+    INTERRUPTED = "interrupted"  # Ctrl-C, SIGTERM, a dead driver or host: re-run with its params
+    CONFIG = "config"  # a sampled combination the model refuses: PRUNED, never retried
 
 
 class TrialFailure(Exception):
     """A trial ended in a known failure mode; ``reason`` is its fail_reason."""
 
-    reason = "crash"
+    reason = FailReason.CRASH
 
 
 class NonFiniteLoss(TrialFailure):
-    reason = "nan"
+    reason = FailReason.NAN
 
 
 class OutOfMemory(TrialFailure):
-    reason = "oom"
-
-
-class TrialTimeout(TrialFailure):
-    reason = "timeout"
+    reason = FailReason.OOM
 
 
 class Interrupted(TrialFailure):
-    reason = "interrupted"
+    reason = FailReason.INTERRUPTED
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An error as one line, for a log line, a warning or a stored attribute: its type and
+    the first line of its message (a traceback stays in the log it was written to)."""
+    lines = f"{type(exc).__name__}: {exc}".splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:limit]

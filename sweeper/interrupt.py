@@ -1,33 +1,72 @@
-"""The process's stop request, visible to waits far below the driver.
+"""The stop token: one sweep's request to stop, made by ``sweeper run`` and handed to
+everything that waits (the driver's loop, the claim lock, the store's outage policy, a
+worker's waits), so that Ctrl-C and SIGTERM work at any moment, not only between trials.
 
-The driver's SIGINT/SIGTERM handler records the request here; a wait that can
-last (the claim lock, a storage call retried through an outage) polls
-:func:`check` and gives up with :class:`~sweeper.errors.StopRequested`, so that
-Ctrl-C works at any moment, not only between trials.
+In a driver the token is also the SIGINT/SIGTERM handler. During set-up (data, storage,
+the study) a signal ends the command at once, as Ctrl-C does any program; once the
+dispatch loop runs, the first signal asks for a drain (running trials stop at their next
+step) and the second for a kill. In a worker the driver's ``stop`` command or the end of
+its stdin requests the stop.
 """
 from __future__ import annotations
 
+import signal
 import threading
+import time
+from types import FrameType
 
 from sweeper.errors import StopRequested
 
-_requested = threading.Event()
+POLL_S = 0.1  # how often a wait looks at the token
 
 
-def request_stop() -> None:
-    _requested.set()
+class StopToken:
+    """Requested once by a signal or a command; counted, so that a second signal can
+    escalate. ``raise_at_once``: a signal raises StopRequested where the process is
+    (set-up, before the loop has anything to drain)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.count = 0
+        self.signum: int | None = None
+        self.raise_at_once = False
+
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        """The SIGINT/SIGTERM handler."""
+        self.request(signum)
+        if self.raise_at_once:
+            raise StopRequested(signum)
+
+    def request(self, signum: int | None = None) -> None:
+        self.count += 1
+        self.signum = self.signum or signum
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        """Raise StopRequested when a stop was requested."""
+        if self._event.is_set():
+            raise StopRequested(self.signum or signal.SIGINT)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep ``seconds``, giving up with StopRequested as soon as a stop is requested."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._event.wait(min(POLL_S, left))
 
 
-def clear() -> None:
-    """A new sweep in this process starts with no request pending."""
-    _requested.clear()
+class _Never(StopToken):
+    """The token of code that nothing stops (read-only commands, library calls): a null object."""
+
+    def request(self, signum: int | None = None) -> None:
+        return None
 
 
-def stop_requested() -> bool:
-    return _requested.is_set()
-
-
-def check() -> None:
-    """Raise StopRequested when a stop was requested."""
-    if _requested.is_set():
-        raise StopRequested("stop requested")
+NEVER: StopToken = _Never()

@@ -127,7 +127,7 @@ def test_the_worker_process_never_loads_dispatch_code(study_file, workdir, monke
     records = sorted(out.glob("*.json"))
     assert {p.stem.split("-")[1] for p in records} == {"built", "eval"}  # at the start and at the final scoring
     loaded = set().union(*(json.loads(p.read_text()) for p in records)) | {"sweeper.sweep.worker"}
-    assert {"sweeper.sweep.runner", "sweeper.core.loop", "sweeper.sweep.protocol"} <= loaded
+    assert {"sweeper.sweep.worker_trial", "sweeper.core.loop", "sweeper.sweep.protocol"} <= loaded
     assert {m: _dispatch_code(m) for m in sorted(loaded) if _dispatch_code(m)} == {}
     # the check can fail: the parent's dispatch modules do carry the marks, and the worker has none of them
     assert _dispatch_code("sweeper.sweep.handle") == ["subprocess.Popen"]

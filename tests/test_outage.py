@@ -4,6 +4,8 @@ session, a SQLite file locked past its busy timeout under two drivers, and a
 throw-away PostgreSQL server stopped mid-sweep (restarted, and never restarted)."""
 from __future__ import annotations
 
+import contextlib
+
 import glob
 import logging
 import os
@@ -121,11 +123,23 @@ def _tell_through_a_held_lock(storage, study, workdir) -> int:
     holder = _locked_db(workdir / "db.sqlite")
     release = threading.Timer(1.5, holder.rollback)
     release.start()
-    before = storage.outage_policy.retries
-    study.tell(trial, 0.5)
+    with _counting_retries() as retries:
+        study.tell(trial, 0.5)
     release.join()
     assert storage.get_trial(trial._trial_id).state == TrialState.COMPLETE
-    return storage.outage_policy.retries - before
+    return len(retries)
+
+
+@contextlib.contextmanager
+def _counting_retries():
+    """The retries of every outage policy of this process while the block runs, as the
+    policies announce them to their listeners (a worker's stall-watchdog events)."""
+    heard: list[float] = []
+    remove = outage_module.on_retry(lambda: heard.append(time.monotonic()))
+    try:
+        yield heard
+    finally:
+        remove()
 
 
 def test_a_write_waits_out_a_lock_held_past_the_busy_timeout(sqlite_store, workdir):
@@ -204,9 +218,10 @@ def test_a_connection_killed_while_optuna_reads_the_trials_is_ridden_out(pg_url)
             storage._get_trials(study._study_id, None, set(), -1)
         assert type(raw.value.__cause__) is sqlalchemy.exc.PendingRollbackError and is_transient(raw.value)
         killed.clear()
-        storage.outage_policy, before = policy, policy.retries
-        assert [t.number for t in storage.get_all_trials(study._study_id)] == [0]
-        assert len(killed) == 1 and policy.retries == before + 1
+        storage.outage_policy = policy
+        with _counting_retries() as retries:
+            assert [t.number for t in storage.get_all_trials(study._study_id)] == [0]
+        assert len(killed) == 1 and len(retries) == 1
     finally:
         optuna_root.removeHandler(handler)
         admin.dispose()

@@ -162,10 +162,10 @@ def test_packer_charges_running_trials_and_counts_who_shared(one_gpu):
     assert packer.writes[3:] == [(10, "gpu_shared_with", 2), (11, "gpu_shared_with", 2), (12, "gpu_shared_with", 2)]
     assert packer.gate([gpu]) is None
     packer.ended(1, "COMPLETE", {"peak_mem_mb": 1300.0})
-    packer.keep({0})  # trial 2 failed: its worker's END or exit drops it too
+    packer.ended(2, "FAIL", {})  # trial 2 failed: its worker's END or exit drops it too
     assert sorted(packer.running) == [0] and packer.peaks == {(): 1300.0}
     assert packer.place(Held(13, 3, {}, exclusive=True), [gpu]) is None  # a retry after an OOM waits
-    packer.keep(set())
+    packer.ended(0, "FAIL", {})
     exclusive = packer.place(Held(13, 3, {}, exclusive=True), [gpu])
     assert (exclusive.allotted_mb, exclusive.shared_with) == (3600.0, 0)
 

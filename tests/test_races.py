@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
-from sweeper.errors import StopRequested
+from sweeper.errors import FailReason, StopRequested
 from sweeper.inspect.live import NullView
 from sweeper.store import NullLock, open_storage
 from sweeper.store import optuna_private as private
@@ -68,13 +68,13 @@ def test_failing_a_trial_another_process_finished_is_a_no_op(setup, workdir, mon
     trial = study.ask()
     study.tell(trial, 0.25)  # finished elsewhere first
     run = Running(number=trial.number, trial_id=private.trial_id(trial), started=0.0)
-    driver._fail(run, "crash", "worker exited with code -9")
+    driver._fail(run.trial_id, FailReason.CRASH, "worker exited with code -9")
     # the race proper: the state read says RUNNING, the write finds it finished
     storage = private.backend(study)
     stale = copy.deepcopy(storage.get_trial(run.trial_id))
     stale.state = TrialState.RUNNING
     monkeypatch.setattr(storage, "get_trial", lambda trial_id: stale)
-    driver._fail(run, "timeout", "trial exceeded train.max_minutes=1")
+    driver._fail(run.trial_id, FailReason.TIMEOUT, "trial exceeded train.max_minutes=1")
     monkeypatch.undo()
     [done] = study.get_trials()
     assert (done.state, done.value, done.user_attrs) == (TrialState.COMPLETE, 0.25, {})
@@ -86,6 +86,11 @@ class _Worker:
     def __init__(self, label, fail=False):
         self.slot = types.SimpleNamespace(label=label)
         self.running, self.fail, self.calls = None, fail, []
+        self.ready = False
+
+    @property
+    def idle(self):
+        return self.ready and self.running is None
 
     def _act(self, name):
         self.calls.append(name)
@@ -117,12 +122,12 @@ def test_a_stop_request_while_claiming_starts_nothing(setup, workdir, monkeypatc
     driver = _driver(cfg, study, workdir)
 
     def waiting_for_the_lock(*args, **kwargs):
-        raise StopRequested("stop requested")  # Ctrl-C while the lock or the store was awaited
+        raise StopRequested()  # Ctrl-C while the lock or the store was awaited
 
     monkeypatch.setattr(driver_module, "claim", waiting_for_the_lock)
     worker = _Worker("cpu0")
     worker.ready = True
     driver.workers = [worker]
     driver._start_trials()  # the wait ends without an error, and the loop goes on to drain
-    assert worker.running is None and worker.calls == [] and not driver.exhausted
+    assert worker.running is None and worker.calls == [] and not driver.rule.exhausted
     assert study.get_trials() == []

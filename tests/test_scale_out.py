@@ -128,7 +128,8 @@ def test_a_trial_failed_by_another_driver_is_dropped_cleanly_and_rerun(study_fil
     import threading
     import time
 
-    from sweeper.sweep.retries import fail_interrupted
+    from sweeper.errors import FailReason
+    from sweeper.sweep.outcome import fail_trial
 
     path = study_file({"study": {"n_trials": 2, "grace_period": 60},
                        "model": {"name": "fault_models:Slow", "step_sleep": 0.1},
@@ -146,7 +147,7 @@ def test_a_trial_failed_by_another_driver_is_dropped_cleanly_and_rerun(study_fil
                 continue
             for t in study.get_trials(states=(TrialState.RUNNING,)):
                 if Path(f"runs/tiny/trials/{t.number}/checkpoint.pt").exists():
-                    fail_interrupted(study, t._trial_id, "no heartbeat within study.grace_period (simulated)")
+                    fail_trial(study, t._trial_id, FailReason.INTERRUPTED, "no heartbeat within study.grace_period (simulated)")
                     victim.append(t.number)
 
     thread = threading.Thread(target=intrude)

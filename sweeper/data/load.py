@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -24,7 +24,6 @@ from sweeper.data.parquet import feature_blocks, file_fingerprint, oracle_from_m
 from sweeper.data.split import SPLITS
 from sweeper.errors import DataError
 
-OracleFn = Callable[[np.ndarray, dict[str, tuple[int, int]]], "dict[str, float] | None"]
 
 
 @dataclass
@@ -55,7 +54,6 @@ def load_panel(cfg: DataConfig) -> Panel:
     else:
         panel = to_panel(recipe.make(in_memory), cfg, recipe.fingerprint, recipe.source)
     _check_samples(panel, recipe.label_col)
-    _remember(cfg, panel)
     return panel
 
 
@@ -76,27 +74,28 @@ def _file_recipe(cfg: DataConfig) -> Recipe:
     return Recipe(str(path), cfg.label, file_fingerprint(path, selection, memo), make)
 
 
-def _key(cfg: DataConfig) -> str:
-    return json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+class PanelMemo:
+    """The panels this process has loaded, by what made them (a data config, and for a
+    scoring panel its file and statistics), each loaded once; ``keep`` bounds how many stay
+    (a worker keeps one: its next trial usually shares its data). Both the worker and
+    ``predict`` keep theirs here."""
 
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = keep
+        self._panels: dict[str, Panel] = {}
 
-# The parent loads the panel to check it (sweep.run.prepare) and, a moment later, records
-# the study's split dates and features as study attributes: this keeps them from the last
-# load in this process instead of reading the data a second time.
-_RECENT: dict[str, dict] = {}
+    def get(self, key: object, make: Callable[[], Panel]) -> Panel:
+        """The panel made for ``key`` (anything JSON can write), made now if it is new."""
+        text = json.dumps(key, sort_keys=True, default=str)
+        if text not in self._panels:
+            if self.keep is not None and len(self._panels) >= self.keep:
+                self._panels.pop(next(iter(self._panels)))  # the oldest goes first
+            self._panels[text] = make()
+        return self._panels[text]
 
-
-def _remember(cfg: DataConfig, panel: Panel) -> None:
-    _RECENT.clear()
-    _RECENT[_key(cfg)] = {"split_dates": panel.split_dates(), "features": list(panel.features)}
-
-
-def panel_summary(cfg: DataConfig) -> dict:
-    """``{"split_dates": {split: [first, last]}, "features": [...]}`` of the panel ``cfg`` gives
-    (the study's fixed split dates); from the last load in this process when it was this config."""
-    if _key(cfg) not in _RECENT:
-        load_panel(cfg)
-    return _RECENT[_key(cfg)]
+    def load(self, cfg: DataConfig) -> Panel:
+        """:func:`load_panel` of ``cfg``, once per config."""
+        return self.get(cfg.model_dump(mode="json"), lambda: load_panel(cfg))
 
 
 def _check_samples(panel: Panel, label_col: str) -> None:

@@ -1,21 +1,27 @@
 """What the driver shows while it runs: a rich live view on a terminal, plain
-log lines otherwise, nothing in library use. The driver calls the same
-methods on each (null-object style), so it has no branches for output, and
-each view is fed by those calls alone: it never polls the study.
+log lines otherwise, nothing in library use. Each implements
+:class:`sweeper.sweep.view.View`: the driver calls the same methods on each
+(null-object style), so it has no branches for output, and each view is fed by
+those calls alone: it never polls the study.
 """
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
-from optuna.trial import TrialState
+import optuna
+from optuna.trial import FrozenTrial, TrialState
 
+from sweeper.config import SweeperConfig
+from sweeper.devices import Slot
 from sweeper.inspect.printing import fmt
 from sweeper.inspect.results import oracle_fractions
+from sweeper.sweep.plan import Plan
+from sweeper.sweep.stopping import Outcome
 
 
-def summary_lines(outcome: Any, cfg: Any, plan: Any) -> list[str]:
+def summary_lines(outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> list[str]:
     counts = ", ".join(f"{k.lower()} {v}" for k, v in outcome.counts.items() if v)
     lines = [f"trials: {counts or 'none'}"]
     best = outcome.best
@@ -24,13 +30,14 @@ def summary_lines(outcome: Any, cfg: Any, plan: Any) -> list[str]:
         line = f"best: trial {best.number}  {cfg.study.metric}={fmt(best.value)}"
         line += "" if cfg.study.metric == "val_ic" else f"  val_ic={fmt(ua.get('val_ic'))}"
         line += f"  test_ic={fmt(ua.get('test_ic'))}"
-        frac = oracle_fractions(ua, plan.oracle_ic).get("test_ic_oracle_fraction")
-        if frac is not None:
-            line += f"  ({frac:.0%} of the oracle test IC {plan.oracle_ic['test']:.4f})"
+        oracle = plan.panel.oracle_ic
+        frac = oracle_fractions(ua, oracle).get("test_ic_oracle_fraction")
+        if frac is not None and oracle is not None:
+            line += f"  ({frac:.0%} of the oracle test IC {oracle['test']:.4f})"
         lines.append(line)
     if outcome.message:
         lines.append(outcome.message)
-    study_file = getattr(plan, "study_file", "STUDY.yaml")
+    study_file = plan.study_file
     if outcome.interrupted:
         lines.append("interrupted: running trials stopped at their next step; each resumes from its last "
                      f"end-of-epoch checkpoint. Resume with: sweeper resume {study_file}")
@@ -39,36 +46,38 @@ def summary_lines(outcome: Any, cfg: Any, plan: Any) -> list[str]:
     return lines
 
 
-def start_lines(cfg: Any, plan: Any, study: Any) -> list[str]:
+def start_lines(cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> list[str]:
     from sweeper.store import redact
 
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-    study_file = getattr(plan, "study_file", "STUDY.yaml")
+    study_file = plan.study_file
     return [
         f"study {cfg.study.name!r}: {done}/{cfg.study.n_trials} finished, optimising {cfg.study.metric} "
         f"({cfg.study.resolved_direction})",
         f"storage: {redact(plan.storage_url)}",
-        f"data: {plan.source}",
+        f"data: {plan.panel.source}",
         "slots: " + ", ".join(s.label for s in plan.slots),
         f"dashboard: sweeper dashboard {study_file}",
     ]
 
 
 class NullView:
-    def start(self, cfg: Any, plan: Any, study: Any) -> None: ...
-    def trial_started(self, slot: Any, number: int, params: dict[str, Any]) -> None: ...
-    def epoch(self, slot: Any, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
-    def trial_ended(self, slot: Any, number: int, state: str, value: Any, reason: Any) -> None: ...
-    def progress(self, finished: int, best: Any) -> None: ...
-    def warn(self, slot: Any, text: str) -> None: ...   # a worker's problem that did not end its trial
+    """Shows nothing: library use and tests."""
+
+    def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None: ...
+    def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None: ...
+    def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
+    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None, reason: str | None) -> None: ...
+    def progress(self, finished: int, best: FrozenTrial | None) -> None: ...
+    def warn(self, slot: Slot, text: str) -> None: ...
     def tick(self) -> None: ...
-    def close(self, outcome: Any, cfg: Any, plan: Any) -> None: ...
+    def close(self, outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> None: ...
 
 
 class PlainView(NullView):
     """One line per event, for logs and pipes."""
 
-    def __init__(self, stream: Any = None) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
         self.metric = "val_ic"
 
@@ -76,27 +85,27 @@ class PlainView(NullView):
         self.stream.write(f"[{time.strftime('%H:%M:%S')}] {line}\n")
         self.stream.flush()
 
-    def start(self, cfg: Any, plan: Any, study: Any) -> None:
+    def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None:
         self.metric = cfg.study.metric
         for line in start_lines(cfg, plan, study):
             self._say(line)
 
-    def trial_started(self, slot: Any, number: int, params: dict[str, Any]) -> None:
+    def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None:
         shown = " ".join(f"{k}={fmt(v, '.4g')}" for k, v in params.items())
         self._say(f"trial {number} started on {slot.label}: {shown}")
 
-    def epoch(self, slot: Any, number: int, epoch: int, metrics: dict[str, Any]) -> None:
+    def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
         self._say(f"trial {number} epoch {epoch}: {self.metric}={fmt(metrics.get(self.metric))} "
                   f"loss={fmt(metrics.get('train_loss'))} mb={metrics.get('micro_batch_size', '-')}")
 
-    def trial_ended(self, slot: Any, number: int, state: str, value: Any, reason: Any) -> None:
+    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None, reason: str | None) -> None:
         tail = f" ({reason})" if reason else ""
         self._say(f"trial {number} {state.lower()}{tail}: {self.metric}={fmt(value)}")
 
-    def warn(self, slot: Any, text: str) -> None:
+    def warn(self, slot: Slot, text: str) -> None:
         self._say(f"warning from {slot.label}: {text}")
 
-    def close(self, outcome: Any, cfg: Any, plan: Any) -> None:
+    def close(self, outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> None:
         for line in summary_lines(outcome, cfg, plan):
             self._say(line)
 
@@ -117,13 +126,13 @@ class RichView(PlainView):
         self.last = 0.0
         self.n_trials = 0
         self.done = self.done0 = 0
-        self.best: Any = None
+        self.best: FrozenTrial | None = None
         self.slots: dict[str, dict[str, Any] | None] = {}
 
     def _say(self, line: str) -> None:
         self.console.print(line, highlight=False)
 
-    def start(self, cfg: Any, plan: Any, study: Any) -> None:
+    def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None:
         from rich.live import Live
 
         super().start(cfg, plan, study)
@@ -134,16 +143,16 @@ class RichView(PlainView):
         self.live = Live(console=self.console, refresh_per_second=4, transient=True)
         self.live.start()
 
-    def progress(self, finished: int, best: Any) -> None:
+    def progress(self, finished: int, best: FrozenTrial | None) -> None:
         self.done, self.best = finished, best
 
-    def trial_started(self, slot: Any, number: int, params: dict[str, Any]) -> None:
+    def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None:
         self.slots[slot.label] = {"number": number, "epoch": None, "metrics": {}}
 
-    def epoch(self, slot: Any, number: int, epoch: int, metrics: dict[str, Any]) -> None:
+    def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
         self.slots[slot.label] = {"number": number, "epoch": epoch, "metrics": metrics}
 
-    def trial_ended(self, slot: Any, number: int, state: str, value: Any, reason: Any) -> None:
+    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None, reason: str | None) -> None:
         self.slots[slot.label] = None
         if state in ("COMPLETE", "PRUNED"):
             self.done += 1
@@ -175,7 +184,7 @@ class RichView(PlainView):
                          f"mem {fmt(m.get('peak_mem_mb'), '.0f')} MB")
         return grid
 
-    def close(self, outcome: Any, cfg: Any, plan: Any) -> None:
+    def close(self, outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> None:
         if self.live is not None:
             self.live.stop()
         super().close(outcome, cfg, plan)

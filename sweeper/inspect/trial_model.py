@@ -26,6 +26,9 @@ import yaml
 from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig, validate_config
+from sweeper.data.load import PanelMemo
+from sweeper.data.normalize import NormStats
+from sweeper.data.panel import Panel
 from sweeper.errors import DataError, SweeperError
 from sweeper.store.layout import TrialFiles, run_dir, trial_files
 
@@ -58,7 +61,7 @@ def load_weights(files: TrialFiles, trial: FrozenTrial) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def own_scoring_panel(panel: Any) -> Any:
+def own_scoring_panel(panel: Panel) -> Panel:
     """The panel with every present row scoreable (unknown labels stay NaN in y_raw) and
     an ``all`` split: every date with a full lookback window."""
     import torch
@@ -68,7 +71,7 @@ def own_scoring_panel(panel: Any) -> Any:
     return dataclasses.replace(panel, y=y, splits=splits, _cache={})
 
 
-def restrict(panel: Any, split: str, start: str | None, end: str | None) -> tuple[Any, str]:
+def restrict(panel: Panel, split: str, start: str | None, end: str | None) -> tuple[Panel, str]:
     """``(panel, split name)``: the split itself, or its dates within ``[start, end]``."""
     from sweeper.data.scoring import date_range
 
@@ -91,7 +94,7 @@ class Predictor:
         self.run_dir = run_dir(cfg)
         self._device_name = device
         self.notes: list[str] = []
-        self._panels: dict[str, Any] = {}
+        self._panels = PanelMemo()
         self._frames: dict[tuple, pd.DataFrame] = {}
 
     def config(self, trial: FrozenTrial) -> SweeperConfig:
@@ -125,27 +128,23 @@ class Predictor:
         return predict(model.to(device), panel.to(device, tcfg.data.device_share), name, device,
                        tcfg.train.eval_batch_size)
 
-    def own_panel(self, tcfg: SweeperConfig) -> Any:
+    def own_panel(self, tcfg: SweeperConfig) -> Panel:
         """The study's data loaded with a trial's data config, every present row scoreable."""
         from sweeper.data import load_panel
 
-        key = json.dumps(tcfg.data.model_dump(mode="json"), sort_keys=True)
-        if key not in self._panels:
-            self._panels[key] = own_scoring_panel(load_panel(tcfg.data))
-        return self._panels[key]
+        return self._panels.get(tcfg.data.model_dump(mode="json"), lambda: own_scoring_panel(load_panel(tcfg.data)))
 
-    def _new_panel(self, tcfg: SweeperConfig, files: TrialFiles, trial: FrozenTrial, path: Path) -> Any:
+    def _new_panel(self, tcfg: SweeperConfig, files: TrialFiles, trial: FrozenTrial, path: Path) -> Panel:
         from sweeper.data.scoring import scoring_panel
 
         if not path.exists():
             raise DataError(f"{path}: no such file (--data)")
         stats, split_dates = self._scoring_inputs(tcfg, files, trial)
-        key = json.dumps([str(path), tcfg.data.model_dump(mode="json"), stats, split_dates], sort_keys=True)
-        if key not in self._panels:
-            self._panels[key] = scoring_panel(tcfg.data, path, stats["features"], stats, split_dates)
-        return self._panels[key]
+        key = [str(path), tcfg.data.model_dump(mode="json"), stats, split_dates]
+        return self._panels.get(key, lambda: scoring_panel(tcfg.data, path, stats["features"], stats, split_dates))
 
-    def _scoring_inputs(self, tcfg: SweeperConfig, files: TrialFiles, trial: FrozenTrial) -> tuple[dict, dict]:
+    def _scoring_inputs(self, tcfg: SweeperConfig, files: TrialFiles,
+                        trial: FrozenTrial) -> tuple[NormStats, dict[str, list[str]]]:
         """The trial's features and normalisation statistics, and the study's split dates.
 
         Both come from what the study kept (``norm_stats.json``, the ``split_dates``

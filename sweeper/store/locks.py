@@ -14,12 +14,14 @@ import hashlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 import sqlalchemy
 
+from sweeper.interrupt import NEVER, StopToken
 from sweeper.store import outage
 from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, sqlite_path
 
@@ -27,30 +29,31 @@ LOCK_POLL_S = 0.1
 LOCK_NOTICE_S = 3.0  # a claim takes milliseconds: a longer wait is worth a line
 
 
-def acquire(try_once: Callable[[], bool], what: str) -> None:
+def acquire(try_once: Callable[[], bool], what: str, stop: StopToken = NEVER) -> None:
     """Call ``try_once`` until it takes the lock. Between tries: StopRequested when
-    a stop was requested (KeyboardInterrupt passes through as raised)."""
+    ``stop`` was requested (a signal's own StopRequested passes through as raised)."""
     started = time.monotonic()
     told = False
     while not try_once():
         if not told and time.monotonic() - started >= LOCK_NOTICE_S:
             print(f"sweeper: waiting for {what}, held by another sweeper process", file=sys.stderr, flush=True)
             told = True
-        outage.wait(LOCK_POLL_S)
+        stop.wait(LOCK_POLL_S)
 
 
 class FileLock:
     """An exclusive flock on a file beside the SQLite database (one host)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, stop: StopToken = NEVER) -> None:
         self.path = path
+        self.stop = stop
         self._fd: int | None = None
 
-    def __enter__(self) -> "FileLock":
+    def __enter__(self) -> FileLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            acquire(lambda: _try_flock(fd), f"the lock file {self.path}")
+            acquire(lambda: _try_flock(fd), f"the lock file {self.path}", self.stop)
         except BaseException:
             os.close(fd)  # closing the descriptor drops the lock if the last try did take it
             raise
@@ -88,17 +91,19 @@ class AdvisoryLock:
     the server is away are retried through the store's outage policy.
     """
 
-    def __init__(self, engine: sqlalchemy.Engine, key: str, policy: outage.OutagePolicy | None = None) -> None:
+    def __init__(self, engine: sqlalchemy.Engine, key: str, policy: outage.OutagePolicy | None = None,
+                 stop: StopToken = NEVER) -> None:
         self.engine = engine
+        self.stop = stop
         self.name = key
         self.key = advisory_key(key)
         self.policy = policy
         self._conn: Any = None
         self._pending: Any = None  # the connection of a try in flight
 
-    def __enter__(self) -> "AdvisoryLock":
+    def __enter__(self) -> AdvisoryLock:
         try:
-            acquire(self._try, f"the claim lock {self.name!r}")
+            acquire(self._try, f"the claim lock {self.name!r}", self.stop)
         except BaseException:
             self._drop_pending()
             raise
@@ -139,19 +144,24 @@ class AdvisoryLock:
 
 
 class NullLock:
-    def __enter__(self) -> "NullLock":
+    def __enter__(self) -> NullLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
         return None
 
 
-def claim_lock(storage: optuna.storages.RDBStorage, url: str, study_name: str) -> Any:
-    """The lock under which a driver counts the budget and asks for a trial."""
+ClaimLock = FileLock | AdvisoryLock | NullLock
+
+
+def claim_lock(storage: optuna.storages.RDBStorage, url: str, study_name: str,
+               stop: StopToken = NEVER) -> ClaimLock:
+    """The lock under which a driver counts the budget and asks for a trial; a wait for it
+    gives up when ``stop`` is requested."""
     url = normalize_url(url)
     if is_sqlite(url):
         path = sqlite_path(url)
-        return FileLock(path.with_name(path.name + ".lock")) if path else NullLock()
+        return FileLock(path.with_name(path.name + ".lock"), stop) if path else NullLock()
     if is_postgres(url):
-        return AdvisoryLock(storage.engine, f"sweeper:{study_name}", policy=outage.for_url(url))
+        return AdvisoryLock(storage.engine, f"sweeper:{study_name}", policy=outage.for_url(url), stop=stop)
     return NullLock()

@@ -12,8 +12,9 @@ process with one message, and a later ``sweeper run`` resumes.
 The outage is the store's, not one call's: every call and thread of a process
 that talks to a store shares its :class:`OutagePolicy`, so the limit counts from
 the first failure, and after one give-up the rest give up at once (a driver's
-shutdown must not wait out another outage per call). Waits poll
-:mod:`sweeper.interrupt`, so Ctrl-C works while the store is away.
+shutdown must not wait out another outage per call). Waits poll the policy's stop
+token (:mod:`sweeper.interrupt`, handed over by the sweep that opened the store), so
+Ctrl-C works while the store is away.
 """
 from __future__ import annotations
 
@@ -23,19 +24,19 @@ import sqlite3
 import sys
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import sqlalchemy
 
-from sweeper import interrupt
 from sweeper.errors import StorageOutage
+from sweeper.interrupt import NEVER, StopToken
 from sweeper.store.urls import is_sqlite, normalize_url, redact, sqlite_path
 
 T = TypeVar("T")
 
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 10.0
-POLL_S = 0.1  # how often a wait looks for a stop request
 DEFAULT_OUTAGE_S = 300.0  # study.storage_outage_s's default, for callers without a config
 # SQLite reports a lock held past the busy timeout with these; every other
 # sqlite3.OperationalError (no such table, a syntax error) is a real error
@@ -43,7 +44,7 @@ SQLITE_BUSY = ("database is locked", "database table is locked", "database schem
 
 _jitter = random.Random()  # its own generator: retries must not shift anyone's seeded draws
 _registry_lock = threading.Lock()
-_policies: dict[str, "OutagePolicy"] = {}
+_policies: dict[str, OutagePolicy] = {}
 _last_trouble = -math.inf
 
 
@@ -104,7 +105,7 @@ def _transient_here(err: BaseException) -> bool:
     return False
 
 
-def policy(store: str) -> "OutagePolicy":
+def policy(store: str) -> OutagePolicy:
     """The process's policy for ``store`` (its printable URL): one per store, shared
     by every storage object and thread that talks to it."""
     with _registry_lock:
@@ -113,7 +114,7 @@ def policy(store: str) -> "OutagePolicy":
         return _policies[store]
 
 
-def for_url(url: str) -> "OutagePolicy":
+def for_url(url: str) -> OutagePolicy:
     """The policy of the store ``url`` names (keyed by its printable form; a SQLite
     file by its absolute path, so that one process's studies in different folders
     never share an outage)."""
@@ -140,7 +141,7 @@ class OutagePolicy:
         self.store = store
         self.limit_s = limit_s
         self.gave_up = False
-        self.retries = 0  # over the process's life, for the log and the tests
+        self.stop: StopToken = NEVER  # the sweep's token: a wait for the store gives up when it is requested
         self._lock = threading.Lock()
         self._down_since: float | None = None
         self._first_error = ""
@@ -158,7 +159,7 @@ class OutagePolicy:
                     raise
                 delay = self._failed(exc, attempt, max_delay)
                 _notify_retry()
-                wait(delay)
+                self.stop.wait(delay)
                 attempt += 1
                 continue
             self._recovered()
@@ -180,7 +181,6 @@ class OutagePolicy:
                     f"storage {self.store} has been unreachable for {elapsed:.0f} s, more than "
                     f"study.storage_outage_s = {self.limit_s:g} ({self._first_error}); finished trials are "
                     "saved: run `sweeper run` again to resume once it is back") from None
-            self.retries += 1
             self._episode_retries += 1
             delay = min(max_delay, FIRST_DELAY_S * 2 ** min(attempt, 16)) * _jitter.uniform(0.5, 1.0)
             return max(0.05, min(delay, self._down_since + self.limit_s - now))
@@ -200,10 +200,12 @@ class OutagePolicy:
 _retry_listeners: list[Callable[[], None]] = []
 
 
-def on_retry(listener: Callable[[], None]) -> None:
+def on_retry(listener: Callable[[], None]) -> Callable[[], None]:
     """Call ``listener`` before each wait for the store (a worker tells its driver that
-    it lives, so that a trial waiting out an outage is not taken for a stalled one)."""
+    it lives, so that a trial waiting out an outage is not taken for a stalled one).
+    Returns the call that removes it."""
     _retry_listeners.append(listener)
+    return lambda: _retry_listeners.remove(listener)
 
 
 def _notify_retry() -> None:
@@ -212,17 +214,6 @@ def _notify_retry() -> None:
             listener()
         except Exception:  # noqa: BLE001 - a listener must never turn a retry into a failure
             pass
-
-
-def wait(seconds: float) -> None:
-    """Sleep, giving up with StopRequested as soon as a stop is requested."""
-    deadline = time.monotonic() + seconds
-    while True:
-        interrupt.check()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        time.sleep(min(POLL_S, left))
 
 
 def _first_line(exc: BaseException) -> str:

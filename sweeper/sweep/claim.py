@@ -2,17 +2,20 @@
 ask Optuna, and make the trial this driver's before anyone else looks."""
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig
-from sweeper.errors import StopRequested, StorageOutage
+from sweeper.errors import FailReason, StopRequested, StorageOutage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import trial_files
+from sweeper.store.locks import ClaimLock
 from sweeper.sweep.identity import Identity
+from sweeper.sweep.outcome import fail_trial
 from sweeper.sweep.retries import reconcile
 from sweeper.sweep.space import suggest
 
@@ -22,9 +25,10 @@ from sweeper.sweep.space import suggest
 # the count can never overshoot.
 BUDGET_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 MAX_LOST_CLAIMS = 3
+WAIT_POLL_S = 0.5
 
 
-def claim(study: optuna.Study, cfg: SweeperConfig, lock: Any, ident: Identity, run_dir: Path,
+def claim(study: optuna.Study, cfg: SweeperConfig, lock: ClaimLock, ident: Identity, run_dir: Path,
           seen: Callable[[list[FrozenTrial]], None] | None = None) -> optuna.Trial | None:
     """Under the lock, in order: fail stale trials, count the budget, ask, record
     the first heartbeat and the host. None when the budget is used up.
@@ -67,12 +71,39 @@ def _fail_claimed(study: optuna.Study, trial: optuna.Trial, exc: BaseException) 
     """FAIL a trial whose claim broke off: ``interrupted`` (re-run with its params) after
     Ctrl-C, SIGTERM or an outage past the limit, else ``crash`` with the error. Best
     effort: the store may be what broke."""
-    reason = "interrupted" if isinstance(exc, (KeyboardInterrupt, StopRequested, StorageOutage)) else "crash"
+    stopped = isinstance(exc, (KeyboardInterrupt, StopRequested, StorageOutage))
+    reason = FailReason.INTERRUPTED if stopped else FailReason.CRASH
     try:
-        trial.set_user_attr("fail_reason", reason)
-        if reason == "interrupted":
-            trial.set_user_attr("stop_reason", "interrupted")
-        trial.set_user_attr("error", f"claim broke off: {type(exc).__name__}: {exc}"[:2000])
-        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        fail_trial(study, private.trial_id(trial), reason, f"claim broke off: {type(exc).__name__}: {exc}")
     except Exception:  # noqa: BLE001 - the original error is the one to report
         pass
+
+
+class ClaimSchedule:
+    """When the driver claims next: whenever it has room, except while the budget is held by
+    other drivers' RUNNING trials. Those may finish, or die and need re-running, so it looks
+    again each heartbeat interval, and at once when one of them ends (a cheap poll of RUNNING
+    trials every WAIT_POLL_S, instead of a full claim)."""
+
+    def __init__(self, interval: float, foreign_running: Callable[[], set[int]]) -> None:
+        self.interval = interval
+        self.foreign_running = foreign_running
+        self.waiting_on: set[int] = set()
+        self.next_claim = 0.0
+        self.next_poll = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now >= self.next_claim:
+            return True
+        if self.waiting_on and now >= self.next_poll:
+            self.next_poll = now + WAIT_POLL_S
+            return not self.waiting_on <= self.foreign_running()
+        return False
+
+    def wait_on(self, foreign: set[int]) -> None:
+        self.waiting_on = foreign
+        self.next_claim = time.monotonic() + self.interval
+
+    def clear(self) -> None:
+        self.waiting_on = set()

@@ -1,4 +1,5 @@
-"""One worker subprocess, as the driver sees it: start, talk, read, stop."""
+"""One worker subprocess, as the driver sees it: start, talk, read, stop, and the state
+of the trial it runs. Its state changes only through its own methods."""
 from __future__ import annotations
 
 import os
@@ -8,8 +9,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from sweeper.devices import Slot
 from sweeper.store.layout import slot_log
 from sweeper.sweep import protocol
 
@@ -34,12 +36,12 @@ class Running:
 class WorkerHandle:
     """One long-lived worker process bound to a device slot."""
 
-    def __init__(self, slot: Any, init: dict[str, Any], run_dir: Path) -> None:
+    def __init__(self, slot: Slot, init: dict[str, Any], run_dir: Path) -> None:
         self.slot = slot
         self.init = init
         # hosts may share the run folder: each writes its own slot logs
         self.log_path = slot_log(run_dir, init["driver"]["host"], slot.id)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.ready = False
         self.was_ready = False
         self.early_exits = 0  # exits before ever becoming ready, in a row
@@ -66,10 +68,69 @@ class WorkerHandle:
         """Whether its process was ever started: a packing driver starts some only when needed."""
         return self.proc is not None
 
+    @property
+    def idle(self) -> bool:
+        """Ready for a trial and running none."""
+        return self.ready and self.running is None
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self.proc is not None and self.proc.stdout is not None, "the worker was never started"
+        return self.proc.stdout
+
+    def heard(self, ev: dict[str, Any]) -> None:
+        """An event from the worker: it lives, and its trial moves (what the stall watchdog,
+        the time limit and the view read)."""
+        kind, run = ev.get("ev"), self.running
+        if kind == protocol.READY:
+            self.ready = self.was_ready = True
+            self.early_exits = 0
+        if run is None:
+            return
+        run.last_event = time.monotonic()  # any event: the worker is neither dead nor stuck
+        if kind == protocol.PROGRESS and "steps" in ev:  # (no steps: waiting for the store)
+            run.steps = int(ev.get("steps") or 0)
+        elif kind == protocol.EPOCH:
+            run.epoch, run.metrics = ev["epoch"], ev["metrics"]
+
+    def assign(self, number: int, trial_id: int, **run: Any) -> None:
+        """Hand it a trial: the clock of its time limit and stall watchdog starts now."""
+        self.running = Running(number=number, trial_id=trial_id, started=time.monotonic())
+        self.send({"op": protocol.RUN, "trial_id": trial_id, "number": number, **run})
+
+    def trial_ended(self, failed: bool) -> None:
+        """After a failure the worker exits (its replacement comes on EOF), so it is not ready."""
+        self.running = None
+        self.ready = self.ready and not failed
+
+    def drain(self) -> None:
+        """Tell it to stop its trial at the next step, once however many loop turns the drain takes."""
+        if not self.stop_sent:
+            self.send({"op": protocol.STOP})
+            self.stop_sent = True
+
+    def exited(self) -> int:
+        """Its process ended (EOF): reap it, count an exit before it was ready; its exit code."""
+        code = self.wait()
+        self.close()
+        self.running = None
+        if not self.was_ready:
+            self.early_exits += 1
+        return code
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.returncode
+
     def send(self, msg: dict[str, Any]) -> None:
         if self.proc is None:
             return  # never started: nothing to tell
         try:
+            assert self.proc.stdin is not None
             self.proc.stdin.write(protocol.encode(msg))
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
@@ -83,7 +144,7 @@ class WorkerHandle:
 
     def read_events(self) -> list[dict[str, Any]] | None:
         """Complete events available now; None at EOF (the worker exited)."""
-        chunk = os.read(self.proc.stdout.fileno(), 65536)
+        chunk = os.read(self.stdout.fileno(), 65536)
         if not chunk:
             return None
         return self._decoder.feed(chunk)
@@ -99,7 +160,7 @@ class WorkerHandle:
 
     def request_close(self) -> None:
         """EOF on the worker's stdin: it stops at its next step and exits."""
-        if self.proc and self.proc.poll() is None:
+        if self.proc and self.proc.poll() is None and self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()
             except OSError:

@@ -9,7 +9,10 @@ fed by progress events, catches those.)
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
+from sweeper.errors import StopRequested, one_line
 
 
 class Heartbeat:
@@ -38,8 +41,10 @@ class Heartbeat:
                 if failing is not None:
                     self._warn(f"heartbeat recorded again after {misses} failed beat(s)")
                 failing, misses = None, 0
+            except StopRequested:
+                return  # the worker is stopping while the store is away: its trial ends without us
             except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
-                text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                text = one_line(exc)
                 misses += 1
                 if text != failing:
                     self._warn(f"heartbeat failed ({text}); retrying every {interval:g} s")
@@ -47,7 +52,7 @@ class Heartbeat:
             if self._stop.wait(interval):
                 return
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 

@@ -21,7 +21,7 @@ class Identity:
     pid_ns: str = ""
 
     @classmethod
-    def current(cls) -> "Identity":
+    def current(cls) -> Identity:
         host = os.environ.get("SWEEPER_HOST_ID") or socket.gethostname()
         return cls(host=host, pid=os.getpid(), driver_id=uuid.uuid4().hex[:12], pid_ns=_pid_namespace())
 

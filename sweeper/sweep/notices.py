@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+
+from sweeper.devices import Slot
+from sweeper.sweep.view import View
 
 WARN_REPEAT_S = 60.0  # an identical warning from one slot is shown at most this often
 
@@ -17,11 +19,11 @@ class Warnings:
     ``WARN_REPEAT_S`` (a store outage would otherwise repeat it every heartbeat), with a count
     of the repeats it held back."""
 
-    def __init__(self, view: Any) -> None:
+    def __init__(self, view: View) -> None:
         self.view = view
         self.shown: dict[tuple[str, str], tuple[float, int]] = {}
 
-    def __call__(self, slot: Any, text: str) -> None:
+    def __call__(self, slot: Slot, text: str) -> None:
         key, now = (slot.label, text), time.monotonic()
         last, held = self.shown.get(key, (-math.inf, 0))
         if now - last < WARN_REPEAT_S:

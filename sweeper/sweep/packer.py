@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import DevicesConfig
 from sweeper.devices import GPU, probe
-from sweeper.devices.packing import Policy, Room, allotment_mb, charge_mb, choose, shape_key
+from sweeper.devices.room import Policy, Room, ShapeKey, allotment_mb, charge_mb, choose, shape_key
 from sweeper.devices.slots import slots_per_gpu
 from sweeper.store import optuna_private as private
+from sweeper.sweep.handle import WorkerHandle
 
 READ_EVERY_S = 1.0  # NVML is read at most this often: packing decisions need no fresher reading
 EXCLUSIVE_ATTR = "exclusive_gpu"  # set on a retry after an OOM while sharing: it runs alone
@@ -38,7 +40,7 @@ class Packed:
     number: int
     trial_id: int
     gpu: str  # UUID
-    shape: tuple
+    shape: ShapeKey
     allotted_mb: float
     exclusive: bool = False
     measured_mb: float | None = None  # the largest peak it has reported
@@ -75,7 +77,7 @@ class Packer:
         self.gpus = {g.uuid: g for g in gpus}  # NVML's last reading of each GPU of ours
         self.read_at = -math.inf
         self.running: dict[int, Packed] = {}  # by trial number
-        self.peaks: dict[tuple, float] = {}  # model shape -> the largest peak measured (MB)
+        self.peaks: dict[ShapeKey, float] = {}  # model shape -> the largest peak measured (MB)
 
     # ---- what the driver tells it
 
@@ -93,13 +95,10 @@ class Packer:
             self._note(packed.shape, packed.measured_mb)
 
     def ended(self, number: int, state: str, metrics: Mapping[str, Any]) -> None:
+        """A trial of ours ended, however (its END, its worker's exit, a kill): forget its charge."""
         packed = self.running.pop(number, None)
         if packed is not None and state in ("COMPLETE", "PRUNED"):
             self._note(packed.shape, _peak(metrics))
-
-    def keep(self, numbers: set[int]) -> None:
-        """Forget trials no longer running (failed, killed, their worker gone)."""
-        self.running = {n: p for n, p in self.running.items() if n in numbers}
 
     # ---- what it answers
 
@@ -163,7 +162,7 @@ class Packer:
             if gpu.uuid in self.gpus:
                 self.gpus[gpu.uuid] = gpu
 
-    def _note(self, shape: tuple, peak: float | None) -> None:
+    def _note(self, shape: ShapeKey, peak: float | None) -> None:
         if peak is not None and peak > self.peaks.get(shape, 0.0):
             self.peaks[shape] = peak
 
@@ -174,22 +173,22 @@ class Packer:
             pass  # it finished meanwhile: it shared the GPU with fewer
 
 
-def first_per_gpu(workers: list[Any]) -> list[Any]:
+def first_per_gpu(workers: list[WorkerHandle]) -> list[WorkerHandle]:
     """One worker per GPU: the ones a packing driver starts at once."""
-    first: dict[str, Any] = {}
+    first: dict[str, WorkerHandle] = {}
     for w in workers:
-        first.setdefault(w.slot.gpu.uuid, w)
+        first.setdefault(_gpu_of(w), w)
     return list(first.values())
 
 
-def workers_by_gpu(workers: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def workers_by_gpu(workers: list[WorkerHandle]) -> tuple[dict[str, WorkerHandle], dict[str, WorkerHandle]]:
     """By GPU (UUID): a ready worker with no trial, and a worker not started yet, on GPUs with
     none free and none starting, to start when room for a trial waits for a worker."""
-    idle: dict[str, Any] = {}
-    spare: dict[str, Any] = {}
+    idle: dict[str, WorkerHandle] = {}
+    spare: dict[str, WorkerHandle] = {}
     busy = set()
     for w in workers:
-        uuid = w.slot.gpu.uuid
+        uuid = _gpu_of(w)
         if not w.started:
             spare.setdefault(uuid, w)
         elif w.ready and w.running is None:
@@ -197,6 +196,11 @@ def workers_by_gpu(workers: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         elif not w.ready:
             busy.add(uuid)  # starting, or exiting to be replaced
     return idle, {u: w for u, w in spare.items() if u not in busy and u not in idle}
+
+
+def _gpu_of(w: WorkerHandle) -> str:
+    assert w.slot.gpu is not None, "packing plans GPU slots only"
+    return w.slot.gpu.uuid
 
 
 def _peak(values: Mapping[str, Any]) -> float | None:

@@ -12,27 +12,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import StudyConfig
 from sweeper.core.checkpoint import checkpoint_epoch
+from sweeper.errors import FailReason
 from sweeper.store import optuna_private as private
 from sweeper.store import outage
 from sweeper.sweep.identity import Identity, pid_alive
+from sweeper.sweep.outcome import fail_trial
 
 MAX_INTERRUPTED_RETRIES = 20
-
-
-def fail_interrupted(study: optuna.Study, trial_id: int, why: str) -> bool:
-    """FAIL a RUNNING trial as ``interrupted``; False if it finished meanwhile.
-
-    The reason is written first: Optuna refuses user attributes on finished
-    trials, which is why its own stale-trial callback cannot record one.
-    """
-    storage = private.backend(study)
-    try:
-        storage.set_trial_user_attr(trial_id, "fail_reason", "interrupted")
-        storage.set_trial_user_attr(trial_id, "stop_reason", "interrupted")
-        storage.set_trial_user_attr(trial_id, "error", why)
-        return storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return False
+COUNTED_AS_CRASHES = (FailReason.CRASH, FailReason.STALL, FailReason.TIMEOUT)  # against study.retries
 
 
 def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig) -> list[tuple[FrozenTrial, dict[str, Any]]]:
@@ -42,23 +29,28 @@ def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig) -> list[tuple[Frozen
     for t in trials:
         if t.state != TrialState.FAIL or t.number in retried:
             continue
-        reason = t.user_attrs.get("fail_reason", "interrupted")
+        reason = t.user_attrs.get("fail_reason", FailReason.INTERRUPTED)
         attempt = int(t.user_attrs.get("attempt", 0))
-        retry = {
-            "interrupted": attempt < MAX_INTERRUPTED_RETRIES,
-            "crash": int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
-            "stall": int(t.user_attrs.get("crash_count", 0)) < cfg.retries,  # a hang is retried like a crash
-            "timeout": cfg.retry_timeouts and int(t.user_attrs.get("crash_count", 0)) < cfg.retries,
-            # out of memory beside other trials (trials_per_gpu: auto): once more, with a GPU to itself
-            "oom": int(t.user_attrs.get("gpu_shared_with") or 0) > 0 and not t.user_attrs.get("exclusive_gpu"),
-        }.get(reason, False)
-        if retry:
+        if _deserves_retry(t, reason, attempt, cfg):
             plan.append((t, _retry_attrs(t, reason, attempt)))
     return plan
 
 
+def _deserves_retry(t: FrozenTrial, reason: str, attempt: int, cfg: StudyConfig) -> bool:
+    crashes_left = int(t.user_attrs.get("crash_count", 0)) < cfg.retries
+    rules: dict[str, bool] = {
+        FailReason.INTERRUPTED: attempt < MAX_INTERRUPTED_RETRIES,
+        FailReason.CRASH: crashes_left,
+        FailReason.STALL: crashes_left,  # a hang is retried like a crash
+        FailReason.TIMEOUT: cfg.retry_timeouts and crashes_left,
+        # out of memory beside other trials (trials_per_gpu: auto): once more, with a GPU to itself
+        FailReason.OOM: int(t.user_attrs.get("gpu_shared_with") or 0) > 0 and not t.user_attrs.get("exclusive_gpu"),
+    }
+    return rules.get(reason, False)
+
+
 def _retry_attrs(t: FrozenTrial, reason: str, attempt: int) -> dict[str, Any]:
-    crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in ("crash", "stall", "timeout"))
+    crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in COUNTED_AS_CRASHES)
     ckpt = t.user_attrs.get("checkpoint")
     resume = ckpt if ckpt and checkpoint_epoch(Path(ckpt)) is not None else t.user_attrs.get("resume_from")
     attrs = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
@@ -78,7 +70,8 @@ def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
                 or ua.get("pid_ns", ident.pid_ns) != ident.pid_ns):  # trials of older versions have none
             continue
         if not pid_alive(int(ua["driver_pid"])):
-            fail_interrupted(study, private.trial_id(t), f"driver {ua['driver_pid']} on {ident.host} is gone")
+            fail_trial(study, private.trial_id(t), FailReason.INTERRUPTED,
+                       f"driver {ua['driver_pid']} on {ident.host} is gone")
 
 
 class _Suspects:
@@ -126,16 +119,14 @@ def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
         return
     study_id = private.study_id(study)
     policy = outage.for_url(cfg.resolved_storage)  # the raw query below bypasses the storage's retries
-    reasons = {t: "no heartbeat within study.grace_period: its driver or host died"
-               for t in private.stale_trial_ids(storage, study_id)}
-    reasons |= {t: "its driver died while claiming it (no heartbeat was ever recorded)"
-                for t in policy.call(lambda: private.running_without_heartbeat(storage, study_id))}
+    reasons = dict.fromkeys(private.stale_trial_ids(storage, study_id), "no heartbeat within study.grace_period: its driver or host died")
+    reasons |= dict.fromkeys(policy.call(lambda: private.running_without_heartbeat(storage, study_id)), "its driver died while claiming it (no heartbeat was ever recorded)")
     if reasons:
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         ours = {private.trial_id(t) for t in running if t.user_attrs.get("driver_id") == ident.driver_id}
         reasons = {t: why for t, why in reasons.items() if t not in ours}
     for trial_id in _suspects.due(study_id, set(reasons), cfg.grace_period):
-        fail_interrupted(study, trial_id, reasons[trial_id])
+        fail_trial(study, trial_id, FailReason.INTERRUPTED, reasons[trial_id])
 
 
 def reconcile(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> list[FrozenTrial]:

@@ -1,56 +1,48 @@
 """``sweeper run`` / ``resume`` / ``validate`` / ``db init``: every check before
-anything is written, then the sweep itself with its cleanup in ``finally``.
+the study is touched, then the sweep itself with its cleanup in ``finally``.
 
-:func:`prepare` validates config names, data, devices and storage and writes
-nothing; :func:`run` attaches to the study under the claim lock, starts the
-:class:`~sweeper.sweep.driver.Driver` and always shuts its workers down.
+:func:`prepare` validates config names, data, devices and storage and writes nothing to
+the study or the run folder (with ``data.cache: true`` loading the data builds, or evicts,
+panel cache entries: that is the cache's job); :func:`run` makes the sweep's stop token,
+attaches to the study under the claim lock, starts the :class:`~sweeper.sweep.driver.Driver`
+and always shuts its workers down.
 """
 from __future__ import annotations
 
 import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from sweeper import config as C
-from sweeper import interrupt
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
+from sweeper.interrupt import NEVER, StopToken
 from sweeper.store import check_artifacts, claim_lock, open_storage
 from sweeper.store.layout import devices_csv, run_dir
+from sweeper.store.locks import ClaimLock
+from sweeper.store.outage import for_url
 from sweeper.store.studies import best_trial
-from sweeper.sweep.driver import Driver, Outcome
+from sweeper.sweep.driver import Driver
 from sweeper.sweep.identity import Identity
+from sweeper.sweep.plan import PanelSummary, Plan
 from sweeper.sweep.samplers import build_pruner, check_sampler
+from sweeper.sweep.stopping import Ending, Outcome
 from sweeper.sweep.study import open_study, study_attrs
 from sweeper.sweep.telemetry import Telemetry
-
-
-@dataclass
-class Plan:
-    """Everything validated before anything is written."""
-
-    cfg: C.SweeperConfig
-    storage_url: str
-    run_dir: Path
-    artifacts: str
-    slots: list[Any]
-    fingerprint: str
-    oracle_ic: dict[str, float] | None
-    source: str
-    study_file: str = "STUDY.yaml"
+from sweeper.sweep.view import View
 
 
 def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True) -> Plan:
-    """Run every check (config names, data, models, devices, storage) without writing anything.
+    """Run every check (config names, data, models, devices, storage) without touching the
+    study or the run folder.
 
     ``devices=False`` skips slot planning (``sweeper db init`` runs where there
     may be no GPU, e.g. a Kubernetes init Job). User models are imported, built and
     run once in a child process; the model-shapes check's warnings go to stderr."""
-    import sys
-
     from sweeper.data import load_panel
     from sweeper.devices import plan_slots
     from sweeper.models.shapes import check_study_models
@@ -64,9 +56,9 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     panel = load_panel(cfg.data)
     # keep what the plan needs, not the panel: the driver holds no dense copy while workers
     # train (with the panel cache they map the entry this load built; without it they build their own)
-    n_features, fingerprint, oracle_ic, source = len(panel.features), panel.fingerprint, panel.oracle_ic, panel.source
+    summary = PanelSummary.of(panel)
     del panel
-    notes = check_study_models(cfg, n_features, cfg.data.lookback)  # a model's errors are config errors
+    notes = check_study_models(cfg, len(summary.features), cfg.data.lookback)  # a model's errors are config errors
     slots = plan_slots(cfg.devices) if devices else []
     url = cfg.study.resolved_storage
     check_reachable(url)
@@ -74,7 +66,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     check_artifacts(artifacts)
     for note in notes:  # shapes a trial may sample but cannot build: worth knowing, not fatal
         print(note, file=sys.stderr, flush=True)
-    return Plan(cfg, url, run_dir(cfg), artifacts, slots, fingerprint, oracle_ic, source)
+    return Plan(cfg, url, run_dir(cfg), artifacts, slots, summary)
 
 
 def _check_models(cfg: C.SweeperConfig) -> None:
@@ -85,7 +77,8 @@ def _check_models(cfg: C.SweeperConfig) -> None:
             raise ConfigError(f"search_space.model.name: unknown model {name!r}")
 
 
-def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "") -> tuple[optuna.Study, Any, bool]:
+def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "",
+            stop: StopToken = NEVER) -> tuple[optuna.Study, ClaimLock, bool]:
     """Open the storage, then create or join the study under the claim lock."""
     from sweeper.devices import environment_summary
 
@@ -96,11 +89,12 @@ def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "") -
                                outage_s=cfg.study.storage_outage_s)
     except StorageError as exc:
         if must_exist:
-            raise StudyNotFound(f"study {cfg.study.name!r} does not exist ({exc}); start it with `sweeper run`") from None
+            raise StudyNotFound(f"study {cfg.study.name!r} does not exist ({exc}); "
+                                "start it with `sweeper run`") from None
         raise
-    lock = claim_lock(storage, plan.storage_url, cfg.study.name)
-    attrs = {**study_attrs(cfg, plan.fingerprint, environment_summary()), "oracle_ic": plan.oracle_ic,
-             "data_source": plan.source}
+    for_url(plan.storage_url).stop = stop  # the store's waits through an outage end on Ctrl-C
+    lock = claim_lock(storage, plan.storage_url, cfg.study.name, stop)
+    attrs = study_attrs(cfg, plan.panel, environment_summary())
     study, created = open_study(storage, cfg, attrs=attrs, lock=lock, force=force, must_exist=must_exist,
                                 driver_id=driver_id)
     return study, lock, created
@@ -126,48 +120,71 @@ def init_db(cfg: C.SweeperConfig, storage_url: str | None = None) -> InitResult:
                       n_trials=len(study.get_trials(deepcopy=False)))
 
 
-def run(cfg: C.SweeperConfig, *, view: Any, storage_url: str | None = None, force: bool = False,
+def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, force: bool = False,
         must_exist: bool = False, study_file: str = "STUDY.yaml") -> Outcome:
     """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point."""
-    interrupt.clear()
+    stop = StopToken()
+    with _signals_to(stop):
+        try:
+            plan, study, lock, ident = _set_up(cfg, stop, storage_url, force, must_exist, study_file)
+        except StopRequested as exc:  # during set-up a signal ends the command where it was
+            return Outcome(counts={}, best=None, ending=Ending.INTERRUPTED, signum=exc.signum, summarized=False)
+        driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
+                        artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop)
+        _sweep(driver, plan, study, view)
+    outcome = summarize(study, driver)
+    view.close(outcome, plan.cfg, plan)
+    return outcome
+
+
+@contextmanager
+def _signals_to(stop: StopToken) -> Iterator[None]:
+    """SIGINT and SIGTERM go to ``stop`` while the sweep runs; raising at once until the
+    loop starts (there is nothing to drain yet)."""
+    stop.raise_at_once = True
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        stop.raise_at_once = False
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _set_up(cfg: C.SweeperConfig, stop: StopToken, storage_url: str | None, force: bool, must_exist: bool,
+            study_file: str) -> tuple[Plan, optuna.Study, ClaimLock, Identity]:
     plan = prepare(cfg, storage_url)
     plan.study_file = study_file
-    cfg = plan.cfg
     ident = Identity.current()
-    study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id)
+    study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id, stop=stop)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    driver = Driver(cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
-                    artifacts=plan.artifacts, view=view, ident=ident, lock=lock)
+    return plan, study, lock, ident
+
+
+def _sweep(driver: Driver, plan: Plan, study: optuna.Study, view: View) -> None:
+    """The loop, with its cleanup in ``finally``: workers shut down, telemetry stopped."""
     telemetry = Telemetry(devices_csv(plan.run_dir), plan.slots)
-    view.start(cfg, plan, study)
-    previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    view.start(plan.cfg, plan, study)
+    driver.stop.raise_at_once = False  # from here a signal drains, and a second one kills
     try:
         telemetry.start()
         driver.loop()
     except StopRequested:
         pass  # a wait below the loop (the claim lock, the store) gave up on Ctrl-C/SIGTERM: shut down as usual
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         driver.shutdown()
         telemetry.stop()
+
+
+def summarize(study: optuna.Study, driver: Driver) -> Outcome:
+    ending, signum, message = driver.rule.ending(), driver.stop.signum or signal.SIGINT, driver.rule.message
     try:
-        outcome = summarize(study, cfg, driver)
+        trials = study.get_trials(deepcopy=False)
+        best = best_trial(study)
     except StopRequested:  # stopped while the store is away: no counts to show
-        outcome = Outcome(counts={}, best=None, interrupted=True, exit_code=driver.stop.exit_code,
-                          message="the store did not answer; the summary is left out")
-    view.close(outcome, cfg, plan)
-    return outcome
-
-
-def summarize(study: optuna.Study, cfg: C.SweeperConfig, driver: Driver) -> Outcome:
-    trials = study.get_trials(deepcopy=False)
+        return Outcome(counts={}, best=None, ending=ending, signum=signum,
+                       message="the store did not answer; the summary is left out")
     counts = {s.name: 0 for s in TrialState}
     for t in trials:
         counts[t.state.name] += 1
-    best = best_trial(study)
-    interrupted = driver.stop.count > 0
-    code = driver.stop.exit_code if interrupted else 0
-    if not interrupted and (driver.broken or driver.failures_in_row >= cfg.study.max_consecutive_failures):
-        code = 1
-    return Outcome(counts=counts, best=best, interrupted=interrupted, exit_code=code, message=driver.message)
+    return Outcome(counts=counts, best=best, ending=ending, signum=signum, message=message)

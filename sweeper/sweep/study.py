@@ -10,30 +10,32 @@ from sweeper import __version__
 from sweeper import config as C
 from sweeper.errors import ConfigDrift, StudyNotFound
 from sweeper.store import quiet_optuna
+from sweeper.store.locks import ClaimLock
+from sweeper.sweep.plan import PanelSummary
 from sweeper.sweep.samplers import build_pruner, build_sampler, driver_seed
 
 
-def study_attrs(cfg: C.SweeperConfig, fingerprint: str, environment: dict[str, Any]) -> dict[str, Any]:
+def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str, Any]) -> dict[str, Any]:
     """The study's attributes. ``split_dates`` (``{split: [first, last]}`` target dates) are
     fixed for the whole study: the split uses the widest lookback, horizon and embargo the
     search space allows (``data.split.*``), so every trial is scored on these dates.
     ``features`` are the columns the study's data selection resolved to."""
-    from sweeper.data.load import panel_summary
-
-    summary = panel_summary(cfg.data)  # the panel prepare() just loaded: no second read
     return {
         "config": C.to_dict(cfg),
         "config_hash": C.config_hash(cfg),
         "sweeper_version": __version__,
         "environment": environment,
-        "data_fingerprint": fingerprint,
-        "split_dates": summary["split_dates"],
+        "data_fingerprint": panel.fingerprint,
+        "split_dates": panel.split_dates,
         "split_widths": {k: getattr(cfg.data.split, k) for k in ("lookback", "horizon", "embargo")},
-        "features": summary["features"],
+        "features": panel.features,
+        "oracle_ic": panel.oracle_ic,
+        "data_source": panel.source,
     }
 
 
-def open_study(storage: Any, cfg: C.SweeperConfig, *, attrs: dict[str, Any], lock: Any, force: bool,
+def open_study(storage: optuna.storages.BaseStorage, cfg: C.SweeperConfig, *, attrs: dict[str, Any],
+               lock: ClaimLock, force: bool,
                must_exist: bool, driver_id: str = "") -> tuple[optuna.Study, bool]:
     """Create the study, or load it and refuse config drift (unless ``force``).
     Returns the study and whether this call created it.

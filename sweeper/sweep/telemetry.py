@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.devices import telemetry
+from sweeper.errors import one_line
 
 
 class Telemetry:
@@ -32,7 +33,7 @@ class Telemetry:
             try:
                 self._sample()
             except Exception as exc:  # noqa: BLE001 - samples are a report's extra; the sweep goes on
-                self._tell(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+                self._tell(one_line(exc))
             if self._stop.wait(self.interval):
                 return
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import csv
 import math
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import optuna
 
+from sweeper.interrupt import StopToken
 from sweeper.sweep import protocol
 
 PROGRESS_EVERY_S = 5.0  # the most a progress event waits; shorter when study.stall_timeout is short
@@ -28,25 +28,20 @@ class OptunaHook:
     """Reports the objective each epoch, prunes, logs metrics.csv, and tells the driver."""
 
     def __init__(self, trial: optuna.Trial, metric: str, number: int, metrics_csv: Path,
-                 stop: threading.Event, progress_every: float = PROGRESS_EVERY_S,
-                 fake_peak_mb: float | None = None) -> None:
+                 stop: StopToken, progress_every: float = PROGRESS_EVERY_S) -> None:
         self.trial, self.metric, self.number, self.metrics_csv, self.stop = trial, metric, number, metrics_csv, stop
         self.pruned = False
         self.steps = 0
         self.progress_every = progress_every
         self._next_progress = 0.0  # the first step is reported at once
-        self.fake_peak_mb = fake_peak_mb  # a fake GPU's trial reports this peak (SWEEPER_FAKE_TRIAL_MEMORY_MB)
 
     def on_probe(self, peak_mb: float | None) -> None:
         """The batch probe's measured peak at the micro-batch it chose: the driver packs trials
         on a GPU by it, long before the first epoch's peak comes."""
-        peak = self.fake_peak_mb if self.fake_peak_mb is not None else peak_mb
-        if peak is not None and math.isfinite(peak):
-            protocol.emit(protocol.MEMORY, number=self.number, peak_mb=peak)
+        if peak_mb is not None and math.isfinite(peak_mb):
+            protocol.emit(protocol.MEMORY, number=self.number, peak_mb=peak_mb)
 
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
-        if self.fake_peak_mb is not None:
-            metrics = {**metrics, "peak_mem_mb": self.fake_peak_mb}
         append_csv(self.metrics_csv, {"epoch": epoch, **metrics})
         value = metrics.get(self.metric)
         protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch, metrics=metrics)
@@ -59,7 +54,7 @@ class OptunaHook:
     def should_stop(self) -> bool:
         self.steps += 1  # polled once before every training step
         self.tick()
-        return self.stop.is_set()
+        return self.stop.requested
 
     def tick(self) -> None:
         """Tell the driver the trial moves (a step or an evaluation batch), at most every

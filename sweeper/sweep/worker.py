@@ -20,11 +20,10 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from sweeper import interrupt
 from sweeper.errors import StopRequested
+from sweeper.interrupt import StopToken
 from sweeper.store import outage
 from sweeper.sweep import protocol
-
 
 PR_SET_PDEATHSIG = 1
 
@@ -48,11 +47,12 @@ def _die_with_parent() -> None:
 
 
 class Commands:
-    """Reads driver commands on a thread, so that 'stop' arrives mid-trial."""
+    """Reads driver commands on a thread, so that 'stop' arrives mid-trial: it requests
+    the worker's stop token, which the training loop and any wait for the store watch."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        self.stop = threading.Event()
+        self.stop = StopToken()
         self._queue: list[dict[str, Any]] = []
         self._ready = threading.Condition()
         self._closed = False
@@ -64,14 +64,12 @@ class Commands:
             if msg is None:
                 continue
             if msg.get("op") == protocol.STOP:
-                self.stop.set()
-                interrupt.request_stop()  # a storage call waiting out an outage gives up too
+                self.stop.request()
             with self._ready:
                 self._queue.append(msg)
                 self._ready.notify()
         # EOF: the driver is gone or done with us
-        self.stop.set()
-        interrupt.request_stop()
+        self.stop.request()
         with self._ready:
             self._closed = True
             self._ready.notify()
@@ -84,7 +82,7 @@ class Commands:
 
     def next(self) -> dict[str, Any] | None:
         with self._ready:
-            while not self._queue and not self._closed and not self.stop.is_set():
+            while not self._queue and not self._closed and not self.stop.requested:
                 self._ready.wait(timeout=1.0)
             while self._queue:
                 msg = self._queue.pop(0)
@@ -105,7 +103,7 @@ def main() -> int:
     init = commands.next()
     if init is None or init.get("op") != protocol.INIT:
         return 2
-    from sweeper.sweep.runner import TrialRunner  # heavy imports (torch) after the handshake starts
+    from sweeper.sweep.worker_trial import TrialRunner  # heavy imports (torch) after the handshake starts
 
     runner = TrialRunner(init, commands.stop)
     # a trial waiting out a storage outage makes no step: tell the driver's stall watchdog it lives
@@ -118,7 +116,7 @@ def main() -> int:
             ok = runner.run(msg["trial_id"], msg["number"], memory_limit_mb=msg.get("memory_limit_mb"))
         except StopRequested:  # stopped while the store was away: the trial stays RUNNING; a later run re-runs it
             break
-        if not ok or commands.stop.is_set():
+        if not ok or commands.stop.requested:
             break
     return 0
 

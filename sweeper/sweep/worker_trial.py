@@ -11,60 +11,62 @@ import json
 import math
 import os
 import socket
-import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 import torch
 import yaml
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import config as C
 from sweeper.atomic import atomic_path, write_text
+from sweeper.core import TrainResult
 from sweeper.core.checkpoint import FileCheckpointer, checkpoint_meta, config_mismatch, copy_checkpoint
-from sweeper.errors import ConfigError, Interrupted, OutOfMemory, SweeperError, TrialFailure
+from sweeper.data.load import PanelMemo
+from sweeper.data.panel import Panel
+from sweeper.devices.fake import trial_device
+from sweeper.errors import ConfigError, FailReason, SweeperError, TrialFailure, one_line
+from sweeper.interrupt import StopToken
 from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
+from sweeper.store.outage import for_url
 from sweeper.sweep import protocol
 from sweeper.sweep.heartbeat import Heartbeat
+from sweeper.sweep.outcome import end_trial, fail_attrs
 from sweeper.sweep.samplers import build_pruner
 from sweeper.sweep.trial_hook import OptunaHook, copy_csv_upto, progress_interval
-
-FAKE_TRIAL_MEMORY_ENV = "SWEEPER_FAKE_TRIAL_MEMORY_MB"  # the peak a trial on a fake GPU reports
 
 
 class TrialRunner:
     """Holds what a worker reuses across trials: the study handle, panels, device."""
 
-    def __init__(self, init: dict[str, Any], stop: threading.Event) -> None:
+    def __init__(self, init: dict[str, Any], stop: StopToken) -> None:
         self.cfg = C.validate_config(init["config"], "study config")
         self.run_dir = Path(init["run_dir"])
         self.slot = init["slot"]
         self.stop = stop
         self.threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or torch.get_num_threads()
         torch.set_num_threads(self.threads)
-        self.device = _pick_device()
+        self.device_kind = trial_device()  # asked once: a GPU, the CPU, or a fake GPU's slot
+        self.device = torch.device(self.device_kind.torch_device)
+        # torch imports torch._dynamo when a process builds its first optimizer: seconds of
+        # one-off import (more on a cold disk or a loaded box) with no step to report. Paid
+        # here, before READY, it never counts against the first trial's study.stall_timeout.
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
         self.storage = open_storage(init["storage"], heartbeat_interval=self.cfg.study.heartbeat_interval,
                                     grace_period=self.cfg.study.grace_period,
                                     outage_s=self.cfg.study.storage_outage_s)
+        for_url(init["storage"]).stop = stop  # a wait for the store ends when the driver says stop
         self.study = optuna.load_study(study_name=init["study"], storage=self.storage,
                                        pruner=build_pruner(self.cfg.study.pruner))
         self.artifacts = artifact_store(init["artifacts"])
-        self._panels: dict[str, Any] = {}
+        self.panels = PanelMemo(keep=1)  # the next trial usually shares this one's data
         self.memory_limit_mb: float | None = None  # the running trial's allotment of a shared GPU
-
-    def panel(self, cfg: C.SweeperConfig) -> Any:
-        from sweeper.data import load_panel
-
-        key = json.dumps(cfg.data.model_dump(mode="json"), sort_keys=True)
-        if key not in self._panels:
-            self._panels.clear()
-            self._panels[key] = load_panel(cfg.data)
-        return self._panels[key]
 
     def run(self, trial_id: int, number: int, *, memory_limit_mb: float | None = None) -> bool:
         """Train one trial to a finished state; False when the worker must be replaced.
@@ -107,37 +109,31 @@ class TrialRunner:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
 
-    def _train(self, trial: optuna.Trial, frozen: Any, files: TrialFiles, log: "_TrialLog",
-               started: float) -> tuple:
+    def _train(self, trial: optuna.Trial, frozen: FrozenTrial, files: TrialFiles, log: _TrialLog,
+               started: float) -> tuple[TrialState, float | None, dict[str, Any]]:
         from sweeper.core import train
 
         # a sampled combination the model's config refuses raises ConfigError here or in train()
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
         files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
         self._adopt_checkpoint(trial, frozen, cfg, files, log)
-        fake_peak = _fake_trial_peak(self.memory_limit_mb)
         hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop,
-                          progress_interval(self.cfg.study.stall_timeout), fake_peak_mb=fake_peak)
-        panel = self.panel(cfg)
+                          progress_interval(self.cfg.study.stall_timeout))
+        panel = self.panels.load(cfg.data)
         hook.tick()  # the data is loaded: progress, for the stall watchdog
-        if fake_peak is not None:
-            hook.on_probe(fake_peak)  # as a real probe would, before the first epoch
         checkpoint = FileCheckpointer(files.checkpoint)  # holds its epoch: a retry replays up to it
-        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log, started=started,
-                       memory_limit_mb=self.memory_limit_mb)
+        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log,
+                       started=started, memory=self.device_kind.memory(self.memory_limit_mb))
         _write_results(files, result, panel)
         state = TrialState.PRUNED if hook.pruned else TrialState.COMPLETE
         value = result.metrics.get(self.cfg.study.metric)
         attrs = {**result.metrics, "stop_reason": result.stop_reason}
-        if fake_peak is not None:
-            attrs["peak_mem_mb"] = fake_peak
         if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
-            return TrialState.FAIL, None, {**attrs, "fail_reason": "nan",
-                                           "error": f"{self.cfg.study.metric} is not finite"}
+            return TrialState.FAIL, None, {**attrs, **fail_attrs(FailReason.NAN, f"{self.cfg.study.metric} is not finite")}
         return state, value, attrs
 
-    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: Any, cfg: C.SweeperConfig, files: TrialFiles,
-                          log: "_TrialLog") -> None:
+    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.SweeperConfig, files: TrialFiles,
+                          log: _TrialLog) -> None:
         """A retry continues from the interrupted trial's checkpoint, replaying its
         intermediate values up to that epoch exactly once. A checkpoint of another
         config (the study was resumed with --force after a change) is not continued:
@@ -168,13 +164,9 @@ class TrialRunner:
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
                 attrs: dict[str, Any], files: TrialFiles, warn: Callable[[str], None]) -> bool:
-        try:
-            for key, val in attrs.items():
-                trial.set_user_attr(key, _plain(val))
-            self._register_artifacts(trial, files, warn)
-            values = value if state == TrialState.COMPLETE else None
-            self.study.tell(trial, values, state=state, skip_if_finished=True)
-        except optuna.exceptions.UpdateFinishedTrialError:
+        plain = {key: _plain(val) for key, val in attrs.items()}
+        if not end_trial(self.study, trial, state, plain, value,
+                         recorded=lambda: self._register_artifacts(trial, files, warn)):
             return self._taken(trial, number)
         protocol.emit(protocol.END, number=number, state=state.name, value=value, reason=attrs.get("fail_reason"),
              metrics={k: _plain(v) for k, v in attrs.items()})
@@ -201,12 +193,12 @@ class TrialRunner:
                     upload_artifact(artifact_store=self.artifacts, file_path=str(path), study_or_trial=trial)
                 except Exception as exc:  # noqa: BLE001 - the files stay in the run folder either way
                     failed.append(name)
-                    first = first or f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                    first = first or one_line(exc)
         if failed:
             warn(f"artifact upload failed for {', '.join(failed)} ({first}); the files stay in {files.folder}")
 
 
-def _write_results(files: TrialFiles, result: Any, panel: Any) -> None:
+def _write_results(files: TrialFiles, result: TrainResult, panel: Panel) -> None:
     with atomic_path(files.weights) as tmp:
         torch.save(result.best_state, tmp)
     if panel.norm_stats is not None:  # new data (predict --data) is normalised with these train statistics
@@ -215,7 +207,7 @@ def _write_results(files: TrialFiles, result: Any, panel: Any) -> None:
         frame.to_csv(files.daily_ic(split), index=False)
 
 
-def _failed(exc: BaseException, log: "_TrialLog") -> tuple[TrialState, None, dict[str, Any]]:
+def _failed(exc: BaseException, log: _TrialLog) -> tuple[TrialState, None, dict[str, Any]]:
     """How a trial that raised ends: FAIL with its fail_reason, except a config the model
     cannot take, which is PRUNED (see below)."""
     log("".join(traceback.format_exception(exc)).rstrip())
@@ -225,14 +217,12 @@ def _failed(exc: BaseException, log: "_TrialLog") -> tuple[TrialState, None, dic
         # that raises). Not retried, and recorded PRUNED, not FAIL: Optuna's TPE never reads
         # FAIL trials, so a FAIL would let it sample the region again; a PRUNED trial with no
         # intermediate values ranks below every other trial, so TPE moves away from it.
-        return TrialState.PRUNED, None, {"fail_reason": "config", "error": message[:2000]}
-    attrs = {"fail_reason": exc.reason if isinstance(exc, TrialFailure) else "crash", "error": message[:2000]}
-    if isinstance(exc, Interrupted):
-        attrs["stop_reason"] = "interrupted"
-    return TrialState.FAIL, None, attrs
+        return TrialState.PRUNED, None, fail_attrs(FailReason.CONFIG, message)
+    reason = exc.reason if isinstance(exc, TrialFailure) else FailReason.CRASH
+    return TrialState.FAIL, None, fail_attrs(reason, message)
 
 
-def _drop_foreign(path: Path, cfg: C.SweeperConfig, log: "_TrialLog") -> None:
+def _drop_foreign(path: Path, cfg: C.SweeperConfig, log: _TrialLog) -> None:
     """A checkpoint already at the trial's own path that another config wrote (left by a
     deleted study of the same name) is removed rather than crash the trial."""
     meta = checkpoint_meta(path)
@@ -242,7 +232,7 @@ def _drop_foreign(path: Path, cfg: C.SweeperConfig, log: "_TrialLog") -> None:
         path.unlink(missing_ok=True)
 
 
-def _warner(number: int, log: "_TrialLog") -> Callable[[str], None]:
+def _warner(number: int, log: _TrialLog) -> Callable[[str], None]:
     """One line about a problem that does not end the trial: in the trial's log and the
     slot log, and to the driver, which shows it."""
     def warn(text: str) -> None:
@@ -259,30 +249,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _fake_trial_peak(memory_limit_mb: float | None) -> float | None:
-    """On a fake GPU with SWEEPER_FAKE_TRIAL_MEMORY_MB set: the peak the trial reports, after
-    an OOM like a real probe's when that is more than its allotment. None elsewhere."""
-    raw = os.environ.get(FAKE_TRIAL_MEMORY_ENV, "").strip()
-    if not (raw and os.environ.get("SWEEPER_FAKE_GPU_SLOT")):
-        return None
-    peak = float(raw)
-    if memory_limit_mb is not None and peak > memory_limit_mb:
-        raise OutOfMemory(f"fake GPU: the trial needs {peak:g} MB and was allotted {memory_limit_mb:g} MB "
-                          f"({FAKE_TRIAL_MEMORY_ENV})")
-    return peak
-
-
 def _release_device_memory() -> None:
     """Hand the allocator's cached blocks back after a trial: an idle worker must not hold
     memory that trials packed on its GPU need."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-
-
-def _pick_device() -> torch.device:
-    if os.environ.get("SWEEPER_FAKE_GPU_SLOT"):
-        return torch.device("cpu")
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class _TrialLog:

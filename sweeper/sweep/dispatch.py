@@ -1,0 +1,138 @@
+"""Parent: which worker gets the next trial. Two strategies behind one small interface:
+
+- :class:`SlotDispatch`: one trial per free worker slot (``devices.trials_per_gpu: N``, CPU slots);
+- :class:`PackedDispatch`: trials packed on GPUs by their measured memory
+  (``devices.trials_per_gpu: auto``), through a :class:`~sweeper.sweep.packer.Packer`.
+
+The driver's loop calls the same methods on either (:func:`dispatch_for` picks one, once),
+so it has no packing branches. A strategy claims and starts trials through the driver's
+:class:`Launcher` methods and hears what the driver hears: trials read by a claim,
+memory measured, trials ended.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from sweeper.config import SweeperConfig
+from sweeper.devices import Slot
+from sweeper.store import optuna_private as private
+from sweeper.sweep.handle import WorkerHandle
+from sweeper.sweep.packer import Held, Packer, first_per_gpu, workers_by_gpu
+from sweeper.sweep.stopping import TrialEnd
+
+
+class Launcher(Protocol):
+    """What a strategy may ask of the driver."""
+
+    workers: list[WorkerHandle]
+
+    def claim_due(self) -> bool: ...
+    def claim(self) -> optuna.Trial | None: ...
+    def start(self, w: WorkerHandle, trial_id: int, number: int, params: dict[str, Any], **run: Any) -> None: ...
+    def spawn(self, w: WorkerHandle) -> None: ...
+    def fail_unstarted(self, trial_id: int, why: str) -> None: ...
+
+
+class Dispatch(Protocol):
+    def first_workers(self, workers: list[WorkerHandle]) -> list[WorkerHandle]: ...
+    def start_trials(self, d: Launcher) -> None: ...
+    def stopping(self, d: Launcher, why: str) -> None: ...
+    def seen(self, trials: list[FrozenTrial]) -> None: ...
+    def measured(self, number: int, peak_mb: object) -> None: ...
+    def ended(self, end: TrialEnd) -> None: ...
+
+
+class SlotDispatch:
+    """Every worker starts at once; each free one takes the next claimed trial."""
+
+    def first_workers(self, workers: list[WorkerHandle]) -> list[WorkerHandle]:
+        return workers
+
+    def start_trials(self, d: Launcher) -> None:
+        if not d.claim_due():
+            return
+        for w in d.workers:
+            if w.idle:
+                trial = d.claim()
+                if trial is None:
+                    return
+                d.start(w, private.trial_id(trial), trial.number, trial.params)
+
+    # null behaviour: nothing held, nothing measured
+    def stopping(self, d: Launcher, why: str) -> None: ...
+    def seen(self, trials: list[FrozenTrial]) -> None: ...
+    def measured(self, number: int, peak_mb: object) -> None: ...
+    def ended(self, end: TrialEnd) -> None: ...
+
+
+class PackedDispatch:
+    """A trial is claimed only while some GPU has room for one; it starts where it fits, with
+    its allotment. A claimed trial that fits nowhere yet is held (its heartbeat kept) until
+    room frees up; a GPU's next worker is started only when room waits for one."""
+
+    def __init__(self, packer: Packer, heartbeat_interval: float) -> None:
+        self.packer = packer
+        self.heartbeat_interval = heartbeat_interval
+        self.held: Held | None = None
+
+    def first_workers(self, workers: list[WorkerHandle]) -> list[WorkerHandle]:
+        return first_per_gpu(workers)
+
+    def start_trials(self, d: Launcher) -> None:
+        while (self.held is not None or d.claim_due()) and self._start_one(d):
+            pass
+
+    def _start_one(self, d: Launcher) -> bool:
+        """Start one trial where it fits; False when nothing more can start now."""
+        idle, spare = workers_by_gpu(d.workers)
+        if self.held is None:
+            if self.packer.gate(idle) is None:
+                # no room where a worker is free: start a worker where there is room
+                _spawn_on(d, spare, self.packer.gate(spare))
+                return False
+            trial = d.claim()
+            if trial is None:
+                return False
+            self.held = self.packer.hold(trial)
+        placement = self.packer.place(self.held, idle)
+        if placement is None:
+            self.packer.beat(self.held, self.heartbeat_interval)
+            spot = self.packer.place(self.held, spare)
+            _spawn_on(d, spare, spot.gpu if spot is not None else None)
+            return False
+        held, self.held = self.held, None
+        self.packer.start(held, placement)
+        d.start(idle[placement.gpu], held.trial_id, held.number, held.params, memory_limit_mb=placement.allotted_mb)
+        return True
+
+    def stopping(self, d: Launcher, why: str) -> None:
+        """The loop is leaving: a held trial is failed as interrupted (a retry runs it)."""
+        held, self.held = self.held, None
+        if held is not None:
+            d.fail_unstarted(held.trial_id, why)
+
+    def seen(self, trials: list[FrozenTrial]) -> None:
+        self.packer.learn(trials)
+
+    def measured(self, number: int, peak_mb: object) -> None:
+        self.packer.measured(number, peak_mb)
+
+    def ended(self, end: TrialEnd) -> None:
+        self.packer.ended(end.number, end.state, end.metrics)
+
+
+def _spawn_on(d: Launcher, spare: dict[str, WorkerHandle], gpu: str | None) -> None:
+    if gpu is not None:
+        d.spawn(spare[gpu])
+
+
+def dispatch_for(cfg: SweeperConfig, slots: Sequence[Slot], study: optuna.Study) -> Dispatch:
+    """Packing for ``trials_per_gpu: auto`` on GPU slots; a trial per slot otherwise."""
+    gpus = {s.gpu.uuid: s.gpu for s in slots if s.gpu is not None}
+    if cfg.devices.trials_per_gpu == "auto" and gpus:
+        return PackedDispatch(Packer(cfg.devices, gpus.values(), study), cfg.study.heartbeat_interval)
+    return SlotDispatch()

@@ -1,0 +1,40 @@
+"""Parent: what ``prepare`` found, validated before anything is written, and carried to
+the study's attributes, the driver and the view: no module global, no second read."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sweeper import config as C
+from sweeper.data.panel import Panel
+from sweeper.devices import Slot
+
+
+@dataclass(frozen=True)
+class PanelSummary:
+    """What the study records of the panel: it is fixed for the whole study (the split uses
+    the widest lookback, horizon and embargo the search space allows, ``data.split.*``)."""
+
+    source: str
+    fingerprint: str
+    features: list[str]
+    split_dates: dict[str, list[str]]  # {split: [first, last]} target dates as ISO days
+    oracle_ic: dict[str, float] | None
+
+    @classmethod
+    def of(cls, panel: Panel) -> PanelSummary:
+        return cls(source=panel.source, fingerprint=panel.fingerprint, features=list(panel.features),
+                   split_dates=panel.split_dates(), oracle_ic=panel.oracle_ic)
+
+
+@dataclass
+class Plan:
+    """Everything validated before anything is written."""
+
+    cfg: C.SweeperConfig
+    storage_url: str
+    run_dir: Path
+    artifacts: str
+    slots: list[Slot]
+    panel: PanelSummary
+    study_file: str = "STUDY.yaml"

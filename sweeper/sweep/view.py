@@ -1,0 +1,25 @@
+"""Parent: what the driver shows while it runs goes through a :class:`View`. The views
+themselves (a rich live panel, plain log lines, nothing) live in :mod:`sweeper.inspect.live`;
+each is fed by these calls alone and never polls the study."""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from sweeper.config import SweeperConfig
+from sweeper.devices import Slot
+from sweeper.sweep.plan import Plan
+from sweeper.sweep.stopping import Outcome
+
+
+class View(Protocol):
+    def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None: ...
+    def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None: ...
+    def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
+    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None, reason: str | None) -> None: ...
+    def progress(self, finished: int, best: FrozenTrial | None) -> None: ...  # as the last claim read the study
+    def warn(self, slot: Slot, text: str) -> None: ...  # a worker's problem that did not end its trial
+    def tick(self) -> None: ...  # once per loop turn: redraw, if it is time
+    def close(self, outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> None: ...
