@@ -38,7 +38,7 @@ class SweeperGroup(click.Group):
         except StorageOutage as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(1)
-        except (KeyboardInterrupt, StopRequested) as exc:  # click's own handling prints "Aborted!" and exits 1
+        except (KeyboardInterrupt, StopRequested) as exc:  # click's own prints "Aborted!", exits 1
             click.echo("interrupted", err=True)
             ctx.exit(128 + getattr(exc, "signum", signal.SIGINT))
 
@@ -104,8 +104,9 @@ def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, m
 
 def sweep_options(fn: Callable) -> Callable:
     """The options shared by ``run`` and ``resume``."""
-    for option in (click.option("--force", is_flag=True, help="Resume even if the config drifted from the stored one."),
-                   storage_option, sets_option, study_file):
+    force = click.option("--force", is_flag=True,
+                         help="Resume even if the config drifted from the stored one.")
+    for option in (force, storage_option, sets_option, study_file):
         fn = option(fn)
     return fn
 
@@ -199,7 +200,8 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 @study_file
 @storage_option
 @click.option("--port", default=8080, show_default=True, type=int)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind; loopback by default.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind; loopback by default.")
 def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> None:
     """Serve optuna-dashboard for this study's storage and artifacts."""
     from sweeper.inspect.dashboard import serve
@@ -246,19 +248,22 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
 
     cfg = _load(study)
     split = split or ("all" if start or end else "valid")
-    result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data, device=device,
-                           start=start, end=end)
+    result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data,
+                           device=device, start=start, end=end)
     write_table(result.frame, out)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     if result.same_data is False:
-        click.echo("warning: the data differs from the data the study was run on (fingerprint changed)", err=True)
+        click.echo("warning: the data differs from the data the study was run on (fingerprint changed)",
+                   err=True)
     ic = ic_report(result.frame)
     dates = result.frame["date"]
     span = f"{str(dates.min())[:10]} to {str(dates.max())[:10]}" if len(dates) else "no dates"
-    click.echo(f"wrote {out}: {result.label}, split {split} of {result.source} ({span}), {len(result.frame)} rows, "
-               f"IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} over {ic['n_dates']} dates"
-               + (f" ({ic['n_constant_dates']} with a constant prediction, scored 0)" if ic["n_constant_dates"] else ""))
+    constant = ic["n_constant_dates"]
+    click.echo(f"wrote {out}: {result.label}, split {split} of {result.source} ({span}), "
+               f"{len(result.frame)} rows, IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} "
+               f"over {ic['n_dates']} dates"
+               + (f" ({constant} with a constant prediction, scored 0)" if constant else ""))
 
 
 @main.command("export")

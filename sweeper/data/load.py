@@ -25,7 +25,6 @@ from sweeper.data.split import SPLITS
 from sweeper.errors import DataError
 
 
-
 @dataclass
 class Recipe:
     """What identifies a panel before it is built, and how to build it."""

@@ -14,6 +14,7 @@ nothing about it needs a label:
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,8 @@ def scoring_panel(cfg: DataConfig, path: str | Path, features: list[str], stats:
                  source=str(path), fingerprint=file_fingerprint(path, selection), norm_stats=stats)
 
 
-def date_range(dates: np.ndarray, days: list[str], lookback: int, where: str = "") -> tuple[int, int]:
+def date_range(dates: np.ndarray, days: Sequence[str | None], lookback: int,
+               where: str = "") -> tuple[int, int]:
     """``[start, stop)`` of the dates within the inclusive ``[first, last]`` days (an open end
     when one is None), never before ``lookback - 1`` (a target needs a full window)."""
     if not days:

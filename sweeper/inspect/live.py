@@ -67,7 +67,8 @@ class NullView:
     def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None: ...
     def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None: ...
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
-    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None, reason: str | None) -> None: ...
+    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None,
+                    reason: str | None) -> None: ...
     def progress(self, finished: int, best: FrozenTrial | None) -> None: ...
     def warn(self, slot: Slot, text: str) -> None: ...
     def tick(self) -> None: ...
@@ -98,7 +99,8 @@ class PlainView(NullView):
         self._say(f"trial {number} epoch {epoch}: {self.metric}={fmt(metrics.get(self.metric))} "
                   f"loss={fmt(metrics.get('train_loss'))} mb={metrics.get('micro_batch_size', '-')}")
 
-    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None, reason: str | None) -> None:
+    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None,
+                    reason: str | None) -> None:
         tail = f" ({reason})" if reason else ""
         self._say(f"trial {number} {state.lower()}{tail}: {self.metric}={fmt(value)}")
 
@@ -138,7 +140,8 @@ class RichView(PlainView):
         super().start(cfg, plan, study)
         self.started = time.monotonic()
         self.n_trials = cfg.study.n_trials
-        self.done = self.done0 = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        self.done = self.done0 = len(finished)
         self.slots = {s.label: None for s in plan.slots}
         self.live = Live(console=self.console, refresh_per_second=4, transient=True)
         self.live.start()
@@ -152,7 +155,8 @@ class RichView(PlainView):
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
         self.slots[slot.label] = {"number": number, "epoch": epoch, "metrics": metrics}
 
-    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None, reason: str | None) -> None:
+    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None,
+                    reason: str | None) -> None:
         self.slots[slot.label] = None
         if state in ("COMPLETE", "PRUNED"):
             self.done += 1
@@ -179,7 +183,8 @@ class RichView(PlainView):
         for label, r in self.slots.items():
             m = r["metrics"] if r else {}
             grid.add_row(label, "idle" if r is None else
-                         f"trial {r['number']} epoch {fmt(r['epoch'], 'd')} {self.metric}={fmt(m.get(self.metric))} "
+                         f"trial {r['number']} epoch {fmt(r['epoch'], 'd')} "
+                         f"{self.metric}={fmt(m.get(self.metric))} "
                          f"batch {m.get('micro_batch_size', '-')}x{m.get('accum_steps', '-')} "
                          f"mem {fmt(m.get('peak_mem_mb'), '.0f')} MB")
         return grid

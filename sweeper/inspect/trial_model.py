@@ -119,9 +119,9 @@ class Predictor:
         panel = self.own_panel(tcfg) if data is None else self._new_panel(tcfg, files, trial, Path(data))
         panel, name = restrict(panel, split, start, end)
         if len(panel.sample_index(name)) == 0:
-            raise DataError(f"{panel.source}: no rows to predict in the {split} split"
-                            + (f" between {start or 'the start'} and {end or 'the end'}" if name == RANGE else "")
-                            + f" (trial {trial.number}, lookback {tcfg.data.lookback})")
+            between = f" between {start or 'the start'} and {end or 'the end'}" if name == RANGE else ""
+            raise DataError(f"{panel.source}: no rows to predict in the {split} split{between}"
+                            f" (trial {trial.number}, lookback {tcfg.data.lookback})")
         model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
         model.load_state_dict(weights)
         device = resolve_device(self._device_name)
@@ -132,7 +132,8 @@ class Predictor:
         """The study's data loaded with a trial's data config, every present row scoreable."""
         from sweeper.data import load_panel
 
-        return self._panels.get(tcfg.data.model_dump(mode="json"), lambda: own_scoring_panel(load_panel(tcfg.data)))
+        return self._panels.get(tcfg.data.model_dump(mode="json"),
+                                lambda: own_scoring_panel(load_panel(tcfg.data)))
 
     def _new_panel(self, tcfg: SweeperConfig, files: TrialFiles, trial: FrozenTrial, path: Path) -> Panel:
         from sweeper.data.scoring import scoring_panel
@@ -141,7 +142,8 @@ class Predictor:
             raise DataError(f"{path}: no such file (--data)")
         stats, split_dates = self._scoring_inputs(tcfg, files, trial)
         key = [str(path), tcfg.data.model_dump(mode="json"), stats, split_dates]
-        return self._panels.get(key, lambda: scoring_panel(tcfg.data, path, stats["features"], stats, split_dates))
+        return self._panels.get(key,
+                                lambda: scoring_panel(tcfg.data, path, stats["features"], stats, split_dates))
 
     def _scoring_inputs(self, tcfg: SweeperConfig, files: TrialFiles,
                         trial: FrozenTrial) -> tuple[NormStats, dict[str, list[str]]]:
@@ -149,21 +151,24 @@ class Predictor:
 
         Both come from what the study kept (``norm_stats.json``, the ``split_dates``
         attribute) when it kept them, else from the study's data loaded as the trial was."""
-        saved = json.loads(files.norm_stats.read_text()) if files.norm_stats.exists() else None
-        split_dates = self.study.user_attrs.get("split_dates")
+        kept = files.norm_stats
+        saved: NormStats | None = json.loads(kept.read_text()) if kept.exists() else None
+        split_dates: dict[str, list[str]] | None = self.study.user_attrs.get("split_dates")
         if saved is not None and split_dates:
             return saved, split_dates
         try:
             own = self.own_panel(tcfg)
         except SweeperError as exc:
             if saved is None:
-                raise DataError(f"trial {trial.number} has no {files.norm_stats.name} and the study's data cannot "
-                                f"be loaded to re-fit its normalisation: {exc}") from None
+                raise DataError(f"trial {trial.number} has no {files.norm_stats.name} and the study's data "
+                                f"cannot be loaded to re-fit its normalisation: {exc}") from None
             return saved, {}  # the study's dates are unknown: --split all or --start/--end only
         if saved is None and tcfg.data.feature_norm == "robust_zscore":
             self._note(f"trial {trial.number} has no {files.norm_stats.name} (it was trained before trials "
                        "saved one): robust_zscore was re-fitted on the study's train split")
-        return saved or own.norm_stats, split_dates or {k: v for k, v in own.split_dates().items() if k != "all"}
+        stats = saved or own.norm_stats
+        assert stats is not None, "a loaded panel carries the statistics it was normalised with (data.build)"
+        return stats, split_dates or {k: v for k, v in own.split_dates().items() if k != "all"}
 
     def _note(self, line: str) -> None:
         if line not in self.notes:

@@ -36,7 +36,8 @@ def acquire(try_once: Callable[[], bool], what: str, stop: StopToken = NEVER) ->
     told = False
     while not try_once():
         if not told and time.monotonic() - started >= LOCK_NOTICE_S:
-            print(f"sweeper: waiting for {what}, held by another sweeper process", file=sys.stderr, flush=True)
+            print(f"sweeper: waiting for {what}, held by another sweeper process", file=sys.stderr,
+                  flush=True)
             told = True
         stop.wait(LOCK_POLL_S)
 

@@ -40,7 +40,8 @@ MAX_DELAY_S = 10.0
 DEFAULT_OUTAGE_S = 300.0  # study.storage_outage_s's default, for callers without a config
 # SQLite reports a lock held past the busy timeout with these; every other
 # sqlite3.OperationalError (no such table, a syntax error) is a real error
-SQLITE_BUSY = ("database is locked", "database table is locked", "database schema is locked", "database is busy")
+SQLITE_BUSY = ("database is locked", "database table is locked", "database schema is locked",
+               "database is busy")
 
 _jitter = random.Random()  # its own generator: retries must not shift anyone's seeded draws
 _registry_lock = threading.Lock()

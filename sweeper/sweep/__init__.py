@@ -1,7 +1,8 @@
 """The sweep: the driver (parent process) and the workers (child processes) it runs.
 
 Parent, the only side that asks Optuna for trials or starts processes:
-- :mod:`~sweeper.sweep.run`: ``sweeper run`` / ``resume`` / ``validate`` / ``db init``: checks, set-up, cleanup;
+- :mod:`~sweeper.sweep.run`: ``sweeper run`` / ``resume`` / ``validate`` / ``db init``: checks, set-up,
+  cleanup;
 - :mod:`~sweeper.sweep.plan`: what the checks found (the panel's summary among it), carried to the rest;
 - :mod:`~sweeper.sweep.driver`: the dispatch loop over worker slots, events, time limits;
 - :mod:`~sweeper.sweep.dispatch`: which worker takes the next trial: a trial per slot, or packed by memory;

@@ -55,10 +55,12 @@ def claim(study: optuna.Study, cfg: SweeperConfig, lock: ClaimLock, ident: Ident
                 _fail_claimed(study, trial, exc)
                 raise
             return trial
-    raise RuntimeError(f"{MAX_LOST_CLAIMS} claims in a row were failed by other drivers before they were made")
+    raise RuntimeError(f"{MAX_LOST_CLAIMS} claims in a row were failed by other drivers "
+                       "before they were made")
 
 
-def _make_ours(study: optuna.Study, trial: optuna.Trial, cfg: SweeperConfig, ident: Identity, run_dir: Path) -> None:
+def _make_ours(study: optuna.Study, trial: optuna.Trial, cfg: SweeperConfig, ident: Identity,
+               run_dir: Path) -> None:
     private.backend(study).record_heartbeat(private.trial_id(trial))
     # a retry carries the user attrs of its enqueue only; these make it this host's
     checkpoint = str(trial_files(run_dir, trial.number).checkpoint)

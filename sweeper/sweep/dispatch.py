@@ -32,7 +32,8 @@ class Launcher(Protocol):
 
     def claim_due(self) -> bool: ...
     def claim(self) -> optuna.Trial | None: ...
-    def start(self, w: WorkerHandle, trial_id: int, number: int, params: dict[str, Any], **run: Any) -> None: ...
+    def start(self, w: WorkerHandle, trial_id: int, number: int, params: dict[str, Any],
+              **run: Any) -> None: ...
     def spawn(self, w: WorkerHandle) -> None: ...
     def fail_unstarted(self, trial_id: int, why: str) -> None: ...
 
@@ -106,7 +107,8 @@ class PackedDispatch:
             return False
         held, self.held = self.held, None
         self.packer.start(held, placement)
-        d.start(idle[placement.gpu], held.trial_id, held.number, held.params, memory_limit_mb=placement.allotted_mb)
+        d.start(idle[placement.gpu], held.trial_id, held.number, held.params,
+                memory_limit_mb=placement.allotted_mb)
         return True
 
     def stopping(self, d: Launcher, why: str) -> None:

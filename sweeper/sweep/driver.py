@@ -194,7 +194,8 @@ class Driver:
         if not self.rule.stopping():
             self.spawn(w)
 
-    def _failed(self, w: WorkerHandle, run: Running, reason: FailReason, error: str, code: int | None) -> None:
+    def _failed(self, w: WorkerHandle, run: Running, reason: FailReason, error: str,
+                code: int | None) -> None:
         """A trial of ours failed on the driver's side (its worker died, or was killed)."""
         self._fail(run.trial_id, reason, error, code)
         self._ended(w, TrialEnd(run.number, "FAIL", reason=reason))
@@ -217,11 +218,13 @@ class Driver:
             if run is None:
                 continue
             if limit is not None and now - run.started > limit * 60 + timeout_grace_s(limit):
-                self._kill_trial(w, run, FailReason.TIMEOUT, f"trial exceeded train.max_minutes={limit:g} by "
-                                 f"more than its {timeout_grace_s(limit):g} s grace for scoring and writing results")
+                self._kill_trial(w, run, FailReason.TIMEOUT,
+                                 f"trial exceeded train.max_minutes={limit:g} by more than its "
+                                 f"{timeout_grace_s(limit):g} s grace for scoring and writing results")
             elif stall is not None and now - run.last_event > stall:
                 # the heartbeat thread beats through a hung step: only the events show progress
-                self._kill_trial(w, run, FailReason.STALL, f"no training step and no event from its worker for "
+                self._kill_trial(w, run, FailReason.STALL,
+                                 f"no training step and no event from its worker for "
                                  f"{now - run.last_event:.0f} s (study.stall_timeout={stall:g})")
 
     def _kill_trial(self, w: WorkerHandle, run: Running, reason: FailReason, error: str) -> None:
@@ -251,7 +254,8 @@ class Driver:
         for w in self.workers:
             _guarded(partial(w.close, deadline), w)
             if w.running is not None:
-                _guarded(partial(self._fail, w.running.trial_id, FailReason.INTERRUPTED, "driver shut down"), w)
+                fail = partial(self._fail, w.running.trial_id, FailReason.INTERRUPTED, "driver shut down")
+                _guarded(fail, w)
         self.sel.close()
 
 

@@ -52,12 +52,12 @@ class WorkerHandle:
     def start(self) -> None:
         env = {**os.environ, **self.slot.env, "PYTHONUNBUFFERED": "1"}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        # own session: a terminal Ctrl-C reaches only the driver, which relays it
         env["SWEEPER_DRIVER_PID"] = str(os.getpid())  # the worker checks it still has this parent
-        self.proc = subprocess.Popen([sys.executable, "-m", "sweeper.sweep.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
-        log.close()
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            # own session: a terminal Ctrl-C reaches only the driver, which relays it
+            self.proc = subprocess.Popen([sys.executable, "-m", "sweeper.sweep.worker"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                                         start_new_session=True)
         self.ready, self.was_ready, self.running = False, False, None
         self.stop_sent = False
         self._decoder = protocol.LineDecoder(self._malformed)

@@ -131,7 +131,8 @@ class Packer:
                 self._write(other.trial_id, "gpu_shared_with", other.shared_with)
         self._write(held.trial_id, "gpu_shared_with", placement.shared_with)
         self.running[held.number] = Packed(held.number, held.trial_id, placement.gpu, shape_key(held.params),
-                                           placement.allotted_mb, held.exclusive, shared_with=placement.shared_with)
+                                           placement.allotted_mb, held.exclusive,
+                                           shared_with=placement.shared_with)
 
     def beat(self, held: Held, interval: float) -> None:
         """Keep a held trial's heartbeat, as its worker will once it runs."""
@@ -150,7 +151,8 @@ class Packer:
         for uuid in gpus:
             gpu, mine = self.gpus[uuid], [p for p in self.running.values() if p.gpu == uuid]
             rooms[uuid] = Room(total_mb=gpu.total_mb, used_mb=gpu.used_mb, util=gpu.util,
-                               charges=tuple(p.charge for p in mine), exclusive=any(p.exclusive for p in mine))
+                               charges=tuple(p.charge for p in mine),
+                               exclusive=any(p.exclusive for p in mine))
         return rooms
 
     def _read(self) -> None:

@@ -30,7 +30,8 @@ from typing import Any, TextIO
 # ops (driver -> worker)
 INIT, RUN, STOP = "init", "run", "stop"
 # events (worker -> driver)
-READY, START, PROGRESS, EPOCH, WARN, MEMORY, END = "ready", "start", "progress", "epoch", "warn", "memory", "end"
+READY, START, PROGRESS, EPOCH = "ready", "start", "progress", "epoch"
+WARN, MEMORY, END = "warn", "memory", "end"
 
 _channel: TextIO | None = None  # None: sys.stdout as it is at the time of writing
 _lock = threading.Lock()  # the heartbeat thread warns while the training thread reports

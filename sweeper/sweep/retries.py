@@ -44,7 +44,8 @@ def _deserves_retry(t: FrozenTrial, reason: str, attempt: int, cfg: StudyConfig)
         FailReason.STALL: crashes_left,  # a hang is retried like a crash
         FailReason.TIMEOUT: cfg.retry_timeouts and crashes_left,
         # out of memory beside other trials (trials_per_gpu: auto): once more, with a GPU to itself
-        FailReason.OOM: int(t.user_attrs.get("gpu_shared_with") or 0) > 0 and not t.user_attrs.get("exclusive_gpu"),
+        FailReason.OOM: (int(t.user_attrs.get("gpu_shared_with") or 0) > 0
+                         and not t.user_attrs.get("exclusive_gpu")),
     }
     return rules.get(reason, False)
 
@@ -119,8 +120,10 @@ def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
         return
     study_id = private.study_id(study)
     policy = outage.for_url(cfg.resolved_storage)  # the raw query below bypasses the storage's retries
-    reasons = dict.fromkeys(private.stale_trial_ids(storage, study_id), "no heartbeat within study.grace_period: its driver or host died")
-    reasons |= dict.fromkeys(policy.call(lambda: private.running_without_heartbeat(storage, study_id)), "its driver died while claiming it (no heartbeat was ever recorded)")
+    reasons = dict.fromkeys(private.stale_trial_ids(storage, study_id),
+                            "no heartbeat within study.grace_period: its driver or host died")
+    never_beat = policy.call(lambda: private.running_without_heartbeat(storage, study_id))
+    reasons |= dict.fromkeys(never_beat, "its driver died while claiming it (no heartbeat was ever recorded)")
     if reasons:
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         ours = {private.trial_id(t) for t in running if t.user_attrs.get("driver_id") == ident.driver_id}

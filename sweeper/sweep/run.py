@@ -58,7 +58,8 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     # train (with the panel cache they map the entry this load built; without it they build their own)
     summary = PanelSummary.of(panel)
     del panel
-    notes = check_study_models(cfg, len(summary.features), cfg.data.lookback)  # a model's errors are config errors
+    # a model's errors are config errors; the shapes a trial may sample but cannot build are notes
+    notes = check_study_models(cfg, len(summary.features), cfg.data.lookback)
     slots = plan_slots(cfg.devices) if devices else []
     url = cfg.study.resolved_storage
     check_reachable(url)
@@ -128,7 +129,8 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
         try:
             plan, study, lock, ident = _set_up(cfg, stop, storage_url, force, must_exist, study_file)
         except StopRequested as exc:  # during set-up a signal ends the command where it was
-            return Outcome(counts={}, best=None, ending=Ending.INTERRUPTED, signum=exc.signum, summarized=False)
+            return Outcome(counts={}, best=None, ending=Ending.INTERRUPTED, signum=exc.signum,
+                           summarized=False)
         driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                         artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop)
         _sweep(driver, plan, study, view)
@@ -156,7 +158,8 @@ def _set_up(cfg: C.SweeperConfig, stop: StopToken, storage_url: str | None, forc
     plan = prepare(cfg, storage_url)
     plan.study_file = study_file
     ident = Identity.current()
-    study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id, stop=stop)
+    study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id,
+                                    stop=stop)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     return plan, study, lock, ident
 
@@ -170,7 +173,7 @@ def _sweep(driver: Driver, plan: Plan, study: optuna.Study, view: View) -> None:
         telemetry.start()
         driver.loop()
     except StopRequested:
-        pass  # a wait below the loop (the claim lock, the store) gave up on Ctrl-C/SIGTERM: shut down as usual
+        pass  # a wait below the loop (the claim lock, the store) gave up on Ctrl-C/SIGTERM: shut down
     finally:
         driver.shutdown()
         telemetry.stop()

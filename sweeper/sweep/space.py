@@ -47,8 +47,11 @@ def suggest(trial: optuna.Trial, cfg: SweeperConfig) -> dict[str, Any]:
 
 
 def _suggest_one(trial: optuna.Trial, key: str, spec: ParamSpec) -> Any:
+    # the config validated each type's fields once (choices for categorical, low/high else)
     if spec.type == "categorical":
+        assert spec.choices is not None
         return trial.suggest_categorical(key, spec.choices)
+    assert spec.low is not None and spec.high is not None
     if spec.type == "int":
         step = int(spec.step) if spec.step else 1
         return trial.suggest_int(key, int(spec.low), int(spec.high), step=step, log=spec.log)

@@ -9,7 +9,7 @@ import optuna
 from sweeper import __version__
 from sweeper import config as C
 from sweeper.errors import ConfigDrift, StudyNotFound
-from sweeper.store import quiet_optuna
+from sweeper.store import SweeperStorage, quiet_optuna
 from sweeper.store.locks import ClaimLock
 from sweeper.sweep.plan import PanelSummary
 from sweeper.sweep.samplers import build_pruner, build_sampler, driver_seed
@@ -34,7 +34,7 @@ def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str
     }
 
 
-def open_study(storage: optuna.storages.BaseStorage, cfg: C.SweeperConfig, *, attrs: dict[str, Any],
+def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str, Any],
                lock: ClaimLock, force: bool,
                must_exist: bool, driver_id: str = "") -> tuple[optuna.Study, bool]:
     """Create the study, or load it and refuse config drift (unless ``force``).
@@ -49,7 +49,8 @@ def open_study(storage: optuna.storages.BaseStorage, cfg: C.SweeperConfig, *, at
     with lock:  # concurrent create_study is a known deadlock; serialise it
         exists = any(s.study_name == name for s in storage.get_all_studies())
         if must_exist and not exists:
-            raise StudyNotFound(f"study {name!r} does not exist in {storage.url}: start it with `sweeper run`")
+            raise StudyNotFound(f"study {name!r} does not exist in {storage.url}: "
+                                "start it with `sweeper run`")
         with quiet_optuna():  # sweeper prints its own start lines; Optuna's INFO line is noise
             study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
                                         direction=cfg.study.resolved_direction, load_if_exists=True)
@@ -65,13 +66,15 @@ def open_study(storage: optuna.storages.BaseStorage, cfg: C.SweeperConfig, *, at
 
 def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:
     stored = study.user_attrs
-    if study.direction.name.lower() != attrs["config"]["study"]["direction"] and attrs["config"]["study"]["direction"]:
+    asked = attrs["config"]["study"]["direction"]
+    if asked and study.direction.name.lower() != asked:
         raise ConfigDrift(f"study {study.study_name!r} was created to {study.direction.name.lower()}, "
                           "the study file asks otherwise")
     differ = C.drift(stored.get("config", {}), attrs["config"])
     if stored.get("data_fingerprint") not in (None, attrs["data_fingerprint"]):
         differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}):"
-                      f" the data file {attrs['config']['data'].get('path')} is not the data this study was run on")
+                      f" the data file {attrs['config']['data'].get('path')} is not the data this study "
+                      "was run on")
     if differ and not force:
         raise ConfigDrift(
             f"study {study.study_name!r} was created with a different config; these keys differ: "

@@ -29,7 +29,8 @@ class OptunaHook:
 
     def __init__(self, trial: optuna.Trial, metric: str, number: int, metrics_csv: Path,
                  stop: StopToken, progress_every: float = PROGRESS_EVERY_S) -> None:
-        self.trial, self.metric, self.number, self.metrics_csv, self.stop = trial, metric, number, metrics_csv, stop
+        self.trial, self.metric, self.number = trial, metric, number
+        self.metrics_csv, self.stop = metrics_csv, stop
         self.pruned = False
         self.steps = 0
         self.progress_every = progress_every

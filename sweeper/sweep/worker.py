@@ -114,7 +114,7 @@ def main() -> int:
             continue
         try:
             ok = runner.run(msg["trial_id"], msg["number"], memory_limit_mb=msg.get("memory_limit_mb"))
-        except StopRequested:  # stopped while the store was away: the trial stays RUNNING; a later run re-runs it
+        except StopRequested:  # stopped while the store was away: the trial stays RUNNING; a rerun runs it
             break
         if not ok or commands.stop.requested:
             break

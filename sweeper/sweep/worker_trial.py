@@ -129,10 +129,12 @@ class TrialRunner:
         value = result.metrics.get(self.cfg.study.metric)
         attrs = {**result.metrics, "stop_reason": result.stop_reason}
         if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
-            return TrialState.FAIL, None, {**attrs, **fail_attrs(FailReason.NAN, f"{self.cfg.study.metric} is not finite")}
+            nan = fail_attrs(FailReason.NAN, f"{self.cfg.study.metric} is not finite")
+            return TrialState.FAIL, None, {**attrs, **nan}
         return state, value, attrs
 
-    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.SweeperConfig, files: TrialFiles,
+    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.SweeperConfig,
+                          files: TrialFiles,
                           log: _TrialLog) -> None:
         """A retry continues from the interrupted trial's checkpoint, replaying its
         intermediate values up to that epoch exactly once. A checkpoint of another
@@ -140,7 +142,9 @@ class TrialRunner:
         the trial starts fresh and says so."""
         _drop_foreign(files.checkpoint, cfg, log)
         source = frozen.user_attrs.get("resume_from")
-        meta = checkpoint_meta(source) if source and not files.checkpoint.exists() else None
+        if not source or files.checkpoint.exists():
+            return
+        meta = checkpoint_meta(source)
         if meta is None:
             return
         problem = config_mismatch(meta["config"], cfg)
@@ -168,7 +172,8 @@ class TrialRunner:
         if not end_trial(self.study, trial, state, plain, value,
                          recorded=lambda: self._register_artifacts(trial, files, warn)):
             return self._taken(trial, number)
-        protocol.emit(protocol.END, number=number, state=state.name, value=value, reason=attrs.get("fail_reason"),
+        protocol.emit(protocol.END, number=number, state=state.name, value=value,
+                      reason=attrs.get("fail_reason"),
              metrics={k: _plain(v) for k, v in attrs.items()})
         return state != TrialState.FAIL
 
@@ -179,10 +184,12 @@ class TrialRunner:
         reason = stored.user_attrs.get("fail_reason")
         print(f"trial {number} was already finished as {stored.state.name} ({reason}) by another driver; "
               "its result here is dropped", flush=True)
-        protocol.emit(protocol.END, number=number, state=stored.state.name, value=None, reason=reason, metrics={})
+        protocol.emit(protocol.END, number=number, state=stored.state.name, value=None, reason=reason,
+                      metrics={})
         return False
 
-    def _register_artifacts(self, trial: optuna.Trial, files: TrialFiles, warn: Callable[[str], None]) -> None:
+    def _register_artifacts(self, trial: optuna.Trial, files: TrialFiles,
+                            warn: Callable[[str], None]) -> None:
         from optuna.artifacts import upload_artifact
 
         failed, first = [], None  # one line however many files fail, with the first error
@@ -195,7 +202,8 @@ class TrialRunner:
                     failed.append(name)
                     first = first or one_line(exc)
         if failed:
-            warn(f"artifact upload failed for {', '.join(failed)} ({first}); the files stay in {files.folder}")
+            warn(f"artifact upload failed for {', '.join(failed)} ({first}); "
+                 f"the files stay in {files.folder}")
 
 
 def _write_results(files: TrialFiles, result: TrainResult, panel: Panel) -> None:
