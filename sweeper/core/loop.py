@@ -55,7 +55,7 @@ class TrainResult:
 def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None = None,
           hook: EpochHook = NullHook(), checkpoint: Checkpointer = NullCheckpointer(),
           log: Callable[[str], None] | None = None, started: float | None = None,
-          memory: TrialMemory | None = None, memory_limit_mb: float | None = None) -> TrainResult:
+          memory: TrialMemory | None = None) -> TrainResult:
     """Train ``cfg.model`` on ``panel``'s train split; early-stop on valid; score valid and test
     with the best epoch's weights. Raises NonFiniteLoss, OutOfMemory, Interrupted.
 
@@ -65,8 +65,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     ``memory``: what the trial's memory is measured by (the batch probe, the peaks reported); by
     default the device's own (:func:`~sweeper.core.device.trial_memory`), where a CUDA probe plans
     within all the free memory. A trial given an allotment of a GPU it shares passes
-    ``trial_memory(device, allotted_mb)``.
-    ``memory_limit_mb``: temporary, until the sweep's worker passes ``memory`` (issue 19)."""
+    ``trial_memory(device, allotted_mb)``."""
     began = time.perf_counter()
     tc = cfg.train
     say = log or (lambda message: None)
@@ -81,7 +80,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     model = build_model(cfg.model, len(panel.features), panel.lookback).to(device)
     precision = resolve_precision(tc.precision, device)
     criterion = resolve_loss(tc.loss)
-    memory = trial_memory(device, memory_limit_mb) if memory is None else memory
+    memory = trial_memory(device) if memory is None else memory
     optimizer = make_optimizer(model, tc.lr, tc.weight_decay)
     scaler = precision.scaler()
     batcher = Batcher(panel, "train", device)
