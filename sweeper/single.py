@@ -5,9 +5,12 @@ import math
 import sys
 import time
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeper import config as C
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # (metric key, header): short headers keep a row within 80 columns
 COLUMNS = (("epoch", "epoch"), ("train_loss", "loss"), ("val_loss", "val_loss"), ("val_ic", "val_ic"),
@@ -17,7 +20,7 @@ COLUMNS = (("epoch", "epoch"), ("train_loss", "loss"), ("val_loss", "val_loss"),
 class TableHook:
     """Prints one row per epoch (to stderr when stdout carries JSON)."""
 
-    def __init__(self, console: Any) -> None:
+    def __init__(self, console: Console) -> None:
         self.console = console
         self.header = False
 
@@ -26,7 +29,8 @@ class TableHook:
             self.console.print(" ".join(f"{h:>10}" for _, h in COLUMNS), highlight=False, soft_wrap=True)
             self.header = True
         row = {"epoch": epoch, **metrics}
-        self.console.print(" ".join(f"{_cell(row.get(k)):>10}" for k, _ in COLUMNS), highlight=False, soft_wrap=True)
+        cells = " ".join(f"{_cell(row.get(k)):>10}" for k, _ in COLUMNS)
+        self.console.print(cells, highlight=False, soft_wrap=True)
         return False
 
     def should_stop(self) -> bool:
@@ -35,8 +39,11 @@ class TableHook:
     def tick(self) -> None:
         return None
 
+    def on_probe(self, peak_mb: float) -> None:
+        return None  # one run shares its GPU with no other trial: the probe peak decides nothing
 
-def _cell(value: Any) -> str:
+
+def _cell(value: object) -> str:
     if isinstance(value, float):
         return "-" if not math.isfinite(value) else f"{value:.4f}" if abs(value) < 100 else f"{value:.0f}"
     return "-" if value is None else str(value)

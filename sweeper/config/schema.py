@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -356,7 +357,7 @@ def _check_space_key(cfg: SweeperConfig, key: str, where: str) -> None:
         raise ValueError(f"{where}: " + _unknown_key_message(key, head, fields, prefix=f"{section}."))
 
 
-def _unknown_key_message(dotted: str, key: str, fields: Any, prefix: str = "") -> str:
+def _unknown_key_message(dotted: str, key: str, fields: Iterable[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
     hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
     return f"unknown key '{dotted}'{hint}"

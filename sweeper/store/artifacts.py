@@ -5,19 +5,23 @@ optuna-dashboard lists what the workers upload here beside each trial.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sweeper.errors import ConfigError
 
+if TYPE_CHECKING:
+    from optuna.artifacts import Boto3ArtifactStore, FileSystemArtifactStore
 
-def artifact_store(location: str) -> Any:
+
+def artifact_store(location: str) -> FileSystemArtifactStore | Boto3ArtifactStore:
     """FileSystemArtifactStore under a folder; Boto3ArtifactStore for ``s3://bucket``."""
     from optuna.artifacts import FileSystemArtifactStore
 
-    if location.startswith("s3://"):
+    bucket = check_artifacts(location)
+    if bucket is not None:
         from optuna.artifacts import Boto3ArtifactStore
 
-        return Boto3ArtifactStore(check_artifacts(location))
+        return Boto3ArtifactStore(bucket)
     base = Path(location) / "artifacts"
     base.mkdir(parents=True, exist_ok=True)
     return FileSystemArtifactStore(str(base))

@@ -24,15 +24,15 @@ import socket
 import sqlite3
 import threading
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import optuna
 import sqlalchemy
-from sqlalchemy import event
-
 from optuna.storages import RDBStorage
 from optuna.trial import TrialState
+from sqlalchemy import event
 
 from sweeper.errors import StorageError
 from sweeper.store import optuna_private as private
@@ -193,7 +193,8 @@ class SweeperStorage(RDBStorage):
         outer = getattr(_txn, "mode", None), getattr(_txn, "depth", 0)
         _txn.mode, _txn.depth = mode, outer[1] + 1
         try:
-            if outer[1] or self.outage_policy is None:  # nested (get_best_trial -> get_trial): the outermost retries
+            # nested (get_best_trial -> get_trial): the outermost call retries
+            if outer[1] or self.outage_policy is None:
                 return fn()
             return self.outage_policy.call(fn, max_delay=max_delay)
         finally:
@@ -240,7 +241,7 @@ for _name in READS | WRITES:
 
 
 def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None,
-                 create: bool = True, outage_s: float | None = None) -> "SweeperStorage":
+                 create: bool = True, outage_s: float | None = None) -> SweeperStorage:
     """A :class:`SweeperStorage` for ``url``; raises StorageError when it cannot be reached.
 
     With ``create=False`` a database without Optuna's tables (or a SQLite file
@@ -317,7 +318,7 @@ def _pg_schema_guard(url: str, create: bool) -> Iterator[bool]:
                 raise StorageError(f"storage {redact(url)}: the database holds no sweeper study "
                                    "(no Optuna tables): create one with `sweeper db init` or `sweeper run`")
             key = advisory_key(SCHEMA_LOCK)
-            acquire(lambda: conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar(),
+            acquire(lambda: bool(conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar()),
                     "the lock that guards creating the tables")
             try:
                 yield _pg_schema_ready(conn)  # another host may have finished while we waited
@@ -331,18 +332,19 @@ def _sqlite_schema_ready(path: Path) -> bool:
     """True once the last step of Optuna's set-up (the alembic stamp) is done (read-only)."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=sqlite_busy_timeout_s())
     try:
-        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'").fetchall():
+        stamp = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
+        if not conn.execute(stamp).fetchall():
             return False
         return conn.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0
     finally:
         conn.close()
 
 
-def _pg_schema_ready(conn: Any) -> bool:
+def _pg_schema_ready(conn: sqlalchemy.Connection) -> bool:
     """True once the last step of Optuna's set-up (the alembic stamp) is done."""
     if conn.exec_driver_sql("SELECT to_regclass('alembic_version') IS NOT NULL").scalar() is not True:
         return False
-    return conn.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() > 0
+    return (conn.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() or 0) > 0
 
 
 def check_reachable(url: str) -> None:

@@ -28,7 +28,8 @@ from pathlib import Path
 from sweeper.config import SweeperConfig
 
 # the trial files registered in the artifact store, so optuna-dashboard lists them
-ARTIFACTS = ("config.yaml", "metrics.csv", "train.log", "weights.pt", "daily_ic_valid.csv", "daily_ic_test.csv")
+ARTIFACTS = ("config.yaml", "metrics.csv", "train.log", "weights.pt", "daily_ic_valid.csv",
+             "daily_ic_test.csv")
 
 
 def run_dir(cfg: SweeperConfig) -> Path:

@@ -13,7 +13,6 @@ import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
-
 # RDBStorage methods that Optuna's _CachedStorage (the cache a Study puts in front of an
 # RDBStorage) calls directly, bypassing the public ones. sweeper's storage routes every
 # call through its outage policy and tells SQLite whether the call writes, so it must
@@ -40,29 +39,30 @@ def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
     return trial._trial_id
 
 
-def stale_trial_ids(storage: Any, study_id: int) -> list[int]:
+def stale_trial_ids(storage: optuna.storages.BaseStorage, study_id: int) -> list[int]:
     """RUNNING trials whose heartbeat is older than the grace period.
 
     The public ``optuna.storages.fail_stale_trials`` fails them at once, before a
     ``fail_reason`` can be written (Optuna refuses user attrs on finished trials).
     """
-    return storage._get_stale_trial_ids(study_id)
+    # private: RDBStorage and the _CachedStorage in front of it define it, BaseStorage does not
+    return storage._get_stale_trial_ids(study_id)  # type: ignore[attr-defined]
 
 
-def running_without_heartbeat(storage: Any, study_id: int) -> list[int]:
+def running_without_heartbeat(storage: optuna.storages.BaseStorage, study_id: int) -> list[int]:
     """Ids of the study's RUNNING trials that have no heartbeat row at all.
 
     Optuna never considers these stale; its ORM models are the only way to ask.
     """
     from optuna.storages._rdb import models
 
-    storage = getattr(storage, "_backend", storage)  # a study wraps its RDBStorage in a cache
+    rdb: Any = getattr(storage, "_backend", storage)  # a study wraps its RDBStorage in a cache
     trials, beats = models.TrialModel.__table__, models.TrialHeartbeatModel.__table__
     query = (sqlalchemy.select(trials.c.trial_id)
              .outerjoin(beats, beats.c.trial_id == trials.c.trial_id)
              .where(trials.c.study_id == study_id, trials.c.state == TrialState.RUNNING,
                     beats.c.trial_id.is_(None)))
-    with storage.engine.connect() as conn:
+    with rdb.engine.connect() as conn:
         return [row[0] for row in conn.execute(query)]
 
 

@@ -22,7 +22,8 @@ def load_existing(cfg: SweeperConfig, storage_url: str | None = None) -> optuna.
     names = [s.study_name for s in storage.get_all_studies()]
     if cfg.study.name not in names:
         known = f" (it holds: {', '.join(names)})" if names else ""
-        raise StudyNotFound(f"study {cfg.study.name!r} not found in {url}{known}; start it with `sweeper run`")
+        raise StudyNotFound(f"study {cfg.study.name!r} not found in {url}{known}; "
+                            "start it with `sweeper run`")
     return optuna.load_study(study_name=cfg.study.name, storage=storage)
 
 
@@ -34,5 +35,9 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
 
 def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
     """The best COMPLETE trial with a finite value among ``trials``, or None."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)]
-    return (max if maximize else min)(done, key=lambda t: t.value) if done else None
+    done = [(t.value, t) for t in trials
+            if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)]
+    if not done:
+        return None
+    # keyed on the value alone: of equal values the first trial wins (max and min keep the first)
+    return (max if maximize else min)(done, key=lambda vt: vt[0])[1]
