@@ -70,7 +70,7 @@ class StudyConfig(_Strict):
         return self
 
     @property
-    def resolved_direction(self) -> str:
+    def resolved_direction(self) -> Literal["maximize", "minimize"]:
         if self.direction is not None:
             return self.direction
         return "minimize" if self.metric == "val_loss" else "maximize"

@@ -7,11 +7,18 @@ use of a private name belongs here, with its reason, not at the call site.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
+
+if TYPE_CHECKING:
+    from optuna.storages._heartbeat import BaseHeartbeat
+
+    class HeartbeatStorage(optuna.storages.BaseStorage, BaseHeartbeat):
+        """Optuna's storage API with its heartbeat API: an RDBStorage is one, and so is the
+        _CachedStorage a Study puts in front of it (Optuna types ``Study._storage`` as the first)."""
 
 # RDBStorage methods that Optuna's _CachedStorage (the cache a Study puts in front of an
 # RDBStorage) calls directly, bypassing the public ones. sweeper's storage routes every
@@ -21,11 +28,12 @@ CACHED_STORAGE_READS = frozenset({"_get_trials", "_get_best_trial_id"})
 CACHED_STORAGE_WRITES = frozenset({"_create_new_trial", "_set_trial_param", "_get_stale_trial_ids"})
 
 
-def backend(study: optuna.Study) -> optuna.storages.BaseStorage:
+def backend(study: optuna.Study) -> HeartbeatStorage:
     """The storage a study writes through. Optuna has no public accessor, and
     sweeper must write user attrs and states of trials it does not hold an
     ``optuna.Trial`` for (a worker's trial, failed by the driver)."""
-    return study._storage
+    # a sweeper study's storage is always an RDBStorage (open_storage), behind Optuna's cache
+    return cast("HeartbeatStorage", study._storage)
 
 
 def study_id(study: optuna.Study) -> int:
@@ -39,14 +47,13 @@ def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
     return trial._trial_id
 
 
-def stale_trial_ids(storage: optuna.storages.BaseStorage, study_id: int) -> list[int]:
+def stale_trial_ids(storage: HeartbeatStorage, study_id: int) -> list[int]:
     """RUNNING trials whose heartbeat is older than the grace period.
 
     The public ``optuna.storages.fail_stale_trials`` fails them at once, before a
     ``fail_reason`` can be written (Optuna refuses user attrs on finished trials).
     """
-    # private: RDBStorage and the _CachedStorage in front of it define it, BaseStorage does not
-    return storage._get_stale_trial_ids(study_id)  # type: ignore[attr-defined]
+    return storage._get_stale_trial_ids(study_id)
 
 
 def running_without_heartbeat(storage: optuna.storages.BaseStorage, study_id: int) -> list[int]:
