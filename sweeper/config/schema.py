@@ -241,7 +241,7 @@ class TrainConfig(_Strict):
 
 class DevicesConfig(_Strict):
     gpus: Literal["auto", "none"] | list[int | str] = "auto"
-    # auto: trials packed on each GPU by their measured memory (sweeper.devices.packing)
+    # auto: trials packed on each GPU by their measured memory (sweeper.devices.room)
     trials_per_gpu: Literal["auto"] | int = 1
     # auto only: the share of each GPU's memory that packing leaves free
     memory_margin: float = Field(0.1, ge=0, lt=1)

@@ -65,9 +65,9 @@ def copy_checkpoint(src: Path, dst: Path) -> None:
         shutil.copyfile(src, tmp)
 
 
-def training_state(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LambdaLR,
-                   scaler: torch.amp.GradScaler, generator: torch.Generator, progress: Progress,
-                   batch_size: int, micro: int) -> dict:
+def training_state(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   scheduler: LambdaLR, scaler: torch.amp.GradScaler, generator: torch.Generator,
+                   progress: Progress, batch_size: int, micro: int) -> dict:
     return {
         "epoch": progress.epoch, "model": cpu_copy(model.state_dict()), "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(generator),
@@ -93,6 +93,7 @@ def restore(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer, sch
 
 def rng_state(generator: torch.Generator) -> dict:
     np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # legacy=True, the default: (name, keys, pos, has_gauss, gauss)
     version, py_state, gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),

@@ -11,8 +11,9 @@ class EpochHook(Protocol):
     # called per batch of validation and final scoring: the run is alive although it makes no
     # step (a sweep's stall watchdog counts it as progress). Optional: train() skips a hook without it
     def tick(self) -> None: ...
-    # once, before epoch 1, when a batch probe ran (CUDA, not resumed): its measured device peak
-    # in MB (a sweep packs trials on a GPU by it). Optional: train() skips a hook without it
+    # once, before epoch 1, when the trial's device peak is known before it trains (a batch probe
+    # ran on CUDA, or the trial's memory model knows it, as a fake GPU's does): in MB, a sweep
+    # packs trials on a GPU by it. Optional: train() skips a hook without it
     def on_probe(self, peak_mb: float) -> None: ...
 
 

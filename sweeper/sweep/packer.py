@@ -3,7 +3,7 @@
 The driver asks :class:`Packer` whether some GPU has room for another trial before it
 claims one (:meth:`Packer.gate`), and where the claimed trial goes, with how much memory
 (:meth:`Packer.place`); it tells the packer what its trials report (the probe's peak, each
-epoch's peak) and when they end. The arithmetic is :mod:`sweeper.devices.packing`; this
+epoch's peak) and when they end. The arithmetic is :mod:`sweeper.devices.room`; this
 module holds the state: NVML's last reading, our running trials' charges, and the peaks
 measured per model shape.
 
