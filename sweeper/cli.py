@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -22,15 +23,20 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
+INTERRUPTED_HINT = "sweeper.interrupted"  # ctx.meta: what an interrupted command says (the resume line)
+
+
 class SweeperGroup(click.Group):
     """The one boundary where errors become exit codes, each with one line and no traceback:
     a domain error, from any command, exits 2; a store that stayed away past
-    study.storage_outage_s exits 1; Ctrl-C exits 130 (SIGTERM, during a sweep, 143). A
-    sweep's outcome carries its own code (Outcome.exit_code, from how it ended)."""
+    study.storage_outage_s exits 1; Ctrl-C exits 130 and SIGTERM 143 (with the resume line for
+    a sweep). A sweep that ran its loop carries its own code (Outcome.exit_code)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         from sweeper.errors import StopRequested, StorageOutage
 
+        # SIGTERM ends a command the way Ctrl-C does; a sweep takes both over while it runs
+        previous = signal.signal(signal.SIGTERM, _terminated)
         try:
             return super().invoke(ctx)
         except SweeperError as exc:
@@ -39,8 +45,16 @@ class SweeperGroup(click.Group):
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(1)
         except (KeyboardInterrupt, StopRequested) as exc:  # click's own prints "Aborted!", exits 1
-            click.echo("interrupted", err=True)
+            click.echo(ctx.meta.get(INTERRUPTED_HINT, "interrupted"), err=True)
             ctx.exit(128 + getattr(exc, "signum", signal.SIGINT))
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, _frame: FrameType | None) -> None:
+    from sweeper.errors import StopRequested
+
+    raise StopRequested(signum)
 
 
 def study_file(fn: Callable) -> Callable:
@@ -94,11 +108,11 @@ def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, m
     from sweeper.inspect.live import default_view
     from sweeper.sweep.run import run
 
+    hint = f"interrupted; run `sweeper run {study}` again to resume"
+    click.get_current_context().meta[INTERRUPTED_HINT] = hint
     cfg = _load(study, sets)
     outcome = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
                   study_file=str(study))
-    if not outcome.summarized:  # stopped during set-up: the view never started to say so
-        click.echo(f"interrupted; run `sweeper run {study}` again to resume", err=True)
     sys.exit(outcome.exit_code)
 
 

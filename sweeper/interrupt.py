@@ -11,7 +11,6 @@ its stdin requests the stop.
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from types import FrameType
 
@@ -23,10 +22,14 @@ POLL_S = 0.1  # how often a wait looks at the token
 class StopToken:
     """Requested once by a signal or a command; counted, so that a second signal can
     escalate. ``raise_at_once``: a signal raises StopRequested where the process is
-    (set-up, before the loop has anything to drain)."""
+    (set-up, before the loop has anything to drain).
+
+    Lock-free on purpose: the handler runs in the main thread between two bytecodes, maybe
+    inside a wait on this very token, so it must take no lock a wait may hold (a
+    ``threading.Event`` would deadlock there). Waits poll a plain flag instead."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._requested = False
         self.count = 0
         self.signum: int | None = None
         self.raise_at_once = False
@@ -40,15 +43,15 @@ class StopToken:
     def request(self, signum: int | None = None) -> None:
         self.count += 1
         self.signum = self.signum or signum
-        self._event.set()
+        self._requested = True
 
     @property
     def requested(self) -> bool:
-        return self._event.is_set()
+        return self._requested
 
     def check(self) -> None:
         """Raise StopRequested when a stop was requested."""
-        if self._event.is_set():
+        if self._requested:
             raise StopRequested(self.signum or signal.SIGINT)
 
     def wait(self, seconds: float) -> None:
@@ -59,7 +62,7 @@ class StopToken:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            self._event.wait(min(POLL_S, left))
+            time.sleep(min(POLL_S, left))
 
 
 class _Never(StopToken):

@@ -301,7 +301,8 @@ def schema_guard(url: str, create: bool) -> Iterator[bool]:
                                "create one with `sweeper db init` or `sweeper run`")
         yield True
         return
-    with FileLock(path.with_name(path.name + ".lock")):
+    # the store's stop token: a worker told to stop (or a sweep's Ctrl-C) stops waiting for it
+    with FileLock(path.with_name(path.name + ".lock"), outage.for_url(url).stop):
         yield _sqlite_schema_ready(path)
 
 
@@ -319,7 +320,7 @@ def _pg_schema_guard(url: str, create: bool) -> Iterator[bool]:
                                    "(no Optuna tables): create one with `sweeper db init` or `sweeper run`")
             key = advisory_key(SCHEMA_LOCK)
             acquire(lambda: bool(conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar()),
-                    "the lock that guards creating the tables")
+                    "the lock that guards creating the tables", outage.for_url(url).stop)
             try:
                 yield _pg_schema_ready(conn)  # another host may have finished while we waited
             finally:

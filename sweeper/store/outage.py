@@ -124,6 +124,19 @@ def for_url(url: str) -> OutagePolicy:
     return policy(f"sqlite:///{path.resolve()}" if path is not None else redact(url))
 
 
+def watch(url: str, stop: StopToken) -> None:
+    """Waits for the store ``url`` names give up as soon as ``stop`` is requested."""
+    for_url(url).stop = stop
+
+
+def release(stop: StopToken) -> None:
+    """No policy waits on ``stop`` any more (its sweep is over; the process may run another)."""
+    with _registry_lock:
+        for policy in _policies.values():
+            if policy.stop is stop:
+                policy.stop = NEVER
+
+
 def last_trouble() -> float:
     """``time.monotonic()`` of the last transient storage error or recovery this
     process saw (``-inf`` if none): stale-trial judging restarts its clock then."""

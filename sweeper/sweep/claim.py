@@ -73,11 +73,12 @@ def _fail_claimed(study: optuna.Study, trial: optuna.Trial, exc: BaseException) 
     """FAIL a trial whose claim broke off: ``interrupted`` (re-run with its params) after
     Ctrl-C, SIGTERM or an outage past the limit, else ``crash`` with the error. Best
     effort: the store may be what broke."""
+    # (KeyboardInterrupt: a library caller's Ctrl-C; a sweep's signals arrive as StopRequested)
     stopped = isinstance(exc, (KeyboardInterrupt, StopRequested, StorageOutage))
     reason = FailReason.INTERRUPTED if stopped else FailReason.CRASH
     try:
         fail_trial(study, private.trial_id(trial), reason, f"claim broke off: {type(exc).__name__}: {exc}")
-    except Exception:  # noqa: BLE001 - the original error is the one to report
+    except (Exception, StopRequested):  # noqa: BLE001 - the original error is the one to report
         pass
 
 

@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import config as C
 from sweeper.devices import Slot
-from sweeper.errors import FailReason, StopRequested, StorageOutage
+from sweeper.errors import FailReason, StopRequested, StorageOutage, one_line
 from sweeper.interrupt import StopToken
 from sweeper.store.locks import ClaimLock
 from sweeper.store.studies import FINISHED, best_in
@@ -77,10 +77,10 @@ class Driver:
         for w in self.dispatch.first_workers(self.workers):
             self.spawn(w)  # packing starts the others as room for more trials shows up
         while True:
-            if self.stop.count >= 2:
+            if self.rule.killing:
                 self._kill_all()
                 return
-            if self.stop.count == 1:
+            if self.rule.draining:
                 self._drain()
             elif self.rule.stopping():
                 self.dispatch.stopping(self, "the sweep stopped before it could start")
@@ -167,7 +167,7 @@ class Driver:
         elif kind == protocol.END and ev.get("number") == run.number:
             # (an END read after the driver killed the trial is stale: the trial is failed already)
             self._ended(w, TrialEnd(run.number, ev["state"], ev.get("value"), ev.get("reason"),
-                                    ev.get("metrics") or {}))
+                                    ev.get("metrics") or {}, reported=True))
 
     def _ended(self, w: WorkerHandle, end: TrialEnd) -> None:
         """The one account of a trial of ours that ended: dispatch, stop rule, view, worker."""
@@ -181,9 +181,9 @@ class Driver:
         run = w.running
         code = w.exited()
         if run is not None:
-            reason = FailReason.INTERRUPTED if self.stop.count else FailReason.CRASH
+            reason = FailReason.INTERRUPTED if self.rule.interrupted else FailReason.CRASH
             self._failed(w, run, reason, f"worker exited with code {code}", code)
-        if self.stop.count:
+        if self.rule.interrupted:
             return
         if w.early_exits >= MAX_EARLY_EXITS:
             # a worker that dies before it is ready (storage refused, too many connections,
@@ -262,8 +262,10 @@ class Driver:
 def _guarded(action: Callable[[], object], w: WorkerHandle) -> None:
     try:
         action()
-    except (StorageOutage, StopRequested):
+    except StorageOutage:
         pass  # reported once, at the CLI boundary
+    # (a StopRequested goes through: a store that is away makes _fail give up by itself, and a
+    # signal during the shutdown cuts it short, as it always did)
     except Exception as exc:  # noqa: BLE001 - shutdown goes on for the other workers
-        print(f"sweeper: stopping the worker on {w.slot.label} failed: {type(exc).__name__}: {exc}",
-              file=sys.stderr, flush=True)
+        print(f"sweeper: stopping the worker on {w.slot.label} failed: {one_line(exc)}", file=sys.stderr,
+              flush=True)

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,10 +23,7 @@ class Running:
     number: int
     trial_id: int
     started: float
-    epoch: int | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
     last_event: float = 0.0  # monotonic time of the worker's last event; the stall watchdog reads it
-    steps: int = 0
 
     def __post_init__(self) -> None:
         # the clock starts at dispatch: loading the data and the batch probe count as well
@@ -79,19 +76,13 @@ class WorkerHandle:
         return self.proc.stdout
 
     def heard(self, ev: dict[str, Any]) -> None:
-        """An event from the worker: it lives, and its trial moves (what the stall watchdog,
-        the time limit and the view read)."""
-        kind, run = ev.get("ev"), self.running
-        if kind == protocol.READY:
+        """An event from the worker: it is ready, or its trial lives (what the stall watchdog reads:
+        any event, a step's progress or a wait for the store, shows it is neither dead nor stuck)."""
+        if ev.get("ev") == protocol.READY:
             self.ready = self.was_ready = True
             self.early_exits = 0
-        if run is None:
-            return
-        run.last_event = time.monotonic()  # any event: the worker is neither dead nor stuck
-        if kind == protocol.PROGRESS and "steps" in ev:  # (no steps: waiting for the store)
-            run.steps = int(ev.get("steps") or 0)
-        elif kind == protocol.EPOCH:
-            run.epoch, run.metrics = ev["epoch"], ev["metrics"]
+        if self.running is not None:
+            self.running.last_event = time.monotonic()
 
     def assign(self, number: int, trial_id: int, **run: Any) -> None:
         """Hand it a trial: the clock of its time limit and stall watchdog starts now."""

@@ -41,9 +41,9 @@ class Heartbeat:
                 if failing is not None:
                     self._warn(f"heartbeat recorded again after {misses} failed beat(s)")
                 failing, misses = None, 0
-            except StopRequested:
-                return  # the worker is stopping while the store is away: its trial ends without us
-            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
+            # a stopping worker's beat gives up at once while the store is away (StopRequested):
+            # still retried, so that a long final scoring keeps its trial alive once the store is back
+            except (Exception, StopRequested) as exc:  # noqa: BLE001 - a missed beat is retried next interval
                 text = one_line(exc)
                 misses += 1
                 if text != failing:

@@ -20,10 +20,11 @@ from sweeper.store import optuna_private as private
 ERROR_CHARS = 2000  # the stored error text is cut here: a traceback's last lines are in the trial's log
 
 
-def fail_attrs(reason: FailReason, error: str, **extra: Any) -> dict[str, Any]:
-    """The user attributes of a failed trial; an interrupted one also stopped for that reason."""
-    attrs: dict[str, Any] = {"fail_reason": reason.value, "error": error[:ERROR_CHARS], **extra}
-    if reason is FailReason.INTERRUPTED:
+def fail_attrs(reason: FailReason | str, error: str, **extra: Any) -> dict[str, Any]:
+    """The user attributes of a failed trial; an interrupted one also stopped for that reason.
+    A reason of a user's own TrialFailure need not be one of FailReason's."""
+    attrs: dict[str, Any] = {"fail_reason": str(reason), "error": error[:ERROR_CHARS], **extra}
+    if reason == FailReason.INTERRUPTED:
         attrs["stop_reason"] = "interrupted"
     return attrs
 

@@ -24,13 +24,13 @@ from sweeper.interrupt import NEVER, StopToken
 from sweeper.store import check_artifacts, claim_lock, open_storage
 from sweeper.store.layout import devices_csv, run_dir
 from sweeper.store.locks import ClaimLock
-from sweeper.store.outage import for_url
+from sweeper.store.outage import release, watch
 from sweeper.store.studies import best_trial
 from sweeper.sweep.driver import Driver
 from sweeper.sweep.identity import Identity
 from sweeper.sweep.plan import PanelSummary, Plan
 from sweeper.sweep.samplers import build_pruner, check_sampler
-from sweeper.sweep.stopping import Ending, Outcome
+from sweeper.sweep.stopping import Outcome
 from sweeper.sweep.study import open_study, study_attrs
 from sweeper.sweep.telemetry import Telemetry
 from sweeper.sweep.view import View
@@ -93,7 +93,6 @@ def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "",
             raise StudyNotFound(f"study {cfg.study.name!r} does not exist ({exc}); "
                                 "start it with `sweeper run`") from None
         raise
-    for_url(plan.storage_url).stop = stop  # the store's waits through an outage end on Ctrl-C
     lock = claim_lock(storage, plan.storage_url, cfg.study.name, stop)
     attrs = study_attrs(cfg, plan.panel, environment_summary())
     study, created = open_study(storage, cfg, attrs=attrs, lock=lock, force=force, must_exist=must_exist,
@@ -123,26 +122,29 @@ def init_db(cfg: C.SweeperConfig, storage_url: str | None = None) -> InitResult:
 
 def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, force: bool = False,
         must_exist: bool = False, study_file: str = "STUDY.yaml") -> Outcome:
-    """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point."""
+    """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point.
+
+    A signal during set-up or the workers' shutdown raises StopRequested out of here (the CLI
+    exits 130/143 with the resume line); during the loop the first drains and the second
+    kills, and the Outcome says so."""
     stop = StopToken()
-    with _signals_to(stop):
-        try:
+    try:
+        with _signals_to(stop):
             plan, study, lock, ident = _set_up(cfg, stop, storage_url, force, must_exist, study_file)
-        except StopRequested as exc:  # during set-up a signal ends the command where it was
-            return Outcome(counts={}, best=None, ending=Ending.INTERRUPTED, signum=exc.signum,
-                           summarized=False)
-        driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
-                        artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop)
-        _sweep(driver, plan, study, view)
-    outcome = summarize(study, driver)
+            driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
+                            artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop)
+            _sweep(driver, plan, study, view)
+            outcome = summarize(study, driver)  # a stopped sweep's store waits still give up at once
+    finally:
+        release(stop)  # later store calls of this process wait on no finished sweep's token
     view.close(outcome, plan.cfg, plan)
     return outcome
 
 
 @contextmanager
 def _signals_to(stop: StopToken) -> Iterator[None]:
-    """SIGINT and SIGTERM go to ``stop`` while the sweep runs; raising at once until the
-    loop starts (there is nothing to drain yet)."""
+    """SIGINT and SIGTERM go to ``stop`` while the sweep runs; raising at once outside the loop
+    (before it there is nothing to drain) until ``_sweep`` says otherwise."""
     stop.raise_at_once = True
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -157,6 +159,7 @@ def _set_up(cfg: C.SweeperConfig, stop: StopToken, storage_url: str | None, forc
             study_file: str) -> tuple[Plan, optuna.Study, ClaimLock, Identity]:
     plan = prepare(cfg, storage_url)
     plan.study_file = study_file
+    watch(plan.storage_url, stop)  # the store's waits through an outage end on Ctrl-C
     ident = Identity.current()
     study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id,
                                     stop=stop)
@@ -167,16 +170,20 @@ def _set_up(cfg: C.SweeperConfig, stop: StopToken, storage_url: str | None, forc
 def _sweep(driver: Driver, plan: Plan, study: optuna.Study, view: View) -> None:
     """The loop, with its cleanup in ``finally``: workers shut down, telemetry stopped."""
     telemetry = Telemetry(devices_csv(plan.run_dir), plan.slots)
-    view.start(plan.cfg, plan, study)
     driver.stop.raise_at_once = False  # from here a signal drains, and a second one kills
+    view.start(plan.cfg, plan, study)
     try:
         telemetry.start()
         driver.loop()
     except StopRequested:
         pass  # a wait below the loop (the claim lock, the store) gave up on Ctrl-C/SIGTERM: shut down
     finally:
-        driver.shutdown()
-        telemetry.stop()
+        driver.stop.raise_at_once = True  # a signal cuts the shutdown short, as it always did
+        try:
+            driver.shutdown()
+        finally:
+            driver.stop.raise_at_once = False  # the summary is quick; a store that is away ends it
+            telemetry.stop()
 
 
 def summarize(study: optuna.Study, driver: Driver) -> Outcome:

@@ -3,7 +3,7 @@
 The driver tells :class:`StopRule` what happened (a trial ended, the budget is used up, a
 worker cannot start) and asks it whether to go on. Its :meth:`StopRule.ending` is what
 ``sweeper run`` reports and what its exit code is made from
-(:attr:`~sweeper.sweep.run.Outcome.exit_code`).
+(:attr:`Outcome.exit_code`).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ class TrialEnd:
     value: float | None = None
     reason: str | None = None  # its fail_reason
     metrics: dict[str, Any] = field(default_factory=dict)
+    reported: bool = False  # its worker's end event (else the driver saw it end: an exit, a kill)
 
     @property
     def failed(self) -> bool:
@@ -45,8 +46,9 @@ class TrialEnd:
     @property
     def counts_as_failure(self) -> bool | None:
         """For study.max_consecutive_failures: True counts, False resets the count, None (an
-        interruption) does neither. A config the model cannot take counts, though PRUNED."""
-        if self.reason == FailReason.INTERRUPTED:
+        interruption the driver saw) does neither. A config the model cannot take counts, though
+        PRUNED. A reported FAIL counts whatever its reason (one another host failed first, too)."""
+        if self.reason == FailReason.INTERRUPTED and not self.reported:
             return None
         return self.failed or self.reason == FailReason.CONFIG
 
@@ -78,6 +80,20 @@ class StopRule:
     def worker_broken(self, message: str) -> None:
         if not self.broken:
             self.broken, self.message = True, message
+
+    @property
+    def draining(self) -> bool:
+        """The first Ctrl-C/SIGTERM: running trials stop at their next step."""
+        return self.stop.count == 1
+
+    @property
+    def killing(self) -> bool:
+        """The second: every worker is killed at once."""
+        return self.stop.count >= 2
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stop.requested
 
     def stopping(self) -> bool:
         """Whether to start no more trials (those running finish, or drain on a signal)."""
@@ -111,7 +127,6 @@ class Outcome:
     ending: Ending
     signum: int = signal.SIGINT  # the signal that interrupted it
     message: str = ""
-    summarized: bool = True  # False: interrupted during set-up, before the view showed anything
 
     @property
     def interrupted(self) -> bool:

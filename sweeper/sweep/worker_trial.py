@@ -34,7 +34,7 @@ from sweeper.interrupt import StopToken
 from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
-from sweeper.store.outage import for_url
+from sweeper.store.outage import watch
 from sweeper.sweep import protocol
 from sweeper.sweep.heartbeat import Heartbeat
 from sweeper.sweep.outcome import end_trial, fail_attrs
@@ -58,10 +58,10 @@ class TrialRunner:
         # one-off import (more on a cold disk or a loaded box) with no step to report. Paid
         # here, before READY, it never counts against the first trial's study.stall_timeout.
         torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+        watch(init["storage"], stop)  # a wait for the store ends when the driver says stop
         self.storage = open_storage(init["storage"], heartbeat_interval=self.cfg.study.heartbeat_interval,
                                     grace_period=self.cfg.study.grace_period,
                                     outage_s=self.cfg.study.storage_outage_s)
-        for_url(init["storage"]).stop = stop  # a wait for the store ends when the driver says stop
         self.study = optuna.load_study(study_name=init["study"], storage=self.storage,
                                        pruner=build_pruner(self.cfg.study.pruner))
         self.artifacts = artifact_store(init["artifacts"])
