@@ -8,6 +8,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from sweeper import config as C
+from sweeper.core import NullHook
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -17,8 +18,9 @@ COLUMNS = (("epoch", "epoch"), ("train_loss", "loss"), ("val_loss", "val_loss"),
            ("val_rank_ic", "rank_ic"), ("samples_per_s", "samples/s"), ("peak_mem_mb", "mem_MB"))
 
 
-class TableHook:
-    """Prints one row per epoch (to stderr when stdout carries JSON)."""
+class TableHook(NullHook):
+    """Prints one row per epoch (to stderr when stdout carries JSON). The rest is NullHook's: one
+    run shares its GPU with no other trial, so the probe's peak decides nothing, and nobody stops it."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -32,15 +34,6 @@ class TableHook:
         cells = " ".join(f"{_cell(row.get(k)):>10}" for k, _ in COLUMNS)
         self.console.print(cells, highlight=False, soft_wrap=True)
         return False
-
-    def should_stop(self) -> bool:
-        return False
-
-    def tick(self) -> None:
-        return None
-
-    def on_probe(self, peak_mb: float) -> None:
-        return None  # one run shares its GPU with no other trial: the probe peak decides nothing
 
 
 def _cell(value: object) -> str:

@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from sweeper.core import train
+from sweeper.core import NullHook, train
 from sweeper.core.device import CudaTrialMemory, HostMemory, trial_memory
 from sweeper.devices.fake import FakeSlot, FakeTrialMemory, RealDevice, trial_device
 from sweeper.errors import OutOfMemory
 from toy_panel import toy_config, toy_panel
 
 
-class Recorder:
+class Recorder(NullHook):
     """An epoch hook that keeps what train() tells it, in order."""
 
     def __init__(self) -> None:
@@ -24,12 +24,6 @@ class Recorder:
     def on_epoch(self, epoch: int, metrics: dict) -> bool:
         self.events.append(("epoch", metrics["peak_mem_mb"]))
         return False
-
-    def should_stop(self) -> bool:
-        return False
-
-    def tick(self) -> None:
-        return None
 
     def on_probe(self, peak_mb: float) -> None:
         self.events.append(("probe", peak_mb))

@@ -102,14 +102,14 @@ class Driver:
     def claim(self) -> optuna.Trial | None:
         """Claim a trial under the lock; None when there is none to start now."""
         trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen)
-        foreign = set() if trial is not None else self._foreign_running()
-        if trial is not None or not foreign:
-            self.schedule.clear()
         if trial is not None:
+            self.schedule.clear()
             return trial
+        foreign = self._foreign_running()
         if foreign:  # the budget is held by other drivers' trials: look again instead of leaving
             self.schedule.wait_on(foreign)
             return None
+        self.schedule.clear()
         done = not any(w.running for w in self.workers)
         self.rule.budget_used(
             f"budget reached: study.n_trials={self.cfg.study.n_trials} trials are finished (counted across "
