@@ -65,6 +65,7 @@ class FailReason(StrEnum):
     STALL = "stall"  # no step and no event for study.stall_timeout
     INTERRUPTED = "interrupted"  # Ctrl-C, SIGTERM, a dead driver or host: re-run with its params
     CONFIG = "config"  # a sampled combination the model refuses: PRUNED, never retried
+    DISK = "disk"  # a write found no space (ENOSPC) or no quota (EDQUOT): the sweep stops; re-run later
 
 
 class TrialFailure(Exception):

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sweeper.config.long_sweeps import KeepConfig, WarmStartConfig
+
 BUILTIN_MODELS = ("transformer", "lstm", "gru", "mlp")
 METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss")
 SAMPLERS = ("tpe", "random", "cmaes", "gp", "qmc")
@@ -52,6 +54,13 @@ class StudyConfig(_Strict):
     stall_timeout: float | None = Field(900, gt=0)
     # transient storage errors are retried with backoff for this long before the sweep gives up
     storage_outage_s: float = Field(300, ge=0)
+    # long unattended sweeps (sweeper.config.long_sweeps, docs/long-sweeps.md)
+    keep: KeepConfig = Field(default_factory=KeepConfig)
+    warm_start: WarmStartConfig | None = None
+    start_from_config: bool = True  # trial 0 of a new study is the study file's own values
+    # stop after this many finished trials (study-wide) without a new best beyond min_improvement
+    patience_trials: int | None = Field(None, ge=1)
+    min_improvement: float = Field(0.0, ge=0)
 
     @field_validator("name")
     @classmethod

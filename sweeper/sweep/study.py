@@ -2,6 +2,7 @@
 the refusal to resume one whose study file has drifted."""
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import optuna
@@ -19,8 +20,12 @@ def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str
     """The study's attributes. ``split_dates`` (``{split: [first, last]}`` target dates) are
     fixed for the whole study: the split uses the widest lookback, horizon and embargo the
     search space allows (``data.split.*``), so every trial is scored on these dates.
-    ``features`` are the columns the study's data selection resolved to."""
+    ``features`` are the columns the study's data selection resolved to. ``study_uuid`` is
+    the study's identity, stored once when it is created: a study of the same name in another
+    storage, or one re-created after its database was deleted, has another (a checkpoint and a
+    run folder say which study they belong to by it)."""
     return {
+        "study_uuid": uuid.uuid4().hex,
         "config": C.to_dict(cfg),
         "config_hash": C.config_hash(cfg),
         "sweeper_version": __version__,
@@ -59,6 +64,8 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
                 study.set_user_attr(key, value)
             return study, True
         n_trials = len(study.get_trials(deepcopy=False))
+        if "study_uuid" not in study.user_attrs:  # created by a sweeper before the identity existed
+            study.set_user_attr("study_uuid", attrs["study_uuid"])
     check_compatible(study, attrs, force)
     study.sampler = build_sampler(cfg.study.sampler, driver_seed(cfg.study.sampler.seed, n_trials, driver_id))
     return study, False
