@@ -86,6 +86,13 @@ class Interrupted(TrialFailure):
     reason = FailReason.INTERRUPTED
 
 
+class DiskFull(TrialFailure, OSError):
+    """A write found no space left (ENOSPC) or no quota (EDQUOT). It fails the trial as
+    ``disk`` and stops the sweep from starting more; the message names the folder."""
+
+    reason = FailReason.DISK
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """An error as one line, for a log line, a warning or a stored attribute: its type and
     the first line of its message (a traceback stays in the log it was written to)."""
