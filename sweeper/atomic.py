@@ -5,14 +5,32 @@ either the old file or the new one, never half of one: the content goes to a
 temporary file in the same folder (same file system, so the rename is atomic)
 and is renamed over the target only once it is complete. A failed write
 removes its temporary file and leaves the old file as it was.
+
+The file takes the mode a plain ``open()`` would give it (0666 less the umask), not
+mkstemp's 0600: on shared storage a colleague must be able to read a report.
+
+A write that finds no space (ENOSPC) or no quota (EDQUOT) raises
+:class:`~sweeper.errors.DiskFull` naming the file; :func:`disk_full` and
+:func:`as_disk_full` are the same rule for writes that are not atomic (logs, CSVs).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+
+from sweeper.errors import DiskFull
+
+NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+# torch.save(state, path) writes through C++ streams: on a full disk it raises a bare
+# RuntimeError ("unexpected pos ...") with no errno anywhere. Such an error while the
+# folder's file system has less than this free is taken for a full disk.
+LOW_SPACE_BYTES = 1 << 20
+_umask_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -23,19 +41,92 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     ...     torch.save(state, tmp)
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # a leading dot keeps half-written files out of globs such as *.parquet
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # a leading dot keeps half-written files out of globs such as *.parquet
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o666 & ~current_umask())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        full = as_disk_full(exc, path)
+        if full is None:
+            raise
+        raise full from exc
     try:
         yield Path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        # judged before the temporary file goes: its bytes are part of what filled the disk
+        full = as_disk_full(exc, path) if isinstance(exc, Exception) else None
         Path(tmp).unlink(missing_ok=True)
-        raise
+        if full is None or full is exc:
+            raise
+        raise full from exc
 
 
 def write_text(path: str | Path, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def disk_full(exc: BaseException, path: str | Path | None = None) -> bool:
+    """Whether ``exc`` means the disk (or the quota) is full: a DiskFull, an ENOSPC or
+    EDQUOT anywhere on its cause/context chain, or, given the ``path`` being written, a
+    RuntimeError while that file system has (almost) no space left."""
+    return isinstance(exc, DiskFull) or _no_space_errno(exc, path) is not None
+
+
+def as_disk_full(exc: BaseException, path: str | Path) -> DiskFull | None:
+    """``exc`` as a DiskFull naming ``path`` ("no space left on device writing <path>
+    (ENOSPC)"), ``exc`` itself when it is one, or None when it is no full disk."""
+    if isinstance(exc, DiskFull):
+        return exc
+    code = _no_space_errno(exc, path)
+    if code is None:
+        return None
+    full = DiskFull(f"{NO_SPACE[code]} writing {path} ({errno.errorcode[code]})")
+    full.errno = code
+    return full
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says (another thread
+    creating a file meanwhile would otherwise get a 0o077 umask); else set and reset."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+def _no_space_errno(exc: BaseException, path: str | Path | None) -> int | None:
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError) and link.errno in NO_SPACE:
+            return link.errno
+        link = link.__cause__ or link.__context__
+    if path is not None and isinstance(exc, RuntimeError) and _free_bytes(path) < LOW_SPACE_BYTES:
+        return errno.ENOSPC
+    return None
+
+
+def _free_bytes(path: str | Path) -> int:
+    """Bytes free to this user on the file system holding ``path`` (or its nearest folder)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return LOW_SPACE_BYTES  # cannot tell: not taken for a full disk
+    return st.f_bavail * st.f_frsize
