@@ -102,9 +102,10 @@ def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
 def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best",
                   split: str = "valid", data: str | Path | None = None, device: str | None = None,
                   start: str | None = None, end: str | None = None,
-                  predictor: Predictor | None = None) -> Prediction:
+                  predictor: Predictor | None = None, study_file: str | None = None) -> Prediction:
     """Predictions of ``trial`` (number, "best" or "topK") on ``split`` of the study's data,
-    or of ``data``."""
+    or of ``data``. ``study_file`` is named in the retrain command of a trial whose weights
+    study.keep removed."""
     from sweeper.quant.ensemble import ensemble
 
     if split not in SPLITS:
@@ -113,7 +114,7 @@ def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int =
     top_k = int(parsed[3:]) if isinstance(parsed, str) and parsed != "best" else None
     is_ensemble = top_k is not None
     members = top_trials(study, top_k) if top_k is not None else [pick_trial(study, parsed)]
-    predictor = predictor or Predictor(cfg, study, device)
+    predictor = predictor or Predictor(cfg, study, device, study_file)
     frames = [predictor.frame(t, split, data=data, start=start, end=end) for t in members]
     if data is None:
         own = predictor.own_panel(predictor.config(members[0]))

@@ -24,6 +24,9 @@ def print_status(report: dict[str, Any]) -> None:
     counts = ", ".join(f"{k.lower()} {v}" for k, v in report["counts"].items() if v)
     console.print(f"study {report['study']!r}: {report['finished']}/{report['n_trials']} finished "
                   f"({counts or 'no trials'})")
+    folder = report.get("run_folder")
+    if folder:
+        console.print(f"run folder {folder['path']}: {folder['bytes'] / 2**20:.1f} MB", highlight=False)
     if report["fail_reasons"]:
         console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items()))
     if report["best"]:
@@ -65,7 +68,11 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
         for line in ensemble_lines(best["ensemble"], best.get("ensemble_unavailable")):
             console.print("  " + line, highlight=False, soft_wrap=True)
     console.print("  params: " + ", ".join(f"{k}={v}" for k, v in best["params"].items()), soft_wrap=True)
-    console.print(f"  weights: {best['weights'] or '-'}")
+    if best.get("weights_removed"):
+        console.print(f"  weights: removed (study.keep); retrain: {best['retrain']}", highlight=False,
+                      soft_wrap=True)
+    else:
+        console.print(f"  weights: {best['weights'] or '-'}")
 
 
 def selection_lines(sel: dict[str, Any] | None) -> list[str]:

@@ -19,7 +19,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig
-from sweeper.store import layout
+from sweeper.store import layout, retention
 from sweeper.store.studies import FINISHED, best_trial
 
 BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
@@ -100,15 +100,19 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
     return selection_summary(daily, best.number, horizons)
 
 
-def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = False) -> dict[str, Any] | None:
+def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = False,
+                study_file: str | None = None) -> dict[str, Any] | None:
     """The best trial in full. ``portfolio=True`` adds the long-short view and the top-3
-    ensemble (:mod:`sweeper.inspect.longshort`), which run the models on the data."""
+    ensemble (:mod:`sweeper.inspect.longshort`), which run the models on the data. When the
+    best trial's weights were removed (``study.keep``, ``sweeper gc``), ``weights_removed``
+    and ``retrain``: the command that runs its params again (``study_file`` names the study)."""
     best = best_trial(study)
     if best is None:
         return None
     ua = best.user_attrs
     oracle = study.user_attrs.get("oracle_ic")
-    weights = layout.trial_files(layout.run_dir(cfg), best.number).weights
+    files = layout.trial_files(layout.run_dir(cfg), best.number)
+    weights = files.weights
     out = {
         "trial": best.number,
         "value": best.value,
@@ -117,6 +121,8 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         "metrics": {k: _clean(ua.get(k)) for k in BEST_METRICS if k in ua},
         "weights": str(weights) if weights.exists() else None,
     }
+    if retention.weights_removed(best, files):
+        out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
     if oracle:
         out["oracle_val_ic"] = oracle.get("valid")
         out["oracle_test_ic"] = oracle.get("test")
@@ -130,18 +136,22 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     return out
 
 
-def status_report(study: optuna.Study, cfg: SweeperConfig) -> dict[str, Any]:
+def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | None = None) -> dict[str, Any]:
+    """Counts by state, the best trial, the running trials, the devices' last samples, and
+    ``run_folder``: the run folder's ``path`` and the ``bytes`` of every file under it."""
     trials = study.get_trials(deepcopy=False)
     counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
+    folder = layout.run_dir(cfg)
     return {
         "study": cfg.study.name,
         "n_trials": cfg.study.n_trials,
         "finished": counts["COMPLETE"] + counts["PRUNED"],
         "counts": counts,
         "fail_reasons": _fail_reasons(trials),
-        "best": best_report(study, cfg),
+        "best": best_report(study, cfg, study_file=study_file),
         "running": _running(trials),
-        "devices": latest_telemetry(layout.devices_csv(layout.run_dir(cfg))),
+        "devices": latest_telemetry(layout.devices_csv(folder)),
+        "run_folder": {"path": str(folder), "bytes": retention.folder_size(folder)},
     }
 
 

@@ -31,6 +31,7 @@ from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
 from sweeper.errors import DataError, SweeperError
 from sweeper.store.layout import TrialFiles, run_dir, trial_files
+from sweeper.store.retention import retrain_command, weights_removed
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection
@@ -51,11 +52,15 @@ def trial_config(files: TrialFiles) -> SweeperConfig:
     return validate_config(raw, str(path))
 
 
-def load_weights(files: TrialFiles, trial: FrozenTrial) -> dict[str, Any]:
-    """The best epoch's state dict (tensors on the CPU)."""
+def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None = None) -> dict[str, Any]:
+    """The best epoch's state dict (tensors on the CPU). Weights that ``study.keep`` (or
+    ``sweeper gc``) removed are a DataError with the command that retrains the trial."""
     import torch  # here, not at the top: a report of a study without weights never needs torch
 
     path = files.weights
+    if weights_removed(trial, files):
+        raise DataError(f"{path}: trial {trial.number}'s weights were removed by study.keep; retrain it "
+                        f"with its params as a new trial: {retrain_command(trial, study_file)}")
     if not path.exists():
         raise DataError(f"{path}: missing; trial {trial.number} is {trial.state.name} and wrote no weights")
     return torch.load(path, map_location="cpu", weights_only=True)
@@ -89,8 +94,10 @@ def restrict(panel: Panel, split: str, start: str | None, end: str | None) -> tu
 class Predictor:
     """Predictions of the study's trials, with the panels they share loaded once."""
 
-    def __init__(self, cfg: SweeperConfig, study: optuna.Study, device: str | None = None) -> None:
+    def __init__(self, cfg: SweeperConfig, study: optuna.Study, device: str | None = None,
+                 study_file: str | None = None) -> None:
         self.cfg, self.study = cfg, study
+        self.study_file = study_file  # named in the retrain command of a trial whose weights are gone
         self.run_dir = run_dir(cfg)
         self._device_name = device
         self.notes: list[str] = []
@@ -115,7 +122,7 @@ class Predictor:
 
         files = trial_files(self.run_dir, trial.number)
         tcfg = trial_config(files)
-        weights = load_weights(files, trial)  # a missing file fails before any data is read
+        weights = load_weights(files, trial, self.study_file)  # a missing file fails before any data is read
         panel = self.own_panel(tcfg) if data is None else self._new_panel(tcfg, files, trial, Path(data))
         panel, name = restrict(panel, split, start, end)
         if len(panel.sample_index(name)) == 0:

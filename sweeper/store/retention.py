@@ -1,0 +1,269 @@
+"""``study.keep``: which of the finished trials' files the keep policy removes, and removing
+them. The one home of that rule (the policy itself is :class:`sweeper.config.KeepConfig`).
+
+- checkpoints (``checkpoint.pt``): ``all`` keeps every one; ``none`` and ``top_k`` remove a
+  trial's checkpoint unless it is *live*: its trial is RUNNING or WAITING, it is what a
+  WAITING or RUNNING trial resumes from, or its trial failed and is due a retry (which
+  resumes from it). ``top_k`` also keeps the top k trials' checkpoints;
+- weights (``weights.pt``) and predictions (``daily_ic_*.csv``): ``top_k`` removes those of
+  every finished (COMPLETE, PRUNED, FAIL) trial outside the top k.
+
+The top k are the k best COMPLETE trials with a finite value, best first, ties to the lower
+number: the order of ``sweeper best`` and ``predict --trial topK``. The list only shrinks as
+a study goes on (a finished trial's value never changes, more trials only push it down), so
+a collector reading an older snapshot of the study removes less, never more: several
+workers may collect at once. A removed file's copy in the folder artifact store
+(``<run_dir>/artifacts/<id>``, uploaded for optuna-dashboard) is removed with it; the
+dashboard then lists the artifact without its file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.config import KeepConfig, StudyConfig, SweeperConfig
+from sweeper.errors import one_line
+from sweeper.store.layout import TrialFiles, trial_files
+from sweeper.store.studies import best_in
+
+LIVE = (TrialState.RUNNING, TrialState.WAITING)
+ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+ARTIFACT_PREFIX = "artifacts:"  # Optuna's system attr of an uploaded artifact (optuna.artifacts)
+
+
+@dataclass
+class Freed:
+    """What a collection removed (or, in a dry run, would remove): each file with its size."""
+
+    files: list[tuple[Path, int]] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return sum(size for _, size in self.files)
+
+    def summary(self) -> str:
+        verb = "would free" if self.dry_run else "freed"
+        return f"{verb} {human_bytes(self.bytes)} in {len(self.files)} files"
+
+
+    def lines(self, limit: int = 40) -> list[str]:
+        """What ``sweeper gc`` prints: in a dry run each file with its size (past ``limit``
+        files, a count of the rest), then the total."""
+        if not self.dry_run:
+            return [self.summary()]
+        shown = [f"  {path}  {human_bytes(size)}" for path, size in self.files[:limit]]
+        rest = self.files[limit:]
+        if rest:
+            shown.append(f"  ... and {len(rest)} more files ({human_bytes(sum(s for _, s in rest))})")
+        return [*shown, self.summary()]
+
+
+def human_bytes(n: float) -> str:
+    """``512 B``, ``5.3 KB``, ``1.2 MB``, ``3.4 GB`` (powers of 1024)."""
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB"):
+        n /= 1024
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GB"
+
+
+def top_k(trials: list[FrozenTrial], k: int, maximize: bool) -> list[FrozenTrial]:
+    """The ``k`` best COMPLETE trials with a finite value, best first: ``best_in`` taken k
+    times, so the order is exactly that of ``sweeper best`` (ties: the lower number)."""
+    left, out = sorted(trials, key=lambda t: t.number), list[FrozenTrial]()
+    while len(out) < k:
+        best = best_in(left, maximize)
+        if best is None:
+            break
+        out.append(best)
+        left = [t for t in left if t.number != best.number]
+    return out
+
+
+def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path,
+              maximize: bool) -> list[Path]:
+    """The existing files ``study.keep`` removes from ``trials`` (one snapshot of the study),
+    with their artifact store copies."""
+    keep = study.keep
+    if keep.keeps_all():
+        return []
+    from sweeper.sweep.retries import retry_plan  # here: the retry rule lives in the sweep
+
+    top = {t.number for t in top_k(trials, keep.k, maximize)}
+    live = _live_checkpoints(trials, run_dir, retry_plan(trials, study))
+    out: list[Path] = []
+    for t in trials:
+        if t.state not in ENDED:
+            continue  # never a running or waiting trial's files
+        files = trial_files(run_dir, t.number)
+        drop = [files.checkpoint] if _drops_checkpoint(keep, t.number in top, files, live) else []
+        if keep.weights == "top_k" and t.number not in top:
+            drop.append(files.weights)
+        if keep.predictions == "top_k" and t.number not in top:
+            drop += [files.daily_ic("valid"), files.daily_ic("test")]
+        out += [p for p in drop if p.is_file()] + _artifact_copies(t, run_dir, {p.name for p in drop})
+    return out
+
+
+def _drops_checkpoint(keep: KeepConfig, in_top: bool, files: TrialFiles, live: set[Path]) -> bool:
+    if keep.checkpoints == "all" or (keep.checkpoints == "top_k" and in_top):
+        return False
+    return files.checkpoint.resolve() not in live
+
+
+def _live_checkpoints(trials: list[FrozenTrial], run_dir: str | Path,
+                      due_retry: Iterable[tuple[FrozenTrial, dict[str, Any]]]) -> set[Path]:
+    """The checkpoints a trial still needs: its own while it runs or waits, what a running or
+    waiting trial resumes from, and a failed trial's that its retry will resume from."""
+    live = set()
+    for t in trials:
+        if t.state in LIVE:
+            live.add(trial_files(run_dir, t.number).checkpoint)
+            if t.user_attrs.get("resume_from"):
+                live.add(Path(t.user_attrs["resume_from"]))
+    for failed, attrs in due_retry:
+        live.add(trial_files(run_dir, failed.number).checkpoint)
+        if attrs.get("resume_from"):
+            live.add(Path(attrs["resume_from"]))
+    return {p.resolve() for p in live}
+
+
+def _artifact_copies(trial: FrozenTrial, run_dir: str | Path, names: set[str]) -> list[Path]:
+    """The folder artifact store's copies of ``trial``'s files named ``names`` (none when the
+    artifacts are in S3: that store is not on this disk)."""
+    out = []
+    for key, value in trial.system_attrs.items():
+        if not key.startswith(ARTIFACT_PREFIX) or not names:
+            continue
+        try:
+            meta = json.loads(value)
+        except (TypeError, ValueError):
+            continue
+        path = Path(run_dir) / "artifacts" / str(meta.get("artifact_id"))  # FileSystemArtifactStore's
+        if meta.get("filename") in names and path.is_file():
+            out.append(path)
+    return out
+
+
+def collect(study: optuna.Study, cfg: SweeperConfig, run_dir: str | Path, *, dry_run: bool = False,
+            warn: Callable[[str], None] | None = None) -> Freed:
+    """Apply ``cfg.study.keep`` to the study's files now (after each trial, and ``sweeper gc``).
+
+    Safe beside other collectors: a file already gone is skipped. A file that cannot be
+    removed never raises: ``warn`` gets one line for all of them, and the rest go on."""
+    if cfg.study.keep.keeps_all():
+        return Freed(dry_run=dry_run)
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    paths = removable(study.get_trials(deepcopy=False), cfg.study, run_dir, maximize)
+    freed, failed = Freed(dry_run=dry_run), []
+    for path in paths:
+        try:
+            size = path.stat().st_size
+            if not dry_run:
+                path.unlink()
+        except FileNotFoundError:
+            continue  # another collector removed it first
+        except OSError as exc:
+            failed.append(f"{path} ({one_line(exc)})")
+            continue
+        freed.files.append((path, size))
+    if failed and warn is not None:
+        more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+        warn(f"study.keep could not remove {failed[0]}{more}")
+    return freed
+
+
+def folder_size(path: str | Path) -> int:
+    """Bytes of every file under ``path`` (their sizes, links not followed); 0 if it is absent.
+    Files that vanish while it walks (a collector, a finishing trial) are skipped."""
+    total = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if not os.path.islink(os.path.join(root, name)):
+                total += st.st_size
+    return total
+
+
+def trial_bytes(run_dir: str | Path, trial: FrozenTrial) -> int:
+    """A trial's footprint on the run folder's disk: its folder and its artifact store copies."""
+    copies = _artifact_copies(trial, run_dir, _all_names(trial))
+    return folder_size(trial_files(run_dir, trial.number).folder) + sum(_size(p) for p in copies)
+
+
+def _all_names(trial: FrozenTrial) -> set[str]:
+    names = set()
+    for key, value in trial.system_attrs.items():
+        if key.startswith(ARTIFACT_PREFIX):
+            try:
+                names.add(str(json.loads(value).get("filename")))
+            except (TypeError, ValueError, AttributeError):
+                continue
+    return names
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def space_warning(run_dir: str | Path, trials: list[FrozenTrial], n_trials: int) -> str | None:
+    """One warning line when the free space on the run folder's disk holds fewer trials than
+    the budget has left, by the median footprint of the finished trials (as ``study.keep``
+    left them); None when it holds enough, or nothing has finished to estimate from."""
+    import shutil
+
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    left = n_trials - len(finished)
+    sizes = [trial_bytes(run_dir, t) for t in finished]
+    per_trial = statistics.median(sizes) if sizes else 0
+    if left <= 0 or per_trial <= 0:
+        return None
+    free = shutil.disk_usage(_existing(Path(run_dir))).free
+    fits = int(free // per_trial)
+    if fits >= left:
+        return None
+    return (f"warning: {run_dir} has {human_bytes(free)} free, about {fits} trials' worth at "
+            f"{human_bytes(per_trial)} a trial (the median of {len(finished)} finished), and the budget "
+            f"has {left} trials left; free space, or keep less (study.keep, sweeper gc)")
+
+
+def _existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def weights_removed(trial: FrozenTrial, files: TrialFiles) -> bool:
+    """The trial wrote weights (it finished without a failure) and they are gone: study.keep
+    or ``sweeper gc`` removed them."""
+    wrote = trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and "fail_reason" not in trial.user_attrs
+    return wrote and not files.weights.exists()
+
+
+def retrain_command(trial: FrozenTrial, study_file: str | None) -> str:
+    """The shell command that runs ``trial``'s params again as a new trial of the study: its
+    params as a one-line YAML list of one flow mapping, the file ``run --enqueue`` reads."""
+    params = yaml.safe_dump([dict(trial.params)], default_flow_style=True, width=10**6).strip()
+    target = f"trial-{trial.number}.yaml"
+    return (f"echo {shlex.quote(params)} > {target} && "
+            f"sweeper run {shlex.quote(study_file or 'STUDY')} --enqueue {target}")

@@ -1,0 +1,153 @@
+"""study.keep, sweeper gc, the run folder's size in status, the free-space warning, and what
+best and predict say of a trial whose weights are gone (issue 22, disk in bounds)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from click.testing import CliRunner
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweeper.cli import main
+from sweeper.config import StudyConfig, load_config
+from sweeper.store.retention import collect, folder_size, removable, space_warning, top_k
+
+LR = {"train.lr": FloatDistribution(1e-4, 1.0)}
+SIZES = {"weights.pt": 700, "checkpoint.pt": 1300, "daily_ic_valid.csv": 110, "daily_ic_test.csv": 90,
+         "config.yaml": 40}
+
+
+def _files(run_dir: Path, number: int, names=tuple(SIZES)) -> None:
+    folder = run_dir / "trials" / str(number)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(b"x" * SIZES[name])
+
+
+def _fabricated(run_dir: Path, storage: str, direction: str = "maximize") -> optuna.Study:
+    """Twelve trials in every state a collector meets, each with its files:
+
+    0..5 COMPLETE with values 0.3 0.1 0.5 0.2 0.5 0.4 (2 and 4 tie; 2 ranks first), 6 PRUNED,
+    7 FAIL crash with no retry left, 8 FAIL interrupted (due a retry), 9 FAIL interrupted,
+    10 RUNNING with a checkpoint, 11 WAITING: 9's retry, resuming from 9's checkpoint.
+    Trial 1's weights and config have copies in the folder artifact store."""
+    study = optuna.create_study(study_name="tiny", storage=storage, direction=direction)
+    artifacts = run_dir / "artifacts"
+    artifacts.mkdir(parents=True)
+    for name in ("w1", "c1"):
+        (artifacts / name).write_bytes(b"a" * 500)
+    copies = {"artifacts:w1": json.dumps({"artifact_id": "w1", "filename": "weights.pt"}),
+              "artifacts:c1": json.dumps({"artifact_id": "c1", "filename": "config.yaml"})}
+    for number, value in enumerate([0.3, 0.1, 0.5, 0.2, 0.5, 0.4]):
+        study.add_trial(create_trial(value=value, params={"train.lr": value}, distributions=LR,
+                                     user_attrs={"stop_reason": "epochs"},
+                                     system_attrs=copies if number == 1 else None))
+    ended = [(TrialState.PRUNED, {"stop_reason": "pruned"}),
+             (TrialState.FAIL, {"fail_reason": "crash", "crash_count": 1}),
+             (TrialState.FAIL, {"fail_reason": "interrupted",
+                                "checkpoint": str(run_dir / "trials/8/checkpoint.pt")}),
+             (TrialState.FAIL, {"fail_reason": "interrupted"})]
+    for state, attrs in ended:
+        study.add_trial(create_trial(state=state, params={"train.lr": 0.01}, distributions=LR,
+                                     user_attrs=attrs))
+    assert study.ask().number == 10  # RUNNING
+    study.enqueue_trial({"train.lr": 0.01}, user_attrs={
+        "retry_of": 9, "attempt": 1, "resume_from": str(run_dir / "trials/9/checkpoint.pt")})
+    for number in range(10):
+        _files(run_dir, number)
+    _files(run_dir, 10, ("checkpoint.pt", "config.yaml"))
+    return study
+
+
+def _keep(keep) -> StudyConfig:
+    return StudyConfig.model_validate({"name": "tiny", "keep": keep})
+
+
+def _names(paths, run_dir: Path) -> set[str]:
+    return {str(p.relative_to(run_dir)) for p in paths}
+
+
+def _each(numbers, name: str) -> set[str]:
+    return {f"trials/{n}/{name}" for n in numbers}
+
+
+def test_top_k_is_the_order_of_best(tmp_path):
+    study = _fabricated(tmp_path / "run", f"sqlite:///{tmp_path}/s.db")
+    trials = study.get_trials()
+    assert [t.number for t in top_k(trials, 3, True)] == [2, 4, 5]
+    assert [t.number for t in top_k(trials, 3, False)] == [1, 3, 0]
+    assert [t.number for t in top_k(trials, 50, True)] == [2, 4, 5, 0, 3, 1]
+
+
+def test_weights_top_3_and_no_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    study = _fabricated(run, f"sqlite:///{tmp_path}/s.db")
+    paths = removable(study.get_trials(), _keep({"weights": {"top_k": 3}, "checkpoints": "none"}), run, True)
+    # weights: every ended trial outside 2, 4, 5 (with trial 1's artifact copy, not its config's);
+    # checkpoints: every ended trial's but 8's (due a retry) and 9's (its waiting retry resumes from it)
+    assert _names(paths, run) == (_each([0, 1, 3, 6, 7, 8, 9], "weights.pt") | {"artifacts/w1"}
+                                  | _each([0, 1, 2, 3, 4, 5, 6, 7], "checkpoint.pt"))
+    assert all(p.exists() for p in paths)  # removable removes nothing
+
+
+def test_checkpoints_top_k_and_predictions_top_k_minimize(tmp_path):
+    run = tmp_path / "run"
+    study = _fabricated(run, f"sqlite:///{tmp_path}/s.db", direction="minimize")
+    keep = {"checkpoints": "top_k", "predictions": "top_k", "k": 2}
+    paths = removable(study.get_trials(), _keep(keep), run, False)
+    outside = [0, 2, 4, 5, 6, 7, 8, 9]  # the top 2 of a minimized study: 1 and 3
+    assert _names(paths, run) == (_each(outside, "daily_ic_valid.csv") | _each(outside, "daily_ic_test.csv")
+                                  | _each([0, 2, 4, 5, 6, 7], "checkpoint.pt"))
+
+
+def test_keep_all_and_the_defaults(tmp_path):
+    run = tmp_path / "run"
+    study = _fabricated(run, f"sqlite:///{tmp_path}/s.db")
+    assert removable(study.get_trials(), _keep("all"), run, True) == []
+    # the default keeps weights and predictions and removes the ended trials' checkpoints
+    assert _names(removable(study.get_trials(), _keep({}), run, True), run) == \
+        _each([0, 1, 2, 3, 4, 5, 6, 7], "checkpoint.pt")
+
+
+def test_a_checkpoint_is_live_until_its_retry_ends(tmp_path):
+    run = tmp_path / "run"
+    storage = f"sqlite:///{tmp_path}/s.db"
+    study = _fabricated(run, storage)
+    retry = study.ask()  # the waiting retry of 9 starts
+    assert retry.number == 11
+    keep = _keep({"checkpoints": "none"})
+    assert "trials/9/checkpoint.pt" not in _names(removable(study.get_trials(), keep, run, True), run)
+    study.tell(retry, 0.05)
+    assert "trials/9/checkpoint.pt" in _names(removable(study.get_trials(), keep, run, True), run)
+
+
+def test_collect_removes_and_skips_what_is_gone(tmp_path):
+    run = tmp_path / "run"
+    study = _fabricated(run, f"sqlite:///{tmp_path}/s.db")
+    cfg = load_config(_study_yaml(tmp_path, {"weights": {"top_k": 3}, "checkpoints": "all"}))
+    dry = collect(study, cfg, run, dry_run=True)
+    assert dry.summary() == "would free 5.3 KB in 8 files"  # 7 weights and trial 1's copy: 5400 bytes
+    assert dry.bytes == 7 * 700 + 500 and (run / "trials/0/weights.pt").exists()
+    (run / "trials/0/weights.pt").unlink()  # another collector was first
+    freed = collect(study, cfg, run)
+    assert freed.bytes == 6 * 700 + 500 and len(freed.files) == 7
+    assert sorted(p.parent.name for p in run.glob("trials/*/weights.pt")) == ["2", "4", "5"]
+    assert collect(study, cfg, run).files == []
+
+
+def _study_yaml(tmp_path: Path, keep, **study) -> Path:
+    from conftest import TINY, merge
+
+    path = tmp_path / "study.yaml"
+    raw = merge(TINY, {"study": {"keep": keep, "storage": f"sqlite:///{tmp_path}/s.db",
+                                 "artifacts": str(tmp_path / "run"), **study}})
+    path.write_text(yaml.safe_dump(raw))
+    return path
