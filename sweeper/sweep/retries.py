@@ -40,6 +40,8 @@ def _deserves_retry(t: FrozenTrial, reason: str, attempt: int, cfg: StudyConfig)
     crashes_left = int(t.user_attrs.get("crash_count", 0)) < cfg.retries
     rules: dict[str, bool] = {
         FailReason.INTERRUPTED: attempt < MAX_INTERRUPTED_RETRIES,
+        # no fault of the trial's: once space is freed it resumes from its last good checkpoint
+        FailReason.DISK: attempt < MAX_INTERRUPTED_RETRIES,
         FailReason.CRASH: crashes_left,
         FailReason.STALL: crashes_left,  # a hang is retried like a crash
         FailReason.TIMEOUT: cfg.retry_timeouts and crashes_left,

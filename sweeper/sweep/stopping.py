@@ -7,24 +7,27 @@ worker cannot start) and asks it whether to go on. Its :meth:`StopRule.ending` i
 """
 from __future__ import annotations
 
+import math
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import StudyConfig
 from sweeper.errors import FailReason
 from sweeper.interrupt import StopToken
 from sweeper.store.layout import logs_dir
+from sweeper.store.studies import FINISHED
 
 
 class Ending(Enum):
-    DONE = "done"  # the budget, study.timeout, or nothing left for this host: exit 0
-    FAILED = "failed"  # trials keep failing, or workers cannot start: exit 1
+    DONE = "done"  # the budget, study.timeout, study.patience_trials, or nothing left for this host: exit 0
+    FAILED = "failed"  # trials keep failing, workers cannot start, or the disk is full: exit 1
     INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: exit 128 + the signal
 
 
@@ -53,9 +56,47 @@ class TrialEnd:
         return self.failed or self.reason == FailReason.CONFIG
 
 
+@dataclass(frozen=True)
+class Patience:
+    """study.patience_trials' count: finished trials since the last new best, and that best."""
+
+    count: int
+    best: FrozenTrial | None
+
+
+def patience(trials: Iterable[FrozenTrial], maximize: bool, min_improvement: float) -> Patience:
+    """Over the finished trials (COMPLETE and PRUNED) in the order they finished, a COMPLETE
+    trial whose value beats the best so far by more than ``min_improvement`` is a new best and
+    resets the count; every other finished trial adds one. The best is the last new best (one
+    better by less than ``min_improvement`` is no new best). Computed from stored trials, so
+    every driver of the study counts the same."""
+    finished = sorted((t for t in trials if t.state in FINISHED and t.datetime_complete is not None),
+                      key=lambda t: (t.datetime_complete, t.number))
+    best: FrozenTrial | None = None
+    best_value, count = math.nan, 0
+    for t in finished:
+        value = t.value if t.state == TrialState.COMPLETE else None
+        if value is not None and math.isfinite(value) and (
+                best is None or _beats(value, best_value, maximize, min_improvement)):
+            best, best_value, count = t, value, 0
+        else:
+            count += 1
+    return Patience(count, best)
+
+
+def _beats(value: float, best: float, maximize: bool, margin: float) -> bool:
+    return value > best + margin if maximize else value < best - margin
+
+
+class StopClaiming(Exception):
+    """Raised out of a claim by the driver when the trials it read under the lock say the
+    study is done (study.patience_trials): the claim then asks Optuna for nothing."""
+
+
 class StopRule:
     """The sweep stops on a stop request, study.timeout, too many failures in a row,
-    workers that die before they are ready, or a used-up budget."""
+    workers that die before they are ready, a full disk, study.patience_trials, or a
+    used-up budget."""
 
     def __init__(self, cfg: StudyConfig, stop: StopToken, run_dir: Path) -> None:
         self.cfg, self.stop, self.run_dir = cfg, stop, run_dir
@@ -63,6 +104,8 @@ class StopRule:
         self.failures_in_row = 0
         self.exhausted = False  # the last claim found the budget used up
         self.broken = False  # a worker exited before it was ready too often
+        self.disk_full = False  # a trial failed as disk: start no more (each would fail the same way)
+        self.patient_out = False  # study.patience_trials finished trials without a new best
         self.message = ""
 
     def trial_ended(self, end: TrialEnd) -> None:
@@ -70,6 +113,27 @@ class StopRule:
         if counts is not None:
             self.failures_in_row = self.failures_in_row + 1 if counts else 0
         self.exhausted = False  # an end may free budget (a failure is retried): the next claim re-counts
+        if end.reason == FailReason.DISK and not self.disk_full:
+            self.disk_full = True
+            lines = str(end.metrics.get("error") or "").strip().splitlines()
+            error = lines[0] if lines else f"a write under {self.run_dir} found no space"
+            self.message = (f"stopped: trial {end.number} failed as disk: {error}; free space under "
+                            f"{self.run_dir} and run `sweeper run` again to resume")
+
+    def seen(self, trials: list[FrozenTrial]) -> None:
+        """The trials a claim read under the lock: study.patience_trials is counted on them."""
+        limit = self.cfg.patience_trials
+        if limit is None or self.patient_out:
+            return
+        got = patience(trials, self.cfg.resolved_direction == "maximize", self.cfg.min_improvement)
+        if got.count < limit:
+            return
+        self.patient_out = True
+        best = "no trial has completed" if got.best is None else (
+            f"the best is trial {got.best.number} ({self.cfg.metric} {got.best.value:.4g})")
+        self.message = self.message or (
+            f"stopped: no new best beyond study.min_improvement ({self.cfg.min_improvement:g}) in the "
+            f"last {got.count} finished trials (study.patience_trials); {best}")
 
     def budget_used(self, message: str | None) -> None:
         """The claim found nothing left to run; ``message`` once no trial of ours runs either."""
@@ -97,7 +161,7 @@ class StopRule:
 
     def stopping(self) -> bool:
         """Whether to start no more trials (those running finish, or drain on a signal)."""
-        if self.stop.requested or self.broken:
+        if self.stop.requested or self.broken or self.disk_full or self.patient_out:
             return True
         timeout = self.cfg.timeout
         if timeout is not None and time.monotonic() - self.started > timeout:
@@ -112,7 +176,8 @@ class StopRule:
     def ending(self) -> Ending:
         if self.stop.requested:
             return Ending.INTERRUPTED
-        return Ending.FAILED if self.broken or self._too_many_failures() else Ending.DONE
+        failed = self.broken or self.disk_full or self._too_many_failures()
+        return Ending.FAILED if failed else Ending.DONE
 
     def _too_many_failures(self) -> bool:
         return self.failures_in_row >= self.cfg.max_consecutive_failures
