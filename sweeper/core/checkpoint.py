@@ -28,10 +28,15 @@ from sweeper.errors import ConfigError
 
 
 class FileCheckpointer:
-    """One checkpoint file, replaced atomically at every save."""
+    """One checkpoint file, replaced atomically at every save.
 
-    def __init__(self, path: str | Path) -> None:
+    ``owner`` is stamped into every state it saves: whose run the checkpoint is (for a sweep,
+    the study's uuid, the trial's number and the panel's fingerprint), so that only that run's
+    retry ever continues it (:mod:`sweeper.sweep.adoption`). The core does not read it."""
+
+    def __init__(self, path: str | Path, owner: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
+        self.owner = owner
 
     def load(self) -> dict | None:
         if not self.path.exists():
@@ -39,16 +44,19 @@ class FileCheckpointer:
         return torch.load(self.path, map_location="cpu", weights_only=True)
 
     def save(self, state: dict) -> None:
+        if self.owner is not None:
+            state = {**state, "owner": self.owner}
         with atomic_path(self.path) as tmp:
             torch.save(state, tmp)
 
 
 def checkpoint_meta(path: str | Path) -> dict[str, Any] | None:
-    """``{"epoch", "config"}`` of a checkpoint, read through a memory map (the tensors stay
-    on disk); None when there is no file or it cannot be read as a checkpoint."""
+    """``{"epoch", "config", "owner"}`` of a checkpoint, read through a memory map (the tensors
+    stay on disk); None when there is no file or it cannot be read as a checkpoint. ``owner`` is
+    None for a checkpoint saved without one (by an older sweeper, or ``sweeper train``)."""
     try:
         state = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
-        return {"epoch": int(state["epoch"]), "config": state.get("config", {})}
+        return {"epoch": int(state["epoch"]), "config": state.get("config", {}), "owner": state.get("owner")}
     except Exception:  # noqa: BLE001 - missing or unreadable: there is nothing to resume from
         return None
 

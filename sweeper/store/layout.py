@@ -4,6 +4,8 @@
 
     <run_dir>/                    study.artifacts, or runs/<study> when artifacts go to S3
       study.db                    the default SQLite storage (study.storage)
+      owner.json                  which study the folder's trials belong to (its study_uuid)
+      previous/<uuid>/            another study's trials/, logs/ and devices.csv, moved aside
       devices.csv                 GPU telemetry samples
       logs/<host>.slot-<k>.log    each worker's stdout and stderr
       artifacts/                  Optuna's artifact store (a folder store)
@@ -17,7 +19,9 @@
         norm_stats.json           features and robust_zscore's train statistics (for new data)
         checkpoint.pt             the last end-of-epoch training state (core.checkpoint)
 
-Hosts may share a run folder, so each host writes its own slot logs.
+Hosts may share a run folder, so each host writes its own slot logs. A folder holds the
+files of one study (:mod:`sweeper.store.run_folder`): a study of the same name in another
+storage, or one re-created after its database was deleted, moves the other's aside.
 """
 from __future__ import annotations
 
@@ -89,3 +93,16 @@ def logs_dir(run_dir: str | Path) -> Path:
 
 def devices_csv(run_dir: str | Path) -> Path:
     return Path(run_dir) / "devices.csv"
+
+
+def owner_file(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "owner.json"
+
+
+def previous_dir(run_dir: str | Path, study_uuid: str) -> Path:
+    """Where another study's files go when this folder is taken over (see run_folder)."""
+    return Path(run_dir) / "previous" / study_uuid
+
+
+# what belongs to the study that ran here, and moves with it
+STUDY_OWNED = ("trials", "logs", "devices.csv")

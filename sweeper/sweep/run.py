@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
@@ -21,7 +22,7 @@ from optuna.trial import TrialState
 from sweeper import config as C
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
 from sweeper.interrupt import NEVER, StopToken
-from sweeper.store import check_artifacts, claim_lock, open_storage
+from sweeper.store import check_artifacts, claim_lock, open_storage, run_folder
 from sweeper.store.layout import devices_csv, run_dir
 from sweeper.store.locks import ClaimLock
 from sweeper.store.outage import release, watch
@@ -34,10 +35,13 @@ from sweeper.sweep.stopping import Outcome
 from sweeper.sweep.study import open_study, study_attrs
 from sweeper.sweep.telemetry import Telemetry
 from sweeper.sweep.view import View
+from sweeper.sweep.warm_start import start_queue
 
 
-def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True) -> Plan:
-    """Run every check (config names, data, models, devices, storage) without touching the
+def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True,
+            enqueue: Sequence[str | Path] = ()) -> Plan:
+    """Run every check (config names, data, models, devices, storage, the parameter sets to
+    enqueue: ``study.warm_start``'s source study, ``--enqueue`` files) without touching the
     study or the run folder.
 
     ``devices=False`` skips slot planning (``sweeper db init`` runs where there
@@ -65,9 +69,10 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     check_reachable(url)
     artifacts = cfg.study.resolved_artifacts
     check_artifacts(artifacts)
+    queue = start_queue(cfg, enqueue)  # after the storage check: it reads the study's storage
     for note in notes:  # shapes a trial may sample but cannot build: worth knowing, not fatal
         print(note, file=sys.stderr, flush=True)
-    return Plan(cfg, url, run_dir(cfg), artifacts, slots, summary)
+    return Plan(cfg, url, run_dir(cfg), artifacts, slots, summary, queue=queue)
 
 
 def _check_models(cfg: C.SweeperConfig) -> None:
@@ -80,7 +85,8 @@ def _check_models(cfg: C.SweeperConfig) -> None:
 
 def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "",
             stop: StopToken = NEVER) -> tuple[optuna.Study, ClaimLock, bool]:
-    """Open the storage, then create or join the study under the claim lock."""
+    """Open the storage, then create or join the study under the claim lock, and enqueue the
+    plan's parameter sets (a new study's warm start and config values only when this created it)."""
     from sweeper.devices import environment_summary
 
     cfg = plan.cfg
@@ -96,7 +102,7 @@ def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "",
     lock = claim_lock(storage, plan.storage_url, cfg.study.name, stop)
     attrs = study_attrs(cfg, plan.panel, environment_summary())
     study, created = open_study(storage, cfg, attrs=attrs, lock=lock, force=force, must_exist=must_exist,
-                                driver_id=driver_id)
+                                driver_id=driver_id, queue=plan.queue)
     return study, lock, created
 
 
@@ -121,8 +127,10 @@ def init_db(cfg: C.SweeperConfig, storage_url: str | None = None) -> InitResult:
 
 
 def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, force: bool = False,
-        must_exist: bool = False, study_file: str = "STUDY.yaml") -> Outcome:
+        must_exist: bool = False, study_file: str = "STUDY.yaml",
+        enqueue: Sequence[str | Path] = ()) -> Outcome:
     """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point.
+    ``enqueue``: ``--enqueue`` files, each a list of parameter sets run ahead of the sampler's.
 
     A signal during set-up or the workers' shutdown raises StopRequested out of here (the CLI
     exits 130/143 with the resume line); during the loop the first drains and the second
@@ -130,7 +138,8 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
     stop = StopToken()
     try:
         with _signals_to(stop):
-            plan, study, lock, ident = _set_up(cfg, stop, storage_url, force, must_exist, study_file)
+            plan, study, lock, ident = _set_up(cfg, stop, storage_url, force, must_exist, study_file,
+                                               enqueue)
             driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                             artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop)
             _sweep(driver, plan, study, view)
@@ -156,15 +165,27 @@ def _signals_to(stop: StopToken) -> Iterator[None]:
 
 
 def _set_up(cfg: C.SweeperConfig, stop: StopToken, storage_url: str | None, force: bool, must_exist: bool,
-            study_file: str) -> tuple[Plan, optuna.Study, ClaimLock, Identity]:
-    plan = prepare(cfg, storage_url)
+            study_file: str, enqueue: Sequence[str | Path]) -> tuple[Plan, optuna.Study, ClaimLock, Identity]:
+    plan = prepare(cfg, storage_url, enqueue=enqueue)
     plan.study_file = study_file
     watch(plan.storage_url, stop)  # the store's waits through an outage end on Ctrl-C
     ident = Identity.current()
     study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id,
                                     stop=stop)
-    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    _take_run_folder(plan, study, lock)
     return plan, study, lock, ident
+
+
+def _take_run_folder(plan: Plan, study: optuna.Study, lock: ClaimLock) -> None:
+    """The run folder holds this study's files; another study's are moved aside (run_folder)."""
+    from sweeper.store import redact
+
+    with lock:  # two drivers of one study never move files at once
+        started = any(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False))
+        lines = run_folder.take(plan.run_dir, plan.cfg.study.name, study.user_attrs["study_uuid"],
+                                redact(plan.storage_url), fresh=not started)
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _sweep(driver: Driver, plan: Plan, study: optuna.Study, view: View) -> None:

@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper import config as C
 from sweeper.atomic import atomic_path, write_text
 from sweeper.core import TrainResult
-from sweeper.core.checkpoint import FileCheckpointer, checkpoint_meta, config_mismatch, copy_checkpoint
+from sweeper.core.checkpoint import FileCheckpointer
 from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
 from sweeper.devices.fake import trial_device
@@ -35,11 +35,11 @@ from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.store.outage import watch
-from sweeper.sweep import protocol
+from sweeper.sweep import adoption, protocol
 from sweeper.sweep.heartbeat import Heartbeat
 from sweeper.sweep.outcome import end_trial, fail_attrs
 from sweeper.sweep.samplers import build_pruner
-from sweeper.sweep.trial_hook import OptunaHook, copy_csv_upto, progress_interval
+from sweeper.sweep.trial_hook import OptunaHook, progress_interval
 
 
 class TrialRunner:
@@ -65,6 +65,7 @@ class TrialRunner:
         self.study = optuna.load_study(study_name=init["study"], storage=self.storage,
                                        pruner=build_pruner(self.cfg.study.pruner))
         self.artifacts = artifact_store(init["artifacts"])
+        self.study_uuid = self.study.user_attrs.get("study_uuid")  # whose checkpoints this worker writes
         self.panels = PanelMemo(keep=1)  # the next trial usually shares this one's data
         self.memory_limit_mb: float | None = None  # the running trial's allotment of a shared GPU
 
@@ -116,12 +117,14 @@ class TrialRunner:
         # a sampled combination the model's config refuses raises ConfigError here or in train()
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
         files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
-        self._adopt_checkpoint(trial, frozen, cfg, files, log)
         hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop,
                           progress_interval(self.cfg.study.stall_timeout))
         panel = self.panels.load(cfg.data)
         hook.tick()  # the data is loaded: progress, for the stall watchdog
-        checkpoint = FileCheckpointer(files.checkpoint)  # holds its epoch: a retry replays up to it
+        # the checkpoint says whose it is: only this trial's retries may continue it
+        stamp = adoption.owner(self.study_uuid, frozen.number, panel.fingerprint)
+        adoption.adopt(self.study, trial, frozen, cfg, files, stamp, log)
+        checkpoint = FileCheckpointer(files.checkpoint, stamp)  # holds its epoch: a retry replays up to it
         result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log,
                        started=started, memory=self.device_kind.memory(self.memory_limit_mb))
         _write_results(files, result, panel)
@@ -132,39 +135,6 @@ class TrialRunner:
             nan = fail_attrs(FailReason.NAN, f"{self.cfg.study.metric} is not finite")
             return TrialState.FAIL, None, {**attrs, **nan}
         return state, value, attrs
-
-    def _adopt_checkpoint(self, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.SweeperConfig,
-                          files: TrialFiles,
-                          log: _TrialLog) -> None:
-        """A retry continues from the interrupted trial's checkpoint, replaying its
-        intermediate values up to that epoch exactly once. A checkpoint of another
-        config (the study was resumed with --force after a change) is not continued:
-        the trial starts fresh and says so."""
-        _drop_foreign(files.checkpoint, cfg, log)
-        source = frozen.user_attrs.get("resume_from")
-        if not source or files.checkpoint.exists():
-            return
-        meta = checkpoint_meta(source)
-        if meta is None:
-            return
-        problem = config_mismatch(meta["config"], cfg)
-        if problem:
-            log(f"not resuming from {source}: {problem} (the study's config changed, e.g. under --force); "
-                "starting fresh")
-            trial.set_user_attr("resume_skipped", problem)
-            return
-        epoch = meta["epoch"]
-        copy_checkpoint(Path(source), files.checkpoint)
-        previous = self.storage.get_trial(self.storage.get_trial_id_from_study_id_trial_number(
-            private.study_id(self.study), int(frozen.user_attrs["retry_of"])))
-        for step, value in sorted(previous.intermediate_values.items()):
-            if step <= epoch and step not in frozen.intermediate_values:
-                trial.report(value, step)
-        metrics_csv = TrialFiles(Path(source).parent).metrics
-        if metrics_csv.exists():
-            copy_csv_upto(metrics_csv, files.metrics, epoch)
-        trial.set_user_attr("resumed_from_epoch", epoch)
-        log(f"resuming from {source} at epoch {epoch}")
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
                 attrs: dict[str, Any], files: TrialFiles, warn: Callable[[str], None]) -> bool:
@@ -228,16 +198,6 @@ def _failed(exc: BaseException, log: _TrialLog) -> tuple[TrialState, None, dict[
         return TrialState.PRUNED, None, fail_attrs(FailReason.CONFIG, message)
     reason = exc.reason if isinstance(exc, TrialFailure) else FailReason.CRASH
     return TrialState.FAIL, None, fail_attrs(reason, message)
-
-
-def _drop_foreign(path: Path, cfg: C.SweeperConfig, log: _TrialLog) -> None:
-    """A checkpoint already at the trial's own path that another config wrote (left by a
-    deleted study of the same name) is removed rather than crash the trial."""
-    meta = checkpoint_meta(path)
-    problem = None if meta is None else config_mismatch(meta["config"], cfg)
-    if problem:
-        log(f"removing {path}: {problem}; starting fresh")
-        path.unlink(missing_ok=True)
 
 
 def _warner(number: int, log: _TrialLog) -> Callable[[str], None]:

@@ -1,0 +1,97 @@
+"""Parent: a run folder holds one study's files. The one home of that rule.
+
+``owner.json`` names the study the folder's ``trials/``, ``logs/`` and ``devices.csv`` belong
+to, by its ``study_uuid``. When a sweep starts on a folder that another study owns (a study of
+the same name in another storage, one re-created after its database was deleted, or a folder
+from before this rule with no owner and files a new study did not write) those files are moved
+to ``previous/<their uuid>/``, with one line saying where; nothing is overwritten. A study whose
+files were moved aside gets them back when it runs here again.
+
+Other files stay: the SQLite database (it may be the other study's storage), the artifact
+store (its files are keyed by unique ids) and reports the user wrote.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from sweeper.atomic import write_text
+from sweeper.store.layout import STUDY_OWNED, owner_file, previous_dir
+
+UNKNOWN = "unknown"  # the owner of files from before owner.json, which no study claimed
+
+
+def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh: bool) -> list[str]:
+    """Make ``run_dir`` this study's; the lines to print (files moved aside or back).
+
+    ``fresh``: the study has no trials yet, so files already here without an owner are not
+    its own. Call under the study's claim lock, so that two drivers never move at once."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    current = _owner(run_dir)
+    if current == study_uuid:
+        return []
+    lines = []
+    if current is not None or (fresh and _holds_files(run_dir)):
+        lines += _move(run_dir, previous_dir(run_dir, current or UNKNOWN), "moved aside")
+    back = previous_dir(run_dir, study_uuid)
+    if back.is_dir():
+        lines += _restore(back, run_dir)
+    record = {"study": study_name, "study_uuid": study_uuid, "storage": storage}
+    write_text(owner_file(run_dir), json.dumps(record, indent=2) + "\n")
+    return lines
+
+
+def _owner(run_dir: Path) -> str | None:
+    try:
+        return str(json.loads(owner_file(run_dir).read_text())["study_uuid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _holds_files(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() and not _empty_dir(run_dir / name) for name in STUDY_OWNED)
+
+
+def _empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
+def _move(run_dir: Path, target: Path, verb: str) -> list[str]:
+    moved = []
+    for name in STUDY_OWNED:
+        src = run_dir / name
+        if not src.exists():
+            continue
+        dst = _free_name(target / name)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+        moved.append(name)
+    if not moved:
+        return []
+    return [f"{run_dir} held another study's {', '.join(moved)} ({_who(target)}): {verb} to {target}"]
+
+
+def _restore(back: Path, run_dir: Path) -> list[str]:
+    restored = []
+    for name in STUDY_OWNED:
+        src = back / name
+        if src.exists() and not (run_dir / name).exists():
+            os.replace(src, run_dir / name)
+            restored.append(name)
+    if not any(back.iterdir()):
+        back.rmdir()
+    return [f"this study's {', '.join(restored)} moved back from {back}"] if restored else []
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``... when a folder of that name was moved aside before."""
+    k, candidate = 0, path
+    while candidate.exists():
+        k += 1
+        candidate = path.with_name(f"{path.name}.{k}")
+    return candidate
+
+
+def _who(target: Path) -> str:
+    return "no owner recorded" if target.name == UNKNOWN else f"study_uuid {target.name}"
