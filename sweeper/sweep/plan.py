@@ -2,12 +2,13 @@
 the study's attributes, the driver and the view: no module global, no second read."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sweeper import config as C
 from sweeper.data.panel import Panel
 from sweeper.devices import Slot
+from sweeper.sweep.warm_start import Queue
 
 
 @dataclass(frozen=True)
@@ -38,3 +39,5 @@ class Plan:
     slots: list[Slot]
     panel: PanelSummary
     study_file: str = "STUDY.yaml"
+    # the parameter sets to enqueue when the study is opened (warm start, config, --enqueue)
+    queue: Queue = field(default_factory=Queue)

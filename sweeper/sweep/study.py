@@ -14,6 +14,9 @@ from sweeper.store import SweeperStorage, quiet_optuna
 from sweeper.store.locks import ClaimLock
 from sweeper.sweep.plan import PanelSummary
 from sweeper.sweep.samplers import build_pruner, build_sampler, driver_seed
+from sweeper.sweep.warm_start import Queue
+
+NOTHING_QUEUED = Queue()
 
 
 def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str, Any]) -> dict[str, Any]:
@@ -40,10 +43,11 @@ def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str
 
 
 def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str, Any],
-               lock: ClaimLock, force: bool,
-               must_exist: bool, driver_id: str = "") -> tuple[optuna.Study, bool]:
-    """Create the study, or load it and refuse config drift (unless ``force``).
-    Returns the study and whether this call created it.
+               lock: ClaimLock, force: bool, must_exist: bool, driver_id: str = "",
+               queue: Queue = NOTHING_QUEUED) -> tuple[optuna.Study, bool]:
+    """Create the study, or load it and refuse config drift (unless ``force``); then, still
+    under the lock, enqueue ``queue`` (a new study's warm-start and config sets only when this
+    call created it). Returns the study and whether this call created it.
 
     Only the driver that creates a study samples with ``study.sampler.seed`` itself,
     so a fresh single-driver study is reproducible; every driver that joins or
@@ -59,16 +63,24 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
         with quiet_optuna():  # sweeper prints its own start lines; Optuna's INFO line is noise
             study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
                                         direction=cfg.study.resolved_direction, load_if_exists=True)
-        if not exists or "config" not in study.user_attrs:
+        created = not exists or "config" not in study.user_attrs
+        n_trials = 0 if created else len(study.get_trials(deepcopy=False))
+        if created:
             for key, value in attrs.items():
                 study.set_user_attr(key, value)
-            return study, True
-        n_trials = len(study.get_trials(deepcopy=False))
-        if "study_uuid" not in study.user_attrs:  # created by a sweeper before the identity existed
-            study.set_user_attr("study_uuid", attrs["study_uuid"])
+        else:
+            _join(study, attrs, force)
+        queue.apply(study, created)  # after the drift check: a refused study is left untouched
+    if not created:
+        seed = driver_seed(cfg.study.sampler.seed, n_trials, driver_id)
+        study.sampler = build_sampler(cfg.study.sampler, seed)
+    return study, created
+
+
+def _join(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:
+    if "study_uuid" not in study.user_attrs:  # created by a sweeper before the identity existed
+        study.set_user_attr("study_uuid", attrs["study_uuid"])
     check_compatible(study, attrs, force)
-    study.sampler = build_sampler(cfg.study.sampler, driver_seed(cfg.study.sampler.seed, n_trials, driver_id))
-    return study, False
 
 
 def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:

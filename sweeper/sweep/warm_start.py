@@ -1,0 +1,237 @@
+"""Parameter sets a study runs before its sampler's own (docs/long-sweeps.md, warm starts).
+
+- ``study.warm_start``: the ``top_k`` best COMPLETE trials of another study, best first;
+- ``study.start_from_config``: the study file's own values for the search-space keys;
+- ``sweeper run --enqueue params.yaml``: hand-written sets.
+
+Everything is read and checked by :func:`start_queue` (called from ``prepare``, which writes
+nothing); :meth:`Queue.apply` enqueues, under the claim lock, when the study is opened. The
+first two only into a study that this open created, so a resume never repeats them; the files
+each time they are given. Each enqueued trial is marked with the user attribute
+``warm_start_from``: ``<study>#<trial number>``, ``config`` or ``<file>#<entry>``.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper import config as C
+from sweeper.errors import ConfigError, StorageError
+from sweeper.store import open_storage, quiet_optuna, redact
+from sweeper.sweep.space import _condition_met, ordered
+
+WARM_START_FROM = "warm_start_from"  # the user attribute that marks an enqueued trial
+
+
+@dataclass(frozen=True)
+class StartSet:
+    params: dict[str, Any]  # dotted search-space key -> value; the sampler draws the keys left out
+    source: str  # its warm_start_from mark
+
+
+@dataclass(frozen=True)
+class Queue:
+    """What to enqueue when the study is opened: ``first`` (the warm-start sets, then the
+    config's) only into a study this open created, ``always`` (``--enqueue``) every time.
+    ``notes`` (what was dropped, and why) are printed when ``first`` is enqueued."""
+
+    first: tuple[StartSet, ...] = ()
+    always: tuple[StartSet, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def apply(self, study: optuna.Study, created: bool) -> None:
+        """Enqueue; call under the claim lock, so that no driver samples a trial before them."""
+        sets = (self.first if created else ()) + self.always
+        for note in self.notes if created else ():
+            print(note, file=sys.stderr, flush=True)
+        for s in sets:
+            study.enqueue_trial(s.params, user_attrs={WARM_START_FROM: s.source})
+        if sets:
+            print(f"enqueued {len(sets)} parameter sets ahead of the sampler's: "
+                  + ", ".join(s.source for s in sets), file=sys.stderr, flush=True)
+
+
+class _Outside(ValueError):
+    """A value this search-space entry cannot take; the message says why."""
+
+
+def fit(spec: C.ParamSpec, value: Any) -> Any:
+    """``value`` as the entry ``spec`` would suggest it (an int for ``int``, the choice itself for
+    ``categorical``); raises _Outside when the space cannot suggest it: not one of the choices,
+    outside [low, high], off the ``step`` grid, or not an integer for ``int``."""
+    if spec.type == "categorical":
+        for choice in spec.choices or ():  # True == 1 in Python; a bool only matches a bool
+            if choice == value and isinstance(choice, bool) == isinstance(value, bool):
+                return choice
+        raise _Outside(f"not one of {spec.choices}")
+    number = _number(value)
+    assert spec.low is not None and spec.high is not None  # validated for float and int
+    if spec.type == "int":
+        if not float(number).is_integer():
+            raise _Outside("not an integer")
+        number = int(number)
+    if not spec.low <= number <= spec.high:
+        raise _Outside(f"outside [{spec.low:g}, {spec.high:g}]")
+    step = spec.step or (1 if spec.type == "int" else None)
+    if step and abs((k := (number - spec.low) / step) - round(k)) > 1e-8:  # Optuna's own tolerance
+        raise _Outside(f"not on the grid of step {step:g} from {spec.low:g}")
+    return number if spec.type == "int" else float(number)
+
+
+def _number(value: Any) -> float | int:
+    if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as text
+        try:
+            value = float(value)
+        except ValueError:
+            raise _Outside("not a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _Outside("not a finite number")
+    return value
+
+
+def config_set(cfg: C.SweeperConfig) -> tuple[StartSet | None, list[str]]:
+    """The study file's values for the search-space keys that are active with them and that the
+    space can suggest (the sampler draws the others, each with a note); None when none is."""
+    params, notes = {}, []
+    for key in ordered(cfg.search_space):
+        spec = cfg.search_space[key]
+        if not _condition_met(spec, cfg, {}):
+            continue
+        value = C.config_value(cfg, key)
+        try:
+            params[key] = fit(spec, value)
+        except _Outside as why:
+            notes.append(f"start from config: {key}={value!r} is {why}; the sampler draws it")
+    return (StartSet(params, "config") if params else None), notes
+
+
+def ranked(study: optuna.Study) -> list[FrozenTrial]:
+    """The study's COMPLETE trials with a finite value, best first (ties: lower number first)."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.value is not None and math.isfinite(t.value)]
+    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    return sorted(done, key=lambda t: (sign * (t.value or 0.0), t.number))
+
+
+def _source_study(cfg: C.SweeperConfig) -> optuna.Study:
+    warm = cfg.study.warm_start
+    assert warm is not None
+    url = warm.storage or cfg.study.resolved_storage
+    try:
+        storage = open_storage(url, create=False)
+    except StorageError as exc:
+        raise ConfigError(f"study.warm_start.storage: {exc}") from None
+    names = [s.study_name for s in storage.get_all_studies()]
+    if warm.study not in names:
+        held = f" (it holds: {', '.join(names)})" if names else " (it holds no study)"
+        raise ConfigError(f"study.warm_start.study: no study {warm.study!r} in {redact(url)}{held}")
+    with quiet_optuna():
+        return optuna.load_study(study_name=warm.study, storage=storage)
+
+
+def warm_start_sets(cfg: C.SweeperConfig) -> tuple[list[StartSet], list[str]]:
+    """The ``top_k`` best sets of ``study.warm_start.study``, best first, with what this search
+    space cannot take dropped (a note each). ConfigError when the source study or its storage is
+    missing, or has no COMPLETE trial."""
+    warm = cfg.study.warm_start
+    assert warm is not None
+    source = _source_study(cfg)
+    best = ranked(source)[:warm.top_k]
+    if not best:
+        raise ConfigError(f"study.warm_start.study: study {warm.study!r} has no completed trial "
+                          "to start from")
+    sets, notes = [], []
+    if len(best) < warm.top_k:
+        notes.append(f"warm start: study {warm.study!r} has {len(best)} completed trials, "
+                     f"fewer than top_k {warm.top_k}")
+    for t in best:
+        where = f"from trial {t.number} of study {warm.study!r}"
+        params = {}
+        for key, value in t.params.items():
+            spec = cfg.search_space.get(key)
+            try:
+                if spec is None:
+                    raise _Outside("not in this search space")
+                params[key] = fit(spec, value)
+            except _Outside as why:
+                shown = key if spec is None else f"{key}={value!r}"
+                notes.append(f"warm start: dropped {shown} ({why}) {where}")
+        if params:
+            sets.append(StartSet(params, f"{warm.study}#{t.number}"))
+        else:
+            notes.append(f"warm start: skipped trial {t.number} of study {warm.study!r}: "
+                         "none of its parameters is in this search space")
+    return sets, notes
+
+
+def read_enqueue_file(path: str | Path, cfg: C.SweeperConfig) -> list[StartSet]:
+    """``--enqueue FILE``: a YAML list of mappings (or one mapping) of search-space keys (dotted,
+    or nested) to values. Strict: a key outside the search space or a value it cannot take is
+    a ConfigError naming the file, the entry and the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: --enqueue file not found")
+    raw: Any = C.read_yaml(path)
+    entries = [raw] if isinstance(raw, dict) else raw
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{path}: expected a list of mappings of search_space keys to values")
+    return [_enqueue_entry(path, i, entry, cfg) for i, entry in enumerate(entries)]
+
+
+def _enqueue_entry(path: Path, i: int, entry: Any, cfg: C.SweeperConfig) -> StartSet:
+    where = f"{path}: entry #{i}"
+    if not isinstance(entry, dict) or not entry:
+        raise ConfigError(f"{where}: expected a non-empty mapping of search_space keys to values, "
+                          f"got {entry!r}")
+    params = {}
+    for key, value in C.flatten(entry).items():
+        spec = cfg.search_space.get(key)
+        if spec is None:
+            raise ConfigError(f"{where}: {key} is not a search_space key "
+                              f"(the search space has: {', '.join(cfg.search_space) or 'none'})")
+        try:
+            params[key] = fit(spec, value)
+        except _Outside as why:
+            raise ConfigError(f"{where}: {key}={value!r} is {why}") from None
+    return StartSet(params, f"{path}#{i}")
+
+
+def _has_study(cfg: C.SweeperConfig) -> bool:
+    """Whether the study already exists (created, with its config): read-only."""
+    try:
+        storage = open_storage(cfg.study.resolved_storage, create=False)
+    except StorageError:  # no database yet, or no tables in it: a new study
+        return False
+    return any(s.study_name == cfg.study.name and "config" in s.user_attrs
+               for s in storage.get_all_studies())
+
+
+def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Queue:
+    """Read and check every set the study will enqueue when opened; writes nothing.
+
+    A new study's sets are the warm-start sets best first, then the config's unless it equals
+    one of them, at most ``study.n_trials`` of them (a note says how many were left out). An
+    existing study's source study is not read: a warm start is applied once, when it is created."""
+    always = tuple(s for path in enqueue for s in read_enqueue_file(path, cfg))
+    warm: list[StartSet] = []
+    notes: list[str] = []
+    if cfg.study.warm_start is not None and not _has_study(cfg):
+        warm, notes = warm_start_sets(cfg)
+    first = list(warm)
+    if cfg.study.start_from_config:
+        own, own_notes = config_set(cfg)
+        notes += own_notes
+        if own is not None and all(own.params != s.params for s in warm):
+            first.append(own)
+    if len(first) > cfg.study.n_trials:
+        notes.append(f"warm start: {', '.join(s.source for s in first[cfg.study.n_trials:])} left out "
+                     f"(study.n_trials is {cfg.study.n_trials})")
+        first = first[:cfg.study.n_trials]
+    return Queue(first=tuple(first), always=always, notes=tuple(notes))

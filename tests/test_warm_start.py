@@ -1,0 +1,163 @@
+"""Warm starts (issue 22): study.warm_start, --enqueue and study.start_from_config, on real
+SQLite studies with real ``sweeper`` subprocesses."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import yaml
+from click.testing import CliRunner
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweeper.cli import main
+from sweeper.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+MARK = "warm_start_from"
+
+
+def _sweeper(*args: object, code: int = 0) -> str:
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == code, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def _trials(path: Path, storage: str | None = None) -> list[optuna.trial.FrozenTrial]:
+    cfg = load_config(path)
+    study = optuna.load_study(study_name=cfg.study.name, storage=storage or cfg.study.resolved_storage)
+    return sorted(study.get_trials(), key=lambda t: t.number)
+
+
+def _best_first(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    return sorted(done, key=lambda t: (-t.value, t.number))  # val_ic: maximize
+
+
+def test_warm_start_runs_the_sources_best_first_once(study_file):
+    a = study_file({"study": {"name": "a", "n_trials": 5, "start_from_config": False}}, name="a.yaml")
+    _sweeper("run", a)
+    best = _best_first(_trials(a))[:3]
+    assert len(best) == 3 and all(MARK not in t.user_attrs for t in _trials(a))
+
+    warm = {"study": "a", "storage": "sqlite:///runs/a/study.db", "top_k": 3}
+    b = study_file({"study": {"name": "b", "n_trials": 4, "warm_start": warm}}, name="b.yaml")
+    out = _sweeper("run", b)
+    assert f"enqueued 4 parameter sets ahead of the sampler's: a#{best[0].number}, a#{best[1].number}, " \
+           f"a#{best[2].number}, config" in out
+    trials = _trials(b)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    assert [t.params for t in trials[:3]] == [t.params for t in best]
+    assert [t.user_attrs[MARK] for t in trials] == [f"a#{t.number}" for t in best] + ["config"]
+    assert trials[3].params == {"train.lr": 0.001}  # the study file's own value, after the warm start
+
+    Path("runs/a/study.db").unlink()  # a resume does not read the source again, nor enqueue its sets
+    out = _sweeper("run", b, "--set", "study.n_trials=6")
+    assert "enqueued" not in out
+    trials = _trials(b)
+    assert len(trials) == 6 and [t.state for t in trials] == [TrialState.COMPLETE] * 6
+    assert [MARK in t.user_attrs for t in trials] == [True] * 4 + [False] * 2
+
+
+def _source_study(url: str) -> None:
+    """A finished study (maximize) with params this search space only partly takes."""
+    study = optuna.create_study(storage=url, study_name="src", direction="maximize")
+    lr, wide = FloatDistribution(1e-4, 1.0, log=True), FloatDistribution(0.0, 1.0)
+    for value, params in ((0.1, {"train.lr": 0.004}), (0.3, {"train.lr": 0.002, "train.momentum": 0.9}),
+                          (0.2, {"train.lr": 0.5, "train.momentum": 0.5})):
+        dists = {"train.lr": lr, "train.momentum": wide}
+        study.add_trial(create_trial(value=value, params=params, distributions={k: dists[k] for k in params}))
+
+
+def test_warm_start_drops_what_this_space_cannot_take(study_file):
+    _source_study("sqlite:///src.db")
+    warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 3}
+    b = study_file({"study": {"name": "b", "n_trials": 3, "warm_start": warm}})
+    out = _sweeper("run", b)
+    assert "warm start: dropped train.momentum (not in this search space) from trial 1 of study 'src'" in out
+    assert "warm start: dropped train.lr=0.5 (outside [0.001, 0.01]) from trial 2 of study 'src'" in out
+    assert "warm start: dropped train.momentum (not in this search space) from trial 2 of study 'src'" in out
+    assert ("warm start: skipped trial 2 of study 'src': none of its parameters is in this search space"
+            in out)
+    trials = _trials(b)
+    assert [(t.params, t.user_attrs[MARK]) for t in trials] == [
+        ({"train.lr": 0.002}, "src#1"), ({"train.lr": 0.004}, "src#0"), ({"train.lr": 0.001}, "config")]
+
+
+def test_start_from_config_is_left_out_when_a_warm_start_set_equals_it(study_file):
+    _source_study("sqlite:///src.db")
+    warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 1}
+    b = study_file({"study": {"name": "b", "n_trials": 2, "warm_start": warm}, "train": {"lr": 0.002}})
+    out = _sweeper("run", b)
+    assert "enqueued 1 parameter sets ahead of the sampler's: src#1" in out
+    trials = _trials(b)
+    assert trials[0].params == {"train.lr": 0.002} and trials[0].user_attrs[MARK] == "src#1"
+    assert MARK not in trials[1].user_attrs
+
+
+def test_trial_0_of_transformer_ic_is_the_study_files_own_values(workdir):
+    path = REPO / "studies" / "transformer_ic.yaml"
+    tiny = {"study.storage": "sqlite:///t.db", "study.n_trials": 1, "data.synthetic.assets": 40,
+            "data.synthetic.dates": 150, "train.epochs": 1, "train.samples_per_epoch": 512,
+            "devices.gpus": "none", "devices.cpu_workers": 1}
+    sets = [a for key, value in tiny.items() for a in ("--set", f"{key}={value}")]
+    _sweeper("run", path, *sets)
+    (trial,) = _trials(path, "sqlite:///t.db")
+    raw = yaml.safe_load(path.read_text())
+    own = {key: raw[key.split(".")[0]][key.split(".")[1]] for key in raw["search_space"]}
+    assert trial.params == own == {"train.lr": 0.003, "model.d_model": 32, "model.dropout": 0.0,
+                                   "train.batch_size": 256, "train.weight_decay": 0.01}
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs[MARK] == "config"
+
+
+def _cli(*args: object, code: int) -> str:
+    result = CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_enqueue_files(study_file):
+    path = study_file({"study": {"n_trials": 3, "start_from_config": False}})
+    Path("bad.yaml").write_text(yaml.safe_dump([{"train.lr": 0.005}, {"train.lr": 0.5}]))
+    Path("unknown.yaml").write_text(yaml.safe_dump({"train": {"lr": 0.005, "momentum": 0.9}}))
+    Path("broken.yaml").write_text("- train.lr: [0.005\n")
+    out = _cli("run", path, "--enqueue", "bad.yaml", code=2)
+    assert "bad.yaml: entry #1: train.lr=0.5 is outside [0.001, 0.01]" in out
+    out = _cli("run", path, "--enqueue", "unknown.yaml", code=2)
+    assert "unknown.yaml: entry #0: train.momentum is not a search_space key (the search space has: " \
+           "train.lr)" in out
+    assert "broken.yaml: line 2, column 1: YAML syntax error" in _cli("run", path, "--enqueue", "broken.yaml",
+                                                                      code=2)
+    assert "missing.yaml: --enqueue file not found" in _cli("run", path, "--enqueue", "missing.yaml", code=2)
+    assert not Path("runs").exists()  # nothing written
+
+    # a list, nested or dotted keys; YAML 1.1 reads 4e-3 as text, taken as the number it is
+    Path("good.yaml").write_text("- {train.lr: 0.005}\n- train: {lr: 4e-3}\n")
+    _sweeper("run", path, "--enqueue", "good.yaml", "--set", "study.n_trials=2")
+    trials = _trials(path)
+    assert [(t.params, t.user_attrs.get(MARK)) for t in trials] == [
+        ({"train.lr": 0.005}, "good.yaml#0"), ({"train.lr": 0.004}, "good.yaml#1")]
+
+    out = _cli("run", path, "--enqueue", "bad.yaml", code=2)  # an existing study is left untouched
+    assert "entry #1" in out and len(_trials(path)) == 2
+    Path("one.yaml").write_text(yaml.safe_dump({"train.lr": 0.003}))  # given again: applied again
+    _sweeper("run", path, "--enqueue", "one.yaml")
+    trials = _trials(path)
+    assert len(trials) == 3 and (trials[2].params, trials[2].user_attrs[MARK]) == ({"train.lr": 0.003},
+                                                                                  "one.yaml#0")
+
+
+def test_a_missing_source_is_an_error_before_anything_is_written(study_file):
+    _source_study("sqlite:///src.db")
+    for warm, message in (
+        ({"study": "src", "storage": "sqlite:///nowhere.db"},
+         "study.warm_start.storage: storage sqlite:///nowhere.db: no such database file nowhere.db"),
+        ({"study": "gone", "storage": "sqlite:///src.db"},
+         "study.warm_start.study: no study 'gone' in sqlite:///src.db (it holds: src)"),
+    ):
+        path = study_file({"study": {"warm_start": warm}})
+        assert message in _cli("run", path, code=2)
+        assert not Path("runs").exists()
