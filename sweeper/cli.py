@@ -104,7 +104,8 @@ def main() -> None:
 
 # ---------------------------------------------------------------- sweeps
 
-def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, must_exist: bool) -> None:
+def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, must_exist: bool,
+         enqueue: tuple[Path, ...] = ()) -> None:
     from sweeper.inspect.live import default_view
     from sweeper.sweep.run import run
 
@@ -112,7 +113,7 @@ def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, m
     click.get_current_context().meta[INTERRUPTED_HINT] = hint
     cfg = _load(study, sets)
     outcome = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
-                  study_file=str(study))
+                  study_file=str(study), enqueue=enqueue)
     sys.exit(outcome.exit_code)
 
 
@@ -120,23 +121,29 @@ def sweep_options(fn: Callable) -> Callable:
     """The options shared by ``run`` and ``resume``."""
     force = click.option("--force", is_flag=True,
                          help="Resume even if the config drifted from the stored one.")
-    for option in (force, storage_option, sets_option, study_file):
+    enqueue = click.option("--enqueue", "enqueue", multiple=True,
+                           type=click.Path(dir_okay=False, path_type=Path), metavar="PARAMS.yaml",
+                           help="Run these parameter sets (a YAML list of {search_space key: value}) "
+                                "ahead of the sampler's; repeatable.")
+    for option in (enqueue, force, storage_option, sets_option, study_file):
         fn = option(fn)
     return fn
 
 
 @main.command("run")
 @sweep_options
-def run_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool) -> None:
+def run_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool,
+            enqueue: tuple[Path, ...]) -> None:
     """Run the sweep in STUDY (creates the study, or resumes it)."""
-    _run(study, sets, storage, force, must_exist=False)
+    _run(study, sets, storage, force, must_exist=False, enqueue=enqueue)
 
 
 @main.command("resume")
 @sweep_options
-def resume_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool) -> None:
+def resume_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool,
+               enqueue: tuple[Path, ...]) -> None:
     """Resume the sweep in STUDY; fails if the study does not exist yet."""
-    _run(study, sets, storage, force, must_exist=True)
+    _run(study, sets, storage, force, must_exist=True, enqueue=enqueue)
 
 
 @main.command("validate")
