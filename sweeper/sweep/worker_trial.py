@@ -23,7 +23,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import config as C
-from sweeper.atomic import atomic_path, write_text
+from sweeper.atomic import as_disk_full, atomic_path, disk_full, write_text
 from sweeper.core import TrainResult
 from sweeper.core.checkpoint import FileCheckpointer
 from sweeper.data.load import PanelMemo
@@ -90,7 +90,7 @@ class TrialRunner:
             except optuna.exceptions.UpdateFinishedTrialError:
                 return self._taken(trial, number)
             except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
-                state, value, attrs = _failed(exc, log)
+                state, value, attrs = _failed(as_disk_full(exc, files.folder) or exc, log)
             # still beating: recording results must not look like a dead host to the others
             ok = self._finish(trial, number, state, value, attrs, files, warn)
         _release_device_memory()
@@ -229,6 +229,10 @@ class _TrialLog:
         self.path = path
 
     def __call__(self, line: str) -> None:
-        with self.path.open("a") as fh:
-            fh.write(line.rstrip() + "\n")
-        print(line, flush=True)  # stdout is the slot log (stderr) in a worker
+        try:
+            with self.path.open("a") as fh:
+                fh.write(line.rstrip() + "\n")
+            print(line, flush=True)  # stdout is the slot log (stderr) in a worker
+        except OSError as exc:
+            if not disk_full(exc):  # a full disk must not turn the line that says so into a crash
+                raise
