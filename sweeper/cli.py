@@ -187,7 +187,7 @@ def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     from sweeper.store.studies import load_existing
 
     cfg = _load(study)
-    report = status_report(load_existing(cfg, storage), cfg)
+    report = status_report(load_existing(cfg, storage), cfg, study_file=str(study))
     if as_json:
         _echo_json(report)
         return
@@ -206,7 +206,7 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     from sweeper.store.studies import load_existing
 
     cfg = _load(study)
-    report = best_report(load_existing(cfg, storage), cfg, portfolio=True)
+    report = best_report(load_existing(cfg, storage), cfg, portfolio=True, study_file=str(study))
     if report is None:
         raise UserError(f"study {cfg.study.name!r} has no completed trial yet")
     if as_json:
@@ -270,7 +270,7 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
     cfg = _load(study)
     split = split or ("all" if start or end else "valid")
     result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data,
-                           device=device, start=start, end=end)
+                           device=device, start=start, end=end, study_file=str(study))
     write_table(result.frame, out)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
@@ -285,6 +285,24 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
                f"{len(result.frame)} rows, IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} "
                f"over {ic['n_dates']} dates"
                + (f" ({constant} with a constant prediction, scored 0)" if constant else ""))
+
+
+@main.command("gc")
+@study_file
+@sets_option
+@storage_option
+@click.option("--dry-run", is_flag=True, help="List what study.keep would remove, with sizes; remove none.")
+def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: bool) -> None:
+    """Apply study.keep to the study's trial files now, and print what it frees."""
+    from sweeper.store.layout import run_dir
+    from sweeper.store.retention import collect
+    from sweeper.store.studies import load_existing
+
+    cfg = _load(study, sets)
+    freed = collect(load_existing(cfg, storage), cfg, run_dir(cfg), dry_run=dry_run,
+                    warn=lambda line: click.echo(f"warning: {line}", err=True))
+    for line in freed.lines():
+        click.echo(line)
 
 
 @main.command("export")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -18,7 +17,7 @@ from optuna.trial import TrialState, create_trial
 
 from sweeper.cli import main
 from sweeper.config import StudyConfig, load_config
-from sweeper.store.retention import collect, folder_size, removable, space_warning, top_k
+from sweeper.store.retention import collect, folder_size, removable, retrain_command, space_warning, top_k
 
 LR = {"train.lr": FloatDistribution(1e-4, 1.0)}
 SIZES = {"weights.pt": 700, "checkpoint.pt": 1300, "daily_ic_valid.csv": 110, "daily_ic_test.csv": 90,
@@ -151,3 +150,123 @@ def _study_yaml(tmp_path: Path, keep, **study) -> Path:
                                  "artifacts": str(tmp_path / "run"), **study}})
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def _cli(*args, code=0):
+    result = CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_status_shows_the_run_folders_size(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    _fabricated(run, f"sqlite:///{tmp_path}/s.db")  # the database lies outside the run folder
+    path = _study_yaml(tmp_path, "all")
+    written = 10 * sum(SIZES.values()) + SIZES["checkpoint.pt"] + SIZES["config.yaml"] + 2 * 500
+    assert json.loads(_cli("status", path, "--json"))["run_folder"] == {"path": str(run), "bytes": written}
+    assert folder_size(run) == written == 24740
+    assert f"run folder {run}: 24.2 KB\n" in _cli("status", path)
+
+
+def test_space_warning(tmp_path):
+    run = tmp_path / "run"
+    trials = _fabricated(run, f"sqlite:///{tmp_path}/s.db").get_trials()
+    per_trial = sum(SIZES.values())  # the median of the 7 finished (trial 1 has 1000 bytes of copies more)
+    fits = shutil.disk_usage(tmp_path).free // per_trial
+    line = space_warning(run, trials, 7 + 2 * fits)
+    assert line is not None
+    found = re.fullmatch(rf"warning: {re.escape(str(run))} has .* free, about (\d+) trials' worth at "
+                         rf"2\.2 KB a trial \(the median of 7 finished\), and the budget has {2 * fits} "
+                         r"trials left; free space, or keep less \(study.keep, sweeper gc\)", line)
+    assert found is not None, line
+    assert abs(int(found.group(1)) - fits) < fits // 10  # other processes write to this disk too
+    assert space_warning(run, trials, 7 + fits // 2) is None
+    assert space_warning(run, trials, 7) is None  # nothing left in the budget
+    assert space_warning(tmp_path / "none", [], 20) is None  # nothing finished to estimate from
+    assert space_warning(run / "not" / "yet", trials[:1], 3) is None  # the folder need not exist
+
+
+def _real_sweep(study_file, keep, n_trials):
+    path = study_file({"study": {"n_trials": n_trials, "keep": keep}})
+    _cli("run", path)
+    cfg = load_config(path)
+    return path, optuna.load_study(study_name="tiny", storage=cfg.study.resolved_storage)
+
+
+def _weights_copies(study, numbers) -> set[str]:
+    out = set()
+    for t in study.get_trials():
+        if t.number in numbers:
+            metas = optuna.artifacts.get_all_artifact_meta(t, storage=study._storage)
+            out |= {f"artifacts/{m.artifact_id}" for m in metas if m.filename == "weights.pt"}
+    return out
+
+
+def _listed(output: str) -> set[str]:
+    return {line.split()[0].removeprefix("runs/tiny/")
+            for line in output.splitlines() if line.startswith("  ")}
+
+
+def test_gc_dry_run_lists_and_removes_nothing_then_gc_removes(study_file, workdir):
+    from sweeper.inspect.predict import top_trials
+
+    path, study = _real_sweep(study_file, "all", 4)
+    run = Path("runs/tiny")
+    before = folder_size(run)
+    assert _cli("gc", path, "--dry-run").splitlines() == ["would free 0 B in 0 files"]
+    assert _cli("gc", path).splitlines() == ["freed 0 B in 0 files"]
+    top = {t.number for t in top_trials(study, 2)}
+    rest = {t.number for t in study.get_trials()} - top
+    ckpts = {str(p.relative_to(run)) for p in run.glob("trials/*/checkpoint.pt")}
+    assert len(ckpts) == 4  # keep: all left every trial's checkpoint
+    expected = _each(rest, "weights.pt") | _weights_copies(study, rest) | ckpts
+    assert len(_weights_copies(study, rest)) == 2
+
+    stricter = ("--set", "study.keep.weights=top_k", "--set", "study.keep.k=2",
+                "--set", "study.keep.checkpoints=none")
+    dry = _cli("gc", path, "--dry-run", *stricter)
+    assert _listed(dry) == expected
+    assert dry.splitlines()[-1].startswith("would free ") and dry.splitlines()[-1].endswith(" in 8 files")
+    assert folder_size(run) == before and all((run / name).exists() for name in expected)
+
+    freed = _cli("gc", path, *stricter)
+    assert freed.splitlines()[-1] == dry.splitlines()[-1].replace("would free", "freed")
+    assert {p.parent.name for p in run.glob("trials/*/weights.pt")} == {str(n) for n in top}
+    assert not list(run.glob("trials/*/checkpoint.pt"))
+    assert not any((run / name).exists() for name in expected)
+    assert folder_size(run) < before
+
+    # a trial whose weights are gone: predict says so, with the command that retrains it
+    gone = min(rest)
+    out = _cli("predict", path, "--trial", gone, "-o", "p.csv", code=2)
+    assert f"trial {gone}'s weights were removed by study.keep" in out
+    command = out[out.index("echo "):].strip().replace("\n", "")
+    words = command.split()
+    assert yaml.safe_load(shlex.split(command)[1]) == [study.trials[gone].params]
+    assert words[-4:] == ["run", str(path), "--enqueue", f"trial-{gone}.yaml"]
+
+    # the best trial's weights gone too (another policy's gc, or by hand): best says so
+    best = top_trials(study, 1)[0]
+    Path(f"runs/tiny/trials/{best.number}/weights.pt").unlink()
+    report = json.loads(_cli("best", path, "--json"))
+    assert (report["trial"], report["weights"], report["weights_removed"]) == (best.number, None, True)
+    assert report["retrain"] == retrain_command(best, str(path))
+    assert f"  weights: removed (study.keep); retrain: {report['retrain']}\n" in _cli("status", path)
+
+
+# Needs the integrator's wiring of retention.collect into the worker (after each trial):
+# until then it fails, and the mark says so; remove the mark once it is wired.
+@pytest.mark.xfail(strict=True, reason="needs retention.collect wired into sweep/worker_trial.py")
+def test_a_12_trial_sweep_keeps_the_3_best_weights_and_no_checkpoints(study_file, workdir):
+    from sweeper.inspect.predict import top_trials
+
+    _path, study = _real_sweep(study_file, {"weights": {"top_k": 3}, "checkpoints": "none"}, 12)
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 12
+    run = Path("runs/tiny")
+    top = {t.number for t in top_trials(study, 3)}
+    assert {int(p.parent.name) for p in run.glob("trials/*/weights.pt")} == top
+    assert list(run.glob("trials/*/checkpoint.pt")) == []
+    rest = {t.number for t in study.get_trials()} - top
+    assert not any((run / name).exists() for name in _weights_copies(study, rest))
+    assert all((run / name).exists() for name in _weights_copies(study, top))

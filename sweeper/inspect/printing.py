@@ -26,7 +26,10 @@ def print_status(report: dict[str, Any]) -> None:
                   f"({counts or 'no trials'})")
     folder = report.get("run_folder")
     if folder:
-        console.print(f"run folder {folder['path']}: {folder['bytes'] / 2**20:.1f} MB", highlight=False)
+        from sweeper.store.retention import human_bytes
+
+        console.print(f"run folder {folder['path']}: {human_bytes(folder['bytes'])}", highlight=False,
+                      soft_wrap=True)
     if report["fail_reasons"]:
         console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items()))
     if report["best"]:
