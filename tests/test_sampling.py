@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 
 import optuna
 import pytest
@@ -37,7 +38,7 @@ def _ask(study, cfg, n):
 def _open(url, cfg, driver_id):
     storage = open_storage(url)
     return open_study(storage, cfg, attrs={"config": {"study": {"direction": "maximize"}, "data": {}},
-                                           "data_fingerprint": "x"},
+                                           "data_fingerprint": "x", "study_uuid": uuid.uuid4().hex},
                       lock=NullLock(), force=True, must_exist=False, driver_id=driver_id)
 
 
