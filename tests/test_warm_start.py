@@ -161,3 +161,15 @@ def test_a_missing_source_is_an_error_before_anything_is_written(study_file):
         path = study_file({"study": {"warm_start": warm}})
         assert message in _cli("run", path, code=2)
         assert not Path("runs").exists()
+
+
+def test_db_init_applies_the_warm_start_once(study_file):
+    _source_study("sqlite:///src.db")
+    warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 2}
+    path = study_file({"study": {"name": "b", "warm_start": warm}})
+    _cli("db", "init", path, code=0)
+    _cli("db", "init", path, code=0)  # already there: nothing enqueued again
+    trials = _trials(path)
+    # the top 2 are trials 1 and 2; nothing of trial 2 fits this space
+    assert [(t.state, t.user_attrs[MARK]) for t in trials] == [(TrialState.WAITING, "src#1"),
+                                                               (TrialState.WAITING, "config")]
