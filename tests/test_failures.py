@@ -104,8 +104,7 @@ def test_a_second_ctrl_c_kills_hung_workers_and_fails_their_trials(study_file, w
 
 def test_a_combination_the_model_refuses_is_a_config_failure_told_to_the_sampler(study_file):
     path = study_file({
-        # the two trials enqueued below are the whole study: no third one with the config's values
-        "study": {"n_trials": 2, "retries": 2, "start_from_config": False},
+        "study": {"n_trials": 2, "retries": 2},
         "model": {"name": "transformer", "d_model": 8, "nhead": 2, "num_layers": 1, "dim_feedforward": 16},
         "devices": {"cpu_workers": 1},
         "search_space": {"model.nhead": {"type": "categorical", "choices": [2, 3]}},

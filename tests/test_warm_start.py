@@ -167,9 +167,21 @@ def test_db_init_applies_the_warm_start_once(study_file):
     _source_study("sqlite:///src.db")
     warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 2}
     path = study_file({"study": {"name": "b", "warm_start": warm}})
-    _cli("db", "init", path, code=0)
-    _cli("db", "init", path, code=0)  # already there: nothing enqueued again
+    out = _cli("db", "init", path, code=0)
+    assert "enqueued 2 parameter sets ahead of the sampler's: src#1, config" in out
+    assert "enqueued" not in _cli("db", "init", path, code=0)  # already there: nothing enqueued again
     trials = _trials(path)
     # the top 2 are trials 1 and 2; nothing of trial 2 fits this space
     assert [(t.state, t.user_attrs[MARK]) for t in trials] == [(TrialState.WAITING, "src#1"),
                                                                (TrialState.WAITING, "config")]
+
+
+def test_a_study_filled_by_hand_first_runs_what_it_holds(study_file):
+    _source_study("sqlite:///src.db")
+    warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 2}
+    path = study_file({"study": {"name": "b", "warm_start": warm}})
+    Path("runs/b").mkdir(parents=True)
+    by_hand = optuna.create_study(study_name="b", storage="sqlite:///runs/b/study.db", direction="maximize")
+    by_hand.enqueue_trial({"train.lr": 0.007})
+    assert "enqueued" not in _cli("db", "init", path, code=0)
+    assert [(t.state, t.user_attrs) for t in _trials(path)] == [(TrialState.WAITING, {})]

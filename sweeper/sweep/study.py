@@ -46,8 +46,9 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
                lock: ClaimLock, force: bool, must_exist: bool, driver_id: str = "",
                queue: Queue = NOTHING_QUEUED) -> tuple[optuna.Study, bool]:
     """Create the study, or load it and refuse config drift (unless ``force``); then, still
-    under the lock, enqueue ``queue`` (a new study's warm-start and config sets only when this
-    call created it). Returns the study and whether this call created it.
+    under the lock, enqueue ``queue`` (its warm-start and config sets only into a study this
+    call created and that holds no trial yet: one filled by hand with Optuna first runs what it
+    holds). Returns the study and whether this call created it.
 
     Only the driver that creates a study samples with ``study.sampler.seed`` itself,
     so a fresh single-driver study is reproducible; every driver that joins or
@@ -64,13 +65,14 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
             study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
                                         direction=cfg.study.resolved_direction, load_if_exists=True)
         created = not exists or "config" not in study.user_attrs
-        n_trials = 0 if created else len(study.get_trials(deepcopy=False))
+        n_trials = len(study.get_trials(deepcopy=False))
         if created:
             for key, value in attrs.items():
                 study.set_user_attr(key, value)
         else:
             _join(study, attrs, force)
-        queue.apply(study, created)  # after the drift check: a refused study is left untouched
+        # after the drift check: a study refused is left untouched
+        queue.apply(study, new=created and not n_trials)
     if not created:
         seed = driver_seed(cfg.study.sampler.seed, n_trials, driver_id)
         study.sampler = build_sampler(cfg.study.sampler, seed)

@@ -6,8 +6,8 @@
 
 Everything is read and checked by :func:`start_queue` (called from ``prepare``, which writes
 nothing); :meth:`Queue.apply` enqueues, under the claim lock, when the study is opened. The
-first two only into a study that this open created, so a resume never repeats them; the files
-each time they are given. Each enqueued trial is marked with the user attribute
+first two only into a new study (created by this open, with no trial yet), so a resume never
+repeats them; the files each time they are given. Each enqueued trial is marked with the user attribute
 ``warm_start_from``: ``<study>#<trial number>``, ``config`` or ``<file>#<entry>``.
 """
 from __future__ import annotations
@@ -39,17 +39,18 @@ class StartSet:
 @dataclass(frozen=True)
 class Queue:
     """What to enqueue when the study is opened: ``first`` (the warm-start sets, then the
-    config's) only into a study this open created, ``always`` (``--enqueue``) every time.
-    ``notes`` (what was dropped, and why) are printed when ``first`` is enqueued."""
+    config's) only into a new study, ``always`` (``--enqueue``) every time. ``notes`` (what
+    was dropped, and why) are printed when ``first`` is enqueued."""
 
     first: tuple[StartSet, ...] = ()
     always: tuple[StartSet, ...] = ()
     notes: tuple[str, ...] = ()
 
-    def apply(self, study: optuna.Study, created: bool) -> None:
-        """Enqueue; call under the claim lock, so that no driver samples a trial before them."""
-        sets = (self.first if created else ()) + self.always
-        for note in self.notes if created else ():
+    def apply(self, study: optuna.Study, new: bool) -> None:
+        """Enqueue (``first`` only when ``new``: the study was created by this open and holds no
+        trial yet); call under the claim lock, so that no driver samples a trial before them."""
+        sets = (self.first if new else ()) + self.always
+        for note in self.notes if new else ():
             print(note, file=sys.stderr, flush=True)
         for s in sets:
             study.enqueue_trial(s.params, user_attrs={WARM_START_FROM: s.source})
