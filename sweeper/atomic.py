@@ -89,6 +89,7 @@ def as_disk_full(exc: BaseException, path: str | Path) -> DiskFull | None:
         return None
     full = DiskFull(f"{NO_SPACE[code]} writing {path} ({errno.errorcode[code]})")
     full.errno = code
+    full.__cause__ = exc  # a logged traceback still shows the write that failed
     return full
 
 

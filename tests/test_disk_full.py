@@ -105,7 +105,7 @@ def test_the_rule_for_writes_that_are_not_atomic(tmp_path):
         assert disk_full(wrapped)
     quota = as_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path / "metrics.csv")
     assert str(quota) == f"disk quota exceeded writing {tmp_path / 'metrics.csv'} (EDQUOT)"
-    assert quota.errno == errno.EDQUOT
+    assert quota.errno == errno.EDQUOT and quota.__cause__.errno == errno.EDQUOT
     # a RuntimeError is a full disk only where the file system has (almost) no space
     assert not disk_full(RuntimeError("unexpected pos"), tmp_path / "x.pt")
     assert not disk_full(OSError(errno.EACCES, "Permission denied"), tmp_path / "x.pt")
@@ -140,8 +140,8 @@ def test_a_disk_failure_is_retried_from_its_checkpoint(study_file):
 
 # ---------------------------------------------------------------- end to end
 
-def _sweep(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], capture_output=True,
+def _sweep(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path), *args], capture_output=True,
                           text=True, timeout=600)
 
 
@@ -178,3 +178,28 @@ def test_a_sweep_on_a_full_disk_stops_and_resumes_once_space_is_freed(study_file
     for ckpt in run_folder.rglob("checkpoint.pt"):
         assert int(torch.load(ckpt, weights_only=True)["epoch"]) >= 1
     assert not list(run_folder.rglob("*.tmp"))
+
+
+def test_a_disk_full_before_any_write_fails_the_trial_as_disk(study_file, workdir, small_fs):
+    # not one byte left: the first write to fail is a plain one (config.yaml, train.log, metrics.csv)
+    run_folder = small_fs / "run"
+    db = workdir / "study.db"
+    path = study_file({"study": {"n_trials": 1, "artifacts": str(run_folder), "storage": f"sqlite:///{db}"},
+                       "devices": {"cpu_workers": 1}})
+    assert _sweep(path).returncode == 0  # the run folder is set up (owner.json, logs/) while there is room
+    ballast = _fill(small_fs, 0)
+    first = _sweep(path, "--set", "study.n_trials=2")
+    out = first.stdout + first.stderr
+    assert first.returncode == 1, out
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
+    trial = study.get_trials()[1]
+    assert (trial.state, trial.user_attrs.get("fail_reason")) == (TrialState.FAIL, "disk"), out
+    assert trial.user_attrs["error"].startswith("no space left on device writing "), trial.user_attrs
+    assert len([line for line in out.splitlines() if f"free space under {run_folder} " in line]) == 1, out
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    ballast.unlink()
+    second = _sweep(path, "--set", "study.n_trials=2")
+    assert second.returncode == 0, second.stdout + second.stderr
+    trials = study.get_trials()
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
