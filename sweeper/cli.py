@@ -29,11 +29,11 @@ INTERRUPTED_HINT = "sweeper.interrupted"  # ctx.meta: what an interrupted comman
 class SweeperGroup(click.Group):
     """The one boundary where errors become exit codes, each with one line and no traceback:
     a domain error, from any command, exits 2; a store that stayed away past
-    study.storage_outage_s exits 1; Ctrl-C exits 130 and SIGTERM 143 (with the resume line for
-    a sweep). A sweep that ran its loop carries its own code (Outcome.exit_code)."""
+    study.storage_outage_s, or a full disk, exits 1; Ctrl-C exits 130 and SIGTERM 143 (with the
+    resume line for a sweep). A sweep that ran its loop carries its own code (Outcome.exit_code)."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from sweeper.errors import StopRequested, StorageOutage
+        from sweeper.errors import DiskFull, StopRequested, StorageOutage
 
         # SIGTERM ends a command the way Ctrl-C does; a sweep takes both over while it runs
         previous = signal.signal(signal.SIGTERM, _terminated)
@@ -43,6 +43,9 @@ class SweeperGroup(click.Group):
             raise UserError(str(exc)) from None
         except StorageOutage as exc:
             click.echo(f"Error: {exc}", err=True)
+            ctx.exit(1)
+        except DiskFull as exc:  # outside a trial (the run folder's set-up, a report): not a user mistake
+            click.echo(f"Error: {exc}; free space and run the command again", err=True)
             ctx.exit(1)
         except (KeyboardInterrupt, StopRequested) as exc:  # click's own prints "Aborted!", exits 1
             click.echo(ctx.meta.get(INTERRUPTED_HINT, "interrupted"), err=True)

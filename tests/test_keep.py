@@ -257,7 +257,6 @@ def test_gc_dry_run_lists_and_removes_nothing_then_gc_removes(study_file, workdi
 
 # Needs the integrator's wiring of retention.collect into the worker (after each trial):
 # until then it fails, and the mark says so; remove the mark once it is wired.
-@pytest.mark.xfail(strict=True, reason="needs retention.collect wired into sweep/worker_trial.py")
 def test_a_12_trial_sweep_keeps_the_3_best_weights_and_no_checkpoints(study_file, workdir):
     from sweeper.inspect.predict import top_trials
 

@@ -29,18 +29,20 @@ WAIT_POLL_S = 0.5
 
 
 def claim(study: optuna.Study, cfg: SweeperConfig, lock: ClaimLock, ident: Identity, run_dir: Path,
-          seen: Callable[[list[FrozenTrial]], None] | None = None) -> optuna.Trial | None:
+          seen: Callable[[list[FrozenTrial]], bool] | None = None) -> optuna.Trial | None:
     """Under the lock, in order: fail stale trials, count the budget, ask, record
-    the first heartbeat and the host. None when the budget is used up.
+    the first heartbeat and the host. None when the budget is used up, or when ``seen``
+    says to stop.
 
     ``seen`` gets the trials read under the lock, so that a caller can show the
-    study's progress without reading them again. Waits (the lock, the store
+    study's progress and judge it (study.patience_trials) without reading them again;
+    it returns whether to go on. Waits (the lock, the store
     through an outage) end with StopRequested on Ctrl-C or SIGTERM."""
     with lock:
         for _ in range(MAX_LOST_CLAIMS):
             trials = reconcile(study, cfg.study, ident)
-            if seen is not None:
-                seen(trials)
+            if seen is not None and not seen(trials):
+                return None
             if sum(t.state in BUDGET_STATES for t in trials) >= cfg.study.n_trials:
                 return None
             trial = study.ask()

@@ -36,7 +36,7 @@ from sweeper.sweep.handle import Running, WorkerHandle
 from sweeper.sweep.identity import Identity
 from sweeper.sweep.notices import Warnings
 from sweeper.sweep.outcome import fail_trial
-from sweeper.sweep.stopping import StopClaiming, StopRule, TrialEnd
+from sweeper.sweep.stopping import StopRule, TrialEnd
 from sweeper.sweep.view import View
 
 MAX_EARLY_EXITS = 3
@@ -101,13 +101,12 @@ class Driver:
     # layer 3: what a dispatch strategy asks for (sweeper.sweep.dispatch.Launcher)
     def claim(self) -> optuna.Trial | None:
         """Claim a trial under the lock; None when there is none to start now."""
-        try:
-            trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen)
-        except StopClaiming:
-            return None  # the trials it read say the study is done (the stop rule holds why)
+        trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen)
         if trial is not None:
             self.schedule.clear()
             return trial
+        if self.rule.stopping():
+            return None  # the trials it read say the study is done (the stop rule holds why)
         foreign = self._foreign_running()
         if foreign:  # the budget is held by other drivers' trials: look again instead of leaving
             self.schedule.wait_on(foreign)
@@ -134,16 +133,15 @@ class Driver:
     def claim_due(self) -> bool:
         return self.schedule.due()
 
-    def _seen(self, trials: list[FrozenTrial]) -> None:
+    def _seen(self, trials: list[FrozenTrial]) -> bool:
         """The study as the last claim read it: the view's progress and the stop rule's
-        study-wide counts, with no query of their own. Raises StopClaiming, before the claim
-        asks for a trial, once those counts say the study is done."""
+        study-wide counts, with no query of their own. False (the claim then asks Optuna for
+        nothing) once those counts say the study is done."""
         maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
         self.view.progress(sum(t.state in FINISHED for t in trials), best_in(trials, maximize))
         self.dispatch.seen(trials)
         self.rule.seen(trials)
-        if self.rule.stopping():
-            raise StopClaiming
+        return not self.rule.stopping()
 
     def _foreign_running(self) -> set[int]:
         running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))

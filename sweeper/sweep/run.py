@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from sweeper import config as C
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
 from sweeper.interrupt import NEVER, StopToken
-from sweeper.store import check_artifacts, claim_lock, open_storage, run_folder
+from sweeper.store import check_artifacts, claim_lock, open_storage, retention, run_folder
 from sweeper.store.layout import devices_csv, run_dir
 from sweeper.store.locks import ClaimLock
 from sweeper.store.outage import release, watch
@@ -173,6 +173,9 @@ def _set_up(cfg: C.SweeperConfig, stop: StopToken, storage_url: str | None, forc
     study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id,
                                     stop=stop)
     _take_run_folder(plan, study, lock)
+    room = retention.space_warning(plan.run_dir, study.get_trials(deepcopy=False), plan.cfg.study.n_trials)
+    if room:
+        print(room, file=sys.stderr, flush=True)
     return plan, study, lock, ident
 
 

@@ -88,11 +88,6 @@ def _beats(value: float, best: float, maximize: bool, margin: float) -> bool:
     return value > best + margin if maximize else value < best - margin
 
 
-class StopClaiming(Exception):
-    """Raised out of a claim by the driver when the trials it read under the lock say the
-    study is done (study.patience_trials): the claim then asks Optuna for nothing."""
-
-
 class StopRule:
     """The sweep stops on a stop request, study.timeout, too many failures in a row,
     workers that die before they are ready, a full disk, study.patience_trials, or a

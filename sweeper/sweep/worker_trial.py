@@ -31,7 +31,7 @@ from sweeper.data.panel import Panel
 from sweeper.devices.fake import trial_device
 from sweeper.errors import ConfigError, FailReason, SweeperError, TrialFailure, one_line
 from sweeper.interrupt import StopToken
-from sweeper.store import artifact_store, open_storage
+from sweeper.store import artifact_store, open_storage, retention
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.store.outage import watch
@@ -96,6 +96,13 @@ class TrialRunner:
         _release_device_memory()
         return ok
 
+    def _keep(self, warn: Callable[[str], None]) -> None:
+        """study.keep, as each trial finishes: here in the worker, off the driver's dispatch path."""
+        try:
+            retention.collect(self.study, self.cfg, self.run_dir, warn=warn)
+        except Exception as exc:  # noqa: BLE001 - the trial is recorded; a clean-up left over is gc's
+            warn(f"study.keep clean-up skipped ({one_line(exc)}); `sweeper gc` applies it later")
+
     def _stamp(self, trial: optuna.Trial, memory_limit_mb: float | None) -> None:
         # host, driver_id and driver_pid were written by the driver's claim, under its lock
         attrs = {
@@ -142,6 +149,7 @@ class TrialRunner:
         if not end_trial(self.study, trial, state, plain, value,
                          recorded=lambda: self._register_artifacts(trial, files, warn)):
             return self._taken(trial, number)
+        self._keep(warn)  # before END: the driver may stop an idle worker the moment it hears it
         protocol.emit(protocol.END, number=number, state=state.name, value=value,
                       reason=attrs.get("fail_reason"),
              metrics={k: _plain(v) for k, v in attrs.items()})
