@@ -146,7 +146,7 @@ def test_a_space_the_model_can_never_take_stops_the_sweep(study_file):
 
 
 def test_after_force_a_retry_with_another_configs_checkpoint_starts_fresh(study_file):
-    path = study_file({"study": {"n_trials": 1}, "devices": {"cpu_workers": 1}})
+    path = study_file({"study": {"n_trials": 1, "keep": {"checkpoints": "all"}}, "devices": {"cpu_workers": 1}})
     _, study = _sweep(path)
     [first] = study.get_trials()
     ckpt = first.user_attrs["checkpoint"]
@@ -167,7 +167,7 @@ def test_after_force_a_retry_with_another_configs_checkpoint_starts_fresh(study_
 
 
 def test_the_same_retry_resumes_when_the_config_is_unchanged(study_file):
-    path = study_file({"study": {"n_trials": 1}, "devices": {"cpu_workers": 1}})
+    path = study_file({"study": {"n_trials": 1, "keep": {"checkpoints": "all"}}, "devices": {"cpu_workers": 1}})
     _, study = _sweep(path)
     [first] = study.get_trials()
     study.enqueue_trial(first.params, user_attrs={"retry_of": 0, "attempt": 1,

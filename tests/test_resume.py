@@ -69,20 +69,27 @@ def _resume_in_process(path):
     return outcome, _study(path)
 
 
-def _check_completed_with_retries(study, n_trials, interrupted_numbers):
+def _checkpointed(numbers):
+    """{trial: the epoch its checkpoint holds} of those that saved one (read before the resume:
+    study.keep's default removes an interrupted trial's checkpoint once its retry has ended)."""
+    epochs = {n: checkpoint_epoch(f"runs/tiny/trials/{n}/checkpoint.pt") for n in numbers}
+    return {n: e for n, e in epochs.items() if e is not None}
+
+
+def _check_completed_with_retries(study, n_trials, checkpointed):
     trials = study.get_trials()
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == n_trials
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     by_number = {t.number: t for t in trials}
-    for number in interrupted_numbers:
+    for number, epoch in checkpointed.items():
         original = by_number[number]
         assert original.state == TrialState.FAIL
         assert original.user_attrs["fail_reason"] == "interrupted"
         retry = next(t for t in trials if t.user_attrs.get("retry_of") == number)
         assert retry.params == original.params
-        epoch = checkpoint_epoch(f"runs/tiny/trials/{number}/checkpoint.pt")
         assert retry.user_attrs.get("resumed_from_epoch") == epoch >= 1
+        assert not Path(f"runs/tiny/trials/{number}/checkpoint.pt").exists()  # study.keep: its retry ended
         steps = sorted(retry.intermediate_values)
         assert steps == list(range(1, len(steps) + 1))  # replayed once, then continued
         for step in range(1, epoch + 1):
@@ -106,9 +113,10 @@ def test_kill_9_driver_then_run_again(study_file):
     assert not [p for p in worker_pids if _alive(p)], "a worker outlived the killed driver"
     stranded = [t.number for t in _study(path).get_trials(states=(TrialState.RUNNING,))]
     assert stranded
+    resumed = _checkpointed(stranded)
+    assert resumed
     outcome, study = _resume_in_process(path)
     assert outcome.exit_code == 0
-    resumed = [n for n in stranded if Path(f"runs/tiny/trials/{n}/checkpoint.pt").exists()]
     _check_completed_with_retries(study, 4, resumed)
 
 
@@ -129,10 +137,10 @@ def _signal_test(study_file, signum, code):
     interrupted = [t.number for t in study.get_trials(states=(TrialState.FAIL,))]
     assert interrupted and all(study.trials[n].user_attrs["fail_reason"] == "interrupted" for n in interrupted)
     assert all(study.trials[n].user_attrs["stop_reason"] == "interrupted" for n in interrupted)
+    with_ckpt = _checkpointed(interrupted)
+    assert with_ckpt
     outcome, study = _resume_in_process(path)
     assert outcome.exit_code == 0
-    with_ckpt = [n for n in interrupted if Path(f"runs/tiny/trials/{n}/checkpoint.pt").exists()]
-    assert with_ckpt
     _check_completed_with_retries(study, 4, with_ckpt)
 
 
