@@ -103,7 +103,7 @@ def test_six_processes_create_schema_and_study_at_the_same_instant(study_file, p
 def test_init_db_creates_the_study_once_without_devices(study_file, pg_url):
     path = study_file({"study": {"name": "init"}, "devices": {"gpus": [0]}})  # no GPU here: not needed
     first = init_db(load_config(path), pg_url)
-    assert (first.study, first.created, first.n_trials) == ("init", True, 0)
+    assert (first.study, first.created, first.n_trials) == ("init", True, 1)  # the config's own set
     assert "sweeper_test_" in first.storage
     second = init_db(load_config(path), pg_url)
     assert second.created is False
@@ -211,4 +211,6 @@ def test_a_host_with_other_data_or_config_is_refused(workdir, pg_url, monkeypatc
     assert "data/panel.parquet is not the data this study was run on" in proc.stderr
     assert "Traceback" not in proc.stderr
     study = optuna.load_study(study_name="shared", storage=open_storage(pg_url, create=False))
-    assert study.get_trials() == []  # nobody that was refused ran anything
+    # nobody that was refused ran (or enqueued) anything: only the config's set db init enqueued
+    assert [(t.state, t.user_attrs) for t in study.get_trials()] == [
+        (TrialState.WAITING, {"warm_start_from": "config"})]
