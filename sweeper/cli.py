@@ -298,8 +298,8 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
 def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: bool) -> None:
     """Apply study.keep to the study's trial files now, and print what it frees."""
     from sweeper.store.layout import run_dir
-    from sweeper.store.retention import collect
     from sweeper.store.studies import load_existing
+    from sweeper.sweep.retention import collect
 
     cfg = _load(study, sets)
     freed = collect(load_existing(cfg, storage), cfg, run_dir(cfg), dry_run=dry_run,

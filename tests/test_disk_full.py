@@ -22,7 +22,7 @@ from sweeper.atomic import as_disk_full, atomic_path, disk_full, write_text
 from sweeper.config import load_config
 from sweeper.errors import DiskFull, FailReason
 from sweeper.interrupt import StopToken
-from sweeper.sweep.retries import MAX_INTERRUPTED_RETRIES, retry_plan
+from sweeper.sweep.retry_rule import MAX_INTERRUPTED_RETRIES, retry_plan
 from sweeper.sweep.stopping import Ending, StopRule, TrialEnd
 
 MB = 1 << 20

@@ -19,7 +19,6 @@ known (the latest dates of a file) is predicted too, with a NaN label.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import SweeperConfig
 from sweeper.errors import ConfigError, StudyNotFound
 from sweeper.inspect.trial_model import SPLITS, Predictor, load_weights, trial_config
-from sweeper.store.studies import best_trial
+from sweeper.store.studies import best_trial, ranked
 
 __all__ = ["SPLITS", "Prediction", "Predictor", "load_weights", "parse_trial", "pick_trial",
            "predict_trial", "top_trials", "trial_config"]
@@ -89,14 +88,12 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
 
 def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     """The ``k`` best COMPLETE trials with a finite value, best first (ties: lower number first)."""
-    done = [(t.value, t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and math.isfinite(t.value)]
-    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    ranked = [t for _, t in sorted(done, key=lambda vt: (sign * vt[0], vt[1].number))]
-    if len(ranked) < k:
-        raise StudyNotFound(f"study {study.study_name!r} has {len(ranked)} completed trials; "
+    order = ranked(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+                   study.direction == optuna.study.StudyDirection.MAXIMIZE)
+    if len(order) < k:
+        raise StudyNotFound(f"study {study.study_name!r} has {len(order)} completed trials; "
                             f"top{k} needs {k}")
-    return ranked[:k]
+    return order[:k]
 
 
 def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best",

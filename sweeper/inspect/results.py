@@ -19,8 +19,9 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig
-from sweeper.store import layout, retention
+from sweeper.store import layout
 from sweeper.store.studies import FINISHED, best_trial
+from sweeper.sweep import retention
 
 BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
                 "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")

@@ -31,7 +31,7 @@ from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
 from sweeper.errors import DataError, SweeperError
 from sweeper.store.layout import TrialFiles, run_dir, trial_files
-from sweeper.store.retention import retrain_command, weights_removed
+from sweeper.sweep.retention import retrain_command, weights_removed
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection

@@ -35,9 +35,15 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
 
 def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
     """The best COMPLETE trial with a finite value among ``trials``, or None."""
-    done = [(t.value, t) for t in trials
+    order = ranked(trials, maximize)
+    return order[0] if order else None
+
+
+def ranked(trials: list[FrozenTrial], maximize: bool) -> list[FrozenTrial]:
+    """The COMPLETE trials with a finite value, best first; of equal values the lower number
+    first. The one order of ``best``, ``predict --trial topK``, ``study.keep``'s top k and a
+    warm start's top k."""
+    done = [t for t in trials
             if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)]
-    if not done:
-        return None
-    # keyed on the value alone: of equal values the first trial wins (max and min keep the first)
-    return (max if maximize else min)(done, key=lambda vt: vt[0])[1]
+    sign = -1.0 if maximize else 1.0
+    return sorted(done, key=lambda t: (sign * float(t.value or 0.0), t.number))

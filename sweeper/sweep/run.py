@@ -22,11 +22,12 @@ from optuna.trial import TrialState
 from sweeper import config as C
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
 from sweeper.interrupt import NEVER, StopToken
-from sweeper.store import check_artifacts, claim_lock, open_storage, retention, run_folder
+from sweeper.store import check_artifacts, claim_lock, open_storage, run_folder
 from sweeper.store.layout import devices_csv, run_dir
 from sweeper.store.locks import ClaimLock
 from sweeper.store.outage import release, watch
 from sweeper.store.studies import best_trial
+from sweeper.sweep import retention
 from sweeper.sweep.driver import Driver
 from sweeper.sweep.identity import Identity
 from sweeper.sweep.plan import PanelSummary, Plan

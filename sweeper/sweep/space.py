@@ -12,7 +12,7 @@ import optuna
 from sweeper.config import ParamSpec, SweeperConfig, config_value
 
 
-def _condition_met(spec: ParamSpec, cfg: SweeperConfig, chosen: dict[str, Any]) -> bool:
+def condition_met(spec: ParamSpec, cfg: SweeperConfig, chosen: dict[str, Any]) -> bool:
     for key, expected in (spec.when or {}).items():
         value = chosen[key] if key in chosen else config_value(cfg, key)
         allowed = expected if isinstance(expected, list) else [expected]
@@ -40,7 +40,7 @@ def suggest(trial: optuna.Trial, cfg: SweeperConfig) -> dict[str, Any]:
     chosen: dict[str, Any] = {}
     for key in ordered(cfg.search_space):
         spec = cfg.search_space[key]
-        if not _condition_met(spec, cfg, chosen):
+        if not condition_met(spec, cfg, chosen):
             continue
         chosen[key] = _suggest_one(trial, key, spec)
     return chosen

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from sweeper import config as C
 from sweeper.errors import ConfigError, StorageError
 from sweeper.store import open_storage, quiet_optuna, redact
-from sweeper.sweep.space import _condition_met, ordered
+from sweeper.store.studies import ranked
+from sweeper.sweep.space import condition_met, ordered
 
 WARM_START_FROM = "warm_start_from"  # the user attribute that marks an enqueued trial
 
@@ -103,7 +104,7 @@ def config_set(cfg: C.SweeperConfig) -> tuple[StartSet | None, list[str]]:
     params, notes = {}, []
     for key in ordered(cfg.search_space):
         spec = cfg.search_space[key]
-        if not _condition_met(spec, cfg, {}):
+        if not condition_met(spec, cfg, {}):
             continue
         value = C.config_value(cfg, key)
         try:
@@ -111,14 +112,6 @@ def config_set(cfg: C.SweeperConfig) -> tuple[StartSet | None, list[str]]:
         except _Outside as why:
             notes.append(f"start from config: {key}={value!r} is {why}; the sampler draws it")
     return (StartSet(params, "config") if params else None), notes
-
-
-def ranked(study: optuna.Study) -> list[FrozenTrial]:
-    """The study's COMPLETE trials with a finite value, best first (ties: lower number first)."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and math.isfinite(t.value)]
-    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    return sorted(done, key=lambda t: (sign * (t.value or 0.0), t.number))
 
 
 def _source_study(cfg: C.SweeperConfig) -> optuna.Study:
@@ -144,7 +137,8 @@ def warm_start_sets(cfg: C.SweeperConfig) -> tuple[list[StartSet], list[str]]:
     warm = cfg.study.warm_start
     assert warm is not None
     source = _source_study(cfg)
-    best = ranked(source)[:warm.top_k]
+    best = ranked(source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+                  source.direction == optuna.study.StudyDirection.MAXIMIZE)[:warm.top_k]
     if not best:
         raise ConfigError(f"study.warm_start.study: study {warm.study!r} has no completed trial "
                           "to start from")

@@ -31,11 +31,11 @@ from sweeper.data.panel import Panel
 from sweeper.devices.fake import trial_device
 from sweeper.errors import ConfigError, FailReason, SweeperError, TrialFailure, one_line
 from sweeper.interrupt import StopToken
-from sweeper.store import artifact_store, open_storage, retention
+from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.store.outage import watch
-from sweeper.sweep import adoption, protocol
+from sweeper.sweep import adoption, protocol, retention
 from sweeper.sweep.heartbeat import Heartbeat
 from sweeper.sweep.outcome import end_trial, fail_attrs
 from sweeper.sweep.samplers import build_pruner

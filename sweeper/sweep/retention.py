@@ -34,7 +34,8 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import KeepConfig, StudyConfig, SweeperConfig
 from sweeper.errors import one_line
 from sweeper.store.layout import TrialFiles, trial_files
-from sweeper.store.studies import best_in
+from sweeper.store.studies import ranked
+from sweeper.sweep.retry_rule import retry_plan
 
 LIVE = (TrialState.RUNNING, TrialState.WAITING)
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -81,16 +82,9 @@ def human_bytes(n: float) -> str:
 
 
 def top_k(trials: list[FrozenTrial], k: int, maximize: bool) -> list[FrozenTrial]:
-    """The ``k`` best COMPLETE trials with a finite value, best first: ``best_in`` taken k
-    times, so the order is exactly that of ``sweeper best`` (ties: the lower number)."""
-    left, out = sorted(trials, key=lambda t: t.number), list[FrozenTrial]()
-    while len(out) < k:
-        best = best_in(left, maximize)
-        if best is None:
-            break
-        out.append(best)
-        left = [t for t in left if t.number != best.number]
-    return out
+    """The ``k`` best COMPLETE trials with a finite value, best first, in the order of
+    ``sweeper best`` and ``predict --trial topK`` (``store.studies.ranked``)."""
+    return ranked(trials, maximize)[:k]
 
 
 def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path,
@@ -100,7 +94,6 @@ def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path
     keep = study.keep
     if keep.keeps_all():
         return []
-    from sweeper.sweep.retries import retry_plan  # here: the retry rule lives in the sweep
 
     top = {t.number for t in top_k(trials, keep.k, maximize)}
     live = _live_checkpoints(trials, run_dir, retry_plan(trials, study))

@@ -1,0 +1,61 @@
+"""Which failed trials deserve another go, and with what: the one home of the retry rule.
+
+A pure function of the stored trials, read by the parent's reconcile (which enqueues the
+retries, :mod:`sweeper.sweep.retries`) and by ``study.keep`` (:mod:`sweeper.sweep.retention`,
+in the worker too), which keeps the checkpoint a due retry will resume from.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.config import StudyConfig
+from sweeper.core.checkpoint import checkpoint_epoch
+from sweeper.errors import FailReason
+
+MAX_INTERRUPTED_RETRIES = 20
+COUNTED_AS_CRASHES = (FailReason.CRASH, FailReason.STALL, FailReason.TIMEOUT)  # against study.retries
+
+
+def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig) -> list[tuple[FrozenTrial, dict[str, Any]]]:
+    """FAIL trials that should run again, each with the user attrs of its retry."""
+    retried = {t.user_attrs.get("retry_of") for t in trials if t.user_attrs.get("retry_of") is not None}
+    plan = []
+    for t in trials:
+        if t.state != TrialState.FAIL or t.number in retried:
+            continue
+        reason = t.user_attrs.get("fail_reason", FailReason.INTERRUPTED)
+        attempt = int(t.user_attrs.get("attempt", 0))
+        if _deserves_retry(t, reason, attempt, cfg):
+            plan.append((t, _retry_attrs(t, reason, attempt)))
+    return plan
+
+
+def _deserves_retry(t: FrozenTrial, reason: str, attempt: int, cfg: StudyConfig) -> bool:
+    crashes_left = int(t.user_attrs.get("crash_count", 0)) < cfg.retries
+    rules: dict[str, bool] = {
+        FailReason.INTERRUPTED: attempt < MAX_INTERRUPTED_RETRIES,
+        # no fault of the trial's: once space is freed it resumes from its last good checkpoint
+        FailReason.DISK: attempt < MAX_INTERRUPTED_RETRIES,
+        FailReason.CRASH: crashes_left,
+        FailReason.STALL: crashes_left,  # a hang is retried like a crash
+        FailReason.TIMEOUT: cfg.retry_timeouts and crashes_left,
+        # out of memory beside other trials (trials_per_gpu: auto): once more, with a GPU to itself
+        FailReason.OOM: (int(t.user_attrs.get("gpu_shared_with") or 0) > 0
+                         and not t.user_attrs.get("exclusive_gpu")),
+    }
+    return rules.get(reason, False)
+
+
+def _retry_attrs(t: FrozenTrial, reason: str, attempt: int) -> dict[str, Any]:
+    crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in COUNTED_AS_CRASHES)
+    ckpt = t.user_attrs.get("checkpoint")
+    resume = ckpt if ckpt and checkpoint_epoch(Path(ckpt)) is not None else t.user_attrs.get("resume_from")
+    attrs = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
+    if reason == "oom" or t.user_attrs.get("exclusive_gpu"):
+        attrs["exclusive_gpu"] = True  # the driver starts it on a GPU of its own and lets nothing join it
+    if resume:
+        attrs["resume_from"] = resume
+    return attrs
