@@ -10,7 +10,7 @@ from __future__ import annotations
 from sweeper.config.dotted import config_hash, config_value, flatten, set_dotted, to_dict
 from sweeper.config.drift import drift
 from sweeper.config.load import load_config, parse_sets, read_yaml, validate_config, with_overrides
-from sweeper.config.long_sweeps import KeepConfig, WarmStartConfig
+from sweeper.config.long_sweeps import BaselineConfig, Bound, KeepConfig, WarmStartConfig
 from sweeper.config.schema import (
     BUILTIN_MODELS,
     METRICS,
@@ -30,9 +30,34 @@ from sweeper.config.schema import (
 )
 
 __all__ = [
-    "BUILTIN_MODELS", "METRICS", "PRUNERS", "SAMPLERS", "DataConfig", "DevicesConfig", "KeepConfig",
-    "ModelConfig", "ParamSpec", "PrunerConfig", "SamplerConfig", "SplitConfig", "StudyConfig",
-    "SweeperConfig", "SyntheticConfig", "TrainConfig", "WarmStartConfig", "config_hash",
-    "config_value", "drift", "flatten", "load_config", "parse_sets", "read_yaml", "set_dotted",
-    "to_dict", "validate_config", "with_overrides",
+    "BUILTIN_MODELS",
+    "METRICS",
+    "PRUNERS",
+    "SAMPLERS",
+    "BaselineConfig",
+    "Bound",
+    "DataConfig",
+    "DevicesConfig",
+    "KeepConfig",
+    "ModelConfig",
+    "ParamSpec",
+    "PrunerConfig",
+    "SamplerConfig",
+    "SplitConfig",
+    "StudyConfig",
+    "SweeperConfig",
+    "SyntheticConfig",
+    "TrainConfig",
+    "WarmStartConfig",
+    "config_hash",
+    "config_value",
+    "drift",
+    "flatten",
+    "load_config",
+    "parse_sets",
+    "read_yaml",
+    "set_dotted",
+    "to_dict",
+    "validate_config",
+    "with_overrides",
 ]

@@ -1,7 +1,8 @@
-"""The study keys of long unattended sweeps: what of a trial's files survives it
-(``study.keep``) and which parameter sets a new study starts from (``study.warm_start``).
+"""Study-file sections beyond a short sweep: what of a trial's files survives it
+(``study.keep``), which parameter sets a new study starts from (``study.warm_start``), which
+trials are feasible (``study.constraints``) and the LightGBM baseline (``baseline``).
 
-Both are sections of ``study`` in the study file; :mod:`sweeper.config.schema` holds them.
+:mod:`sweeper.config.schema` holds them in the sections they belong to.
 """
 from __future__ import annotations
 
@@ -68,3 +69,38 @@ class WarmStartConfig(BaseModel):
     study: str
     storage: str | None = None  # null: this study's storage
     top_k: int = Field(5, ge=1)
+
+
+CONSTRAINED = ("top_turnover", "long_short_sharpe")  # valid-split figures a trial is judged on
+
+
+class Bound(BaseModel):
+    """``{max: X}`` and/or ``{min: X}``: the feasible range of one valid-split figure."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> Bound:
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min:g}) > max ({self.max:g})")
+        return self
+
+
+class BaselineConfig(BaseModel):
+    """``baseline``: the LightGBM model trained on the study's own dates and features
+    (``sweeper baseline``). ``lags``: each date's features plus those of this many earlier
+    dates. ``params``: LightGBM parameters over the defaults (Qlib's Alpha158 configuration,
+    docs/baseline.md). ``max_rows``: a panel with more train rows is subsampled by dates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lags: int = Field(0, ge=0)
+    params: dict[str, Any] = Field(default_factory=dict)
+    num_boost_round: int = Field(1000, ge=1)
+    early_stopping_rounds: int = Field(50, ge=1)
+    max_rows: int = Field(20_000_000, ge=1000)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sweeper.config.long_sweeps import KeepConfig, WarmStartConfig
+from sweeper.config.long_sweeps import BaselineConfig, Bound, KeepConfig, WarmStartConfig
 
 BUILTIN_MODELS = ("transformer", "lstm", "gru", "mlp")
 METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss")
@@ -61,6 +61,9 @@ class StudyConfig(_Strict):
     # stop after this many finished trials (study-wide) without a new best beyond min_improvement
     patience_trials: int | None = Field(None, ge=1)
     min_improvement: float = Field(0.0, ge=0)
+    # valid-split figures a trial must keep within bounds (Trial.set_constraint), e.g.
+    # {top_turnover: {max: 0.5}}: best, predict and ensembles pick among feasible trials only
+    constraints: dict[Literal["top_turnover", "long_short_sharpe"], Bound] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -145,6 +148,8 @@ class DataConfig(_Strict):
     label: str = "label"
     features: list[str] | None = None
     exclude: list[str] = Field(default_factory=list)
+    # a column of groups (e.g. sector): IC is also reported demeaned within each group per date
+    group_col: str | None = None
     max_feature_label_corr: float = Field(0.3, gt=0, le=1)
     lookback: int = Field(20, ge=1)
     horizon: int = Field(2, ge=0)
@@ -305,6 +310,8 @@ class ReportConfig(_Strict):
     """What ``sweeper best`` and ``sweeper report`` show beyond the IC."""
 
     quantiles: int = Field(5, ge=2)
+    # the baseline sweeper run computes once per study (docs/baseline.md); null: none
+    baseline: Literal["lightgbm"] | None = "lightgbm"
 
 
 class SweeperConfig(_Strict):
@@ -315,6 +322,7 @@ class SweeperConfig(_Strict):
     devices: DevicesConfig = Field(default_factory=DevicesConfig)
     search_space: dict[str, ParamSpec] = Field(default_factory=dict)
     report: ReportConfig = Field(default_factory=ReportConfig)
+    baseline: BaselineConfig = Field(default_factory=BaselineConfig)
 
     @model_validator(mode="after")
     def _space_keys(self) -> SweeperConfig:
