@@ -220,6 +220,29 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     print_best(report)
 
 
+@main.command("baseline")
+@study_file
+@storage_option
+@json_option
+def baseline_cmd(study: Path, storage: str | None, as_json: bool) -> None:
+    """Train the LightGBM baseline on the study's train split; store its val and test IC."""
+    from sweeper.baseline.job import run_command, subsample_line
+    from sweeper.inspect.printing import fmt
+    from sweeper.store.studies import load_existing
+
+    cfg = _load(study)
+    attr = run_command(cfg, load_existing(cfg, storage))
+    line = subsample_line(attr)
+    if line:
+        click.echo(line, err=True)
+    if as_json:
+        _echo_json({k: v for k, v in attr.items() if k != "daily"})
+        return
+    click.echo(f"baseline LightGBM {attr['lightgbm_version']}: val ic {fmt(attr['val_ic'])}  "
+               f"test ic {fmt(attr['test_ic'])}  ({attr['rows']['train']} train rows, best iteration "
+               f"{attr['best_iteration']}, {attr['threads']} threads, {attr['elapsed_s']:.1f} s)")
+
+
 @main.command("dashboard")
 @study_file
 @storage_option

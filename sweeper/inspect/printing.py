@@ -30,6 +30,10 @@ def print_status(report: dict[str, Any]) -> None:
 
         console.print(f"run folder {folder['path']}: {human_bytes(folder['bytes'])}", highlight=False,
                       soft_wrap=True)
+    from sweeper.baseline.compare import state_words
+
+    console.print("baseline: " + state_words(report.get("baseline_state"),
+                                             {} if report.get("baseline_done") else None), highlight=False)
     if report["fail_reasons"]:
         console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items()))
     if report["best"]:
@@ -60,6 +64,8 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
             console.print(f"  oracle {split} IC {oracle:.4f}{reached}")
     for line in selection_lines(best.get("selection")):
         console.print("  " + line, highlight=False)
+    for line in baseline_lines(best.get("baseline"), best.get("baseline_state")):
+        console.print("  " + line, highlight=False, soft_wrap=True)
     if "portfolio" in best:
         for line in portfolio_lines(best["portfolio"], best.get("portfolio_unavailable")):
             console.print("  " + line, highlight=False, soft_wrap=True)
@@ -88,6 +94,26 @@ def selection_lines(sel: dict[str, Any] | None) -> list[str]:
         f"  deflated val IC {fmt(sel.get('deflated_ic'))}  P(fluke) {fmt(sel.get('p_fluke'), '.1%')}  "
         f"PBO {fmt(sel.get('pbo'), '.2f')}",
     ]
+
+
+def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = None) -> list[str]:
+    """The best trial against the LightGBM baseline (``sweeper best`` and ``status``)."""
+    from sweeper.baseline.compare import state_words
+
+    if not base:
+        return [f"baseline: - ({state_words(state, None)})"]
+    lines = [f"baseline LightGBM: valid ic {fmt(base.get('val_ic'))}  test ic {fmt(base.get('test_ic'))}  "
+             f"(best iteration {base.get('best_iteration')}, {fmt(base.get('elapsed_s'), '.1f')} s, "
+             f"LightGBM {base.get('lightgbm_version')})",
+             f"  best - baseline: valid {fmt(base.get('val_ic_diff'), '+.4f')} "
+             f"(t {fmt(base.get('val_t_stat'), '.2f')})  test {fmt(base.get('test_ic_diff'), '+.4f')} "
+             f"(t {fmt(base.get('test_t_stat'), '.2f')}), "
+             f"Newey-West lag {base.get('nw_lag')} on the shared dates"]
+    sub = base.get("subsampled")
+    if sub:
+        lines.append(f"  baseline train rows subsampled by dates (baseline.max_rows): {sub['rows_kept']} of "
+                     f"{sub['rows_total']}")
+    return lines
 
 
 def portfolio_lines(portfolio: dict[str, Any] | None, why: str | None = None) -> list[str]:

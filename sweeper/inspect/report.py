@@ -16,6 +16,8 @@ trial, which is far too slow at 500 trials):
    this many trials would reach anyway (:mod:`sweeper.quant.selection`)
 9. ``buckets``: the best trial's mean label per prediction bucket, valid and test
 10. ``longshort``: its cumulative long-short (top - bottom bucket) return
+12. ``baseline``: the cumulative daily IC of the best trial and of the LightGBM baseline
+    (:mod:`sweeper.inspect.figures_baseline`)
 
 Figures 1-4 are in :mod:`~sweeper.inspect.figures_search`, 5 in
 :mod:`~sweeper.inspect.figures_devices`, 6-8 in :mod:`~sweeper.inspect.figures_ic`,
@@ -42,6 +44,7 @@ from sweeper.atomic import write_text
 from sweeper.config import SweeperConfig
 from sweeper.errors import SweeperError
 from sweeper.inspect.figures_base import StudyData, finite
+from sweeper.inspect.figures_baseline import baseline_figure
 from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, utilisation
 from sweeper.inspect.figures_ic import daily_figure, overfit_figure, selection_figure
 from sweeper.inspect.figures_portfolio import buckets_figure, longshort_figure
@@ -55,7 +58,7 @@ __all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_ht
            "write_report"]
 
 FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection",
-           "buckets", "longshort")
+           "buckets", "longshort", "baseline")
 TITLES = {
     "history": "1. Optimization history", "importance": "2. Parameter importances",
     "parallel": "3. Parallel coordinates", "curves": "4. Learning curves (intermediate values)",
@@ -63,6 +66,7 @@ TITLES = {
     "daily": "7. Best trial: daily and cumulative IC", "selection": "8. Selection bias",
     "buckets": "9. Best trial: mean label per prediction bucket",
     "longshort": "10. Best trial: cumulative long-short return",
+    "baseline": "12. Best trial against the LightGBM baseline: cumulative daily IC",
 }
 
 
@@ -101,6 +105,7 @@ def build_figures(data: StudyData) -> dict[str, go.Figure]:
         "timeline": timeline_figure(data), "overfit": overfit_figure(data),
         "daily": daily_figure(data), "selection": selection_figure(data),
         "buckets": buckets_figure(data), "longshort": longshort_figure(data),
+        "baseline": baseline_figure(data),
     }
     telemetry = telemetry_figure(layout.devices_csv(data.run_dir))
     if telemetry is not None:

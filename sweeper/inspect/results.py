@@ -130,11 +130,30 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         out.update(oracle_fractions(ua, oracle))
     trials = study.get_trials(deepcopy=False)
     out["selection"] = selection_report(study, layout.run_dir(cfg), best, trials, trial_horizons(trials, cfg))
+    out["baseline"] = baseline_report(study, cfg, best)
+    out["baseline_state"] = study.user_attrs.get("baseline_state")
     if portfolio:
         from sweeper.inspect.longshort import portfolio_report
 
         out.update(portfolio_report(cfg, study, best))
     return out
+
+
+def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial) -> dict[str, Any] | None:
+    """The best trial against the study's LightGBM baseline (:func:`sweeper.baseline.compare.comparison`
+    on the best trial's daily IC files); None while the study has no baseline."""
+    from sweeper.baseline.compare import comparison
+
+    attr = study.user_attrs.get("baseline")
+    if not attr:
+        return None
+    files = layout.trial_files(layout.run_dir(cfg), best.number)
+    daily = {}
+    for split in ("valid", "test"):
+        found = read_daily(files.daily_ic(split))
+        if found is not None and "date" in found:
+            daily[split] = (found["date"], found["ic"])
+    return comparison(attr, best.user_attrs, daily, trial_horizons([best], cfg)[best.number])
 
 
 def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | None = None) -> dict[str, Any]:
@@ -151,6 +170,8 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
         "fail_reasons": _fail_reasons(trials),
         "best": best_report(study, cfg, study_file=study_file),
         "running": _running(trials),
+        "baseline_state": study.user_attrs.get("baseline_state"),
+        "baseline_done": "baseline" in study.user_attrs,
         "devices": latest_telemetry(layout.devices_csv(folder)),
         "run_folder": {"path": str(folder), "bytes": retention.folder_size(folder)},
     }

@@ -18,6 +18,13 @@
         daily_ic_test.csv
         norm_stats.json           features and robust_zscore's train statistics (for new data)
         checkpoint.pt             the last end-of-epoch training state (core.checkpoint)
+      baseline/                   the LightGBM baseline (sweeper.baseline, docs/baseline.md)
+        predictions_valid.parquet date, asset, pred, label (raw) of each scored row
+        predictions_test.parquet
+        daily_ic_valid.csv        per-date IC and Rank IC of its predictions
+        daily_ic_test.csv
+        train_rows.parquet        date, asset of every row it was trained on
+        model.txt                 the booster (LightGBM's text format)
 
 Hosts may share a run folder, so each host writes its own slot logs. A folder holds the
 files of one study (:mod:`sweeper.store.run_folder`): a study of the same name in another
@@ -82,6 +89,33 @@ def trial_files(run_dir: str | Path, number: int) -> TrialFiles:
     return TrialFiles(Path(run_dir) / "trials" / str(number))
 
 
+@dataclass(frozen=True)
+class BaselineFiles:
+    """The files of the study's LightGBM baseline (see the module docstring)."""
+
+    folder: Path
+
+    def predictions(self, split: str) -> Path:
+        """``predictions_valid.parquet`` / ``predictions_test.parquet``."""
+        return self.folder / f"predictions_{split}.parquet"
+
+    def daily_ic(self, split: str) -> Path:
+        """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
+        return self.folder / f"daily_ic_{split}.csv"
+
+    @property
+    def train_rows(self) -> Path:
+        return self.folder / "train_rows.parquet"
+
+    @property
+    def model(self) -> Path:
+        return self.folder / "model.txt"
+
+
+def baseline_files(run_dir: str | Path) -> BaselineFiles:
+    return BaselineFiles(Path(run_dir) / "baseline")
+
+
 def slot_log(run_dir: str | Path, host: str, slot_id: int) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host)
     return Path(run_dir) / "logs" / f"{safe}.slot-{slot_id}.log"
@@ -105,4 +139,4 @@ def previous_dir(run_dir: str | Path, study_uuid: str) -> Path:
 
 
 # what belongs to the study that ran here, and moves with it
-STUDY_OWNED = ("trials", "logs", "devices.csv")
+STUDY_OWNED = ("trials", "logs", "devices.csv", "baseline")

@@ -1,0 +1,73 @@
+"""The best trial against the baseline: the difference of their val and test IC, and a
+Newey-West t-statistic of the daily IC difference (best - baseline) over the dates both were
+scored on (:mod:`sweeper.quant.hac`, lag ``horizon - 1`` as the selection figures use).
+
+Pure: the daily ICs come in as arrays (the inspect layer reads the trial's files), the
+baseline's from its study attribute (:mod:`sweeper.baseline.job`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from sweeper.quant.hac import hac_standard_error, lag_for_horizon
+
+SPLITS = {"valid": "val", "test": "test"}
+KEPT = ("val_ic", "val_rank_ic", "val_icir", "test_ic", "test_rank_ic", "test_icir", "best_iteration",
+        "elapsed_s", "lightgbm_version", "rows", "subsampled", "n_features", "lags", "threads")
+
+
+def paired_t(dates_a: np.ndarray, ic_a: np.ndarray, dates_b: np.ndarray, ic_b: np.ndarray,
+             lag: int) -> dict[str, Any]:
+    """``{mean_diff, t_stat, n_dates}`` of ``a - b`` on the dates both have a finite IC."""
+    a = {str(d)[:10]: float(v) for d, v in zip(dates_a, ic_a) if math.isfinite(float(v))}
+    b = {str(d)[:10]: float(v) for d, v in zip(dates_b, ic_b) if math.isfinite(float(v))}
+    shared = sorted(set(a) & set(b))
+    diff = np.array([a[d] - b[d] for d in shared], dtype=np.float64)
+    if len(diff) < 2:
+        return {"mean_diff": float(diff.mean()) if len(diff) else None, "t_stat": None, "n_dates": len(diff)}
+    se = hac_standard_error(diff, lag)
+    t = float(diff.mean()) / se if math.isfinite(se) and se > 0 else None
+    return {"mean_diff": float(diff.mean()), "t_stat": t, "n_dates": len(diff)}
+
+
+def _daily(attr: dict[str, Any], split: str) -> tuple[np.ndarray, np.ndarray] | None:
+    series = (attr.get("daily") or {}).get(split)
+    if not series:
+        return None
+    ic = np.array([math.nan if v is None else v for v in series["ic"]], dtype=np.float64)
+    return np.asarray(series["date"], dtype=object), ic
+
+
+def comparison(attr: dict[str, Any], best_metrics: dict[str, Any],
+               best_daily: dict[str, tuple[np.ndarray, np.ndarray]], horizon: int) -> dict[str, Any]:
+    """``best --json``'s ``baseline``: the baseline's figures, ``{val,test}_ic_diff`` (best -
+    baseline), ``{val,test}_t_stat`` (Newey-West, lag ``horizon - 1``, on the shared dates) and
+    ``t_stat``: the test split's, the out-of-sample one."""
+    out: dict[str, Any] = {k: attr.get(k) for k in KEPT if k in attr}
+    lag = lag_for_horizon(horizon)
+    out["nw_lag"] = lag
+    for split, p in SPLITS.items():
+        mine, theirs = best_metrics.get(f"{p}_ic"), attr.get(f"{p}_ic")
+        ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (mine, theirs))
+        out[f"{p}_ic_diff"] = float(mine) - float(theirs) if ok else None  # type: ignore[arg-type]
+        base, trial = _daily(attr, split), best_daily.get(split)
+        paired = paired_t(*trial, *base, lag) if base is not None and trial is not None else \
+            {"mean_diff": None, "t_stat": None, "n_dates": 0}
+        out[f"{p}_t_stat"], out[f"{p}_shared_dates"] = paired["t_stat"], paired["n_dates"]
+    out["t_stat"] = out["test_t_stat"]
+    return out
+
+
+def state_words(state: dict[str, Any] | None, attr: dict[str, Any] | None) -> str:
+    """Whether the study's baseline is done, in words (``sweeper status`` and ``best``)."""
+    if state is None:
+        return "not computed (`sweeper baseline STUDY` computes it)" if attr is None else "done"
+    where = f" on {state.get('host') or '?'}" if state.get("host") else ""
+    if state.get("state") == "failed":
+        return f"failed{where}: {state.get('error', '?')}"
+    if state.get("state") == "running":
+        return f"running{where} since {state.get('at', '?')}"
+    return "done"

@@ -1,0 +1,81 @@
+"""The baseline's design matrix: for a split's rows exactly (the trials' sample index: dates in
+the split, row present, finite training label), each row's features at its date followed by
+those of ``lags`` earlier dates, read from the same normalised ``[dates, assets, features]``
+array the trials' windows are gathered from (missing values there are already 0, as the trials
+see them). A lag that reaches before the panel's first date is NaN (LightGBM's missing value);
+the study's pinned lookback makes that rare, since the train split starts at ``lookback - 1``.
+
+Too many train rows for ``baseline.max_rows`` keep every k-th train date (whole dates, so each
+kept date's cross-section is complete) and say so in :attr:`Design.subsampled`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sweeper.data.panel import Panel
+
+
+@dataclass
+class Design:
+    """One split's rows and their features."""
+
+    t: np.ndarray            # [S] int64 date index into the panel
+    i: np.ndarray            # [S] int64 asset index
+    X: np.ndarray            # [S, F * (lags + 1)] float32
+    y: np.ndarray            # [S] float32 normalised training label (what the trials fit)
+    y_raw: np.ndarray        # [S] float32 raw label (what IC is scored on)
+    names: list[str]         # column names: feature, then feature@lag1, ...
+    subsampled: dict[str, int] | None = None  # {dates_kept, dates_total, rows_total} when subsampled
+
+
+def column_names(features: list[str], lags: int) -> list[str]:
+    """``f`` for each feature at the row's date, then ``f@lag1`` ... ``f@lag{lags}``."""
+    return [f if k == 0 else f"{f}@lag{k}" for k in range(lags + 1) for f in features]
+
+
+def split_rows(panel: Panel, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The split's ``(t, i)`` rows: exactly the rows the trials train on or are scored on."""
+    idx = panel.sample_index(split).cpu().numpy()
+    return idx[:, 0].astype(np.int64), idx[:, 1].astype(np.int64)
+
+
+def every_kth_date(t: np.ndarray, max_rows: int) -> tuple[np.ndarray, dict[str, int] | None]:
+    """A row mask keeping every k-th date of ``t`` (sorted), the smallest k that brings the rows to
+    at most ``max_rows``; all rows and None when they already fit."""
+    if len(t) <= max_rows:
+        return np.ones(len(t), dtype=bool), None
+    dates = np.unique(t)
+    step = max(2, math.ceil(len(t) / max_rows))
+    kept = dates[::step]
+    while step < len(dates) and int(np.isin(t, kept).sum()) > max_rows:
+        step += 1
+        kept = dates[::step]
+    keep = np.isin(t, kept)
+    return keep, {"dates_kept": len(kept), "dates_total": len(dates), "rows_total": len(t),
+                  "rows_kept": int(keep.sum())}
+
+
+def design(panel: Panel, split: str, lags: int, max_rows: int | None = None) -> Design:
+    """The design matrix of ``split``'s rows; ``max_rows`` subsamples them by dates."""
+    t, i = split_rows(panel, split)
+    subsampled = None
+    if max_rows is not None:
+        keep, subsampled = every_kth_date(t, max_rows)
+        t, i = t[keep], i[keep]
+    X = panel.X.cpu().numpy()
+    F = X.shape[2]
+    out = np.empty((len(t), F * (lags + 1)), dtype=np.float32)
+    for k in range(lags + 1):
+        earlier = t - k
+        inside = earlier >= 0
+        block = np.full((len(t), F), np.nan, dtype=np.float32)
+        block[inside] = X[earlier[inside], i[inside]]
+        out[:, k * F:(k + 1) * F] = block
+        del block
+    y = panel.y.cpu().numpy()[t, i]
+    y_raw = panel.y_raw.cpu().numpy()[t, i]
+    return Design(t=t, i=i, X=out, y=y, y_raw=y_raw, names=column_names(list(panel.features), lags),
+                  subsampled=subsampled)

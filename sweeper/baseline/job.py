@@ -1,0 +1,181 @@
+"""Running the baseline for a study: the panel through the data layer, the fit, the files of
+the run folder's ``baseline/`` (:class:`sweeper.store.layout.BaselineFiles`) and two study user
+attributes:
+
+- ``baseline``: the result (val/test IC, Rank IC and ICIR, the daily ICs of both splits, elapsed
+  time, LightGBM version, rows, whether the train rows were subsampled, best iteration, ...);
+- ``baseline_state``: ``{state: running | done | failed, host, driver, at[, error]}``. A sweep
+  starts the baseline only when the study has no ``baseline_state`` yet, claimed under the
+  claim lock (:func:`claim`), so a second host or a resume never computes it again;
+  ``sweeper baseline`` computes it whenever asked.
+
+``python -m sweeper.baseline.job`` is the subprocess a sweep starts (with the threads of one
+slot); a failure there is recorded as ``failed`` with its error and ends nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from sweeper import config as C
+from sweeper.baseline.fit import BaselineResult, fit
+from sweeper.store import layout
+
+STATE, RESULT = "baseline_state", "baseline"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def set_state(study: optuna.Study, state: str, host: str, driver: str, error: str | None = None) -> None:
+    value: dict[str, Any] = {"state": state, "host": host, "driver": driver, "at": _now()}
+    if error is not None:
+        value["error"] = error
+    study.set_user_attr(STATE, value)
+
+
+def claim(study: optuna.Study, lock: Any, host: str, driver: str) -> bool:
+    """Take the study's one baseline run: True, with ``baseline_state: running`` written, when no
+    driver has taken it before (running, done or failed); False otherwise. Under the claim lock,
+    so of two drivers that ask at once one gets it."""
+    with lock:
+        if STATE in study.user_attrs:
+            return False
+        set_state(study, "running", host, driver)
+        return True
+
+
+def _clean(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _series(frame: Any) -> dict[str, list[Any]]:
+    return {"date": [str(d)[:10] for d in frame["date"]], "ic": [_clean(v) for v in frame["ic"]],
+            "rank_ic": [_clean(v) for v in frame["rank_ic"]]}
+
+
+def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int) -> dict[str, Any]:
+    """The ``baseline`` study attribute of ``result``."""
+    out: dict[str, Any] = {k: _clean(v) for k, v in result.scores.items()}
+    out.update(elapsed_s=round(result.elapsed_s, 3), lightgbm_version=result.lightgbm_version,
+               rows=result.rows, subsampled=result.subsampled, best_iteration=result.best_iteration,
+               n_features=result.n_features, lags=cfg.baseline.lags, threads=threads,
+               params={k: v for k, v in result.params.items() if k != "num_threads"},
+               num_boost_round=cfg.baseline.num_boost_round,
+               early_stopping_rounds=cfg.baseline.early_stopping_rounds,
+               daily={split: _series(frame) for split, frame in result.daily.items()},
+               finished=_now())
+    return out
+
+
+def write_files(result: BaselineResult, run_dir: str | Path) -> layout.BaselineFiles:
+    files = layout.baseline_files(run_dir)
+    files.folder.mkdir(parents=True, exist_ok=True)
+    for split, frame in result.predictions.items():
+        frame.to_parquet(files.predictions(split), index=False)
+        result.daily[split].to_csv(files.daily_ic(split), index=False)
+    if result.train_rows is not None:
+        result.train_rows.to_parquet(files.train_rows, index=False)
+    files.model.write_text(result.model_text)
+    return files
+
+
+def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, driver: str,
+            run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Fit the baseline of ``study`` (its config ``cfg``), write its files and attributes; returns
+    the ``baseline`` attribute. Raises what the fit raises, after recording ``failed``."""
+    from sweeper.data import load_panel
+
+    set_state(study, "running", host, driver)
+    try:
+        panel = load_panel(cfg.data)
+        seed = cfg.study.sampler.seed if cfg.study.sampler.seed is not None else 0
+        result = fit(panel, cfg.baseline, threads=threads, seed=seed)
+        del panel
+        write_files(result, run_dir if run_dir is not None else layout.run_dir(cfg))
+        attr = summary(result, cfg, threads)
+        study.set_user_attr(RESULT, attr)
+    except BaseException as exc:
+        set_state(study, "failed", host, driver, error=f"{type(exc).__name__}: {exc}")
+        raise
+    set_state(study, "done", host, driver)
+    return attr
+
+
+def command_threads(cfg: C.SweeperConfig, study: optuna.Study) -> int:
+    """``sweeper baseline``'s threads: those of one slot while a sweep runs trials of the study
+    (it shares the machine with them), of all slots otherwise."""
+    from optuna.trial import TrialState
+
+    from sweeper.devices.slots import cpu_count, plan_slots
+    from sweeper.errors import SweeperError
+
+    try:
+        slots = plan_slots(cfg.devices)
+    except SweeperError:  # the study's GPUs are not here: the CPU is what the baseline needs
+        slots = []
+    if not slots:
+        return cpu_count()
+    sweeping = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+    return slots[0].threads if sweeping else min(cpu_count(), sum(s.threads for s in slots))
+
+
+def run_command(cfg: C.SweeperConfig, study: optuna.Study) -> dict[str, Any]:
+    """``sweeper baseline STUDY``: compute the baseline now, whatever its state (asked for by name)."""
+    from sweeper.sweep.identity import Identity
+
+    ident = Identity.current()
+    return compute(cfg, study, command_threads(cfg, study), ident.host, ident.driver_id)
+
+
+def subsample_line(attr: dict[str, Any]) -> str | None:
+    """The words for a subsampled train split (None when every train row was used)."""
+    sub = attr.get("subsampled")
+    if not sub:
+        return None
+    return (f"baseline: train rows subsampled by dates (baseline.max_rows): {sub['rows_kept']} of "
+            f"{sub['rows_total']} rows, {sub['dates_kept']} of {sub['dates_total']} dates")
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m sweeper.baseline.job")
+    parser.add_argument("--config", required=True, help="the study's resolved config (JSON)")
+    parser.add_argument("--storage", required=True)
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--host", default="")
+    parser.add_argument("--driver", default="")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The sweep's baseline subprocess: 0 when done, 1 when it failed (recorded on the study)."""
+    args = _args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    cfg = C.validate_config(json.loads(Path(args.config).read_text()), args.config)
+    study = optuna.load_study(study_name=cfg.study.name, storage=args.storage)
+    try:
+        attr = compute(cfg, study, args.threads, args.host, args.driver, args.run_dir)
+    except Exception:  # noqa: BLE001 - recorded as failed on the study; the sweep goes on
+        traceback.print_exc()
+        return 1
+    line = subsample_line(attr)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    print(f"baseline: val ic {attr.get('val_ic')} test ic {attr.get('test_ic')} "
+          f"in {attr['elapsed_s']:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Report figure: the cumulative daily IC of the best trial and of the LightGBM baseline
+(:mod:`sweeper.baseline`), valid and test, on the dates each was scored on."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from sweeper.inspect.figures_base import LAYOUT, StudyData, empty
+from sweeper.inspect.results import read_daily
+from sweeper.store.layout import trial_files
+
+COLORS = {"valid": "#1f77b4", "test": "#ff7f0e"}
+
+
+def _baseline_series(attr: dict[str, Any], split: str) -> tuple[list[str], np.ndarray] | None:
+    series = (attr.get("daily") or {}).get(split)
+    if not series:
+        return None
+    return list(series["date"]), np.array([math.nan if v is None else v for v in series["ic"]], np.float64)
+
+
+def baseline_figure(data: StudyData) -> go.Figure:
+    """Cumulative daily IC, best trial (solid) and baseline (dashed), per split."""
+    attr = data.study.user_attrs.get("baseline")
+    if not attr:
+        return empty("no LightGBM baseline yet (sweeper baseline STUDY, or report.baseline in a sweep)")
+    traces = []
+    files = trial_files(data.run_dir, data.best.number) if data.best is not None else None
+    for split in ("valid", "test"):
+        base = _baseline_series(attr, split)
+        if base is not None:
+            traces.append(go.Scatter(x=base[0], y=np.nancumsum(base[1]), name=f"baseline ({split})",
+                                     line={"color": COLORS[split], "dash": "dash"}))
+        daily = read_daily(files.daily_ic(split)) if files is not None else None
+        if daily is not None and data.best is not None:
+            dates = daily["date"].tolist() if "date" in daily else list(range(len(daily["ic"])))
+            traces.append(go.Scatter(x=dates, y=np.nancumsum(daily["ic"]), line={"color": COLORS[split]},
+                                     name=f"trial {data.best.number} ({split})"))
+    fig = go.Figure(traces)
+    title = "cumulative daily IC: best trial (solid) and LightGBM baseline (dashed)"
+    fig.update_layout(**LAYOUT, title=title,
+                      xaxis_title="date", yaxis_title="cumulative IC",
+                      meta={"baseline": {k: attr.get(k) for k in ("val_ic", "test_ic")}})
+    return fig

@@ -1,0 +1,205 @@
+"""The LightGBM baseline (docs/baseline.md): ``sweeper baseline`` on a real study, its saved
+predictions re-scored, its train rows against the study's, and ``best``/``status`` beside it."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from conftest import TESTS, TINY, merge
+from sweeper.baseline import features as BF
+from sweeper.baseline import job
+from sweeper.baseline.fit import QLIB_ALPHA158, fit, lgb_params
+from sweeper.cli import main
+from sweeper.config import BaselineConfig, load_config
+from sweeper.data import Batcher, load_panel, synth
+from sweeper.quant import ic as M
+from sweeper.quant.hac import hac_standard_error
+from sweeper.store import layout
+from sweeper.store.locks import NullLock
+
+# the default synthetic panel (300 assets x 1000 dates x 16 features), one short trial
+DEFAULT = merge(TINY, {"study": {"name": "base", "n_trials": 1},
+                       "data": {"synthetic": {"assets": 300, "dates": 1000, "features": 16, "seed": 0}},
+                       "train": {"epochs": 1, "samples_per_epoch": 2048},
+                       "devices": {"cpu_workers": 1}, "report": {"baseline": None}})
+DEFAULT["model"] = {"name": "mlp", "hidden_size": 8}
+
+
+def _cli(*args, code=0):
+    result = CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def default_study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("baseline")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+        path = root / "study.yaml"
+        path.write_text(yaml.safe_dump(DEFAULT))
+        _cli("run", path)
+        out = json.loads(_cli("baseline", path, "--json").stdout)
+        cfg = load_config(path)
+        study = optuna.load_study(study_name="base", storage=cfg.study.resolved_storage)
+        yield {"root": root, "path": path, "cfg": cfg, "out": out, "study": study,
+               "files": layout.baseline_files(root / layout.run_dir(cfg))}
+
+
+def test_saved_predictions_rescore_to_the_stored_ic(default_study):
+    attr, files = default_study["study"].user_attrs["baseline"], default_study["files"]
+    assert default_study["study"].user_attrs["baseline_state"]["state"] == "done"
+    for split, p in (("valid", "val"), ("test", "test")):
+        frame = pd.read_parquet(files.predictions(split))
+        assert list(frame.columns) == ["date", "asset", "pred", "label"]
+        report = M.ic_report(frame)
+        assert abs(report["ic"] - attr[f"{p}_ic"]) < 1e-6
+        assert abs(report["rank_ic"] - attr[f"{p}_rank_ic"]) < 1e-6
+        assert abs(report["icir"] - attr[f"{p}_icir"]) < 1e-6
+        daily = pd.read_csv(files.daily_ic(split))
+        assert daily["date"].tolist() == attr["daily"][split]["date"]
+        np.testing.assert_allclose(daily["ic"], attr["daily"][split]["ic"], atol=1e-12)
+        assert len(frame) == attr["rows"][split]
+    out = default_study["out"]
+    assert out["val_ic"] == attr["val_ic"] and out["test_ic"] == attr["test_ic"]
+    assert out["lightgbm_version"] == attr["lightgbm_version"] and out["elapsed_s"] > 0
+    assert out["subsampled"] is None and out["n_features"] == 16 and out["lags"] == 0
+    assert 1 <= out["best_iteration"] <= 1000
+    # the defaults are Qlib's Alpha158 configuration
+    assert {k: out["params"][k] for k in QLIB_ALPHA158} == QLIB_ALPHA158
+    assert QLIB_ALPHA158["learning_rate"] == 0.2 and QLIB_ALPHA158["num_leaves"] == 210
+
+
+def test_train_rows_are_exactly_the_study_train_rows(default_study):
+    cfg, study = default_study["cfg"], default_study["study"]
+    trained = pd.read_parquet(default_study["files"].train_rows)
+    got = set(zip(pd.to_datetime(trained["date"]).dt.strftime("%Y-%m-%d"), trained["asset"]))
+    assert len(got) == len(trained) == study.user_attrs["baseline"]["rows"]["train"]
+    # independently: the raw synthetic rows on the study's stored train dates with a finite label
+    s = cfg.data.synthetic
+    raw = synth.generate(s.assets, s.dates, s.features, s.seed)
+    first, last = study.user_attrs["split_dates"]["train"]
+    days = pd.to_datetime(raw["date"]).dt.strftime("%Y-%m-%d")
+    keep = (days >= first) & (days <= last) & np.isfinite(raw["label"].to_numpy())
+    assert got == set(zip(days[keep], raw["asset"][keep]))
+    # and the rows a trial's batcher trains on
+    panel = load_panel(cfg.data)
+    idx = Batcher(panel, "train", "cpu").index.numpy()
+    trial_rows = {(str(np.datetime_as_string(panel.dates[t], unit="D")), panel.assets[i]) for t, i in idx}
+    assert got == trial_rows
+
+
+def test_best_and_status_show_the_baseline(default_study):
+    path, attr = default_study["path"], default_study["study"].user_attrs["baseline"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(default_study["root"])
+        best = json.loads(_cli("best", path, "--json").stdout)
+        text = _cli("best", path).stdout
+        status = _cli("status", path).stdout
+        status_json = json.loads(_cli("status", path, "--json").stdout)
+    base = best["baseline"]
+    assert base["val_ic"] == attr["val_ic"] and base["test_ic"] == attr["test_ic"]
+    assert base["val_ic_diff"] == pytest.approx(best["metrics"]["val_ic"] - attr["val_ic"], abs=1e-12)
+    assert base["test_ic_diff"] == pytest.approx(best["metrics"]["test_ic"] - attr["test_ic"], abs=1e-12)
+    # the t-statistic from the two daily IC files, on the dates both have (the synthetic label is 2-day)
+    trial = pd.read_csv(default_study["root"] / layout.run_dir(default_study["cfg"]) / "trials"
+                        / str(best["trial"]) / "daily_ic_test.csv")
+    theirs = pd.read_csv(default_study["files"].daily_ic("test"))
+    both = trial.merge(theirs, on="date", suffixes=("_t", "_b"))
+    diff = (both["ic_t"] - both["ic_b"]).to_numpy()
+    assert base["nw_lag"] == default_study["cfg"].data.horizon - 1
+    assert base["test_shared_dates"] == len(both) > 150
+    assert base["t_stat"] == pytest.approx(diff.mean() / hac_standard_error(diff, base["nw_lag"]), rel=1e-9)
+    assert math.isfinite(base["val_t_stat"])
+    assert "baseline LightGBM: valid ic" in text and "best - baseline: valid" in text
+    assert "baseline: done" in status
+    assert status_json["baseline_state"]["state"] == "done" and status_json["baseline_done"] is True
+
+
+def test_report_has_the_cumulative_figure(default_study):
+    from sweeper.inspect.figures_baseline import baseline_figure
+    from sweeper.inspect.report import load
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(default_study["root"])
+        data = load(default_study["study"], layout.run_dir(default_study["cfg"]), "val_ic")
+        fig = baseline_figure(data)
+    names = [t.name for t in fig.data]
+    assert names == ["baseline (valid)", f"trial {data.best.number} (valid)", "baseline (test)",
+                     f"trial {data.best.number} (test)"]
+    attr = default_study["study"].user_attrs["baseline"]
+    assert fig.data[2].y[-1] == pytest.approx(sum(attr["daily"]["test"]["ic"]), rel=1e-9)
+
+
+def _tiny_panel(workdir):
+    from sweeper.config import validate_config
+
+    return load_panel(validate_config(TINY, "tiny").data)
+
+
+def test_lags_add_exactly_the_earlier_dates_features(workdir):
+    panel = _tiny_panel(workdir)
+    plain, lagged = BF.design(panel, "valid", 0), BF.design(panel, "valid", 2)
+    F = len(panel.features)
+    assert plain.X.shape == (len(plain.t), F) and lagged.X.shape == (len(plain.t), 3 * F)
+    assert lagged.names == [*panel.features, *(f"{f}@lag1" for f in panel.features),
+                            *(f"{f}@lag2" for f in panel.features)]
+    X = panel.X.numpy()
+    np.testing.assert_array_equal(lagged.X[:, :F], plain.X)
+    np.testing.assert_array_equal(lagged.X[:, 2 * F:], X[lagged.t - 2, lagged.i])
+    result = fit(panel, BaselineConfig(lags=2), threads=1)
+    assert result.n_features == 3 * F
+
+
+def test_a_panel_over_max_rows_is_subsampled_by_dates_and_says_so(study_file):
+    path = study_file({"baseline": {"max_rows": 1000}})
+    _cli("db", "init", path)
+    result = _cli("baseline", path, "--json")
+    out = json.loads(result.stdout)
+    sub = out["subsampled"]
+    assert "train rows subsampled by dates (baseline.max_rows)" in result.stderr
+    assert sub["rows_kept"] == out["rows"]["train"] <= 1000 < sub["rows_total"]
+    assert sub["dates_kept"] < sub["dates_total"]
+    cfg = load_config(path)
+    trained = pd.read_parquet(layout.baseline_files(layout.run_dir(cfg)).train_rows)
+    # whole dates: every kept date has all the rows it has in the study's train split
+    panel = load_panel(cfg.data)
+    t, _ = BF.split_rows(panel, "train")
+    per_date = pd.Series(panel.dates[t]).value_counts()
+    kept = pd.to_datetime(trained["date"]).value_counts()
+    assert (per_date[kept.index] == kept).all() and len(kept) == sub["dates_kept"]
+
+
+def test_claimed_once_and_a_failure_is_recorded(study_file):
+    path = study_file({"baseline": {"params": {"objective": "no-such-objective"}}})
+    _cli("db", "init", path)
+    cfg = load_config(path)
+    study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
+    assert job.claim(study, NullLock(), "h1", "d1") is True
+    assert job.claim(study, NullLock(), "h2", "d2") is False
+    assert study.user_attrs["baseline_state"]["host"] == "h1"
+    config = path.parent / "resolved.json"
+    from sweeper.config import to_dict
+
+    config.write_text(json.dumps(to_dict(cfg)))
+    code = job.main(["--config", str(config), "--storage", cfg.study.resolved_storage,
+                     "--run-dir", str(layout.run_dir(cfg)), "--host", "h1", "--driver", "d1"])
+    assert code == 1
+    state = study.user_attrs["baseline_state"]
+    assert state["state"] == "failed" and "no-such-objective" in state["error"]
+    assert "baseline" not in study.user_attrs
+    assert "baseline: failed on h1: LightGBMError" in _cli("status", path).stdout
+
+
+def test_the_slot_threads_override_params_num_threads():
+    assert lgb_params(BaselineConfig(params={"num_threads": 99, "max_depth": 3}), 2, 0)["num_threads"] == 2
+    assert lgb_params(BaselineConfig(params={"max_depth": 3}), 2, 0)["max_depth"] == 3
