@@ -109,6 +109,9 @@ def _check_samples(panel: Panel, label_col: str) -> None:
 def _synthetic_recipe(cfg: DataConfig) -> Recipe:
     params = cfg.synthetic
     assert params is not None
+    if cfg.group_col is not None:
+        raise DataError(f"data.group_col {cfg.group_col!r}: the synthetic panel (data.synthetic) has no "
+                        "group column; set data.path to a Parquet file that has one")
     source = synth.describe(params.assets, params.dates, params.features, params.seed)
     chosen = _synthetic_features(cfg, synth.feature_names(params.features), source)
     blob = json.dumps({"synthetic": params.model_dump(), "generator": synth.GENERATOR_VERSION,

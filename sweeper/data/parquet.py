@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from sweeper.atomic import write_text
 from sweeper.config import DataConfig
 from sweeper.data.build import OracleFn
-from sweeper.data.columns import Columns, Keys
+from sweeper.data.columns import Columns, Keys, factorize_assets, parse_dates
 from sweeper.data.features import select as select_columns
 from sweeper.errors import DataError
 
@@ -47,10 +47,13 @@ def is_numeric(dtype: pa.DataType) -> bool:
 def select_features(schema: pa.Schema, cfg: DataConfig, path: Path) -> list[str]:
     """cfg.features (names or glob patterns; every numeric column but the date, asset and
     label when null) minus cfg.exclude (:mod:`sweeper.data.features`)."""
-    keys = (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col), ("data.label", cfg.label))
+    keys = [("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col), ("data.label", cfg.label)]
+    if cfg.group_col is not None:
+        keys.append(("data.group_col", cfg.group_col))
     for key, name in keys:
         _require(schema, name, key, path)
-    skip = {cfg.date_col, cfg.asset_col, cfg.label}
+    # the group column labels rows (group-neutral IC), it is never a feature
+    skip = {cfg.date_col, cfg.asset_col, cfg.label, *([cfg.group_col] if cfg.group_col else [])}
     candidates = [f.name for f in schema if f.name not in skip and is_numeric(f.type)]
     if cfg.features is None and not candidates:
         raise DataError(f"{path}: no numeric feature columns besides '{cfg.date_col}', "
@@ -100,6 +103,24 @@ def read_keys(path: Path, cfg: DataConfig, features: list[str]) -> Columns:
         features=np.empty((table.num_rows, 0), dtype=np.float32), label=_floats(table.column(cfg.label)),
         feature_names=features,
     )
+
+
+def read_groups(cfg: DataConfig) -> pd.DataFrame:
+    """``date, asset, group`` of every row of ``data.path``, keyed as the panel is (dates
+    parsed to datetime64[ns], asset ids as text), for :func:`sweeper.quant.ic_time.demean_within`.
+    The group column stays out of the panel's tensors: only the IC reports read it."""
+    path = Path(str(cfg.path))
+    if cfg.group_col is None:
+        raise DataError(f"{path}: read_groups needs data.group_col")
+    schema = read_schema(path)
+    for key, name in (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col),
+                      ("data.group_col", cfg.group_col)):
+        _require(schema, name, key, path)
+    table = _table(path, [cfg.date_col, cfg.asset_col, cfg.group_col])
+    d_code, dates = parse_dates(_keys(table.column(cfg.date_col)), str(path), cfg.date_col)
+    a_code, assets = factorize_assets(_keys(table.column(cfg.asset_col)), str(path), cfg.asset_col)
+    return pd.DataFrame({"date": dates[d_code], "asset": assets[a_code],
+                         "group": _values(table.column(cfg.group_col))})
 
 
 def feature_blocks(path: Path, features: list[str], rows: int,

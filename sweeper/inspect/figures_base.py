@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import plotly.graph_objects as go
@@ -38,6 +38,8 @@ class StudyData:
     horizons: dict[int, int] | int = 1        # each trial's label horizon (Newey-West lags)
     long_short: dict[str, LongShort] = field(default_factory=dict)  # split -> the best trial's view
     long_short_note: str | None = None       # why there is no long-short view
+    # with data.group_col: best --json's group_neutral (and group_col or the reason it is missing)
+    group_neutral: dict[str, Any] = field(default_factory=dict)
 
     def finished(self, *states: TrialState) -> list[FrozenTrial]:
         return [t for t in self.trials if t.state in states]

@@ -66,6 +66,8 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
         console.print("  " + line, highlight=False)
     for line in baseline_lines(best.get("baseline"), best.get("baseline_state")):
         console.print("  " + line, highlight=False, soft_wrap=True)
+    for line in ic_time_lines(best):
+        console.print("  " + line, highlight=False, soft_wrap=True)
     if "portfolio" in best:
         for line in portfolio_lines(best["portfolio"], best.get("portfolio_unavailable")):
             console.print("  " + line, highlight=False, soft_wrap=True)
@@ -94,6 +96,22 @@ def selection_lines(sel: dict[str, Any] | None) -> list[str]:
         f"  deflated val IC {fmt(sel.get('deflated_ic'))}  P(fluke) {fmt(sel.get('p_fluke'), '.1%')}  "
         f"PBO {fmt(sel.get('pbo'), '.2f')}",
     ]
+
+
+def ic_time_lines(best: dict[str, Any]) -> list[str]:
+    """The best trial's mean daily IC per year (one line per split) and, with
+    ``data.group_col``, its group-neutral IC (``sweeper best`` and the report)."""
+    lines = [f"{split} IC by year: " + ", ".join(f"{year} {fmt(v)}" for year, v in years.items())
+             for split, years in (best.get("ic_by_year") or {}).items() if years]
+    if "group_neutral" in best:
+        neutral = best["group_neutral"]
+        if neutral is None:
+            lines.append(f"group-neutral IC: - ({best.get('group_neutral_unavailable')})")
+        else:
+            splits = "  ".join(f"{split} ic {fmt(v.get('ic'))} rank_ic {fmt(v.get('rank_ic'))}"
+                               for split, v in neutral.items())
+            lines.append(f"group-neutral IC (demeaned within {best.get('group_col')} per date): {splits}")
+    return lines
 
 
 def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = None) -> list[str]:

@@ -16,12 +16,14 @@ trial, which is far too slow at 500 trials):
    this many trials would reach anyway (:mod:`sweeper.quant.selection`)
 9. ``buckets``: the best trial's mean label per prediction bucket, valid and test
 10. ``longshort``: its cumulative long-short (top - bottom bucket) return
+11. ``ic_time``: its mean daily IC by year and month (and the baseline's), with
+    the group-neutral IC when ``data.group_col`` is set
 12. ``baseline``: the cumulative daily IC of the best trial and of the LightGBM baseline
     (:mod:`sweeper.inspect.figures_baseline`)
 
 Figures 1-4 are in :mod:`~sweeper.inspect.figures_search`, 5 in
 :mod:`~sweeper.inspect.figures_devices`, 6-8 in :mod:`~sweeper.inspect.figures_ic`,
-9-10 in :mod:`~sweeper.inspect.figures_portfolio`;
+9-10 in :mod:`~sweeper.inspect.figures_portfolio`, 11 in :mod:`~sweeper.inspect.figures_time`;
 the data they share in :mod:`~sweeper.inspect.figures_base`. This module loads
 the study and lays out the page.
 
@@ -49,7 +51,8 @@ from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, u
 from sweeper.inspect.figures_ic import daily_figure, overfit_figure, selection_figure
 from sweeper.inspect.figures_portfolio import buckets_figure, longshort_figure
 from sweeper.inspect.figures_search import curves_figure, history_figure, importance_figure, parallel_figure
-from sweeper.inspect.printing import portfolio_lines, selection_lines
+from sweeper.inspect.figures_time import ic_time_figure
+from sweeper.inspect.printing import ic_time_lines, portfolio_lines, selection_lines
 from sweeper.inspect.results import trial_horizons, valid_daily_ics
 from sweeper.store import layout
 from sweeper.store.studies import best_trial, load_existing
@@ -58,7 +61,7 @@ __all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_ht
            "write_report"]
 
 FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection",
-           "buckets", "longshort", "baseline")
+           "buckets", "longshort", "ic_time", "baseline")
 TITLES = {
     "history": "1. Optimization history", "importance": "2. Parameter importances",
     "parallel": "3. Parallel coordinates", "curves": "4. Learning curves (intermediate values)",
@@ -66,6 +69,7 @@ TITLES = {
     "daily": "7. Best trial: daily and cumulative IC", "selection": "8. Selection bias",
     "buckets": "9. Best trial: mean label per prediction bucket",
     "longshort": "10. Best trial: cumulative long-short return",
+    "ic_time": "11. IC through time: mean daily IC by year and month",
     "baseline": "12. Best trial against the LightGBM baseline: cumulative daily IC",
 }
 
@@ -82,7 +86,16 @@ def load(study: optuna.Study, run_dir: str | Path, metric: str,
     if cfg is not None:
         data.horizons = trial_horizons(trials, cfg)
         _load_long_short(data, cfg)
+        _load_group_neutral(data, cfg)
     return data
+
+
+def _load_group_neutral(data: StudyData, cfg: SweeperConfig) -> None:
+    from sweeper.inspect.ic_views import group_neutral_report
+    from sweeper.inspect.predict import Predictor
+
+    if data.best is not None and cfg.data.group_col is not None:
+        data.group_neutral = group_neutral_report(cfg, Predictor(cfg, data.study), data.best)
 
 
 def _load_long_short(data: StudyData, cfg: SweeperConfig) -> None:
@@ -105,6 +118,7 @@ def build_figures(data: StudyData) -> dict[str, go.Figure]:
         "timeline": timeline_figure(data), "overfit": overfit_figure(data),
         "daily": daily_figure(data), "selection": selection_figure(data),
         "buckets": buckets_figure(data), "longshort": longshort_figure(data),
+        "ic_time": ic_time_figure(data),
         "baseline": baseline_figure(data),
     }
     telemetry = telemetry_figure(layout.devices_csv(data.run_dir))
@@ -170,6 +184,11 @@ def _notes(name: str, fig: go.Figure) -> list[str]:
             "P(fluke) = 1 - the Deflated Sharpe Ratio of the best trial's daily ICs; PBO = probability of "
             "backtest overfitting (CSCV). Standard errors are Newey-West with lag horizon - 1: an h-day "
             "label makes neighbouring daily ICs overlap."]
+    if name == "ic_time" and "months" in meta:
+        return ic_time_lines(meta) + [
+            "Each cell: the mean of the daily IC (per-date Pearson of prediction and label) over that "
+            "month's dates. Group-neutral IC: prediction and label demeaned within each group per date "
+            "first, so betting on whole groups scores 0."]
     if name == "buckets" and "valid" in meta:
         splits = {k: meta[k] for k in ("valid", "test") if k in meta}
         return [line.strip() for line in portfolio_lines(splits)] + [

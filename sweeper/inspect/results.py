@@ -19,6 +19,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig
+from sweeper.inspect import ic_views
 from sweeper.store import layout
 from sweeper.store.studies import FINISHED, best_trial
 from sweeper.sweep import retention
@@ -104,7 +105,9 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
 def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = False,
                 study_file: str | None = None) -> dict[str, Any] | None:
     """The best trial in full. ``portfolio=True`` adds the long-short view and the top-3
-    ensemble (:mod:`sweeper.inspect.longshort`), which run the models on the data. When the
+    ensemble (:mod:`sweeper.inspect.longshort`), and with ``data.group_col`` the group-neutral
+    IC (:mod:`sweeper.inspect.ic_views`), which run the models on the data; ``ic_by_year``
+    only reads the daily IC files. When the
     best trial's weights were removed (``study.keep``, ``sweeper gc``), ``weights_removed``
     and ``retrain``: the command that runs its params again (``study_file`` names the study)."""
     best = best_trial(study)
@@ -130,12 +133,16 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         out.update(oracle_fractions(ua, oracle))
     trials = study.get_trials(deepcopy=False)
     out["selection"] = selection_report(study, layout.run_dir(cfg), best, trials, trial_horizons(trials, cfg))
+    out["ic_by_year"] = ic_views.ic_by_year_report(layout.run_dir(cfg), best.number)
     out["baseline"] = baseline_report(study, cfg, best)
     out["baseline_state"] = study.user_attrs.get("baseline_state")
     if portfolio:
         from sweeper.inspect.longshort import portfolio_report
+        from sweeper.inspect.predict import Predictor
 
-        out.update(portfolio_report(cfg, study, best))
+        predictor = Predictor(cfg, study)  # one load of the data for every view that runs the model
+        out.update(portfolio_report(cfg, study, best, predictor))
+        out.update(ic_views.group_neutral_report(cfg, predictor, best))
     return out
 
 

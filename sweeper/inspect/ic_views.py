@@ -1,0 +1,92 @@
+"""The best trial's IC through time and within groups, as ``sweeper best`` and the report
+show them (the arithmetic is :mod:`sweeper.quant.ic_time`).
+
+* ``ic_by_year``: read from the trial's daily IC files, so it costs no model run.
+* ``group_neutral`` (with ``data.group_col``): the best trial's predictions on valid and
+  test (the frames ``sweeper predict`` writes) joined by (date, asset) to the group column
+  of ``data.path``, then demeaned within each (date, group). The group never enters the
+  panel's tensors: :func:`sweeper.data.parquet.read_groups` reads it beside them.
+* The LightGBM baseline's daily IC files (``<run_dir>/baseline/daily_ic_<split>.csv``,
+  same columns as a trial's) feed the same views when they exist.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from sweeper.errors import SweeperError
+from sweeper.quant.ic_time import group_neutral_ic, ic_by_year
+from sweeper.store.layout import trial_files
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+    from sweeper.config import SweeperConfig
+    from sweeper.inspect.trial_model import Predictor
+
+SPLITS = ("valid", "test")
+GROUP_KEYS = ("ic", "rank_ic", "icir", "n_dates")
+
+
+def baseline_daily_path(run_dir: str | Path, split: str) -> Path:
+    """Where the LightGBM baseline writes its daily IC of ``split``."""
+    return Path(run_dir) / "baseline" / f"daily_ic_{split}.csv"
+
+
+def read_daily_frame(path: Path) -> pd.DataFrame | None:
+    """A daily IC file (``date, ic, rank_ic``) as a frame; None when there is no such file."""
+    if not path.exists():
+        return None
+    return pd.read_csv(path)
+
+
+def trial_daily_frames(run_dir: str | Path, number: int) -> dict[str, pd.DataFrame]:
+    """``{split: daily IC frame}`` of a trial, for the splits whose file exists."""
+    files = trial_files(run_dir, number)
+    frames = {split: read_daily_frame(files.daily_ic(split)) for split in SPLITS}
+    return {split: frame for split, frame in frames.items() if frame is not None}
+
+
+def baseline_daily_frames(run_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """``{split: daily IC frame}`` of the baseline, for the splits whose file exists."""
+    frames = {split: read_daily_frame(baseline_daily_path(run_dir, split)) for split in SPLITS}
+    return {split: frame for split, frame in frames.items() if frame is not None}
+
+
+def ic_by_year_report(run_dir: str | Path, number: int) -> dict[str, dict[str, float]]:
+    """The ``best --json`` key ``ic_by_year``: ``{split: {"2021": mean daily IC, ...}}`` (year
+    keys as text, as JSON writes them), for the splits whose daily IC file exists."""
+    return {split: {str(year): mean for year, mean in ic_by_year(frame).items()}
+            for split, frame in trial_daily_frames(run_dir, number).items()}
+
+
+def with_groups(frame: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (``date, asset, ...``) with the ``group`` of each row (NaN where the file has none)."""
+    keyed = groups.drop_duplicates(["date", "asset"])
+    return frame.merge(keyed, on=["date", "asset"], how="left", validate="many_to_one")
+
+
+def group_neutral_report(cfg: SweeperConfig, predictor: Predictor, best: FrozenTrial) -> dict[str, Any]:
+    """The ``best --json`` key ``group_neutral``: ``{split: {ic, rank_ic, icir, n_dates}}`` of
+    the best trial's predictions demeaned within (date, group); None with
+    ``group_neutral_unavailable`` (the reason) when they cannot be computed. Empty without
+    ``data.group_col``."""
+    from sweeper.data.parquet import read_groups
+
+    if cfg.data.group_col is None:
+        return {}
+    try:
+        groups = read_groups(cfg.data)
+        out = {}
+        for split in SPLITS:
+            report = group_neutral_ic(with_groups(predictor.frame(best, split), groups))
+            out[split] = {key: _clean(report[key]) for key in GROUP_KEYS}  # type: ignore[literal-required]
+    except SweeperError as exc:
+        return {"group_neutral": None, "group_neutral_unavailable": str(exc)}
+    return {"group_neutral": out, "group_col": cfg.data.group_col}
+
+
+def _clean(value: object) -> object:
+    return None if isinstance(value, float) and value != value else value
