@@ -211,7 +211,8 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     cfg = _load(study)
     report = best_report(load_existing(cfg, storage), cfg, portfolio=True, study_file=str(study))
     if report is None:
-        raise UserError(f"study {cfg.study.name!r} has no completed trial yet")
+        feasible = " feasible" if cfg.study.constraints else ""  # study.constraints: the rest are not ranked
+        raise UserError(f"study {cfg.study.name!r} has no completed{feasible} trial yet")
     if as_json:
         _echo_json(report)
         return

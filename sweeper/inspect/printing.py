@@ -62,6 +62,8 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
         if oracle:
             reached = f": {frac:.0%} reached" if frac is not None else ""
             console.print(f"  oracle {split} IC {oracle:.4f}{reached}")
+    if "constraints" in best or best.get("infeasible"):
+        console.print("  " + constraints_line(best), highlight=False, soft_wrap=True)
     for line in selection_lines(best.get("selection")):
         console.print("  " + line, highlight=False)
     for line in baseline_lines(best.get("baseline"), best.get("baseline_state")):
@@ -84,6 +86,18 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
                       soft_wrap=True)
     else:
         console.print(f"  weights: {best['weights'] or '-'}")
+
+
+def constraints_line(best: dict[str, Any]) -> str:
+    """``study.constraints`` in words: each bound with the best trial's valid figure, and how
+    many COMPLETE trials were left out as infeasible."""
+    bounds = []
+    for name, bound in (best.get("constraints") or {}).items():
+        low = f"{bound['min']:g} <= " if "min" in bound else ""
+        high = f" <= {bound['max']:g}" if "max" in bound else ""
+        bounds.append(f"{low}{name}{high} (best {fmt(bound.get('best'))})")
+    return (f"constraints (valid split): {', '.join(bounds) or '-'}; infeasible: {best.get('infeasible', 0)} "
+            "completed trials, not ranked")
 
 
 def selection_lines(sel: dict[str, Any] | None) -> list[str]:

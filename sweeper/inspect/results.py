@@ -21,8 +21,9 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import SweeperConfig
 from sweeper.inspect import ic_views
 from sweeper.store import layout
-from sweeper.store.studies import FINISHED, best_trial
+from sweeper.store.studies import FINISHED, best_trial, n_infeasible
 from sweeper.sweep import retention
+from sweeper.sweep.constraints import FIGURES
 
 BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
                 "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")
@@ -127,6 +128,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     }
     if retention.weights_removed(best, files):
         out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
+    out.update(constraints_report(study, cfg, best))
     if oracle:
         out["oracle_val_ic"] = oracle.get("valid")
         out["oracle_test_ic"] = oracle.get("test")
@@ -161,6 +163,18 @@ def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial) 
         if found is not None and "date" in found:
             daily[split] = (found["date"], found["ic"])
     return comparison(attr, best.user_attrs, daily, trial_horizons([best], cfg)[best.number])
+
+
+def constraints_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial) -> dict[str, Any]:
+    """``infeasible``: the COMPLETE trials outside ``study.constraints``, which the best is not
+    picked from; with constraints, ``constraints``: each bound and the best trial's valid figure."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    out: dict[str, Any] = {"infeasible": n_infeasible(done)}
+    if cfg.study.constraints:
+        out["constraints"] = {name: {**bound.model_dump(exclude_none=True),
+                                     "best": _clean(best.user_attrs.get(FIGURES[name]))}
+                              for name, bound in sorted(cfg.study.constraints.items())}
+    return out
 
 
 def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | None = None) -> dict[str, Any]:

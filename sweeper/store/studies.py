@@ -40,10 +40,26 @@ def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
 
 
 def ranked(trials: list[FrozenTrial], maximize: bool) -> list[FrozenTrial]:
-    """The COMPLETE trials with a finite value, best first; of equal values the lower number
-    first. The one order of ``best``, ``predict --trial topK``, ``study.keep``'s top k and a
-    warm start's top k."""
-    done = [t for t in trials
-            if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)]
+    """The feasible COMPLETE trials with a finite value, best first; of equal values the lower
+    number first. The one order of ``best``, ``predict --trial topK``, ``study.keep``'s top k
+    and a warm start's top k."""
     sign = -1.0 if maximize else 1.0
-    return sorted(done, key=lambda t: (sign * float(t.value or 0.0), t.number))
+    return sorted([t for t in scored(trials) if feasible(t)],
+                  key=lambda t: (sign * float(t.value or 0.0), t.number))
+
+
+def scored(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The COMPLETE trials with a finite value: those a best could be, feasible or not."""
+    return [t for t in trials
+            if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)]
+
+
+def n_infeasible(trials: list[FrozenTrial]) -> int:
+    """How many COMPLETE trials with a finite value :func:`ranked` leaves out as infeasible."""
+    return sum(not feasible(t) for t in scored(trials))
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    """Every constraint value the trial stored (``study.constraints``, Optuna's
+    ``Trial.set_constraint``) is <= 0, Optuna's convention; a trial with none is feasible."""
+    return all(value <= 0.0 for value in trial.constraints.values())

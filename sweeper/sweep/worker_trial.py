@@ -35,7 +35,7 @@ from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.store.outage import watch
-from sweeper.sweep import adoption, protocol, retention
+from sweeper.sweep import adoption, constraints, protocol, retention
 from sweeper.sweep.heartbeat import Heartbeat
 from sweeper.sweep.outcome import end_trial, fail_attrs
 from sweeper.sweep.samplers import build_pruner
@@ -141,7 +141,8 @@ class TrialRunner:
         if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
             nan = fail_attrs(FailReason.NAN, f"{self.cfg.study.metric} is not finite")
             return TrialState.FAIL, None, {**attrs, **nan}
-        return state, value, attrs
+        # study.constraints: set on the RUNNING trial, before the tell, so samplers read them
+        return state, value, {**attrs, **constraints.judge(trial, cfg, result.predictions)}
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
                 attrs: dict[str, Any], files: TrialFiles, warn: Callable[[str], None]) -> bool:

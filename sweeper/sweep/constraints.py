@@ -1,0 +1,81 @@
+"""``study.constraints``: a trial's valid-split long-short figures and Optuna's constraint values.
+
+The worker records, before the trial's tell:
+
+- the user attributes ``valid_top_turnover`` and ``valid_long_short_sharpe`` (always: ``best``
+  and the dashboard show them whether or not the study bounds them);
+- with ``study.constraints``, one Optuna constraint per bounded figure, named after it, set with
+  Optuna 5's public ``Trial.set_constraint`` (stored as the trial system attribute
+  ``constraints:<figure>``): the amount by which the figure leaves its bound, so ``<= 0`` is
+  feasible (Optuna's convention); and the user attribute ``feasible``.
+
+Optuna 5's TPESampler and GPSampler read those stored values themselves (``trial.constraints``),
+so the samplers need no ``constraints_func`` (deprecated in 5.0). Which trials count as feasible
+when picking the best is :func:`sweeper.store.studies.feasible`.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+import pandas as pd
+
+from sweeper.config import SweeperConfig
+from sweeper.config.long_sweeps import Bound
+from sweeper.quant.portfolio import long_short
+
+FIGURES = {"top_turnover": "valid_top_turnover", "long_short_sharpe": "valid_long_short_sharpe"}
+FEASIBLE = "feasible"  # the user attribute: the dashboard shows it (it cannot read the constraints)
+# The violation of a figure the valid split leaves undefined (too few dates or assets): not
+# feasible, since nothing shows it keeps its bound. Finite, because GPSampler fits a model on the
+# constraint values (Optuna refuses NaN; an infinity would break the fit).
+UNDEFINED = 1.0
+
+
+def valid_figures(frame: pd.DataFrame, horizon: int, quantiles: int) -> dict[str, float | None]:
+    """``{"valid_top_turnover": .., "valid_long_short_sharpe": ..}`` of a valid-split prediction
+    frame (``date, asset, pred, label``), as ``sweeper best``'s long-short view computes them."""
+    summary = long_short(frame, horizon, quantiles).summary()
+    return {attr: summary[figure] for figure, attr in FIGURES.items()}  # type: ignore[literal-required]
+
+
+def violation(value: float | None, bound: Bound) -> float:
+    """How far ``value`` lies outside ``bound``: <= 0 inside it (the larger excess of both ends)."""
+    if value is None:
+        return UNDEFINED
+    excess = []
+    if bound.max is not None:
+        excess.append(value - bound.max)
+    if bound.min is not None:
+        excess.append(bound.min - value)
+    return max(excess)
+
+
+def constraint_values(figures: Mapping[str, float | None], bounds: Mapping[Any, Bound]) -> dict[str, float]:
+    """Optuna's constraint value of each bounded figure, by figure name (sorted: every trial of
+    a study stores the same keys in the same order, as GPSampler needs)."""
+    return {name: violation(figures[FIGURES[name]], bounds[name]) for name in sorted(bounds)}
+
+
+def record(trial: optuna.Trial, figures: Mapping[str, float | None],
+           bounds: Mapping[Any, Bound]) -> dict[str, Any]:
+    """Set the trial's constraint values (none without bounds); the user attributes to record
+    with its other results: the figures, and ``feasible`` when the study has bounds."""
+    values = constraint_values(figures, bounds)
+    for name, value in values.items():
+        trial.set_constraint(name, value)
+    attrs: dict[str, Any] = dict(figures)
+    if values:
+        attrs[FEASIBLE] = all(v <= 0 for v in values.values())
+    return attrs
+
+
+def judge(trial: optuna.Trial, cfg: SweeperConfig, predictions: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+    """:func:`record` of the trial's valid-split predictions (``cfg``: the trial's own config,
+    whose horizon its labels have); nothing when it has none."""
+    frame = predictions.get("valid")
+    if frame is None:
+        return {}
+    figures = valid_figures(frame, cfg.data.horizon, cfg.report.quantiles)
+    return record(trial, figures, cfg.study.constraints)
