@@ -18,7 +18,7 @@ import pandas as pd
 
 from sweeper.errors import SweeperError
 from sweeper.quant.ic_time import group_neutral_ic, ic_by_year
-from sweeper.store.layout import trial_files
+from sweeper.store.layout import baseline_files, trial_files
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -28,11 +28,6 @@ if TYPE_CHECKING:
 
 SPLITS = ("valid", "test")
 GROUP_KEYS = ("ic", "rank_ic", "icir", "n_dates")
-
-
-def baseline_daily_path(run_dir: str | Path, split: str) -> Path:
-    """Where the LightGBM baseline writes its daily IC of ``split``."""
-    return Path(run_dir) / "baseline" / f"daily_ic_{split}.csv"
 
 
 def read_daily_frame(path: Path) -> pd.DataFrame | None:
@@ -51,7 +46,8 @@ def trial_daily_frames(run_dir: str | Path, number: int) -> dict[str, pd.DataFra
 
 def baseline_daily_frames(run_dir: str | Path) -> dict[str, pd.DataFrame]:
     """``{split: daily IC frame}`` of the baseline, for the splits whose file exists."""
-    frames = {split: read_daily_frame(baseline_daily_path(run_dir, split)) for split in SPLITS}
+    files = baseline_files(run_dir)
+    frames = {split: read_daily_frame(files.daily_ic(split)) for split in SPLITS}
     return {split: frame for split, frame in frames.items() if frame is not None}
 
 
