@@ -9,6 +9,12 @@
 - :mod:`~sweeper.inspect.figures_search`: report figures 1-4 (history, importances, parallel, curves);
 - :mod:`~sweeper.inspect.figures_devices`: report figure 5 (trials per slot, utilisation, GPU telemetry);
 - :mod:`~sweeper.inspect.figures_ic`: report figures 6-8 (valid vs test IC, daily IC, selection bias);
+- :mod:`~sweeper.inspect.figures_portfolio`: report figures 9-10 (bucket means, cumulative long-short);
+- :mod:`~sweeper.inspect.figures_time`: report figure 11 (mean daily IC by year and month);
+- :mod:`~sweeper.inspect.figures_baseline`: report figure 12 (the best trial against the LightGBM baseline);
+- :mod:`~sweeper.inspect.longshort`: the long-short view and the top-K ensemble beside the best trial;
+- :mod:`~sweeper.inspect.ic_views`: IC by year and group-neutral IC of the best trial and the baseline;
+- :mod:`~sweeper.inspect.trial_model`: a trial's model rebuilt and applied (the Predictor);
 - :mod:`~sweeper.inspect.predict`: ``sweeper predict``, a trial's weights applied to a split or a file;
 - :mod:`~sweeper.inspect.export`: ``sweeper export``, one row per trial to Parquet or CSV;
 - :mod:`~sweeper.inspect.dashboard`: ``sweeper dashboard``, optuna-dashboard over the study;

@@ -111,7 +111,7 @@ def _load_long_short(data: StudyData, cfg: SweeperConfig) -> None:
 
 
 def build_figures(data: StudyData) -> dict[str, go.Figure]:
-    """The eight figures, by name (see FIGURES); ``telemetry`` too when devices.csv exists."""
+    """The figures, by name (see FIGURES); ``telemetry`` too when devices.csv exists."""
     figures = {
         "history": history_figure(data), "importance": importance_figure(data),
         "parallel": parallel_figure(data), "curves": curves_figure(data),
