@@ -337,7 +337,8 @@ def test_report_of_the_real_sweep(inside):
     cli("report", "study.yaml", "-o", "report.html")
     figures = figures_of(Path("report.html").read_text())
     assert list(figures) == ["history", "importance", "parallel", "curves", "timeline", "overfit", "daily",
-                             "selection", "buckets", "longshort"]  # no devices.csv: a CPU sweep has no GPU telemetry
+                             "selection", "buckets", "longshort", "ic_time", "baseline"]
+    # (no devices.csv: a CPU sweep has no GPU telemetry)
     assert figures["curves"]["layout"]["meta"]["trials_by_state"] == {"COMPLETE": 8}
     use = figures["timeline"]["layout"]["meta"]["utilisation"]
     assert use["slots"] == 2 and 0 < use["fraction"] <= 1

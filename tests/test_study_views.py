@@ -180,7 +180,7 @@ def test_report_has_the_long_short_sections(views, monkeypatch):
     root = views["root"]
     cli(views, monkeypatch, "report", "study.yaml", "-o", "report.html")
     figures = figures_of((root / "report.html").read_text())
-    assert list(figures)[-2:] == ["buckets", "longshort"]
+    assert list(figures)[8:] == ["buckets", "longshort", "ic_time", "baseline"]
     meta = figures["buckets"]["layout"]["meta"]
     for split in ("valid", "test"):
         want = views["best"]["portfolio"][split]

@@ -31,10 +31,15 @@ GROUP_KEYS = ("ic", "rank_ic", "icir", "n_dates")
 
 
 def read_daily_frame(path: Path) -> pd.DataFrame | None:
-    """A daily IC file (``date, ic, rank_ic``) as a frame; None when there is no such file."""
-    if not path.exists():
+    """A daily IC file (``date, ic, rank_ic``) as a frame; None when there is no such file, or
+    it is not one (a damaged file must not cost ``status`` or ``best`` the rest of the view)."""
+    try:
+        frame = pd.read_csv(path)
+    except FileNotFoundError:
         return None
-    return pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError):  # pandas' ParserError and EmptyDataError are ValueErrors
+        return None
+    return frame if {"date", "ic"} <= set(frame.columns) else None
 
 
 def trial_daily_frames(run_dir: str | Path, number: int) -> dict[str, pd.DataFrame]:
