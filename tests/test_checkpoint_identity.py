@@ -146,3 +146,23 @@ def test_the_default_study_runs_here_still_hold_one_study(tmp_path):
         assert done.returncode == 0, done.stderr
         assert "moved aside" not in done.stderr
     assert not (tmp_path / "runs/s/previous").exists()
+
+
+def test_best_and_predict_read_a_studys_own_files_after_another_took_the_folder(study_file):
+    from sweeper.inspect.predict import predict_trial
+    from sweeper.inspect.results import best_report
+
+    path = study_file(KEEP)
+    _, one = _sweep(path)
+    _sweep(path, storage="sqlite:///other.db")  # the same name in another storage takes runs/tiny
+    aside = Path(f"runs/tiny/previous/{one.user_attrs['study_uuid']}")
+    cfg = load_config(path)
+    best = best_report(one, cfg)
+    assert best["weights"] == str(aside / f"trials/{best['trial']}/weights.pt")
+    assert best["ic_by_year"]["valid"]  # read from its own daily IC files
+    pred = predict_trial(cfg, one, trial="best", split="valid")
+    # its own weights: the valid IC predict scores is the one its trial stored
+    assert pred.trial == best["trial"]
+    from sweeper.quant.ic import ic_report
+
+    assert ic_report(pred.frame)["ic"] == pytest.approx(best["metrics"]["val_ic"], abs=1e-6)

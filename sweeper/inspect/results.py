@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import SweeperConfig
 from sweeper.inspect import ic_views
 from sweeper.store import layout
+from sweeper.store.run_folder import study_folder
 from sweeper.store.studies import FINISHED, best_trial, n_infeasible
 from sweeper.sweep import retention
 from sweeper.sweep.constraints import FIGURES
@@ -116,7 +117,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         return None
     ua = best.user_attrs
     oracle = study.user_attrs.get("oracle_ic")
-    files = layout.trial_files(layout.run_dir(cfg), best.number)
+    files = layout.trial_files(study_folder(cfg, study), best.number)
     weights = files.weights
     out = {
         "trial": best.number,
@@ -134,8 +135,9 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         out["oracle_test_ic"] = oracle.get("test")
         out.update(oracle_fractions(ua, oracle))
     trials = study.get_trials(deepcopy=False)
-    out["selection"] = selection_report(study, layout.run_dir(cfg), best, trials, trial_horizons(trials, cfg))
-    out["ic_by_year"] = ic_views.ic_by_year_report(layout.run_dir(cfg), best.number)
+    folder = study_folder(cfg, study)  # this study's files, wherever another study put them
+    out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg))
+    out["ic_by_year"] = ic_views.ic_by_year_report(folder, best.number)
     out["baseline"] = baseline_report(study, cfg, best)
     out["baseline_state"] = study.user_attrs.get("baseline_state")
     if portfolio:
@@ -156,7 +158,7 @@ def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial) 
     attr = study.user_attrs.get("baseline")
     if not attr:
         return None
-    files = layout.trial_files(layout.run_dir(cfg), best.number)
+    files = layout.trial_files(study_folder(cfg, study), best.number)
     daily = {}
     for split in ("valid", "test"):
         found = read_daily(files.daily_ic(split))

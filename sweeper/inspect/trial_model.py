@@ -30,7 +30,8 @@ from sweeper.data.load import PanelMemo
 from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
 from sweeper.errors import DataError, SweeperError
-from sweeper.store.layout import TrialFiles, run_dir, trial_files
+from sweeper.store.layout import TrialFiles, trial_files
+from sweeper.store.run_folder import study_folder
 from sweeper.sweep.retention import retrain_command, weights_removed
 
 SPLITS = ("valid", "test", "train", "all")
@@ -98,7 +99,7 @@ class Predictor:
                  study_file: str | None = None) -> None:
         self.cfg, self.study = cfg, study
         self.study_file = study_file  # named in the retrain command of a trial whose weights are gone
-        self.run_dir = run_dir(cfg)
+        self.run_dir = study_folder(cfg, study)  # this study's files, wherever another study put them
         self._device_name = device
         self.notes: list[str] = []
         self._panels = PanelMemo()

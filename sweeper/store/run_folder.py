@@ -16,7 +16,11 @@ import json
 import os
 from pathlib import Path
 
+import optuna
+
 from sweeper.atomic import write_text
+from sweeper.config import SweeperConfig
+from sweeper.store import layout
 from sweeper.store.layout import STUDY_OWNED, owner_file, previous_dir
 
 UNKNOWN = "unknown"  # the owner of files from before owner.json, which no study claimed
@@ -95,3 +99,18 @@ def _free_name(path: Path) -> Path:
 
 def _who(target: Path) -> str:
     return "no owner recorded" if target.name == UNKNOWN else f"study_uuid {target.name}"
+
+
+def study_folder(cfg: SweeperConfig, study: optuna.Study) -> Path:
+    """The folder holding ``study``'s trial files (:func:`study_dir` of its run folder)."""
+    return study_dir(layout.run_dir(cfg), study.user_attrs.get("study_uuid"))
+
+
+def study_dir(run_dir: Path, study_uuid: str | None) -> Path:
+    """Where this study's trial files are now: ``run_dir`` itself, or ``previous/<uuid>/`` when
+    another study took the folder over since (the same layout: trials/, logs/). Readers
+    (best, predict, report, gc) go there, so they never read another study's weights."""
+    owner = _owner(run_dir)
+    if owner is None or study_uuid is None or owner == study_uuid:
+        return run_dir
+    return previous_dir(run_dir, study_uuid)  # absent if its files never were here: none to read
