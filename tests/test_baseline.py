@@ -203,3 +203,48 @@ def test_claimed_once_and_a_failure_is_recorded(study_file):
 def test_the_slot_threads_override_params_num_threads():
     assert lgb_params(BaselineConfig(params={"num_threads": 99, "max_depth": 3}), 2, 0)["num_threads"] == 2
     assert lgb_params(BaselineConfig(params={"max_depth": 3}), 2, 0)["max_depth"] == 3
+
+
+def _sweep_counts(cfg):
+    study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
+    return study, sorted(t.state.name for t in study.get_trials())
+
+
+def test_a_sweep_computes_it_once_and_a_resume_does_not_again(study_file):
+    path = study_file({"study": {"n_trials": 3}})  # report.baseline: lightgbm, the default
+    _cli("run", path)
+    cfg = load_config(path)
+    study, states = _sweep_counts(cfg)
+    assert states == ["COMPLETE"] * 3
+    state, attr = study.user_attrs["baseline_state"], study.user_attrs["baseline"]
+    assert state["state"] == "done" and attr["rows"]["train"] > 0
+    log = layout.logs_dir(layout.run_dir(cfg)) / f"{state['host']}.baseline.log"
+    assert log.read_text().count("baseline: val ic") == 1
+    raw = yaml.safe_load(path.read_text())
+    raw["study"]["n_trials"] = 4
+    path.write_text(yaml.safe_dump(raw))
+    _cli("resume", path)
+    study, states = _sweep_counts(cfg)
+    assert states == ["COMPLETE"] * 4
+    assert study.user_attrs["baseline"]["finished"] == attr["finished"]  # not computed again
+    assert study.user_attrs["baseline_state"] == state
+    assert log.read_text().count("baseline: val ic") == 1
+
+
+def test_a_failing_baseline_never_ends_the_sweep(study_file):
+    path = study_file({"study": {"n_trials": 3}, "baseline": {"params": {"objective": "no-such-objective"}}})
+    _cli("run", path)
+    study, states = _sweep_counts(load_config(path))
+    assert states == ["COMPLETE"] * 3
+    state = study.user_attrs["baseline_state"]
+    assert state["state"] == "failed" and "no-such-objective" in state["error"]
+    assert "baseline" not in study.user_attrs
+
+
+def test_report_baseline_null_computes_none(study_file):
+    path = study_file({"study": {"n_trials": 2}, "report": {"baseline": None}})
+    _cli("run", path)
+    study, states = _sweep_counts(load_config(path))
+    assert states == ["COMPLETE"] * 2
+    assert "baseline_state" not in study.user_attrs and "baseline" not in study.user_attrs
+    assert not layout.baseline_files(layout.run_dir(load_config(path))).folder.exists()

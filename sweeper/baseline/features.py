@@ -5,13 +5,16 @@ array the trials' windows are gathered from (missing values there are already 0,
 see them). A lag that reaches before the panel's first date is NaN (LightGBM's missing value);
 the study's pinned lookback makes that rare, since the train split starts at ``lookback - 1``.
 
-Too many train rows for ``baseline.max_rows`` keep every k-th train date (whole dates, so each
-kept date's cross-section is complete) and say so in :attr:`Design.subsampled`.
+Too many train rows for ``baseline.max_rows``, or for a quarter of the memory available now
+(the design matrix, LightGBM's binned copy and the valid split's matrix side by side), keep every
+k-th train date (whole dates, so each kept date's cross-section is complete) and say so in
+:attr:`Design.subsampled`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +31,8 @@ class Design:
     y: np.ndarray            # [S] float32 normalised training label (what the trials fit)
     y_raw: np.ndarray        # [S] float32 raw label (what IC is scored on)
     names: list[str]         # column names: feature, then feature@lag1, ...
-    subsampled: dict[str, int] | None = None  # {dates_kept, dates_total, rows_total} when subsampled
+    # {dates_kept, dates_total, rows_kept, rows_total, limit, by} when subsampled
+    subsampled: dict[str, Any] | None = None
 
 
 def column_names(features: list[str], lags: int) -> list[str]:
@@ -42,7 +46,18 @@ def split_rows(panel: Panel, split: str) -> tuple[np.ndarray, np.ndarray]:
     return idx[:, 0].astype(np.int64), idx[:, 1].astype(np.int64)
 
 
-def every_kth_date(t: np.ndarray, max_rows: int) -> tuple[np.ndarray, dict[str, int] | None]:
+def memory_rows(columns: int, share: float = 0.25) -> int | None:
+    """How many float32 rows of ``columns`` fit, three copies side by side, in ``share`` of the
+    memory available now (``MemAvailable``); None where that is unknown (not Linux)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            kib = next(int(line.split()[1]) for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return max(1, int(kib * 1024 * share) // (max(columns, 1) * 4 * 3))
+
+
+def every_kth_date(t: np.ndarray, max_rows: int) -> tuple[np.ndarray, dict[str, Any] | None]:
     """A row mask keeping every k-th date of ``t`` (sorted), the smallest k that brings the rows to
     at most ``max_rows``; all rows and None when they already fit."""
     if len(t) <= max_rows:
@@ -61,12 +76,16 @@ def every_kth_date(t: np.ndarray, max_rows: int) -> tuple[np.ndarray, dict[str, 
 def design(panel: Panel, split: str, lags: int, max_rows: int | None = None) -> Design:
     """The design matrix of ``split``'s rows; ``max_rows`` subsamples them by dates."""
     t, i = split_rows(panel, split)
-    subsampled = None
-    if max_rows is not None:
-        keep, subsampled = every_kth_date(t, max_rows)
-        t, i = t[keep], i[keep]
     X = panel.X.cpu().numpy()
     F = X.shape[2]
+    subsampled = None
+    if max_rows is not None:
+        fits = memory_rows(F * (lags + 1))
+        limit, by = (max_rows, "baseline.max_rows") if fits is None or fits >= max_rows else (fits, "memory")
+        keep, subsampled = every_kth_date(t, limit)
+        t, i = t[keep], i[keep]
+        if subsampled is not None:
+            subsampled = {**subsampled, "limit": limit, "by": by}
     out = np.empty((len(t), F * (lags + 1)), dtype=np.float32)
     for k in range(lags + 1):
         earlier = t - k

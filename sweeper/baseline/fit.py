@@ -42,7 +42,7 @@ class BaselineResult:
     params: dict[str, Any]
     rows: dict[str, int]                     # rows per split (train after any subsampling)
     n_features: int
-    subsampled: dict[str, int] | None = None
+    subsampled: dict[str, Any] | None = None
     train_rows: pd.DataFrame | None = field(default=None, repr=False)  # date, asset of each train row
     model_text: str = field(default="", repr=False)
 

@@ -143,14 +143,16 @@ def subsample_line(attr: dict[str, Any]) -> str | None:
     sub = attr.get("subsampled")
     if not sub:
         return None
-    return (f"baseline: train rows subsampled by dates (baseline.max_rows): {sub['rows_kept']} of "
+    by = sub.get("by", "baseline.max_rows")
+    return (f"baseline: train rows subsampled by dates ({by}): {sub['rows_kept']} of "
             f"{sub['rows_total']} rows, {sub['dates_kept']} of {sub['dates_total']} dates")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sweeper.baseline.job")
-    parser.add_argument("--config", required=True, help="the study's resolved config (JSON)")
-    parser.add_argument("--storage", required=True)
+    parser.add_argument("--config", required=True,
+                        help="the study's resolved config (a JSON file, - for stdin)")
+    parser.add_argument("--storage", default=None, help="the study's storage (default: the config's)")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--host", default="")
@@ -162,8 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     """The sweep's baseline subprocess: 0 when done, 1 when it failed (recorded on the study)."""
     args = _args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    cfg = C.validate_config(json.loads(Path(args.config).read_text()), args.config)
-    study = optuna.load_study(study_name=cfg.study.name, storage=args.storage)
+    from sweeper.store import open_storage
+
+    text = sys.stdin.read() if args.config == "-" else Path(args.config).read_text()
+    cfg = C.validate_config(json.loads(text), args.config)
+    storage = open_storage(args.storage or cfg.study.resolved_storage, create=False)
+    study = optuna.load_study(study_name=cfg.study.name, storage=storage)
     try:
         attr = compute(cfg, study, args.threads, args.host, args.driver, args.run_dir)
     except Exception:  # noqa: BLE001 - recorded as failed on the study; the sweep goes on

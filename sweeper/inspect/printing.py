@@ -143,8 +143,9 @@ def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = N
              f"Newey-West lag {base.get('nw_lag')} on the shared dates"]
     sub = base.get("subsampled")
     if sub:
-        lines.append(f"  baseline train rows subsampled by dates (baseline.max_rows): {sub['rows_kept']} of "
-                     f"{sub['rows_total']}")
+        by = sub.get("by", "baseline.max_rows")
+        lines.append(f"  baseline train rows subsampled by dates ({by}): "
+                     f"{sub['rows_kept']} of {sub['rows_total']}")
     return lines
 
 

@@ -30,6 +30,7 @@ from sweeper.interrupt import StopToken
 from sweeper.store.locks import ClaimLock
 from sweeper.store.studies import FINISHED, best_in
 from sweeper.sweep import protocol
+from sweeper.sweep.baseline_job import BaselineJob
 from sweeper.sweep.claim import ClaimSchedule, claim
 from sweeper.sweep.dispatch import dispatch_for
 from sweeper.sweep.handle import Running, WorkerHandle
@@ -71,6 +72,7 @@ class Driver:
         self.dispatch = dispatch_for(cfg, slots, study)
         self.schedule = ClaimSchedule(cfg.study.heartbeat_interval, self._foreign_running)
         self.warnings = Warnings(view)
+        self.baseline = BaselineJob(cfg, study, lock, ident, run_dir)
 
     # layer 2: the loop
     def loop(self) -> None:
@@ -86,9 +88,11 @@ class Driver:
                 self.dispatch.stopping(self, "the sweep stopped before it could start")
             else:
                 self._start_trials()
-            if all(w.running is None for w in self.workers) and self.rule.stopping():
+            if all(w.running is None for w in self.workers) and self.rule.stopping() \
+                    and not self.baseline.running:  # a baseline under way is waited for
                 return
             self._pump(timeout=0.2)
+            self.baseline.poll()
             self._check_timeouts()
             self.view.tick()
 
@@ -181,6 +185,7 @@ class Driver:
         self.rule.trial_ended(end)
         self.view.trial_ended(w.slot, end.number, end.state, end.value, end.reason)
         w.trial_ended(end.failed)
+        self.baseline.trial_ended(w)
 
     def _worker_exited(self, w: WorkerHandle) -> None:
         self.sel.unregister(w.stdout)
@@ -239,6 +244,7 @@ class Driver:
 
     def _drain(self) -> None:
         self.dispatch.stopping(self, "stopped (Ctrl-C or SIGTERM) before it could start")
+        self.baseline.stop()
         for w in self.workers:
             w.drain()
 
@@ -253,6 +259,7 @@ class Driver:
     def shutdown(self) -> None:
         """Stop every worker at once, then wait for them together (not 10 s each in turn);
         a worker or a store call that fails here does not keep the others from stopping."""
+        self.baseline.stop()
         for w in self.workers:
             # idle (or still importing torch): holds no trial, no need to wait
             _guarded(w.kill if w.running is None else w.request_close, w)

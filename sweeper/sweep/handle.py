@@ -44,6 +44,7 @@ class WorkerHandle:
         self.early_exits = 0  # exits before ever becoming ready, in a row
         self.running: Running | None = None
         self.stop_sent = False  # a worker is told to stop once, however many loop turns the drain takes
+        self.reserved = False  # its slot's turn is the study's baseline job's (sweep.baseline_job)
         self._decoder = protocol.LineDecoder(self._malformed)
 
     def start(self) -> None:
@@ -67,8 +68,8 @@ class WorkerHandle:
 
     @property
     def idle(self) -> bool:
-        """Ready for a trial and running none."""
-        return self.ready and self.running is None
+        """Ready for a trial, running none, and its turn not taken by the baseline job."""
+        return self.ready and self.running is None and not self.reserved
 
     @property
     def stdout(self) -> IO[bytes]:
