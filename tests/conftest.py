@@ -17,6 +17,9 @@ TINY = {
     "train": {"epochs": 2, "batch_size": 256, "samples_per_epoch": 1024, "patience": 5},
     "devices": {"gpus": "none", "cpu_workers": 2},
     "search_space": {"train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}},
+    # the suite's sweeps test other things: no LightGBM job beside them (tests/test_baseline.py
+    # turns the default back on where it tests the sweep's baseline)
+    "report": {"baseline": None},
 }
 
 

@@ -211,7 +211,7 @@ def _sweep_counts(cfg):
 
 
 def test_a_sweep_computes_it_once_and_a_resume_does_not_again(study_file):
-    path = study_file({"study": {"n_trials": 3}})  # report.baseline: lightgbm, the default
+    path = study_file({"study": {"n_trials": 3}, "report": {"baseline": "lightgbm"}})  # the default
     _cli("run", path)
     cfg = load_config(path)
     study, states = _sweep_counts(cfg)
@@ -232,7 +232,8 @@ def test_a_sweep_computes_it_once_and_a_resume_does_not_again(study_file):
 
 
 def test_a_failing_baseline_never_ends_the_sweep(study_file):
-    path = study_file({"study": {"n_trials": 3}, "baseline": {"params": {"objective": "no-such-objective"}}})
+    path = study_file({"study": {"n_trials": 3}, "report": {"baseline": "lightgbm"},
+                       "baseline": {"params": {"objective": "no-such-objective"}}})
     _cli("run", path)
     study, states = _sweep_counts(load_config(path))
     assert states == ["COMPLETE"] * 3

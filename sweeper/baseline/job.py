@@ -20,7 +20,6 @@ import json
 import math
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import optuna
 
 from sweeper import config as C
 from sweeper.baseline.fit import BaselineResult, fit
+from sweeper.errors import one_line
 from sweeper.store import layout
 
 STATE, RESULT = "baseline_state", "baseline"
@@ -160,6 +160,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+STORE_AWAY = 75  # EX_TEMPFAIL: the job could not reach the store; recorded interrupted, claimable again
+
+
 def main(argv: list[str] | None = None) -> int:
     """The sweep's baseline subprocess: 0 when done, 1 when it failed (recorded on the study)."""
     args = _args(argv)
@@ -168,12 +171,18 @@ def main(argv: list[str] | None = None) -> int:
 
     text = sys.stdin.read() if args.config == "-" else Path(args.config).read_text()
     cfg = C.validate_config(json.loads(text), args.config)
-    storage = open_storage(args.storage or cfg.study.resolved_storage, create=False)
-    study = optuna.load_study(study_name=cfg.study.name, storage=storage)
+    try:
+        storage = open_storage(args.storage or cfg.study.resolved_storage, create=False,
+                               outage_s=cfg.study.storage_outage_s)
+        study = optuna.load_study(study_name=cfg.study.name, storage=storage)
+    except Exception as exc:  # noqa: BLE001 - the store is away: a later sweep tries again
+        print(f"baseline: the study's storage cannot be opened: {one_line(exc)}", file=sys.stderr, flush=True)
+        return STORE_AWAY
     try:
         attr = compute(cfg, study, args.threads, args.host, args.driver, args.run_dir)
-    except Exception:  # noqa: BLE001 - recorded as failed on the study; the sweep goes on
-        traceback.print_exc()
+    except Exception as exc:  # noqa: BLE001 - recorded as failed on the study; the sweep goes on
+        # one line, as every sweeper process says what went wrong (the log is read by people)
+        print(f"baseline: failed: {one_line(exc)}", file=sys.stderr, flush=True)
         return 1
     line = subsample_line(attr)
     if line:

@@ -84,10 +84,14 @@ class BaselineJob:
         """Once per loop turn: a finished job gives its slot back (and is recorded if it said nothing)."""
         if self.proc is None or self.proc.poll() is None:
             return
+        from sweeper.baseline.job import STORE_AWAY
+
         code = self.proc.returncode
         self._release()
-        if code != 0:
-            log = _log_file(self.run_dir, self.ident.host)
+        log = _log_file(self.run_dir, self.ident.host)
+        if code == STORE_AWAY:  # no fault of the baseline's: the next sweep may claim it again
+            self._record("interrupted", f"the study's storage was away; see {log}", only_if_running=True)
+        elif code != 0:
             self._record("failed", f"the baseline job exited with code {code}; see {log}",
                          only_if_running=True)
 
