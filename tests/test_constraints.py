@@ -251,3 +251,16 @@ def test_best_when_every_trial_is_infeasible(study_file, workdir):
     result = CliRunner().invoke(main, ["best", str(path)], catch_exceptions=False)
     assert result.exit_code == 2
     assert "study 'tiny' has no completed feasible trial yet" in result.output
+
+
+def test_changing_the_constraints_of_a_study_is_drift():
+    from sweeper.config import drift, to_dict, validate_config
+    from conftest import TINY, merge
+
+    before = to_dict(validate_config(TINY, "tiny"))
+    after = to_dict(validate_config(merge(TINY, {"study": {"constraints": {"top_turnover": {"max": 0.5}}}}),
+                                    "tiny"))
+    # a resume with other bounds is refused unless --force (which GP would then refuse to mix)
+    assert drift(before, after) == ["study.constraints ({} -> '<unset>')",
+                                    "study.constraints.top_turnover.max ('<unset>' -> 0.5)"]
+    assert drift(after, after) == []
