@@ -29,7 +29,7 @@ from sweeper.core.checkpoint import FileCheckpointer
 from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
 from sweeper.devices.fake import trial_device
-from sweeper.errors import ConfigError, FailReason, SweeperError, TrialFailure, one_line
+from sweeper.errors import ConfigError, FailReason, Interrupted, SweeperError, TrialFailure, one_line
 from sweeper.interrupt import StopToken
 from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
@@ -197,7 +197,10 @@ def _write_results(files: TrialFiles, result: TrainResult, panel: Panel) -> None
 def _failed(exc: BaseException, log: _TrialLog) -> tuple[TrialState, None, dict[str, Any]]:
     """How a trial that raised ends: FAIL with its fail_reason, except a config the model
     cannot take, which is PRUNED (see below)."""
-    log("".join(traceback.format_exception(exc)).rstrip())
+    if isinstance(exc, Interrupted):  # a stop that was asked for, not an error: no traceback
+        log(f"interrupted: {exc}")
+    else:
+        log("".join(traceback.format_exception(exc)).rstrip())
     message = str(exc) if isinstance(exc, (TrialFailure, SweeperError)) else f"{type(exc).__name__}: {exc}"
     if isinstance(exc, ConfigError):
         # A sampled combination the model refuses (nhead not dividing d_model, a constructor
