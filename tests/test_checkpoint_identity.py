@@ -135,8 +135,8 @@ def test_which_checkpoint_a_retry_may_continue(was, lineage, why):
     assert foreign({"epoch": 3, "config": {}, "owner": was}, STAMP, lineage) == why
 
 
-def test_the_default_study_runs_here_still_hold_one_study(tmp_path):
-    # the rule's own line, from the command line: a second `run` of the same study moves nothing
+def test_a_second_run_of_the_same_study_moves_nothing_aside(tmp_path):
+    # from the command line: the folder already is this study's, so nothing moves and no line says so
     cfg = {"study": {"name": "s", "n_trials": 1}, "data": {"synthetic": {"assets": 12, "dates": 60,
            "features": 2}, "lookback": 3}, "model": {"name": "mlp", "hidden_size": 4},
            "train": {"epochs": 1, "batch_size": 64}, "devices": {"gpus": "none", "cpu_workers": 1}}

@@ -117,8 +117,16 @@ def baseline_files(run_dir: str | Path) -> BaselineFiles:
 
 
 def slot_log(run_dir: str | Path, host: str, slot_id: int) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host)
-    return Path(run_dir) / "logs" / f"{safe}.slot-{slot_id}.log"
+    return Path(run_dir) / "logs" / f"{_safe(host)}.slot-{slot_id}.log"
+
+
+def baseline_log(run_dir: str | Path, host: str) -> Path:
+    """The study's baseline job's stdout and stderr, on the host that ran it."""
+    return Path(run_dir) / "logs" / f"{_safe(host)}.baseline.log"
+
+
+def _safe(host: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", host)
 
 
 def logs_dir(run_dir: str | Path) -> Path:

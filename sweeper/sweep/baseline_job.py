@@ -24,7 +24,7 @@ import optuna
 
 from sweeper import config as C
 from sweeper.errors import one_line
-from sweeper.store.layout import logs_dir
+from sweeper.store.layout import baseline_log
 from sweeper.store.locks import ClaimLock
 from sweeper.sweep.handle import WorkerHandle
 from sweeper.sweep.identity import Identity
@@ -71,7 +71,8 @@ class BaselineJob:
         threads = max(1, int(w.slot.threads))
         env = {**os.environ, **w.slot.env, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads),
                "PYTHONUNBUFFERED": "1"}
-        log = _log_file(self.run_dir, self.ident.host)
+        log = baseline_log(self.run_dir, self.ident.host)
+        log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "sweeper.baseline.job", "--config", "-", "--run-dir", str(self.run_dir),
                "--threads", str(threads), "--host", self.ident.host, "--driver", self.ident.driver_id]
         with log.open("ab") as out:
@@ -88,7 +89,7 @@ class BaselineJob:
 
         code = self.proc.returncode
         self._release()
-        log = _log_file(self.run_dir, self.ident.host)
+        log = baseline_log(self.run_dir, self.ident.host)
         if code == STORE_AWAY:  # no fault of the baseline's: the next sweep may claim it again
             self._record("interrupted", f"the study's storage was away; see {log}", only_if_running=True)
         elif code != 0:
@@ -123,12 +124,6 @@ class BaselineJob:
         except Exception as exc:  # noqa: BLE001 - a store that is away: the state stays as it was
             print(f"sweeper: could not record the baseline's state: {one_line(exc)}", file=sys.stderr,
                   flush=True)
-
-
-def _log_file(run_dir: Path, host: str) -> Path:
-    folder = logs_dir(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{''.join(c if c.isalnum() or c in '._-' else '_' for c in host)}.baseline.log"
 
 
 def _send(pipe: IO[bytes] | None, config: dict[str, Any]) -> None:

@@ -134,19 +134,20 @@ def _live_checkpoints(trials: list[FrozenTrial], run_dir: str | Path,
     return {p.resolve() for p in live}
 
 
-def _artifact_copies(trial: FrozenTrial, run_dir: str | Path, names: set[str]) -> list[Path]:
-    """The folder artifact store's copies of ``trial``'s files named ``names`` (none when the
-    artifacts are in S3: that store is not on this disk)."""
+def _artifact_copies(trial: FrozenTrial, run_dir: str | Path, names: set[str] | None) -> list[Path]:
+    """The folder artifact store's copies of ``trial``'s files named ``names`` (every one when
+    None; none when the artifacts are in S3: that store is not on this disk)."""
     out = []
     for key, value in trial.system_attrs.items():
-        if not key.startswith(ARTIFACT_PREFIX) or not names:
+        if not key.startswith(ARTIFACT_PREFIX):
             continue
         try:
             meta = json.loads(value)
-        except (TypeError, ValueError):
+            name, artifact_id = meta.get("filename"), meta.get("artifact_id")
+        except (TypeError, ValueError, AttributeError):
             continue
-        path = Path(run_dir) / "artifacts" / str(meta.get("artifact_id"))  # FileSystemArtifactStore's
-        if meta.get("filename") in names and path.is_file():
+        path = Path(run_dir) / "artifacts" / str(artifact_id)  # FileSystemArtifactStore's layout
+        if (names is None or name in names) and path.is_file():
             out.append(path)
     return out
 
@@ -196,19 +197,8 @@ def folder_size(path: str | Path) -> int:
 
 def trial_bytes(run_dir: str | Path, trial: FrozenTrial) -> int:
     """A trial's footprint on the run folder's disk: its folder and its artifact store copies."""
-    copies = _artifact_copies(trial, run_dir, _all_names(trial))
+    copies = _artifact_copies(trial, run_dir, None)
     return folder_size(trial_files(run_dir, trial.number).folder) + sum(_size(p) for p in copies)
-
-
-def _all_names(trial: FrozenTrial) -> set[str]:
-    names = set()
-    for key, value in trial.system_attrs.items():
-        if key.startswith(ARTIFACT_PREFIX):
-            try:
-                names.add(str(json.loads(value).get("filename")))
-            except (TypeError, ValueError, AttributeError):
-                continue
-    return names
 
 
 def _size(path: Path) -> int:
