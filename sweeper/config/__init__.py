@@ -28,6 +28,7 @@ from sweeper.config.schema import (
     SyntheticConfig,
     TrainConfig,
 )
+from sweeper.config.validation import ValidationConfig
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -48,6 +49,7 @@ __all__ = [
     "SweeperConfig",
     "SyntheticConfig",
     "TrainConfig",
+    "ValidationConfig",
     "WarmStartConfig",
     "config_hash",
     "config_value",

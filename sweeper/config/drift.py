@@ -16,7 +16,7 @@ from sweeper.config.schema import SweeperConfig
 # study.constraints too: they decide which trials are feasible (the best), and Optuna's GP
 # sampler refuses trials with different constraint counts in one study
 STUDY_SECTIONS = ("data.", "model.", "train.", "search_space", "study.metric", "study.direction",
-                  "study.constraints")
+                  "study.constraints", "validation.")
 CHECKPOINT_SECTIONS = ("model.", "train.", "data.")
 # where the panel is cached and how much of it sits on the device change nothing a trial computes
 NOT_DRIFT = frozenset({"data.cache", "data.cache_dir", "data.cache_max_gb", "data.device_share"})

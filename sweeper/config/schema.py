@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sweeper.config.long_sweeps import BaselineConfig, Bound, KeepConfig, WarmStartConfig
+from sweeper.config.validation import ValidationConfig
 
 BUILTIN_MODELS = ("transformer", "lstm", "gru", "mlp")
 METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss")
@@ -64,6 +65,9 @@ class StudyConfig(_Strict):
     # valid-split figures a trial must keep within bounds (Trial.set_constraint), e.g.
     # {top_turnover: {max: 0.5}}: best, predict and ensembles pick among feasible trials only
     constraints: dict[Literal["top_turnover", "long_short_sharpe"], Bound] = Field(default_factory=dict)
+    # stop when Optuna's Terminator judges that no further trial can beat the noise that the
+    # folds (or seed repeats) measure (sweeper.sweep.convergence; needs validation.runs >= 2)
+    stop_when_converged: bool = False
 
     @field_validator("name")
     @classmethod
@@ -323,6 +327,18 @@ class SweeperConfig(_Strict):
     search_space: dict[str, ParamSpec] = Field(default_factory=dict)
     report: ReportConfig = Field(default_factory=ReportConfig)
     baseline: BaselineConfig = Field(default_factory=BaselineConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
+
+    @model_validator(mode="after")
+    def _scores_to_spread(self) -> SweeperConfig:
+        # the standard error that lcb and the Terminator read needs two scores per trial
+        if self.validation.runs < 2:
+            for key, on in (("validation.aggregate: lcb", self.validation.aggregate == "lcb"),
+                            ("study.stop_when_converged: true", self.study.stop_when_converged)):
+                if on:
+                    raise ValueError(f"{key} needs at least two scores per trial: set "
+                                     "validation.scheme: walk_forward, or validation.repeats >= 2")
+        return self
 
     @model_validator(mode="after")
     def _space_keys(self) -> SweeperConfig:

@@ -1,0 +1,57 @@
+"""The study file's ``validation`` section: what a trial's objective is measured on.
+
+- ``scheme: holdout`` (the default): one train block, one valid block (``data.split``), one
+  training run per trial; every study written before this section existed means this.
+- ``scheme: walk_forward``: the dates before the test split (less its purge) are cut into
+  ``folds`` valid blocks that march forward in time, the last one ending where the test
+  split's purge begins; each fold trains on the dates before its block (``window: expanding``,
+  from the first date, or ``rolling``, the last ``train_dates`` dates) and validates on it.
+  The layout is :mod:`sweeper.data.folds`' (docs/walk-forward.md).
+
+``repeats`` trains every fold (or the holdout run) with seeds ``train.seed + r``; the fold's
+score is the mean of the seed scores. The objective is the mean over folds of
+``study.metric``, or with ``aggregate: lcb`` that mean less one standard error (plus one, for a
+metric that is minimised): a config that is good on every fold beats one that is great on one.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ValidationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scheme: Literal["holdout", "walk_forward"] = "holdout"
+    folds: int = Field(4, ge=2)
+    window: Literal["expanding", "rolling"] = "expanding"
+    # rolling only: target dates in each fold's train window (null: as many as the first fold has)
+    train_dates: int | None = Field(None, ge=1)
+    # target dates in each valid block (null: the dates before the test split, less the purges,
+    # in folds + 1 equal parts, the first of which is the first fold's train window, as
+    # scikit-learn's TimeSeriesSplit)
+    valid_dates: int | None = Field(None, ge=1)
+    repeats: int = Field(1, ge=1)
+    aggregate: Literal["mean", "lcb"] = "mean"
+
+    @model_validator(mode="after")
+    def _keys_of_their_scheme(self) -> ValidationConfig:
+        if self.train_dates is not None and self.window != "rolling":
+            raise ValueError("train_dates is the length of a rolling window: "
+                             "set validation.window: rolling, or drop train_dates")
+        return self
+
+    @property
+    def walk_forward(self) -> bool:
+        return self.scheme == "walk_forward"
+
+    @property
+    def n_folds(self) -> int:
+        """Folds a trial trains: 1 under holdout."""
+        return self.folds if self.walk_forward else 1
+
+    @property
+    def runs(self) -> int:
+        """Training runs a trial makes: folds x repeats."""
+        return self.n_folds * self.repeats
