@@ -161,6 +161,10 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
     plan = prepare(_load(study, sets), storage)
     click.echo(f"{study}: ok")
     click.echo(f"  data: {plan.panel.source} ({plan.panel.fingerprint[:12]})")
+    for k, fold in enumerate(plan.panel.fold_dates, 1):
+        click.echo(f"  fold {k}: train {' to '.join(fold['train'])}, valid {' to '.join(fold['valid'])}")
+    if plan.panel.fold_dates:
+        click.echo(f"  test: {' to '.join(plan.panel.split_dates['test'])}")
     click.echo(f"  storage: {plan.storage_url}")
     click.echo("  slots: " + ", ".join(s.label for s in plan.slots))
 

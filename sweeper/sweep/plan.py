@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sweeper import config as C
+from sweeper.data.folds import fold_dates, fold_layout
 from sweeper.data.panel import Panel
 from sweeper.devices import Slot
 from sweeper.sweep.warm_start import Queue
@@ -21,11 +22,18 @@ class PanelSummary:
     features: list[str]
     split_dates: dict[str, list[str]]  # {split: [first, last]} target dates as ISO days
     oracle_ic: dict[str, float] | None
+    # walk-forward folds' [{"train": [first, last], "valid": [first, last]}] (empty: holdout)
+    fold_dates: list[dict[str, list[str]]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, panel: Panel) -> PanelSummary:
+    def of(cls, panel: Panel, cfg: C.SweeperConfig | None = None) -> PanelSummary:
+        """``cfg``: the study's, whose walk-forward folds are laid out on the panel here (the
+        check that they fit: a ConfigError naming the keys before anything is written)."""
+        folds = []
+        if cfg is not None and cfg.validation.walk_forward:
+            folds = fold_dates(panel, fold_layout(panel, cfg))
         return cls(source=panel.source, fingerprint=panel.fingerprint, features=list(panel.features),
-                   split_dates=panel.split_dates(), oracle_ic=panel.oracle_ic)
+                   split_dates=panel.split_dates(), oracle_ic=panel.oracle_ic, fold_dates=folds)
 
 
 @dataclass

@@ -61,7 +61,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     panel = load_panel(cfg.data)
     # keep what the plan needs, not the panel: the driver holds no dense copy while workers
     # train (with the panel cache they map the entry this load built; without it they build their own)
-    summary = PanelSummary.of(panel)
+    summary = PanelSummary.of(panel, cfg)
     del panel
     # a model's errors are config errors; the shapes a trial may sample but cannot build are notes
     notes = check_study_models(cfg, len(summary.features), cfg.data.lookback)

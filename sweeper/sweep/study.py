@@ -35,6 +35,7 @@ def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str
         "environment": environment,
         "data_fingerprint": panel.fingerprint,
         "split_dates": panel.split_dates,
+        "fold_dates": panel.fold_dates,
         "split_widths": {k: getattr(cfg.data.split, k) for k in ("lookback", "horizon", "embargo")},
         "features": panel.features,
         "oracle_ic": panel.oracle_ic,
