@@ -17,7 +17,16 @@
         daily_ic_valid.csv        per-date IC and Rank IC of the best weights
         daily_ic_test.csv
         norm_stats.json           features and robust_zscore's train statistics (for new data)
-        checkpoint.pt             the last end-of-epoch training state (core.checkpoint)
+        checkpoint.pt             the last end-of-epoch training state (core.checkpoint) of the
+                                  run in progress (under walk_forward: of its fold and seed)
+        runs/fold-<f>.seed-<r>/   walk_forward or repeats: one finished training run's files
+          result.json             its metrics, best epoch and fold (sweeper.validation)
+          daily_ic_valid.csv      per-date IC of its valid block
+          predictions_valid.parquet  date, asset, pred of its valid block (seed ensembles)
+        refit/                    sweeper refit: the production model (sweeper.refit)
+          weights.pt              trained on every labelled date up to refit.json's until
+          norm_stats.json
+          refit.json              the trial, until, epochs, the dates it trained on
       baseline/                   the LightGBM baseline (sweeper.baseline, docs/baseline.md)
         predictions_valid.parquet date, asset, pred, label (raw) of each scored row
         predictions_test.parquet
@@ -83,6 +92,20 @@ class TrialFiles:
     def daily_ic(self, split: str) -> Path:
         """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
         return self.folder / f"daily_ic_{split}.csv"
+
+    @property
+    def runs(self) -> Path:
+        """``runs/``: the finished training runs of a trial that makes several (folds, seeds)."""
+        return self.folder / "runs"
+
+    def run(self, fold: int, repeat: int) -> Path:
+        """One finished run's folder; ``fold`` and ``repeat`` count from 1 (as ``validate`` prints)."""
+        return self.runs / f"fold-{fold}.seed-{repeat}"
+
+    @property
+    def refit(self) -> Path:
+        """``refit/``: ``sweeper refit``'s production model of this trial."""
+        return self.folder / "refit"
 
 
 def trial_files(run_dir: str | Path, number: int) -> TrialFiles:
