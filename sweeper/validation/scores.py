@@ -1,0 +1,135 @@
+"""A walk-forward (or seed-repeated) trial's scores: the one home of how its training runs
+are aggregated into the objective and its user attributes (docs/walk-forward.md).
+
+A fold's score is the mean over its seeds; the objective is the mean over folds of
+``study.metric``'s fold scores, or with ``validation.aggregate: lcb`` that mean less one
+standard error (plus one, for a metric that is minimised). The standard error is the fold
+scores' (std with ddof=1 over sqrt(n)); with one fold (holdout with repeats) the seed scores'.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from sweeper.config import SweeperConfig
+from sweeper.quant import ic as M
+
+MEANED = ("val_ic", "val_rank_ic", "val_icir", "val_loss")  # stored as the mean over folds
+
+
+@dataclass
+class Run:
+    """One finished training run of a trial: fold and repeat count from 0 here."""
+
+    fold: int
+    repeat: int
+    seed: int
+    metrics: dict[str, Any]
+    stop_reason: str = "epochs"
+
+
+def fold_scores(runs: Sequence[Run], key: str) -> list[float]:
+    """Per fold (in fold order), the mean over its seeds of ``key``."""
+    folds = sorted({r.fold for r in runs})
+    return [_mean([_num(r.metrics.get(key)) for r in runs if r.fold == f]) for f in folds]
+
+
+def standard_error(runs: Sequence[Run], key: str) -> float:
+    """std (ddof=1) / sqrt(n) of the fold scores; with one fold, of its seed scores."""
+    scores = fold_scores(runs, key)
+    if len(scores) < 2:
+        scores = [_num(r.metrics.get(key)) for r in runs]
+    finite = [s for s in scores if math.isfinite(s)]
+    if len(finite) < 2:
+        return math.nan
+    return statistics.stdev(finite) / math.sqrt(len(finite))
+
+
+def objective(runs: Sequence[Run], cfg: SweeperConfig) -> float:
+    """The trial's value: the mean over folds of ``study.metric`` (lcb: less one standard error)."""
+    metric = cfg.study.metric
+    mean = _mean(fold_scores(runs, metric))
+    if cfg.validation.aggregate != "lcb":
+        return mean
+    se = standard_error(runs, metric)
+    return mean - se if cfg.study.resolved_direction == "maximize" else mean + se
+
+
+def seed_sd(runs: Sequence[Run], key: str = "val_ic") -> float:
+    """Mean over folds of the std (ddof=1) of the seed scores in the fold (folds with >= 2 seeds)."""
+    sds = []
+    for f in sorted({r.fold for r in runs}):
+        values = [_num(r.metrics.get(key)) for r in runs if r.fold == f]
+        if len(values) >= 2 and all(math.isfinite(v) for v in values):
+            sds.append(statistics.stdev(values))
+    return _mean(sds)
+
+
+def ensemble_ic(frames: Sequence[pd.DataFrame]) -> float:
+    """The IC of the mean of several seeds' valid predictions (``date, asset, pred, label``)."""
+    if not frames:
+        return math.nan
+    stacked = pd.concat([f[["date", "asset", "pred", "label"]] for f in frames], ignore_index=True)
+    mean = stacked.groupby(["date", "asset"], sort=True, as_index=False).agg(pred=("pred", "mean"),
+                                                                           label=("label", "first"))
+    return float(M.ic_report(mean)["ic"])
+
+
+def trial_attrs(runs: Sequence[Run], cfg: SweeperConfig, *, folds_run: int,
+                fold_dates: list[dict[str, list[str]]],
+                predictions: Mapping[tuple[int, int], pd.DataFrame]) -> dict[str, Any]:
+    """The user attributes of a trial made of ``runs`` (the contract's names), without those of
+    the model in weights.pt (the worker adds the last fold's first seed's own)."""
+    metric = cfg.study.metric
+    attrs: dict[str, Any] = {key: _mean(fold_scores(runs, key)) for key in MEANED}
+    for key in dict.fromkeys(["val_ic", metric]):
+        scores = fold_scores(runs, key)
+        attrs[f"fold_{key}"] = scores
+        attrs[f"{key}_se"] = standard_error(runs, key)
+        if cfg.validation.walk_forward:
+            attrs[f"worst_fold_{key}"] = min(scores) if scores else math.nan
+    if cfg.validation.walk_forward:
+        attrs["fold_dates"] = fold_dates
+    if cfg.validation.repeats > 1:
+        attrs["seed_val_ic_sd"] = seed_sd(runs)
+        per_fold = []
+        for f in sorted({r.fold for r in runs}):
+            frames = [predictions[(r.fold, r.repeat)] for r in runs if r.fold == f
+                      and (r.fold, r.repeat) in predictions]
+            per_fold.append(ensemble_ic(frames))
+        attrs["fold_seed_ensemble_val_ic"] = per_fold
+        attrs["seed_ensemble_val_ic"] = _mean(per_fold)
+    attrs["fold_best_epoch"] = [int(statistics.median_low([int(r.metrics.get("best_epoch") or 0)
+                                                           for r in runs if r.fold == f]))
+                                for f in sorted({r.fold for r in runs})]
+    attrs["folds_run"] = folds_run
+    return attrs
+
+
+def daily_valid(frames: Mapping[tuple[int, int], pd.DataFrame]) -> pd.DataFrame:
+    """``daily_ic_valid.csv`` of the trial: per valid date the mean over seeds of the runs' daily
+    ic and rank_ic, with the fold (1-based); the blocks are disjoint, so each date appears once."""
+    parts = []
+    for (fold, _repeat), frame in frames.items():
+        parts.append(frame.assign(fold=fold + 1))
+    if not parts:
+        return pd.DataFrame(columns=["date", "ic", "rank_ic", "fold"])
+    both = pd.concat(parts, ignore_index=True)
+    out = both.groupby(["fold", "date"], sort=True, as_index=False)[["ic", "rank_ic"]].mean()
+    return out[["date", "ic", "rank_ic", "fold"]].sort_values("date", ignore_index=True)
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else math.nan
