@@ -23,10 +23,13 @@ from sweeper.errors import FailReason
 from sweeper.interrupt import StopToken
 from sweeper.store.layout import logs_dir
 from sweeper.store.studies import FINISHED
+from sweeper.sweep.convergence import Watch, min_trials
 
 
 class Ending(Enum):
-    DONE = "done"  # the budget, study.timeout, study.patience_trials, or nothing left for this host: exit 0
+    # the budget, study.timeout, study.patience_trials, study.stop_when_converged, or nothing
+    # left for this host: exit 0
+    DONE = "done"
     FAILED = "failed"  # trials keep failing, workers cannot start, or the disk is full: exit 1
     INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: exit 128 + the signal
 
@@ -90,8 +93,8 @@ def _beats(value: float, best: float, maximize: bool, margin: float) -> bool:
 
 class StopRule:
     """The sweep stops on a stop request, study.timeout, too many failures in a row,
-    workers that die before they are ready, a full disk, study.patience_trials, or a
-    used-up budget."""
+    workers that die before they are ready, a full disk, study.patience_trials,
+    study.stop_when_converged, or a used-up budget."""
 
     def __init__(self, cfg: StudyConfig, stop: StopToken, run_dir: Path) -> None:
         self.cfg, self.stop, self.run_dir = cfg, stop, run_dir
@@ -101,6 +104,9 @@ class StopRule:
         self.broken = False  # a worker exited before it was ready too often
         self.disk_full = False  # a trial failed as disk: start no more (each would fail the same way)
         self.patient_out = False  # study.patience_trials finished trials without a new best
+        self.converged = False  # study.stop_when_converged: Optuna's Terminator says stop
+        maximize = cfg.resolved_direction == "maximize"
+        self.watch = Watch(maximize, min_trials(cfg.sampler.options)) if cfg.stop_when_converged else None
         self.message = ""
 
     def trial_ended(self, end: TrialEnd) -> None:
@@ -116,7 +122,20 @@ class StopRule:
                             f"{self.run_dir} and run `sweeper run` again to resume")
 
     def seen(self, trials: list[FrozenTrial]) -> None:
-        """The trials a claim read under the lock: study.patience_trials is counted on them."""
+        """The trials a claim read under the lock: study.patience_trials is counted on them,
+        and study.stop_when_converged judged."""
+        self._patience(trials)
+        self._convergence(trials)
+
+    def _convergence(self, trials: list[FrozenTrial]) -> None:
+        if self.watch is None or self.converged:
+            return
+        judged = self.watch.converged(trials)
+        if judged is not None:
+            self.converged = True
+            self.message = self.message or f"stopped: {judged.reason()} (study.stop_when_converged)"
+
+    def _patience(self, trials: list[FrozenTrial]) -> None:
         limit = self.cfg.patience_trials
         if limit is None or self.patient_out:
             return
@@ -156,7 +175,7 @@ class StopRule:
 
     def stopping(self) -> bool:
         """Whether to start no more trials (those running finish, or drain on a signal)."""
-        if self.stop.requested or self.broken or self.disk_full or self.patient_out:
+        if self.stop.requested or self.broken or self.disk_full or self.patient_out or self.converged:
             return True
         timeout = self.cfg.timeout
         if timeout is not None and time.monotonic() - self.started > timeout:
