@@ -33,6 +33,10 @@ class OptunaHook:
         self.metrics_csv, self.stop = metrics_csv, stop
         self.pruned = False
         self.steps = 0
+        # a trial of several runs (walk_forward, repeats) steps on across them: the run's
+        # offset is added to its epoch, and metrics.csv rows say which fold and seed they are
+        self.offset = 0
+        self.run_columns: dict[str, int] = {}
         self.progress_every = progress_every
         self._next_progress = 0.0  # the first step is reported at once
 
@@ -42,13 +46,20 @@ class OptunaHook:
         if peak_mb is not None and math.isfinite(peak_mb):
             protocol.emit(protocol.MEMORY, number=self.number, peak_mb=peak_mb)
 
+    def begin_run(self, fold: int, repeat: int, offset: int) -> None:
+        """The next epochs are run (``fold``, ``repeat``), 0-based, reported at ``offset + epoch``:
+        the global step ``(fold * repeats + repeat) * epochs + epoch``, so the pruner compares
+        trials at the same fold, seed and epoch."""
+        self.offset = offset
+        self.run_columns = {"fold": fold + 1, "repeat": repeat + 1}
+
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
-        append_csv(self.metrics_csv, {"epoch": epoch, **metrics})
+        append_csv(self.metrics_csv, {**self.run_columns, "epoch": epoch, **metrics})
         value = metrics.get(self.metric)
         protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch, metrics=metrics)
         if value is None or not math.isfinite(value):
             return False
-        self.trial.report(float(value), epoch)
+        self.trial.report(float(value), self.offset + epoch)
         self.pruned = self.trial.should_prune()
         return self.pruned
 
@@ -75,9 +86,17 @@ def append_csv(path: Path, row: dict[str, Any]) -> None:
         writer.writerow(row)
 
 
-def copy_csv_upto(src: Path, dst: Path, epoch: int) -> None:
-    """The rows of ``src`` up to ``epoch``, appended to ``dst`` (a retry's replayed history)."""
+def copy_csv_upto(src: Path, dst: Path, epoch: int, repeats: int = 1, epochs: int = 0) -> None:
+    """The rows of ``src`` up to ``epoch``, appended to ``dst`` (a retry's replayed history).
+    Rows with ``fold`` and ``repeat`` columns (several runs) are taken up to the global step
+    ``epoch``: ``((fold - 1) * repeats + repeat - 1) * epochs + epoch``."""
+    def step(row: dict[str, str]) -> int:
+        if row.get("fold") and row.get("repeat"):
+            run = (int(row["fold"]) - 1) * repeats + int(row["repeat"]) - 1
+            return run * epochs + int(float(row["epoch"]))
+        return int(float(row["epoch"]))
+
     with src.open() as fh:
-        rows = [r for r in csv.DictReader(fh) if int(float(r["epoch"])) <= epoch]
+        rows = [r for r in csv.DictReader(fh) if step(r) <= epoch]
     for row in rows:
         append_csv(dst, row)

@@ -35,7 +35,7 @@ from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.store.outage import watch
-from sweeper.sweep import adoption, constraints, protocol, retention
+from sweeper.sweep import adoption, constraints, convergence, protocol, retention
 from sweeper.sweep.heartbeat import Heartbeat
 from sweeper.sweep.outcome import end_trial, fail_attrs
 from sweeper.sweep.samplers import build_pruner
@@ -131,6 +131,8 @@ class TrialRunner:
         # the checkpoint says whose it is: only this trial's retries may continue it
         stamp = adoption.owner(self.study_uuid, frozen.number, panel.fingerprint)
         adoption.adopt(self.study, trial, frozen, cfg, files, stamp, log)
+        if cfg.validation.runs > 1:  # walk_forward or seed repeats: several runs, one trial
+            return self._train_runs(trial, cfg, files, log, started, hook, panel, stamp)
         checkpoint = FileCheckpointer(files.checkpoint, stamp)  # holds its epoch: a retry replays up to it
         result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log,
                        started=started, memory=self.device_kind.memory(self.memory_limit_mb))
@@ -143,6 +145,26 @@ class TrialRunner:
             return TrialState.FAIL, None, {**attrs, **nan}
         # study.constraints: set on the RUNNING trial, before the tell, so samplers read them
         return state, value, {**attrs, **constraints.judge(trial, cfg, result.predictions)}
+
+    def _train_runs(self, trial: optuna.Trial, cfg: C.SweeperConfig, files: TrialFiles, log: _TrialLog,
+                    started: float, hook: OptunaHook, panel: Panel,
+                    stamp: dict[str, Any]) -> tuple[TrialState, float | None, dict[str, Any]]:
+        """A trial of several runs (:mod:`sweeper.validation`): its folds and seeds, one value."""
+        from sweeper.validation import RunStore, Trainer, record, train_runs
+
+        trainer = Trainer(cfg, hook, started, self.device, log, self.device_kind.memory(self.memory_limit_mb),
+                          RunStore(files, stamp))
+        out = train_runs(panel, trainer)
+        record.write_files(out, cfg, files)
+        value, attrs = record.attrs_of(out, cfg)
+        if hook.pruned or out.cut_short:  # the later folds never ran: a partial mean is no objective
+            return TrialState.PRUNED, None, attrs
+        if not math.isfinite(value):
+            return TrialState.FAIL, None, {**attrs, **fail_attrs(FailReason.NAN,
+                                                                 f"{self.cfg.study.metric} is not finite")}
+        convergence.report_scores(trial, record.terminator_scores(out, cfg))  # before the tell
+        return TrialState.COMPLETE, value, {**attrs, **constraints.judge(trial, cfg,
+                                                                        record.first_seed_predictions(out))}
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
                 attrs: dict[str, Any], files: TrialFiles, warn: Callable[[str], None]) -> bool:

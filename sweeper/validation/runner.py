@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -196,9 +197,10 @@ def _train_one(trainer: Trainer, panel: Panel, fold: Fold, repeat: int, out: Out
     store = trainer.store
     checkpoint: Checkpointer = (store.checkpointer(fold.index, repeat, dates) if store is not None
                                 else NullCheckpointer())
-    result = train(cfg, panel, device=trainer.device, hook=trainer.hook, checkpoint=checkpoint,
-                   log=trainer.log, started=trainer.started, memory=trainer.memory)
     is_model = (fold.index, repeat) == model_run(cfg)
+    log = trainer.log if is_model or trainer.log is None else _without_test(trainer.log)
+    result = train(cfg, panel, device=trainer.device, hook=trainer.hook, checkpoint=checkpoint,
+                   log=log, started=trainer.started, memory=trainer.memory)
     # only the trial's model is scored on test: no other run's test score is kept anywhere
     metrics = {k: v for k, v in result.metrics.items() if is_model or not k.startswith("test_")}
     run = Run(fold.index, repeat, cfg.train.seed, metrics, result.stop_reason)
@@ -210,6 +212,14 @@ def _train_one(trainer: Trainer, panel: Panel, fold: Fold, repeat: int, out: Out
     if is_model:
         out.model = result
     return run
+
+
+def _without_test(log: Callable[[str], None]) -> Callable[[str], None]:
+    """The log of a run other than the model's: its closing line without its test score (only
+    the trial's model is scored on test, so no other run's test IC is kept, in a log either)."""
+    def say(line: str) -> None:
+        log(re.sub(r",? test_ic -?[0-9.e+-]+|,? test_ic nan", "", line))
+    return say
 
 
 def _tick(hook: EpochHook) -> None:
