@@ -9,6 +9,11 @@ Parquet needs one type per column. A column whose values mix kinds (numbers and
 strings, or lists and dicts such as the study config) holds JSON text instead;
 a column of numbers, of strings or of booleans keeps its type. CSV, as ever, cannot
 tell an empty string from a missing value.
+
+A fold list (a ``fold_*`` user attribute of numbers: ``fold_val_ic``, ``fold_best_epoch``, ...,
+one entry per fold under walk_forward) is JSON text like every list, and is also spread over
+one float column per fold right after it, 1-based: ``user_attrs.fold_val_ic_1``,
+``user_attrs.fold_val_ic_2``, ... (NaN where a trial has fewer folds, e.g. a pruned one).
 """
 from __future__ import annotations
 
@@ -40,9 +45,28 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     params = sorted(c for c in names if c.startswith("params."))
     user = sorted(c for c in names if c.startswith("user_attrs."))
     frame = frame[[c for c in FIXED if c in frame] + params + user]
+    spread = {c: _per_fold(frame[c]) for c in user if c.startswith("user_attrs.fold_")}
     for column in params + user:
         frame[column] = _one_type(frame[column])
-    return frame.reset_index(drop=True)
+    pieces = [frame[[c]] if not spread.get(c) else pd.concat([frame[[c]], pd.DataFrame(spread[c])], axis=1)
+              for c in frame.columns]
+    return pd.concat(pieces, axis=1).reset_index(drop=True)
+
+
+def _per_fold(column: pd.Series) -> dict[str, pd.Series]:
+    """``{name_1: ..., name_k: ...}`` of a column of lists of numbers; empty for any other column."""
+    values = [v for v in column if not _missing(v)]
+    if not values or not all(isinstance(v, list) and all(_number(x) for x in v) for v in values):
+        return {}
+    width = max(len(v) for v in values)
+    rows = [[math.nan] * width if _missing(v) else [math.nan if x is None else float(x) for x in v]
+            + [math.nan] * (width - len(v)) for v in column]
+    return {f"{column.name}_{k + 1}": pd.Series([r[k] for r in rows], index=column.index, dtype="float64")
+            for k in range(width)}
+
+
+def _number(value: object) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def _one_type(column: pd.Series) -> pd.Series:

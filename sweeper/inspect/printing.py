@@ -18,7 +18,6 @@ def fmt(value: object, spec: str = ".4f") -> str:
 
 def print_status(report: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     counts = ", ".join(f"{k.lower()} {v}" for k, v in report["counts"].items() if v)
@@ -36,16 +35,28 @@ def print_status(report: dict[str, Any]) -> None:
                                              {} if report.get("baseline_done") else None), highlight=False)
     if report["fail_reasons"]:
         console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items()))
+    if "validation" in report:
+        console.print(validation_line(report["validation"], report.get("metric", "the metric")),
+                      highlight=False, soft_wrap=True)
+        for k, dates in enumerate(report.get("fold_dates") or [], 1):
+            console.print("  " + fold_line(k, dates), highlight=False)
     if report["best"]:
         print_best(report["best"], console)
     if report["running"]:
-        table = Table("trial", "host", "device", "epoch", title="running")
-        for r in report["running"]:
-            table.add_row(str(r["trial"]), str(r["host"]), str(r["device"]), fmt(r["epoch"], "d"))
-        console.print(table)
+        console.print(_running_table(report["running"], folds="validation" in report))
     for d in report["devices"]:
         console.print(f"GPU {d.get('index')} {d.get('uuid', '')}: util {d.get('util')}% "
                       f"mem {d.get('mem_used_mb')}/{d.get('mem_total_mb')} MB, {d.get('n_procs')} processes")
+
+
+def _running_table(running: list[dict[str, Any]], folds: bool) -> Any:
+    from rich.table import Table
+
+    table = Table("trial", "host", "device", *(("fold", "seed") if folds else ()), "epoch", title="running")
+    for r in running:
+        at = (fmt(r.get("fold"), "d"), fmt(r.get("seed"), "d")) if folds else ()
+        table.add_row(str(r["trial"]), str(r["host"]), str(r["device"]), *at, fmt(r["epoch"], "d"))
+    return table
 
 
 def print_best(best: dict[str, Any], console: Console | None = None) -> None:
@@ -62,10 +73,12 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
         if oracle:
             reached = f": {frac:.0%} reached" if frac is not None else ""
             console.print(f"  oracle {split} IC {oracle:.4f}{reached}")
+    for line in fold_lines(best):
+        console.print("  " + line, highlight=False, soft_wrap=True)
     if "constraints" in best or best.get("infeasible"):
         console.print("  " + constraints_line(best), highlight=False, soft_wrap=True)
     for line in selection_lines(best.get("selection")):
-        console.print("  " + line, highlight=False)
+        console.print("  " + line, highlight=False, soft_wrap=True)
     for line in baseline_lines(best.get("baseline"), best.get("baseline_state")):
         console.print("  " + line, highlight=False, soft_wrap=True)
     for line in ic_time_lines(best):
@@ -88,6 +101,51 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
         console.print(f"  weights: {best['weights'] or '-'}")
 
 
+def validation_line(validation: dict[str, Any], metric: str) -> str:
+    """The validation scheme and how the objective aggregates it, in words."""
+    walk = validation["scheme"] == "walk_forward"
+    parts = [f"{validation['folds']} folds ({validation['window']} window)"] if walk else []
+    if validation["repeats"] > 1:
+        parts.append(f"{validation['repeats']} seed repeats")
+    over = "folds" if walk else "seeds"
+    how = f"mean - 1 se over {over}" if validation["aggregate"] == "lcb" else f"mean over {over}"
+    return f"validation: {validation['scheme']}, {', '.join(parts)}; objective = {how} of {metric}"
+
+
+def fold_line(k: int, dates: dict[str, list[str]] | None, score: object = None, metric: str = "") -> str:
+    """One fold's date ranges (1-based ``k``), with its score when given."""
+    ranges = (f"train {' to '.join(dates['train'])}, valid {' to '.join(dates['valid'])}"
+              if dates else "dates -")
+    return f"fold {k}: {metric} {fmt(score)}  ({ranges})" if metric else f"fold {k}: {ranges}"
+
+
+def fold_lines(best: dict[str, Any]) -> list[str]:
+    """The best trial's folds and seeds (``sweeper best`` and ``status``): the scheme, each
+    fold's val IC and dates, their mean, se and worst, the seeds' spread, and which model
+    scores test; nothing for a plain holdout study."""
+    if "validation" not in best:
+        return []
+    lines = [validation_line(best["validation"], best["metric"])]
+    folds, dates = best.get("fold_val_ic") or [], best.get("fold_dates") or []
+    walk = best["validation"]["scheme"] == "walk_forward"
+    if walk:
+        lines += [fold_line(k, dates[k - 1] if k <= len(dates) else None, v, "val_ic")
+                  for k, v in enumerate(folds, 1)]
+    finite = [(v, k) for k, v in enumerate(folds, 1) if isinstance(v, (int, float))]
+    worst = f"  worst {fmt(min(finite)[0])} (fold {min(finite)[1]})" if walk and finite else ""
+    over = f"{len(folds)} folds" if walk else f"{best['validation']['repeats']} seeds"
+    lines.append(f"val_ic over {over}: mean {fmt(best['metrics'].get('val_ic'))}  "
+                 f"se {fmt(best.get('val_ic_se'))}{worst}")
+    if "seed_val_ic_sd" in best or "seed_ensemble_val_ic" in best:
+        lines.append(f"seeds: val_ic sd {fmt(best.get('seed_val_ic_sd'))} within a fold, "
+                     f"seed-ensemble val_ic {fmt(best.get('seed_ensemble_val_ic'))}")
+    model = best.get("test_model") or {}
+    if walk:
+        lines.append(f"test IC: the last fold's model (fold {model.get('fold')}, seed {model.get('repeat')} "
+                     f"= train.seed {model.get('seed')})")
+    return lines
+
+
 def constraints_line(best: dict[str, Any]) -> str:
     """``study.constraints`` in words: each bound with the best trial's valid figure, and how
     many COMPLETE trials were left out as infeasible."""
@@ -104,12 +162,17 @@ def selection_lines(sel: dict[str, Any] | None) -> list[str]:
     """The selection-bias figures in words (``sweeper best``, ``status`` and the report)."""
     if not sel:
         return ["selection bias: - (the best trial has no daily IC file)"]
-    return [
+    lines = [
         f"selection bias over {sel['n_trials']} trials: no-signal best val IC "
         f"{fmt(sel.get('expected_max_null_ic'))}",
         f"  deflated val IC {fmt(sel.get('deflated_ic'))}  P(fluke) {fmt(sel.get('p_fluke'), '.1%')}  "
         f"PBO {fmt(sel.get('pbo'), '.2f')}",
     ]
+    if sel.get("se_from") == "folds":
+        blocks = "the folds" if sel.get("pbo_blocks") == "folds" else "the dates"
+        lines.append(f"  standard errors from the fold ICs (best: se {fmt(sel.get('best_val_ic_se'))} over "
+                     f"{sel.get('n_folds')} folds); PBO's blocks cut along {blocks}")
+    return lines
 
 
 def ic_time_lines(best: dict[str, Any]) -> list[str]:

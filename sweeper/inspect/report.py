@@ -20,6 +20,9 @@ trial, which is far too slow at 500 trials):
     the group-neutral IC when ``data.group_col`` is set
 12. ``baseline``: the cumulative daily IC of the best trial and of the LightGBM baseline
     (:mod:`sweeper.inspect.figures_baseline`)
+13. ``folds``: the val IC per fold of the top 10 trials (walk_forward;
+    :mod:`sweeper.inspect.figures_folds`, which also draws figure 8 under walk_forward:
+    standard errors from the fold ICs)
 
 Figures 1-4 are in :mod:`~sweeper.inspect.figures_search`, 5 in
 :mod:`~sweeper.inspect.figures_devices`, 6-8 in :mod:`~sweeper.inspect.figures_ic`,
@@ -48,6 +51,7 @@ from sweeper.errors import SweeperError
 from sweeper.inspect.figures_base import StudyData, finite
 from sweeper.inspect.figures_baseline import baseline_figure
 from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, utilisation
+from sweeper.inspect.figures_folds import fold_selection_figure, folds_figure, walk_forward
 from sweeper.inspect.figures_ic import daily_figure, overfit_figure, selection_figure
 from sweeper.inspect.figures_portfolio import buckets_figure, longshort_figure
 from sweeper.inspect.figures_search import curves_figure, history_figure, importance_figure, parallel_figure
@@ -62,7 +66,7 @@ __all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_ht
            "write_report"]
 
 FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection",
-           "buckets", "longshort", "ic_time", "baseline")
+           "buckets", "longshort", "ic_time", "baseline", "folds")
 TITLES = {
     "history": "1. Optimization history", "importance": "2. Parameter importances",
     "parallel": "3. Parallel coordinates", "curves": "4. Learning curves (intermediate values)",
@@ -72,6 +76,7 @@ TITLES = {
     "longshort": "10. Best trial: cumulative long-short return",
     "ic_time": "11. IC through time: mean daily IC by year and month",
     "baseline": "12. Best trial against the LightGBM baseline: cumulative daily IC",
+    "folds": "13. Walk-forward: validation IC per fold of the top trials",
 }
 
 
@@ -117,10 +122,11 @@ def build_figures(data: StudyData) -> dict[str, go.Figure]:
         "history": history_figure(data), "importance": importance_figure(data),
         "parallel": parallel_figure(data), "curves": curves_figure(data),
         "timeline": timeline_figure(data), "overfit": overfit_figure(data),
-        "daily": daily_figure(data), "selection": selection_figure(data),
+        "daily": daily_figure(data),
+        "selection": fold_selection_figure(data) if walk_forward(data) else selection_figure(data),
         "buckets": buckets_figure(data), "longshort": longshort_figure(data),
         "ic_time": ic_time_figure(data),
-        "baseline": baseline_figure(data),
+        "baseline": baseline_figure(data), "folds": folds_figure(data),
     }
     telemetry = telemetry_figure(layout.devices_csv(data.run_dir))
     if telemetry is not None:
@@ -178,6 +184,14 @@ def _notes(name: str, fig: go.Figure) -> list[str]:
     meta = fig.layout.meta or {}
     if name == "timeline" and "utilisation" in meta:
         return _utilisation_notes(meta["utilisation"])
+    if name == "selection" and meta.get("selection", {}).get("se_from") == "folds":
+        return [line.strip() for line in selection_lines(meta["selection"])] + [
+            "Walk-forward: each trial's standard error is std(fold val IC, ddof=1) / sqrt(folds), the "
+            "spread of its score from one period to the next; the no-signal best is the trials' median of "
+            "it times the expected maximum of N standard normals; best = the mean of the best trial's fold "
+            "ICs; deflated IC = best - no-signal best. P(fluke) = 1 - the Deflated Sharpe Ratio of the best "
+            "trial's daily ICs over its folds' valid blocks; PBO (CSCV) on the trials' daily ICs with its "
+            "blocks cut along the folds, so that no block mixes two folds' models."]
     if name == "selection" and "selection" in meta:
         return [line.strip() for line in selection_lines(meta["selection"])] + [
             "The no-signal best is the median standard error of the trials' mean daily IC times the "
@@ -185,6 +199,11 @@ def _notes(name: str, fig: go.Figure) -> list[str]:
             "P(fluke) = 1 - the Deflated Sharpe Ratio of the best trial's daily ICs; PBO = probability of "
             "backtest overfitting (CSCV). Standard errors are Newey-West with lag horizon - 1: an h-day "
             "label makes neighbouring daily ICs overlap."]
+    if name == "folds" and "trials" in meta:
+        return ["Each line: one of the best trials by objective, its validation IC on each fold's valid "
+                "block (x: the block's first and last target date), each fold trained on the dates before "
+                "its block. A winner that is high on one fold only is luck of the period; test IC is the "
+                "last fold's model."]
     if name == "ic_time" and "months" in meta:
         return ic_time_lines(meta) + [
             "Each cell: the mean of the daily IC (per-date Pearson of prediction and label) over that "

@@ -28,9 +28,14 @@ from sweeper.sweep.constraints import FIGURES
 
 BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
                 "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")
+# a trial's fold figures under walk_forward or seed repeats (docs/inspect.md, "Walk-forward")
+FOLD_KEYS = ("fold_val_ic", "val_ic_se", "worst_fold_val_ic", "seed_val_ic_sd", "seed_ensemble_val_ic",
+             "fold_seed_ensemble_val_ic", "fold_best_epoch", "folds_run")
 
 
 def _clean(value: object) -> object:
+    if isinstance(value, list):  # fold lists: one NaN must not cost --json its output
+        return [_clean(v) for v in value]
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
@@ -87,11 +92,13 @@ def trial_horizons(trials: list[FrozenTrial], cfg: SweeperConfig) -> dict[int, i
 
 def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial | None = None,
                      trials: list[FrozenTrial] | None = None, horizons: dict[int, int] | int = 1,
-                     ) -> dict[str, int | float | None] | None:
+                     ) -> dict[str, int | float | str | None] | None:
     """:func:`sweeper.quant.selection.selection_summary` of the study's daily validation ICs:
     n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr, p_fluke, pbo, with the
-    Newey-West lag of each trial's label ``horizons``. None when the best trial has no daily
-    IC file (e.g. its run folder is elsewhere)."""
+    Newey-West lag of each trial's label ``horizons``. Under walk_forward (the study attr
+    ``fold_dates`` is not empty) the standard errors come from each trial's ``fold_val_ic``
+    and PBO's blocks follow the best trial's ``fold`` column. None when the best trial has no
+    daily IC file (e.g. its run folder is elsewhere)."""
     from sweeper.quant.selection import selection_summary
 
     best = best or best_trial(study)
@@ -101,7 +108,12 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
     daily = valid_daily_ics(trials, run_dir)
     if best.number not in daily:
         return None
-    return selection_summary(daily, best.number, horizons)
+    if not study.user_attrs.get("fold_dates"):  # holdout (empty list) or a study from before folds
+        return selection_summary(daily, best.number, horizons)
+    fold_ics = {t.number: t.user_attrs.get("fold_val_ic") or [] for t in trials if t.number in daily}
+    found = read_daily(layout.trial_files(run_dir, best.number).daily_ic("valid"))
+    folds = found.get("fold") if found is not None else None
+    return selection_summary(daily, best.number, horizons, fold_ics=fold_ics, folds=folds)
 
 
 def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = False,
@@ -127,6 +139,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         "metrics": {k: _clean(ua.get(k)) for k in BEST_METRICS if k in ua},
         "weights": str(weights) if weights.exists() else None,
     }
+    out.update(folds_report(study, cfg, best))
     if retention.weights_removed(best, files):
         out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
     out.update(constraints_report(study, cfg, best))
@@ -147,6 +160,34 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         predictor = Predictor(cfg, study)  # one load of the data for every view that runs the model
         out.update(portfolio_report(cfg, study, best, predictor))
         out.update(ic_views.group_neutral_report(cfg, predictor, best))
+    return out
+
+
+def validation_block(cfg: SweeperConfig) -> dict[str, Any]:
+    """The study's ``validation`` section, as ``best --json`` and ``status --json`` show it."""
+    return cfg.validation.model_dump()
+
+
+def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) -> dict[str, Any]:
+    """``best --json``'s fold keys: ``validation`` (the scheme block), ``fold_val_ic``,
+    ``val_ic_se``, ``worst_fold_val_ic``, ``seed_val_ic_sd`` and ``seed_ensemble_val_ic``
+    (repeats > 1), ``fold_best_epoch``, ``folds_run``, ``fold_dates`` (the trial's, else the
+    study's), the same for a ``study.metric`` other than val_ic, and ``test_model``: the run
+    whose model scores test_ic and is in weights.pt (the last fold's first seed: ``fold``,
+    ``repeat`` 1-based as in ``runs/fold-<f>.seed-<r>/``, and its ``seed``). Empty for a plain holdout study
+    (one run per trial), whose output stays as it was."""
+    if cfg.validation.runs == 1:
+        return {}
+    metric = cfg.study.metric
+    extra = (f"fold_{metric}", f"{metric}_se", f"worst_fold_{metric}") if metric != "val_ic" else ()
+    keys = FOLD_KEYS + extra
+    ua = trial.user_attrs
+    out: dict[str, Any] = {"validation": validation_block(cfg)}
+    out.update({k: _clean(ua[k]) for k in keys if k in ua})
+    if cfg.validation.walk_forward:
+        out["fold_dates"] = ua.get("fold_dates") or study.user_attrs.get("fold_dates") or []
+    seed = int(trial.params.get("train.seed", cfg.train.seed))
+    out["test_model"] = {"fold": cfg.validation.n_folds, "repeat": 1, "seed": seed}
     return out
 
 
@@ -181,11 +222,13 @@ def constraints_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTria
 
 def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | None = None) -> dict[str, Any]:
     """Counts by state, the best trial, the running trials, the devices' last samples, and
-    ``run_folder``: the run folder's ``path`` and the ``bytes`` of every file under it."""
+    ``run_folder``: the run folder's ``path`` and the ``bytes`` of every file under it. With
+    folds or seed repeats: ``validation`` (the scheme block), ``fold_dates`` (the study's fold
+    layout) and, per running trial, the ``fold``, ``seed`` and ``epoch`` it is in."""
     trials = study.get_trials(deepcopy=False)
     counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
     folder = layout.run_dir(cfg)
-    return {
+    report: dict[str, Any] = {
         "study": cfg.study.name,
         "n_trials": cfg.study.n_trials,
         "finished": counts["COMPLETE"] + counts["PRUNED"],
@@ -198,12 +241,34 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
         "devices": latest_telemetry(layout.devices_csv(folder)),
         "run_folder": {"path": str(folder), "bytes": retention.folder_size(folder)},
     }
+    if cfg.validation.runs > 1:  # a plain holdout study's status stays as it was
+        report["validation"] = validation_block(cfg)
+        report["metric"] = cfg.study.metric
+        report["fold_dates"] = study.user_attrs.get("fold_dates") or []
+        for row in report["running"]:
+            row.update(run_position(row.pop("step"), cfg, row["params"]))
+    else:
+        for row in report["running"]:
+            row["epoch"] = row.pop("step")
+    return report
+
+
+def run_position(step: int | None, cfg: SweeperConfig, params: dict[str, Any]) -> dict[str, int | None]:
+    """Which fold, seed (both 1-based) and epoch a running trial is in, from its last
+    intermediate step (step = (fold * repeats + seed) * epochs + epoch, fold and seed 0-based);
+    all None before its first epoch ends."""
+    if step is None or step < 1:
+        return {"fold": None, "seed": None, "epoch": None}
+    epochs = int(params.get("train.epochs", cfg.train.epochs))
+    run, epoch = divmod(step - 1, epochs)
+    fold, seed = divmod(run, cfg.validation.repeats)
+    return {"fold": fold + 1, "seed": seed + 1, "epoch": epoch + 1}
 
 
 def _running(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
     return [
         {"trial": t.number, "device": t.user_attrs.get("device"), "host": t.user_attrs.get("host"),
-         "epoch": max(t.intermediate_values) if t.intermediate_values else None,
+         "step": max(t.intermediate_values) if t.intermediate_values else None,
          "params": t.params}
         for t in trials if t.state == TrialState.RUNNING
     ]

@@ -13,13 +13,20 @@ makes neighbouring daily ICs overlap, so every standard error is Newey-West with
   cross-validation (CSCV).
 - :func:`selection_summary`: all of the above for a finished study.
 
+Under ``validation.scheme: walk_forward`` a trial's daily validation ICs are its folds' valid
+blocks end to end, each block scored by that fold's model. :func:`selection_summary` then
+takes each trial's standard error from its fold ICs (:func:`fold_standard_error`: the spread
+of the score from one period to the next, which the daily noise within a block understates)
+and cuts PBO's blocks along the folds (:func:`fold_blocks`), so that no block mixes two
+folds' models (docs/inspect.md, "Selection bias under walk-forward").
+
 Only the standard library's ``NormalDist`` is needed (no scipy).
 """
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 
 import numpy as np
@@ -112,10 +119,11 @@ def _probabilistic_sharpe(x: np.ndarray, sr: float, sr0: float, days: float) -> 
     return _NORMAL.cdf((sr - sr0) * math.sqrt(days - 1) / math.sqrt(var))
 
 
-def pbo(matrix: np.ndarray, n_blocks: int = 16) -> float:
+def pbo(matrix: np.ndarray, n_blocks: int = 16, blocks: list[np.ndarray] | None = None) -> float:
     """Probability of Backtest Overfitting of a T x N matrix of daily ICs (dates x trials).
 
-    CSCV: cut the dates into ``n_blocks`` contiguous blocks; for every way of choosing half
+    CSCV: cut the dates into ``n_blocks`` contiguous blocks (or take ``blocks``, lists of row
+    positions, e.g. :func:`fold_blocks`; then ``n_blocks`` is their count); for every way of choosing half
     of them as in-sample, pick the trial with the best in-sample mean IC and rank its
     out-of-sample mean IC among all trials (average rank for ties). PBO is the share of
     splits where that rank is below the median, i.e. logit(rank / (N+1)) < 0; a rank exactly
@@ -125,11 +133,12 @@ def pbo(matrix: np.ndarray, n_blocks: int = 16) -> float:
     m = np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2 or m.shape[1] < 2:
         raise ValueError(f"pbo needs a [dates, trials] matrix with >= 2 trials, got shape {m.shape}")
+    n_blocks = len(blocks) if blocks is not None else n_blocks
     if n_blocks < 2 or n_blocks % 2 or m.shape[0] < n_blocks:
         raise ValueError(f"pbo needs an even n_blocks >= 2 and at least that many dates; "
                          f"got {n_blocks} for {m.shape[0]}")
     finite = np.isfinite(m)
-    blocks = np.array_split(np.arange(len(m)), n_blocks)
+    blocks = blocks if blocks is not None else np.array_split(np.arange(len(m)), n_blocks)
     sums = np.stack([np.where(finite[b], m[b], 0.0).sum(0) for b in blocks])  # [S, N]
     counts = np.stack([finite[b].sum(0) for b in blocks]).astype(np.float64)
     combos = np.array(list(itertools.combinations(range(n_blocks), n_blocks // 2)))
@@ -158,7 +167,9 @@ def _safe_mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:
 
 
 def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
-                      horizon: int | Mapping[int, int] = 1) -> dict[str, int | float | None]:
+                      horizon: int | Mapping[int, int] = 1,
+                      fold_ics: Mapping[int, Sequence[float]] | None = None,
+                      folds: np.ndarray | None = None) -> dict[str, int | float | str | None]:
     """Selection-bias figures for a study whose trials have these daily validation ICs.
 
     ``daily`` maps trial number -> daily IC series (NaN days allowed): a ``pd.Series``
@@ -169,6 +180,15 @@ def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
     PBO takes the trials with a value on at least 90% of the best trial's dates and needs
     >= 2 of them and >= 16 dates (4 blocks of 4); otherwise it is None. Every undefined
     figure is None, so the dict is JSON-safe.
+
+    Walk-forward (``fold_ics``: trial number -> its fold ICs, ``fold_val_ic``): each trial's
+    standard error is :func:`fold_standard_error` of its fold ICs (a trial with fewer than two,
+    e.g. pruned in fold 1, still counts toward N), ``best_val_ic`` is the mean of the best's
+    fold ICs and ``deflated_ic`` that less the no-signal best; the DSR still reads the best's
+    daily ICs. ``folds`` (the fold of each of the best trial's dates) cuts PBO's blocks along
+    the folds (:func:`fold_blocks`). Added keys: ``se_from`` ("folds"), ``best_val_ic_se``,
+    ``n_folds`` (the best's) and ``pbo_blocks`` ("folds", or "dates" where the folds cannot
+    be cut evenly).
     """
     if best not in daily:
         raise KeyError(f"best trial {best} has no daily IC series")
@@ -176,11 +196,15 @@ def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
     lags = {k: lag_for_horizon(horizon.get(k, 1) if isinstance(horizon, Mapping) else horizon)
             for k in series}
     n_trials = len(series)
-    null_ic = null_max_ic(list(series.values()), [lags[k] for k in series])
+    if fold_ics is None:
+        null_ic = null_max_ic(list(series.values()), [lags[k] for k in series])
+    else:
+        null_ic = _fold_null_ic([fold_ics.get(k, []) for k in series])
     sr_trials = [_sharpe(_finite(v)) for v in series.values()]
     stats = deflated_sharpe(series[best], sr_trials, n_trials, null_ic=null_ic, lag=lags[best])
     best_ic = _finite(series[best]).mean() if len(_finite(series[best])) else math.nan
-    out = {
+    blocks = fold_blocks(folds) if fold_ics is not None and folds is not None else None
+    out: dict[str, int | float | str | None] = {
         "n_trials": n_trials,
         "expected_max_null_ic": null_ic,
         "best_val_ic": float(best_ic),
@@ -189,9 +213,48 @@ def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
         "sr0": stats["sr0"],
         "dsr": stats["dsr"],
         "p_fluke": stats["p_fluke"],
-        "pbo": _study_pbo(series, best),
+        "pbo": _study_pbo(series, best, blocks),
     }
+    if fold_ics is not None:
+        out.update(_fold_figures(_finite(fold_ics.get(best, [])), null_ic, blocks))
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+def fold_standard_error(fold_ics: Sequence[float] | np.ndarray) -> float:
+    """std(ddof=1) / sqrt(k) of a trial's k finite fold ICs (its ``val_ic_se``); NaN for k < 2."""
+    x = _finite(fold_ics)
+    return float(np.std(x, ddof=1)) / math.sqrt(len(x)) if len(x) >= 2 else math.nan
+
+
+def fold_blocks(folds: np.ndarray, max_blocks: int = 16) -> list[np.ndarray] | None:
+    """PBO's blocks cut along the folds: each fold's dates (``folds``: the fold of each date,
+    in date order) in the same number m of contiguous parts, m the largest with folds x m even
+    and <= ``max_blocks`` and every part >= 4 dates (4 folds: 16 blocks). None when no such m
+    gives >= 4 blocks (9 folds or more, odd; or blocks that short): PBO then cuts the dates."""
+    labels = np.asarray(folds, dtype=np.float64)
+    names = [f for f in dict.fromkeys(labels.tolist()) if math.isfinite(f)]
+    rows = [np.flatnonzero(labels == f) for f in names]
+    k = len(rows)
+    shortest = min((len(r) for r in rows), default=0)
+    fits = [m for m in range(1, max_blocks + 1) if k * m <= max_blocks and k * m % 2 == 0
+            and k * m >= 4 and shortest // m >= 4]
+    if not fits:
+        return None
+    return [part for r in rows for part in np.array_split(r, max(fits))]
+
+
+def _fold_null_ic(fold_ics: list[Sequence[float]]) -> float:
+    """The median of the trials' fold standard errors times E[max_N] (N = every trial)."""
+    errors = [se for se in map(fold_standard_error, fold_ics) if math.isfinite(se)]
+    return float(np.median(errors)) * expected_max(len(fold_ics)) if errors else math.nan
+
+
+def _fold_figures(best_folds: np.ndarray, null_ic: float,
+                  blocks: list[np.ndarray] | None) -> dict[str, int | float | str | None]:
+    best_ic = float(best_folds.mean()) if len(best_folds) else math.nan
+    return {"best_val_ic": best_ic, "deflated_ic": best_ic - null_ic, "se_from": "folds",
+            "best_val_ic_se": fold_standard_error(best_folds), "n_folds": len(best_folds),
+            "pbo_blocks": "folds" if blocks is not None else "dates"}
 
 
 def _align(daily: Mapping[int, np.ndarray | pd.Series], best: int) -> dict[int, np.ndarray]:
@@ -208,17 +271,18 @@ def _align(daily: Mapping[int, np.ndarray | pd.Series], best: int) -> dict[int, 
     return out
 
 
-def _study_pbo(series: dict[int, np.ndarray], best: int) -> float | None:
+def _study_pbo(series: dict[int, np.ndarray], best: int,
+               blocks: list[np.ndarray] | None = None) -> float | None:
     length = len(series[best])
     need = _PBO_COVERAGE * np.isfinite(series[best]).sum()
     columns = [v for v in series.values() if np.isfinite(v).sum() >= need]
-    n_blocks = min(16, (length // 4) // 2 * 2)
+    n_blocks = len(blocks) if blocks is not None else min(16, (length // 4) // 2 * 2)
     if len(columns) < 2 or n_blocks < 4:
         return None
-    return pbo(np.column_stack(columns), n_blocks=n_blocks)
+    return pbo(np.column_stack(columns), n_blocks=n_blocks, blocks=blocks)
 
 
-def _finite(values: np.ndarray | list[float]) -> np.ndarray:
+def _finite(values: np.ndarray | Sequence[float]) -> np.ndarray:
     x = np.asarray(values, dtype=np.float64).ravel()
     return x[np.isfinite(x)]
 

@@ -1,0 +1,88 @@
+"""Report figure 13 and the walk-forward form of figure 8: the top trials' fold ICs, and the
+selection bias with standard errors from the fold ICs (:mod:`sweeper.quant.selection`).
+
+Under ``validation.scheme: walk_forward`` a trial's objective is the mean of its fold ICs
+(``fold_val_ic``), and how they spread is what says whether the winner is good on every
+period or lucky on one. A holdout study has no folds: figure 13 says so.
+"""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from sweeper.inspect.figures_base import LAYOUT, StudyData, empty, finite
+from sweeper.inspect.results import selection_report
+from sweeper.store.studies import ranked
+
+TOP = 10  # trials drawn in figure 13: more lines than this are a tangle
+
+
+def walk_forward(data: StudyData) -> bool:
+    """The study validates on folds: its ``fold_dates`` attr is not empty (holdout: [])."""
+    return bool(data.study.user_attrs.get("fold_dates"))
+
+
+def fold_labels(fold_dates: list[dict[str, list[str]]], n: int) -> list[str]:
+    """The x labels of ``n`` folds: ``fold k`` and its valid block's first and last target date."""
+    labels = []
+    for k in range(n):
+        valid = fold_dates[k]["valid"] if k < len(fold_dates) else None
+        labels.append(f"fold {k + 1}<br>{valid[0]} to {valid[1]}" if valid else f"fold {k + 1}")
+    return labels
+
+
+def folds_figure(data: StudyData) -> go.Figure:
+    """One line per trial across its folds' val IC, for the ``TOP`` best trials by objective (the
+    order of ``sweeper best``); ``layout.meta``: ``trials`` (best first), ``fold_val_ic`` and
+    ``value`` by trial number (as text, as JSON keys are), and the study's ``fold_dates``."""
+    fold_dates = data.study.user_attrs.get("fold_dates") or []
+    top = [t for t in ranked(data.trials, data.maximize) if t.user_attrs.get("fold_val_ic")][:TOP]
+    if not top:
+        return empty("no fold ICs: a holdout study validates on one block "
+                     "(see validation.scheme: walk_forward)")
+    width = max(len(t.user_attrs["fold_val_ic"]) for t in top)
+    labels = fold_labels(fold_dates, width)
+    traces = []
+    for rank, t in enumerate(top):
+        ics = [v if finite(v) else None for v in t.user_attrs["fold_val_ic"]]
+        traces.append(go.Scatter(
+            x=labels[:len(ics)], y=ics, mode="lines+markers",
+            name=f"trial {t.number} ({data.metric} {t.value:.4f})",
+            line={"width": 3 if rank == 0 else 1.5}, opacity=1.0 if rank == 0 else 0.7,
+            hovertemplate=f"trial {t.number}<br>%{{x}}<br>val IC %{{y:.4f}}<extra></extra>"))
+    fig = go.Figure(traces)
+    title = f"val IC per fold of the top {len(top)} trials (best: trial {top[0].number}, thick)"
+    fig.update_layout(**LAYOUT, title=title, xaxis_title="fold (valid block)", yaxis_title="validation IC",
+                      meta={"trials": [t.number for t in top], "fold_dates": fold_dates,
+                            "fold_val_ic": {str(t.number): t.user_attrs["fold_val_ic"] for t in top},
+                            "value": {str(t.number): t.value for t in top}})
+    return fig
+
+
+def fold_selection_figure(data: StudyData) -> go.Figure:
+    """Figure 8 under walk_forward: a histogram of the trials' mean fold IC (their objective's
+    mean) with the no-signal best, the best and the deflated IC marked, all from
+    :func:`sweeper.inspect.results.selection_report` (standard errors from the fold ICs, PBO
+    along the folds); ``layout.meta.selection`` is that summary."""
+    if data.best is None or data.best.number not in data.daily_valid:
+        return empty("selection bias unavailable: the best trial has no daily_ic_valid.csv")
+    summary = selection_report(data.study, data.run_dir, data.best, data.trials, data.horizons)
+    if summary is None:
+        return empty("selection bias unavailable: the best trial has no daily_ic_valid.csv")
+    means = [float(np.mean(ics)) for t in data.trials if t.number in data.daily_valid
+             for ics in [[v for v in t.user_attrs.get("fold_val_ic") or [] if finite(v)]] if ics]
+    fig = go.Figure(go.Histogram(x=means, nbinsx=min(40, max(5, len(means) // 3)), name="trials",
+                                 marker_color="#9ecae1"))
+    marks = [("expected_max_null_ic", "no-signal best", "#d62728"), ("best_val_ic", "best", "#1f77b4"),
+             ("deflated_ic", "deflated", "#2ca02c")]
+    for key, label, color in marks:
+        value = summary.get(key)
+        if isinstance(value, float):
+            fig.add_vline(x=value, line={"color": color, "dash": "dash"},
+                          annotation={"text": f"{label} {value:.4f}", "textangle": -90})
+    p = summary.get("p_fluke")
+    fig.update_layout(**LAYOUT, title=f"{summary['n_trials']} trials; P(best IC is a fluke) "
+                      + (f"{p:.1%}" if isinstance(p, float) else "-"),
+                      xaxis_title="mean fold validation IC", yaxis_title="trials",
+                      meta={"selection": summary})
+    return fig

@@ -1,0 +1,305 @@
+"""Walk-forward fold figures wherever a user looks: ``best`` (text and --json), ``status``,
+``export``, the report's figure 13 and its selection panel, and optuna-dashboard, on studies
+written straight into SQLite through Optuna with the attrs and files a walk-forward trial
+leaves (docs/inspect.md, "Walk-forward folds"). No training: every value is set here."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from wsgiref.util import setup_testing_defaults
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+import yaml
+from click.testing import CliRunner
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from sweeper.cli import main
+from sweeper.quant.selection import expected_max, fold_blocks, fold_standard_error, pbo, selection_summary
+from sweeper.store import layout, open_storage
+from test_report import figures_of
+
+FOLDS, PER_FOLD, SEED = 4, 16, 7  # 16 valid target dates per fold; train.seed 7
+DATES = pd.bdate_range("2021-01-04", periods=40 + FOLDS * PER_FOLD)
+LR = {"train.lr": FloatDistribution(1e-3, 1e-2, log=True)}
+# 12 complete trials (trial k's folds: a level and a tilt), one pruned after 2 folds
+FOLD_ICS = {k: [round(0.01 + 0.003 * (k % 5) + 0.002 * (k % 3) * (f - 1.5) + 0.001 * ((k * f) % 4), 6)
+                for f in range(FOLDS)] for k in range(12)}
+FOLD_ICS[12] = [0.001, -0.004]  # pruned in fold 2
+
+
+def fold_dates() -> list[dict[str, list[str]]]:
+    out = []
+    for f in range(FOLDS):
+        start = 40 + f * PER_FOLD
+        ends = (DATES[0], DATES[start - 3], DATES[start], DATES[start + PER_FOLD - 1])
+        day = [d.date().isoformat() for d in ends]
+        out.append({"train": day[:2], "valid": day[2:]})
+    return out
+
+
+def write_daily(folder, ics: list[float], with_fold: bool = True) -> None:
+    """The folds' valid blocks end to end; each fold's days average to exactly its IC."""
+    rows = []
+    for f, ic in enumerate(ics):
+        for d in range(PER_FOLD):
+            day = DATES[40 + f * PER_FOLD + d].date().isoformat()
+            noise = 0.01 * (1 if d % 2 else -1) * (1 + (d // 2) % 3)
+            fold = {"fold": f + 1} if with_fold else {}
+            rows.append({"date": day, "ic": ic + noise, "rank_ic": ic, **fold})
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(folder / "daily_ic_valid.csv", index=False)
+
+
+def fold_attrs(ics: list[float], repeats: int) -> dict:
+    attrs = {"val_ic": float(np.mean(ics)), "test_ic": float(np.mean(ics)) * 0.5, "fold_val_ic": ics,
+             "val_ic_se": fold_standard_error(ics), "worst_fold_val_ic": min(ics), "fold_dates": fold_dates(),
+             "fold_best_epoch": [2 + f for f in range(len(ics))], "folds_run": len(ics), "best_epoch": 3,
+             "device": "cpu0", "host": "h"}
+    if repeats > 1:
+        attrs.update(seed_val_ic_sd=0.0025, seed_ensemble_val_ic=float(np.mean(ics)) + 0.001,
+                     fold_seed_ensemble_val_ic=[v + 0.001 for v in ics])
+    return attrs
+
+
+@pytest.fixture
+def wf(study_file, workdir):
+    """A walk_forward study (4 folds, 2 seed repeats): 12 complete trials, 1 pruned, 1 running."""
+    path = study_file({"validation": {"scheme": "walk_forward", "folds": FOLDS, "repeats": 2},
+                       "train": {"seed": SEED}})
+    (workdir / "runs/tiny").mkdir(parents=True)
+    storage = open_storage(f"sqlite:///{workdir}/runs/tiny/study.db")
+    study = optuna.create_study(study_name="tiny", direction="maximize", storage=storage)
+    study.set_user_attr("fold_dates", fold_dates())
+    for k, ics in FOLD_ICS.items():
+        state = TrialState.PRUNED if k == 12 else TrialState.COMPLETE
+        study.add_trial(create_trial(state=state, value=float(np.mean(ics)) if k < 12 else None,
+                                     params={"train.lr": 0.001 * (1 + k % 9)}, distributions=LR,
+                                     user_attrs=fold_attrs(ics, 2),
+                                     intermediate_values={1: 0.01} if k == 12 else None))
+        write_daily(layout.trial_files(workdir / "runs/tiny", k).folder, ics)
+    running = study.ask()  # train.epochs 2, repeats 2: step 7 = fold 2, seed 2, epoch 1
+    running.set_user_attr("device", "cpu1")
+    running.report(0.02, 7)
+    return {"path": path, "study": study, "root": workdir}
+
+
+@pytest.fixture
+def holdout(study_file, workdir):
+    path = study_file()
+    (workdir / "runs/tiny").mkdir(parents=True)
+    study = optuna.create_study(study_name="tiny", direction="maximize",
+                                storage=open_storage(f"sqlite:///{workdir}/runs/tiny/study.db"))
+    study.set_user_attr("fold_dates", [])
+    for k in range(6):
+        study.add_trial(create_trial(value=0.01 * k, params={"train.lr": 0.001 * (1 + k)}, distributions=LR,
+                                     user_attrs={"val_ic": 0.01 * k, "test_ic": 0.005 * k, "device": "cpu0"}))
+        write_daily(layout.trial_files(workdir / "runs/tiny", k).folder, [0.01 * k] * FOLDS, with_fold=False)
+    return {"path": path, "study": study}
+
+
+def cli(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def best_of(study: optuna.Study) -> optuna.trial.FrozenTrial:
+    return max(study.get_trials(states=(TrialState.COMPLETE,)), key=lambda t: (t.value, -t.number))
+
+
+# ------------------------------------------------------------------ best
+
+
+def test_best_json_has_the_fold_keys(wf):
+    out = json.loads(cli("best", str(wf["path"]), "--json"))
+    best = best_of(wf["study"])
+    ics = FOLD_ICS[best.number]
+    assert out["trial"] == best.number
+    assert out["validation"] == {"scheme": "walk_forward", "folds": 4, "window": "expanding",
+                                 "train_dates": None, "valid_dates": None, "repeats": 2, "aggregate": "mean"}
+    assert out["fold_val_ic"] == ics
+    assert out["val_ic_se"] == pytest.approx(np.std(ics, ddof=1) / 2, rel=1e-12)
+    assert out["worst_fold_val_ic"] == min(ics)
+    assert out["seed_val_ic_sd"] == 0.0025
+    assert out["seed_ensemble_val_ic"] == pytest.approx(np.mean(ics) + 0.001, rel=1e-12)
+    assert out["fold_dates"] == fold_dates()
+    assert out["fold_best_epoch"] == [2, 3, 4, 5] and out["folds_run"] == 4
+    assert out["test_model"] == {"fold": 4, "repeat": 1, "seed": SEED}
+
+
+def test_best_text_names_each_fold_and_how_the_objective_aggregates(wf):
+    text = cli("best", str(wf["path"]))
+    best = best_of(wf["study"])
+    ics, dates = FOLD_ICS[best.number], fold_dates()
+    assert ("validation: walk_forward, 4 folds (expanding window), 2 seed repeats; "
+            "objective = mean over folds of val_ic") in text
+    for k in range(FOLDS):
+        train, valid = dates[k]["train"], dates[k]["valid"]
+        assert (f"fold {k + 1}: val_ic {ics[k]:.4f}  (train {train[0]} to {train[1]}, "
+                f"valid {valid[0]} to {valid[1]})") in text
+    worst = int(np.argmin(ics))
+    assert (f"val_ic over 4 folds: mean {np.mean(ics):.4f}  se {np.std(ics, ddof=1) / 2:.4f}  "
+            f"worst {ics[worst]:.4f} (fold {worst + 1})") in text
+    assert f"seeds: val_ic sd 0.0025 within a fold, seed-ensemble val_ic {np.mean(ics) + 0.001:.4f}" in text
+    assert f"test IC: the last fold's model (fold 4, seed 1 = train.seed {SEED})" in text
+    assert "standard errors from the fold ICs" in text and "PBO's blocks cut along the folds" in text
+
+
+def test_lcb_is_named_in_the_text(wf):
+    raw = yaml.safe_load(wf["path"].read_text())
+    raw["validation"]["aggregate"] = "lcb"
+    wf["path"].write_text(yaml.safe_dump(raw))
+    assert "objective = mean - 1 se over folds of val_ic" in cli("best", str(wf["path"]))
+
+
+def test_holdout_best_and_status_unchanged(holdout):
+    out = json.loads(cli("best", str(holdout["path"]), "--json"))
+    assert out["trial"] == 5
+    for key in ("validation", "fold_val_ic", "val_ic_se", "worst_fold_val_ic", "fold_dates", "test_model"):
+        assert key not in out, key
+    assert not {"se_from", "best_val_ic_se", "n_folds", "pbo_blocks"} & set(out["selection"])
+    text = cli("best", str(holdout["path"]))
+    assert "validation:" not in text and "fold" not in text
+    status = json.loads(cli("status", str(holdout["path"]), "--json"))
+    assert "validation" not in status and "fold_dates" not in status
+    assert "validation:" not in cli("status", str(holdout["path"]))
+
+
+# ------------------------------------------------------------------ selection
+
+
+def test_selection_standard_errors_come_from_the_fold_ics(wf):
+    sel = json.loads(cli("best", str(wf["path"]), "--json"))["selection"]
+    best = best_of(wf["study"])
+    ics = FOLD_ICS[best.number]
+    assert sel["se_from"] == "folds" and sel["n_folds"] == 4 and sel["pbo_blocks"] == "folds"
+    assert sel["best_val_ic_se"] == pytest.approx(np.std(ics, ddof=1) / math.sqrt(4), rel=1e-12)
+    assert sel["best_val_ic"] == pytest.approx(np.mean(ics), rel=1e-12)
+    # N = every finished trial with a daily file (the pruned one too): 13
+    ses = [np.std(v, ddof=1) / math.sqrt(len(v)) for v in FOLD_ICS.values()]
+    assert sel["n_trials"] == 13
+    assert sel["expected_max_null_ic"] == pytest.approx(np.median(ses) * expected_max(13), rel=1e-12)
+    assert sel["deflated_ic"] == pytest.approx(np.mean(ics) - np.median(ses) * expected_max(13), rel=1e-12)
+    # PBO on the 12 trials that cover the best's dates (the pruned one has half), 16 blocks in the folds
+    files = [layout.trial_files(wf["root"] / "runs/tiny", k).daily_ic("valid") for k in range(12)]
+    matrix = np.column_stack([pd.read_csv(f)["ic"].to_numpy() for f in files])
+    blocks = fold_blocks(np.repeat(np.arange(1, 5), PER_FOLD))
+    assert sel["pbo"] == pytest.approx(pbo(matrix, blocks=blocks), abs=1e-12)
+
+
+def test_fold_blocks_never_mix_two_folds():
+    folds = np.repeat([1, 2, 3, 4], 16)
+    blocks = fold_blocks(folds)
+    assert len(blocks) == 16 and all(len(set(folds[b])) == 1 and len(b) == 4 for b in blocks)
+    assert np.array_equal(np.concatenate(blocks), np.arange(64))
+    assert len(fold_blocks(np.repeat([1, 2, 3, 4, 5], 20))) == 10  # 15 is odd: 2 per fold
+    assert len(fold_blocks(np.repeat([1, 2, 3], 20))) == 12
+    assert fold_blocks(np.repeat(np.arange(1, 10), 20)) is None  # 9 folds: no even count <= 16
+    assert fold_blocks(np.repeat([1, 2], 3)) is None  # blocks shorter than 4 dates
+    # the same blocks as array_split gives the same PBO as n_blocks
+    m = np.random.default_rng(0).normal(size=(64, 5))
+    assert pbo(m, blocks=blocks) == pbo(m, n_blocks=16)
+
+
+def test_selection_summary_with_folds_exact():
+    daily = {0: np.array([0.1, -0.1, 0.3, 0.1]), 1: np.array([0.0, 0.2, 0.0, 0.2])}
+    fold_ics = {0: [0.0, 0.2], 1: [0.1, 0.1, float("nan")]}
+    out = selection_summary(daily, 0, fold_ics=fold_ics)
+    se0 = np.std([0.0, 0.2], ddof=1) / math.sqrt(2)
+    assert out["best_val_ic_se"] == pytest.approx(se0, rel=1e-12)
+    assert out["expected_max_null_ic"] == pytest.approx(np.median([se0, 0.0]) * expected_max(2), rel=1e-12)
+    assert out["best_val_ic"] == pytest.approx(0.1) and out["pbo_blocks"] == "dates" and out["pbo"] is None
+
+
+# ------------------------------------------------------------------ status
+
+
+def test_status_shows_the_scheme_the_layout_and_the_running_fold(wf):
+    out = json.loads(cli("status", str(wf["path"]), "--json"))
+    assert out["validation"]["scheme"] == "walk_forward" and out["fold_dates"] == fold_dates()
+    (run,) = out["running"]
+    assert (run["fold"], run["seed"], run["epoch"]) == (2, 2, 1)
+    text = cli("status", str(wf["path"]))
+    assert "validation: walk_forward, 4 folds (expanding window)" in text
+    d = fold_dates()[3]
+    train, valid = d["train"], d["valid"]
+    assert f"fold 4: train {train[0]} to {train[1]}, valid {valid[0]} to {valid[1]}" in text
+    assert "fold" in text.split("running")[1] and "seed" in text.split("running")[1]
+
+
+# ------------------------------------------------------------------ export
+
+
+@pytest.mark.parametrize("name", ["trials.parquet", "trials.csv"])
+def test_export_spreads_fold_lists_over_columns(wf, name):
+    cli("export", str(wf["path"]), "-o", name)
+    frame = pd.read_parquet(name) if name.endswith(".parquet") else pd.read_csv(name)
+    rows = frame.set_index("number")
+    for k, ics in FOLD_ICS.items():
+        got = [rows.loc[k, f"user_attrs.fold_val_ic_{f}"] for f in range(1, 5)]
+        assert got[:len(ics)] == ics and all(math.isnan(v) for v in got[len(ics):])
+        assert json.loads(rows.loc[k, "user_attrs.fold_val_ic"]) == ics
+    assert [rows.loc[0, f"user_attrs.fold_best_epoch_{f}"] for f in range(1, 5)] == [2, 3, 4, 5]
+    columns = list(frame.columns)
+    at = columns.index("user_attrs.fold_val_ic")
+    assert columns[at + 1:at + 5] == [f"user_attrs.fold_val_ic_{f}" for f in range(1, 5)]
+    assert "user_attrs.fold_dates_1" not in columns  # a list of dicts stays JSON text only
+
+
+# ------------------------------------------------------------------ report
+
+
+def test_report_figure_of_the_top_trials_fold_ics(wf):
+    cli("report", str(wf["path"]), "-o", "r.html")
+    figures = figures_of((wf["root"] / "r.html").read_text())
+    fig = figures["folds"]
+    ranked = sorted((t for t in wf["study"].get_trials(states=(TrialState.COMPLETE,))),
+                    key=lambda t: (-t.value, t.number))[:10]
+    meta = fig["layout"]["meta"]
+    assert meta["trials"] == [t.number for t in ranked]
+    assert meta["fold_val_ic"] == {str(t.number): FOLD_ICS[t.number] for t in ranked}
+    assert meta["fold_dates"] == fold_dates()
+    assert [tr["name"].split(" (")[0] for tr in fig["data"]] == [f"trial {t.number}" for t in ranked]
+    d = fold_dates()
+    assert fig["data"][0]["x"] == [f"fold {k + 1}<br>{' to '.join(d[k]['valid'])}" for k in range(4)]
+    assert fig["data"][0]["y"] == FOLD_ICS[ranked[0].number]
+    sel = figures["selection"]["layout"]["meta"]["selection"]
+    assert sel["se_from"] == "folds"
+    assert sel["best_val_ic_se"] == pytest.approx(np.std(FOLD_ICS[ranked[0].number], ddof=1) / 2, rel=1e-12)
+
+
+def test_report_of_a_holdout_study_says_it_has_no_folds(holdout):
+    cli("report", str(holdout["path"]), "-o", "r.html")
+    figures = figures_of(Path("r.html").read_text())
+    assert figures["folds"]["layout"]["meta"]["empty"].startswith("no fold ICs: a holdout study")
+    assert "se_from" not in figures["selection"]["layout"]["meta"]["selection"]
+
+
+# ------------------------------------------------------------------ dashboard
+
+
+def test_dashboard_shows_the_fold_attrs(wf):
+    from sweeper.config import load_config
+    from sweeper.inspect.dashboard import app
+
+    study_id = open_storage(f"sqlite:///{wf['root']}/runs/tiny/study.db").get_study_id_from_name("tiny")
+    env: dict = {"PATH_INFO": f"/api/studies/{study_id}", "QUERY_STRING": "after=0"}
+    setup_testing_defaults(env)
+    status: list[str] = []
+    body = b"".join(app(load_config(wf["path"]))(env, lambda s, h, *a: status.append(s)))
+    assert status == ["200 OK"]
+    detail = json.loads(body)
+    study_attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
+    assert json.loads(study_attrs["fold_dates"]) == fold_dates()
+    for shown in detail["trials"]:
+        if shown["number"] in FOLD_ICS:
+            attrs = {a["key"]: a["value"] for a in shown["user_attrs"]}
+            assert json.loads(attrs["fold_val_ic"]) == FOLD_ICS[shown["number"]]
+            assert float(attrs["worst_fold_val_ic"]) == min(FOLD_ICS[shown["number"]])
+    sortable = {a["key"]: a["sortable"] for a in detail["union_user_attrs"]}
+    assert sortable["val_ic_se"] is True and sortable["fold_val_ic"] is False
