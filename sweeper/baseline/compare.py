@@ -2,6 +2,12 @@
 Newey-West t-statistic of the daily IC difference (best - baseline) over the dates both were
 scored on (:mod:`sweeper.quant.hac`, lag ``horizon - 1`` as the selection figures use).
 
+Under walk_forward both sides are k folds on the same dates: the trial's ``val_ic`` and the
+baseline's are means over the same valid blocks (the baseline fits one booster per fold), so
+``val_ic_diff`` compares like with like, ``fold_val_ic_diff`` is the difference fold by fold,
+and the valid t-statistic runs over the dates of every block; the test split is the last
+fold's model's on both sides.
+
 Pure: the daily ICs come in as arrays (the inspect layer reads the trial's files), the
 baseline's from its study attribute (:mod:`sweeper.baseline.job`).
 """
@@ -16,7 +22,9 @@ from sweeper.quant.hac import hac_standard_error, lag_for_horizon
 
 SPLITS = {"valid": "val", "test": "test"}
 KEPT = ("val_ic", "val_rank_ic", "val_icir", "test_ic", "test_rank_ic", "test_icir", "best_iteration",
-        "elapsed_s", "lightgbm_version", "rows", "subsampled", "n_features", "lags", "threads")
+        "elapsed_s", "lightgbm_version", "rows", "subsampled", "n_features", "lags", "threads",
+        # walk_forward (sweeper.baseline.job.fold_summary)
+        "folds", "fold_val_ic", "val_ic_se", "worst_fold_val_ic", "fold_best_iteration")
 
 
 def paired_t(dates_a: np.ndarray, ic_a: np.ndarray, dates_b: np.ndarray, ic_b: np.ndarray,
@@ -58,7 +66,17 @@ def comparison(attr: dict[str, Any], best_metrics: dict[str, Any],
             {"mean_diff": None, "t_stat": None, "n_dates": 0}
         out[f"{p}_t_stat"], out[f"{p}_shared_dates"] = paired["t_stat"], paired["n_dates"]
     out["t_stat"] = out["test_t_stat"]
+    if "fold_val_ic" in attr:
+        out["fold_val_ic_diff"] = fold_diff(best_metrics.get("fold_val_ic"), attr["fold_val_ic"])
     return out
+
+
+def fold_diff(mine: Any, theirs: Any) -> list[float | None] | None:
+    """Best - baseline fold by fold; None unless both have one value per fold, as many folds."""
+    if not isinstance(mine, list) or not isinstance(theirs, list) or len(mine) != len(theirs):
+        return None
+    ok = [all(isinstance(v, (int, float)) and math.isfinite(v) for v in pair) for pair in zip(mine, theirs)]
+    return [float(a) - float(b) if good else None for a, b, good in zip(mine, theirs, ok)]
 
 
 def state_words(state: dict[str, Any] | None, attr: dict[str, Any] | None) -> str:

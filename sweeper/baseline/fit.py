@@ -3,6 +3,13 @@ split's, then valid and test predicted and scored with the trials' IC functions
 (:func:`sweeper.quant.ic.ic_report` and :func:`~sweeper.quant.ic.daily_ic` of a long frame
 ``date, asset, pred, label`` with the raw label, as :func:`sweeper.core.evaluate.final_scores`).
 
+Under ``validation.scheme: walk_forward`` (:func:`fit_study`) it fits one booster per fold
+(:func:`fit_folds`): on the fold's panel (:func:`sweeper.data.folds.fold_panel`: its train window,
+its valid block, features normalised with statistics of its train window), early-stopped on its
+valid block. The valid figures are the mean over folds of each fold's, as a trial's; the test
+figures, predictions and ``model.txt`` are the last fold's booster's, whose train window ends
+closest to the test split, as a trial's test IC is its last fold's model's.
+
 The defaults are Qlib's LightGBM Alpha158 benchmark (examples/benchmarks/LightGBM/
 workflow_config_lightgbm_Alpha158.yaml, and LGBModel.fit's 1000 rounds with early stopping after
 50), except ``num_threads``: the baseline gets the threads of the slot it runs in.
@@ -17,7 +24,9 @@ import numpy as np
 import pandas as pd
 
 from sweeper.baseline.features import Design, design
+from sweeper.config import DataConfig, SweeperConfig
 from sweeper.config.long_sweeps import BaselineConfig
+from sweeper.data.folds import Fold, fold_layout, fold_panel
 from sweeper.data.panel import Panel
 from sweeper.quant import ic as M
 
@@ -43,8 +52,10 @@ class BaselineResult:
     rows: dict[str, int]                     # rows per split (train after any subsampling)
     n_features: int
     subsampled: dict[str, Any] | None = None
-    train_rows: pd.DataFrame | None = field(default=None, repr=False)  # date, asset of each train row
+    train_rows: pd.DataFrame | None = field(default=None, repr=False)  # date, asset[, fold] of each train row
     model_text: str = field(default="", repr=False)
+    # walk_forward: one entry per fold (:func:`fit_folds`); None under holdout
+    folds: list[dict[str, Any]] | None = None
 
 
 def lgb_params(cfg: BaselineConfig, threads: int, seed: int) -> dict[str, Any]:
@@ -52,8 +63,10 @@ def lgb_params(cfg: BaselineConfig, threads: int, seed: int) -> dict[str, Any]:
     return {**QLIB_ALPHA158, "verbosity": -1, "seed": seed, **cfg.params, "num_threads": int(threads)}
 
 
-def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0) -> BaselineResult:
-    """Train, early-stop and score the baseline on ``panel`` (the study's normalised panel)."""
+def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
+        splits: tuple[str, ...] = ("valid", "test")) -> BaselineResult:
+    """Train, early-stop and score the baseline on ``panel`` (the study's normalised panel, or a
+    fold's), scored on ``splits`` (valid always: early stopping reads it)."""
     import lightgbm as lgb
 
     started = time.perf_counter()
@@ -71,7 +84,8 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0) -> B
     best = int(booster.best_iteration or booster.current_iteration())
     scores: dict[str, float] = {}
     predictions, daily = {}, {}
-    for split, p in SPLIT_PREFIX.items():
+    for split in splits:
+        p = SPLIT_PREFIX[split]
         rows_of = valid if split == "valid" else design(panel, split, cfg.lags)
         frame = frame_of(panel, rows_of, booster.predict(rows_of.X, num_iteration=best))
         rows[split] = len(frame)
@@ -83,6 +97,66 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0) -> B
                           elapsed_s=time.perf_counter() - started, lightgbm_version=lgb.__version__,
                           params=params, rows=rows, n_features=len(valid.names),
                           subsampled=subsampled, train_rows=train_rows, model_text=booster.model_to_string())
+
+
+def fit_study(panel: Panel, cfg: SweeperConfig, threads: int = 1, seed: int = 0) -> BaselineResult:
+    """The study's baseline on its panel: one fit under holdout, one per fold under walk_forward."""
+    if not cfg.validation.walk_forward:
+        return fit(panel, cfg.baseline, threads=threads, seed=seed)
+    return fit_folds(panel, fold_layout(panel, cfg), cfg.data, cfg.baseline, threads=threads, seed=seed)
+
+
+def fit_folds(panel: Panel, folds: list[Fold], data: DataConfig, cfg: BaselineConfig,
+              threads: int = 1, seed: int = 0) -> BaselineResult:
+    """One booster per fold, each on its fold's panel; the last also scores the test split."""
+    started = time.perf_counter()
+    fits: list[BaselineResult] = []
+    for k, fold in enumerate(folds):
+        last = k == len(folds) - 1
+        one = fit(fold_panel(panel, fold, data), cfg, threads=threads, seed=seed,
+                  splits=("valid", "test") if last else ("valid",))
+        if not last:  # only the last fold's booster is kept (model.txt): it scores the test split
+            one.model_text = ""
+        fits.append(one)
+    return _merged(fits, time.perf_counter() - started)
+
+
+def _with_fold(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The folds' frames in fold order (their valid blocks are disjoint and march forward, so
+    that is date order), with ``fold`` counted from 1."""
+    return pd.concat([f.assign(fold=k + 1) for k, f in enumerate(frames)], ignore_index=True)
+
+
+def _merged(fits: list[BaselineResult], elapsed_s: float) -> BaselineResult:
+    """The folds' fits as one result: valid figures the mean over folds, test the last fold's."""
+    last = fits[-1]
+    scores = {k: float(np.mean([f.scores[k] for f in fits])) for k in ("val_ic", "val_rank_ic", "val_icir")}
+    scores.update({k: v for k, v in last.scores.items() if k.startswith("test_")})
+    per_fold = [{"fold": k + 1, **{m: f.scores[m] for m in ("val_ic", "val_rank_ic", "val_icir")},
+                 "best_iteration": f.best_iteration, "rows": {s: f.rows[s] for s in ("train", "valid")},
+                 "subsampled": f.subsampled, "elapsed_s": f.elapsed_s} for k, f in enumerate(fits)]
+    rows = {"train": sum(f.rows["train"] for f in fits), "valid": sum(f.rows["valid"] for f in fits),
+            "test": last.rows["test"]}
+    return BaselineResult(
+        scores=scores, elapsed_s=elapsed_s, best_iteration=last.best_iteration, rows=rows,
+        predictions={"valid": _with_fold([f.predictions["valid"] for f in fits]),
+                     "test": last.predictions["test"]},
+        daily={"valid": _with_fold([f.daily["valid"] for f in fits]), "test": last.daily["test"]},
+        lightgbm_version=last.lightgbm_version, params=last.params, n_features=last.n_features,
+        subsampled=_subsampled(per_fold), model_text=last.model_text, folds=per_fold,
+        train_rows=_with_fold([f.train_rows for f in fits if f.train_rows is not None]))
+
+
+def _subsampled(per_fold: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The subsampled folds' figures summed (``folds``: which, 1-based; ``limit`` and ``by``: the
+    last one's); None when no fold was subsampled. Each fold is subsampled alone, to
+    ``baseline.max_rows``, since each fit holds only its own train window."""
+    subs = [(f["fold"], f["subsampled"]) for f in per_fold if f["subsampled"]]
+    if not subs:
+        return None
+    out: dict[str, Any] = {k: sum(s[k] for _, s in subs)
+                           for k in ("dates_kept", "dates_total", "rows_kept", "rows_total")}
+    return {**out, "limit": subs[-1][1]["limit"], "by": subs[-1][1]["by"], "folds": [k for k, _ in subs]}
 
 
 def frame_of(panel: Panel, rows: Design, pred: Any) -> pd.DataFrame:

@@ -3,7 +3,8 @@ the run folder's ``baseline/`` (:class:`sweeper.store.layout.BaselineFiles`) and
 attributes:
 
 - ``baseline``: the result (val/test IC, Rank IC and ICIR, the daily ICs of both splits, elapsed
-  time, LightGBM version, rows, whether the train rows were subsampled, best iteration, ...);
+  time, LightGBM version, rows, whether the train rows were subsampled, best iteration, ...;
+  under walk_forward also the per-fold figures, :func:`fold_summary`);
 - ``baseline_state``: ``{state: running | done | failed, host, driver, at[, error]}``. A sweep
   starts the baseline only when the study has no ``baseline_state`` yet, claimed under the
   claim lock (:func:`claim`), so a second host or a resume never computes it again;
@@ -23,10 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 
 from sweeper import config as C
-from sweeper.baseline.fit import BaselineResult, fit
+from sweeper.baseline.fit import BaselineResult, fit_study
 from sweeper.errors import one_line
 from sweeper.store import layout
 
@@ -60,13 +62,37 @@ def _clean(value: float) -> float | None:
 
 
 def _series(frame: Any) -> dict[str, list[Any]]:
-    return {"date": [str(d)[:10] for d in frame["date"]], "ic": [_clean(v) for v in frame["ic"]],
-            "rank_ic": [_clean(v) for v in frame["rank_ic"]]}
+    out: dict[str, list[Any]] = {"date": [str(d)[:10] for d in frame["date"]],
+                                 "ic": [_clean(v) for v in frame["ic"]],
+                                 "rank_ic": [_clean(v) for v in frame["rank_ic"]]}
+    if "fold" in frame:  # walk_forward's valid blocks, as the trials' daily_ic_valid.csv
+        out["fold"] = [int(k) for k in frame["fold"]]
+    return out
 
 
-def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int) -> dict[str, Any]:
-    """The ``baseline`` study attribute of ``result``."""
+def fold_summary(folds: list[dict[str, Any]], fold_dates: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """The walk_forward keys of the ``baseline`` attribute, as the trials' (one entry per fold):
+    ``fold_val_ic`` (its mean is ``val_ic``), ``val_ic_se`` (std ddof=1 / sqrt(k)),
+    ``worst_fold_val_ic``, ``fold_val_rank_ic``, ``fold_val_icir``, ``fold_best_iteration``,
+    ``fold_rows``, ``fold_subsampled``, ``fold_elapsed_s``, ``fold_dates`` and ``folds`` (k)."""
+    ic = [f["val_ic"] for f in folds]
+    finite = [v for v in ic if math.isfinite(v)]
+    se = float(np.std(finite, ddof=1) / math.sqrt(len(finite))) if len(finite) >= 2 else math.nan
+    return {"folds": len(folds), "fold_val_ic": [_clean(v) for v in ic], "val_ic_se": _clean(se),
+            "worst_fold_val_ic": _clean(min(finite)) if finite else None,
+            "fold_val_rank_ic": [_clean(f["val_rank_ic"]) for f in folds],
+            "fold_val_icir": [_clean(f["val_icir"]) for f in folds],
+            "fold_best_iteration": [f["best_iteration"] for f in folds],
+            "fold_rows": [f["rows"] for f in folds], "fold_subsampled": [f["subsampled"] for f in folds],
+            "fold_elapsed_s": [round(f["elapsed_s"], 3) for f in folds], "fold_dates": fold_dates}
+
+
+def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int,
+            fold_dates: list[dict[str, list[str]]] | None = None) -> dict[str, Any]:
+    """The ``baseline`` study attribute of ``result`` (``fold_dates``: its folds', walk_forward)."""
     out: dict[str, Any] = {k: _clean(v) for k, v in result.scores.items()}
+    if result.folds is not None:
+        out.update(fold_summary(result.folds, fold_dates or []))
     out.update(elapsed_s=round(result.elapsed_s, 3), lightgbm_version=result.lightgbm_version,
                rows=result.rows, subsampled=result.subsampled, best_iteration=result.best_iteration,
                n_features=result.n_features, lags=cfg.baseline.lags, threads=threads,
@@ -95,15 +121,17 @@ def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, 
     """Fit the baseline of ``study`` (its config ``cfg``), write its files and attributes; returns
     the ``baseline`` attribute. Raises what the fit raises, after recording ``failed``."""
     from sweeper.data import load_panel
+    from sweeper.data.folds import fold_dates, fold_layout
 
     set_state(study, "running", host, driver)
     try:
         panel = load_panel(cfg.data)
         seed = cfg.study.sampler.seed if cfg.study.sampler.seed is not None else 0
-        result = fit(panel, cfg.baseline, threads=threads, seed=seed)
+        result = fit_study(panel, cfg, threads=threads, seed=seed)
+        dates = fold_dates(panel, fold_layout(panel, cfg)) if cfg.validation.walk_forward else None
         del panel
         write_files(result, run_dir if run_dir is not None else layout.run_dir(cfg))
-        attr = summary(result, cfg, threads)
+        attr = summary(result, cfg, threads, dates)
         study.set_user_attr(RESULT, attr)
     except BaseException as exc:
         set_state(study, "failed", host, driver, error=f"{type(exc).__name__}: {exc}")
@@ -144,7 +172,9 @@ def subsample_line(attr: dict[str, Any]) -> str | None:
     if not sub:
         return None
     by = sub.get("by", "baseline.max_rows")
-    return (f"baseline: train rows subsampled by dates ({by}): {sub['rows_kept']} of "
+    folds = sub.get("folds")  # walk_forward: each fold's train window is subsampled alone
+    where = f" in fold{'s' if len(folds) > 1 else ''} {', '.join(map(str, folds))} (summed)" if folds else ""
+    return (f"baseline: train rows subsampled by dates ({by}){where}: {sub['rows_kept']} of "
             f"{sub['rows_total']} rows, {sub['dates_kept']} of {sub['dates_total']} dates")
 
 
@@ -187,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     line = subsample_line(attr)
     if line:
         print(line, file=sys.stderr, flush=True)
+    folds = f" (val: the mean of {attr['folds']} folds, one booster each; test: the last fold's)" \
+        if attr.get("folds") else ""
     print(f"baseline: val ic {attr.get('val_ic')} test ic {attr.get('test_ic')} "
-          f"in {attr['elapsed_s']:.1f} s", flush=True)
+          f"in {attr['elapsed_s']:.1f} s{folds}", flush=True)
     return 0
 
 
