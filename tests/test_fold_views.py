@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from wsgiref.util import setup_testing_defaults
 
@@ -303,3 +305,30 @@ def test_dashboard_shows_the_fold_attrs(wf):
             assert float(attrs["worst_fold_val_ic"]) == min(FOLD_ICS[shown["number"]])
     sortable = {a["key"]: a["sortable"] for a in detail["union_user_attrs"]}
     assert sortable["val_ic_se"] is True and sortable["fold_val_ic"] is False
+
+
+# ------------------------------------------------------------------ a real sweep
+
+
+def test_a_real_walk_forward_sweep_shows_its_folds(study_file, workdir):
+    """The worker's own attrs and files, read back by best, export and the report."""
+    path = study_file({"validation": {"scheme": "walk_forward", "folds": 3, "repeats": 2},
+                       "study": {"n_trials": 2}})
+    run = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    study = optuna.load_study(study_name="tiny", storage=open_storage(f"sqlite:///{workdir}/runs/tiny/study.db"))
+    best = best_of(study)
+    out = json.loads(cli("best", str(path), "--json"))
+    assert out["trial"] == best.number and out["fold_dates"] == study.user_attrs["fold_dates"]
+    for key in ("fold_val_ic", "val_ic_se", "worst_fold_val_ic", "seed_val_ic_sd"):
+        assert out[key] == best.user_attrs[key], key
+    ics = best.user_attrs["fold_val_ic"]
+    assert len(ics) == 3 and out["selection"]["se_from"] == "folds"
+    assert out["selection"]["best_val_ic_se"] == pytest.approx(np.std(ics, ddof=1) / math.sqrt(3), rel=1e-12)
+    cli("export", str(path), "-o", "t.parquet")
+    frame = pd.read_parquet("t.parquet").set_index("number")
+    assert [frame.loc[best.number, f"user_attrs.fold_val_ic_{f}"] for f in (1, 2, 3)] == ics
+    cli("report", str(path), "-o", "r.html")
+    meta = figures_of(Path("r.html").read_text())["folds"]["layout"]["meta"]
+    assert meta["trials"][0] == best.number and meta["fold_val_ic"][str(best.number)] == ics
