@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 
 import numpy as np
 import optuna
@@ -163,3 +165,26 @@ def test_the_watch_judges_again_only_when_complete_trials_change(tmp_path):
 
 def test_off_by_default(tmp_path):
     assert StopRule(_cfg(), StopToken(), tmp_path).watch is None
+
+
+def test_a_walk_forward_sweep_stops_when_converged(study_file):
+    # a learning rate that barely varies: every trial is alike but for its seedless noise, while
+    # the tiny panel's folds differ a lot; one worker, so each claim reads the study right after
+    # the previous trial ended and the sweep stops at the first judgement that says converged
+    path = study_file({"study": {"n_trials": 30, "stop_when_converged": True}, "devices": {"cpu_workers": 1},
+                       "validation": {"scheme": "walk_forward", "folds": 3},
+                       "search_space": {"train.lr": {"type": "float", "low": 0.003, "high": 0.0031}}})
+    proc = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    study = optuna.load_study(study_name="tiny", storage="sqlite:///runs/tiny/study.db")
+    done = sorted(study.get_trials(states=(TrialState.COMPLETE,)),
+                  key=lambda t: (t.datetime_complete, t.number))
+    assert 20 <= len(done) < 30 and len(study.get_trials()) == len(done)
+    for t in done:  # the worker reported each trial's fold scores to the Terminator
+        assert t.system_attrs["terminator:cv_scores"] == t.user_attrs["fold_val_ic"]
+        assert len(t.user_attrs["fold_val_ic"]) == 3
+    verdicts = [judge(done[:k], maximize=True, min_n_trials=20) for k in range(20, len(done) + 1)]
+    assert verdicts[-1].converged and not any(v.converged for v in verdicts[:-1])
+    line = f"stopped: {verdicts[-1].reason()} (study.stop_when_converged)"
+    assert (proc.stdout + proc.stderr).count(line) == 1, proc.stdout + proc.stderr
