@@ -198,3 +198,25 @@ def test_a_holdout_study_keeps_one_fit_and_no_fold_keys(wf):
     alone = fit(panel, run["cfg"].baseline, threads=attr["threads"], seed=0)
     assert abs(alone.scores["val_ic"] - attr["val_ic"]) < 1e-9
     assert abs(alone.scores["test_ic"] - attr["test_ic"]) < 1e-9
+
+
+def test_the_sweeps_job_subprocess_entry_fits_the_folds(wf, capsys):
+    from sweeper.baseline import job
+    from sweeper.config import to_dict
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(wf["root"])
+        path = wf["root"] / "job.yaml"
+        path.write_text(yaml.safe_dump(merge(FOLDS, {"study": {"name": "job"}})))
+        _cli("db", "init", path)
+        cfg = load_config(path)
+        config = wf["root"] / "resolved.json"
+        config.write_text(json.dumps(to_dict(cfg)))
+        code = job.main(["--config", str(config), "--storage", cfg.study.resolved_storage, "--run-dir",
+                         str(layout.run_dir(cfg)), "--threads", "1", "--host", "h", "--driver", "d"])
+        study = optuna.load_study(study_name="job", storage=cfg.study.resolved_storage)
+    assert code == 0
+    assert "(val: the mean of 3 folds, one booster each; test: the last fold's)" in capsys.readouterr().out
+    attr = study.user_attrs["baseline"]
+    assert study.user_attrs["baseline_state"]["state"] == "done" and attr["threads"] == 1
+    assert len(attr["fold_val_ic"]) == 3 and abs(attr["val_ic"] - float(np.mean(attr["fold_val_ic"]))) < 1e-12
