@@ -13,6 +13,8 @@ from sweeper.core import NullHook
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from sweeper.data import Panel
+
 # (metric key, header): short headers keep a row within 80 columns
 COLUMNS = (("epoch", "epoch"), ("train_loss", "loss"), ("val_loss", "val_loss"), ("val_ic", "val_ic"),
            ("val_rank_ic", "rank_ic"), ("samples_per_s", "samples/s"), ("peak_mem_mb", "mem_MB"))
@@ -24,6 +26,12 @@ class TableHook(NullHook):
 
     def __init__(self, console: Console) -> None:
         self.console = console
+        self.header = False
+
+    def begin_run(self, fold: int, repeat: int, offset: int) -> None:
+        """A walk-forward fold's (or a seed repeat's) run begins: a line that says which, and a
+        fresh header over its epochs."""
+        self.console.print(f"fold {fold + 1}, seed {repeat + 1}", highlight=False)
         self.header = False
 
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
@@ -55,8 +63,14 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     console.print(f"data: {panel.source}: {len(panel.dates)} dates x {len(panel.assets)} assets x "
                   f"{len(panel.features)} features; model {cfg.model.name}", highlight=False)
     with console.status("training...") if console.is_terminal else nullcontext():
-        result = train(cfg, panel, hook=TableHook(console), log=lambda line: None, started=started)
-    m = result.metrics
+        if cfg.validation.runs > 1:  # walk_forward or seed repeats: every run, scored as a sweep's trial
+            m = _train_runs(cfg, panel, TableHook(console), started)
+        else:
+            m = train(cfg, panel, hook=TableHook(console), log=lambda line: None, started=started).metrics
+    if "fold_val_ic" in m:
+        folds = " ".join(_cell(v) for v in m["fold_val_ic"])
+        mean, se = _cell(m.get("val_ic")), _cell(m.get("val_ic_se"))
+        console.print(f"folds: val_ic {folds}  (mean {mean}, se {se})", highlight=False)
     console.print(f"valid: ic {_cell(m.get('val_ic'))}  rank_ic {_cell(m.get('val_rank_ic'))}  "
                   f"icir {_cell(m.get('val_icir'))}  loss {_cell(m.get('val_loss'))}", highlight=False)
     console.print(f"test:  ic {_cell(m.get('test_ic'))}  rank_ic {_cell(m.get('test_rank_ic'))}  "
@@ -64,4 +78,22 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     if m.get("oracle_test_ic"):
         console.print(f"oracle IC: valid {m['oracle_val_ic']:.4f}  test {m['oracle_test_ic']:.4f}  "
                       f"(test reached {m['test_ic'] / m['oracle_test_ic']:.0%})", highlight=False)
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
+    return {k: _plain(v) for k, v in m.items()}
+
+
+def _train_runs(cfg: C.SweeperConfig, panel: Panel, hook: TableHook, started: float) -> dict[str, Any]:
+    """The folds x seeds of ``validation`` (nothing kept on disk): the trial's attributes, with
+    ``value`` (the objective) and the last fold's first seed's test scores."""
+    from sweeper.validation import Trainer, record, train_runs
+
+    out = train_runs(panel, Trainer(cfg, hook, started, log=lambda line: None))
+    value, attrs = record.attrs_of(out, cfg)
+    return {"value": value, **attrs}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

@@ -3,17 +3,28 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import numpy as np
+import optuna
 import pandas as pd
 import pytest
+import torch
+from optuna.trial import TrialState
 
 from sweeper import config as C
 from sweeper.config import load_config
 from sweeper.data.load import load_panel
+from sweeper.interrupt import StopToken
 from sweeper.store.layout import trial_files
-from sweeper.validation import RunStore, Trainer, daily_valid, objective, train_runs, trial_attrs
+from sweeper.sweep.trial_hook import OptunaHook
+from sweeper.validation import RunStore, Trainer, daily_valid, global_step, objective, train_runs, trial_attrs
 
 WF = {"validation": {"scheme": "walk_forward", "folds": 3}}
 
@@ -83,3 +94,201 @@ def test_runs_and_scores_in_process(study_file, tmp_path):
     lower = attrs["val_rank_ic"] - attrs["val_rank_ic_se"]
     assert objective(out.runs, lcb) == pytest.approx(lower, abs=1e-12)
     pd.testing.assert_frame_equal(again.predictions[(2, 1)], out.predictions[(2, 1)], check_dtype=False)
+
+
+# ---------------------------------------------------------------- real sweeps through the CLI
+
+def _sweep(path, timeout=240):
+    proc = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return _study(path)
+
+
+def _study(path):
+    cfg = load_config(path)
+    return optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
+
+
+def _results(number):
+    """{(fold, repeat): result.json} of a trial's finished runs (1-based)."""
+    out = {}
+    for path in sorted(Path(f"runs/tiny/trials/{number}/runs").glob("fold-*.seed-*/result.json")):
+        raw = json.loads(path.read_text())
+        out[(raw["fold"], raw["repeat"])] = raw
+    return out
+
+
+def test_walk_forward_sweep_with_repeats_stores_the_contract(study_file):
+    path = study_file({"validation": {"scheme": "walk_forward", "folds": 3, "repeats": 3},
+                       "study": {"n_trials": 2}})
+    study = _sweep(path)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    layout = study.user_attrs["fold_dates"]
+    assert len(layout) == 3
+    for t in trials:
+        ua, results = t.user_attrs, _results(t.number)
+        assert sorted(results) == [(f, r) for f in (1, 2, 3) for r in (1, 2, 3)]
+        assert [results[(1, r)]["seed"] for r in (1, 2, 3)] == [0, 1, 2]
+        seed_ics = {f: [results[(f, r)]["metrics"]["val_ic"] for r in (1, 2, 3)] for f in (1, 2, 3)}
+        for f in (1, 2, 3):  # a fold's score is the mean of its seeds' ICs
+            assert abs(ua["fold_val_ic"][f - 1] - statistics.mean(seed_ics[f])) < 1e-9
+        assert t.value == ua["val_ic"] and abs(t.value - statistics.mean(ua["fold_val_ic"])) < 1e-12
+        se = statistics.stdev(ua["fold_val_ic"]) / math.sqrt(3)
+        assert abs(ua["val_ic_se"] - se) < 1e-12
+        assert ua["worst_fold_val_ic"] == min(ua["fold_val_ic"])
+        assert ua["fold_dates"] == layout and ua["folds_run"] == 3 and len(ua["fold_best_epoch"]) == 3
+        sd = statistics.mean(statistics.stdev(v) for v in seed_ics.values())
+        assert ua["seed_val_ic_sd"] > 0 and abs(ua["seed_val_ic_sd"] - sd) < 1e-12
+        assert len(ua["fold_seed_ensemble_val_ic"]) == 3
+        # the model is the last fold's first seed: its test scores, its weights, no other's
+        assert ua["test_ic"] == results[(3, 1)]["metrics"]["test_ic"]
+        assert [k for k, v in results.items() if "test_ic" in v["metrics"]] == [(3, 1)]
+        folder = Path(f"runs/tiny/trials/{t.number}")
+        assert (folder / "weights.pt").exists() and not list(folder.glob("runs/*/weights.pt"))
+        # steps run on across the runs: (f * repeats + r) * epochs + epoch
+        assert sorted(t.intermediate_values) == list(range(1, 3 * 3 * 2 + 1))
+        _check_seeds_differ(folder)
+        _check_files(folder, layout)
+
+
+def _check_seeds_differ(folder):
+    for f in (1, 2, 3):
+        preds = [pd.read_parquet(folder / f"runs/fold-{f}.seed-{r}/predictions_valid.parquet")
+                 for r in (1, 2, 3)]
+        assert list(preds[0].columns) == ["date", "asset", "pred", "label"]
+        for a, b in ((0, 1), (0, 2), (1, 2)):
+            assert (preds[a][["date", "asset"]].values == preds[b][["date", "asset"]].values).all()
+            assert not np.allclose(preds[a]["pred"], preds[b]["pred"])
+
+
+def _check_files(folder, layout):
+    daily = pd.read_csv(folder / "daily_ic_valid.csv", parse_dates=["date"])
+    assert list(daily.columns) == ["date", "ic", "rank_ic", "fold"] and daily["date"].is_unique
+    for f, dates in enumerate(layout, start=1):
+        block = daily[daily["fold"] == f]["date"]
+        seed_1 = pd.read_csv(folder / f"runs/fold-{f}.seed-1/daily_ic_valid.csv", parse_dates=["date"])
+        assert list(block) == list(seed_1["date"])  # every valid date of the fold, once, in order
+        lo, hi = (pd.Timestamp(d) for d in dates["valid"])
+        assert block.min() >= lo and block.max() <= hi
+    metrics = pd.read_csv(folder / "metrics.csv")
+    assert list(metrics.columns[:3]) == ["fold", "repeat", "epoch"] and len(metrics) == 18
+    assert list(metrics["fold"]) == [f for f in (1, 2, 3) for _ in range(6)]
+
+
+SLOW = {"model": {"name": "fault_models:Slow", "step_sleep": 0.15},
+        "validation": {"scheme": "walk_forward", "folds": 3},
+        "study": {"n_trials": 1, "retries": 1},
+        "train": {"epochs": 4, "batch_size": 256, "samples_per_epoch": 1024, "patience": 10},
+        "devices": {"cpu_workers": 1}}
+
+
+def _checkpoint_owner(path):
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - not written yet, or being replaced
+        return None
+    return state.get("owner", {}).get("fold"), int(state["epoch"])
+
+
+def test_kill_9_in_fold_3_resumes_in_fold_3(study_file):
+    path = study_file(SLOW, replace=("model",))
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ckpt = Path("runs/tiny/trials/0/checkpoint.pt")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _checkpoint_owner(ckpt) not in ((3, 1), (3, 2)):
+            time.sleep(0.05)
+        assert _checkpoint_owner(ckpt) in ((3, 1), (3, 2)), "the trial never checkpointed in fold 3"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)  # the workers follow their driver (test_resume checks that they do)
+    _, epoch = _checkpoint_owner(ckpt)
+    assert sorted(_results(0)) == [(1, 1), (2, 1)]
+    original = _study(path).trials[0]
+    study = _sweep(path)
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.FAIL and trials[0].user_attrs["fail_reason"] == "interrupted"
+    retry = trials[1]
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["retry_of"] == 0
+    assert retry.user_attrs["resumed_from_fold"] == 3 and retry.user_attrs["resumed_from_epoch"] == epoch
+    log = Path("runs/tiny/trials/1/train.log").read_text()
+    assert f"resuming in fold 3 (seed 1) from runs/tiny/trials/0/checkpoint.pt at epoch {epoch}; " \
+           "folds 1-2 done" in log
+    assert "fold 1/3" not in log and "fold 2/3" not in log  # folds 1-2 were not trained again
+    assert f"resumed after epoch {epoch}" in log
+    assert retry.user_attrs["folds_run"] == 3 and len(retry.user_attrs["fold_val_ic"]) == 3
+    for key in ((1, 1), (2, 1)):  # the finished runs are the original's
+        assert _results(1)[key] == _results(0)[key]
+    replayed = global_step(load_config(path), 2, 0, epoch)
+    for step in range(1, replayed + 1):
+        assert retry.intermediate_values[step] == original.intermediate_values[step]
+    assert sorted(retry.intermediate_values) == list(range(1, 3 * 4 + 1))
+    metrics = pd.read_csv("runs/tiny/trials/1/metrics.csv")
+    assert list(zip(metrics["fold"], metrics["epoch"])) == [(f, e) for f in (1, 2, 3) for e in (1, 2, 3, 4)]
+
+
+def test_time_budget_counts_across_folds(study_file):
+    path = study_file({**SLOW, "model": {"name": "fault_models:Slow", "step_sleep": 0.2},
+                       "train": {**SLOW["train"], "epochs": 2, "max_minutes": 0.02}}, replace=("model",))
+    trial = _sweep(path).trials[0]
+    ua = trial.user_attrs
+    assert trial.state == TrialState.PRUNED and ua["stop_reason"] == "time"
+    assert 1 <= ua["folds_run"] < 3 and len(ua["fold_val_ic"]) == ua["folds_run"]
+    assert len(_results(0)) == ua["folds_run"]
+    assert "test_ic" not in ua  # the model (the last fold's) never ran
+
+
+def test_pruned_in_fold_1_runs_no_later_fold(study_file, tmp_path):
+    """A real study with a median pruner: the peer's value at step 1 (fold 1, seed 1, epoch 1) is
+    far above; the trial is pruned there, and no later fold runs."""
+    path = study_file({**WF, "model": {"name": "fault_models:Probe", "kind": "noise", "hidden": 8}},
+                      replace=("model",))
+    cfg = load_config(path)
+    study = optuna.create_study(direction="maximize",
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0))
+    steps = range(1, cfg.validation.runs * cfg.train.epochs + 1)
+    study.add_trial(optuna.trial.create_trial(value=0.5, intermediate_values=dict.fromkeys(steps, 0.5)))
+    trial = study.ask()
+    files = trial_files(tmp_path / "run", trial.number)
+    files.folder.mkdir(parents=True)
+    hook = OptunaHook(trial, "val_ic", trial.number, files.metrics, StopToken())
+    out = train_runs(load_panel(cfg.data), Trainer(cfg, hook, time.monotonic(), store=RunStore(files, {})))
+    assert hook.pruned and out.cut_short == "pruned" and out.folds_run == 1
+    assert [p.name for p in files.runs.iterdir()] == ["fold-1.seed-1"]
+    assert list(study.trials[1].intermediate_values) == [1]
+
+
+def test_steps_run_on_across_folds_and_seeds(study_file, tmp_path):
+    """The hook's offsets with a real study: every (fold, seed, epoch) at its own step."""
+    path = study_file({"validation": {"scheme": "walk_forward", "folds": 2, "repeats": 2}})
+    cfg = load_config(path)
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    files = trial_files(tmp_path / "run", 0)
+    files.folder.mkdir(parents=True)
+    hook = OptunaHook(trial, "val_ic", 0, files.metrics, StopToken())
+    out = train_runs(load_panel(cfg.data), Trainer(cfg, hook, time.monotonic(), store=RunStore(files, {})))
+    values = study.trials[0].intermediate_values
+    assert sorted(values) == list(range(1, 9))
+    metrics = pd.read_csv(files.metrics)
+    for row in metrics.itertuples():
+        step = global_step(cfg, row.fold - 1, row.repeat - 1, row.epoch)
+        assert values[step] == row.val_ic
+    assert out.folds_run == 2
+
+
+def test_train_json_prints_the_folds(study_file):
+    path = study_file(WF)
+    proc = subprocess.run([sys.executable, "-m", "sweeper.cli", "train", str(path), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert len(out["fold_val_ic"]) == 3 and out["folds_run"] == 3 and len(out["fold_dates"]) == 3
+    assert abs(out["val_ic"] - statistics.mean(out["fold_val_ic"])) < 1e-12 and out["value"] == out["val_ic"]
+    assert out["worst_fold_val_ic"] == min(out["fold_val_ic"]) and "test_ic" in out

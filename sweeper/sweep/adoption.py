@@ -9,6 +9,7 @@ its own path (by a deleted study of the same name, say) is removed, and the log 
 """
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from sweeper.core.checkpoint import checkpoint_meta, config_mismatch, copy_check
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import TrialFiles
 from sweeper.sweep.trial_hook import copy_csv_upto
+from sweeper.validation.runner import global_step, model_run, seeded
 
 
 def owner(study_uuid: str | None, number: int, fingerprint: str) -> dict[str, Any]:
@@ -35,10 +37,9 @@ def adopt(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.
     A retry continues from its ``resume_from`` checkpoint, replaying the interrupted trial's
     intermediate values up to that epoch exactly once; one of another study, dataset, trial or
     config is not continued: the trial starts fresh and says why (``resume_skipped``)."""
-    if files.checkpoint.exists():  # a trial runs once: nothing of its own can be there yet
-        log(f"removing {files.checkpoint}: a trial continues only its retry source's checkpoint; "
-            "starting fresh")
-        files.checkpoint.unlink(missing_ok=True)
+    if cfg.validation.runs > 1:
+        return adopt_runs(study, trial, frozen, cfg, files, stamp, log)
+    _clear(files, log)
     source = frozen.user_attrs.get("resume_from")
     if not source:
         return
@@ -58,6 +59,94 @@ def adopt(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.
         copy_csv_upto(metrics_csv, files.metrics, epoch)
     trial.set_user_attr("resumed_from_epoch", epoch)
     log(f"resuming from {source} at epoch {epoch}")
+
+
+def _clear(files: TrialFiles, log: Callable[[str], None]) -> None:
+    if files.checkpoint.exists():  # a trial runs once: nothing of its own can be there yet
+        log(f"removing {files.checkpoint}: a trial continues only its retry source's checkpoint; "
+            "starting fresh")
+        files.checkpoint.unlink(missing_ok=True)
+    if files.runs.exists():  # nor finished runs: only a retry's copies of its source's
+        log(f"removing {files.runs}: a trial skips only the runs its retry source finished")
+        shutil.rmtree(files.runs, ignore_errors=True)
+
+
+def adopt_runs(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.SweeperConfig,
+               files: TrialFiles, stamp: dict[str, Any], log: Callable[[str], None]) -> None:
+    """:func:`adopt` for a trial of several runs (walk_forward, repeats): a retry copies the
+    source's finished runs (``runs/``, skipped when it trains), and its checkpoint, whose owner
+    names the run in progress (fold, repeat) that the retry continues. The intermediate values
+    are replayed up to the checkpoint's global step."""
+    _clear(files, log)
+    source = str(frozen.user_attrs.get("resume_from") or "")
+    meta = checkpoint_meta(source) if source else None
+    if meta is None:
+        return
+    was: dict[str, Any] = meta["owner"] if isinstance(meta.get("owner"), dict) else {}
+    problem = foreign(meta, stamp, _lineage(study, frozen)) or _run_problem(was, study, cfg)
+    repeat = int(was.get("repeat") or 1)
+    problem = problem or config_mismatch(meta["config"], seeded(cfg, repeat - 1))
+    if problem:
+        log(f"not resuming from {source}: {problem}; starting fresh")
+        trial.set_user_attr("resume_skipped", problem)
+        return
+    fold, epoch = int(was["fold"]), meta["epoch"]
+    done = _copy_runs(TrialFiles(Path(source).parent), files, cfg)
+    copy_checkpoint(Path(source), files.checkpoint)
+    step = global_step(cfg, fold - 1, repeat - 1, epoch)
+    _replay(study, trial, frozen, step)
+    metrics_csv = TrialFiles(Path(source).parent).metrics
+    if metrics_csv.exists():
+        copy_csv_upto(metrics_csv, files.metrics, step, cfg.validation.repeats, cfg.train.epochs)
+    trial.set_user_attr("resumed_from_epoch", epoch)
+    trial.set_user_attr("resumed_from_fold", fold)
+    trial.set_user_attr("resumed_runs", len(done))
+    log(_resume_line(cfg, source, fold, repeat, epoch, done))
+
+
+def _run_problem(was: dict[str, Any], study: optuna.Study, cfg: C.SweeperConfig) -> str | None:
+    """Why the checkpoint's run is not one of this trial's runs; None when it is."""
+    fold, repeat = was.get("fold"), was.get("repeat")
+    if not isinstance(fold, int) or not isinstance(repeat, int):
+        return "the checkpoint names no fold and seed (it was saved by a single-run trial)"
+    if not (1 <= fold <= cfg.validation.n_folds and 1 <= repeat <= cfg.validation.repeats):
+        return (f"the checkpoint holds fold {fold}, seed {repeat}; this trial has "
+                f"{cfg.validation.n_folds} folds of {cfg.validation.repeats} seeds")
+    layout = study.user_attrs.get("fold_dates") or []
+    if cfg.validation.walk_forward and fold <= len(layout) and was.get("fold_dates") != layout[fold - 1]:
+        return (f"the checkpoint's fold {fold} had other dates ({was.get('fold_dates')}, "
+                f"now {layout[fold - 1]})")
+    return None
+
+
+def _copy_runs(source: TrialFiles, files: TrialFiles, cfg: C.SweeperConfig) -> list[tuple[int, int]]:
+    """Copy the source trial's finished runs (those with a result.json); their (fold, repeat), 1-based."""
+    done = []
+    for fold in range(1, cfg.validation.n_folds + 1):
+        for repeat in range(1, cfg.validation.repeats + 1):
+            src = source.run(fold, repeat)
+            if not (src / "result.json").exists():
+                continue
+            shutil.copytree(src, files.run(fold, repeat), dirs_exist_ok=True)
+            model = (fold - 1, repeat - 1) == model_run(cfg)
+            if model and not (src / "weights.pt").exists() and source.weights.exists():
+                # the source had moved its model's weights into its own folder before it ended
+                shutil.copyfile(source.weights, files.run(fold, repeat) / "weights.pt")
+            done.append((fold, repeat))
+    return done
+
+
+def _resume_line(cfg: C.SweeperConfig, source: str, fold: int, repeat: int, epoch: int,
+                 done: list[tuple[int, int]]) -> str:
+    """``resuming in fold 3 (seed 1) from ... at epoch 2; folds 1-2 done``."""
+    full = [f for f in range(1, cfg.validation.n_folds + 1)
+            if all((f, r) in done for r in range(1, cfg.validation.repeats + 1))]
+    finished = (f"folds {full[0]}-{full[-1]} done" if len(full) > 1 else f"fold {full[0]} done" if full
+                else "no fold done") if cfg.validation.walk_forward else f"{len(done)} seeds done"
+    where = f"fold {fold} (seed {repeat})" if cfg.validation.walk_forward else f"seed {repeat}"
+    if (fold, repeat) in done:  # the checkpoint's run had finished: the next one starts fresh
+        return f"resuming from {source} after {where}, which had finished; {finished}"
+    return f"resuming in {where} from {source} at epoch {epoch}; {finished}"
 
 
 def foreign(meta: dict[str, Any], stamp: dict[str, Any], lineage: list[int]) -> str | None:
@@ -90,7 +179,8 @@ def _lineage(study: optuna.Study, frozen: FrozenTrial) -> list[int]:
 
 
 def _replay(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, epoch: int) -> None:
-    """The interrupted trial's intermediate values up to the checkpoint's epoch, reported once."""
+    """The interrupted trial's intermediate values up to the checkpoint's epoch (its global step,
+    for a trial of several runs), reported once."""
     storage = private.backend(study)
     previous = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(
         private.study_id(study), int(frozen.user_attrs["retry_of"])))

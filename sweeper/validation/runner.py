@@ -114,7 +114,7 @@ class RunStore:
 
     def frames(self, fold: int, repeat: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         folder = self.folder(fold, repeat)
-        return pd.read_parquet(folder / PREDICTIONS), pd.read_csv(folder / DAILY)
+        return pd.read_parquet(folder / PREDICTIONS), pd.read_csv(folder / DAILY, parse_dates=["date"])
 
     def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]]) -> RunCheckpointer:
         owner = {**self.stamp, "fold": fold + 1, "repeat": repeat + 1, "fold_dates": dates}
@@ -168,7 +168,9 @@ def train_runs(panel: Panel, trainer: Trainer) -> Outcome:
                 out.predictions[(fold.index, repeat)], out.daily[(fold.index, repeat)] = store.frames(
                     fold.index, repeat)
                 continue
-            if time.monotonic() > deadline:  # no run starts past the budget: it could score nothing
+            if out.runs and time.monotonic() > deadline:
+                # no run starts past the budget (its one step would score nothing); the first
+                # always starts, as a holdout trial's run does, so a trial is never without a score
                 out.cut_short = "time"
                 return out
             if fpanel is None:
