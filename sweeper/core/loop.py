@@ -28,7 +28,7 @@ from sweeper.core.evaluate import evaluate, final_scores
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
 from sweeper.core.loss import resolve_loss
 from sweeper.core.precision import resolve_precision
-from sweeper.core.progress import EpochSteps, Progress, epoch_line, mean
+from sweeper.core.progress import EpochSteps, Progress, cpu_copy, epoch_line, mean
 from sweeper.core.schedule import DateRuns, Rows, count_steps, epoch_rows, lr_factor, make_optimizer, rewind
 from sweeper.core.step import train_step
 from sweeper.data import Batcher, Panel
@@ -55,7 +55,7 @@ class TrainResult:
 def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None = None,
           hook: EpochHook = NullHook(), checkpoint: Checkpointer = NullCheckpointer(),
           log: Callable[[str], None] | None = None, started: float | None = None,
-          memory: TrialMemory | None = None) -> TrainResult:
+          memory: TrialMemory | None = None, fixed_epochs: bool = False) -> TrainResult:
     """Train ``cfg.model`` on ``panel``'s train split; early-stop on valid; score valid and test
     with the best epoch's weights. Raises NonFiniteLoss, OutOfMemory, Interrupted.
 
@@ -65,7 +65,10 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     ``memory``: what the trial's memory is measured by (the batch probe, the peaks reported); by
     default the device's own (:func:`~sweeper.core.device.trial_memory`), where a CUDA probe plans
     within all the free memory. A trial given an allotment of a GPU it shares passes
-    ``trial_memory(device, allotted_mb)``."""
+    ``trial_memory(device, allotted_mb)``.
+    ``fixed_epochs`` (``sweeper refit``, on a panel whose valid and test splits are empty): every
+    one of ``train.epochs`` epochs runs, nothing is validated or scored, and ``best_state`` holds
+    the last epoch's weights."""
     began = time.perf_counter()
     tc = cfg.train
     say = log or (lambda message: None)
@@ -142,7 +145,8 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         optimizer.zero_grad(set_to_none=True)  # validation needs no gradients: their memory is free for it
 
         # ---- end of epoch: validate, keep the best weights, checkpoint, report
-        scores = evaluate(step_model, panel, "valid", device, eval_batch, criterion, tick)
+        scores = (dict.fromkeys(("val_loss", "val_ic", "val_rank_ic", "val_icir"), math.nan) if fixed_epochs
+                  else evaluate(step_model, panel, "valid", device, eval_batch, criterion, tick))
         metrics = {"epoch": epoch, "train_loss": steps.mean_loss, **scores,
                    "samples_per_s": seen / max(train_seconds, 1e-9), "peak_mem_mb": memory.peak_mb(),
                    "lr": scheduler.get_last_lr()[0], "micro_batch_size": micro,
@@ -153,13 +157,19 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         # (a kill in between re-runs and re-reports that epoch rather than losing its report)
         if hook.on_epoch(epoch, metrics):
             stop_reason = "pruned"
-        elif progress.bad_epochs >= tc.patience and stop_reason == "epochs":
+        elif progress.bad_epochs >= tc.patience and stop_reason == "epochs" and not fixed_epochs:
             stop_reason = "early_stop"
         elif stop_reason == "epochs" and epoch < tc.epochs and time.monotonic() > deadline:
             stop_reason = "time"  # the time ran out while validating: no new epoch for one step
         if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
             checkpoint.save(training_state(cfg, model, optimizer, scheduler, scaler, generator, progress,
                                            batch_size, micro))
+
+    if fixed_epochs:  # the last epoch's weights, with no valid or test split to score them on
+        return TrainResult({"epochs_run": progress.epoch, "train_loss": progress.history[-1]["train_loss"],
+                            "batch_size": batch_size, "micro_batch_size": micro, "precision": precision.name,
+                            "duration_s": time.perf_counter() - began}, progress.history,
+                           cpu_copy(model.state_dict()), {}, {}, stop_reason=stop_reason)
 
     # ---- score valid and test with the best weights, through the same path as `predict`
     model.load_state_dict(progress.best_state)
