@@ -12,7 +12,9 @@ to a split of the study's data or to another file.
 - ``--data``: another file, scored with the trial's features and normalisation statistics
   (nothing is re-fitted on it); it needs only ``lookback - 1`` dates of history before the
   first date to score, and it may lack the label (live use). Its train / valid / test are
-  the study's date ranges.
+  the study's date ranges. A trial with a refit (``sweeper refit``) scores it with the
+  refit's weights and statistics, and a note says so (of an ensemble: how many members had
+  one); the study's own splits are always scored with the trial's own weights.
 
 Rows: every present (date, asset) with a full lookback window. A row whose label is not
 known (the latest dates of a file) is predicted too, with a NaN label.
@@ -46,6 +48,7 @@ class Prediction:
     source: str               # the data the predictions are of
     same_data: bool | None    # the study's data fingerprint matches (None: --data, or unknown)
     notes: list[str] = field(default_factory=list)
+    refits: dict[int, str] = field(default_factory=dict)  # trial -> trained to, of each refit used
 
     @property
     def label(self) -> str:
@@ -82,7 +85,8 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
     trials = study.get_trials(deepcopy=False)
     match = [t for t in trials if t.number == parsed]
     if not match:
-        raise StudyNotFound(f"study {study.study_name!r} has no trial {parsed} (it has {len(trials)} trials)")
+        raise StudyNotFound(f"--trial {parsed}: study {study.study_name!r} has no trial {parsed} "
+                            f"(it has {len(trials)} trials)")
     return match[0]
 
 
@@ -119,6 +123,26 @@ def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int =
         same = None if stored is None else stored == own.fingerprint
     else:
         source, same = str(data), None
+    used = {t.number: predictor.refits[t.number] for t in members if t.number in predictor.refits}
+    notes = list(predictor.notes) + refit_notes(members, used)
+    refitted = [str(t.number) for t in members if data is None and predictor.has_refit(t)]
+    if refitted:  # scoring the dates a refit trained on would be leakage
+        notes.append(f"trial {', '.join(refitted)} has a refit: the study's own dates are scored with "
+                     "the trial's own weights (the refit trained on them); --data scores new dates with it")
     return Prediction(frame=ensemble(frames) if is_ensemble else frames[0],
                       trial=[t.number for t in members] if is_ensemble else members[0].number,
-                      split=split, source=source, same_data=same, notes=list(predictor.notes))
+                      split=split, source=source, same_data=same, notes=notes, refits=used)
+
+
+def refit_notes(members: list[FrozenTrial], used: dict[int, str]) -> list[str]:
+    """The line that says which refits scored ``--data``: none, one trial's, or how many members'."""
+    if not used:
+        return []
+    if len(members) == 1:
+        number = members[0].number
+        return [f"using the refit of trial {number}, trained to {used[number]}"]
+    whose = ", ".join(f"trial {n} trained to {day}" for n, day in used.items())
+    own = [str(t.number) for t in members if t.number not in used]
+    rest = "" if not own else (f"; trial {own[0]} uses its own weights" if len(own) == 1
+                               else f"; trials {', '.join(own)} use their own weights")
+    return [f"using the refits of {len(used)} of the {len(members)} trials ({whose}){rest}"]

@@ -12,6 +12,11 @@ valid output is the trial's stored ``val_ic``. Another file (``--data``) is scor
 :func:`sweeper.data.scoring.scoring_panel`: the trial's features, normalised with the
 statistics of the trial's train split (``trials/<n>/norm_stats.json``; a trial without
 that file has them re-fitted on the study's train split, and the notes say so).
+
+A trial with a refit (``sweeper refit``: ``trials/<n>/refit/``, complete once its
+``refit.json`` is written) has ``--data`` scored with the refit's weights and statistics
+instead, and :attr:`Predictor.refits` says which trials did. The study's own splits are
+always scored with the trial's own weights: a refit has trained on its valid and test dates.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ from sweeper.sweep.retention import retrain_command, weights_removed
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection
+# a refit's files in trials/<n>/refit/ (store.layout's TrialFiles.refit); refit.json is written last
+REFIT_WEIGHTS, REFIT_STATS, REFIT_RECORD = "weights.pt", "norm_stats.json", "refit.json"
 
 
 def trial_config(files: TrialFiles) -> SweeperConfig:
@@ -64,6 +71,29 @@ def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None =
                         f"with its params as a new trial: {retrain_command(trial, study_file)}")
     if not path.exists():
         raise DataError(f"{path}: missing; trial {trial.number} is {trial.state.name} and wrote no weights")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_refit(files: TrialFiles) -> dict[str, Any] | None:
+    """The ``refit.json`` record of the trial's refit, or None when it has no complete one (the
+    record is written after the weights and statistics, and removed before they are replaced)."""
+    path = files.refit / REFIT_RECORD
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot read the refit's record ({exc}); run `sweeper refit` again") \
+            from None
+    return record if isinstance(record, dict) else None
+
+
+def load_refit_weights(files: TrialFiles) -> dict[str, Any]:
+    import torch
+
+    path = files.refit / REFIT_WEIGHTS
+    if not path.exists():
+        raise DataError(f"{path}: missing beside its {REFIT_RECORD}; run `sweeper refit` again")
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -102,11 +132,15 @@ class Predictor:
         self.run_dir = study_folder(cfg, study)  # this study's files, wherever another study put them
         self._device_name = device
         self.notes: list[str] = []
+        self.refits: dict[int, str] = {}  # trial -> the date its refit was trained to, for each refit used
         self._panels = PanelMemo()
         self._frames: dict[tuple, pd.DataFrame] = {}
 
     def config(self, trial: FrozenTrial) -> SweeperConfig:
         return trial_config(trial_files(self.run_dir, trial.number))
+
+    def has_refit(self, trial: FrozenTrial) -> bool:
+        return read_refit(trial_files(self.run_dir, trial.number)) is not None
 
     def frame(self, trial: FrozenTrial, split: str, *, data: str | Path | None = None,
               start: str | None = None, end: str | None = None) -> pd.DataFrame:
@@ -123,8 +157,14 @@ class Predictor:
 
         files = trial_files(self.run_dir, trial.number)
         tcfg = trial_config(files)
-        weights = load_weights(files, trial, self.study_file)  # a missing file fails before any data is read
-        panel = self.own_panel(tcfg) if data is None else self._new_panel(tcfg, files, trial, Path(data))
+        refit = read_refit(files) if data is not None else None  # the study's own dates: its own weights
+        # a missing file fails before any data is read
+        weights = load_refit_weights(files) if refit else load_weights(files, trial, self.study_file)
+        if data is None:
+            panel = self.own_panel(tcfg)
+        else:
+            stats = files.refit / REFIT_STATS if refit else files.norm_stats
+            panel = self._new_panel(tcfg, stats, trial, Path(data))
         panel, name = restrict(panel, split, start, end)
         if len(panel.sample_index(name)) == 0:
             between = f" between {start or 'the start'} and {end or 'the end'}" if name == RANGE else ""
@@ -133,6 +173,8 @@ class Predictor:
         model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
         model.load_state_dict(weights)
         device = resolve_device(self._device_name)
+        if refit:
+            self.refits[trial.number] = str(refit.get("until"))
         return predict(model.to(device), panel.to(device, tcfg.data.device_share), name, device,
                        tcfg.train.eval_batch_size)
 
@@ -143,23 +185,23 @@ class Predictor:
         return self._panels.get(tcfg.data.model_dump(mode="json"),
                                 lambda: own_scoring_panel(load_panel(tcfg.data)))
 
-    def _new_panel(self, tcfg: SweeperConfig, files: TrialFiles, trial: FrozenTrial, path: Path) -> Panel:
+    def _new_panel(self, tcfg: SweeperConfig, kept: Path, trial: FrozenTrial, path: Path) -> Panel:
         from sweeper.data.scoring import scoring_panel
 
         if not path.exists():
             raise DataError(f"{path}: no such file (--data)")
-        stats, split_dates = self._scoring_inputs(tcfg, files, trial)
+        stats, split_dates = self._scoring_inputs(tcfg, kept, trial)
         key = [str(path), tcfg.data.model_dump(mode="json"), stats, split_dates]
         return self._panels.get(key,
                                 lambda: scoring_panel(tcfg.data, path, stats["features"], stats, split_dates))
 
-    def _scoring_inputs(self, tcfg: SweeperConfig, files: TrialFiles,
+    def _scoring_inputs(self, tcfg: SweeperConfig, kept: Path,
                         trial: FrozenTrial) -> tuple[NormStats, dict[str, list[str]]]:
-        """The trial's features and normalisation statistics, and the study's split dates.
+        """The trial's features and normalisation statistics (``kept``: its ``norm_stats.json``
+        or its refit's), and the study's split dates.
 
-        Both come from what the study kept (``norm_stats.json``, the ``split_dates``
-        attribute) when it kept them, else from the study's data loaded as the trial was."""
-        kept = files.norm_stats
+        Both come from what the study kept (``kept``, the ``split_dates`` attribute) when it
+        kept them, else from the study's data loaded as the trial was."""
         saved: NormStats | None = json.loads(kept.read_text()) if kept.exists() else None
         split_dates: dict[str, list[str]] | None = self.study.user_attrs.get("split_dates")
         if saved is not None and split_dates:
@@ -168,11 +210,11 @@ class Predictor:
             own = self.own_panel(tcfg)
         except SweeperError as exc:
             if saved is None:
-                raise DataError(f"trial {trial.number} has no {files.norm_stats.name} and the study's data "
+                raise DataError(f"trial {trial.number} has no {kept.name} and the study's data "
                                 f"cannot be loaded to re-fit its normalisation: {exc}") from None
             return saved, {}  # the study's dates are unknown: --split all or --start/--end only
         if saved is None and tcfg.data.feature_norm == "robust_zscore":
-            self._note(f"trial {trial.number} has no {files.norm_stats.name} (it was trained before trials "
+            self._note(f"trial {trial.number} has no {kept.name} (it was trained before trials "
                        "saved one): robust_zscore was re-fitted on the study's train split")
         stats = saved or own.norm_stats
         assert stats is not None, "a loaded panel carries the statistics it was normalised with (data.build)"
