@@ -286,7 +286,8 @@ def report_cmd(study: Path, storage: str | None, out: Path) -> None:
 @click.option("--start", default=None, metavar="DATE", help="Score only dates from DATE on (inclusive).")
 @click.option("--end", default=None, metavar="DATE", help="Score only dates up to DATE (inclusive).")
 @click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Another Parquet file with the study's columns (the label may be missing).")
+              help="Another Parquet file with the study's columns (the label may be missing); "
+                   "a trial's refit, when it has one, scores it.")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="preds.parquet (or .csv): columns date, asset, pred, label.")
@@ -316,6 +317,26 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
                f"{len(result.frame)} rows, IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} "
                f"over {ic['n_dates']} dates"
                + (f" ({constant} with a constant prediction, scored 0)" if constant else ""))
+
+
+@main.command("refit")
+@study_file
+@storage_option
+@click.option("--trial", default="best", show_default=True, metavar="N|best",
+              help="Trial number, or best: the best feasible COMPLETE trial.")
+@click.option("--until", default=None, metavar="DATE",
+              help="Train on the labels known by DATE [default: the data's last date].")
+@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+def refit_cmd(study: Path, storage: str | None, trial: str, until: str | None, device: str | None) -> None:
+    """Train a trial's config on every labelled date up to --until: the production model
+    that predict --data then uses (docs/refit.md)."""
+    from sweeper.refit import refit
+    from sweeper.store.studies import load_existing
+
+    cfg = _load(study)
+    done = refit(cfg, load_existing(cfg, storage), trial=trial, until=until, device=device)
+    for line in done.lines():
+        click.echo(line)
 
 
 @main.command("gc")

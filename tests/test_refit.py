@@ -1,0 +1,264 @@
+"""``sweeper refit``: the production model on every label known by ``--until``, and
+``predict --data`` with it (docs/refit.md).
+
+One real sweep for the module (2 trials of the TINY study on a Parquet panel, through
+``sweeper run`` in a subprocess); each test works on its own copy of the study's folder,
+with the CLI in-process.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from optuna.trial import TrialState
+
+from conftest import TESTS, TINY, merge
+from sweeper.cli import main
+from sweeper.config import DataConfig
+from sweeper.core import train
+from sweeper.data import synth, write_synthetic
+from sweeper.errors import ConfigError
+from sweeper.refit import refit_epochs, refit_panel
+from sweeper.store import open_storage
+
+SYNTH = {"assets": 24, "dates": 160, "features": 3, "seed": 1}
+LOOKBACK, HORIZON = 5, 2  # TINY's data.lookback and DataConfig's default horizon (embargo 0)
+STUDY = merge(TINY, {"study": {"n_trials": 2}})
+STUDY["data"] = {"path": "panel.parquet", "lookback": LOOKBACK}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("refit")
+    write_synthetic(root / "panel.parquet", **SYNTH)
+    (root / "study.yaml").write_text(yaml.safe_dump(STUDY))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", "study.yaml"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
+@pytest.fixture
+def study(swept, tmp_path, monkeypatch) -> optuna.Study:
+    """A copy of the swept study's folder as the working directory; the study in it."""
+    here = tmp_path / "study"
+    shutil.copytree(swept, here)
+    monkeypatch.chdir(here)
+    return optuna.load_study(study_name="tiny", storage=open_storage("sqlite:///runs/tiny/study.db"))
+
+
+def cli(*args: str, code: int = 0) -> str:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def panel_dates() -> list[pd.Timestamp]:
+    return sorted(pd.read_parquet("panel.parquet", columns=["date"])["date"].unique())
+
+
+def refit_of(number: int) -> tuple[dict, dict]:
+    folder = Path(f"runs/tiny/trials/{number}/refit")
+    return (json.loads((folder / "refit.json").read_text()),
+            torch.load(folder / "weights.pt", map_location="cpu", weights_only=True))
+
+
+def future_file(path: str, history: int = 0) -> list[pd.Timestamp]:
+    """The synthetic panel with 40 more dates, cut to the dates after the study's panel (and the
+    last ``history`` dates of the panel before them), without the label; returns the new dates."""
+    longer, _ = synth.synthetic_frame(SYNTH["assets"], SYNTH["dates"] + 40, SYNTH["features"], SYNTH["seed"])
+    dates = panel_dates()
+    keep = longer[longer["date"] > (dates[-history - 1] if history else dates[-1])]
+    keep.drop(columns=["label"]).to_parquet(path, index=False)
+    return sorted(d for d in keep["date"].unique() if d > dates[-1])
+
+
+# ---------------------------------------------------------------- 1. refit, then predict --data
+
+def test_refit_then_predict_new_dates(study):
+    best = study.best_trial
+    out = cli("refit", "study.yaml")
+    record, _ = refit_of(best.number)
+    dates = panel_dates()
+    assert record["trial"] == best.number and record["until"] == str(dates[-1])[:10]
+    assert record["epochs"] == best.user_attrs["best_epoch"] and record["seed"] == 0
+    assert f"refit trial {best.number}: {record['epochs']} epochs" in out and "replaced" not in out
+    assert record["first_target"] == str(dates[LOOKBACK - 1])[:10]
+
+    new = future_file("new.parquet")  # only dates after the panel's: the first lookback - 1 are history
+    out = cli("predict", "study.yaml", "--data", "new.parquet", "--split", "all", "-o", "new.preds.parquet")
+    assert f"using the refit of trial {best.number}, trained to {record['until']}" in out
+    frame = pd.read_parquet("new.preds.parquet")
+    assert sorted(frame["date"].unique()) == new[LOOKBACK - 1:]
+    assert frame["pred"].notna().all() and frame["label"].isna().all()
+
+    new = future_file("live.parquet", history=LOOKBACK - 1)  # with the history a window needs
+    start = str(new[0])[:10]
+    cli("predict", "study.yaml", "--data", "live.parquet", "--start", start, "-o", "live.preds.parquet")
+    live = pd.read_parquet("live.preds.parquet")
+    assert sorted(live["date"].unique()) == new
+    rows = pd.read_parquet("live.parquet", columns=["date"])["date"]
+    assert len(live) == int((rows >= new[0]).sum())
+
+    # the trial's own weights are not the refit's: without refit.json (an incomplete refit) they score it
+    Path(f"runs/tiny/trials/{best.number}/refit/refit.json").unlink()
+    out = cli("predict", "study.yaml", "--data", "live.parquet", "--start", start, "-o", "own.parquet")
+    assert "using the refit" not in out
+    own = pd.read_parquet("own.parquet")
+    assert own[["date", "asset"]].equals(live[["date", "asset"]])
+    assert not np.allclose(own["pred"], live["pred"])
+
+
+def test_an_ensemble_uses_the_refits_it_has_and_own_splits_never(study):
+    best = study.best_trial.number
+    other = next(t.number for t in study.trials if t.number != best)
+    cli("refit", "study.yaml", "--trial", str(other), "--until", "2010-06-30")
+    new = future_file("new.parquet")
+    out = cli("predict", "study.yaml", "--trial", "top2", "--data", "new.parquet", "--split", "all",
+              "-o", "top.parquet")
+    assert (f"using the refits of 1 of the 2 trials (trial {other} trained to 2010-06-30); "
+            f"trial {best} uses its own weights") in out
+    assert sorted(pd.read_parquet("top.parquet")["date"].unique()) == new[LOOKBACK - 1:]
+    # the study's own valid split: the trial's own weights, which give its stored val_ic
+    out = cli("predict", "study.yaml", "--trial", str(other), "-o", "valid.parquet")
+    assert f"trial {other} has a refit: the study's own dates are scored with the trial's own weights" in out
+    from sweeper.quant.ic import ic_report
+
+    stored = study.trials[other].user_attrs["val_ic"]
+    assert ic_report(pd.read_parquet("valid.parquet"))["ic"] == pytest.approx(stored, abs=1e-6)
+
+
+# ---------------------------------------------------------------- 2. no label later than --until
+
+def test_a_refit_to_until_never_reads_a_later_label(study):
+    dates = panel_dates()
+    until = dates[120]
+    cli("refit", "study.yaml", "--until", str(until)[:10])
+    record, weights = refit_of(study.best_trial.number)
+    last = dates.index(pd.Timestamp(record["last_target"]))
+    assert record["until"] == str(until)[:10] and last + HORIZON + 0 == 120  # the purge, exactly
+    assert record["horizon"] == HORIZON and record["embargo"] == 0
+
+    panel = pd.read_parquet("panel.parquet")
+    later = panel["date"] > until
+    panel.loc[later, "label"] = np.where(np.arange(later.sum()) % 2, np.nan, 1e6)
+    panel.to_parquet("panel.parquet", index=False)
+    out = cli("refit", "study.yaml", "--until", str(until)[:10])
+    assert f"it replaced the refit trained to {record['until']}" in out
+    again, same = refit_of(study.best_trial.number)
+    assert again["last_target"] == record["last_target"] and again["rows"] == record["rows"]
+    assert same.keys() == weights.keys() and all(torch.equal(same[k], weights[k]) for k in weights)
+
+    # the last target's label is read: changing it changes the refit (the check above can fail)
+    panel.loc[panel["date"] == dates[last], "label"] *= -1.0
+    panel.to_parquet("panel.parquet", index=False)
+    cli("refit", "study.yaml", "--until", str(until)[:10])
+    _, moved = refit_of(study.best_trial.number)
+    assert not all(torch.equal(moved[k], weights[k]) for k in weights)
+
+
+# ---------------------------------------------------------------- 3. the epochs
+
+@pytest.mark.parametrize(("attrs", "epochs"), [
+    ({"fold_best_epoch": [3, 1, 4, 2], "best_epoch": 9}, 3),   # median 2.5, rounded half up; folds win
+    ({"fold_best_epoch": [2, 5, 1], "best_epoch": 5}, 2),
+    ({"fold_best_epoch": [1, 1], "best_epoch": 1}, 1),
+    ({"best_epoch": 7}, 7),                                    # holdout: its single run's
+])
+def test_epochs_are_the_median_fold_best_epoch_or_the_best_epoch(attrs, epochs):
+    trial = optuna.trial.create_trial(state=TrialState.COMPLETE, value=0.1, user_attrs=attrs)
+    assert refit_epochs(trial)[0] == epochs
+
+
+def test_a_trial_without_a_best_epoch_is_refused():
+    trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": "nan"})
+    with pytest.raises(ConfigError, match=r"has no best epoch .*best_epoch"):
+        refit_epochs(trial)
+
+
+def test_the_core_trains_exactly_the_epochs_and_keeps_the_last(workdir):
+    from sweeper.config import validate_config
+
+    cfg = validate_config(merge(TINY, {"train": {"epochs": 3, "patience": 1}}), "tiny")
+    panel, _ = refit_panel(DataConfig(synthetic=SYNTH, lookback=LOOKBACK), None)
+    result = train(cfg, panel, fixed_epochs=True)
+    # patience 1 would stop the default path after epoch 2 (nothing validated is never better)
+    assert result.metrics["epochs_run"] == 3 and [h["epoch"] for h in result.history] == [1, 2, 3]
+    assert all(math.isnan(h["val_ic"]) for h in result.history) and result.daily == {}
+    twice = train(cfg.model_copy(update={"train": cfg.train.model_copy(update={"epochs": 2})}), panel,
+                  fixed_epochs=True)
+    assert not all(torch.equal(result.best_state[k], twice.best_state[k]) for k in result.best_state)
+
+
+# ---------------------------------------------------------------- 4. bad input
+
+def test_bad_input_exits_2_naming_the_key_and_writes_nothing(study):
+    number = study.best_trial.number
+    folder = Path(f"runs/tiny/trials/{number}/refit")
+    assert "--until: cannot parse the date 'soon'" in cli("refit", "study.yaml", "--until", "soon", code=2)
+    out = cli("refit", "study.yaml", "--until", "2010-01-20", code=2)
+    assert "--until 2010-01-20: 7 target dates" in out and "the earliest --until is 2010-02-08" in out
+    assert "--until 2009-06-01: 0 target dates" in cli("refit", "study.yaml", "--until", "2009-06-01", code=2)
+    assert "--trial 9: study 'tiny' has no trial 9" in cli("refit", "study.yaml", "--trial", "9", code=2)
+    out = cli("refit", "study.yaml", "--trial", "top2", code=2)
+    assert "--trial top2: an ensemble is not one trial" in out
+    assert "--trial: expected a trial number" in cli("refit", "study.yaml", "--trial", "last", code=2)
+    failed = study.ask()
+    study.tell(failed, state=TrialState.FAIL)
+    out = cli("refit", "study.yaml", "--trial", str(failed.number), code=2)
+    assert f"--trial {failed.number}: trial {failed.number} (FAIL) has no best epoch" in out
+    assert "Traceback" not in out and not folder.exists()
+    assert not Path(f"runs/tiny/trials/{failed.number}").exists()
+    # an --until past the data's last date is its last date
+    cli("refit", "study.yaml", "--until", "2030-01-01")
+    assert refit_of(number)[0]["until"] == str(panel_dates()[-1])[:10]
+
+
+class Roomy:
+    """A MemoryReader with room for any batch: the batch probe runs as it does on a GPU."""
+
+    base_bytes = 0
+
+    def free_bytes(self) -> int:
+        return 1 << 40
+
+    def reset_peak(self) -> None:
+        return None
+
+    def peak_bytes(self) -> int:
+        return 1 << 20
+
+
+def test_batch_size_auto_is_probed_on_a_refit_panel(workdir):
+    from sweeper.config import validate_config
+    from sweeper.core.batch_plan import plan_batch
+    from sweeper.core.loss import resolve_loss
+    from sweeper.core.precision import resolve_precision
+    from sweeper.core.schedule import make_optimizer
+    from sweeper.data import Batcher
+    from sweeper.models import build_model
+
+    cfg = validate_config(merge(TINY, {"train": {"batch_size": "auto"}}), "tiny")
+    panel, _ = refit_panel(DataConfig(synthetic=SYNTH, lookback=LOOKBACK), None)
+    model = build_model(cfg.model, len(panel.features), LOOKBACK)
+    batcher = Batcher(panel, "train", "cpu")
+    fp32 = resolve_precision("fp32", torch.device("cpu"))
+    plan = plan_batch(cfg, model, make_optimizer(model, 1e-3, 0.0), fp32, resolve_loss("mse"), batcher, panel,
+                      Roomy())
+    # every train row in one micro-batch; the empty valid and test splits probe no evaluation batch
+    assert plan.batch_size == plan.micro_batch == batcher.n_samples > 0
+    assert plan.eval_batch_size == cfg.train.eval_batch_size and plan.note.startswith("probed micro-batch")
