@@ -220,3 +220,21 @@ def test_the_sweeps_job_subprocess_entry_fits_the_folds(wf, capsys):
     attr = study.user_attrs["baseline"]
     assert study.user_attrs["baseline_state"]["state"] == "done" and attr["threads"] == 1
     assert len(attr["fold_val_ic"]) == 3 and abs(attr["val_ic"] - float(np.mean(attr["fold_val_ic"]))) < 1e-12
+
+
+def test_a_walk_forward_sweep_compares_the_best_trial_on_every_fold_block(study_file):
+    path = study_file(merge(FOLDS, {"study": {"n_trials": 1}, "devices": {"cpu_workers": 1},
+                                    "report": {"baseline": "lightgbm"}}))
+    _cli("run", path)
+    cfg = load_config(path)
+    study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
+    best, attr = study.best_trial, study.user_attrs["baseline"]
+    base = json.loads(_cli("best", path, "--json").stdout)["baseline"]
+    trial = pd.read_csv(layout.trial_files(layout.run_dir(cfg), best.number).daily_ic("valid"))
+    mine = pd.read_csv(layout.baseline_files(layout.run_dir(cfg)).daily_ic("valid"))
+    # the same valid dates, block by block, on both sides
+    assert trial[["date", "fold"]].values.tolist() == mine[["date", "fold"]].values.tolist()
+    assert base["val_shared_dates"] == len(mine) and sorted(mine["fold"].unique()) == [1, 2, 3]
+    assert base["fold_val_ic_diff"] == pytest.approx(
+        [a - b for a, b in zip(best.user_attrs["fold_val_ic"], attr["fold_val_ic"])], abs=1e-12)
+    assert base["val_ic_diff"] == pytest.approx(best.user_attrs["val_ic"] - attr["val_ic"], abs=1e-12)
