@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,22 @@ def test_a_refit_to_until_never_reads_a_later_label(study):
 def test_epochs_are_the_median_fold_best_epoch_or_the_best_epoch(attrs, epochs):
     trial = optuna.trial.create_trial(state=TrialState.COMPLETE, value=0.1, user_attrs=attrs)
     assert refit_epochs(trial)[0] == epochs
+
+
+def test_a_walk_forward_trial_refits_with_its_median_fold_best_epoch(study_file):
+    path = study_file({"study": {"n_trials": 1}, "train": {"epochs": 4},
+                       "validation": {"scheme": "walk_forward", "folds": 3}})
+    cli("run", str(path))
+    trial = optuna.load_study(study_name="tiny", storage=open_storage("sqlite:///runs/tiny/study.db")).trials[0]
+    folds = trial.user_attrs["fold_best_epoch"]
+    assert len(folds) == 3
+    out = cli("refit", str(path))
+    record, _ = refit_of(0)
+    assert record["epochs"] == max(1, math.floor(statistics.median(folds) + 0.5))
+    assert record["epochs_from"] == "the median best epoch of 3 fold(s)" and "of 3 fold(s)" in out
+    # the synthetic panel's dates, all of them: the last target is the purge before its last date
+    assert record["data"] == synth.describe(**SYNTH)
+    assert record["target_dates"] == SYNTH["dates"] - (LOOKBACK - 1) - HORIZON
 
 
 def test_a_trial_without_a_best_epoch_is_refused():
