@@ -21,6 +21,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from sweeper.cli import main
+from sweeper.inspect.report import FIGURES
 from sweeper.quant.selection import expected_max, fold_blocks, fold_standard_error, pbo, selection_summary
 from sweeper.store import layout, open_storage
 from test_report import figures_of
@@ -152,6 +153,15 @@ def test_best_text_names_each_fold_and_how_the_objective_aggregates(wf):
     assert "standard errors from the fold ICs" in text and "PBO's blocks cut along the folds" in text
 
 
+def test_the_baseline_per_fold_beside_the_best(wf):
+    theirs = [0.01, 0.02, 0.03, 0.04]
+    wf["study"].set_user_attr("baseline", {"val_ic": 0.02, "test_ic": 0.01, "fold_val_ic": theirs})
+    ics = FOLD_ICS[best_of(wf["study"]).number]
+    diff = ", ".join(f"{a - b:+.4f}" for a, b in zip(ics, theirs))
+    assert f"baseline val_ic per fold: 0.0100, 0.0200, 0.0300, 0.0400; best - baseline per fold: {diff}" in \
+        cli("best", str(wf["path"]))
+
+
 def test_lcb_is_named_in_the_text(wf):
     raw = yaml.safe_load(wf["path"].read_text())
     raw["validation"]["aggregate"] = "lcb"
@@ -227,7 +237,7 @@ def test_status_shows_the_scheme_the_layout_and_the_running_fold(wf):
     (run,) = out["running"]
     assert (run["fold"], run["seed"], run["epoch"]) == (2, 2, 1)
     text = cli("status", str(wf["path"]))
-    assert "validation: walk_forward, 4 folds (expanding window)" in text
+    assert text.count("validation: walk_forward, 4 folds (expanding window)") == 1  # not again under best
     d = fold_dates()[3]
     train, valid = d["train"], d["valid"]
     assert f"fold 4: train {train[0]} to {train[1]}, valid {valid[0]} to {valid[1]}" in text
@@ -258,7 +268,9 @@ def test_export_spreads_fold_lists_over_columns(wf, name):
 
 def test_report_figure_of_the_top_trials_fold_ics(wf):
     cli("report", str(wf["path"]), "-o", "r.html")
-    figures = figures_of((wf["root"] / "r.html").read_text())
+    page = (wf["root"] / "r.html").read_text()
+    figures = figures_of(page)
+    assert list(figures) == [*FIGURES, "folds"]
     fig = figures["folds"]
     ranked = sorted((t for t in wf["study"].get_trials(states=(TrialState.COMPLETE,))),
                     key=lambda t: (-t.value, t.number))[:10]
@@ -270,6 +282,9 @@ def test_report_figure_of_the_top_trials_fold_ics(wf):
     d = fold_dates()
     assert fig["data"][0]["x"] == [f"fold {k + 1}<br>{' to '.join(d[k]['valid'])}" for k in range(4)]
     assert fig["data"][0]["y"] == FOLD_ICS[ranked[0].number]
+    ics = FOLD_ICS[ranked[0].number]
+    assert (f"valid IC per fold {', '.join(f'{v:.4f}' for v in ics)} (se {np.std(ics, ddof=1) / 2:.4f})"
+            in page)
     sel = figures["selection"]["layout"]["meta"]["selection"]
     assert sel["se_from"] == "folds"
     assert sel["best_val_ic_se"] == pytest.approx(np.std(FOLD_ICS[ranked[0].number], ddof=1) / 2, rel=1e-12)
@@ -278,7 +293,7 @@ def test_report_figure_of_the_top_trials_fold_ics(wf):
 def test_report_of_a_holdout_study_says_it_has_no_folds(holdout):
     cli("report", str(holdout["path"]), "-o", "r.html")
     figures = figures_of(Path("r.html").read_text())
-    assert figures["folds"]["layout"]["meta"]["empty"].startswith("no fold ICs: a holdout study")
+    assert list(figures) == list(FIGURES)  # no figure 13: the page is as it was
     assert "se_from" not in figures["selection"]["layout"]["meta"]["selection"]
 
 
@@ -332,3 +347,17 @@ def test_a_real_walk_forward_sweep_shows_its_folds(study_file, workdir):
     cli("report", str(path), "-o", "r.html")
     meta = figures_of(Path("r.html").read_text())["folds"]["layout"]["meta"]
     assert meta["trials"][0] == best.number and meta["fold_val_ic"][str(best.number)] == ics
+
+
+def test_a_young_walk_forward_study_gets_a_placeholder(study_file, workdir):
+    path = study_file({"validation": {"scheme": "walk_forward", "folds": FOLDS}})
+    (workdir / "runs/tiny").mkdir(parents=True)
+    study = optuna.create_study(study_name="tiny", direction="maximize",
+                                storage=open_storage(f"sqlite:///{workdir}/runs/tiny/study.db"))
+    study.set_user_attr("fold_dates", fold_dates())
+    cli("report", str(path), "-o", "r.html")
+    figures = figures_of(Path("r.html").read_text())
+    empty = figures["folds"]["layout"]["meta"]
+    assert empty == {"empty": "no complete trial with fold ICs (fold_val_ic) yet"}
+    out = json.loads(cli("status", str(path), "--json"))
+    assert out["fold_dates"] == fold_dates() and out["best"] is None and out["running"] == []

@@ -3,7 +3,7 @@ selection bias with standard errors from the fold ICs (:mod:`sweeper.quant.selec
 
 Under ``validation.scheme: walk_forward`` a trial's objective is the mean of its fold ICs
 (``fold_val_ic``), and how they spread is what says whether the winner is good on every
-period or lucky on one. A holdout study has no folds: figure 13 says so.
+period or lucky on one. A holdout study has no folds, and its report no figure 13.
 """
 from __future__ import annotations
 
@@ -38,8 +38,7 @@ def folds_figure(data: StudyData) -> go.Figure:
     fold_dates = data.study.user_attrs.get("fold_dates") or []
     top = [t for t in ranked(data.trials, data.maximize) if t.user_attrs.get("fold_val_ic")][:TOP]
     if not top:
-        return empty("no fold ICs: a holdout study validates on one block "
-                     "(see validation.scheme: walk_forward)")
+        return empty("no complete trial with fold ICs (fold_val_ic) yet")
     width = max(len(t.user_attrs["fold_val_ic"]) for t in top)
     labels = fold_labels(fold_dates, width)
     traces = []

@@ -41,7 +41,7 @@ def print_status(report: dict[str, Any]) -> None:
         for k, dates in enumerate(report.get("fold_dates") or [], 1):
             console.print("  " + fold_line(k, dates), highlight=False)
     if report["best"]:
-        print_best(report["best"], console)
+        print_best(report["best"], console, scheme="validation" not in report)
     if report["running"]:
         console.print(_running_table(report["running"], folds="validation" in report))
     for d in report["devices"]:
@@ -59,7 +59,8 @@ def _running_table(running: list[dict[str, Any]], folds: bool) -> Any:
     return table
 
 
-def print_best(best: dict[str, Any], console: Console | None = None) -> None:
+def print_best(best: dict[str, Any], console: Console | None = None, scheme: bool = True) -> None:
+    """The best trial in words; ``scheme=False`` leaves out the validation line (status prints it)."""
     from rich.console import Console
 
     console = console or Console()
@@ -73,7 +74,7 @@ def print_best(best: dict[str, Any], console: Console | None = None) -> None:
         if oracle:
             reached = f": {frac:.0%} reached" if frac is not None else ""
             console.print(f"  oracle {split} IC {oracle:.4f}{reached}")
-    for line in fold_lines(best):
+    for line in fold_lines(best)[0 if scheme else 1:]:
         console.print("  " + line, highlight=False, soft_wrap=True)
     if "constraints" in best or best.get("infeasible"):
         console.print("  " + constraints_line(best), highlight=False, soft_wrap=True)
@@ -204,6 +205,10 @@ def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = N
              f"(t {fmt(base.get('val_t_stat'), '.2f')})  test {fmt(base.get('test_ic_diff'), '+.4f')} "
              f"(t {fmt(base.get('test_t_stat'), '.2f')}), "
              f"Newey-West lag {base.get('nw_lag')} on the shared dates"]
+    if base.get("fold_val_ic"):  # walk_forward: one booster per fold, on the trial's folds
+        diff = base.get("fold_val_ic_diff") or []
+        lines.append("  baseline val_ic per fold: " + ", ".join(fmt(v) for v in base["fold_val_ic"])
+                     + "; best - baseline per fold: " + (", ".join(fmt(v, "+.4f") for v in diff) or "-"))
     sub = base.get("subsampled")
     if sub:
         by = sub.get("by", "baseline.max_rows")

@@ -20,9 +20,9 @@ trial, which is far too slow at 500 trials):
     the group-neutral IC when ``data.group_col`` is set
 12. ``baseline``: the cumulative daily IC of the best trial and of the LightGBM baseline
     (:mod:`sweeper.inspect.figures_baseline`)
-13. ``folds``: the val IC per fold of the top 10 trials (walk_forward;
-    :mod:`sweeper.inspect.figures_folds`, which also draws figure 8 under walk_forward:
-    standard errors from the fold ICs)
+13. ``folds`` (walk_forward studies only, like ``telemetry`` with GPUs): the val IC per fold of
+    the top 10 trials (:mod:`sweeper.inspect.figures_folds`, which also draws figure 8 under
+    walk_forward: standard errors from the fold ICs)
 
 Figures 1-4 are in :mod:`~sweeper.inspect.figures_search`, 5 in
 :mod:`~sweeper.inspect.figures_devices`, 6-8 in :mod:`~sweeper.inspect.figures_ic`,
@@ -66,7 +66,7 @@ __all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_ht
            "write_report"]
 
 FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection",
-           "buckets", "longshort", "ic_time", "baseline", "folds")
+           "buckets", "longshort", "ic_time", "baseline")
 TITLES = {
     "history": "1. Optimization history", "importance": "2. Parameter importances",
     "parallel": "3. Parallel coordinates", "curves": "4. Learning curves (intermediate values)",
@@ -117,7 +117,8 @@ def _load_long_short(data: StudyData, cfg: SweeperConfig) -> None:
 
 
 def build_figures(data: StudyData) -> dict[str, go.Figure]:
-    """The figures, by name (see FIGURES); ``telemetry`` too when devices.csv exists."""
+    """The figures, by name (see FIGURES); ``folds`` too under walk_forward, and ``telemetry``
+    when devices.csv exists."""
     figures = {
         "history": history_figure(data), "importance": importance_figure(data),
         "parallel": parallel_figure(data), "curves": curves_figure(data),
@@ -126,8 +127,10 @@ def build_figures(data: StudyData) -> dict[str, go.Figure]:
         "selection": fold_selection_figure(data) if walk_forward(data) else selection_figure(data),
         "buckets": buckets_figure(data), "longshort": longshort_figure(data),
         "ic_time": ic_time_figure(data),
-        "baseline": baseline_figure(data), "folds": folds_figure(data),
+        "baseline": baseline_figure(data),
     }
+    if walk_forward(data):  # a holdout study has no folds: its page stays as it was
+        figures["folds"] = folds_figure(data)
     telemetry = telemetry_figure(layout.devices_csv(data.run_dir))
     if telemetry is not None:
         figures["telemetry"] = telemetry
@@ -176,6 +179,10 @@ def _header(data: StudyData, oracle: dict[str, float] | None) -> list[str]:
                 line += f", {split} IC {ua[key]:.4f}"
                 if oracle and oracle.get(split):
                     line += f" ({ua[key] / oracle[split]:.0%} of the oracle {oracle[split]:.4f})"
+        folds = [v for v in ua.get("fold_val_ic") or [] if finite(v)]
+        if walk_forward(data) and folds:  # the valid IC above is their mean
+            se = f" (se {ua['val_ic_se']:.4f})" if finite(ua.get("val_ic_se")) else ""
+            line += f"; valid IC per fold {', '.join(f'{v:.4f}' for v in folds)}{se}"
         lines.append(line)
     return lines
 
