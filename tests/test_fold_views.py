@@ -62,7 +62,8 @@ def fold_attrs(ics: list[float], repeats: int) -> dict:
     attrs = {"val_ic": float(np.mean(ics)), "test_ic": float(np.mean(ics)) * 0.5, "fold_val_ic": ics,
              "val_ic_se": fold_standard_error(ics), "worst_fold_val_ic": min(ics), "fold_dates": fold_dates(),
              "fold_best_epoch": [2 + f for f in range(len(ics))], "folds_run": len(ics), "best_epoch": 3,
-             "device": "cpu0", "host": "h"}
+             "device": "cpu0", "host": "h",
+             "fold_val_rank_ic": [2 * v for v in ics], "val_rank_ic_se": 0.0645}  # metric val_rank_ic
     if repeats > 1:
         attrs.update(seed_val_ic_sd=0.0025, seed_ensemble_val_ic=float(np.mean(ics)) + 0.001,
                      fold_seed_ensemble_val_ic=[v + 0.001 for v in ics])
@@ -160,6 +161,17 @@ def test_the_baseline_per_fold_beside_the_best(wf):
     diff = ", ".join(f"{a - b:+.4f}" for a, b in zip(ics, theirs))
     assert f"baseline val_ic per fold: 0.0100, 0.0200, 0.0300, 0.0400; best - baseline per fold: {diff}" in \
         cli("best", str(wf["path"]))
+
+
+def test_another_metric_shows_its_own_folds(wf):
+    raw = yaml.safe_load(wf["path"].read_text())
+    raw["study"]["metric"] = "val_rank_ic"
+    wf["path"].write_text(yaml.safe_dump(raw))
+    ics = FOLD_ICS[best_of(wf["study"]).number]
+    out = json.loads(cli("best", str(wf["path"]), "--json"))
+    assert out["fold_val_rank_ic"] == [2 * v for v in ics] and out["val_rank_ic_se"] == 0.0645
+    want = ", ".join(f"{2 * v:.4f}" for v in ics)
+    assert f"val_rank_ic per fold: {want}  se 0.0645" in cli("best", str(wf["path"]))
 
 
 def test_lcb_is_named_in_the_text(wf):
