@@ -4,7 +4,8 @@ them. The one home of that rule (the policy itself is :class:`sweeper.config.Kee
 - checkpoints (``checkpoint.pt``): ``all`` keeps every one; ``none`` and ``top_k`` remove a
   trial's checkpoint unless it is *live*: its trial is RUNNING or WAITING, it is what a
   WAITING or RUNNING trial resumes from, or its trial failed and is due a retry (which
-  resumes from it). ``top_k`` also keeps the top k trials' checkpoints;
+  resumes from it). ``top_k`` also keeps the top k trials' checkpoints. With a checkpoint
+  go the ``runs/*/weights.pt`` an interrupted walk-forward trial left for its retry;
 - weights (``weights.pt``) and predictions (``daily_ic_*.csv``): ``top_k`` removes those of
   every finished (COMPLETE, PRUNED, FAIL) trial outside the top k.
 
@@ -102,12 +103,17 @@ def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path
         if t.state not in ENDED:
             continue  # never a running or waiting trial's files
         files = trial_files(run_dir, t.number)
-        drop = [files.checkpoint] if _drops_checkpoint(keep, t.number in top, files, live) else []
+        drop, runs = [], []
+        if _drops_checkpoint(keep, t.number in top, files, live):
+            drop.append(files.checkpoint)
+            # with it, a walk-forward run's weights an interrupted trial left for its retry (a
+            # trial that ends moves its model's weights out of runs/ into its own folder)
+            runs = sorted(files.runs.glob("*/weights.pt"))
         if keep.weights == "top_k" and t.number not in top:
             drop.append(files.weights)
         if keep.predictions == "top_k" and t.number not in top:
             drop += [files.daily_ic("valid"), files.daily_ic("test")]
-        out += [p for p in drop if p.is_file()] + _artifact_copies(t, run_dir, {p.name for p in drop})
+        out += [p for p in drop + runs if p.is_file()] + _artifact_copies(t, run_dir, {p.name for p in drop})
     return out
 
 

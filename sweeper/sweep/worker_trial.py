@@ -66,7 +66,10 @@ class TrialRunner:
                                        pruner=build_pruner(self.cfg.study.pruner))
         self.artifacts = artifact_store(init["artifacts"])
         self.study_uuid = self.study.user_attrs.get("study_uuid")  # whose checkpoints this worker writes
-        self.panels = PanelMemo(keep=1)  # the next trial usually shares this one's data
+        # the next trial usually shares this one's data (and under walk_forward its fold panels:
+        # robust_zscore builds one per fold from the data)
+        folds = self.cfg.validation.n_folds if self.cfg.validation.walk_forward else 0
+        self.panels = PanelMemo(keep=1 + folds)
         self.memory_limit_mb: float | None = None  # the running trial's allotment of a shared GPU
 
     def run(self, trial_id: int, number: int, *, memory_limit_mb: float | None = None) -> bool:
@@ -153,7 +156,7 @@ class TrialRunner:
         from sweeper.validation import RunStore, Trainer, record, train_runs
 
         trainer = Trainer(cfg, hook, started, self.device, log, self.device_kind.memory(self.memory_limit_mb),
-                          RunStore(files, stamp))
+                          RunStore(files, stamp), self.panels)
         out = train_runs(panel, trainer)
         record.write_files(out, cfg, files)
         value, attrs = record.attrs_of(out, cfg)

@@ -33,6 +33,7 @@ from sweeper.core.device import TrialMemory
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer
 from sweeper.core.loop import TrainResult
 from sweeper.data.folds import Fold, fold_dates, fold_layout, fold_panel
+from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
 from sweeper.store.layout import TrialFiles
 from sweeper.validation.scores import Run
@@ -150,6 +151,9 @@ class Trainer:
     log: Callable[[str], None] | None = None
     memory: TrialMemory | None = None
     store: RunStore | None = None  # None: nothing kept on disk (``sweeper train``)
+    # a worker's panels: robust_zscore's fold panels (built from the data) kept for its next
+    # trial, which usually shares its data; None: built once per fold for this trial only
+    panels: PanelMemo | None = None
 
 
 def train_runs(panel: Panel, trainer: Trainer) -> Outcome:
@@ -174,13 +178,24 @@ def train_runs(panel: Panel, trainer: Trainer) -> Outcome:
                 out.cut_short = "time"
                 return out
             if fpanel is None:
-                fpanel = fold_panel(panel, fold, cfg.data)
+                fpanel = _fold_panel(trainer, panel, fold)
                 _tick(trainer.hook)  # building a fold's panel is progress, for the stall watchdog
             run = _train_one(trainer, fpanel, fold, repeat, out)
             if run.stop_reason in CUT_SHORT and (fold.index, repeat) != last:
                 out.cut_short = run.stop_reason
                 return out
     return out
+
+
+def _fold_panel(trainer: Trainer, panel: Panel, fold: Fold) -> Panel:
+    """The fold's panel, once per fold: every seed of the fold trains on the same one. A
+    cross-sectional norm's is a cheap view of ``panel``; robust_zscore's is built from the data,
+    so a worker keeps it for its next trial."""
+    data = trainer.cfg.data
+    if trainer.panels is None or data.feature_norm != "robust_zscore":
+        return fold_panel(panel, fold, data)
+    key = {"fold_of": data.model_dump(mode="json"), "train": fold.train, "valid": fold.valid}
+    return trainer.panels.get(key, lambda: fold_panel(panel, fold, data))
 
 
 def _train_one(trainer: Trainer, panel: Panel, fold: Fold, repeat: int, out: Outcome) -> Run:
