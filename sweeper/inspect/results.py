@@ -245,11 +245,8 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
         report["validation"] = validation_block(cfg)
         report["metric"] = cfg.study.metric
         report["fold_dates"] = study.user_attrs.get("fold_dates") or []
-        for row in report["running"]:
-            row.update(run_position(row.pop("step"), cfg, row["params"]))
-    else:
-        for row in report["running"]:
-            row["epoch"] = row.pop("step")
+        for row in report["running"]:  # under folds the step runs on across folds and seeds
+            row.update(run_position(row["epoch"], cfg, row["params"]))
     return report
 
 
@@ -268,7 +265,7 @@ def run_position(step: int | None, cfg: SweeperConfig, params: dict[str, Any]) -
 def _running(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
     return [
         {"trial": t.number, "device": t.user_attrs.get("device"), "host": t.user_attrs.get("host"),
-         "step": max(t.intermediate_values) if t.intermediate_values else None,
+         "epoch": max(t.intermediate_values) if t.intermediate_values else None,
          "params": t.params}
         for t in trials if t.state == TrialState.RUNNING
     ]
