@@ -194,6 +194,27 @@ def test_holdout_best_and_status_unchanged(holdout):
     assert "validation:" not in cli("status", str(holdout["path"]))
 
 
+def test_holdout_with_seed_repeats_shows_the_seeds(study_file, workdir):
+    path = study_file({"validation": {"repeats": 3}})
+    (workdir / "runs/tiny").mkdir(parents=True)
+    study = optuna.create_study(study_name="tiny", direction="maximize",
+                                storage=open_storage(f"sqlite:///{workdir}/runs/tiny/study.db"))
+    study.set_user_attr("fold_dates", [])
+    attrs = {"val_ic": 0.03, "test_ic": 0.02, "fold_val_ic": [0.03], "val_ic_se": 0.004,
+             "seed_val_ic_sd": 0.007, "seed_ensemble_val_ic": 0.035, "fold_best_epoch": [2], "folds_run": 1}
+    study.add_trial(create_trial(value=0.03, params={"train.lr": 0.002}, distributions=LR, user_attrs=attrs))
+    out = json.loads(cli("best", str(path), "--json"))
+    assert out["validation"]["scheme"] == "holdout" and out["validation"]["repeats"] == 3
+    assert out["fold_val_ic"] == [0.03] and out["val_ic_se"] == 0.004 and out["seed_val_ic_sd"] == 0.007
+    assert "fold_dates" not in out and "worst_fold_val_ic" not in out
+    assert out["test_model"] == {"fold": 1, "repeat": 1, "seed": 0}
+    text = cli("best", str(path))
+    assert "validation: holdout, 3 seed repeats; objective = mean over seeds of val_ic" in text
+    assert "val_ic over 3 seeds: mean 0.0300  se 0.0040\n" in text and "fold 1:" not in text
+    assert "seeds: val_ic sd 0.0070 within a fold, seed-ensemble val_ic 0.0350" in text
+    assert "test IC: the first seed's model (seed 1 = train.seed 0)" in text
+
+
 # ------------------------------------------------------------------ selection
 
 

@@ -145,9 +145,9 @@ def fold_lines(best: dict[str, Any]) -> list[str]:
         lines.append(f"seeds: val_ic sd {fmt(best.get('seed_val_ic_sd'))} within a fold, "
                      f"seed-ensemble val_ic {fmt(best.get('seed_ensemble_val_ic'))}")
     model = best.get("test_model") or {}
-    if walk:
-        lines.append(f"test IC: the last fold's model (fold {model.get('fold')}, seed {model.get('repeat')} "
-                     f"= train.seed {model.get('seed')})")
+    seed = f"seed {model.get('repeat')} = train.seed {model.get('seed')}"
+    lines.append(f"test IC: the last fold's model (fold {model.get('fold')}, {seed})" if walk
+                 else f"test IC: the first seed's model ({seed})")
     return lines
 
 
