@@ -96,6 +96,22 @@ def test_runs_and_scores_in_process(study_file, tmp_path):
     pd.testing.assert_frame_equal(again.predictions[(2, 1)], out.predictions[(2, 1)], check_dtype=False)
 
 
+def test_holdout_with_repeats_is_one_fold_of_seeds(study_file, tmp_path):
+    path = study_file({"validation": {"repeats": 3}})
+    cfg, files, out = _outcome(path, tmp_path)
+    assert [(r.fold, r.repeat) for r in out.runs] == [(0, 0), (0, 1), (0, 2)] and out.fold_dates == []
+    attrs = trial_attrs(out.runs, cfg, folds_run=out.folds_run, fold_dates=out.fold_dates,
+                        predictions=out.predictions)
+    seeds = [r.metrics["val_ic"] for r in out.runs]
+    assert attrs["fold_val_ic"] == [pytest.approx(statistics.mean(seeds), abs=1e-12)]
+    assert attrs["val_ic_se"] == pytest.approx(statistics.stdev(seeds) / math.sqrt(3), abs=1e-12)
+    assert attrs["seed_val_ic_sd"] == pytest.approx(statistics.stdev(seeds), abs=1e-12)
+    assert attrs["seed_val_ic_sd"] > 0
+    assert "worst_fold_val_ic" not in attrs and "fold_dates" not in attrs
+    assert sorted(p.name for p in files.runs.iterdir()) == [f"fold-1.seed-{r}" for r in (1, 2, 3)]
+    assert "test_ic" in out.runs[0].metrics  # the model: the (only) fold's first seed
+
+
 # ---------------------------------------------------------------- real sweeps through the CLI
 
 def _sweep(path, timeout=240):
@@ -142,6 +158,7 @@ def test_walk_forward_sweep_with_repeats_stores_the_contract(study_file):
         sd = statistics.mean(statistics.stdev(v) for v in seed_ics.values())
         assert ua["seed_val_ic_sd"] > 0 and abs(ua["seed_val_ic_sd"] - sd) < 1e-12
         assert len(ua["fold_seed_ensemble_val_ic"]) == 3
+        assert "valid_top_turnover" in ua  # the constraints' figures, of the folds' first seeds
         # the model is the last fold's first seed: its test scores, its weights, no other's
         assert ua["test_ic"] == results[(3, 1)]["metrics"]["test_ic"]
         assert [k for k, v in results.items() if "test_ic" in v["metrics"]] == [(3, 1)]
@@ -177,10 +194,10 @@ def _check_files(folder, layout):
     assert list(metrics["fold"]) == [f for f in (1, 2, 3) for _ in range(6)]
 
 
-SLOW = {"model": {"name": "fault_models:Slow", "step_sleep": 0.15},
+SLOW = {"model": {"name": "fault_models:Slow", "step_sleep": 0.1},
         "validation": {"scheme": "walk_forward", "folds": 3},
         "study": {"n_trials": 1, "retries": 1},
-        "train": {"epochs": 4, "batch_size": 256, "samples_per_epoch": 1024, "patience": 10},
+        "train": {"epochs": 3, "batch_size": 256, "samples_per_epoch": 1024, "patience": 10},
         "devices": {"cpu_workers": 1}}
 
 
@@ -228,9 +245,9 @@ def test_kill_9_in_fold_3_resumes_in_fold_3(study_file):
     replayed = global_step(load_config(path), 2, 0, epoch)
     for step in range(1, replayed + 1):
         assert retry.intermediate_values[step] == original.intermediate_values[step]
-    assert sorted(retry.intermediate_values) == list(range(1, 3 * 4 + 1))
+    assert sorted(retry.intermediate_values) == list(range(1, 3 * 3 + 1))
     metrics = pd.read_csv("runs/tiny/trials/1/metrics.csv")
-    assert list(zip(metrics["fold"], metrics["epoch"])) == [(f, e) for f in (1, 2, 3) for e in (1, 2, 3, 4)]
+    assert list(zip(metrics["fold"], metrics["epoch"])) == [(f, e) for f in (1, 2, 3) for e in (1, 2, 3)]
 
 
 def test_time_budget_counts_across_folds(study_file):
