@@ -160,14 +160,15 @@ class TrialRunner:
         out = train_runs(panel, trainer)
         record.write_files(out, cfg, files)
         value, attrs = record.attrs_of(out, cfg)
-        if hook.pruned or out.cut_short:  # the later folds never ran: a partial mean is no objective
-            return TrialState.PRUNED, None, attrs
-        if not math.isfinite(value):
+        if not (hook.pruned or out.cut_short) and not math.isfinite(value):
             return TrialState.FAIL, None, {**attrs, **fail_attrs(FailReason.NAN,
                                                                  f"{self.cfg.study.metric} is not finite")}
+        # study.constraints: set on the RUNNING trial, before the tell, as for a holdout trial
+        attrs.update(constraints.judge(trial, cfg, record.first_seed_predictions(out)))
+        if hook.pruned or out.cut_short:  # the later folds never ran: a partial mean is no objective
+            return TrialState.PRUNED, None, attrs
         convergence.report_scores(trial, record.terminator_scores(out, cfg))  # before the tell
-        return TrialState.COMPLETE, value, {**attrs, **constraints.judge(trial, cfg,
-                                                                        record.first_seed_predictions(out))}
+        return TrialState.COMPLETE, value, attrs
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
                 attrs: dict[str, Any], files: TrialFiles, warn: Callable[[str], None]) -> bool:
@@ -247,6 +248,8 @@ def _warner(number: int, log: _TrialLog) -> Callable[[str], None]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, list):  # a walk-forward trial's per-fold lists
+        return [_plain(v) for v in value]
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):

@@ -92,7 +92,10 @@ def trial_attrs(runs: Sequence[Run], cfg: SweeperConfig, *, folds_run: int,
         attrs[f"fold_{key}"] = scores
         attrs[f"{key}_se"] = standard_error(runs, key)
         if cfg.validation.walk_forward:
-            attrs[f"worst_fold_{key}"] = min(scores) if scores else math.nan
+            finite = [v for v in scores if math.isfinite(v)]
+            # the worst of a minimised metric (val_loss) is its largest; val_ic's is its smallest
+            worst = max if key == metric and cfg.study.resolved_direction == "minimize" else min
+            attrs[f"worst_fold_{key}"] = worst(finite) if finite else math.nan
     if cfg.validation.walk_forward:
         attrs["fold_dates"] = fold_dates
     if cfg.validation.repeats > 1:
