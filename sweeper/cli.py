@@ -282,7 +282,7 @@ def report_cmd(study: Path, storage: str | None, out: Path) -> None:
 @click.option("--trial", default="best", show_default=True, metavar="N|best|topK",
               help="Trial number, best, or topK: the mean per-date z-score of the K best trials.")
 @click.option("--split", default=None, type=click.Choice(["valid", "test", "train", "all"]),
-              help="What to score [default: valid; all with --start/--end].")
+              help="What to score [default: valid; all with --start/--end, or --data scored by a refit].")
 @click.option("--start", default=None, metavar="DATE", help="Score only dates from DATE on (inclusive).")
 @click.option("--end", default=None, metavar="DATE", help="Score only dates up to DATE (inclusive).")
 @click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -300,7 +300,6 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
     from sweeper.store.studies import load_existing
 
     cfg = _load(study)
-    split = split or ("all" if start or end else "valid")
     result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data,
                            device=device, start=start, end=end, study_file=str(study))
     write_table(result.frame, out)
@@ -313,7 +312,7 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
     dates = result.frame["date"]
     span = f"{str(dates.min())[:10]} to {str(dates.max())[:10]}" if len(dates) else "no dates"
     constant = ic["n_constant_dates"]
-    click.echo(f"wrote {out}: {result.label}, split {split} of {result.source} ({span}), "
+    click.echo(f"wrote {out}: {result.label}, split {result.split} of {result.source} ({span}), "
                f"{len(result.frame)} rows, IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} "
                f"over {ic['n_dates']} dates"
                + (f" ({constant} with a constant prediction, scored 0)" if constant else ""))

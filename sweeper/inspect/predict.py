@@ -8,7 +8,10 @@ to a split of the study's data or to another file.
   ``pred`` is the mean of their per-date z-scored predictions
   (:func:`sweeper.quant.ensemble.ensemble`).
 - ``--split``: ``valid`` (the default), ``test``, ``train`` or ``all`` (every date with a
-  full lookback window); ``--start``/``--end`` keep the split's dates within that range.
+  full lookback window); ``--start``/``--end`` keep the split's dates within that range (and
+  make ``all`` the default, as does ``--data`` scored by a refit). Under walk_forward the
+  study's own ``train`` and ``valid`` are the last fold's: the trial's model trained on that
+  fold, and its valid block is the one valid period the model has not seen.
 - ``--data``: another file, scored with the trial's features and normalisation statistics
   (nothing is re-fitted on it); it needs only ``lookback - 1`` dates of history before the
   first date to score, and it may lack the label (live use). Its train / valid / test are
@@ -101,21 +104,28 @@ def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
 
 
 def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best",
-                  split: str = "valid", data: str | Path | None = None, device: str | None = None,
+                  split: str | None = None, data: str | Path | None = None, device: str | None = None,
                   start: str | None = None, end: str | None = None,
                   predictor: Predictor | None = None, study_file: str | None = None) -> Prediction:
     """Predictions of ``trial`` (number, "best" or "topK") on ``split`` of the study's data,
     or of ``data``. ``study_file`` is named in the retrain command of a trial whose weights
-    study.keep removed."""
+    study.keep removed.
+
+    ``split`` None: ``all`` with ``start``/``end``, or where ``data`` is scored by a refit (a
+    refit has trained on the study's valid and test dates: new data is what it is for), else
+    ``valid``."""
     from sweeper.quant.ensemble import ensemble
 
-    if split not in SPLITS:
+    if split is not None and split not in SPLITS:
         raise ConfigError(f"--split: expected one of {', '.join(SPLITS)}, got {split!r}")
     parsed = parse_trial(trial)
     top_k = int(parsed[3:]) if isinstance(parsed, str) and parsed != "best" else None
     is_ensemble = top_k is not None
     members = top_trials(study, top_k) if top_k is not None else [pick_trial(study, parsed)]
     predictor = predictor or Predictor(cfg, study, device, study_file)
+    if split is None:
+        refit = data is not None and any(predictor.has_refit(t) for t in members)
+        split = "all" if start or end or refit else "valid"
     frames = [predictor.frame(t, split, data=data, start=start, end=end) for t in members]
     if data is None:
         own = predictor.own_panel(predictor.config(members[0]))

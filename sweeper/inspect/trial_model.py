@@ -31,6 +31,7 @@ import yaml
 from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig, validate_config
+from sweeper.data.folds import fold_layout, fold_panel
 from sweeper.data.load import PanelMemo
 from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
@@ -179,11 +180,21 @@ class Predictor:
                        tcfg.train.eval_batch_size)
 
     def own_panel(self, tcfg: SweeperConfig) -> Panel:
-        """The study's data loaded with a trial's data config, every present row scoreable."""
+        """The study's data loaded with a trial's data config, every present row scoreable.
+
+        Under walk_forward it is the last fold's panel: the trial's model trained on that fold's
+        window with its normalisation, and scoring the study's holdout valid split would score
+        dates that fold trained on (its valid block is the one the model has not seen)."""
         from sweeper.data import load_panel
 
-        return self._panels.get(tcfg.data.model_dump(mode="json"),
-                                lambda: own_scoring_panel(load_panel(tcfg.data)))
+        def make() -> Panel:
+            panel = load_panel(tcfg.data)
+            if tcfg.validation.walk_forward:
+                panel = fold_panel(panel, fold_layout(panel, tcfg)[-1], tcfg.data)
+            return own_scoring_panel(panel)
+
+        key = {"data": tcfg.data.model_dump(mode="json"), "validation": tcfg.validation.model_dump()}
+        return self._panels.get(key, make)
 
     def _new_panel(self, tcfg: SweeperConfig, kept: Path, trial: FrozenTrial, path: Path) -> Panel:
         from sweeper.data.scoring import scoring_panel
@@ -204,6 +215,9 @@ class Predictor:
         kept them, else from the study's data loaded as the trial was."""
         saved: NormStats | None = json.loads(kept.read_text()) if kept.exists() else None
         split_dates: dict[str, list[str]] | None = self.study.user_attrs.get("split_dates")
+        folds = self.study.user_attrs.get("fold_dates")
+        if split_dates and folds:  # walk_forward: the model's own train and valid (see own_panel)
+            split_dates = {**split_dates, **folds[-1]}
         if saved is not None and split_dates:
             return saved, split_dates
         try:
