@@ -28,7 +28,7 @@ from sweeper.config.schema import (
     SyntheticConfig,
     TrainConfig,
 )
-from sweeper.config.validation import ValidationConfig
+from sweeper.config.validation import ValidationConfig, objective_label
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -56,6 +56,7 @@ __all__ = [
     "drift",
     "flatten",
     "load_config",
+    "objective_label",
     "parse_sets",
     "read_yaml",
     "set_dotted",

@@ -55,3 +55,9 @@ class ValidationConfig(BaseModel):
     def runs(self) -> int:
         """Training runs a trial makes: folds x repeats."""
         return self.n_folds * self.repeats
+
+
+def objective_label(metric: str, validation: ValidationConfig) -> str:
+    """What a trial's value is called where it is shown beside the metric's own figures:
+    ``lcb(val_ic)`` under ``aggregate: lcb`` (the value is not the val_ic attribute then)."""
+    return f"lcb({metric})" if validation.aggregate == "lcb" else metric

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.config import SweeperConfig
+from sweeper.config import SweeperConfig, objective_label
 from sweeper.devices import Slot
 from sweeper.inspect.printing import fmt
 from sweeper.inspect.results import oracle_fractions
@@ -27,8 +27,9 @@ def summary_lines(outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> list[str]
     best = outcome.best
     if best is not None:
         ua = best.user_attrs
-        line = f"best: trial {best.number}  {cfg.study.metric}={fmt(best.value)}"
-        line += "" if cfg.study.metric == "val_ic" else f"  val_ic={fmt(ua.get('val_ic'))}"
+        name = objective_label(cfg.study.metric, cfg.validation)
+        line = f"best: trial {best.number}  {name}={fmt(best.value)}"
+        line += "" if name == "val_ic" else f"  val_ic={fmt(ua.get('val_ic'))}"
         line += f"  test_ic={fmt(ua.get('test_ic'))}"
         oracle = plan.panel.oracle_ic
         frac = oracle_fractions(ua, oracle).get("test_ic_oracle_fraction")
@@ -81,6 +82,7 @@ class PlainView(NullView):
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
         self.metric = "val_ic"
+        self.objective = "val_ic"  # what a trial's value is called (objective_label)
 
     def _say(self, line: str) -> None:
         self.stream.write(f"[{time.strftime('%H:%M:%S')}] {line}\n")
@@ -88,6 +90,7 @@ class PlainView(NullView):
 
     def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None:
         self.metric = cfg.study.metric
+        self.objective = objective_label(cfg.study.metric, cfg.validation)
         for line in start_lines(cfg, plan, study):
             self._say(line)
 
@@ -179,7 +182,7 @@ class RichView(PlainView):
         grid = Table.grid(padding=(0, 2))
         grid.add_row(ProgressBar(total=n, completed=done, width=40), f"{done}/{n} trials  {eta}")
         if self.best is not None:
-            grid.add_row("best", f"trial {self.best.number}: {self.metric}={fmt(self.best.value)}")
+            grid.add_row("best", f"trial {self.best.number}: {self.objective}={fmt(self.best.value)}")
         for label, r in self.slots.items():
             m = r["metrics"] if r else {}
             grid.add_row(label, "idle" if r is None else
