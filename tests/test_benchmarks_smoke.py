@@ -50,3 +50,30 @@ def test_gpu_check_cpu_smoke_runs_every_section():
     assert packing["per_gpu_auto"]["median_allotted_mb"] in (1200.0, 1500.0, 3600.0)  # packing stamps it
     assert packing["per_gpu_1"]["median_allotted_mb"] is None
     assert packing["trials_per_hour_ratio"] > 0
+
+
+@pytest.mark.slow
+def test_selection_smoke_compares_the_schemes_at_equal_training_time():
+    out = _run("selection.py", "--smoke", timeout=600)
+    assert (out["seeds"], out["configs"]) == ([0], 3)
+    # 2 folds in the smoke: runs per trial 1, 2 and 4, so 12, 6 and 3 trials of equal training
+    assert [out["schemes"][s]["trials"] for s in ("holdout", "wf_r1", "wf_r2")] == [12, 6, 3]
+    for s in out["schemes"].values():
+        assert len(s["per_seed"]) == 1 and -1 <= s["spearman"] <= 1
+        assert s["gap"] == s["per_seed"][0]["gap"] and s["train_s"] > 0
+    ho, wf = out["schemes"]["holdout"], out["schemes"]["wf_r2"]
+    assert wf["abs_gap"] == abs(wf["gap"]) and out["gap_ratio"] == round(wf["abs_gap"] / ho["abs_gap"], 3)
+    assert out["aim_met"] == (out["gap_ratio"] <= 0.5 and out["spearman_delta"] >= 0)
+
+
+@pytest.mark.slow
+def test_fold_pruning_smoke_counts_the_runs_of_each_arm():
+    out = _run("fold_pruning.py", "--smoke", timeout=600)
+    assert (out["trials"], out["folds"], out["repeats"], out["epochs"]) == (6, 2, 1, 2)
+    assert (out["possible_runs"], out["possible_epochs"]) == (12, 24)
+    # no pruner: every fold of every trial runs all its epochs (patience 3 > 2 epochs)
+    none, median = out["arms"]["none"], out["arms"]["median"]
+    assert (none["complete"], none["runs_finished"], none["epochs_trained"]) == (6, 12, 24)
+    assert median["complete"] + median["pruned"] == 6 and median["runs_finished"] <= 12
+    assert out["saved_runs"] == round(1 - median["runs_finished"] / 12, 3)
+    assert out["saved_epochs"] == round(1 - median["epochs_trained"] / 24, 3)
