@@ -8,11 +8,12 @@ values at the step ``(fold * repeats + repeat) * epochs + epoch``, so the median
 compares trials at the same fold, seed and epoch, and a trial below its peers in fold 1 is
 stopped before folds 2-4 run.
 
-For each arm: the fold runs that finished (``trials/<n>/runs/*/result.json``) against
+For each arm: the fold runs made (``trials/<n>/runs/*/result.json``, which a run cut short by
+the pruner writes too, so the runs saved are those never started) against
 ``n_trials x folds x repeats``, the epochs trained (``metrics.csv`` rows, one per epoch of every
 run, early stopping included in both arms), the wall time, and the best objective with that
 trial's test IC, so that savings bought with a worse pick show. ``saved_runs`` is 1 - the
-pruned arm's finished runs / the unpruned arm's; ``saved_epochs`` the same for epochs.
+pruned arm's runs / the unpruned arm's; ``saved_epochs`` the same for epochs.
 
 The default panel and model are the study file's (300 assets x 1000 dates x 16 features, a
 small transformer); ``--trials`` (12 by default) is fewer than its 20 to keep the two arms

@@ -148,8 +148,9 @@ def sweep(folder: Path, raw: dict[str, Any], configs: list[dict[str, Any]]) -> t
 
 
 def trial_row(t: optuna.trial.FrozenTrial, run_dir: Path) -> dict[str, Any]:
-    """What the figures need of a trial, with the training it did: finished runs (their
-    ``runs/*/result.json``; a single holdout run has none: its weights) and epochs trained
+    """What the figures need of a trial, with the training it did: runs made (their
+    ``runs/*/result.json``, a run cut short by the pruner too; a single holdout run has none:
+    its weights) and epochs trained
     (``metrics.csv`` rows, one per epoch of every run)."""
     from sweeper.store.layout import trial_files
 
