@@ -22,7 +22,7 @@ pruned, a short sweep saves less than a long one would.
 
     python benchmarks/fold_pruning.py [--trials 12] [--seed 0] [--smoke]
 
-``--smoke`` (seconds: a tiny panel, 2 folds, 2 epochs, 6 trials) runs every path for the test
+``--smoke`` (about a minute: a tiny panel, 2 folds, 2 epochs, 6 trials) runs every path for the test
 suite. The last line is JSON: {"trials", "folds", "repeats", "epochs", "arms": {"median":
 {...}, "none": {...}}, "saved_runs", "saved_epochs", "best_objective_delta"}.
 """

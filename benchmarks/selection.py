@@ -37,7 +37,7 @@ that the gaps between them are about the size of the noise (the regime the issue
 among the good trials the ranking is noise); ``wide`` adds bad ones (a 30x range of lr, width
 16), which any scheme ranks easily.
 
-``--smoke`` (seconds: a tiny panel, 2 folds, 1 seed, 3 configs) runs every path for the test
+``--smoke`` (a minute or two: a tiny panel, 2 folds, 1 seed, 3 configs) runs every path for the test
 suite. The last line is JSON: {"space", "seeds", "configs", "schemes": {name: {"trials", "train_s",
 "spearman", "gap", "oracle_share", "same_configs": {...}, "per_seed": [...]}}, "gap_ratio",
 "spearman_delta", "aim_met"}.
