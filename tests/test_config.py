@@ -144,3 +144,17 @@ def test_where_the_panel_is_cached_is_not_drift():
     moved = to_dict(C.validate_config({"data": {**base["data"], "cache_dir": "/elsewhere", "cache_max_gb": 5,
                                                 "device_share": 0.2}}, "s.yaml"))
     assert drift(stored, moved) == []
+
+
+def test_a_study_from_before_the_validation_section_is_holdout_and_changing_it_is_drift():
+    from sweeper.config import drift, to_dict
+
+    base = {"data": {"synthetic": {"assets": 8, "dates": 50}}}
+    current = to_dict(C.validate_config(base, "s.yaml"))
+    older = {k: v for k, v in current.items() if k != "validation"}  # stored before the section existed
+    assert drift(older, current) == []
+    walk = to_dict(C.validate_config({**base, "validation": {"scheme": "walk_forward", "folds": 3}}, "s"))
+    assert drift(older, walk) == ["validation.folds (4 -> 3)",
+                                  "validation.scheme ('holdout' -> 'walk_forward')"]
+    repeats = to_dict(C.validate_config({**base, "validation": {"repeats": 2}}, "s.yaml"))
+    assert drift(current, repeats) == ["validation.repeats (1 -> 2)"]
