@@ -99,13 +99,14 @@ class PlainView(NullView):
         self._say(f"trial {number} started on {slot.label}: {shown}")
 
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
-        self._say(f"trial {number} epoch {epoch}: {self.metric}={fmt(metrics.get(self.metric))} "
-                  f"loss={fmt(metrics.get('train_loss'))} mb={metrics.get('micro_batch_size', '-')}")
+        self._say(f"trial {number}{_run(metrics)} epoch {epoch}: "
+                  f"{self.metric}={fmt(metrics.get(self.metric))} loss={fmt(metrics.get('train_loss'))} "
+                  f"mb={metrics.get('micro_batch_size', '-')}")
 
     def trial_ended(self, slot: Slot, number: int, state: str, value: float | None,
                     reason: str | None) -> None:
         tail = f" ({reason})" if reason else ""
-        self._say(f"trial {number} {state.lower()}{tail}: {self.metric}={fmt(value)}")
+        self._say(f"trial {number} {state.lower()}{tail}: {self.objective}={fmt(value)}")
 
     def warn(self, slot: Slot, text: str) -> None:
         self._say(f"warning from {slot.label}: {text}")
@@ -186,7 +187,7 @@ class RichView(PlainView):
         for label, r in self.slots.items():
             m = r["metrics"] if r else {}
             grid.add_row(label, "idle" if r is None else
-                         f"trial {r['number']} epoch {fmt(r['epoch'], 'd')} "
+                         f"trial {r['number']}{_run(m)} epoch {fmt(r['epoch'], 'd')} "
                          f"{self.metric}={fmt(m.get(self.metric))} "
                          f"batch {m.get('micro_batch_size', '-')}x{m.get('accum_steps', '-')} "
                          f"mem {fmt(m.get('peak_mem_mb'), '.0f')} MB")
@@ -200,3 +201,8 @@ class RichView(PlainView):
 
 def default_view() -> NullView:
     return RichView() if sys.stdout.isatty() else PlainView()
+
+
+def _run(metrics: dict[str, Any]) -> str:
+    """`` fold 2 seed 1`` for an epoch of a trial of several runs (walk_forward, repeats)."""
+    return f" fold {metrics['fold']} seed {metrics.get('repeat', 1)}" if "fold" in metrics else ""

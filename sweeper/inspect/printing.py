@@ -65,7 +65,8 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
 
     console = console or Console()
     m = best["metrics"]
-    console.print(f"best: trial {best['trial']}  {best['metric']}={fmt(best['value'])}")
+    objective = best.get("objective", best["metric"])  # lcb(val_ic) under validation.aggregate: lcb
+    console.print(f"best: trial {best['trial']}  {objective}={fmt(best['value'])}")
     for label, key in (("valid:", "val"), ("test: ", "test")):
         console.print(f"  {label} ic {fmt(m.get(f'{key}_ic'))}  rank_ic {fmt(m.get(f'{key}_rank_ic'))}  "
                       f"icir {fmt(m.get(f'{key}_icir'))}")

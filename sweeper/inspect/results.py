@@ -18,7 +18,7 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.config import SweeperConfig
+from sweeper.config import SweeperConfig, objective_label
 from sweeper.inspect import ic_views
 from sweeper.store import layout
 from sweeper.store.run_folder import study_folder
@@ -135,6 +135,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         "trial": best.number,
         "value": best.value,
         "metric": cfg.study.metric,
+        "objective": objective_label(cfg.study.metric, cfg.validation),  # what "value" is
         "params": best.params,
         "metrics": {k: _clean(ua.get(k)) for k in BEST_METRICS if k in ua},
         "weights": str(weights) if weights.exists() else None,

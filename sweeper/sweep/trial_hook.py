@@ -56,7 +56,9 @@ class OptunaHook:
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
         append_csv(self.metrics_csv, {**self.run_columns, "epoch": epoch, **metrics})
         value = metrics.get(self.metric)
-        protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch, metrics=metrics)
+        # with the run's fold and repeat (several runs): the driver's view says which run this is
+        protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch,
+                      metrics={**self.run_columns, **metrics})
         if value is None or not math.isfinite(value):
             return False
         self.trial.report(float(value), self.offset + epoch)
