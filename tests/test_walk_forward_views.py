@@ -1,0 +1,36 @@
+"""What the driver's plain view says of a trial of several runs: which fold and seed an epoch
+belongs to, and what its value is called under validation.aggregate: lcb."""
+from __future__ import annotations
+
+import io
+import re
+
+from sweeper import config as C
+from sweeper.devices.slots import Slot
+from sweeper.inspect.live import PlainView
+
+SLOT = Slot(id=0, kind="cpu", gpu=None, env={}, threads=1, label="cpu0")
+
+
+def _lines(stream: io.StringIO) -> list[str]:
+    return [re.sub(r"^\[[0-9:]+\] ", "", line) for line in stream.getvalue().splitlines()]
+
+
+def test_epoch_lines_name_the_fold_and_seed_and_the_end_line_the_objective():
+    out = io.StringIO()
+    view = PlainView(out)
+    view.metric, view.objective = "val_ic", C.objective_label(
+        "val_ic", C.ValidationConfig(scheme="walk_forward", aggregate="lcb"))
+    view.epoch(SLOT, 3, 2, {"fold": 2, "repeat": 1, "val_ic": 0.0312, "train_loss": 1.01,
+                            "micro_batch_size": 256})
+    view.epoch(SLOT, 4, 1, {"val_ic": 0.02, "train_loss": 1.0, "micro_batch_size": 64})  # a holdout trial
+    view.trial_ended(SLOT, 3, "COMPLETE", 0.0117, None)
+    assert _lines(out) == ["trial 3 fold 2 seed 1 epoch 2: val_ic=0.0312 loss=1.0100 mb=256",
+                           "trial 4 epoch 1: val_ic=0.0200 loss=1.0000 mb=64",
+                           "trial 3 complete: lcb(val_ic)=0.0117"]
+
+
+def test_the_objective_is_the_metric_unless_lcb():
+    assert C.objective_label("val_rank_ic", C.ValidationConfig()) == "val_rank_ic"
+    assert C.objective_label("val_ic", C.ValidationConfig(scheme="walk_forward")) == "val_ic"
+    assert C.objective_label("val_loss", C.ValidationConfig(repeats=2, aggregate="lcb")) == "lcb(val_loss)"
