@@ -68,7 +68,8 @@ class Driver:
         self.workers = [WorkerHandle(s, init, run_dir) for s in slots]
         self.sel = selectors.DefaultSelector()
         self.stop = stop or StopToken()
-        self.rule = StopRule(cfg.study, self.stop, run_dir)
+        objective = C.objective_label(cfg.study.metric, cfg.validation)
+        self.rule = StopRule(cfg.study, self.stop, run_dir, objective)
         self.dispatch = dispatch_for(cfg, slots, study)
         self.schedule = ClaimSchedule(cfg.study.heartbeat_interval, self._foreign_running)
         self.warnings = Warnings(view)

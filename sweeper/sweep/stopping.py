@@ -96,8 +96,10 @@ class StopRule:
     workers that die before they are ready, a full disk, study.patience_trials,
     study.stop_when_converged, or a used-up budget."""
 
-    def __init__(self, cfg: StudyConfig, stop: StopToken, run_dir: Path) -> None:
+    def __init__(self, cfg: StudyConfig, stop: StopToken, run_dir: Path,
+                 objective: str | None = None) -> None:
         self.cfg, self.stop, self.run_dir = cfg, stop, run_dir
+        self.objective = objective or cfg.metric  # what a trial's value is called (config.objective_label)
         self.started = time.monotonic()
         self.failures_in_row = 0
         self.exhausted = False  # the last claim found the budget used up
@@ -144,7 +146,7 @@ class StopRule:
             return
         self.patient_out = True
         best = "no trial has completed" if got.best is None else (
-            f"the best is trial {got.best.number} ({self.cfg.metric} {got.best.value:.4g})")
+            f"the best is trial {got.best.number} ({self.objective} {got.best.value:.4g})")
         self.message = self.message or (
             f"stopped: no new best beyond study.min_improvement ({self.cfg.min_improvement:g}) in the "
             f"last {got.count} finished trials (study.patience_trials); {best}")
