@@ -17,8 +17,8 @@ reader never takes half a refit for one). ``predict --data`` uses it
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import hashlib
 import json
 import math
 import statistics
@@ -36,15 +36,11 @@ from optuna.trial import FrozenTrial
 from sweeper import __version__
 from sweeper import config as C
 from sweeper.atomic import atomic_path, write_text
-from sweeper.data import synth
-from sweeper.data.build import in_memory, scatter
-from sweeper.data.columns import Columns, row_codes
-from sweeper.data.features import select
+from sweeper.data.build import build, in_memory, to_panel
+from sweeper.data.columns import row_codes
 from sweeper.data.folds import MIN_TRAIN_DATES
-from sweeper.data.leak import judge_leaks, mean_daily_corr
-from sweeper.data.normalize import fit_stats, normalize_inplace, normalize_label
+from sweeper.data.load import recipe
 from sweeper.data.panel import Panel
-from sweeper.data.parquet import feature_blocks, file_fingerprint, read_keys, read_plan
 from sweeper.data.split import purge_gap, split_widths
 from sweeper.errors import ConfigError, DataError
 from sweeper.inspect.predict import pick_trial
@@ -171,28 +167,22 @@ def write_refit(files: TrialFiles, state: dict, stats: Any, record: dict[str, An
 
 def refit_panel(data: C.DataConfig, until: np.datetime64 | None) -> tuple[Panel, Window]:
     """The panel of the dates up to ``until``, its train split the refit's window (valid and
-    test empty), normalised with statistics fitted on that window; the leak guard judges it."""
-    keys, blocks, fingerprint = _columns(data)
-    codes = row_codes(keys)
+    test empty), built by the panel builder (:func:`sweeper.data.build.build`): normalisation
+    fitted on that window, the leak guard judging it. Rows after ``until`` are dropped before
+    anything is built, and the labels of the dates between the last target and ``until`` (they
+    reach past it) are NaN."""
+    how = recipe(data)
+    keys, blocks, _oracle = how.columns()
+    codes = row_codes(keys)  # each row's date index: a row at index <= until stays, so do the indices
     window = refit_window(codes.dates, data, until)
-    X, y_raw, mask = scatter(keys, codes, blocks, in_memory)
-    cut = window.until + 1  # nothing after until
-    X, y_raw, mask = X[:cut], y_raw[:cut].copy(), mask[:cut]
-    y_raw[window.stop:] = np.nan  # the labels past the last target reach past until
-    span = (window.first, window.stop)
-    corr, rows = mean_daily_corr(X, y_raw, mask, span)
-    judge_leaks(corr, rows, data.max_feature_label_corr, keys.feature_names, keys.source, keys.label_col)
-    fit_dates = (max(window.first - data.lookback + 1, 0), window.stop)  # what the train windows see
-    stats = fit_stats(torch.from_numpy(X), torch.from_numpy(mask), data.feature_norm, fit_dates,
-                      list(keys.feature_names))
-    normalize_inplace(X, mask, data.feature_norm, stats)
-    y_t = torch.from_numpy(y_raw)
-    y = normalize_label(y_t, torch.from_numpy(mask), data.label_norm)
+    keep = codes.date <= window.until  # nothing after until
+    label = np.where(codes.date[keep] < window.stop, keys.label[keep], np.nan).astype(np.float32)
+    kept = dataclasses.replace(keys, dates=keys.dates[keep], assets=keys.assets[keep],
+                               features=keys.features[keep], label=label)
     empty = (window.stop, window.stop)
-    panel = Panel(X=torch.from_numpy(X), y=y, y_raw=y_t, mask=torch.from_numpy(mask), dates=codes.dates[:cut],
-                  assets=codes.assets, features=list(keys.feature_names),
-                  splits={"train": span, "valid": empty, "test": empty}, lookback=data.lookback,
-                  oracle_ic=None, source=keys.source, fingerprint=fingerprint, norm_stats=stats)
+    built = build(kept, ((k0, block[keep]) for k0, block in blocks), data, lambda d, s: None, in_memory,
+                  splits={"train": (window.first, window.stop), "valid": empty, "test": empty})
+    panel = to_panel(built, data, how.fingerprint, how.source)
     if len(panel.sample_index("train")) == 0:
         first, last = _iso(panel.dates[window.first]), _iso(panel.dates[window.stop - 1])
         raise DataError(f"{keys.source}: column '{keys.label_col}': no present row has a finite label "
@@ -221,29 +211,6 @@ def refit_window(dates: np.ndarray, data: C.DataConfig, until: np.datetime64 | N
             f"(data.split.lookback) and before the purge of {gap} (data.split.horizon + "
             f"data.split.embargo){hint}")
     return Window(first, stop, last)
-
-
-def _columns(data: C.DataConfig) -> tuple[Columns, Any, str]:
-    """``(keys, feature blocks, fingerprint)`` of the study's data, as :mod:`sweeper.data.load`
-    reads them, before anything is split or normalised."""
-    if data.synthetic is None:
-        path, features, _ = read_plan(data)
-        keys = read_keys(path, data, features)
-        selection = {"date": data.date_col, "asset": data.asset_col, "label": data.label,
-                     "features": features}
-        return keys, feature_blocks(path, features, len(keys.label)), file_fingerprint(path, selection)
-    p = data.synthetic
-    source = synth.describe(p.assets, p.dates, p.features, p.seed)
-    names = synth.feature_names(p.features)
-    chosen = select(names, ["date", "asset", *names, "label"], data.features, data.exclude, source)
-    frame = synth.generate(p.assets, p.dates, p.features, p.seed)
-    keys = Columns(source=source, date_col="date", asset_col="asset", label_col="label",
-                   dates=frame["date"].to_numpy("datetime64[ns]"), assets=frame["asset"].to_numpy(object),
-                   features=np.empty((len(frame), 0), dtype=np.float32),
-                   label=frame["label"].to_numpy(np.float32), feature_names=chosen)
-    blob = json.dumps({"synthetic": p.model_dump(), "generator": synth.GENERATOR_VERSION, "features": chosen},
-                      sort_keys=True)
-    return keys, [(0, frame[chosen].to_numpy(np.float32))], hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _iso(day: np.datetime64) -> str:

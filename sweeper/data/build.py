@@ -56,16 +56,19 @@ def in_memory(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def build(keys: Columns, blocks: Iterable[tuple[int, np.ndarray]], cfg: DataConfig, oracle: OracleFn,
-          alloc: Alloc) -> Built:
+          alloc: Alloc, splits: dict[str, tuple[int, int]] | None = None) -> Built:
     """Dense layout, split, leak guard and normalisation; raises DataError.
 
     ``keys``: the rows' dates, assets and label (its ``features`` unused); ``blocks``:
-    ``(first column, [R, C] values)`` of the feature columns ``keys.feature_names``."""
+    ``(first column, [R, C] values)`` of the feature columns ``keys.feature_names``. ``splits``:
+    target-date indices the caller chose (``sweeper refit``'s window, with empty valid and
+    test); by default ``data.split``'s (:mod:`sweeper.data.split`)."""
     check_rows(keys)
     codes = row_codes(keys)
-    lookback, horizon, embargo = split_widths(cfg)
-    splits = split_dates(codes.dates, cfg.split, lookback, horizon, embargo,
-                         f"{keys.source}: column '{keys.date_col}'")
+    if splits is None:
+        lookback, horizon, embargo = split_widths(cfg)
+        splits = split_dates(codes.dates, cfg.split, lookback, horizon, embargo,
+                             f"{keys.source}: column '{keys.date_col}'")
     X, y_raw, mask = scatter(keys, codes, blocks, alloc)
     corr, rows = mean_daily_corr(X, y_raw, mask, splits["train"])
     judge_leaks(corr, rows, cfg.max_feature_label_corr, keys.feature_names, keys.source, keys.label_col)

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from sweeper.config import DataConfig
 from sweeper.data import synth
-from sweeper.data.build import Alloc, Built, build, in_memory, to_panel
+from sweeper.data.build import Alloc, Built, OracleFn, build, in_memory, to_panel
 from sweeper.data.columns import Columns
 from sweeper.data.features import select as select_columns
 from sweeper.data.leak import judge_leaks
@@ -24,15 +24,29 @@ from sweeper.data.parquet import feature_blocks, file_fingerprint, oracle_from_m
 from sweeper.data.split import SPLITS
 from sweeper.errors import DataError
 
+Blocks = Iterable[tuple[int, np.ndarray]]  # (first column, [rows, columns] values) of the features
+
 
 @dataclass
 class Recipe:
-    """What identifies a panel before it is built, and how to build it."""
+    """What identifies a panel before it is built, and how to read it: ``columns`` gives the
+    rows' keys and label, the feature blocks and the oracle, before anything is split."""
 
+    cfg: DataConfig
     source: str
     label_col: str
     fingerprint: str
-    make: Callable[[Alloc], Built]
+    columns: Callable[[], tuple[Columns, Blocks, OracleFn]]
+
+    def make(self, alloc: Alloc) -> Built:
+        keys, blocks, oracle = self.columns()
+        return build(keys, blocks, self.cfg, oracle, alloc)
+
+
+def recipe(cfg: DataConfig) -> Recipe:
+    """How ``cfg``'s panel is read: from ``data.synthetic`` or the Parquet file ``data.path``
+    (``sweeper refit`` reads the same columns and builds its own window of them)."""
+    return _synthetic_recipe(cfg) if cfg.synthetic is not None else _file_recipe(cfg)
 
 
 def load_panel(cfg: DataConfig) -> Panel:
@@ -41,18 +55,18 @@ def load_panel(cfg: DataConfig) -> Panel:
     With ``data.cache`` (the default) the arrays are built once per host and mapped
     read-only from the panel cache (:mod:`sweeper.data.cache`); without it they are built
     in this process's memory. Both run the same builder and give the same bits."""
-    recipe = _synthetic_recipe(cfg) if cfg.synthetic is not None else _file_recipe(cfg)
+    how = recipe(cfg)
     if cfg.cache:
         from sweeper.data.cache import cached
 
-        built, entry = cached(cfg, recipe.fingerprint, recipe.make)
+        built, entry = cached(cfg, how.fingerprint, how.make)
         # the entry keeps the guard's figures: judged against this config's threshold
         judge_leaks(np.asarray(built.leak_corr), np.asarray(built.leak_rows), cfg.max_feature_label_corr,
-                    built.features, recipe.source, recipe.label_col)
-        panel = to_panel(built, cfg, recipe.fingerprint, recipe.source, str(entry))
+                    built.features, how.source, how.label_col)
+        panel = to_panel(built, cfg, how.fingerprint, how.source, str(entry))
     else:
-        panel = to_panel(recipe.make(in_memory), cfg, recipe.fingerprint, recipe.source)
-    _check_samples(panel, recipe.label_col)
+        panel = to_panel(how.make(in_memory), cfg, how.fingerprint, how.source)
+    _check_samples(panel, how.label_col)
     return panel
 
 
@@ -60,17 +74,16 @@ def _file_recipe(cfg: DataConfig) -> Recipe:
     path, features, metadata = read_plan(cfg)
     selection = {"date": cfg.date_col, "asset": cfg.asset_col, "label": cfg.label, "features": features}
 
-    def make(alloc: Alloc) -> Built:
+    def columns() -> tuple[Columns, Blocks, OracleFn]:
         keys = read_keys(path, cfg, features)
-        blocks = feature_blocks(path, features, len(keys.label))
-        return build(keys, blocks, cfg, oracle_from_metadata(metadata), alloc)
+        return keys, feature_blocks(path, features, len(keys.label)), oracle_from_metadata(metadata)
 
     memo = None
     if cfg.cache:
         from sweeper.data.cache import cache_root
 
         memo = cache_root(cfg)
-    return Recipe(str(path), cfg.label, file_fingerprint(path, selection, memo), make)
+    return Recipe(cfg, str(path), cfg.label, file_fingerprint(path, selection, memo), columns)
 
 
 class PanelMemo:
@@ -117,7 +130,7 @@ def _synthetic_recipe(cfg: DataConfig) -> Recipe:
     blob = json.dumps({"synthetic": params.model_dump(), "generator": synth.GENERATOR_VERSION,
                        "features": chosen}, sort_keys=True)
 
-    def make(alloc: Alloc) -> Built:
+    def columns() -> tuple[Columns, Blocks, OracleFn]:
         frame = synth.generate(params.assets, params.dates, params.features, params.seed)
         keys = Columns(
             source=source, date_col="date", asset_col="asset", label_col="label",
@@ -126,9 +139,9 @@ def _synthetic_recipe(cfg: DataConfig) -> Recipe:
             feature_names=chosen,
         )
         blocks = ((k, frame[chosen[k:k + 8]].to_numpy(np.float32)) for k in range(0, len(chosen), 8))
-        return build(keys, blocks, cfg, lambda dates, splits: synth.oracle_ic(frame, dates, splits), alloc)
+        return keys, blocks, lambda dates, splits: synth.oracle_ic(frame, dates, splits)
 
-    return Recipe(source, "label", hashlib.sha256(blob.encode()).hexdigest(), make)
+    return Recipe(cfg, source, "label", hashlib.sha256(blob.encode()).hexdigest(), columns)
 
 
 def _synthetic_features(cfg: DataConfig, names: list[str], source: str) -> list[str]:
