@@ -30,6 +30,21 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def swept_study(root: Path, raw: dict[str, Any], name: str = "study.yaml", timeout: float = 300) -> Path:
+    """``raw`` written to ``root/name`` and swept there by ``sweeper run`` in a subprocess (real
+    fakes off, tests/ importable for its fault models); returns ``root``."""
+    import subprocess
+    import sys
+
+    (root / name).write_text(yaml.safe_dump(raw))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", name], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     """A clean working directory whose workers can import tests/fault_models.py."""

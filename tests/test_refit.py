@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +18,10 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-import yaml
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from conftest import TESTS, TINY, merge
+from conftest import TINY, merge, swept_study
 from sweeper.cli import main
 from sweeper.config import DataConfig
 from sweeper.core import train
@@ -44,13 +40,7 @@ STUDY["data"] = {"path": "panel.parquet", "lookback": LOOKBACK}
 def swept(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("refit")
     write_synthetic(root / "panel.parquet", **SYNTH)
-    (root / "study.yaml").write_text(yaml.safe_dump(STUDY))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", "study.yaml"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root
+    return swept_study(root, STUDY)
 
 
 @pytest.fixture

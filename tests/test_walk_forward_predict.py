@@ -3,17 +3,12 @@ last fold's (the fold it trained on, with that fold's normalisation), never date
 called valid."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import optuna
 import pandas as pd
 import pytest
-import yaml
 from click.testing import CliRunner
 
-from conftest import TESTS, TINY, merge
+from conftest import TINY, merge, swept_study
 from sweeper.cli import main
 from sweeper.quant.ic import ic_report
 from sweeper.store import open_storage
@@ -25,14 +20,7 @@ STUDY = merge(TINY, {"study": {"n_trials": 2},
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wf_predict")
-    (root / "study.yaml").write_text(yaml.safe_dump(STUDY))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", "study.yaml"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root
+    return swept_study(tmp_path_factory.mktemp("wf_predict"), STUDY)
 
 
 def test_predict_valid_scores_the_last_folds_block_as_the_trial_did(swept, monkeypatch):
