@@ -11,6 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from sweeper.inspect.figures_base import LAYOUT, StudyData, empty, finite
+from sweeper.inspect.figures_ic import selection_histogram
 from sweeper.inspect.results import selection_report
 from sweeper.store.studies import ranked
 
@@ -70,18 +71,4 @@ def fold_selection_figure(data: StudyData) -> go.Figure:
         return empty("selection bias unavailable: the best trial has no daily_ic_valid.csv")
     means = [float(np.mean(ics)) for t in data.trials if t.number in data.daily_valid
              for ics in [[v for v in t.user_attrs.get("fold_val_ic") or [] if finite(v)]] if ics]
-    fig = go.Figure(go.Histogram(x=means, nbinsx=min(40, max(5, len(means) // 3)), name="trials",
-                                 marker_color="#9ecae1"))
-    marks = [("expected_max_null_ic", "no-signal best", "#d62728"), ("best_val_ic", "best", "#1f77b4"),
-             ("deflated_ic", "deflated", "#2ca02c")]
-    for key, label, color in marks:
-        value = summary.get(key)
-        if isinstance(value, float):
-            fig.add_vline(x=value, line={"color": color, "dash": "dash"},
-                          annotation={"text": f"{label} {value:.4f}", "textangle": -90})
-    p = summary.get("p_fluke")
-    fig.update_layout(**LAYOUT, title=f"{summary['n_trials']} trials; P(best IC is a fluke) "
-                      + (f"{p:.1%}" if isinstance(p, float) else "-"),
-                      xaxis_title="mean fold validation IC", yaxis_title="trials",
-                      meta={"selection": summary})
-    return fig
+    return selection_histogram(means, summary, "mean fold validation IC")

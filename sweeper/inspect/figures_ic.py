@@ -74,6 +74,12 @@ def selection_figure(data: StudyData) -> go.Figure:
         return empty("selection bias unavailable: the best trial has no daily_ic_valid.csv")
     summary = selection_summary(data.daily_valid, data.best.number, data.horizons)
     means = [float(np.nanmean(v)) for v in data.daily_valid.values() if np.isfinite(v).any()]
+    return selection_histogram(means, summary, "mean daily validation IC")
+
+
+def selection_histogram(means: list[float], summary: dict, xaxis_title: str) -> go.Figure:
+    """Figure 8's drawing: the trials' ``means`` with the no-signal best, the best and the
+    deflated IC of ``summary`` (a selection summary, kept as ``layout.meta.selection``) marked."""
     fig = go.Figure(go.Histogram(x=means, nbinsx=min(40, max(5, len(means) // 3)), name="trials",
                                  marker_color="#9ecae1"))
     marks = [("expected_max_null_ic", "no-signal best", "#d62728"), ("best_val_ic", "best", "#1f77b4"),
@@ -84,6 +90,6 @@ def selection_figure(data: StudyData) -> go.Figure:
                           annotation={"text": f"{label} {summary[key]:.4f}", "textangle": -90})
     p = summary.get("p_fluke")
     fig.update_layout(**LAYOUT, title=f"{summary['n_trials']} trials; P(best IC is a fluke) "
-                      + (f"{p:.1%}" if p is not None else "-"), xaxis_title="mean daily validation IC",
+                      + (f"{p:.1%}" if p is not None else "-"), xaxis_title=xaxis_title,
                       yaxis_title="trials", meta={"selection": summary})
     return fig
