@@ -1,0 +1,204 @@
+"""A swept study's observable record, with what varies from run to run taken out: what the
+one-pipeline refactor (issue 27) must leave identical for a holdout and a walk-forward study.
+
+``python tests/pipeline_snapshot.py --write`` sweeps both studies and writes
+``tests/golden/<name>.json``; ``tests/test_pipeline_golden.py`` sweeps them again and compares.
+The golden files were written at the commit before the refactor began (83f89dc), on CPU with
+one thread per worker, so every float is compared exactly.
+
+Taken out (they vary between two runs of the same code): wall times and throughput, memory
+peaks, pids, host names, driver ids, uuids (the study's and the artifact store's ids), the
+environment, and the text of log files (their lines carry times). Kept: every param, state,
+value, intermediate value, user attribute, study attribute, ``best --json``, ``export``'s
+table, and every file under the run folder: its name, and its content (CSV and JSON rows,
+Parquet frames, YAML text, the tensors of a ``.pt`` file).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TESTS = Path(__file__).parent
+GOLDEN = TESTS / "golden"
+
+VOLATILE = {"duration_s", "driver_id", "driver_pid", "pid", "pid_ns", "hostname", "host", "peak_mem_mb",
+            "samples_per_s", "study_uuid", "environment", "sweeper_version", "probe_peak_mem_mb",
+            "datetime_start", "datetime_complete", "heartbeat", "started_at"}
+VOLATILE_FILES = {"study.db", "study.db.lock", "owner.json", "devices.csv"}
+
+BASE: dict[str, Any] = {
+    "study": {"name": "golden", "n_trials": 3, "heartbeat_interval": 1, "grace_period": 4,
+              "sampler": {"name": "random", "seed": 0},
+              "pruner": {"name": "median", "options": {"n_startup_trials": 1, "n_warmup_steps": 0}}},
+    "data": {"synthetic": {"assets": 24, "dates": 200, "features": 3, "seed": 1}, "lookback": 5},
+    "model": {"name": "mlp", "hidden_size": 8, "num_layers": 1},
+    "train": {"epochs": 3, "batch_size": 128, "samples_per_epoch": 1024, "patience": 5},
+    "devices": {"gpus": "none", "cpu_workers": 1},
+    "search_space": {"train.lr": {"type": "float", "low": 0.001, "high": 0.01, "log": True}},
+    "report": {"baseline": None},
+}
+
+
+def study(name: str) -> dict[str, Any]:
+    """The study file of ``holdout`` (3 trials, 1 seed) or ``walk_forward`` (2 folds x 2 seeds)."""
+    raw = copy.deepcopy(BASE)
+    if name == "walk_forward":
+        raw["validation"] = {"scheme": "walk_forward", "folds": 2, "repeats": 2}
+    return raw
+
+
+def sweep(root: Path, name: str) -> Path:
+    """``sweeper run`` of the study in ``root`` (one worker, one thread); returns its run folder."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "study.yaml").write_text(yaml.safe_dump(study(name)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", "study.yaml"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root / "runs" / "golden"
+
+
+def snapshot(root: Path) -> dict[str, Any]:
+    """The record of the study swept in ``root`` (see the module docstring)."""
+    import optuna
+
+    folder = root / "runs" / "golden"
+    stored = optuna.load_study(study_name="golden", storage=f"sqlite:///{folder / 'study.db'}")
+    trials = [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+               "intermediate": {str(k): v for k, v in sorted(t.intermediate_values.items())},
+               "user_attrs": _clean(t.user_attrs),
+               "artifacts": sorted(json.loads(v)["filename"] for k, v in t.system_attrs.items()
+                                   if k.startswith("artifacts:")),
+               "system_attrs": _clean({k: v for k, v in t.system_attrs.items()
+                                       if not k.startswith("artifacts:")})}
+              for t in stored.trials]
+    return _plain({"study_attrs": _clean(stored.user_attrs), "direction": stored.direction.name,
+                   "trials": trials, "best": _clean(_cli_json(root, "best")),
+                   "export": _export(root), "files": _files(folder)})
+
+
+def _cli_json(root: Path, command: str) -> Any:
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", command, "study.yaml", "--json"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def _export(root: Path) -> Any:
+    import pandas as pd
+
+    out = root / "trials.parquet"
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "export", "study.yaml", "-o", str(out)],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    frame = pd.read_parquet(out)
+    keep = [c for c in frame.columns if c.split(".")[-1] not in VOLATILE]
+    return {"columns": keep, "rows": json.loads(frame[keep].to_json(orient="records", double_precision=15, date_format="iso"))}
+
+
+def _files(folder: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if path.name in VOLATILE_FILES or path.name.startswith("study.db") or rel.startswith("artifacts/"):
+            continue
+        content = _content(path)
+        text = json.dumps(_plain(content), sort_keys=True)
+        # a large table (a run's valid predictions) is kept as its digest: a diff names the file
+        out[rel] = content if len(text) < 20000 else {"digest": hashlib.sha256(text.encode()).hexdigest()}
+    out["artifacts/ (count)"] = sum(1 for p in (folder / "artifacts").rglob("*") if p.is_file())
+    return out
+
+
+def _content(path: Path) -> Any:
+    import pandas as pd
+    import torch
+
+    if path.suffix == ".log":
+        return "(log)"
+    if path.suffix == ".csv":
+        frame = pd.read_csv(path)
+        return json.loads(frame[[c for c in frame.columns if c not in VOLATILE]].to_json(
+            orient="split", double_precision=15, date_format="iso"))
+    if path.suffix == ".parquet":
+        return json.loads(pd.read_parquet(path).to_json(orient="split", double_precision=15, date_format="iso"))
+    if path.suffix == ".json":
+        return _clean(json.loads(path.read_text()))
+    if path.suffix == ".pt":
+        state = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=False)
+        return _tensors(state)
+    try:
+        return path.read_text()
+    except UnicodeDecodeError:
+        return f"(binary {path.name})"
+
+
+def _tensors(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return {"shape": list(obj.shape), "sha": hashlib.sha256(obj.detach().contiguous().numpy().tobytes())
+                .hexdigest()[:16]}
+    if isinstance(obj, dict):
+        return {str(k): _tensors(v) for k, v in obj.items() if str(k) not in VOLATILE}
+    if isinstance(obj, (list, tuple)):
+        return [_tensors(v) for v in obj]
+    return obj
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in sorted(obj.items()) if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _plain(obj: Any) -> Any:
+    """JSON's form (NaN as the string "nan", tuples as lists), so a read-back compares equal."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return repr(obj)
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def diff(want: Any, got: Any, where: str = "") -> list[str]:
+    """Where ``got`` differs from ``want``: one line per differing leaf."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        lines = [f"{where}/{k}: missing" for k in want if k not in got]
+        lines += [f"{where}/{k}: unexpected" for k in got if k not in want]
+        for key in want:
+            if key in got:
+                lines += diff(want[key], got[key], f"{where}/{key}")
+        return lines
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        return [line for i, (a, b) in enumerate(zip(want, got)) for line in diff(a, b, f"{where}[{i}]")]
+    return [] if want == got else [f"{where}: {str(want)[:200]} != {str(got)[:200]}"]
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    if "--write" not in sys.argv:
+        sys.exit("usage: python tests/pipeline_snapshot.py --write")
+    GOLDEN.mkdir(exist_ok=True)
+    for scheme in ("holdout", "walk_forward"):
+        with tempfile.TemporaryDirectory() as tmp:
+            sweep(Path(tmp), scheme)
+            (GOLDEN / f"{scheme}.json").write_text(json.dumps(snapshot(Path(tmp)), indent=1, sort_keys=True)
+                                                   + "\n")
+        print(f"wrote {GOLDEN / (scheme + '.json')}")
