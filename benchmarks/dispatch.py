@@ -4,7 +4,7 @@ interpreter per trial.
 Overhead is the wall time beyond the trials' own training time (their
 ``duration_s``), averaged per trial, on one CPU slot. Both modes run the same
 tiny trials through the real worker process and the real SQLite store; the
-baseline starts a new ``python -m sweeper.sweep.worker`` for every trial (import
+baseline starts a new ``python -m sweeper.worker.main`` for every trial (import
 torch, load the panel, attach to the study), as a per-trial subprocess
 launcher would.
 
@@ -39,8 +39,8 @@ def _durations(study: optuna.Study) -> float:
 
 
 def sweeper_overhead(cfg) -> tuple[float, float]:
-    from sweeper.inspect.live import NullView
-    from sweeper.sweep.run import run
+    from sweeper.dispatch.live import NullView
+    from sweeper.dispatch.run import run
 
     start = time.perf_counter()
     run(cfg, view=NullView())
@@ -53,11 +53,11 @@ def sweeper_overhead(cfg) -> tuple[float, float]:
 def fresh_overhead(cfg, n: int) -> tuple[float, float]:
     """The same trials, each in a brand-new worker process."""
     from sweeper.devices import plan_slots
+    from sweeper.dispatch.claim import claim
+    from sweeper.dispatch.handle import WorkerHandle
     from sweeper.store import claim_lock, open_storage
-    from sweeper.sweep.claim import claim
-    from sweeper.sweep.handle import WorkerHandle
-    from sweeper.sweep.identity import Identity
-    from sweeper.sweep.study import open_study
+    from sweeper.store.identity import Identity
+    from sweeper.study.open import open_study
 
     storage = open_storage(cfg.study.resolved_storage, heartbeat_interval=cfg.study.heartbeat_interval,
                            grace_period=cfg.study.grace_period)

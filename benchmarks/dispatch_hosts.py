@@ -49,7 +49,6 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch import STUDY  # noqa: E402 - the single-host benchmark's trials, reused as they are
 
-
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 SLEEP_MODEL = {"name": "fault_models:Slow", "step_sleep": 0.25, "hidden": 16}
 

@@ -40,7 +40,6 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # overlap.py: trials at once
 from overlap import most_at_once  # noqa: E402
-
 from sweeper.config import validate_config
 from sweeper.core import NullHook, train
 from sweeper.core.batch_plan import preserved, probe_step

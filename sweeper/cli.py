@@ -109,8 +109,8 @@ def main() -> None:
 
 def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, must_exist: bool,
          enqueue: tuple[Path, ...] = ()) -> None:
-    from sweeper.inspect.live import default_view
-    from sweeper.sweep.run import run
+    from sweeper.dispatch.live import default_view
+    from sweeper.dispatch.run import run
 
     hint = f"interrupted; run `sweeper run {study}` again to resume"
     click.get_current_context().meta[INTERRUPTED_HINT] = hint
@@ -156,7 +156,7 @@ def resume_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: b
 def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
     """Check config, data, storage and devices without training, and without touching the
     study or the run folder (with data.cache the panel cache entry is built, as a run would)."""
-    from sweeper.sweep.run import prepare
+    from sweeper.dispatch.run import prepare
 
     plan = prepare(_load(study, sets), storage)
     click.echo(f"{study}: ok")
@@ -347,7 +347,7 @@ def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: boo
     """Apply study.keep to the study's trial files now, and print what it frees."""
     from sweeper.store.run_folder import study_folder
     from sweeper.store.studies import load_existing
-    from sweeper.sweep.retention import collect
+    from sweeper.study.retention import collect
 
     cfg = _load(study, sets)
     found = load_existing(cfg, storage)
@@ -399,7 +399,7 @@ def db_group() -> None:
 @storage_option
 def db_init_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
     """Create the tables and the study once, before the hosts start (idempotent)."""
-    from sweeper.sweep.run import init_db
+    from sweeper.dispatch.run import init_db
 
     result = init_db(_load(study, sets), storage)
     state = "created" if result.created else f"already there ({result.n_trials} trials)"

@@ -1,7 +1,7 @@
 """A model that records which ``sweeper`` modules its worker process has loaded.
 
 Used by ``model.name: module_probe:Recorder``. Inside a worker (``python -m
-sweeper.sweep.worker``) it writes the loaded module names when the model is
+sweeper.worker.main``) it writes the loaded module names when the model is
 built and again at every evaluation pass (the last one is the final scoring, after
 which the worker only records results), to ``$SWEEPER_TEST_MODULES/<pid>-*.json``.
 At exit would be later still, but the driver SIGKILLs an idle worker at shutdown.
@@ -19,7 +19,7 @@ from torch import nn
 
 def _in_worker() -> bool:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec is not None and spec.name == "sweeper.sweep.worker"
+    return spec is not None and spec.name == "sweeper.worker.main"
 
 
 def _record(tag: str) -> None:

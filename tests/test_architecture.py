@@ -16,8 +16,8 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
-from sweeper.inspect.live import NullView
-from sweeper.sweep.run import run
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.run import run
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sweeper"
 DISPATCH_MARKS = ("subprocess.Popen", "study.ask(")
@@ -93,7 +93,9 @@ def test_module_sizes_and_subpackages():
     sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
     assert {n: s for n, s in sizes.items() if s > 450} == {}
     packages = {p.parent.name for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
-    assert {"config", "core", "data", "models", "quant", "store", "sweep", "inspect", "devices"} <= packages
+    assert {"config", "core", "data", "models", "quant", "store", "dispatch", "worker", "study", "inspect",
+            "devices"} <= packages
+    assert not (PACKAGE / "sweep").exists()
 
 
 def _long_functions(prefix: str, limit: int) -> dict[str, int]:
@@ -109,10 +111,12 @@ def _long_functions(prefix: str, limit: int) -> dict[str, int]:
 
 
 def test_the_parent_side_keeps_to_short_functions_and_a_small_driver():
-    """The sweep package is where a decision hides in a long function: none there is over
-    40 lines, and the driver's loop stays under 300 lines (its decisions live elsewhere)."""
-    assert _long_functions("sweeper.sweep", 40) == {}
-    assert len(MODULES["sweeper.sweep.driver"].read_text().splitlines()) < 300
+    """The parent, the worker and the study's rules are where a decision hides in a long
+    function: none there is over 40 lines, and the driver's loop stays under 300 lines (its
+    decisions live elsewhere)."""
+    for package in ("sweeper.dispatch.", "sweeper.worker.", "sweeper.study."):
+        assert _long_functions(package, 40) == {}
+    assert len(MODULES["sweeper.dispatch.driver"].read_text().splitlines()) < 300
     # the check can fail: the training loop reads top to bottom, past 40 lines
     assert "sweeper.core.loop.train" in _long_functions("sweeper.core", 40)
 
@@ -126,7 +130,7 @@ def test_fake_devices_are_read_in_one_module():
 
 def test_the_core_knows_nothing_of_optuna_the_sweep_or_the_store():
     reached = set().union(*(_reachable(m) for m in MODULES if m.startswith("sweeper.core")))
-    assert {m for m in reached if m.startswith(("sweeper.sweep", "sweeper.store", "sweeper.inspect", "sweeper.cli"))} == set()
+    assert {m for m in reached if m.startswith(("sweeper.dispatch", "sweeper.worker", "sweeper.study", "sweeper.store", "sweeper.inspect", "sweeper.cli"))} == set()
     assert {"optuna", "click"} & set().union(*(_imports(MODULES[m])[1] for m in reached if m in MODULES)) == set()
 
 
@@ -154,10 +158,45 @@ def test_the_worker_process_never_loads_dispatch_code(study_file, workdir, monke
 
     records = sorted(out.glob("*.json"))
     assert {p.stem.split("-")[1] for p in records} == {"built", "eval"}  # at the start and at the final scoring
-    loaded = set().union(*(json.loads(p.read_text()) for p in records)) | {"sweeper.sweep.worker"}
-    assert {"sweeper.sweep.worker_trial", "sweeper.core.loop", "sweeper.sweep.protocol"} <= loaded
+    loaded = set().union(*(json.loads(p.read_text()) for p in records)) | {"sweeper.worker.main"}
+    assert {"sweeper.worker.trial", "sweeper.core.loop", "sweeper.worker.protocol"} <= loaded
     assert {m: _dispatch_code(m) for m in sorted(loaded) if _dispatch_code(m)} == {}
     # the check can fail: the parent's dispatch modules do carry the marks, and the worker has none of them
-    assert _dispatch_code("sweeper.sweep.handle") == ["subprocess.Popen"]
-    assert _dispatch_code("sweeper.sweep.claim") == ["study.ask("]
-    assert not {"sweeper.sweep.run", "sweeper.sweep.driver", "sweeper.sweep.handle", "sweeper.sweep.claim"} & loaded
+    assert _dispatch_code("sweeper.dispatch.handle") == ["subprocess.Popen"]
+    assert _dispatch_code("sweeper.dispatch.claim") == ["study.ask("]
+    assert not {"sweeper.dispatch.run", "sweeper.dispatch.driver", "sweeper.dispatch.handle", "sweeper.dispatch.claim"} & loaded
+
+
+# The packages from the bottom up: a module imports only from its own layer or those below.
+LAYERS = [
+    {"sweeper", "sweeper.errors", "sweeper.atomic", "sweeper.interrupt", "sweeper.config"},
+    {"sweeper.quant", "sweeper.devices", "sweeper.data", "sweeper.models", "sweeper.core"},
+    {"sweeper.validation", "sweeper.store"},
+    {"sweeper.study"},
+    {"sweeper.baseline", "sweeper.worker"},
+    {"sweeper.inspect", "sweeper.refit", "sweeper.single"},
+    {"sweeper.dispatch"},
+    {"sweeper.cli"},
+]
+
+
+def _layer(module: str) -> int:
+    for depth in (2, 1):
+        top = ".".join(module.split(".")[:depth])
+        for i, layer in enumerate(LAYERS):
+            if top in layer:
+                return i
+    raise AssertionError(f"{module} is in no layer of tests/test_architecture.py")
+
+
+def test_no_import_runs_from_a_lower_package_up_to_a_higher_one():
+    """The worker never imports the parent (dispatch/), the study's rules import neither, and
+    nothing below them imports any of the three: checked on the source, imports inside
+    functions included (the runtime check of what a real worker loads is below)."""
+    upward = sorted(f"{m} -> {n}" for m, deps in GRAPH.items() for n in deps
+                    if n in MODULES and _layer(n) > _layer(m))
+    assert upward == []
+    worker = set().union(*(_reachable(m) for m in MODULES if m.startswith("sweeper.worker")))
+    assert {m for m in worker if m.startswith(("sweeper.dispatch", "sweeper.cli"))} == set()
+    study = set().union(*(_reachable(m) for m in MODULES if m.startswith("sweeper.study")))
+    assert {m for m in study if m.startswith(("sweeper.dispatch", "sweeper.worker"))} == set()

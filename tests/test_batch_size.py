@@ -126,13 +126,13 @@ def test_memory_is_released_after_the_exception_frames_are_gone(monkeypatch):
 
 def test_probing_with_real_training_steps_leaves_no_trace():
     from sweeper.config import ModelConfig
-    from sweeper.data import Batcher
-    from sweeper.models import build_model
-    from sweeper.core.precision import resolve_precision
     from sweeper.core.batch_plan import preserved, probe_step
     from sweeper.core.loss import resolve_loss
+    from sweeper.core.precision import resolve_precision
     from sweeper.core.progress import cpu_copy
     from sweeper.core.schedule import make_optimizer
+    from sweeper.data import Batcher
+    from sweeper.models import build_model
     from toy_panel import toy_panel
 
     torch.manual_seed(0)
@@ -324,9 +324,9 @@ class LedgerModel(torch.nn.Module):
 
 
 def _plan(ledger: Ledger, **train):
-    from sweeper.core.precision import resolve_precision
     from sweeper.core.batch_plan import plan_batch
     from sweeper.core.loss import resolve_loss
+    from sweeper.core.precision import resolve_precision
     from sweeper.core.schedule import DateRuns, make_optimizer
     from sweeper.data import Batcher
     from toy_panel import toy_config, toy_panel

@@ -15,9 +15,9 @@ from sweeper.config import load_config
 from sweeper.core import checkpoint_epoch
 from sweeper.core.checkpoint import checkpoint_meta
 from sweeper.data import write_synthetic
-from sweeper.inspect.live import NullView
-from sweeper.sweep.adoption import foreign, owner
-from sweeper.sweep.run import init_db, run
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.run import init_db, run
+from sweeper.worker.adoption import foreign, owner
 
 # checkpoints are kept so that there is something to adopt wrongly
 KEEP = {"study": {"n_trials": 2, "keep": {"checkpoints": "all"}}, "devices": {"cpu_workers": 1},

@@ -60,7 +60,7 @@ def test_set_type_error_exits_2(tmp_path):
 
 
 def test_library_imports_without_click_or_cuda():
-    code = ("import sys; import sweeper, sweeper.config, sweeper.sweep.run, sweeper.data, sweeper.core, "
+    code = ("import sys; import sweeper, sweeper.config, sweeper.dispatch.run, sweeper.data, sweeper.core, "
             "sweeper.quant.ic, sweeper.devices; import torch; "
             "assert 'click' not in sys.modules, 'click imported'; "
             "assert not torch.cuda.is_initialized(); print('ok')")

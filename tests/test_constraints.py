@@ -25,7 +25,7 @@ from sweeper.config.long_sweeps import Bound
 from sweeper.quant.ensemble import ensemble
 from sweeper.store import open_storage
 from sweeper.store.studies import best_in, feasible, n_infeasible, ranked
-from sweeper.sweep.constraints import UNDEFINED, constraint_values, record, valid_figures, violation
+from sweeper.worker.constraints import UNDEFINED, constraint_values, record, valid_figures, violation
 
 LRS = (0.001, 0.0015, 0.0025, 0.004, 0.006, 0.01)  # the enqueued sets: both runs train the same trials
 
@@ -254,8 +254,8 @@ def test_best_when_every_trial_is_infeasible(study_file, workdir):
 
 
 def test_changing_the_constraints_of_a_study_is_drift():
-    from sweeper.config import drift, to_dict, validate_config
     from conftest import TINY, merge
+    from sweeper.config import drift, to_dict, validate_config
 
     before = to_dict(validate_config(TINY, "tiny"))
     after = to_dict(validate_config(merge(TINY, {"study": {"constraints": {"top_turnover": {"max": 0.5}}}}),

@@ -1,5 +1,5 @@
 """study.stop_when_converged: Optuna's Terminator judged on a real SQLite study's trials, whose
-fold scores were reported with report_scores on real Trials (sweeper.sweep.convergence), and
+fold scores were reported with report_scores on real Trials (sweeper.study.convergence), and
 the stop rule's one line."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import StudyConfig, SweeperConfig
+from sweeper.dispatch.stopping import Ending, StopRule
 from sweeper.interrupt import StopToken
-from sweeper.sweep.convergence import Watch, judge, min_trials, report_scores
-from sweeper.sweep.stopping import Ending, StopRule
+from sweeper.study.convergence import Watch, judge, min_trials, report_scores
 
 LINE = re.compile(
     r"stopped: Optuna's Terminator judges the study converged after (\d+) complete trials: the regret "

@@ -10,8 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sweeper.config import DataConfig, SplitConfig, SyntheticConfig
-from sweeper.data import load_panel, synthetic_frame, write_synthetic
-from sweeper.data import synth
+from sweeper.data import load_panel, synth, synthetic_frame, write_synthetic
 from sweeper.errors import DataError
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from sweeper.devices import slots as devices
 from sweeper.config import DevicesConfig
 from sweeper.devices import GPU, cpu_slots, environment_summary, list_gpus, plan_slots, probe, telemetry
+from sweeper.devices import slots as devices
 from sweeper.errors import DeviceError
 
 UUID = "GPU-00000000-0000-4000-8000-00000000000{}"

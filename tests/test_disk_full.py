@@ -20,10 +20,10 @@ from optuna.trial import TrialState, create_trial
 
 from sweeper.atomic import as_disk_full, atomic_path, disk_full, write_text
 from sweeper.config import load_config
+from sweeper.dispatch.stopping import Ending, StopRule, TrialEnd
 from sweeper.errors import DiskFull, FailReason
 from sweeper.interrupt import StopToken
-from sweeper.sweep.retry_rule import MAX_INTERRUPTED_RETRIES, retry_plan
-from sweeper.sweep.stopping import Ending, StopRule, TrialEnd
+from sweeper.study.retry_rule import MAX_INTERRUPTED_RETRIES, retry_plan
 
 MB = 1 << 20
 

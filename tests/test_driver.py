@@ -1,14 +1,13 @@
 """The sweep driver end to end: real worker processes, a real SQLite store."""
 from __future__ import annotations
 
-
 import optuna
 import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
-from sweeper.inspect.live import NullView
-from sweeper.sweep.run import run
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.run import run
 
 FAKE_UUIDS = [f"GPU-00000000-0000-4000-8000-00000000000{k}" for k in range(4)]
 

@@ -17,12 +17,12 @@ from optuna.trial import TrialState
 
 from sweeper.config import load_config
 from sweeper.core import checkpoint_epoch
-from sweeper.inspect.live import NullView
-from sweeper.sweep import notices
-from sweeper.sweep.notices import Warnings
-from sweeper.sweep.heartbeat import Heartbeat
-from sweeper.sweep.run import run
-from sweeper.sweep.telemetry import Telemetry
+from sweeper.dispatch import notices
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.notices import Warnings
+from sweeper.dispatch.run import run
+from sweeper.dispatch.telemetry import Telemetry
+from sweeper.worker.heartbeat import Heartbeat
 
 
 class Recorder(NullView):

@@ -18,8 +18,8 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
+from sweeper.dispatch.run import init_db
 from sweeper.store import open_storage
-from sweeper.sweep.run import init_db
 
 DB = Path("runs/tiny/study.db")
 SLOW = {"model": {"name": "fault_models:Slow", "step_sleep": 0.05},

@@ -17,7 +17,7 @@ from optuna.trial import TrialState, create_trial
 
 from sweeper.cli import main
 from sweeper.config import StudyConfig, load_config
-from sweeper.sweep.retention import collect, folder_size, removable, retrain_command, space_warning, top_k
+from sweeper.study.retention import collect, folder_size, removable, retrain_command, space_warning, top_k
 
 LR = {"train.lr": FloatDistribution(1e-4, 1.0)}
 SIZES = {"weights.pt": 700, "checkpoint.pt": 1300, "daily_ic_valid.csv": 110, "daily_ic_test.csv": 90,

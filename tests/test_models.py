@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -8,7 +7,6 @@ from sweeper.config import ModelConfig
 from sweeper.errors import ConfigError
 from sweeper.models import build_model, resolve_model_class
 from sweeper.models.transformer import TransformerModel, sinusoidal_positions
-
 
 
 @pytest.mark.parametrize("cfg", [

@@ -5,7 +5,6 @@ throw-away PostgreSQL server stopped mid-sweep (restarted, and never restarted).
 from __future__ import annotations
 
 import contextlib
-
 import glob
 import logging
 import os
@@ -25,8 +24,8 @@ import optuna
 import pytest
 import sqlalchemy
 from optuna.trial import TrialState
-from pg_server import pg_url, skip_unless_required  # noqa: F401 - fixture
 
+from pg_server import pg_url, skip_unless_required  # noqa: F401 - fixture
 from sweeper.errors import StorageOutage
 from sweeper.store import AdvisoryLock, advisory_key, open_storage
 from sweeper.store import outage as outage_module
@@ -253,9 +252,9 @@ def test_a_stale_trial_is_failed_only_on_a_second_look_a_grace_period_later(stud
     driver fails another driver's trial when it sees it stale twice, grace_period
     apart, with no storage trouble of its own in between; its own, never."""
     from sweeper.config import load_config
-    from sweeper.sweep.claim import claim
-    from sweeper.sweep.identity import Identity
+    from sweeper.dispatch.claim import claim
     from sweeper.store import claim_lock
+    from sweeper.store.identity import Identity
 
     monkeypatch.setenv("SWEEPER_SQLITE_BUSY_TIMEOUT_S", "0.2")
     cfg = load_config(study_file({"study": {"n_trials": 20, "heartbeat_interval": 1, "grace_period": 2}}))

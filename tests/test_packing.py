@@ -15,13 +15,23 @@ from optuna.trial import TrialState
 from overlap import most_at_once
 from sweeper.config import DevicesConfig, load_config
 from sweeper.devices import list_gpus
-from sweeper.devices.room import (HEADROOM, Policy, Room, admits, allotment_mb, charge_mb, choose, free_mb,
-                                     others_mb, shape_key)
+from sweeper.devices.room import (
+    HEADROOM,
+    Policy,
+    Room,
+    admits,
+    allotment_mb,
+    charge_mb,
+    choose,
+    free_mb,
+    others_mb,
+    shape_key,
+)
+from sweeper.dispatch.packer import Held, Packer, first_per_gpu, workers_by_gpu
 from sweeper.errors import ConfigError
 from sweeper.inspect.figures_base import StudyData
 from sweeper.inspect.figures_devices import timeline_figure
 from sweeper.store import open_storage
-from sweeper.sweep.packer import Held, Packer, first_per_gpu, workers_by_gpu
 
 POLICY = Policy(margin=0.1, max_trials=8, max_util=None)
 
@@ -116,7 +126,7 @@ def _trial(number, state, params, **attrs):
 def one_gpu(monkeypatch):
     monkeypatch.setenv("SWEEPER_FAKE_GPUS", "1")
     monkeypatch.setenv("SWEEPER_FAKE_GPU_MEMORY_MB", "4000")
-    monkeypatch.setattr("sweeper.sweep.packer.Packer._write", lambda self, trial_id, key, value:
+    monkeypatch.setattr("sweeper.dispatch.packer.Packer._write", lambda self, trial_id, key, value:
                         self.writes.append((trial_id, key, value)), raising=True)
     packer = Packer(DevicesConfig(trials_per_gpu="auto"), list_gpus(), study=None)
     packer.writes = []

@@ -11,9 +11,9 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from sweeper.config import load_config
+from sweeper.dispatch.stopping import Ending, StopRule, patience
 from sweeper.interrupt import StopToken
 from sweeper.store.studies import FINISHED
-from sweeper.sweep.stopping import Ending, StopRule, patience
 
 T0 = dt.datetime(2024, 1, 1)
 

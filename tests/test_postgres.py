@@ -15,16 +15,16 @@ import optuna
 import pytest
 import sqlalchemy
 from optuna.trial import TrialState
-from pg_server import pg_url  # noqa: F401 - fixture
 
+from pg_server import pg_url  # noqa: F401 - fixture
 from sweeper.config import load_config
 from sweeper.data import write_synthetic
-from sweeper.sweep.claim import claim
-from sweeper.sweep.identity import Identity
-from sweeper.sweep.run import init_db, run
+from sweeper.dispatch.claim import claim
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.run import init_db, run
 from sweeper.errors import ConfigDrift, StorageError
 from sweeper.store import AdvisoryLock, advisory_key, claim_lock, open_storage
-from sweeper.inspect.live import NullView
+from sweeper.store.identity import Identity
 
 pytestmark = pytest.mark.postgres
 
@@ -67,7 +67,7 @@ def test_read_only_open_of_an_empty_database_creates_nothing(pg_url):
 RACE = textwrap.dedent("""
     import json, sys
     from sweeper.config import load_config
-    from sweeper.sweep.run import init_db, prepare
+    from sweeper.dispatch.run import init_db, prepare
     cfg = load_config(sys.argv[1])
     prepare(cfg, sys.argv[2], devices=False)  # warm up: imports, data, model; writes nothing
     print("ready", flush=True)

@@ -17,8 +17,8 @@ import optuna
 import pytest
 import sqlalchemy
 from optuna.trial import TrialState
-from pg_server import pg_url  # noqa: F401 - fixture
 
+from pg_server import pg_url  # noqa: F401 - fixture
 from sweeper.store import open_storage
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from sweeper.sweep.protocol import LineDecoder
-from sweeper.sweep.worker import Commands
+from sweeper.worker.main import Commands
+from sweeper.worker.protocol import LineDecoder
 
 
 def test_malformed_lines_are_reported_and_skipped():
@@ -29,7 +29,7 @@ def test_a_worker_whose_driver_is_already_gone_exits_at_once():
     # the parent-death signal only covers a parent that dies after it is set: the worker
     # re-checks its parent, here a pid that is not its parent (as after a driver died)
     env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid() + 1_000_000)}
-    out = subprocess.run([sys.executable, "-m", "sweeper.sweep.worker"], input="", capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "sweeper.worker.main"], input="", capture_output=True, text=True,
                          env=env, timeout=60)
     assert out.returncode == 1
     assert f"the driver (pid {os.getpid() + 1_000_000}) is gone; exiting" in out.stderr
@@ -38,7 +38,7 @@ def test_a_worker_whose_driver_is_already_gone_exits_at_once():
 
 def test_a_worker_with_its_driver_waits_for_the_handshake():
     env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid())}
-    out = subprocess.run([sys.executable, "-m", "sweeper.sweep.worker"], input="", capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "sweeper.worker.main"], input="", capture_output=True, text=True,
                          env=env, timeout=60)
     assert out.returncode == 2  # EOF before 'init': no trial, and not the 'driver is gone' exit
     assert "is gone" not in out.stderr

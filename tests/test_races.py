@@ -10,16 +10,16 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
+from sweeper.dispatch import claim as claim_module
+from sweeper.dispatch import driver as driver_module
+from sweeper.dispatch.claim import claim
+from sweeper.dispatch.driver import Driver
+from sweeper.dispatch.handle import Running
+from sweeper.dispatch.live import NullView
 from sweeper.errors import FailReason, StopRequested
-from sweeper.inspect.live import NullView
 from sweeper.store import NullLock, open_storage
 from sweeper.store import optuna_private as private
-from sweeper.sweep import claim as claim_module
-from sweeper.sweep import driver as driver_module
-from sweeper.sweep.claim import claim
-from sweeper.sweep.driver import Driver
-from sweeper.sweep.handle import Running
-from sweeper.sweep.identity import Identity
+from sweeper.store.identity import Identity
 
 
 @pytest.fixture

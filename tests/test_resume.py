@@ -13,8 +13,8 @@ from optuna.trial import TrialState
 
 from sweeper.config import load_config
 from sweeper.core import checkpoint_epoch
-from sweeper.inspect.live import NullView
-from sweeper.sweep.run import run
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.run import run
 
 SLOW = {
     "study": {"n_trials": 4, "retries": 1, "heartbeat_interval": 1, "grace_period": 3},

@@ -16,12 +16,12 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
-from sweeper.inspect.live import NullView
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.run import run
 from sweeper.store import NullLock, open_storage
-from sweeper.sweep.run import run
-from sweeper.sweep.samplers import driver_seed
-from sweeper.sweep.space import suggest
-from sweeper.sweep.study import open_study
+from sweeper.study.open import open_study
+from sweeper.study.samplers import driver_seed
+from sweeper.study.space import suggest
 
 SEEDED = {"study": {"sampler": {"name": "random", "seed": 7}}}
 

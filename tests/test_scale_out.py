@@ -13,13 +13,13 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
-from sweeper.sweep.claim import claim
-from sweeper.sweep.identity import Identity
-from sweeper.sweep.retries import fail_dead_local
-from sweeper.sweep.run import run
+from sweeper.dispatch.claim import claim
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.retries import fail_dead_local
+from sweeper.dispatch.run import run
 from sweeper.errors import ConfigError
 from sweeper.store import artifact_store, check_artifacts, claim_lock, open_storage
-from sweeper.inspect.live import NullView
+from sweeper.store.identity import Identity
 
 
 def _dead_pid() -> int:
@@ -130,7 +130,7 @@ def test_a_trial_failed_by_another_driver_is_dropped_cleanly_and_rerun(study_fil
     import time
 
     from sweeper.errors import FailReason
-    from sweeper.sweep.outcome import fail_trial
+    from sweeper.study.outcome import fail_trial
 
     path = study_file({"study": {"n_trials": 2, "grace_period": 60},
                        "model": {"name": "fault_models:Slow", "step_sleep": 0.1},

@@ -23,13 +23,13 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import TINY, merge
 from optuna.trial import TrialState
-from pg_server import pg_url  # noqa: F401 - fixture
 
+from conftest import TINY, merge
+from pg_server import pg_url  # noqa: F401 - fixture
 from sweeper.config import validate_config
 from sweeper.store import normalize_url, open_storage
-from sweeper.sweep.identity import Identity
+from sweeper.store.identity import Identity
 
 SLURM = Path(__file__).parent.parent / "deploy" / "slurm"
 ARRAY = SLURM / "sweeper-array.sbatch"

@@ -3,7 +3,7 @@ from __future__ import annotations
 import optuna
 
 from sweeper import config as C
-from sweeper.sweep.space import ordered, suggest
+from sweeper.study.space import ordered, suggest
 
 RAW = {
     "data": {"synthetic": {"assets": 20, "dates": 200, "features": 4}},

@@ -7,8 +7,8 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
-from sweeper.inspect.live import NullView
-from sweeper.sweep.run import run
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.run import run
 
 
 def _sweep(path):

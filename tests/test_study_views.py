@@ -18,9 +18,9 @@ import yaml
 from optuna.trial import TrialState
 
 from conftest import TESTS, TINY, merge
-from test_portfolio import reference_long_short
 from sweeper.quant.ensemble import ensemble
 from sweeper.quant.ic import ic_report
+from test_portfolio import reference_long_short
 
 SWEEP = merge(TINY, {
     "study": {"name": "views", "n_trials": 4, "sampler": {"name": "random", "seed": 3}},

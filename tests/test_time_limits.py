@@ -12,9 +12,9 @@ from optuna.trial import TrialState
 
 from sweeper.config import load_config
 from sweeper.core import NullHook, train
-from sweeper.inspect.live import NullView
-from sweeper.sweep.driver import TIMEOUT_GRACE_MIN_S, timeout_grace_s
-from sweeper.sweep.run import run
+from sweeper.dispatch.driver import TIMEOUT_GRACE_MIN_S, timeout_grace_s
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.run import run
 from toy_panel import toy_config, toy_panel
 
 

@@ -6,16 +6,15 @@ import pandas as pd
 import pytest
 import torch
 
-from sweeper.quant import ic as M
-from sweeper.errors import ConfigError, Interrupted, NonFiniteLoss
-from sweeper.models import build_model
 from sweeper.core import FileCheckpointer, NullHook, predict, train
-from sweeper.core.schedule import lr_factor
-from sweeper.core.schedule import Rows
 from sweeper.core.loss import resolve_loss
+from sweeper.core.precision import resolve_precision
+from sweeper.core.schedule import Rows, lr_factor
 from sweeper.core.step import accumulate
 from sweeper.data import Batch
-from sweeper.core.precision import resolve_precision
+from sweeper.errors import ConfigError, Interrupted, NonFiniteLoss
+from sweeper.models import build_model
+from sweeper.quant import ic as M
 from toy_panel import toy_config, toy_panel
 
 RESULT_KEYS = {"val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
@@ -253,8 +252,8 @@ def test_checkpoint_from_another_config_is_refused(panel, tmp_path):
 
 
 def test_evaluation_halves_its_batch_on_oom(panel):
-    from sweeper.data import Batcher
     from sweeper.core import predict_rows
+    from sweeper.data import Batcher
 
     class OomOnBigEval(torch.nn.Module):
         def __init__(self):

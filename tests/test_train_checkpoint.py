@@ -1,13 +1,12 @@
 """Checkpoints: atomic files, weights_only loading, and resume == straight run."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
-from sweeper.errors import Interrupted
 from sweeper.core import FileCheckpointer, NullHook, checkpoint_epoch, copy_checkpoint, train
 from sweeper.core.checkpoint import checkpoint_meta, config_mismatch
+from sweeper.errors import Interrupted
 from toy_panel import toy_config, toy_panel
 
 TIMING = {"samples_per_s", "peak_mem_mb", "duration_s"}

@@ -1,14 +1,12 @@
 """Out-of-memory during training, injected on the CPU by a model that refuses large batches."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
-from sweeper.errors import OutOfMemory
 from sweeper.core import train
+from sweeper.errors import OutOfMemory
 from toy_panel import toy_config, toy_panel
-
 
 
 def oom_log() -> list[int]:

@@ -23,8 +23,8 @@ from sweeper.config import load_config
 from sweeper.data.load import load_panel
 from sweeper.interrupt import StopToken
 from sweeper.store.layout import trial_files
-from sweeper.sweep.trial_hook import OptunaHook
 from sweeper.validation import RunStore, Trainer, daily_valid, global_step, objective, train_runs, trial_attrs
+from sweeper.worker.hook import OptunaHook
 
 WF = {"validation": {"scheme": "walk_forward", "folds": 3}}
 

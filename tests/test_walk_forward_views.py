@@ -7,7 +7,7 @@ import re
 
 from sweeper import config as C
 from sweeper.devices.slots import Slot
-from sweeper.inspect.live import PlainView
+from sweeper.dispatch.live import PlainView
 
 SLOT = Slot(id=0, kind="cpu", gpu=None, env={}, threads=1, label="cpu0")
 

@@ -160,7 +160,7 @@ def command_threads(cfg: C.SweeperConfig, study: optuna.Study) -> int:
 
 def run_command(cfg: C.SweeperConfig, study: optuna.Study) -> dict[str, Any]:
     """``sweeper baseline STUDY``: compute the baseline now, whatever its state (asked for by name)."""
-    from sweeper.sweep.identity import Identity
+    from sweeper.store.identity import Identity
 
     ident = Identity.current()
     return compute(cfg, study, command_threads(cfg, study), ident.host, ident.driver_id)

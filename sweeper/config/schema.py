@@ -66,7 +66,7 @@ class StudyConfig(_Strict):
     # {top_turnover: {max: 0.5}}: best, predict and ensembles pick among feasible trials only
     constraints: dict[Literal["top_turnover", "long_short_sharpe"], Bound] = Field(default_factory=dict)
     # stop when Optuna's Terminator judges that no further trial can beat the noise that the
-    # folds (or seed repeats) measure (sweeper.sweep.convergence; needs validation.runs >= 2)
+    # folds (or seed repeats) measure (sweeper.study.convergence; needs validation.runs >= 2)
     stop_when_converged: bool = False
 
     @field_validator("name")

@@ -32,7 +32,7 @@ class FileCheckpointer:
 
     ``owner`` is stamped into every state it saves: whose run the checkpoint is (for a sweep,
     the study's uuid, the trial's number and the panel's fingerprint), so that only that run's
-    retry ever continues it (:mod:`sweeper.sweep.adoption`). The core does not read it."""
+    retry ever continues it (:mod:`sweeper.worker.adoption`). The core does not read it."""
 
     def __init__(self, path: str | Path, owner: dict[str, Any] | None = None) -> None:
         self.path = Path(path)

@@ -10,7 +10,7 @@ on the CPU (:mod:`sweeper.devices.fake`).
 
 With ``trials_per_gpu: auto`` each GPU gets ``max_trials_per_gpu`` slots (8 unless set):
 the most trials packing may run on it at once. The driver starts their workers as
-packing needs them (:mod:`sweeper.sweep.packer`).
+packing needs them (:mod:`sweeper.dispatch.packer`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 
 - :mod:`~sweeper.inspect.results`: status and best-trial reports, daily IC files, selection bias;
 - :mod:`~sweeper.inspect.printing`: ``sweeper status`` / ``sweeper best`` printed with rich;
-- :mod:`~sweeper.inspect.live`: the live view while a sweep runs (rich, plain lines or nothing);
+- :mod:`~sweeper.dispatch.live`: the live view while a sweep runs (rich, plain lines or nothing);
 - :mod:`~sweeper.inspect.report`: ``sweeper report``, the self-contained HTML page;
 - :mod:`~sweeper.inspect.figures_base`: the study data and layout the report's figures share;
 - :mod:`~sweeper.inspect.figures_search`: report figures 1-4 (history, importances, parallel, curves);

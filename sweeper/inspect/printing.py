@@ -25,7 +25,7 @@ def print_status(report: dict[str, Any]) -> None:
                   f"({counts or 'no trials'})")
     folder = report.get("run_folder")
     if folder:
-        from sweeper.sweep.retention import human_bytes
+        from sweeper.study.retention import human_bytes
 
         console.print(f"run folder {folder['path']}: {human_bytes(folder['bytes'])}", highlight=False,
                       soft_wrap=True)

@@ -23,8 +23,8 @@ from sweeper.inspect import ic_views
 from sweeper.store import layout
 from sweeper.store.run_folder import study_folder
 from sweeper.store.studies import FINISHED, best_trial, n_infeasible
-from sweeper.sweep import retention
-from sweeper.sweep.constraints import FIGURES
+from sweeper.study import retention
+from sweeper.worker.constraints import FIGURES
 
 BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
                 "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")

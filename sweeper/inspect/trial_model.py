@@ -38,7 +38,7 @@ from sweeper.data.panel import Panel
 from sweeper.errors import DataError, SweeperError
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.run_folder import study_folder
-from sweeper.sweep.retention import retrain_command, weights_removed
+from sweeper.study.retention import retrain_command, weights_removed
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection

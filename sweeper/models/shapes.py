@@ -29,7 +29,7 @@ def shape_keys(cfg: C.SweeperConfig) -> list[str]:
 def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[dict[str, Any]] | None:
     """Every distinct set of model choices a trial can sample, in file order; None when
     there are more than ``limit``. Keys whose ``when`` condition fails are left out, as
-    :func:`sweeper.sweep.space.suggest` leaves them out."""
+    :func:`sweeper.study.space.suggest` leaves them out."""
     keys = shape_keys(cfg)
     choices = [cfg.search_space[k].choices or [] for k in keys]
     total = 1

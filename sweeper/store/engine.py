@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sqlite3
 import threading
 import warnings
@@ -37,6 +36,7 @@ from sqlalchemy import event
 from sweeper.errors import StorageError
 from sweeper.store import optuna_private as private
 from sweeper.store import outage
+from sweeper.store.identity import host_id
 from sweeper.store.locks import FileLock, acquire, advisory_key
 from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, redact, sqlite_path
 
@@ -81,7 +81,7 @@ def engine_kwargs(url: str) -> dict[str, Any]:
 def pg_connect_args() -> dict[str, Any]:
     """libpq settings: fail fast when the server is unreachable, notice a dead one,
     and name the host in ``pg_stat_activity``."""
-    host = os.environ.get("SWEEPER_HOST_ID") or socket.gethostname()
+    host = host_id()
     return {
         "connect_timeout": 10,
         "application_name": f"sweeper@{host}"[:63],

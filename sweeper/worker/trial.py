@@ -35,11 +35,12 @@ from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.store.outage import watch
-from sweeper.sweep import adoption, constraints, convergence, protocol, retention
-from sweeper.sweep.heartbeat import Heartbeat
-from sweeper.sweep.outcome import end_trial, fail_attrs
-from sweeper.sweep.samplers import build_pruner
-from sweeper.sweep.trial_hook import OptunaHook, progress_interval
+from sweeper.study import convergence, retention
+from sweeper.study.outcome import end_trial, fail_attrs
+from sweeper.study.samplers import build_pruner
+from sweeper.worker import adoption, constraints, protocol
+from sweeper.worker.heartbeat import Heartbeat
+from sweeper.worker.hook import OptunaHook, progress_interval
 
 
 class TrialRunner:

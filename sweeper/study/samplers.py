@@ -17,7 +17,7 @@ def build_sampler(cfg: SamplerConfig, seed: int | None = None) -> optuna.sampler
     """The configured sampler, seeded with ``seed`` when given, else with ``study.sampler.seed``.
 
     ``study.constraints`` needs nothing here: each worker stores its trial's constraint values
-    with ``Trial.set_constraint`` (:mod:`sweeper.sweep.constraints`), and Optuna 5's TPE and GP
+    with ``Trial.set_constraint`` (:mod:`sweeper.worker.constraints`), and Optuna 5's TPE and GP
     samplers read them from the stored trials. Their ``constraints_func`` (deprecated in 5.0)
     would not run anyway: Optuna calls it in the process that tells, the worker, whose study has
     the default sampler, not this one."""

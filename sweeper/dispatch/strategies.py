@@ -2,7 +2,7 @@
 
 - :class:`SlotDispatch`: one trial per free worker slot (``devices.trials_per_gpu: N``, CPU slots);
 - :class:`PackedDispatch`: trials packed on GPUs by their measured memory
-  (``devices.trials_per_gpu: auto``), through a :class:`~sweeper.sweep.packer.Packer`.
+  (``devices.trials_per_gpu: auto``), through a :class:`~sweeper.dispatch.packer.Packer`.
 
 The driver's loop calls the same methods on either (:func:`dispatch_for` picks one, once),
 so it has no packing branches. A strategy claims and starts trials through the driver's
@@ -19,10 +19,10 @@ from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig
 from sweeper.devices import Slot
+from sweeper.dispatch.handle import WorkerHandle
+from sweeper.dispatch.packer import Held, Packer, first_per_gpu, workers_by_gpu
+from sweeper.dispatch.stopping import TrialEnd
 from sweeper.store import optuna_private as private
-from sweeper.sweep.handle import WorkerHandle
-from sweeper.sweep.packer import Held, Packer, first_per_gpu, workers_by_gpu
-from sweeper.sweep.stopping import TrialEnd
 
 
 class Launcher(Protocol):

@@ -9,7 +9,7 @@ import math
 import time
 
 from sweeper.devices import Slot
-from sweeper.sweep.view import View
+from sweeper.dispatch.view import View
 
 WARN_REPEAT_S = 60.0  # an identical warning from one slot is shown at most this often
 

@@ -10,14 +10,14 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig
+from sweeper.dispatch.retries import reconcile
 from sweeper.errors import FailReason, StopRequested, StorageOutage
 from sweeper.store import optuna_private as private
+from sweeper.store.identity import Identity
 from sweeper.store.layout import trial_files
 from sweeper.store.locks import ClaimLock
-from sweeper.sweep.identity import Identity
-from sweeper.sweep.outcome import fail_trial
-from sweeper.sweep.retries import reconcile
-from sweeper.sweep.space import suggest
+from sweeper.study.outcome import fail_trial
+from sweeper.study.space import suggest
 
 # WAITING trials are not counted: they are retries queued for the next free
 # slot, and ask() hands them out before sampling anything new, so counting them

@@ -36,7 +36,7 @@ from sweeper.config import KeepConfig, StudyConfig, SweeperConfig
 from sweeper.errors import one_line
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.studies import ranked
-from sweeper.sweep.retry_rule import retry_plan
+from sweeper.study.retry_rule import retry_plan
 
 LIVE = (TrialState.RUNNING, TrialState.WAITING)
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)

@@ -26,8 +26,8 @@ from sweeper.config import DevicesConfig
 from sweeper.devices import GPU, probe
 from sweeper.devices.room import Policy, Room, ShapeKey, allotment_mb, charge_mb, choose, shape_key
 from sweeper.devices.slots import slots_per_gpu
+from sweeper.dispatch.handle import WorkerHandle
 from sweeper.store import optuna_private as private
-from sweeper.sweep.handle import WorkerHandle
 
 READ_EVERY_S = 1.0  # NVML is read at most this often: packing decisions need no fresher reading
 EXCLUSIVE_ATTR = "exclusive_gpu"  # set on a retry after an OOM while sharing: it runs alone

@@ -12,9 +12,9 @@ from sweeper import config as C
 from sweeper.errors import ConfigDrift, StudyNotFound
 from sweeper.store import SweeperStorage, quiet_optuna
 from sweeper.store.locks import ClaimLock
-from sweeper.sweep.plan import PanelSummary
-from sweeper.sweep.samplers import build_pruner, build_sampler, driver_seed
-from sweeper.sweep.warm_start import Queue
+from sweeper.study.samplers import build_pruner, build_sampler, driver_seed
+from sweeper.study.summary import PanelSummary
+from sweeper.study.warm_start import Queue
 
 NOTHING_QUEUED = Queue()
 
@@ -54,7 +54,7 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
     Only the driver that creates a study samples with ``study.sampler.seed`` itself,
     so a fresh single-driver study is reproducible; every driver that joins or
     resumes one reseeds from the seed, the trials so far and its ``driver_id``
-    (:func:`~sweeper.sweep.samplers.driver_seed`), so no two repeat each other."""
+    (:func:`~sweeper.study.samplers.driver_seed`), so no two repeat each other."""
     sampler, pruner = build_sampler(cfg.study.sampler), build_pruner(cfg.study.pruner)
     name = cfg.study.name
     with lock:  # concurrent create_study is a known deadlock; serialise it

@@ -23,7 +23,7 @@ from sweeper.errors import FailReason
 from sweeper.interrupt import StopToken
 from sweeper.store.layout import logs_dir
 from sweeper.store.studies import FINISHED
-from sweeper.sweep.convergence import Watch, min_trials
+from sweeper.study.convergence import Watch, min_trials
 
 
 class Ending(Enum):

@@ -1,6 +1,6 @@
 """Parent: stale trials and retries. A RUNNING trial whose driver is gone is failed as
 ``interrupted`` (with its reason recorded first), and every failure that deserves another
-go (:mod:`sweeper.sweep.retry_rule`) is queued with the same params and its checkpoint."""
+go (:mod:`sweeper.study.retry_rule`) is queued with the same params and its checkpoint."""
 from __future__ import annotations
 
 import time
@@ -12,9 +12,9 @@ from sweeper.config import StudyConfig
 from sweeper.errors import FailReason
 from sweeper.store import optuna_private as private
 from sweeper.store import outage
-from sweeper.sweep.identity import Identity, pid_alive
-from sweeper.sweep.outcome import fail_trial
-from sweeper.sweep.retry_rule import retry_plan
+from sweeper.store.identity import Identity, pid_alive
+from sweeper.study.outcome import fail_trial
+from sweeper.study.retry_rule import retry_plan
 
 
 def fail_dead_local(study: optuna.Study, ident: Identity) -> None:

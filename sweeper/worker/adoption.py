@@ -21,8 +21,8 @@ from sweeper import config as C
 from sweeper.core.checkpoint import checkpoint_meta, config_mismatch, copy_checkpoint
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import TrialFiles
-from sweeper.sweep.trial_hook import copy_csv_upto
 from sweeper.validation.runner import global_step, model_run, seeded
+from sweeper.worker.hook import copy_csv_upto
 
 
 def owner(study_uuid: str | None, number: int, fingerprint: str) -> dict[str, Any]:

@@ -2,11 +2,11 @@
 read their events, enforce time limits and the stall watchdog, and survive anything a
 trial does.
 
-As in Optuna's ``_optimize``: :func:`sweeper.sweep.run.run` (set-up and cleanup in
+As in Optuna's ``_optimize``: :func:`sweeper.dispatch.run.run` (set-up and cleanup in
 ``finally``) -> :meth:`Driver.loop` (slots, events, signals) -> the dispatch strategy
-(:mod:`sweeper.sweep.dispatch`: which worker takes the next trial). Each decision has one
-home: how a trial ends in the store, :mod:`sweeper.sweep.outcome`; what an ended trial
-changes here, :meth:`Driver._ended`; whether the sweep stops, :mod:`sweeper.sweep.stopping`.
+(:mod:`sweeper.dispatch.strategies`: which worker takes the next trial). Each decision has one
+home: how a trial ends in the store, :mod:`sweeper.study.outcome`; what an ended trial
+changes here, :meth:`Driver._ended`; whether the sweep stops, :mod:`sweeper.dispatch.stopping`.
 The view is fed by the events the loop handles; it never reads the study itself.
 """
 from __future__ import annotations
@@ -25,20 +25,20 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import config as C
 from sweeper.devices import Slot
+from sweeper.dispatch.baseline_job import BaselineJob
+from sweeper.dispatch.claim import ClaimSchedule, claim
+from sweeper.dispatch.handle import Running, WorkerHandle
+from sweeper.dispatch.notices import Warnings
+from sweeper.dispatch.stopping import StopRule, TrialEnd
+from sweeper.dispatch.strategies import dispatch_for
+from sweeper.dispatch.view import View
 from sweeper.errors import FailReason, StopRequested, StorageOutage, one_line
 from sweeper.interrupt import StopToken
+from sweeper.store.identity import Identity
 from sweeper.store.locks import ClaimLock
 from sweeper.store.studies import FINISHED, best_in
-from sweeper.sweep import protocol
-from sweeper.sweep.baseline_job import BaselineJob
-from sweeper.sweep.claim import ClaimSchedule, claim
-from sweeper.sweep.dispatch import dispatch_for
-from sweeper.sweep.handle import Running, WorkerHandle
-from sweeper.sweep.identity import Identity
-from sweeper.sweep.notices import Warnings
-from sweeper.sweep.outcome import fail_trial
-from sweeper.sweep.stopping import StopRule, TrialEnd
-from sweeper.sweep.view import View
+from sweeper.study.outcome import fail_trial
+from sweeper.worker import protocol
 
 MAX_EARLY_EXITS = 3
 CLOSE_WAIT_S = 10.0  # how long shutdown waits for workers to finish their step and exit
@@ -103,7 +103,7 @@ class Driver:
         except StopRequested:
             return  # Ctrl-C came while waiting for the lock or the store: the loop drains next
 
-    # layer 3: what a dispatch strategy asks for (sweeper.sweep.dispatch.Launcher)
+    # layer 3: what a dispatch strategy asks for (sweeper.dispatch.strategies.Launcher)
     def claim(self) -> optuna.Trial | None:
         """Claim a trial under the lock; None when there is none to start now."""
         trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen)

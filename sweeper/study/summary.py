@@ -1,15 +1,12 @@
-"""Parent: what ``prepare`` found, validated before anything is written, and carried to
-the study's attributes, the driver and the view: no module global, no second read."""
+"""What a study records of its panel, fixed for the whole study: written to the study's
+attributes by the parent, read back by the view and ``inspect``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sweeper import config as C
 from sweeper.data.folds import fold_dates, fold_layout
 from sweeper.data.panel import Panel
-from sweeper.devices import Slot
-from sweeper.sweep.warm_start import Queue
 
 
 @dataclass(frozen=True)
@@ -34,18 +31,3 @@ class PanelSummary:
             folds = fold_dates(panel, fold_layout(panel, cfg))
         return cls(source=panel.source, fingerprint=panel.fingerprint, features=list(panel.features),
                    split_dates=panel.split_dates(), oracle_ic=panel.oracle_ic, fold_dates=folds)
-
-
-@dataclass
-class Plan:
-    """Everything validated before anything is written."""
-
-    cfg: C.SweeperConfig
-    storage_url: str
-    run_dir: Path
-    artifacts: str
-    slots: list[Slot]
-    panel: PanelSummary
-    study_file: str = "STUDY.yaml"
-    # the parameter sets to enqueue when the study is opened (warm start, config, --enqueue)
-    queue: Queue = field(default_factory=Queue)

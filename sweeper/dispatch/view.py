@@ -1,5 +1,5 @@
 """Parent: what the driver shows while it runs goes through a :class:`View`. The views
-themselves (a rich live panel, plain log lines, nothing) live in :mod:`sweeper.inspect.live`;
+themselves (a rich live panel, plain log lines, nothing) live in :mod:`sweeper.dispatch.live`;
 each is fed by these calls alone and never polls the study."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig
 from sweeper.devices import Slot
-from sweeper.sweep.plan import Plan
-from sweeper.sweep.stopping import Outcome
+from sweeper.dispatch.plan import Plan
+from sweeper.dispatch.stopping import Outcome
 
 
 class View(Protocol):

@@ -26,7 +26,7 @@ from sweeper import config as C
 from sweeper.errors import ConfigError, StorageError
 from sweeper.store import open_storage, quiet_optuna, redact
 from sweeper.store.studies import ranked
-from sweeper.sweep.space import condition_met, ordered
+from sweeper.study.space import condition_met, ordered
 
 WARM_START_FROM = "warm_start_from"  # the user attribute that marks an enqueued trial
 

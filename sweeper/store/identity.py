@@ -22,11 +22,16 @@ class Identity:
 
     @classmethod
     def current(cls) -> Identity:
-        host = os.environ.get("SWEEPER_HOST_ID") or socket.gethostname()
-        return cls(host=host, pid=os.getpid(), driver_id=uuid.uuid4().hex[:12], pid_ns=_pid_namespace())
+        return cls(host=host_id(), pid=os.getpid(), driver_id=uuid.uuid4().hex[:12], pid_ns=_pid_namespace())
 
     def attrs(self) -> dict[str, Any]:
         return {"host": self.host, "driver_pid": self.pid, "driver_id": self.driver_id, "pid_ns": self.pid_ns}
+
+
+def host_id() -> str:
+    """This host's id: ``SWEEPER_HOST_ID`` (two pods, or a host renamed), else its name. The one
+    home of the rule: the driver's identity and the store's connection name both use it."""
+    return os.environ.get("SWEEPER_HOST_ID") or socket.gethostname()
 
 
 def _pid_namespace() -> str:

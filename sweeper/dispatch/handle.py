@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from sweeper.devices import Slot
 from sweeper.store.layout import slot_log
-from sweeper.sweep import protocol
+from sweeper.worker import protocol
 
 
 @dataclass
@@ -53,7 +53,7 @@ class WorkerHandle:
         env["SWEEPER_DRIVER_PID"] = str(os.getpid())  # the worker checks it still has this parent
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             # own session: a terminal Ctrl-C reaches only the driver, which relays it
-            self.proc = subprocess.Popen([sys.executable, "-m", "sweeper.sweep.worker"],
+            self.proc = subprocess.Popen([sys.executable, "-m", "sweeper.worker.main"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
                                          start_new_session=True)
         self.ready, self.was_ready, self.running = False, False, None

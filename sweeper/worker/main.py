@@ -1,9 +1,9 @@
 """The worker: a long-lived process per device slot that trains the trials the
 driver hands it, through the shared training core, and records them in the store.
 
-The driver starts it with ``python -m sweeper.sweep.worker`` and an environment
+The driver starts it with ``python -m sweeper.worker.main`` and an environment
 that pins it to one GPU (CUDA_VISIBLE_DEVICES) or to CPU threads. It speaks the
-JSON lines of :mod:`sweeper.sweep.protocol`: commands on stdin, events on a
+JSON lines of :mod:`sweeper.worker.protocol`: commands on stdin, events on a
 private copy of stdout (stdout itself is pointed at stderr, the slot log, so
 that stray prints cannot corrupt the protocol).
 
@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from sweeper.errors import StopRequested
 from sweeper.interrupt import StopToken
 from sweeper.store import outage
-from sweeper.sweep import protocol
+from sweeper.worker import protocol
 
 PR_SET_PDEATHSIG = 1
 
@@ -103,7 +103,7 @@ def main() -> int:
     init = commands.next()
     if init is None or init.get("op") != protocol.INIT:
         return 2
-    from sweeper.sweep.worker_trial import TrialRunner  # heavy imports (torch) after the handshake starts
+    from sweeper.worker.trial import TrialRunner  # heavy imports (torch) after the handshake starts
 
     runner = TrialRunner(init, commands.stop)
     # a trial waiting out a storage outage makes no step: tell the driver's stall watchdog it lives

@@ -4,7 +4,7 @@ the study is touched, then the sweep itself with its cleanup in ``finally``.
 :func:`prepare` validates config names, data, devices and storage and writes nothing to
 the study or the run folder (with ``data.cache: true`` loading the data builds, or evicts,
 panel cache entries: that is the cache's job); :func:`run` makes the sweep's stop token,
-attaches to the study under the claim lock, starts the :class:`~sweeper.sweep.driver.Driver`
+attaches to the study under the claim lock, starts the :class:`~sweeper.dispatch.driver.Driver`
 and always shuts its workers down.
 """
 from __future__ import annotations
@@ -20,23 +20,24 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper import config as C
+from sweeper.dispatch.driver import Driver
+from sweeper.dispatch.plan import Plan
+from sweeper.dispatch.stopping import Outcome
+from sweeper.dispatch.telemetry import Telemetry
+from sweeper.dispatch.view import View
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
 from sweeper.interrupt import NEVER, StopToken
 from sweeper.store import check_artifacts, claim_lock, open_storage, run_folder
+from sweeper.store.identity import Identity
 from sweeper.store.layout import devices_csv, run_dir
 from sweeper.store.locks import ClaimLock
 from sweeper.store.outage import release, watch
 from sweeper.store.studies import best_trial
-from sweeper.sweep import retention
-from sweeper.sweep.driver import Driver
-from sweeper.sweep.identity import Identity
-from sweeper.sweep.plan import PanelSummary, Plan
-from sweeper.sweep.samplers import build_pruner, check_sampler
-from sweeper.sweep.stopping import Outcome
-from sweeper.sweep.study import open_study, study_attrs
-from sweeper.sweep.telemetry import Telemetry
-from sweeper.sweep.view import View
-from sweeper.sweep.warm_start import start_queue
+from sweeper.study import retention
+from sweeper.study.open import open_study, study_attrs
+from sweeper.study.samplers import build_pruner, check_sampler
+from sweeper.study.summary import PanelSummary
+from sweeper.study.warm_start import start_queue
 
 
 def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True,

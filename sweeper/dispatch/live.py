@@ -1,6 +1,6 @@
 """What the driver shows while it runs: a rich live view on a terminal, plain
 log lines otherwise, nothing in library use. Each implements
-:class:`sweeper.sweep.view.View`: the driver calls the same methods on each
+:class:`sweeper.dispatch.view.View`: the driver calls the same methods on each
 (null-object style), so it has no branches for output, and each view is fed by
 those calls alone: it never polls the study.
 """
@@ -15,10 +15,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig, objective_label
 from sweeper.devices import Slot
+from sweeper.dispatch.plan import Plan
+from sweeper.dispatch.stopping import Outcome
 from sweeper.inspect.printing import fmt
 from sweeper.inspect.results import oracle_fractions
-from sweeper.sweep.plan import Plan
-from sweeper.sweep.stopping import Outcome
 
 
 def summary_lines(outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 
 from sweeper.interrupt import StopToken
-from sweeper.sweep import protocol
+from sweeper.worker import protocol
 
 PROGRESS_EVERY_S = 5.0  # the most a progress event waits; shorter when study.stall_timeout is short
 

@@ -23,11 +23,11 @@ from typing import IO, Any
 import optuna
 
 from sweeper import config as C
+from sweeper.dispatch.handle import WorkerHandle
 from sweeper.errors import one_line
+from sweeper.store.identity import Identity
 from sweeper.store.layout import baseline_log
 from sweeper.store.locks import ClaimLock
-from sweeper.sweep.handle import WorkerHandle
-from sweeper.sweep.identity import Identity
 
 CLAIMABLE = ("interrupted",)  # states a later sweep may claim again
 

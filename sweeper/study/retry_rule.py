@@ -1,7 +1,7 @@
 """Which failed trials deserve another go, and with what: the one home of the retry rule.
 
 A pure function of the stored trials, read by the parent's reconcile (which enqueues the
-retries, :mod:`sweeper.sweep.retries`) and by ``study.keep`` (:mod:`sweeper.sweep.retention`,
+retries, :mod:`sweeper.dispatch.retries`) and by ``study.keep`` (:mod:`sweeper.study.retention`,
 in the worker too), which keeps the checkpoint a due retry will resume from.
 """
 from __future__ import annotations
