@@ -4,7 +4,7 @@
 file, a missing column, an unreachable store). The CLI maps them to one message
 and exit code 2. ``TrialFailure`` subclasses end one trial, never the sweep;
 ``reason`` is the trial's ``fail_reason`` user attribute (written through
-:func:`sweeper.study.outcome.fail_attrs`, by its worker or its driver).
+:func:`sweeper.study.ending.fail_attrs`, by its worker or its driver).
 """
 from __future__ import annotations
 

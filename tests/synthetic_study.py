@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +84,7 @@ def _daily(path: Path, mean: float, dates: pd.DatetimeIndex, rng: np.random.Gene
 
 def _utc(value: datetime | None) -> datetime | None:
     # the trials table holds naive UTC; FrozenTrial holds naive local time
-    return None if value is None else value.astimezone(timezone.utc).replace(tzinfo=None)
+    return None if value is None else value.astimezone(UTC).replace(tzinfo=None)
 
 
 def _bulk_add(storage: optuna.storages.RDBStorage, study_id: int, trials: list[FrozenTrial]) -> None:
@@ -133,7 +133,7 @@ def build(root: Path, n: int = 500, n_daily: int = 60, name: str = "big", seed: 
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
     study.set_user_attr("oracle_ic", {"train": 0.1, "valid": 0.08, "test": 0.075})
     rng = np.random.default_rng(seed)
-    clock = {d: START for d in DEVICES}
+    clock = dict.fromkeys(DEVICES, START)
     trials = [_trial(k, rng, clock) for k in range(n)]
     # one trial still running on the first slot, started 10 s ago; the history is shifted to end then
     shift = datetime.now().replace(microsecond=0) - timedelta(seconds=10) - clock[DEVICES[0]]

@@ -209,7 +209,7 @@ class FakeNvml(types.ModuleType):
     class NVMLError(Exception):
         pass
 
-    class NVMLError_NoPermission(NVMLError):  # noqa: N801 - pynvml's name
+    class NVMLError_NoPermission(NVMLError):
         pass
 
     nvmlMemory_v2 = 0x2000028

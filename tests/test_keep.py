@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import optuna
-import pytest
 import yaml
 from click.testing import CliRunner
 from optuna.distributions import FloatDistribution

@@ -130,7 +130,7 @@ def test_a_trial_failed_by_another_driver_is_dropped_cleanly_and_rerun(study_fil
     import time
 
     from sweeper.errors import FailReason
-    from sweeper.study.outcome import fail_trial
+    from sweeper.study.ending import fail_trial
 
     path = study_file({"study": {"n_trials": 2, "grace_period": 60},
                        "model": {"name": "fault_models:Slow", "step_sleep": 0.1},

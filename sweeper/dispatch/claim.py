@@ -16,7 +16,7 @@ from sweeper.store import optuna_private as private
 from sweeper.store.identity import Identity
 from sweeper.store.layout import trial_files
 from sweeper.store.locks import ClaimLock
-from sweeper.study.outcome import fail_trial
+from sweeper.study.ending import fail_trial
 from sweeper.study.space import suggest
 
 # WAITING trials are not counted: they are retries queued for the next free

@@ -5,7 +5,7 @@ trial does.
 As in Optuna's ``_optimize``: :func:`sweeper.dispatch.run.run` (set-up and cleanup in
 ``finally``) -> :meth:`Driver.loop` (slots, events, signals) -> the dispatch strategy
 (:mod:`sweeper.dispatch.strategies`: which worker takes the next trial). Each decision has one
-home: how a trial ends in the store, :mod:`sweeper.study.outcome`; what an ended trial
+home: how a trial ends in the store, :mod:`sweeper.study.ending`; what an ended trial
 changes here, :meth:`Driver._ended`; whether the sweep stops, :mod:`sweeper.dispatch.stopping`.
 The view is fed by the events the loop handles; it never reads the study itself.
 """
@@ -37,7 +37,7 @@ from sweeper.interrupt import StopToken
 from sweeper.store.identity import Identity
 from sweeper.store.locks import ClaimLock
 from sweeper.store.studies import FINISHED, best_in
-from sweeper.study.outcome import fail_trial
+from sweeper.study.ending import fail_trial
 from sweeper.worker import protocol
 
 MAX_EARLY_EXITS = 3

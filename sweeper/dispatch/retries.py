@@ -13,7 +13,7 @@ from sweeper.errors import FailReason
 from sweeper.store import optuna_private as private
 from sweeper.store import outage
 from sweeper.store.identity import Identity, pid_alive
-from sweeper.study.outcome import fail_trial
+from sweeper.study.ending import fail_trial
 from sweeper.study.retry_rule import retry_plan
 
 

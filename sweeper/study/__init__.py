@@ -6,7 +6,7 @@ neither :mod:`sweeper.dispatch` nor :mod:`sweeper.worker` (``tests/test_architec
 - :mod:`~sweeper.study.samplers` and :mod:`~sweeper.study.space`: sampler and pruner from the
   config, ``search_space`` -> Optuna suggestions;
 - :mod:`~sweeper.study.warm_start`: the parameter sets a new study runs first;
-- :mod:`~sweeper.study.outcome`: how a trial ends in the store (its reason, then its state);
+- :mod:`~sweeper.study.ending`: how a trial ends in the store (its reason, then its state);
 - :mod:`~sweeper.study.retry_rule`: which failed trials deserve another go (a pure rule);
 - :mod:`~sweeper.study.retention`: ``study.keep``: which finished trials' files go;
 - :mod:`~sweeper.study.convergence`: the Terminator's evaluators over the fold scores.

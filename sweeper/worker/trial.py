@@ -36,7 +36,7 @@ from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.store.outage import watch
 from sweeper.study import convergence, retention
-from sweeper.study.outcome import end_trial, fail_attrs
+from sweeper.study.ending import end_trial, fail_attrs
 from sweeper.study.samplers import build_pruner
 from sweeper.worker import adoption, constraints, protocol
 from sweeper.worker.heartbeat import Heartbeat
