@@ -1,0 +1,89 @@
+"""The run grid: the one place that knows how a trial's training runs are laid out.
+
+A trial trains ``folds x repeats`` runs (fold-major: every seed of fold 1, then fold 2, ...),
+each of ``train.epochs`` epochs. A holdout trial is the degenerate grid: one fold of one seed
+(or of ``repeats`` seeds). Everything that steps through runs, numbers them or decodes a stored
+step asks this value: the worker's hook and the runner, a retry's replay, ``status``, ``best``,
+``predict``, ``refit`` and the report.
+
+Indices are 0-based here (``fold``, ``seed``) and epochs 1-based, as the core counts them; the
+files and the stored attributes say fold and seed 1-based (``runs/fold-<f>.seed-<r>/``).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sweeper.config import SweeperConfig
+
+
+@dataclass(frozen=True)
+class RunGrid:
+    """``folds`` x ``repeats`` runs of ``epochs`` epochs each."""
+
+    folds: int = 1
+    repeats: int = 1
+    epochs: int = 1
+
+    @classmethod
+    def of(cls, cfg: SweeperConfig) -> RunGrid:
+        """The grid of a trial trained under ``cfg`` (its validation section and train.epochs)."""
+        return cls(cfg.validation.n_folds, cfg.validation.repeats, cfg.train.epochs)
+
+    @property
+    def runs(self) -> int:
+        return self.folds * self.repeats
+
+    @property
+    def single(self) -> bool:
+        """One run: the trial's files are that run's own, and its rows name no fold or seed."""
+        return self.runs == 1
+
+    @property
+    def model_run(self) -> tuple[int, int]:
+        """(fold, seed) of the run whose model is the trial's: the last fold's first seed."""
+        return self.folds - 1, 0
+
+    def is_model(self, fold: int, seed: int) -> bool:
+        return (fold, seed) == self.model_run
+
+    def cells(self) -> Iterator[tuple[int, int]]:
+        """Every (fold, seed), in the order they train."""
+        for fold in range(self.folds):
+            for seed in range(self.repeats):
+                yield fold, seed
+
+    @property
+    def last(self) -> tuple[int, int]:
+        return self.folds - 1, self.repeats - 1
+
+    def step(self, fold: int, seed: int, epoch: int) -> int:
+        """The intermediate value's step of a run's epoch: ``(fold * repeats + seed) * epochs +
+        epoch``, so the pruner compares trials at the same fold, seed and epoch (under holdout
+        with one seed, the epoch itself)."""
+        return (fold * self.repeats + seed) * self.epochs + epoch
+
+    def position(self, step: int) -> tuple[int, int, int]:
+        """(fold, seed, epoch) of a stored step: the inverse of :meth:`step`."""
+        run, epoch = divmod(max(int(step), 1) - 1, max(self.epochs, 1))
+        fold, seed = divmod(run, self.repeats)
+        return fold, seed, epoch + 1
+
+    def columns(self, fold: int, seed: int) -> dict[str, int]:
+        """The columns that name a run in ``metrics.csv`` rows and epoch events, 1-based: none for
+        a single run (a holdout trial's rows are as they always were)."""
+        return {} if self.single else {"fold": fold + 1, "repeat": seed + 1}
+
+    def step_of_row(self, row: dict[str, str]) -> int:
+        """:meth:`step` of a ``metrics.csv`` row (its ``fold`` and ``repeat`` columns, if any)."""
+        epoch = int(float(row["epoch"]))
+        if row.get("fold") and row.get("repeat"):
+            return self.step(int(row["fold"]) - 1, int(row["repeat"]) - 1, epoch)
+        return epoch
+
+
+def seeded(cfg: SweeperConfig, seed: int) -> SweeperConfig:
+    """The config of the run with seed index ``seed`` (0-based): ``train.seed + seed``."""
+    if seed == 0:
+        return cfg
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": cfg.train.seed + seed})})
