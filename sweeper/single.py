@@ -29,7 +29,7 @@ class TableHook(NullHook):
         self.header = False
 
     def begin_run(self, fold: int, repeat: int, offset: int) -> None:
-        """A walk-forward fold's (or a seed repeat's) run begins: a line that says which, and a
+        """A run of several (a walk-forward fold's, or a seed repeat's) begins: a line that says which, and a
         fresh header over its epochs."""
         self.console.print(f"fold {fold + 1}, seed {repeat + 1}", highlight=False)
         self.header = False
@@ -54,7 +54,6 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Train with ``cfg`` and return the final metrics (the ``--json`` keys)."""
     from rich.console import Console
 
-    from sweeper.core import train
     from sweeper.data import load_panel
 
     started = time.monotonic()  # train.max_minutes counts from here, loading the data included
@@ -63,10 +62,7 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     console.print(f"data: {panel.source}: {len(panel.dates)} dates x {len(panel.assets)} assets x "
                   f"{len(panel.features)} features; model {cfg.model.name}", highlight=False)
     with console.status("training...") if console.is_terminal else nullcontext():
-        if cfg.validation.runs > 1:  # walk_forward or seed repeats: every run, scored as a sweep's trial
-            m = _train_runs(cfg, panel, TableHook(console), started)
-        else:
-            m = train(cfg, panel, hook=TableHook(console), log=lambda line: None, started=started).metrics
+        m = _train_runs(cfg, panel, TableHook(console), started)
     if "fold_val_ic" in m:
         folds = " ".join(_cell(v) for v in m["fold_val_ic"])
         mean, se = _cell(m.get("val_ic")), _cell(m.get("val_ic_se"))
@@ -82,13 +78,13 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
 
 
 def _train_runs(cfg: C.SweeperConfig, panel: Panel, hook: TableHook, started: float) -> dict[str, Any]:
-    """The folds x seeds of ``validation`` (nothing kept on disk): the trial's attributes, with
-    ``value`` (the objective) and the last fold's first seed's test scores."""
+    """The runs of the trial's grid, as a sweep's trial trains them (nothing kept on disk): one
+    run's metrics, or with folds or seeds the trial's attributes with ``value`` (the objective)
+    and the model run's test scores."""
     from sweeper.validation import Trainer, record, train_runs
 
     out = train_runs(panel, Trainer(cfg, hook, started, log=lambda line: None))
-    value, attrs = record.attrs_of(out, cfg)
-    return {"value": value, **attrs}
+    return record.summary(out, cfg)
 
 
 def _plain(value: Any) -> Any:

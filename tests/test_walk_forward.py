@@ -23,7 +23,7 @@ from sweeper.config import load_config
 from sweeper.data.load import load_panel
 from sweeper.interrupt import StopToken
 from sweeper.store.layout import trial_files
-from sweeper.validation import RunStore, Trainer, daily_valid, global_step, objective, train_runs, trial_attrs
+from sweeper.validation import RunGrid, RunStore, Trainer, daily_valid, objective, train_runs, trial_attrs
 from sweeper.worker.hook import OptunaHook
 
 WF = {"validation": {"scheme": "walk_forward", "folds": 3}}
@@ -33,7 +33,7 @@ def _outcome(path, tmp_path, **over):
     cfg = C.with_overrides(load_config(path), over, "test") if over else load_config(path)
     files = trial_files(tmp_path / "run", 0)
     files.folder.mkdir(parents=True)
-    store = RunStore(files, {"study_uuid": None, "trial": 0, "fingerprint": "x"})
+    store = RunStore(files, {"study_uuid": None, "trial": 0, "fingerprint": "x"}, RunGrid.of(cfg))
     return cfg, files, train_runs(load_panel(cfg.data), Trainer(cfg, _Hook(), time.monotonic(), store=store))
 
 
@@ -81,7 +81,7 @@ def test_runs_and_scores_in_process(study_file, tmp_path):
             assert (result["fold"], result["repeat"], result["seed"]) == (f + 1, r + 1, r)
     assert (files.run(3, 1) / "weights.pt").exists() and not (files.run(2, 1) / "weights.pt").exists()
     again = train_runs(load_panel(cfg.data), Trainer(cfg, _Hook(), time.monotonic(),
-                                                     store=RunStore(files, {})))
+                                                     store=RunStore(files, {}, RunGrid.of(cfg))))
     assert again.model is None
     assert [r.metrics["val_ic"] for r in again.runs] == [r.metrics["val_ic"] for r in out.runs]
     # only the model (the last fold's first seed) is scored on test
@@ -242,7 +242,7 @@ def test_kill_9_in_fold_3_resumes_in_fold_3(study_file):
     assert retry.user_attrs["folds_run"] == 3 and len(retry.user_attrs["fold_val_ic"]) == 3
     for key in ((1, 1), (2, 1)):  # the finished runs are the original's
         assert _results(1)[key] == _results(0)[key]
-    replayed = global_step(load_config(path), 2, 0, epoch)
+    replayed = RunGrid.of(load_config(path)).step(2, 0, epoch)
     for step in range(1, replayed + 1):
         assert retry.intermediate_values[step] == original.intermediate_values[step]
     assert sorted(retry.intermediate_values) == list(range(1, 3 * 3 + 1))
@@ -275,7 +275,7 @@ def test_pruned_in_fold_1_runs_no_later_fold(study_file, tmp_path):
     files = trial_files(tmp_path / "run", trial.number)
     files.folder.mkdir(parents=True)
     hook = OptunaHook(trial, "val_ic", trial.number, files.metrics, StopToken())
-    out = train_runs(load_panel(cfg.data), Trainer(cfg, hook, time.monotonic(), store=RunStore(files, {})))
+    out = train_runs(load_panel(cfg.data), Trainer(cfg, hook, time.monotonic(), store=RunStore(files, {}, RunGrid.of(cfg))))
     assert hook.pruned and out.cut_short == "pruned" and out.folds_run == 1
     assert [p.name for p in files.runs.iterdir()] == ["fold-1.seed-1"]
     assert list(study.trials[1].intermediate_values) == [1]
@@ -290,12 +290,12 @@ def test_steps_run_on_across_folds_and_seeds(study_file, tmp_path):
     files = trial_files(tmp_path / "run", 0)
     files.folder.mkdir(parents=True)
     hook = OptunaHook(trial, "val_ic", 0, files.metrics, StopToken())
-    out = train_runs(load_panel(cfg.data), Trainer(cfg, hook, time.monotonic(), store=RunStore(files, {})))
+    out = train_runs(load_panel(cfg.data), Trainer(cfg, hook, time.monotonic(), store=RunStore(files, {}, RunGrid.of(cfg))))
     values = study.trials[0].intermediate_values
     assert sorted(values) == list(range(1, 9))
     metrics = pd.read_csv(files.metrics)
     for row in metrics.itertuples():
-        step = global_step(cfg, row.fold - 1, row.repeat - 1, row.epoch)
+        step = RunGrid.of(cfg).step(row.fold - 1, row.repeat - 1, row.epoch)
         assert values[step] == row.val_ic
     assert out.folds_run == 2
 

@@ -40,6 +40,15 @@ class RunGrid:
         return self.runs == 1
 
     @property
+    def folded(self) -> bool:
+        """Walk-forward: several folds (a holdout trial's grid is one fold)."""
+        return self.folds > 1
+
+    def label(self, fold: int) -> str:
+        """How a run's fold is named in its log line."""
+        return f"fold {fold + 1}/{self.folds}" if self.folded else "holdout"
+
+    @property
     def model_run(self) -> tuple[int, int]:
         """(fold, seed) of the run whose model is the trial's: the last fold's first seed."""
         return self.folds - 1, 0

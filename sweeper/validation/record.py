@@ -1,8 +1,9 @@
-"""What a trial of several runs leaves: its objective, its user attributes and its files.
+"""What a trial leaves: its objective, its user attributes and its files, from its runs.
 
-The trial's model is the last fold's first seed (:func:`~sweeper.validation.runner.model_run`):
-its weights, normalisation statistics, test scores and ``daily_ic_test.csv`` are the trial's.
-``daily_ic_valid.csv`` holds every fold's valid block (the mean over seeds), with its fold.
+The trial's model is the grid's model run (the last fold's first seed,
+:attr:`~sweeper.validation.grid.RunGrid.model_run`): its weights, normalisation statistics, test
+scores and ``daily_ic_test.csv`` are the trial's. ``daily_ic_valid.csv`` holds every fold's
+valid block (the mean over seeds), with its fold; a trial of one run keeps that run's own.
 """
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from sweeper.validation import runner as R
 from sweeper.validation.scores import MEANED, daily_valid, fold_scores, objective, trial_attrs
 
 
-def attrs_of(out: R.Outcome, cfg: SweeperConfig) -> tuple[float, dict[str, Any]]:
+def attrs_of(out: R.TrialRuns, cfg: SweeperConfig) -> tuple[float, dict[str, Any]]:
     """(the objective, the user attributes): the aggregates of every run, and the model run's own
     figures (test scores, best epoch, batch sizes); without a model run (cut short before the
     last fold), the last run's figures other than test scores, which only the model has."""
-    model = next((r for r in out.runs if (r.fold, r.repeat) == R.model_run(cfg)), None)
+    model = next((r for r in out.runs if out.grid.is_model(r.fold, r.repeat)), None)
     own = (model or out.runs[-1]).metrics if out.runs else {}
     base = {k: v for k, v in own.items() if k not in MEANED}
     attrs = {**base, **trial_attrs(out.runs, cfg, folds_run=out.folds_run, fold_dates=out.fold_dates,
@@ -33,26 +34,41 @@ def attrs_of(out: R.Outcome, cfg: SweeperConfig) -> tuple[float, dict[str, Any]]
     return objective(out.runs, cfg), attrs
 
 
-def terminator_scores(out: R.Outcome, cfg: SweeperConfig) -> list[float]:
-    """The fold scores of ``study.metric`` (one fold, under holdout with repeats: the seed scores)."""
-    if cfg.validation.n_folds > 1:
+def summary(out: R.TrialRuns, cfg: SweeperConfig) -> dict[str, Any]:
+    """``sweeper train --json``: one run's own metrics, or the trial's attributes with its
+    ``value`` (the objective) when it made several."""
+    if out.grid.single and out.model is not None:
+        return dict(out.model.metrics)
+    value, attrs = attrs_of(out, cfg)
+    return {"value": value, **attrs}
+
+
+def terminator_scores(out: R.TrialRuns, cfg: SweeperConfig) -> list[float]:
+    """The fold scores of ``study.metric`` (one fold of several seeds: the seed scores; one run:
+    its one score, which the Terminator cannot use)."""
+    if out.grid.folded:
         return fold_scores(out.runs, cfg.study.metric)
     return [float(r.metrics.get(cfg.study.metric, float("nan"))) for r in out.runs]
 
 
-def first_seed_predictions(out: R.Outcome) -> dict[str, pd.DataFrame]:
+def first_seed_predictions(out: R.TrialRuns) -> dict[str, pd.DataFrame]:
     """``{"valid": ...}``: the first seed's valid predictions of every fold, in date order (what
     ``study.constraints`` judges; the blocks are disjoint)."""
     frames = [frame for (fold, repeat), frame in sorted(out.predictions.items()) if repeat == 0]
     return {"valid": pd.concat(frames, ignore_index=True)} if frames else {}
 
 
-def write_files(out: R.Outcome, cfg: SweeperConfig, files: TrialFiles) -> None:
+def write_files(out: R.TrialRuns, files: TrialFiles, store: R.RunStore) -> None:
     """The trial's own files from its runs: daily_ic_valid.csv, and the model run's weights
     (moved: the run's folder keeps no second copy), norm_stats.json and daily_ic_test.csv."""
+    if out.grid.single:
+        if out.model is not None:  # one run: its own daily IC files, as they always were
+            for split, frame in out.model.daily.items():
+                frame.to_csv(files.daily_ic(split), index=False)
+        return
     with atomic_path(files.daily_ic("valid")) as tmp:
         daily_valid(out.daily).to_csv(tmp, index=False)
-    folder = files.run(*(i + 1 for i in R.model_run(cfg)))
+    folder = store.folder(*out.grid.model_run)
     weights = folder / R.WEIGHTS
     if weights.exists():
         os.replace(weights, files.weights)

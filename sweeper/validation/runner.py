@@ -1,16 +1,18 @@
-"""Training one trial over its walk-forward folds and seed repeats: the one loop that runs
-them (docs/walk-forward.md).
+"""Training one trial: the one loop over its run grid (docs/walk-forward.md).
 
-Runs go fold by fold, seed by seed (seed ``r`` trains with ``train.seed + r``), each through
-:func:`sweeper.core.train` on the fold's panel (:func:`sweeper.data.folds.fold_panel`, built
-once per fold). A run that finished is recorded in its folder, ``runs/fold-<f>.seed-<r>/``,
+A trial trains the runs of its :class:`~sweeper.validation.grid.RunGrid`, fold by fold, seed
+by seed (seed ``r`` trains with ``train.seed + r``), each through :func:`sweeper.core.train` on
+the fold's panel (:func:`sweeper.data.folds.fold_panel`, built once per fold). Without
+walk-forward folds the grid is one fold: the panel's own split. With one run (one fold of one seed) the
+trial's files are that run's, as they always were.
+
+With several runs, a run that finished is recorded in its folder, ``runs/fold-<f>.seed-<r>/``,
 ``result.json`` written last: a retry skips the runs that have one and continues the run in
 progress from the trial's checkpoint, whose owner stamp names its fold and repeat.
 
-The run stops early, leaving the later folds unrun, when the run is pruned (the hook reports at
-the global step ``(f * repeats + r) * epochs + epoch``, so the study's pruner compares trials
-at the same fold, seed and epoch) or when ``train.max_minutes``, counted from the trial's
-start across all folds, runs out.
+The trial stops early, leaving the later runs unrun, when a run is pruned (the hook reports at
+the grid's global step, so the study's pruner compares trials at the same fold, seed and epoch)
+or when ``train.max_minutes``, counted from the trial's start across all runs, runs out.
 """
 from __future__ import annotations
 
@@ -36,37 +38,22 @@ from sweeper.data.folds import Fold, fold_dates, fold_layout, fold_panel
 from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
 from sweeper.store.layout import TrialFiles
-from sweeper.validation.scores import Run
+from sweeper.validation.grid import RunGrid, seeded
+from sweeper.validation.scores import TrainingRun
 
 RESULT, PREDICTIONS, DAILY = "result.json", "predictions_valid.parquet", "daily_ic_valid.csv"
 WEIGHTS, NORM_STATS, DAILY_TEST = "weights.pt", "norm_stats.json", "daily_ic_test.csv"
 CUT_SHORT = ("pruned", "time")  # a run that ended so ends the trial's runs
 
 
-def seeded(cfg: SweeperConfig, repeat: int) -> SweeperConfig:
-    """The config of repeat ``repeat`` (0-based): seed ``train.seed + repeat``."""
-    if repeat == 0:
-        return cfg
-    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": cfg.train.seed + repeat})})
-
-
-def global_step(cfg: SweeperConfig, fold: int, repeat: int, epoch: int) -> int:
-    """The intermediate value's step of a run's epoch (fold, repeat 0-based; epoch 1-based)."""
-    return (fold * cfg.validation.repeats + repeat) * cfg.train.epochs + epoch
-
-
-def model_run(cfg: SweeperConfig) -> tuple[int, int]:
-    """(fold, repeat) of the run whose model is the trial's: the last fold's first seed."""
-    return cfg.validation.n_folds - 1, 0
-
-
 @dataclass
-class Outcome:
+class TrialRuns:
     """The runs a trial made (or a retry found finished), in order, and why they stopped."""
 
+    grid: RunGrid
     folds: list[Fold]
     fold_dates: list[dict[str, list[str]]]
-    runs: list[Run] = field(default_factory=list)
+    runs: list[TrainingRun] = field(default_factory=list)
     predictions: dict[tuple[int, int], pd.DataFrame] = field(default_factory=dict)
     daily: dict[tuple[int, int], pd.DataFrame] = field(default_factory=dict)
     model: TrainResult | None = None  # the model run's result, when it trained in this process
@@ -81,10 +68,14 @@ class Outcome:
     def stop_reason(self) -> str:
         return self.cut_short or (self.runs[-1].stop_reason if self.runs else "epochs")
 
+    def add(self, run: TrainingRun, predictions: pd.DataFrame, daily: pd.DataFrame) -> None:
+        self.runs.append(run)
+        self.predictions[(run.fold, run.repeat)], self.daily[(run.fold, run.repeat)] = predictions, daily
+
 
 class RunCheckpointer(FileCheckpointer):
-    """The trial's checkpoint, as seen by one run: it loads only a state its own run saved
-    (the file may hold the previous run's last epoch until this run saves its first)."""
+    """The trial's checkpoint, as seen by one run of several: it loads only a state its own run
+    saved (the file may hold the previous run's last epoch until this run saves its first)."""
 
     def load(self) -> dict | None:
         state = super().load()
@@ -96,48 +87,56 @@ class RunCheckpointer(FileCheckpointer):
 
 
 class RunStore:
-    """A trial's ``runs/`` folder: which runs finished, their files, their checkpointer."""
+    """Where a trial's runs keep their files: with one run, the trial's own folder (no run
+    folder, nothing to skip on a retry); with several, ``runs/`` (finished runs are skipped)."""
 
-    def __init__(self, files: TrialFiles, stamp: dict[str, Any]) -> None:
-        self.files, self.stamp = files, stamp
+    def __init__(self, files: TrialFiles, stamp: dict[str, Any], grid: RunGrid) -> None:
+        self.files, self.stamp, self.grid = files, stamp, grid
 
     def folder(self, fold: int, repeat: int) -> Path:
-        return self.files.run(fold + 1, repeat + 1)
+        return self.files.folder if self.grid.single else self.files.run(fold + 1, repeat + 1)
 
-    def finished(self, fold: int, repeat: int) -> Run | None:
+    def finished(self, fold: int, repeat: int) -> TrainingRun | None:
         path = self.folder(fold, repeat) / RESULT
-        if not path.exists():
+        if self.grid.single or not path.exists():
             return None
         raw = json.loads(path.read_text())
         metrics = {k: (math.nan if v is None else v) for k, v in raw["metrics"].items()}
-        return Run(int(raw["fold"]) - 1, int(raw["repeat"]) - 1, int(raw["seed"]), metrics,
-                   str(raw.get("stop_reason", "epochs")))
+        return TrainingRun(int(raw["fold"]) - 1, int(raw["repeat"]) - 1, int(raw["seed"]), metrics,
+                           str(raw.get("stop_reason", "epochs")))
 
     def frames(self, fold: int, repeat: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         folder = self.folder(fold, repeat)
         return pd.read_parquet(folder / PREDICTIONS), pd.read_csv(folder / DAILY, parse_dates=["date"])
 
-    def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]]) -> RunCheckpointer:
+    def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]]) -> FileCheckpointer:
+        if self.grid.single:  # the stamp names no run: a retry of a one-run trial continues it
+            return FileCheckpointer(self.files.checkpoint, self.stamp)
         owner = {**self.stamp, "fold": fold + 1, "repeat": repeat + 1, "fold_dates": dates}
         return RunCheckpointer(self.files.checkpoint, owner)
 
-    def save(self, run: Run, result: TrainResult, panel: Panel, is_model: bool) -> None:
+    def save(self, run: TrainingRun, result: TrainResult, panel: Panel) -> None:
+        """The run's files; the model run's weights, normalisation and daily test IC too (the
+        worker moves them into the trial's folder). ``result.json`` last: the run is finished."""
         folder = self.folder(run.fold, run.repeat)
         folder.mkdir(parents=True, exist_ok=True)
+        if self.grid.is_model(run.fold, run.repeat):
+            with atomic_path(folder / WEIGHTS) as tmp:
+                torch.save(result.best_state, tmp)
+            if panel.norm_stats is not None:  # new data (predict --data) is normalised with these
+                write_text(folder / NORM_STATS, json.dumps(panel.norm_stats))
+        if self.grid.single:  # the trial's daily IC files are the run's own (written by record)
+            return
         with atomic_path(folder / PREDICTIONS) as tmp:
             result.predictions["valid"].to_parquet(tmp, index=False)
         with atomic_path(folder / DAILY) as tmp:
             result.daily["valid"].to_csv(tmp, index=False)
-        if is_model:  # the trial's model: the worker moves its weights into the trial's folder
-            with atomic_path(folder / WEIGHTS) as tmp:
-                torch.save(result.best_state, tmp)
-            if panel.norm_stats is not None:
-                write_text(folder / NORM_STATS, json.dumps(panel.norm_stats))
+        if self.grid.is_model(run.fold, run.repeat):
             with atomic_path(folder / DAILY_TEST) as tmp:
                 result.daily["test"].to_csv(tmp, index=False)
         body = {"fold": run.fold + 1, "repeat": run.repeat + 1, "seed": run.seed,
                 "stop_reason": run.stop_reason, "metrics": {k: _plain(v) for k, v in run.metrics.items()}}
-        write_text(folder / RESULT, json.dumps(body, indent=1))  # last: the run is finished
+        write_text(folder / RESULT, json.dumps(body, indent=1))
 
 
 @dataclass
@@ -156,34 +155,30 @@ class Trainer:
     panels: PanelMemo | None = None
 
 
-def train_runs(panel: Panel, trainer: Trainer) -> Outcome:
-    """Train (or, for a retry, find finished) every run of the trial, fold by fold."""
-    cfg, store = trainer.cfg, trainer.store
+def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
+    """Train (or, for a retry, find finished) every run of the trial's grid, fold by fold."""
+    cfg, store, grid = trainer.cfg, trainer.store, RunGrid.of(trainer.cfg)
     folds = fold_layout(panel, cfg)
-    out = Outcome(folds, fold_dates(panel, folds) if cfg.validation.walk_forward else [])
+    out = TrialRuns(grid, folds, fold_dates(panel, folds) if grid.folded else [])
     deadline = trainer.started + cfg.train.max_minutes * 60 if cfg.train.max_minutes else math.inf
-    last = (len(folds) - 1, cfg.validation.repeats - 1)
-    for fold in folds:
-        fpanel: Panel | None = None
-        for repeat in range(cfg.validation.repeats):
-            done = store.finished(fold.index, repeat) if store is not None else None
-            if done is not None and store is not None:
-                out.runs.append(done)
-                out.predictions[(fold.index, repeat)], out.daily[(fold.index, repeat)] = store.frames(
-                    fold.index, repeat)
-                continue
-            if out.runs and time.monotonic() > deadline:
-                # no run starts past the budget (its one step would score nothing); the first
-                # always starts, as a holdout trial's run does, so a trial is never without a score
-                out.cut_short = "time"
-                return out
-            if fpanel is None:
-                fpanel = _fold_panel(trainer, panel, fold)
-                _tick(trainer.hook)  # building a fold's panel is progress, for the stall watchdog
-            run = _train_one(trainer, fpanel, fold, repeat, out)
-            if run.stop_reason in CUT_SHORT and (fold.index, repeat) != last:
-                out.cut_short = run.stop_reason
-                return out
+    panels: dict[int, Panel] = {}
+    for fold, seed in grid.cells():
+        done = store.finished(fold, seed) if store is not None else None
+        if done is not None and store is not None:
+            out.add(done, *store.frames(fold, seed))
+            continue
+        if out.runs and time.monotonic() > deadline:
+            # no run starts past the budget (its one step would score nothing); the first
+            # always starts, so a trial is never without a score
+            out.cut_short = "time"
+            return out
+        if fold not in panels:
+            panels[fold] = _fold_panel(trainer, panel, folds[fold])
+            trainer.hook.tick()  # building a fold's panel is progress, for the stall watchdog
+        run = _train_one(trainer, panels[fold], folds[fold], seed, out)
+        if run.stop_reason in CUT_SHORT and (fold, seed) != grid.last:
+            out.cut_short = run.stop_reason
+            return out
     return out
 
 
@@ -198,49 +193,44 @@ def _fold_panel(trainer: Trainer, panel: Panel, fold: Fold) -> Panel:
     return trainer.panels.get(key, lambda: fold_panel(panel, fold, data))
 
 
-def _train_one(trainer: Trainer, panel: Panel, fold: Fold, repeat: int, out: Outcome) -> Run:
+def _train_one(trainer: Trainer, panel: Panel, fold: Fold, seed: int, out: TrialRuns) -> TrainingRun:
     from sweeper.core import train
 
-    cfg = seeded(trainer.cfg, repeat)
-    say = trainer.log or (lambda line: None)
+    cfg, grid, store = seeded(trainer.cfg, seed), out.grid, trainer.store
     dates = out.fold_dates[fold.index] if out.fold_dates else {}
-    where = f"fold {fold.index + 1}/{len(out.folds)}" if out.fold_dates else "holdout"
-    say(f"{where}, seed {repeat + 1}/{cfg.validation.repeats} (train.seed {cfg.train.seed})"
-        + (f": train {dates['train'][0]}..{dates['train'][1]}, valid {dates['valid'][0]}..{dates['valid'][1]}"
-           if dates else ""))
-    begin = getattr(trainer.hook, "begin_run", None)  # optional: a hook that steps by run
-    if begin is not None:
-        begin(fold.index, repeat, global_step(cfg, fold.index, repeat, 0))
-    store = trainer.store
-    checkpoint: Checkpointer = (store.checkpointer(fold.index, repeat, dates) if store is not None
+    if not grid.single:  # a trial of one run says nothing of folds and seeds, as it never did
+        _say_run(trainer, cfg, fold, seed, out, dates)
+        trainer.hook.begin_run(fold.index, seed, grid.step(fold.index, seed, 0))
+    checkpoint: Checkpointer = (store.checkpointer(fold.index, seed, dates) if store is not None
                                 else NullCheckpointer())
-    is_model = (fold.index, repeat) == model_run(cfg)
+    is_model = grid.is_model(fold.index, seed)
     # only the trial's model is scored on test: every other run's panel has an empty test split,
     # so no other run reads a test date at all (its closing line says test_ic nan)
     scored = panel if is_model else _without_test(panel)
     result = train(cfg, scored, device=trainer.device, hook=trainer.hook, checkpoint=checkpoint,
                    log=trainer.log, started=trainer.started, memory=trainer.memory)
     metrics = {k: v for k, v in result.metrics.items() if is_model or not k.startswith("test_")}
-    run = Run(fold.index, repeat, cfg.train.seed, metrics, result.stop_reason)
+    run = TrainingRun(fold.index, seed, cfg.train.seed, metrics, result.stop_reason)
     if store is not None:
-        store.save(run, result, panel, is_model)
-    out.runs.append(run)
-    out.predictions[(fold.index, repeat)] = result.predictions["valid"]
-    out.daily[(fold.index, repeat)] = result.daily["valid"]
+        store.save(run, result, panel)
+    out.add(run, result.predictions["valid"], result.daily["valid"])
     if is_model:
         out.model = result
     return run
 
 
+def _say_run(trainer: Trainer, cfg: SweeperConfig, fold: Fold, seed: int, out: TrialRuns,
+             dates: dict[str, list[str]]) -> None:
+    say = trainer.log or (lambda line: None)
+    where = out.grid.label(fold.index)
+    say(f"{where}, seed {seed + 1}/{cfg.validation.repeats} (train.seed {cfg.train.seed})"
+        + (f": train {dates['train'][0]}..{dates['train'][1]}, valid {dates['valid'][0]}..{dates['valid'][1]}"
+           if dates else ""))
+
+
 def _without_test(panel: Panel) -> Panel:
     start = panel.splits["test"][0]
     return dataclasses.replace(panel, splits={**panel.splits, "test": (start, start)}, _cache={})
-
-
-def _tick(hook: EpochHook) -> None:
-    tick = getattr(hook, "tick", None)
-    if tick is not None:
-        tick()
 
 
 def _plain(value: Any) -> Any:
@@ -249,3 +239,12 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+# TEMP(issue27): until worker/adoption.py asks the grid (being converted); removed before the end
+def global_step(cfg: SweeperConfig, fold: int, repeat: int, epoch: int) -> int:
+    return RunGrid.of(cfg).step(fold, repeat, epoch)
+
+
+def model_run(cfg: SweeperConfig) -> tuple[int, int]:
+    return RunGrid.of(cfg).model_run

@@ -1,10 +1,11 @@
-"""A walk-forward (or seed-repeated) trial's scores: the one home of how its training runs
-are aggregated into the objective and its user attributes (docs/walk-forward.md).
+"""A trial's scores: the one home of how its training runs are aggregated into the objective
+and its user attributes (docs/walk-forward.md). A trial of one run scores that run: its value
+is the run's ``study.metric`` and it records no fold figures.
 
 A fold's score is the mean over its seeds; the objective is the mean over folds of
 ``study.metric``'s fold scores, or with ``validation.aggregate: lcb`` that mean less one
 standard error (plus one, for a metric that is minimised). The standard error is the fold
-scores' (std with ddof=1 over sqrt(n)); with one fold (holdout with repeats) the seed scores'.
+scores' (std with ddof=1 over sqrt(n)); with one fold (seed repeats without folds) the seed scores'.
 """
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ import pandas as pd
 
 from sweeper.config import SweeperConfig
 from sweeper.quant import ic as M
+from sweeper.validation import contract as K
+from sweeper.validation.grid import RunGrid
 
 MEANED = ("val_ic", "val_rank_ic", "val_icir", "val_loss")  # stored as the mean over folds
 
 
 @dataclass
-class Run:
-    """One finished training run of a trial: fold and repeat count from 0 here."""
+class TrainingRun:
+    """One finished training run of a trial: fold and repeat (its seed index) count from 0 here."""
 
     fold: int
     repeat: int
@@ -33,13 +36,13 @@ class Run:
     stop_reason: str = "epochs"
 
 
-def fold_scores(runs: Sequence[Run], key: str) -> list[float]:
+def fold_scores(runs: Sequence[TrainingRun], key: str) -> list[float]:
     """Per fold (in fold order), the mean over its seeds of ``key``."""
     folds = sorted({r.fold for r in runs})
     return [_mean([_num(r.metrics.get(key)) for r in runs if r.fold == f]) for f in folds]
 
 
-def standard_error(runs: Sequence[Run], key: str) -> float:
+def standard_error(runs: Sequence[TrainingRun], key: str) -> float:
     """std (ddof=1) / sqrt(n) of the fold scores; with one fold, of its seed scores."""
     scores = fold_scores(runs, key)
     if len(scores) < 2:
@@ -50,7 +53,7 @@ def standard_error(runs: Sequence[Run], key: str) -> float:
     return statistics.stdev(finite) / math.sqrt(len(finite))
 
 
-def objective(runs: Sequence[Run], cfg: SweeperConfig) -> float:
+def objective(runs: Sequence[TrainingRun], cfg: SweeperConfig) -> float:
     """The trial's value: the mean over folds of ``study.metric`` (lcb: less one standard error)."""
     metric = cfg.study.metric
     mean = _mean(fold_scores(runs, metric))
@@ -60,7 +63,7 @@ def objective(runs: Sequence[Run], cfg: SweeperConfig) -> float:
     return mean - se if cfg.study.resolved_direction == "maximize" else mean + se
 
 
-def seed_sd(runs: Sequence[Run], key: str = "val_ic") -> float:
+def seed_sd(runs: Sequence[TrainingRun], key: str = "val_ic") -> float:
     """Mean over folds of the std (ddof=1) of the seed scores in the fold (folds with >= 2 seeds)."""
     sds = []
     for f in sorted({r.fold for r in runs}):
@@ -80,38 +83,45 @@ def ensemble_ic(frames: Sequence[pd.DataFrame]) -> float:
     return float(M.ic_report(mean)["ic"])
 
 
-def trial_attrs(runs: Sequence[Run], cfg: SweeperConfig, *, folds_run: int,
+def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: int,
                 fold_dates: list[dict[str, list[str]]],
                 predictions: Mapping[tuple[int, int], pd.DataFrame]) -> dict[str, Any]:
     """The user attributes of a trial made of ``runs`` (the contract's names), without those of
-    the model in weights.pt (the worker adds the last fold's first seed's own)."""
-    metric = cfg.study.metric
+    the model in weights.pt (the worker adds the model run's own). One run: only its figures."""
     attrs: dict[str, Any] = {key: _mean(fold_scores(runs, key)) for key in MEANED}
-    for key in dict.fromkeys(["val_ic", metric]):
-        scores = fold_scores(runs, key)
-        attrs[f"fold_{key}"] = scores
-        attrs[f"{key}_se"] = standard_error(runs, key)
-        if cfg.validation.walk_forward:
-            finite = [v for v in scores if math.isfinite(v)]
-            # the worst of a minimised metric (val_loss) is its largest; val_ic's is its smallest
-            worst = max if key == metric and cfg.study.resolved_direction == "minimize" else min
-            attrs[f"worst_fold_{key}"] = worst(finite) if finite else math.nan
-    if cfg.validation.walk_forward:
-        attrs["fold_dates"] = fold_dates
-    if cfg.validation.repeats > 1:
-        attrs["seed_val_ic_sd"] = seed_sd(runs)
+    grid = RunGrid.of(cfg)
+    if grid.single:
+        return attrs
+    for key in dict.fromkeys(["val_ic", cfg.study.metric]):
+        attrs.update(_fold_figures(runs, cfg, key, grid))
+    if grid.folded:
+        attrs[K.FOLD_DATES] = fold_dates
+    if grid.repeats > 1:
+        attrs[K.SEED_VAL_IC_SD] = seed_sd(runs)
         per_fold = []
         for f in sorted({r.fold for r in runs}):
             frames = [predictions[(r.fold, r.repeat)] for r in runs if r.fold == f
                       and (r.fold, r.repeat) in predictions]
             per_fold.append(ensemble_ic(frames))
-        attrs["fold_seed_ensemble_val_ic"] = per_fold
-        attrs["seed_ensemble_val_ic"] = _mean(per_fold)
-    attrs["fold_best_epoch"] = [int(statistics.median_low([int(r.metrics.get("best_epoch") or 0)
-                                                           for r in runs if r.fold == f]))
+        attrs[K.FOLD_SEED_ENSEMBLE_VAL_IC] = per_fold
+        attrs[K.SEED_ENSEMBLE_VAL_IC] = _mean(per_fold)
+    attrs[K.FOLD_BEST_EPOCH] = [int(statistics.median_low([int(r.metrics.get("best_epoch") or 0)
+                                                            for r in runs if r.fold == f]))
                                 for f in sorted({r.fold for r in runs})]
-    attrs["folds_run"] = folds_run
+    attrs[K.FOLDS_RUN] = folds_run
     return attrs
+
+
+def _fold_figures(runs: Sequence[TrainingRun], cfg: SweeperConfig, key: str, grid: RunGrid) -> dict[str, Any]:
+    """``fold_<key>``, ``<key>_se`` and, over folds, ``worst_fold_<key>``."""
+    scores = fold_scores(runs, key)
+    out: dict[str, Any] = {K.fold_key(key): scores, K.se_key(key): standard_error(runs, key)}
+    if grid.folded:
+        finite = [v for v in scores if math.isfinite(v)]
+        # the worst of a minimised metric (val_loss) is its largest; val_ic's is its smallest
+        worst = max if key == cfg.study.metric and cfg.study.resolved_direction == "minimize" else min
+        out[K.worst_key(key)] = worst(finite) if finite else math.nan
+    return out
 
 
 def daily_valid(frames: Mapping[tuple[int, int], pd.DataFrame]) -> pd.DataFrame:

@@ -7,7 +7,6 @@ so optuna-dashboard lists it.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -15,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import torch
@@ -23,11 +22,8 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import config as C
-from sweeper.atomic import as_disk_full, atomic_path, disk_full, write_text
-from sweeper.core import TrainResult
-from sweeper.core.checkpoint import FileCheckpointer
+from sweeper.atomic import as_disk_full, disk_full
 from sweeper.data.load import PanelMemo
-from sweeper.data.panel import Panel
 from sweeper.devices.fake import trial_device
 from sweeper.errors import ConfigError, FailReason, Interrupted, SweeperError, TrialFailure, one_line
 from sweeper.interrupt import StopToken
@@ -41,6 +37,9 @@ from sweeper.study.samplers import build_pruner
 from sweeper.worker import adoption, constraints, protocol
 from sweeper.worker.heartbeat import Heartbeat
 from sweeper.worker.hook import OptunaHook, progress_interval
+
+if TYPE_CHECKING:
+    from sweeper.validation import TrialRuns
 
 
 class TrialRunner:
@@ -123,7 +122,8 @@ class TrialRunner:
 
     def _train(self, trial: optuna.Trial, frozen: FrozenTrial, files: TrialFiles, log: _TrialLog,
                started: float) -> tuple[TrialState, float | None, dict[str, Any]]:
-        from sweeper.core import train
+        """The trial's runs (its folds and seeds; one run without either), one value."""
+        from sweeper.validation import RunGrid, RunStore, Trainer, record, train_runs
 
         # a sampled combination the model's config refuses raises ConfigError here or in train()
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
@@ -135,41 +135,13 @@ class TrialRunner:
         # the checkpoint says whose it is: only this trial's retries may continue it
         stamp = adoption.owner(self.study_uuid, frozen.number, panel.fingerprint)
         adoption.adopt(self.study, trial, frozen, cfg, files, stamp, log)
-        if cfg.validation.runs > 1:  # walk_forward or seed repeats: several runs, one trial
-            return self._train_runs(trial, cfg, files, log, started, hook, panel, stamp)
-        checkpoint = FileCheckpointer(files.checkpoint, stamp)  # holds its epoch: a retry replays up to it
-        result = train(cfg, panel, device=self.device, hook=hook, checkpoint=checkpoint, log=log,
-                       started=started, memory=self.device_kind.memory(self.memory_limit_mb))
-        _write_results(files, result, panel)
-        state = TrialState.PRUNED if hook.pruned else TrialState.COMPLETE
-        value = result.metrics.get(self.cfg.study.metric)
-        attrs = {**result.metrics, "stop_reason": result.stop_reason}
-        if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
-            nan = fail_attrs(FailReason.NAN, f"{self.cfg.study.metric} is not finite")
-            return TrialState.FAIL, None, {**attrs, **nan}
-        # study.constraints: set on the RUNNING trial, before the tell, so samplers read them
-        return state, value, {**attrs, **constraints.judge(trial, cfg, result.predictions)}
-
-    def _train_runs(self, trial: optuna.Trial, cfg: C.SweeperConfig, files: TrialFiles, log: _TrialLog,
-                    started: float, hook: OptunaHook, panel: Panel,
-                    stamp: dict[str, Any]) -> tuple[TrialState, float | None, dict[str, Any]]:
-        """A trial of several runs (:mod:`sweeper.validation`): its folds and seeds, one value."""
-        from sweeper.validation import RunStore, Trainer, record, train_runs
-
+        store = RunStore(files, stamp, RunGrid.of(cfg))
         trainer = Trainer(cfg, hook, started, self.device, log, self.device_kind.memory(self.memory_limit_mb),
-                          RunStore(files, stamp), self.panels)
+                          store, self.panels)
         out = train_runs(panel, trainer)
-        record.write_files(out, cfg, files)
+        record.write_files(out, files, store)
         value, attrs = record.attrs_of(out, cfg)
-        if not (hook.pruned or out.cut_short) and not math.isfinite(value):
-            return TrialState.FAIL, None, {**attrs, **fail_attrs(FailReason.NAN,
-                                                                 f"{self.cfg.study.metric} is not finite")}
-        # study.constraints: set on the RUNNING trial, before the tell, as for a holdout trial
-        attrs.update(constraints.judge(trial, cfg, record.first_seed_predictions(out)))
-        if hook.pruned or out.cut_short:  # the later folds never ran: a partial mean is no objective
-            return TrialState.PRUNED, None, attrs
-        convergence.report_scores(trial, record.terminator_scores(out, cfg))  # before the tell
-        return TrialState.COMPLETE, value, attrs
+        return _judged(trial, cfg, out, value, attrs, pruned=hook.pruned)
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
                 attrs: dict[str, Any], files: TrialFiles, warn: Callable[[str], None]) -> bool:
@@ -212,13 +184,23 @@ class TrialRunner:
                  f"the files stay in {files.folder}")
 
 
-def _write_results(files: TrialFiles, result: TrainResult, panel: Panel) -> None:
-    with atomic_path(files.weights) as tmp:
-        torch.save(result.best_state, tmp)
-    if panel.norm_stats is not None:  # new data (predict --data) is normalised with these train statistics
-        write_text(files.norm_stats, json.dumps(panel.norm_stats))
-    for split, frame in result.daily.items():
-        frame.to_csv(files.daily_ic(split), index=False)
+def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: float,
+            attrs: dict[str, Any], *, pruned: bool) -> tuple[TrialState, float | None, dict[str, Any]]:
+    """The end-of-trial rules, once for every grid: how a trial that trained ends."""
+    from sweeper.validation import record
+
+    cut = pruned or out.cut_short is not None
+    if not cut and not math.isfinite(value):
+        nan = fail_attrs(FailReason.NAN, f"{cfg.study.metric} is not finite")
+        return TrialState.FAIL, None, {**attrs, **nan}
+    # study.constraints: set on the RUNNING trial, before the tell, so samplers read them
+    attrs.update(constraints.judge(trial, cfg, record.first_seed_predictions(out)))
+    if cut:
+        # a trial of several runs cut short has no objective (a partial mean never wins); one
+        # run's value is its own, which the driver shows beside the pruned trial
+        return TrialState.PRUNED, value if out.grid.single else None, attrs
+    convergence.report_scores(trial, record.terminator_scores(out, cfg))  # before the tell
+    return TrialState.COMPLETE, value, attrs
 
 
 def _failed(exc: BaseException, log: _TrialLog) -> tuple[TrialState, None, dict[str, Any]]:
