@@ -5,6 +5,11 @@ file, a missing column, an unreachable store). The CLI maps them to one message
 and exit code 2. ``TrialFailure`` subclasses end one trial, never the sweep;
 ``reason`` is the trial's ``fail_reason`` user attribute (written through
 :func:`sweeper.study.ending.fail_attrs`, by its worker or its driver).
+
+Two exceptions stop things, one per boundary: :class:`StopRequested` stops a process's
+work (a signal, or a worker's ``stop`` command, ends a wait or the set-up; the CLI exits
+128 + the signal), and :class:`Interrupted` stops one trial (its training loop saw the stop
+at a step boundary; the trial is recorded FAIL with ``fail_reason: interrupted``).
 """
 from __future__ import annotations
 
@@ -45,10 +50,11 @@ class StorageOutage(Exception):
     exit code 1 (not a user mistake, and a later ``sweeper run`` resumes)."""
 
 
-class StopRequested(BaseException):
+class StopRequested(KeyboardInterrupt):
     """Ctrl-C or SIGTERM arrived while waiting (for the claim lock, the store), or during
     set-up; the caller abandons the wait and drains. ``signum`` is the signal that asked.
-    Like KeyboardInterrupt it is no error: a handler of ``Exception`` lets it through."""
+    A KeyboardInterrupt that knows its signal, so one ``except KeyboardInterrupt`` takes
+    Python's own Ctrl-C and ours alike; no error: a handler of ``Exception`` lets it through."""
 
     def __init__(self, signum: int = signal.SIGINT) -> None:
         super().__init__(f"stop requested ({signal.Signals(signum).name})")
@@ -66,6 +72,16 @@ class FailReason(StrEnum):
     INTERRUPTED = "interrupted"  # Ctrl-C, SIGTERM, a dead driver or host: re-run with its params
     CONFIG = "config"  # a sampled combination the model refuses: PRUNED, never retried
     DISK = "disk"  # a write found no space (ENOSPC) or no quota (EDQUOT): the sweep stops; re-run later
+
+
+class StopReason(StrEnum):
+    """Why a run's (or a trial's) training ended: its ``stop_reason`` user attribute."""
+
+    EPOCHS = "epochs"  # it ran train.epochs
+    EARLY_STOP = "early_stop"  # train.patience epochs without a better early_stop_metric
+    PRUNED = "pruned"  # the pruner (the epoch hook) said stop
+    TIME = "time"  # train.max_minutes ran out: the epoch ended and the best weights were scored
+    INTERRUPTED = "interrupted"  # a failed trial's: Ctrl-C, SIGTERM, a dead driver or host
 
 
 class TrialFailure(Exception):

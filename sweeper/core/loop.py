@@ -32,7 +32,7 @@ from sweeper.core.progress import EpochSteps, Progress, cpu_copy, epoch_line, me
 from sweeper.core.schedule import DateRuns, Rows, count_steps, epoch_rows, lr_factor, make_optimizer, rewind
 from sweeper.core.step import train_step
 from sweeper.data import Batcher, Panel
-from sweeper.errors import Interrupted, NonFiniteLoss
+from sweeper.errors import Interrupted, NonFiniteLoss, StopReason
 from sweeper.models import build_model
 
 # Steps between host syncs. A step leaves its loss and non-finite flag on the device; the
@@ -49,7 +49,7 @@ class TrainResult:
     daily: dict[str, pd.DataFrame]
     predictions: dict[str, pd.DataFrame]
     stopped_by_hook: bool = False
-    stop_reason: str = "epochs"   # epochs | early_stop | pruned | time
+    stop_reason: StopReason = StopReason.EPOCHS   # EPOCHS | EARLY_STOP | PRUNED | TIME
 
 
 def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None = None,
@@ -75,7 +75,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     device = resolve_device(device)
     started = time.monotonic() if started is None else started
     deadline = started + tc.max_minutes * 60 if tc.max_minutes else math.inf
-    tick = getattr(hook, "tick", None) or (lambda: None)  # optional: hooks older than it have none
+    tick = hook.tick
     seed_everything(tc.seed)
 
     # ---- setup: data, model, precision, optimizer, batch size, schedule
@@ -111,17 +111,16 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     if plan.note:
         say(plan.note)
     start_peak = memory.start_peak_mb(plan.peak_mem_mb)  # NaN: not known before an epoch measures it
-    on_probe = getattr(hook, "on_probe", None)  # optional, like tick
-    if on_probe is not None and not math.isnan(start_peak):
-        on_probe(start_peak)
+    if not math.isnan(start_peak):
+        hook.on_probe(start_peak)
     step = partial(train_step, step_model, list(model.parameters()), optimizer, scaler, precision,
                    batcher.gather, criterion=criterion, grad_clip=tc.grad_clip)
     shrink = partial(shrink_micro, minimum=tc.min_micro_batch, batch_size=batch_size, date_rows=date_rows)
 
     # ---- the epochs
-    stop_reason = "early_stop" if progress.bad_epochs >= tc.patience else "epochs"
+    stop_reason = StopReason.EARLY_STOP if progress.bad_epochs >= tc.patience else StopReason.EPOCHS
     for epoch in range(progress.epoch + 1, tc.epochs + 1):
-        if stop_reason != "epochs":
+        if stop_reason != StopReason.EPOCHS:
             break
         model.train()
         memory.reset_peak()
@@ -137,7 +136,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
             if steps.unread >= SYNC_EVERY:
                 _sync(steps, progress, scheduler, tc.nonfinite_patience, epoch, tc.lr)
             if time.monotonic() > deadline:
-                stop_reason = "time"
+                stop_reason = StopReason.TIME
                 break
         # waits for the epoch's last step
         _sync(steps, progress, scheduler, tc.nonfinite_patience, epoch, tc.lr)
@@ -156,11 +155,11 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
         # report first, then save: a checkpoint never holds an epoch the hook has not seen
         # (a kill in between re-runs and re-reports that epoch rather than losing its report)
         if hook.on_epoch(epoch, metrics):
-            stop_reason = "pruned"
-        elif progress.bad_epochs >= tc.patience and stop_reason == "epochs" and not fixed_epochs:
-            stop_reason = "early_stop"
-        elif stop_reason == "epochs" and epoch < tc.epochs and time.monotonic() > deadline:
-            stop_reason = "time"  # the time ran out while validating: no new epoch for one step
+            stop_reason = StopReason.PRUNED
+        elif progress.bad_epochs >= tc.patience and stop_reason == StopReason.EPOCHS and not fixed_epochs:
+            stop_reason = StopReason.EARLY_STOP
+        elif stop_reason == StopReason.EPOCHS and epoch < tc.epochs and time.monotonic() > deadline:
+            stop_reason = StopReason.TIME  # the time ran out while validating: no new epoch for one step
         if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
             checkpoint.save(training_state(cfg, model, optimizer, scheduler, scaler, generator, progress,
                                            batch_size, micro))
@@ -187,7 +186,7 @@ def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None
     say(f"done ({stop_reason}): best epoch {progress.best_epoch}, val_ic {result_metrics['val_ic']:.4f}, "
         f"test_ic {result_metrics['test_ic']:.4f}")
     return TrainResult(result_metrics, progress.history, progress.best_state, daily, predictions,
-                       stopped_by_hook=stop_reason == "pruned", stop_reason=stop_reason)
+                       stopped_by_hook=stop_reason == StopReason.PRUNED, stop_reason=stop_reason)
 
 
 def _step_until_it_fits(step: Callable[..., tuple[torch.Tensor, torch.Tensor]], rows: Rows, micro: int,

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from sweeper.errors import FailReason
+from sweeper.errors import FailReason, StopReason
 from sweeper.store import optuna_private as private
 
 ERROR_CHARS = 2000  # the stored error text is cut here: a traceback's last lines are in the trial's log
@@ -25,7 +25,7 @@ def fail_attrs(reason: FailReason | str, error: str, **extra: Any) -> dict[str, 
     A reason of a user's own TrialFailure need not be one of FailReason's."""
     attrs: dict[str, Any] = {"fail_reason": str(reason), "error": error[:ERROR_CHARS], **extra}
     if reason == FailReason.INTERRUPTED:
-        attrs["stop_reason"] = "interrupted"
+        attrs["stop_reason"] = str(StopReason.INTERRUPTED)
     return attrs
 
 
