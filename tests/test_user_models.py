@@ -18,7 +18,7 @@ from conftest import TINY, merge
 from sweeper.config import ModelConfig
 from sweeper.errors import ConfigError
 from sweeper.models import build_model, resolve_model_class
-from sweeper.models.paths import study_folder
+from sweeper.models.paths import model_search_path
 
 MYNET = textwrap.dedent('''
     import ctypes
@@ -263,7 +263,7 @@ def test_two_study_folders_in_one_process_each_get_their_own_module(tmp_path, mo
     _variant(tmp_path / "b", "b")
     seen = []
     for folder in ("a", "b", "a"):
-        with study_folder(tmp_path / folder / "study.yaml"):
+        with model_search_path(tmp_path / folder / "study.yaml"):
             model = build_model(ModelConfig(name="varnet:Net"), 3, 5)
             seen.append((type(model).marker, sys.modules["varhelp"].MARKER))
             assert str(tmp_path / folder) in sys.path

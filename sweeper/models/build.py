@@ -10,7 +10,7 @@ from torch import nn
 from sweeper.config import ModelConfig
 from sweeper.errors import ConfigError
 from sweeper.models.mlp import MLPModel
-from sweeper.models.paths import import_model_module, search_folders
+from sweeper.models.paths import import_model_module, model_import_dirs
 from sweeper.models.recurrent import RecurrentModel
 from sweeper.models.transformer import TransformerModel
 
@@ -60,7 +60,7 @@ def resolve_model_class(name: str) -> type:
     except Exception as exc:  # noqa: BLE001 - a broken user module can raise anything at import time
         where = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.partition(".")[0]:
-            where = f"; looked in {', '.join(search_folders())} and on the Python path"
+            where = f"; looked in {', '.join(model_import_dirs())} and on the Python path"
         raise ConfigError(f"model.name {name!r}: cannot import module {module_name!r} "
                           f"({type(exc).__name__}: {exc}){where}") from None
     cls = getattr(module, attr, None)

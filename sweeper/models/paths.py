@@ -1,9 +1,11 @@
 """Where ``model.name: module:Class`` is found: beside the study file, then in the current folder.
 
 The CLI names the study file's folder in ``SWEEPER_MODEL_PATH`` while a command runs
-(:func:`study_folder`); workers and the driver's check process inherit the variable and
+(:func:`model_search_path`); workers and the driver's check process inherit the variable and
 the working directory, so every process finds the same file, and no PYTHONPATH is needed.
 Folders named in the variable come first, so the study's folder wins over the current one.
+This search path is where a model's code is imported from; it has nothing to do with the run
+folder (``runs/<study>/``, :func:`sweeper.store.run_folder.study_folder`).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ _ADDED: list[str] = []
 _LOADED: dict[str, str] = {}
 
 
-def search_folders() -> list[str]:
+def model_import_dirs() -> list[str]:
     """The folders searched first, best first: ``SWEEPER_MODEL_PATH``, then the current folder."""
     named = [p for p in os.environ.get(MODEL_PATH_ENV, "").split(os.pathsep) if p]
     folders: list[str] = []
@@ -37,8 +39,9 @@ def search_folders() -> list[str]:
 
 
 @contextmanager
-def study_folder(study_file: str | Path) -> Iterator[None]:
-    """Put the study file's folder first in ``SWEEPER_MODEL_PATH`` while the block runs."""
+def model_search_path(study_file: str | Path) -> Iterator[None]:
+    """Put the study file's folder first in ``SWEEPER_MODEL_PATH`` (the folders ``module:Class``
+    is imported from) while the block runs."""
     before = os.environ.get(MODEL_PATH_ENV)
     folder = str(Path(study_file).resolve().parent)
     os.environ[MODEL_PATH_ENV] = os.pathsep.join([folder, *([before] if before else [])])
@@ -54,12 +57,12 @@ def study_folder(study_file: str | Path) -> Iterator[None]:
 def import_model_module(module_name: str) -> ModuleType:
     """Import ``module_name`` (``mynet`` or ``pkg.mynet``) as a study's model module.
 
-    Its top-level name is looked up in :func:`search_folders` first; if none holds it,
+    Its top-level name is looked up in :func:`model_import_dirs` first; if none holds it,
     it comes from the Python path (an installed package). Raises ImportError when a
     different module of that name is already loaded, rather than use the wrong one.
     """
     top = module_name.partition(".")[0]
-    folders = search_folders()
+    folders = model_import_dirs()
     _put_first(folders)
     importlib.invalidate_caches()  # a model file written a moment ago must be seen
     spec = importlib.machinery.PathFinder.find_spec(top, folders)
