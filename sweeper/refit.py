@@ -47,6 +47,7 @@ from sweeper.inspect.predict import pick_trial
 from sweeper.inspect.trial_model import REFIT_RECORD, REFIT_STATS, REFIT_WEIGHTS, read_refit, trial_config
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.run_folder import study_folder
+from sweeper.validation import contract as K
 
 MIN_TARGET_DATES = MIN_TRAIN_DATES  # a refit trains on at least as many target dates as a fold
 
@@ -79,9 +80,9 @@ class Refit:
 
 
 def refit_epochs(trial: FrozenTrial) -> tuple[int, str]:
-    """``(E, where it came from)``: the median of the trial's ``fold_best_epoch`` (walk_forward,
-    or repeats) when it has one, else its ``best_epoch``; rounded half up, at least 1."""
-    folds = trial.user_attrs.get("fold_best_epoch")
+    """``(E, where it came from)``: the median of the trial's ``fold_best_epoch`` (a trial of
+    several runs) when it has one, else its ``best_epoch``; rounded half up, at least 1."""
+    folds = trial.user_attrs.get(K.FOLD_BEST_EPOCH)
     if isinstance(folds, list) and folds:
         median = float(statistics.median(folds))
         return max(1, math.floor(median + 0.5)), f"the median best epoch of {len(folds)} fold(s)"

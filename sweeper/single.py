@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper import config as C
 from sweeper.core import NullHook
+from sweeper.plain import plain
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -74,22 +75,16 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     if m.get("oracle_test_ic"):
         console.print(f"oracle IC: valid {m['oracle_val_ic']:.4f}  test {m['oracle_test_ic']:.4f}  "
                       f"(test reached {m['test_ic'] / m['oracle_test_ic']:.0%})", highlight=False)
-    return {k: _plain(v) for k, v in m.items()}
+    return {k: plain(v) for k, v in m.items()}
 
 
 def _train_runs(cfg: C.SweeperConfig, panel: Panel, hook: TableHook, started: float) -> dict[str, Any]:
     """The runs of the trial's grid, as a sweep's trial trains them (nothing kept on disk): one
     run's metrics, or with folds or seeds the trial's attributes with ``value`` (the objective)
     and the model run's test scores."""
-    from sweeper.validation import Trainer, record, train_runs
+    from sweeper.validation import record
+    from sweeper.validation.runner import Trainer, train_runs
 
     out = train_runs(panel, Trainer(cfg, hook, started, log=lambda line: None))
     return record.summary(out, cfg)
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value

@@ -169,7 +169,7 @@ def test_the_worker_process_never_loads_dispatch_code(study_file, workdir, monke
 
 # The packages from the bottom up: a module imports only from its own layer or those below.
 LAYERS = [
-    {"sweeper", "sweeper.errors", "sweeper.atomic", "sweeper.interrupt", "sweeper.config"},
+    {"sweeper", "sweeper.errors", "sweeper.atomic", "sweeper.interrupt", "sweeper.plain", "sweeper.config"},
     {"sweeper.quant", "sweeper.devices", "sweeper.data", "sweeper.models", "sweeper.core"},
     {"sweeper.validation", "sweeper.store"},
     {"sweeper.study"},

@@ -23,7 +23,9 @@ from sweeper.config import load_config
 from sweeper.data.load import load_panel
 from sweeper.interrupt import StopToken
 from sweeper.store.layout import trial_files
-from sweeper.validation import RunGrid, RunStore, Trainer, daily_valid, objective, train_runs, trial_attrs
+from sweeper.validation.grid import RunGrid
+from sweeper.validation.runner import RunStore, Trainer, train_runs
+from sweeper.validation.scores import daily_valid, objective, trial_attrs
 from sweeper.worker.hook import OptunaHook
 
 WF = {"validation": {"scheme": "walk_forward", "folds": 3}}

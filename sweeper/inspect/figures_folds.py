@@ -1,9 +1,9 @@
 """Report figure 13 and the walk-forward form of figure 8: the top trials' fold ICs, and the
 selection bias with standard errors from the fold ICs (:mod:`sweeper.quant.selection`).
 
-Under ``validation.scheme: walk_forward`` a trial's objective is the mean of its fold ICs
-(``fold_val_ic``), and how they spread is what says whether the winner is good on every
-period or lucky on one. A holdout study has no folds, and its report no figure 13.
+Under walk-forward folds a trial's objective is the mean of its fold ICs (``fold_val_ic``),
+and how they spread is what says whether the winner is good on every period or lucky on one.
+A study of one fold has none, and its report no figure 13.
 """
 from __future__ import annotations
 
@@ -14,20 +14,21 @@ from sweeper.inspect.figures_base import LAYOUT, StudyData, empty, finite
 from sweeper.inspect.figures_ic import selection_histogram
 from sweeper.inspect.results import selection_report
 from sweeper.store.studies import ranked
+from sweeper.validation import contract as K
 
 TOP = 10  # trials drawn in figure 13: more lines than this are a tangle
 
 
-def walk_forward(data: StudyData) -> bool:
-    """The study validates on folds: its ``fold_dates`` attr is not empty (holdout: [])."""
-    return bool(data.study.user_attrs.get("fold_dates"))
+def folded(data: StudyData) -> bool:
+    """The study validates on walk-forward folds (:func:`sweeper.validation.contract.folded`)."""
+    return K.folded(data.study.user_attrs)
 
 
-def fold_labels(fold_dates: list[dict[str, list[str]]], n: int) -> list[str]:
+def fold_labels(spans: list[dict[str, list[str]]], n: int) -> list[str]:
     """The x labels of ``n`` folds: ``fold k`` and its valid block's first and last target date."""
     labels = []
     for k in range(n):
-        valid = fold_dates[k]["valid"] if k < len(fold_dates) else None
+        valid = spans[k]["valid"] if k < len(spans) else None
         labels.append(f"fold {k + 1}<br>{valid[0]} to {valid[1]}" if valid else f"fold {k + 1}")
     return labels
 
@@ -35,13 +36,13 @@ def fold_labels(fold_dates: list[dict[str, list[str]]], n: int) -> list[str]:
 def folds_figure(data: StudyData) -> go.Figure:
     """One line per trial across its folds' val IC, for the ``TOP`` best trials by objective (the
     order of ``sweeper best``); ``layout.meta``: ``trials`` (best first), ``fold_val_ic`` and
-    ``value`` by trial number (as text, as JSON keys are), and the study's ``fold_dates``."""
-    fold_dates = data.study.user_attrs.get("fold_dates") or []
+    ``value`` by trial number (as text, as JSON keys are), and the study's fold layout."""
+    spans = K.layout(data.study.user_attrs)
     top = [t for t in ranked(data.trials, data.maximize) if t.user_attrs.get("fold_val_ic")][:TOP]
     if not top:
         return empty("no complete trial with fold ICs (fold_val_ic) yet")
     width = max(len(t.user_attrs["fold_val_ic"]) for t in top)
-    labels = fold_labels(fold_dates, width)
+    labels = fold_labels(spans, width)
     traces = []
     for rank, t in enumerate(top):
         ics = [v if finite(v) else None for v in t.user_attrs["fold_val_ic"]]
@@ -53,14 +54,14 @@ def folds_figure(data: StudyData) -> go.Figure:
     fig = go.Figure(traces)
     title = f"val IC per fold of the top {len(top)} trials (best: trial {top[0].number}, thick)"
     fig.update_layout(**LAYOUT, title=title, xaxis_title="fold (valid block)", yaxis_title="validation IC",
-                      meta={"trials": [t.number for t in top], "fold_dates": fold_dates,
+                      meta={"trials": [t.number for t in top], K.FOLD_DATES: spans,
                             "fold_val_ic": {str(t.number): t.user_attrs["fold_val_ic"] for t in top},
                             "value": {str(t.number): t.value for t in top}})
     return fig
 
 
 def fold_selection_figure(data: StudyData) -> go.Figure:
-    """Figure 8 under walk_forward: a histogram of the trials' mean fold IC (their objective's
+    """Figure 8 under walk-forward folds: a histogram of the trials' mean fold IC (their objective's
     mean) with the no-signal best, the best and the deflated IC marked, all from
     :func:`sweeper.inspect.results.selection_report` (standard errors from the fold ICs, PBO
     along the folds); ``layout.meta.selection`` is that summary."""

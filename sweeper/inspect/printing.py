@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from sweeper.validation import contract as K
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -36,9 +38,9 @@ def print_status(report: dict[str, Any]) -> None:
     if report["fail_reasons"]:
         console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items()))
     if "validation" in report:
-        console.print(validation_line(report["validation"], report.get("metric", "the metric")),
-                      highlight=False, soft_wrap=True)
-        for k, dates in enumerate(report.get("fold_dates") or [], 1):
+        console.print(validation_line(report["validation"], report.get("metric", "the metric"),
+                                      K.folded(report)), highlight=False, soft_wrap=True)
+        for k, dates in enumerate(K.layout(report), 1):
             console.print("  " + fold_line(k, dates), highlight=False)
     if report["best"]:
         print_best(report["best"], console, scheme="validation" not in report)
@@ -103,9 +105,9 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
         console.print(f"  weights: {best['weights'] or '-'}")
 
 
-def validation_line(validation: dict[str, Any], metric: str) -> str:
-    """The validation scheme and how the objective aggregates it, in words."""
-    walk = validation["scheme"] == "walk_forward"
+def validation_line(validation: dict[str, Any], metric: str, walk: bool) -> str:
+    """The validation scheme and how the objective aggregates it, in words (``walk``: the study
+    has walk-forward folds, :func:`~sweeper.validation.contract.folded`)."""
     parts = [f"{validation['folds']} folds ({validation['window']} window)"] if walk else []
     if validation["repeats"] > 1:
         parts.append(f"{validation['repeats']} seed repeats")
@@ -124,12 +126,12 @@ def fold_line(k: int, dates: dict[str, list[str]] | None, score: object = None, 
 def fold_lines(best: dict[str, Any]) -> list[str]:
     """The best trial's folds and seeds (``sweeper best`` and ``status``): the scheme, each
     fold's val IC and dates, their mean, se and worst, the seeds' spread, and which model
-    scores test; nothing for a plain holdout study."""
+    scores test; nothing for a study of one run per trial."""
     if "validation" not in best:
         return []
-    lines = [validation_line(best["validation"], best["metric"])]
-    folds, dates = best.get("fold_val_ic") or [], best.get("fold_dates") or []
-    walk = best["validation"]["scheme"] == "walk_forward"
+    walk = K.folded(best)
+    lines = [validation_line(best["validation"], best["metric"], walk)]
+    folds, dates = best.get(K.FOLD_VAL_IC) or [], K.layout(best)
     if walk:
         lines += [fold_line(k, dates[k - 1] if k <= len(dates) else None, v, "val_ic")
                   for k, v in enumerate(folds, 1)]
@@ -210,7 +212,7 @@ def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = N
              f"(t {fmt(base.get('val_t_stat'), '.2f')})  test {fmt(base.get('test_ic_diff'), '+.4f')} "
              f"(t {fmt(base.get('test_t_stat'), '.2f')}), "
              f"Newey-West lag {base.get('nw_lag')} on the shared dates"]
-    if base.get("fold_val_ic"):  # walk_forward: one booster per fold, on the trial's folds
+    if base.get("fold_val_ic"):  # walk-forward: one booster per fold, on the trial's folds
         diff = base.get("fold_val_ic_diff") or []
         lines.append("  baseline val_ic per fold: " + ", ".join(fmt(v) for v in base["fold_val_ic"])
                      + "; best - baseline per fold: " + (", ".join(fmt(v, "+.4f") for v in diff) or "-"))

@@ -20,9 +20,9 @@ trial, which is far too slow at 500 trials):
     the group-neutral IC when ``data.group_col`` is set
 12. ``baseline``: the cumulative daily IC of the best trial and of the LightGBM baseline
     (:mod:`sweeper.inspect.figures_baseline`)
-13. ``folds`` (walk_forward studies only, like ``telemetry`` with GPUs): the val IC per fold of
+13. ``folds`` (walk-forward studies only, like ``telemetry`` with GPUs): the val IC per fold of
     the top 10 trials (:mod:`sweeper.inspect.figures_folds`, which also draws figure 8 under
-    walk_forward: standard errors from the fold ICs)
+    walk-forward: standard errors from the fold ICs)
 
 Figures 1-4 are in :mod:`~sweeper.inspect.figures_search`, 5 in
 :mod:`~sweeper.inspect.figures_devices`, 6-8 in :mod:`~sweeper.inspect.figures_ic`,
@@ -51,7 +51,7 @@ from sweeper.errors import SweeperError
 from sweeper.inspect.figures_base import StudyData, finite
 from sweeper.inspect.figures_baseline import baseline_figure
 from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, utilisation
-from sweeper.inspect.figures_folds import fold_selection_figure, folds_figure, walk_forward
+from sweeper.inspect.figures_folds import fold_selection_figure, folded, folds_figure
 from sweeper.inspect.figures_ic import daily_figure, overfit_figure, selection_figure
 from sweeper.inspect.figures_portfolio import buckets_figure, longshort_figure
 from sweeper.inspect.figures_search import curves_figure, history_figure, importance_figure, parallel_figure
@@ -117,19 +117,19 @@ def _load_long_short(data: StudyData, cfg: SweeperConfig) -> None:
 
 
 def build_figures(data: StudyData) -> dict[str, go.Figure]:
-    """The figures, by name (see FIGURES); ``folds`` too under walk_forward, and ``telemetry``
+    """The figures, by name (see FIGURES); ``folds`` too under walk-forward folds, and ``telemetry``
     when devices.csv exists."""
     figures = {
         "history": history_figure(data), "importance": importance_figure(data),
         "parallel": parallel_figure(data), "curves": curves_figure(data),
         "timeline": timeline_figure(data), "overfit": overfit_figure(data),
         "daily": daily_figure(data),
-        "selection": fold_selection_figure(data) if walk_forward(data) else selection_figure(data),
+        "selection": fold_selection_figure(data) if folded(data) else selection_figure(data),
         "buckets": buckets_figure(data), "longshort": longshort_figure(data),
         "ic_time": ic_time_figure(data),
         "baseline": baseline_figure(data),
     }
-    if walk_forward(data):  # a holdout study has no folds: its page stays as it was
+    if folded(data):  # a study of one fold: its page stays as it was
         figures["folds"] = folds_figure(data)
     telemetry = telemetry_figure(layout.devices_csv(data.run_dir))
     if telemetry is not None:
@@ -180,7 +180,7 @@ def _header(data: StudyData, oracle: dict[str, float] | None) -> list[str]:
                 if oracle and oracle.get(split):
                     line += f" ({ua[key] / oracle[split]:.0%} of the oracle {oracle[split]:.4f})"
         folds = [v for v in ua.get("fold_val_ic") or [] if finite(v)]
-        if walk_forward(data) and folds:  # the valid IC above is their mean
+        if folded(data) and folds:  # the valid IC above is their mean
             se = f" (se {ua['val_ic_se']:.4f})" if finite(ua.get("val_ic_se")) else ""
             line += f"; valid IC per fold {', '.join(f'{v:.4f}' for v in folds)}{se}"
         lines.append(line)

@@ -20,23 +20,20 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig, objective_label
 from sweeper.inspect import ic_views
+from sweeper.plain import plain
 from sweeper.store import layout
 from sweeper.store.run_folder import study_folder
 from sweeper.store.studies import FINISHED, best_trial, n_infeasible
 from sweeper.study import retention
+from sweeper.validation import contract as K
+from sweeper.validation.grid import RunGrid
 from sweeper.worker.constraints import FIGURES
 
 BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
                 "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")
-# a trial's fold figures under walk_forward or seed repeats (docs/inspect.md, "Walk-forward")
-FOLD_KEYS = ("fold_val_ic", "val_ic_se", "worst_fold_val_ic", "seed_val_ic_sd", "seed_ensemble_val_ic",
-             "fold_seed_ensemble_val_ic", "fold_best_epoch", "folds_run")
-
-
-def _clean(value: object) -> object:
-    if isinstance(value, list):  # fold lists: one NaN must not cost --json its output
-        return [_clean(v) for v in value]
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+# a trial's fold figures, with folds or seed repeats (docs/inspect.md, "Walk-forward")
+FOLD_KEYS = (K.FOLD_VAL_IC, K.VAL_IC_SE, K.WORST_FOLD_VAL_IC, K.SEED_VAL_IC_SD, K.SEED_ENSEMBLE_VAL_IC,
+             K.FOLD_SEED_ENSEMBLE_VAL_IC, K.FOLD_BEST_EPOCH, K.FOLDS_RUN)
 
 
 def oracle_fractions(attrs: dict[str, Any], oracle: dict[str, float] | None) -> dict[str, float]:
@@ -95,9 +92,9 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
                      ) -> dict[str, int | float | str | None] | None:
     """:func:`sweeper.quant.selection.selection_summary` of the study's daily validation ICs:
     n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr, p_fluke, pbo, with the
-    Newey-West lag of each trial's label ``horizons``. Under walk_forward (the study attr
-    ``fold_dates`` is not empty) the standard errors come from each trial's ``fold_val_ic``
-    and PBO's blocks follow the best trial's ``fold`` column. None when the best trial has no
+    Newey-West lag of each trial's label ``horizons``. Under walk-forward folds
+    (:func:`~sweeper.validation.contract.folded`) the standard errors come from each trial's
+    ``fold_val_ic`` and PBO's blocks follow the best trial's ``fold`` column. None when the best trial has no
     daily IC file (e.g. its run folder is elsewhere)."""
     from sweeper.quant.selection import selection_summary
 
@@ -108,9 +105,9 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
     daily = valid_daily_ics(trials, run_dir)
     if best.number not in daily:
         return None
-    if not study.user_attrs.get("fold_dates"):  # holdout (empty list) or a study from before folds
+    if not K.folded(study.user_attrs):  # one fold (or a study from before folds)
         return selection_summary(daily, best.number, horizons)
-    fold_ics = {t.number: t.user_attrs.get("fold_val_ic") or [] for t in trials if t.number in daily}
+    fold_ics = {t.number: t.user_attrs.get(K.FOLD_VAL_IC) or [] for t in trials if t.number in daily}
     found = read_daily(layout.trial_files(run_dir, best.number).daily_ic("valid"))
     folds = found.get("fold") if found is not None else None
     return selection_summary(daily, best.number, horizons, fold_ics=fold_ics, folds=folds)
@@ -137,7 +134,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         "metric": cfg.study.metric,
         "objective": objective_label(cfg.study.metric, cfg.validation),  # what "value" is
         "params": best.params,
-        "metrics": {k: _clean(ua.get(k)) for k in BEST_METRICS if k in ua},
+        "metrics": {k: plain(ua.get(k)) for k in BEST_METRICS if k in ua},
         "weights": str(weights) if weights.exists() else None,
     }
     out.update(folds_report(study, cfg, best))
@@ -172,23 +169,25 @@ def validation_block(cfg: SweeperConfig) -> dict[str, Any]:
 def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) -> dict[str, Any]:
     """``best --json``'s fold keys: ``validation`` (the scheme block), ``fold_val_ic``,
     ``val_ic_se``, ``worst_fold_val_ic``, ``seed_val_ic_sd`` and ``seed_ensemble_val_ic``
-    (repeats > 1), ``fold_best_epoch``, ``folds_run``, ``fold_dates`` (the trial's, else the
+    (repeats > 1), ``fold_best_epoch``, ``folds_run``, the fold layout (the trial's, else the
     study's), the same for a ``study.metric`` other than val_ic, and ``test_model``: the run
-    whose model scores test_ic and is in weights.pt (the last fold's first seed: ``fold``,
-    ``repeat`` 1-based as in ``runs/fold-<f>.seed-<r>/``, and its ``seed``). Empty for a plain holdout study
-    (one run per trial), whose output stays as it was."""
-    if cfg.validation.runs == 1:
+    whose model scores test_ic and is in weights.pt (the grid's model run: ``fold``, ``repeat``
+    1-based as in ``runs/fold-<f>.seed-<r>/``, and its ``seed``). Empty for a study of one run
+    per trial, whose output stays as it was."""
+    grid = RunGrid.of(cfg)
+    if grid.single:
         return {}
     metric = cfg.study.metric
-    extra = (f"fold_{metric}", f"{metric}_se", f"worst_fold_{metric}") if metric != "val_ic" else ()
+    extra = (K.fold_key(metric), K.se_key(metric), K.worst_key(metric)) if metric != "val_ic" else ()
     keys = FOLD_KEYS + extra
     ua = trial.user_attrs
     out: dict[str, Any] = {"validation": validation_block(cfg)}
-    out.update({k: _clean(ua[k]) for k in keys if k in ua})
-    if cfg.validation.walk_forward:
-        out["fold_dates"] = ua.get("fold_dates") or study.user_attrs.get("fold_dates") or []
-    seed = int(trial.params.get("train.seed", cfg.train.seed))
-    out["test_model"] = {"fold": cfg.validation.n_folds, "repeat": 1, "seed": seed}
+    out.update({k: plain(ua[k]) for k in keys if k in ua})
+    if K.folded(study.user_attrs):
+        out[K.FOLD_DATES] = K.layout(ua) or K.layout(study.user_attrs)
+    fold, seed = grid.model_run
+    out["test_model"] = {"fold": fold + 1, "repeat": seed + 1,
+                         "seed": int(trial.params.get("train.seed", cfg.train.seed)) + seed}
     return out
 
 
@@ -216,7 +215,7 @@ def constraints_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTria
     out: dict[str, Any] = {"infeasible": n_infeasible(done)}
     if cfg.study.constraints:
         out["constraints"] = {name: {**bound.model_dump(exclude_none=True),
-                                     "best": _clean(best.user_attrs.get(FIGURES[name]))}
+                                     "best": plain(best.user_attrs.get(FIGURES[name]))}
                               for name, bound in sorted(cfg.study.constraints.items())}
     return out
 
@@ -224,8 +223,8 @@ def constraints_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTria
 def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | None = None) -> dict[str, Any]:
     """Counts by state, the best trial, the running trials, the devices' last samples, and
     ``run_folder``: the run folder's ``path`` and the ``bytes`` of every file under it. With
-    folds or seed repeats: ``validation`` (the scheme block), ``fold_dates`` (the study's fold
-    layout) and, per running trial, the ``fold``, ``seed`` and ``epoch`` it is in."""
+    folds or seed repeats: ``validation`` (the scheme block), the study's fold layout and,
+    per running trial, the ``fold``, ``seed`` and ``epoch`` it is in."""
     trials = study.get_trials(deepcopy=False)
     counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
     folder = layout.run_dir(cfg)
@@ -242,25 +241,24 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
         "devices": latest_telemetry(layout.devices_csv(folder)),
         "run_folder": {"path": str(folder), "bytes": retention.folder_size(folder)},
     }
-    if cfg.validation.runs > 1:  # a plain holdout study's status stays as it was
+    if not RunGrid.of(cfg).single:  # a study of one run per trial: its status stays as it was
         report["validation"] = validation_block(cfg)
         report["metric"] = cfg.study.metric
-        report["fold_dates"] = study.user_attrs.get("fold_dates") or []
-        for row in report["running"]:  # under folds the step runs on across folds and seeds
+        report[K.FOLD_DATES] = K.layout(study.user_attrs)
+        for row in report["running"]:  # with several runs the step runs on across folds and seeds
             row.update(run_position(row["epoch"], cfg, row["params"]))
     return report
 
 
 def run_position(step: int | None, cfg: SweeperConfig, params: dict[str, Any]) -> dict[str, int | None]:
     """Which fold, seed (both 1-based) and epoch a running trial is in, from its last
-    intermediate step (step = (fold * repeats + seed) * epochs + epoch, fold and seed 0-based);
-    all None before its first epoch ends."""
+    intermediate step (the grid's position of it); all None before its first epoch ends."""
     if step is None or step < 1:
         return {"fold": None, "seed": None, "epoch": None}
     epochs = int(params.get("train.epochs", cfg.train.epochs))
-    run, epoch = divmod(step - 1, epochs)
-    fold, seed = divmod(run, cfg.validation.repeats)
-    return {"fold": fold + 1, "seed": seed + 1, "epoch": epoch + 1}
+    grid = RunGrid(cfg.validation.n_folds, cfg.validation.repeats, epochs)
+    fold, seed, epoch = grid.position(step)
+    return {"fold": fold + 1, "seed": seed + 1, "epoch": epoch}
 
 
 def _running(trials: list[FrozenTrial]) -> list[dict[str, Any]]:

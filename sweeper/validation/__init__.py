@@ -7,12 +7,7 @@ walk-forward folds or repeats), trained and scored on all of them (docs/walk-for
 - :mod:`~sweeper.validation.scores`: the aggregation into the objective and the user attributes;
 - :mod:`~sweeper.validation.record`: what the trial leaves: value, attributes, files;
 - :mod:`~sweeper.validation.contract`: the fold attributes' names, and whether a study is folded.
+
+This ``__init__`` imports nothing: the grid and the contract are read by commands that must not
+import torch (``best``, ``status``), the runner is not.
 """
-from __future__ import annotations
-
-from sweeper.validation.grid import RunGrid, seeded
-from sweeper.validation.runner import RunStore, Trainer, TrialRuns, train_runs
-from sweeper.validation.scores import TrainingRun, daily_valid, objective, trial_attrs
-
-__all__ = ["RunGrid", "RunStore", "Trainer", "TrainingRun", "TrialRuns", "daily_valid", "objective",
-           "seeded", "train_runs", "trial_attrs"]

@@ -37,6 +37,7 @@ from sweeper.core.loop import TrainResult
 from sweeper.data.folds import Fold, fold_dates, fold_layout, fold_panel
 from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
+from sweeper.plain import plain
 from sweeper.store.layout import TrialFiles
 from sweeper.validation.grid import RunGrid, seeded
 from sweeper.validation.scores import TrainingRun
@@ -135,7 +136,7 @@ class RunStore:
             with atomic_path(folder / DAILY_TEST) as tmp:
                 result.daily["test"].to_csv(tmp, index=False)
         body = {"fold": run.fold + 1, "repeat": run.repeat + 1, "seed": run.seed,
-                "stop_reason": run.stop_reason, "metrics": {k: _plain(v) for k, v in run.metrics.items()}}
+                "stop_reason": run.stop_reason, "metrics": {k: plain(v) for k, v in run.metrics.items()}}
         write_text(folder / RESULT, json.dumps(body, indent=1))
 
 
@@ -232,13 +233,6 @@ def _without_test(panel: Panel) -> Panel:
     start = panel.splits["test"][0]
     return dataclasses.replace(panel, splits={**panel.splits, "test": (start, start)}, _cache={})
 
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 # TEMP(issue27): until worker/adoption.py asks the grid (being converted); removed before the end

@@ -27,6 +27,7 @@ from sweeper.data.load import PanelMemo
 from sweeper.devices.fake import trial_device
 from sweeper.errors import ConfigError, FailReason, Interrupted, SweeperError, TrialFailure, one_line
 from sweeper.interrupt import StopToken
+from sweeper.plain import plain
 from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
@@ -34,12 +35,13 @@ from sweeper.store.outage import watch
 from sweeper.study import convergence, retention
 from sweeper.study.ending import end_trial, fail_attrs
 from sweeper.study.samplers import build_pruner
+from sweeper.validation.grid import RunGrid
 from sweeper.worker import adoption, constraints, protocol
 from sweeper.worker.heartbeat import Heartbeat
 from sweeper.worker.hook import OptunaHook, progress_interval
 
 if TYPE_CHECKING:
-    from sweeper.validation import TrialRuns
+    from sweeper.validation.runner import TrialRuns
 
 
 class TrialRunner:
@@ -66,10 +68,10 @@ class TrialRunner:
                                        pruner=build_pruner(self.cfg.study.pruner))
         self.artifacts = artifact_store(init["artifacts"])
         self.study_uuid = self.study.user_attrs.get("study_uuid")  # whose checkpoints this worker writes
-        # the next trial usually shares this one's data (and under walk_forward its fold panels:
-        # robust_zscore builds one per fold from the data)
-        folds = self.cfg.validation.n_folds if self.cfg.validation.walk_forward else 0
-        self.panels = PanelMemo(keep=1 + folds)
+        # the next trial usually shares this one's data (and over walk-forward folds its fold
+        # panels: robust_zscore builds one per fold from the data)
+        grid = RunGrid.of(self.cfg)
+        self.panels = PanelMemo(keep=1 + (grid.folds if grid.folded else 0))
         self.memory_limit_mb: float | None = None  # the running trial's allotment of a shared GPU
 
     def run(self, trial_id: int, number: int, *, memory_limit_mb: float | None = None) -> bool:
@@ -123,7 +125,8 @@ class TrialRunner:
     def _train(self, trial: optuna.Trial, frozen: FrozenTrial, files: TrialFiles, log: _TrialLog,
                started: float) -> tuple[TrialState, float | None, dict[str, Any]]:
         """The trial's runs (its folds and seeds; one run without either), one value."""
-        from sweeper.validation import RunGrid, RunStore, Trainer, record, train_runs
+        from sweeper.validation import record
+        from sweeper.validation.runner import RunStore, Trainer, train_runs
 
         # a sampled combination the model's config refuses raises ConfigError here or in train()
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
@@ -145,14 +148,13 @@ class TrialRunner:
 
     def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
                 attrs: dict[str, Any], files: TrialFiles, warn: Callable[[str], None]) -> bool:
-        plain = {key: _plain(val) for key, val in attrs.items()}
-        if not end_trial(self.study, trial, state, plain, value,
+        stored = {key: plain(val) for key, val in attrs.items()}
+        if not end_trial(self.study, trial, state, stored, value,
                          recorded=lambda: self._register_artifacts(trial, files, warn)):
             return self._taken(trial, number)
         self._keep(warn)  # before END: the driver may stop an idle worker the moment it hears it
         protocol.emit(protocol.END, number=number, state=state.name, value=value,
-                      reason=attrs.get("fail_reason"),
-             metrics={k: _plain(v) for k, v in attrs.items()})
+                      reason=attrs.get("fail_reason"), metrics=stored)
         return state != TrialState.FAIL
 
     def _taken(self, trial: optuna.Trial, number: int) -> bool:
@@ -229,15 +231,6 @@ def _warner(number: int, log: _TrialLog) -> Callable[[str], None]:
         protocol.emit(protocol.WARN, number=number, text=f"trial {number}: {text}")
     return warn
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, list):  # a walk-forward trial's per-fold lists
-        return [_plain(v) for v in value]
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _release_device_memory() -> None:
