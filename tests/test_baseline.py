@@ -17,6 +17,7 @@ from conftest import TESTS, TINY, merge
 from sweeper.baseline import features as BF
 from sweeper.baseline import job
 from sweeper.baseline.fit import QLIB_ALPHA158, fit, lgb_params
+from sweeper.baseline.state import claim
 from sweeper.cli import main
 from sweeper.config import BaselineConfig, load_config
 from sweeper.data import Batcher, load_panel, synth
@@ -184,8 +185,8 @@ def test_claimed_once_and_a_failure_is_recorded(study_file):
     _cli("db", "init", path)
     cfg = load_config(path)
     study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
-    assert job.claim(study, NullLock(), "h1", "d1") is True
-    assert job.claim(study, NullLock(), "h2", "d2") is False
+    assert claim(study, NullLock(), "h1", "d1") is True
+    assert claim(study, NullLock(), "h2", "d2") is False
     assert study.user_attrs["baseline_state"]["host"] == "h1"
     config = path.parent / "resolved.json"
     from sweeper.config import to_dict

@@ -192,8 +192,9 @@ def test_a_gpu_others_fill_is_read_from_nvml(one_gpu, monkeypatch):
 
 
 def _worker(uuid, started, ready, running=None):
+    # idle as WorkerHandle.idle: packing gives the baseline job no turn, so none is reserved
     return SimpleNamespace(slot=SimpleNamespace(gpu=SimpleNamespace(uuid=uuid)), started=started, ready=ready,
-                           running=running)
+                           running=running, idle=ready and running is None)
 
 
 def test_workers_by_gpu_offers_one_spare_only_where_none_is_free_or_starting():

@@ -5,13 +5,12 @@ attributes:
 - ``baseline``: the result (val/test IC, Rank IC and ICIR, the daily ICs of both splits, elapsed
   time, LightGBM version, rows, whether the train rows were subsampled, best iteration, ...;
   under walk_forward also the per-fold figures, :func:`fold_summary`);
-- ``baseline_state``: ``{state: running | done | failed, host, driver, at[, error]}``. A sweep
-  starts the baseline only when the study has no ``baseline_state`` yet, claimed under the
-  claim lock (:func:`claim`), so a second host or a resume never computes it again;
-  ``sweeper baseline`` computes it whenever asked.
+- ``baseline_state``: its state, kept by :mod:`sweeper.baseline.state` (the states, the one claim
+  rule a sweep follows, the transitions). ``sweeper baseline`` computes it whenever asked.
 
 ``python -m sweeper.baseline.job`` is the subprocess a sweep starts (with the threads of one
-slot); a failure there is recorded as ``failed`` with its error and ends nothing else.
+slot); a failure there is recorded as ``failed`` with its error and ends nothing else. Its exit
+codes are :class:`sweeper.baseline.state.ExitCode`.
 """
 from __future__ import annotations
 
@@ -29,32 +28,15 @@ import optuna
 
 from sweeper import config as C
 from sweeper.baseline.fit import BaselineResult, fit_study
+from sweeper.baseline.state import ExitCode, State, mark
 from sweeper.errors import one_line
 from sweeper.store import layout
 
-STATE, RESULT = "baseline_state", "baseline"
+RESULT = "baseline"  # the study user attribute of the result
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def set_state(study: optuna.Study, state: str, host: str, driver: str, error: str | None = None) -> None:
-    value: dict[str, Any] = {"state": state, "host": host, "driver": driver, "at": _now()}
-    if error is not None:
-        value["error"] = error
-    study.set_user_attr(STATE, value)
-
-
-def claim(study: optuna.Study, lock: Any, host: str, driver: str) -> bool:
-    """Take the study's one baseline run: True, with ``baseline_state: running`` written, when no
-    driver has taken it before (running, done or failed); False otherwise. Under the claim lock,
-    so of two drivers that ask at once one gets it."""
-    with lock:
-        if STATE in study.user_attrs:
-            return False
-        set_state(study, "running", host, driver)
-        return True
 
 
 def _clean(value: float) -> float | None:
@@ -123,7 +105,7 @@ def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, 
     from sweeper.data import load_panel
     from sweeper.data.folds import fold_dates, fold_layout
 
-    set_state(study, "running", host, driver)
+    mark(study, State.RUNNING, host, driver)  # whatever was stored: a sweep claimed it, or asked by name
     try:
         panel = load_panel(cfg.data)
         seed = cfg.study.sampler.seed if cfg.study.sampler.seed is not None else 0
@@ -134,9 +116,9 @@ def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, 
         attr = summary(result, cfg, threads, dates)
         study.set_user_attr(RESULT, attr)
     except BaseException as exc:
-        set_state(study, "failed", host, driver, error=f"{type(exc).__name__}: {exc}")
+        mark(study, State.FAILED, host, driver, error=f"{type(exc).__name__}: {exc}")
         raise
-    set_state(study, "done", host, driver)
+    mark(study, State.DONE, host, driver)
     return attr
 
 
@@ -190,11 +172,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-STORE_AWAY = 75  # EX_TEMPFAIL: the job could not reach the store; recorded interrupted, claimable again
-
-
 def main(argv: list[str] | None = None) -> int:
-    """The sweep's baseline subprocess: 0 when done, 1 when it failed (recorded on the study)."""
+    """The sweep's baseline subprocess: its :class:`~sweeper.baseline.state.ExitCode` (done and
+    failed recorded on the study by the job; the store away left to the sweep to record)."""
     args = _args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from sweeper.store import open_storage
@@ -207,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         study = optuna.load_study(study_name=cfg.study.name, storage=storage)
     except Exception as exc:  # noqa: BLE001 - the store is away: a later sweep tries again
         print(f"baseline: the study's storage cannot be opened: {one_line(exc)}", file=sys.stderr, flush=True)
-        return STORE_AWAY
+        return ExitCode.STORE_AWAY
     try:
         attr = compute(cfg, study, args.threads, args.host, args.driver, args.run_dir)
     except Exception as exc:  # noqa: BLE001 - recorded as failed on the study; the sweep goes on
         # one line, as every sweeper process says what went wrong (the log is read by people)
         print(f"baseline: failed: {one_line(exc)}", file=sys.stderr, flush=True)
-        return 1
+        return ExitCode.FAILED
     line = subsample_line(attr)
     if line:
         print(line, file=sys.stderr, flush=True)
@@ -221,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if attr.get("folds") else ""
     print(f"baseline: val ic {attr.get('val_ic')} test ic {attr.get('test_ic')} "
           f"in {attr['elapsed_s']:.1f} s{folds}", flush=True)
-    return 0
+    return ExitCode.DONE
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 """The study's LightGBM baseline as a job of the sweep (``report.baseline: lightgbm``, the
 default; docs/baseline.md): once per study, after the first trial of this driver ended on some
 slot, that slot takes no new trial while ``python -m sweeper.baseline.job`` runs with its
-threads, so the baseline takes the slot's turn and never delays a first trial. (Packing,
-``trials_per_gpu: auto``, places trials by GPU memory and ignores the turn: there the baseline runs
-on the CPU beside the GPU's trials.)
+threads, so the baseline takes the slot's turn and never delays a first trial
+(:meth:`WorkerHandle.reserve`). Packing, ``trials_per_gpu: auto``, takes no turns
+(:func:`sweeper.dispatch.strategies.honours_turn`): there the baseline runs on the CPU beside
+the GPU's trials.
 
-Once per study: the driver claims ``baseline_state`` under the claim lock
-(:func:`sweeper.baseline.job.claim`); a second host, or a resume, finds it and starts nothing. The
-job records ``done`` or ``failed`` itself; a job that died without a word is recorded ``failed``
-here, and one stopped by Ctrl-C ``interrupted`` (which the next sweep may claim again). Nothing
-here raises into the loop: the sweep goes on whatever the baseline does.
+Once per study, by the one claim rule of :mod:`sweeper.baseline.state` (under the claim lock; an
+interrupted run may be claimed again): a second host, or a resume, finds it taken and starts
+nothing. The job records ``done`` or ``failed`` itself; this driver settles only its own run: a
+job that died without a word is recorded ``failed``, one whose store was away or that Ctrl-C
+stopped ``interrupted`` (which the next sweep may claim again). Nothing here raises into the
+loop: the sweep goes on whatever the baseline does.
 """
 from __future__ import annotations
 
@@ -23,13 +25,14 @@ from typing import IO, Any
 import optuna
 
 from sweeper import config as C
+from sweeper.baseline import state
+from sweeper.baseline.state import State
 from sweeper.dispatch.handle import WorkerHandle
+from sweeper.dispatch.strategies import honours_turn
 from sweeper.errors import one_line
 from sweeper.store.identity import Identity
 from sweeper.store.layout import baseline_log
 from sweeper.store.locks import ClaimLock
-
-CLAIMABLE = ("interrupted",)  # states a later sweep may claim again
 
 
 class BaselineJob:
@@ -52,20 +55,17 @@ class BaselineJob:
             return
         self.tried = True
         try:
-            if self._claim():
-                self._start(w)
+            claimed = state.claim(self.study, self.lock, self.ident.host, self.ident.driver_id)
         except Exception as exc:  # noqa: BLE001 - the baseline never ends the sweep
-            self._record("failed", f"could not start: {one_line(exc)}")
-
-    def _claim(self) -> bool:
-        from sweeper.baseline.job import STATE, set_state
-
-        with self.lock:
-            state = self.study.user_attrs.get(STATE)
-            if state is not None and state.get("state") not in CLAIMABLE:
-                return False
-            set_state(self.study, "running", self.ident.host, self.ident.driver_id)
-            return True
+            # nothing of ours is stored: the state stays as it was, and a later sweep may try
+            _say(f"could not claim the baseline: {one_line(exc)}")
+            return
+        if not claimed:
+            return
+        try:
+            self._start(w)
+        except Exception as exc:  # noqa: BLE001 - the baseline never ends the sweep
+            self._settle(State.FAILED, f"could not start: {one_line(exc)}")
 
     def _start(self, w: WorkerHandle) -> None:
         threads = max(1, int(w.slot.threads))
@@ -79,22 +79,19 @@ class BaselineJob:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=out, env=env,
                                          start_new_session=True)
         _send(self.proc.stdin, C.to_dict(self.cfg))
-        self.worker, w.reserved = w, True
+        if honours_turn(self.cfg, w.slot):
+            w.reserve()
+            self.worker = w
 
     def poll(self) -> None:
         """Once per loop turn: a finished job gives its slot back (and is recorded if it said nothing)."""
         if self.proc is None or self.proc.poll() is None:
             return
-        from sweeper.baseline.job import STORE_AWAY
-
         code = self.proc.returncode
         self._release()
-        log = baseline_log(self.run_dir, self.ident.host)
-        if code == STORE_AWAY:  # no fault of the baseline's: the next sweep may claim it again
-            self._record("interrupted", f"the study's storage was away; see {log}", only_if_running=True)
-        elif code != 0:
-            self._record("failed", f"the baseline job exited with code {code}; see {log}",
-                         only_if_running=True)
+        after = state.after_exit(code, baseline_log(self.run_dir, self.ident.host))
+        if after is not None:
+            self._settle(*after)
 
     def stop(self) -> None:
         """Ctrl-C or shutdown: the job is killed and recorded ``interrupted`` (claimable again)."""
@@ -106,24 +103,23 @@ class BaselineJob:
             pass
         self.proc.wait()
         self._release()
-        self._record("interrupted", "the sweep stopped before the baseline ended", only_if_running=True)
+        self._settle(State.INTERRUPTED, state.STOPPED)
 
     def _release(self) -> None:
         if self.worker is not None:
-            self.worker.reserved = False
+            self.worker.release()
         self.proc, self.worker = None, None
 
-    def _record(self, state: str, error: str, only_if_running: bool = False) -> None:
-        from sweeper.baseline.job import STATE, set_state
-
+    def _settle(self, to: State, error: str) -> None:
+        """Our own run ends as ``to`` (:func:`sweeper.baseline.state.settle`)."""
         try:
-            now = self.study.user_attrs.get(STATE) or {}
-            ours = now.get("state") == "running" and now.get("driver") == self.ident.driver_id
-            if not only_if_running or ours:
-                set_state(self.study, state, self.ident.host, self.ident.driver_id, error=error)
+            state.settle(self.study, to, self.ident.host, self.ident.driver_id, error)
         except Exception as exc:  # noqa: BLE001 - a store that is away: the state stays as it was
-            print(f"sweeper: could not record the baseline's state: {one_line(exc)}", file=sys.stderr,
-                  flush=True)
+            _say(f"could not record the baseline's state: {one_line(exc)}")
+
+
+def _say(line: str) -> None:
+    print(f"sweeper: {line}", file=sys.stderr, flush=True)
 
 
 def _send(pipe: IO[bytes] | None, config: dict[str, Any]) -> None:

@@ -44,7 +44,7 @@ class WorkerHandle:
         self.early_exits = 0  # exits before ever becoming ready, in a row
         self.running: Running | None = None
         self.stop_sent = False  # a worker is told to stop once, however many loop turns the drain takes
-        self.reserved = False  # its slot's turn is the study's baseline job's (sweep.baseline_job)
+        self._reserved = False  # its slot's turn is the study's baseline job's (reserve, release)
         self._decoder = protocol.LineDecoder(self._malformed)
 
     def start(self) -> None:
@@ -68,8 +68,22 @@ class WorkerHandle:
 
     @property
     def idle(self) -> bool:
-        """Ready for a trial, running none, and its turn not taken by the baseline job."""
-        return self.ready and self.running is None and not self.reserved
+        """The one definition of a free worker: ready for a trial, running none, and its turn not
+        taken by the baseline job."""
+        return self.ready and self.running is None and not self._reserved
+
+    @property
+    def reserved(self) -> bool:
+        """Whether the baseline job holds its turn (:mod:`sweeper.dispatch.baseline_job`)."""
+        return self._reserved
+
+    def reserve(self) -> None:
+        """The baseline job takes its turn: it takes no trial until :meth:`release`."""
+        self._reserved = True
+
+    def release(self) -> None:
+        """The baseline job gives its turn back."""
+        self._reserved = False
 
     @property
     def stdout(self) -> IO[bytes]:

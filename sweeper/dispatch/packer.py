@@ -94,10 +94,12 @@ class Packer:
             packed.measured_mb = max(peak, packed.measured_mb or 0.0)
             self._note(packed.shape, packed.measured_mb)
 
-    def ended(self, number: int, state: str, metrics: Mapping[str, Any]) -> None:
-        """A trial of ours ended, however (its END, its worker's exit, a kill): forget its charge."""
+    def ended(self, number: int, state: TrialState | str, metrics: Mapping[str, Any]) -> None:
+        """A trial of ours ended, however (its END, its worker's exit, a kill): forget its charge.
+        ``state``: its TrialState, or its name (as the worker's end event spells it)."""
         packed = self.running.pop(number, None)
-        if packed is not None and state in ("COMPLETE", "PRUNED"):
+        name = state.name if isinstance(state, TrialState) else state
+        if packed is not None and name in ("COMPLETE", "PRUNED"):
             self._note(packed.shape, _peak(metrics))
 
     # ---- what it answers
@@ -184,8 +186,13 @@ def first_per_gpu(workers: list[WorkerHandle]) -> list[WorkerHandle]:
 
 
 def workers_by_gpu(workers: list[WorkerHandle]) -> tuple[dict[str, WorkerHandle], dict[str, WorkerHandle]]:
-    """By GPU (UUID): a ready worker with no trial, and a worker not started yet, on GPUs with
-    none free and none starting, to start when room for a trial waits for a worker."""
+    """By GPU (UUID): an idle worker, and a worker not started yet, on GPUs with none free and
+    none starting, to start when room for a trial waits for a worker.
+
+    Packing takes only idle workers, as a slot's dispatch does (idle is the one definition of a
+    free worker); it gives the baseline job no worker's turn to take
+    (:attr:`~sweeper.dispatch.strategies.PackedDispatch.honours_turn`), so every ready worker
+    with no trial is idle here."""
     idle: dict[str, WorkerHandle] = {}
     spare: dict[str, WorkerHandle] = {}
     busy = set()
@@ -193,7 +200,7 @@ def workers_by_gpu(workers: list[WorkerHandle]) -> tuple[dict[str, WorkerHandle]
         uuid = _gpu_of(w)
         if not w.started:
             spare.setdefault(uuid, w)
-        elif w.ready and w.running is None:
+        elif w.idle:
             idle.setdefault(uuid, w)
         elif not w.ready:
             busy.add(uuid)  # starting, or exiting to be replaced

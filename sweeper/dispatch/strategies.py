@@ -7,7 +7,9 @@
 The driver's loop calls the same methods on either (:func:`dispatch_for` picks one, once),
 so it has no packing branches. A strategy claims and starts trials through the driver's
 :class:`Launcher` methods and hears what the driver hears: trials read by a claim,
-memory measured, trials ended.
+memory measured, trials ended. Each says whether the study's baseline job takes a worker's turn
+(``honours_turn``, read through :func:`honours_turn`): a worker whose turn it took is not
+:attr:`~sweeper.dispatch.handle.WorkerHandle.idle`, and both strategies take only idle workers.
 """
 from __future__ import annotations
 
@@ -39,9 +41,12 @@ class Launcher(Protocol):
 
 
 class Dispatch(Protocol):
+    honours_turn: bool  # whether the baseline job takes a worker's turn (sweeper.dispatch.baseline_job)
+
     def first_workers(self, workers: list[WorkerHandle]) -> list[WorkerHandle]: ...
     def start_trials(self, d: Launcher) -> None: ...
-    def stopping(self, d: Launcher, why: str) -> None: ...
+    def release_held(self, d: Launcher, why: str) -> None: ...
+    def stopping(self, d: Launcher, why: str) -> None: ...  # transitional: release_held's old name
     def seen(self, trials: list[FrozenTrial]) -> None: ...
     def measured(self, number: int, peak_mb: object) -> None: ...
     def ended(self, end: TrialEnd) -> None: ...
@@ -50,6 +55,10 @@ class Dispatch(Protocol):
 class SlotDispatch:
     """Every worker starts at once; each free one takes the next claimed trial."""
 
+    # A slot's CPU threads are its trial's: the baseline job runs with them in the slot's turn, so
+    # that slot's worker takes no trial meanwhile (and the baseline never delays a first trial).
+    honours_turn = True
+
     def first_workers(self, workers: list[WorkerHandle]) -> list[WorkerHandle]:
         return workers
 
@@ -57,14 +66,16 @@ class SlotDispatch:
         if not d.claim_due():
             return
         for w in d.workers:
-            if w.idle:
+            if w.idle:  # not one whose turn the baseline job holds (honours_turn)
                 trial = d.claim()
                 if trial is None:
                     return
                 d.start(w, private.trial_id(trial), trial.number, trial.params)
 
     # null behaviour: nothing held, nothing measured
-    def stopping(self, d: Launcher, why: str) -> None: ...
+    def release_held(self, d: Launcher, why: str) -> None: ...
+    stopping = release_held  # transitional: the driver's old name, until driver.py calls release_held
+
     def seen(self, trials: list[FrozenTrial]) -> None: ...
     def measured(self, number: int, peak_mb: object) -> None: ...
     def ended(self, end: TrialEnd) -> None: ...
@@ -74,6 +85,11 @@ class PackedDispatch:
     """A trial is claimed only while some GPU has room for one; it starts where it fits, with
     its allotment. A claimed trial that fits nowhere yet is held (its heartbeat kept) until
     room frees up; a GPU's next worker is started only when room waits for one."""
+
+    # Packing takes no turns: trials are placed by GPU memory, and the baseline job runs on the
+    # CPU (CUDA_VISIBLE_DEVICES="") beside the GPU's trials, freeing no room that a held trial
+    # waits for. Taking a GPU worker's turn would only start another worker on that GPU.
+    honours_turn = False
 
     def __init__(self, packer: Packer, heartbeat_interval: float) -> None:
         self.packer = packer
@@ -111,11 +127,13 @@ class PackedDispatch:
                 memory_limit_mb=placement.allotted_mb)
         return True
 
-    def stopping(self, d: Launcher, why: str) -> None:
+    def release_held(self, d: Launcher, why: str) -> None:
         """The loop is leaving: a held trial is failed as interrupted (a retry runs it)."""
         held, self.held = self.held, None
         if held is not None:
             d.fail_unstarted(held.trial_id, why)
+
+    stopping = release_held  # transitional: the driver's old name, until driver.py calls release_held
 
     def seen(self, trials: list[FrozenTrial]) -> None:
         self.packer.learn(trials)
@@ -132,9 +150,21 @@ def _spawn_on(d: Launcher, spare: dict[str, WorkerHandle], gpu: str | None) -> N
         d.spawn(spare[gpu])
 
 
+def packs(cfg: SweeperConfig, slots: Sequence[Slot]) -> bool:
+    """Whether a sweep on ``slots`` packs trials by measured memory: ``trials_per_gpu: auto`` on
+    GPU slots (the one test of which strategy a sweep runs)."""
+    return cfg.devices.trials_per_gpu == "auto" and any(s.gpu is not None for s in slots)
+
+
+def honours_turn(cfg: SweeperConfig, slot: Slot) -> bool:
+    """Whether the baseline job takes ``slot``'s turn: as the strategy the sweep runs says (a
+    sweep's slots are all GPU slots or all CPU slots, so one slot tells)."""
+    return (PackedDispatch if packs(cfg, [slot]) else SlotDispatch).honours_turn
+
+
 def dispatch_for(cfg: SweeperConfig, slots: Sequence[Slot], study: optuna.Study) -> Dispatch:
     """Packing for ``trials_per_gpu: auto`` on GPU slots; a trial per slot otherwise."""
-    gpus = {s.gpu.uuid: s.gpu for s in slots if s.gpu is not None}
-    if cfg.devices.trials_per_gpu == "auto" and gpus:
+    if packs(cfg, slots):
+        gpus = {s.gpu.uuid: s.gpu for s in slots if s.gpu is not None}
         return PackedDispatch(Packer(cfg.devices, gpus.values(), study), cfg.study.heartbeat_interval)
     return SlotDispatch()

@@ -1,0 +1,199 @@
+"""The baseline's states (sweeper.baseline.state): the one claim rule, the exact stored value after
+each transition, the job's exit codes, and the sweep's job and worker turn following them. Fast:
+an in-memory study, no subprocess."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from conftest import TINY, merge
+from sweeper.baseline import state as S
+from sweeper.baseline.state import CLAIMABLE, ExitCode, State
+from sweeper.config import validate_config
+from sweeper.devices.nvml import GPU
+from sweeper.devices.slots import Slot
+from sweeper.dispatch import baseline_job
+from sweeper.dispatch.baseline_job import BaselineJob
+from sweeper.dispatch.handle import WorkerHandle
+from sweeper.dispatch.strategies import PackedDispatch, SlotDispatch, honours_turn
+from sweeper.store.identity import Identity
+from sweeper.store.locks import NullLock
+
+AT = "2026-01-02T03:04:05+00:00"
+
+
+@pytest.fixture
+def study(monkeypatch):
+    monkeypatch.setattr(S, "_now", lambda: AT)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study()
+
+
+def _stored(study):
+    return study.user_attrs.get("baseline_state")
+
+
+def test_the_stored_names_and_exit_codes_are_the_ones_on_disk():
+    assert S.ATTR == "baseline_state"
+    assert [s.value for s in State] == ["running", "done", "failed", "interrupted"]
+    assert (ExitCode.DONE, ExitCode.FAILED, ExitCode.STORE_AWAY) == (0, 1, 75)
+    assert set(CLAIMABLE) == {"interrupted"}
+
+
+@pytest.mark.parametrize("stored, claimable", [
+    (None, True), ({"state": "interrupted"}, True),
+    ({"state": "running"}, False), ({"state": "done"}, False), ({"state": "failed"}, False)])
+def test_the_claim_rule(stored, claimable):
+    assert S.claimable(stored) is claimable
+
+
+def test_a_claim_writes_running_once_and_an_interrupted_run_is_claimed_again(study):
+    assert S.claim(study, NullLock(), "h1", "d1") is True
+    first = {"state": "running", "host": "h1", "driver": "d1", "at": AT}
+    assert _stored(study) == first
+    assert S.claim(study, NullLock(), "h2", "d2") is False  # running: taken
+    assert _stored(study) == first
+    assert S.settle(study, State.INTERRUPTED, "h1", "d1", S.STOPPED) is True
+    assert _stored(study) == {"state": "interrupted", "host": "h1", "driver": "d1", "at": AT,
+                              "error": "the sweep stopped before the baseline ended"}
+    assert S.claim(study, NullLock(), "h2", "d2") is True
+    assert _stored(study) == {"state": "running", "host": "h2", "driver": "d2", "at": AT}
+
+
+@pytest.mark.parametrize("end", [State.DONE, State.FAILED])
+def test_done_and_failed_are_never_claimed_again(study, end):
+    S.mark(study, end, "h1", "d1", error="LightGBMError: x" if end is State.FAILED else None)
+    before = dict(_stored(study))
+    assert before == {"state": str(end), "host": "h1", "driver": "d1", "at": AT,
+                      **({"error": "LightGBMError: x"} if end is State.FAILED else {})}
+    assert S.claim(study, NullLock(), "h2", "d2") is False
+    assert _stored(study) == before
+
+
+def test_the_sweep_settles_only_its_own_running_run(study):
+    S.claim(study, NullLock(), "h1", "d1")
+    assert S.settle(study, State.FAILED, "h2", "d2", "not ours") is False  # another driver's run
+    S.mark(study, State.DONE, "h1", "d1")  # the job recorded its end first
+    assert S.settle(study, State.FAILED, "h1", "d1", "exited") is False
+    assert _stored(study) == {"state": "done", "host": "h1", "driver": "d1", "at": AT}
+
+
+def test_what_the_sweep_records_after_the_job_exits():
+    log = Path("logs/h.baseline.log")
+    assert S.after_exit(0, log) is None
+    assert S.after_exit(75, log) == (State.INTERRUPTED, f"the study's storage was away; see {log}")
+    assert S.after_exit(1, log) == (State.FAILED, f"the baseline job exited with code 1; see {log}")
+    assert S.after_exit(-9, log) == (State.FAILED, f"the baseline job exited with code -9; see {log}")
+
+
+# ------------------------------------------------------------------ the sweep's job and the worker's turn
+
+
+def _slot(gpu: bool = False) -> Slot:
+    g = GPU(index=0, uuid="GPU-a", name="fake", total_mb=4000, free_mb=4000, used_mb=0, util=0) \
+        if gpu else None
+    return Slot(id=0, kind="gpu" if gpu else "cpu", gpu=g, env={}, threads=1, label="cpu 0")
+
+
+def _worker(tmp_path) -> WorkerHandle:
+    w = WorkerHandle(_slot(), {"driver": {"host": "h1"}}, tmp_path)
+    w.ready = True
+    return w
+
+
+def test_a_reserved_worker_is_not_idle_until_released(tmp_path):
+    w = _worker(tmp_path)
+    assert w.idle and not w.reserved
+    w.reserve()
+    assert w.reserved and not w.idle
+    w.release()
+    assert w.idle and not w.reserved
+
+
+def test_slot_dispatch_honours_the_turn_and_packing_takes_none():
+    assert SlotDispatch.honours_turn is True and PackedDispatch.honours_turn is False
+    cfg = validate_config(TINY, "tiny")
+    packed = validate_config(merge(TINY, {"devices": {"gpus": "auto", "trials_per_gpu": "auto"}}), "tiny")
+    assert honours_turn(cfg, _slot()) is True
+    assert honours_turn(packed, _slot(gpu=True)) is False
+    assert honours_turn(packed, _slot()) is True  # no GPU here: a trial per CPU slot
+
+
+class _Proc:
+    """A stand-in for the job's subprocess: it runs until told its exit code."""
+
+    def __init__(self, cmd, **kw):
+        self.cmd, self.env, self.pid, self.returncode = cmd, kw["env"], -1, None
+        self.stdin = io.BytesIO()
+        self.stdin.close = lambda: None  # the config stays readable here
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self):
+        self.returncode = -9 if self.returncode is None else self.returncode
+        return self.returncode
+
+
+@pytest.fixture
+def job(study, tmp_path, monkeypatch):
+    procs = []
+
+    def popen(cmd, **kw):
+        procs.append(_Proc(cmd, **kw))
+        return procs[-1]
+
+    monkeypatch.setattr(baseline_job.subprocess, "Popen", popen)
+    monkeypatch.setattr(baseline_job.os, "killpg", lambda pid, sig: None)  # nothing real to kill
+    cfg = validate_config(merge(TINY, {"report": {"baseline": "lightgbm"}}), "tiny")
+    out = BaselineJob(cfg, study, NullLock(), Identity(host="h1", pid=1, driver_id="d1"), tmp_path)
+    out.procs = procs
+    return out
+
+
+@pytest.mark.parametrize("stored, starts", [(None, True), ("interrupted", True), ("running", False),
+                                            ("done", False), ("failed", False)])
+def test_the_sweeps_job_follows_the_claim_rule_and_takes_the_turn(job, study, tmp_path, stored, starts):
+    if stored is not None:
+        S.mark(study, State(stored), "h0", "d0")
+    w = _worker(tmp_path)
+    job.trial_ended(w)
+    job.trial_ended(w)  # once per driver
+    assert len(job.procs) == (1 if starts else 0) and job.running is starts
+    assert w.reserved is starts and w.idle is not starts
+    assert _stored(study)["driver"] == ("d1" if starts else "d0")
+    if starts:
+        assert json.loads(job.procs[0].stdin.getvalue())["study"]["name"] == "tiny"
+        assert job.procs[0].env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize("code, after", [
+    (0, {"state": "running", "host": "h1", "driver": "d1", "at": AT}),  # the job records done itself
+    (75, {"state": "interrupted", "host": "h1", "driver": "d1", "at": AT, "error": "the study's storage "
+          "was away; see {log}"}),
+    (3, {"state": "failed", "host": "h1", "driver": "d1", "at": AT, "error": "the baseline job exited "
+         "with code 3; see {log}"})])
+def test_an_exited_job_gives_the_turn_back_and_is_settled(job, study, tmp_path, code, after):
+    w = _worker(tmp_path)
+    job.trial_ended(w)
+    job.poll()
+    assert w.reserved and job.running  # still running
+    job.procs[0].returncode = code
+    job.poll()
+    assert w.idle and not job.running
+    log = tmp_path / "logs" / "h1.baseline.log"
+    assert _stored(study) == {k: v.format(log=log) if k == "error" else v for k, v in after.items()}
+
+
+def test_a_stopped_job_is_interrupted_and_claimable_again(job, study, tmp_path):
+    w = _worker(tmp_path)
+    job.trial_ended(w)
+    job.stop()
+    assert w.idle and not job.running
+    assert _stored(study) == {"state": "interrupted", "host": "h1", "driver": "d1", "at": AT,
+                              "error": "the sweep stopped before the baseline ended"}
+    assert S.claim(study, NullLock(), "h2", "d2") is True
