@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from sweeper import config as C
 from sweeper.cli import main
 from sweeper.data import load_panel
-from sweeper.data.folds import MIN_TRAIN_DATES, MIN_VALID_DATES, Fold, fold_dates, fold_layout, fold_panel
+from sweeper.data.folds import MIN_TRAIN_DATES, MIN_VALID_DATES, Fold, fold_layout, fold_panel, fold_spans
 from sweeper.data.normalize import MAD_TO_STD, ROBUST_EPS
 from sweeper.data.split import purge_gap, split_widths
 from sweeper.errors import ConfigError
@@ -70,7 +70,7 @@ def test_the_default_layouts_exactly(default_panel):
     short = fold_layout(default_panel, default_study(window="rolling", train_dates=50, valid_dates=40))
     assert [f.train for f in short] == [(591, 641), (631, 681), (671, 721), (711, 761)]
     assert [f.valid for f in short] == [(643, 683), (683, 723), (723, 763), (763, 803)]
-    assert fold_dates(default_panel, expanding)[0] == {"train": ["2010-01-29", "2010-09-07"],
+    assert fold_spans(default_panel, expanding)[0] == {"train": ["2010-01-29", "2010-09-07"],
                                                        "valid": ["2010-09-10", "2011-04-15"]}
 
 

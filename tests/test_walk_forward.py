@@ -64,7 +64,7 @@ def test_runs_and_scores_in_process(study_file, tmp_path):
     cfg, files, out = _outcome(path, tmp_path)
     assert [(r.fold, r.repeat, r.seed) for r in out.runs] == [(f, r, r) for f in range(3) for r in range(2)]
     assert out.folds_run == 3 and out.cut_short is None and out.model is not None
-    attrs = trial_attrs(out.runs, cfg, folds_run=out.folds_run, fold_dates=out.fold_dates,
+    attrs = trial_attrs(out.runs, cfg, folds_run=out.folds_run, spans=out.spans,
                         predictions=out.predictions)
     for key in ("val_ic", "val_rank_ic"):
         per_fold = [statistics.mean(r.metrics[key] for r in out.runs if r.fold == f) for f in range(3)]
@@ -74,7 +74,7 @@ def test_runs_and_scores_in_process(study_file, tmp_path):
         assert attrs[f"worst_fold_{key}"] == min(attrs[f"fold_{key}"])
     assert objective(out.runs, cfg) == attrs["val_rank_ic"]
     assert attrs["seed_val_ic_sd"] > 0 and len(attrs["fold_seed_ensemble_val_ic"]) == 3
-    assert attrs["fold_dates"] == out.fold_dates and len(out.fold_dates) == 3
+    assert attrs["fold_dates"] == out.spans and len(out.spans) == 3
     assert attrs["folds_run"] == 3 and len(attrs["fold_best_epoch"]) == 3
     # each run's files, result.json last; a second pass finds them all finished and trains nothing
     for f in range(3):
@@ -101,8 +101,8 @@ def test_runs_and_scores_in_process(study_file, tmp_path):
 def test_holdout_with_repeats_is_one_fold_of_seeds(study_file, tmp_path):
     path = study_file({"validation": {"repeats": 3}})
     cfg, files, out = _outcome(path, tmp_path)
-    assert [(r.fold, r.repeat) for r in out.runs] == [(0, 0), (0, 1), (0, 2)] and out.fold_dates == []
-    attrs = trial_attrs(out.runs, cfg, folds_run=out.folds_run, fold_dates=out.fold_dates,
+    assert [(r.fold, r.repeat) for r in out.runs] == [(0, 0), (0, 1), (0, 2)] and out.spans == []
+    attrs = trial_attrs(out.runs, cfg, folds_run=out.folds_run, spans=out.spans,
                         predictions=out.predictions)
     seeds = [r.metrics["val_ic"] for r in out.runs]
     assert attrs["fold_val_ic"] == [pytest.approx(statistics.mean(seeds), abs=1e-12)]

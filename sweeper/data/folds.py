@@ -98,7 +98,7 @@ def _too_small(cfg: SweeperConfig, span: int, gap: int, what: str) -> ConfigErro
         "data.split.*)")
 
 
-def fold_dates(panel: Panel, folds: list[Fold]) -> list[dict[str, list[str]]]:
+def fold_spans(panel: Panel, folds: list[Fold]) -> list[dict[str, list[str]]]:
     """``[{"train": [first, last], "valid": [first, last]}]``: ISO days of each fold's target dates
     (the ``fold_dates`` user attribute)."""
     def days(span: tuple[int, int]) -> list[str]:

@@ -15,6 +15,7 @@ from sweeper.store.locks import ClaimLock
 from sweeper.study.samplers import build_pruner, build_sampler, driver_seed
 from sweeper.study.summary import PanelSummary
 from sweeper.study.warm_start import Queue
+from sweeper.validation import contract as K
 
 NOTHING_QUEUED = Queue()
 
@@ -35,7 +36,7 @@ def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str
         "environment": environment,
         "data_fingerprint": panel.fingerprint,
         "split_dates": panel.split_dates,
-        "fold_dates": panel.fold_dates,
+        K.FOLD_DATES: panel.folds,
         "split_widths": {k: getattr(cfg.data.split, k) for k in ("lookback", "horizon", "embargo")},
         "features": panel.features,
         "oracle_ic": panel.oracle_ic,

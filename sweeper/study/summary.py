@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sweeper import config as C
-from sweeper.data.folds import fold_dates, fold_layout
+from sweeper.data.folds import fold_layout, fold_spans
 from sweeper.data.panel import Panel
+from sweeper.validation.grid import RunGrid
 
 
 @dataclass(frozen=True)
@@ -19,15 +20,15 @@ class PanelSummary:
     features: list[str]
     split_dates: dict[str, list[str]]  # {split: [first, last]} target dates as ISO days
     oracle_ic: dict[str, float] | None
-    # walk-forward folds' [{"train": [first, last], "valid": [first, last]}] (empty: holdout)
-    fold_dates: list[dict[str, list[str]]] = field(default_factory=list)
+    # walk-forward folds' [{"train": [first, last], "valid": [first, last]}] (empty: one fold)
+    folds: list[dict[str, list[str]]] = field(default_factory=list)
 
     @classmethod
     def of(cls, panel: Panel, cfg: C.SweeperConfig | None = None) -> PanelSummary:
         """``cfg``: the study's, whose walk-forward folds are laid out on the panel here (the
         check that they fit: a ConfigError naming the keys before anything is written)."""
         folds = []
-        if cfg is not None and cfg.validation.walk_forward:
-            folds = fold_dates(panel, fold_layout(panel, cfg))
+        if cfg is not None and RunGrid.of(cfg).folded:
+            folds = fold_spans(panel, fold_layout(panel, cfg))
         return cls(source=panel.source, fingerprint=panel.fingerprint, features=list(panel.features),
-                   split_dates=panel.split_dates(), oracle_ic=panel.oracle_ic, fold_dates=folds)
+                   split_dates=panel.split_dates(), oracle_ic=panel.oracle_ic, folds=folds)

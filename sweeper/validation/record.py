@@ -27,7 +27,7 @@ def attrs_of(out: R.TrialRuns, cfg: SweeperConfig) -> tuple[float, dict[str, Any
     model = next((r for r in out.runs if out.grid.is_model(r.fold, r.repeat)), None)
     own = (model or out.runs[-1]).metrics if out.runs else {}
     base = {k: v for k, v in own.items() if k not in MEANED}
-    attrs = {**base, **trial_attrs(out.runs, cfg, folds_run=out.folds_run, fold_dates=out.fold_dates,
+    attrs = {**base, **trial_attrs(out.runs, cfg, folds_run=out.folds_run, spans=out.spans,
                                    predictions=out.predictions)}
     attrs["stop_reason"] = out.stop_reason
     attrs["duration_s"] = sum(float(r.metrics.get("duration_s") or 0.0) for r in out.runs)  # every run's

@@ -34,11 +34,12 @@ from sweeper.core.checkpoint import FileCheckpointer
 from sweeper.core.device import TrialMemory
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer
 from sweeper.core.loop import TrainResult
-from sweeper.data.folds import Fold, fold_dates, fold_layout, fold_panel
+from sweeper.data.folds import Fold, fold_layout, fold_panel, fold_spans
 from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
 from sweeper.plain import plain
 from sweeper.store.layout import TrialFiles
+from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid, seeded
 from sweeper.validation.scores import TrainingRun
 
@@ -53,7 +54,7 @@ class TrialRuns:
 
     grid: RunGrid
     folds: list[Fold]
-    fold_dates: list[dict[str, list[str]]]
+    spans: list[dict[str, list[str]]]  # each fold's train and valid dates (none for one fold)
     runs: list[TrainingRun] = field(default_factory=list)
     predictions: dict[tuple[int, int], pd.DataFrame] = field(default_factory=dict)
     daily: dict[tuple[int, int], pd.DataFrame] = field(default_factory=dict)
@@ -113,7 +114,7 @@ class RunStore:
     def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]]) -> FileCheckpointer:
         if self.grid.single:  # the stamp names no run: a retry of a one-run trial continues it
             return FileCheckpointer(self.files.checkpoint, self.stamp)
-        owner = {**self.stamp, "fold": fold + 1, "repeat": repeat + 1, "fold_dates": dates}
+        owner = {**self.stamp, "fold": fold + 1, "repeat": repeat + 1, K.FOLD_DATES: dates}
         return RunCheckpointer(self.files.checkpoint, owner)
 
     def save(self, run: TrainingRun, result: TrainResult, panel: Panel) -> None:
@@ -160,7 +161,7 @@ def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
     """Train (or, for a retry, find finished) every run of the trial's grid, fold by fold."""
     cfg, store, grid = trainer.cfg, trainer.store, RunGrid.of(trainer.cfg)
     folds = fold_layout(panel, cfg)
-    out = TrialRuns(grid, folds, fold_dates(panel, folds) if grid.folded else [])
+    out = TrialRuns(grid, folds, fold_spans(panel, folds) if grid.folded else [])
     deadline = trainer.started + cfg.train.max_minutes * 60 if cfg.train.max_minutes else math.inf
     panels: dict[int, Panel] = {}
     for fold, seed in grid.cells():
@@ -198,7 +199,7 @@ def _train_one(trainer: Trainer, panel: Panel, fold: Fold, seed: int, out: Trial
     from sweeper.core import train
 
     cfg, grid, store = seeded(trainer.cfg, seed), out.grid, trainer.store
-    dates = out.fold_dates[fold.index] if out.fold_dates else {}
+    dates = out.spans[fold.index] if out.spans else {}
     if not grid.single:  # a trial of one run says nothing of folds and seeds, as it never did
         _say_run(trainer, cfg, fold, seed, out, dates)
         trainer.hook.begin_run(fold.index, seed, grid.step(fold.index, seed, 0))

@@ -84,7 +84,7 @@ def ensemble_ic(frames: Sequence[pd.DataFrame]) -> float:
 
 
 def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: int,
-                fold_dates: list[dict[str, list[str]]],
+                spans: list[dict[str, list[str]]],
                 predictions: Mapping[tuple[int, int], pd.DataFrame]) -> dict[str, Any]:
     """The user attributes of a trial made of ``runs`` (the contract's names), without those of
     the model in weights.pt (the worker adds the model run's own). One run: only its figures."""
@@ -95,7 +95,7 @@ def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: i
     for key in dict.fromkeys(["val_ic", cfg.study.metric]):
         attrs.update(_fold_figures(runs, cfg, key, grid))
     if grid.folded:
-        attrs[K.FOLD_DATES] = fold_dates
+        attrs[K.FOLD_DATES] = spans
     if grid.repeats > 1:
         attrs[K.SEED_VAL_IC_SD] = seed_sd(runs)
         per_fold = []
