@@ -2,7 +2,7 @@
 Newey-West t-statistic of the daily IC difference (best - baseline) over the dates both were
 scored on (:mod:`sweeper.quant.hac`, lag ``horizon - 1`` as the selection figures use).
 
-Under walk_forward both sides are k folds on the same dates: the trial's ``val_ic`` and the
+Under walk-forward folds both sides are k folds on the same dates: the trial's ``val_ic`` and the
 baseline's are means over the same valid blocks (the baseline fits one booster per fold), so
 ``val_ic_diff`` compares like with like, ``fold_val_ic_diff`` is the difference fold by fold,
 and the valid t-statistic runs over the dates of every block; the test split is the last
@@ -23,7 +23,7 @@ from sweeper.quant.hac import hac_standard_error, lag_for_horizon
 SPLITS = {"valid": "val", "test": "test"}
 KEPT = ("val_ic", "val_rank_ic", "val_icir", "test_ic", "test_rank_ic", "test_icir", "best_iteration",
         "elapsed_s", "lightgbm_version", "rows", "subsampled", "n_features", "lags", "threads",
-        # walk_forward (sweeper.baseline.job.fold_summary)
+        # walk-forward folds (sweeper.baseline.job.fold_summary)
         "folds", "fold_val_ic", "val_ic_se", "worst_fold_val_ic", "fold_best_iteration")
 
 

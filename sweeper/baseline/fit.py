@@ -3,7 +3,7 @@ split's, then valid and test predicted and scored with the trials' IC functions
 (:func:`sweeper.quant.ic.ic_report` and :func:`~sweeper.quant.ic.daily_ic` of a long frame
 ``date, asset, pred, label`` with the raw label, as :func:`sweeper.core.evaluate.final_scores`).
 
-Under ``validation.scheme: walk_forward`` (:func:`fit_study`) it fits one booster per fold
+Under walk-forward folds (:func:`fit_study`) it fits one booster per fold
 (:func:`fit_folds`): on the fold's panel (:func:`sweeper.data.folds.fold_panel`: its train window,
 its valid block, features normalised with statistics of its train window), early-stopped on its
 valid block. The valid figures are the mean over folds of each fold's, as a trial's; the test
@@ -29,6 +29,7 @@ from sweeper.config.long_sweeps import BaselineConfig
 from sweeper.data.folds import Fold, fold_layout, fold_panel
 from sweeper.data.panel import Panel
 from sweeper.quant import ic as M
+from sweeper.validation.grid import RunGrid
 
 # Qlib's LGBModel kwargs of the Alpha158 benchmark; its ``loss: mse`` is LightGBM's objective
 QLIB_ALPHA158: dict[str, Any] = {
@@ -54,7 +55,7 @@ class BaselineResult:
     subsampled: dict[str, Any] | None = None
     train_rows: pd.DataFrame | None = field(default=None, repr=False)  # date, asset[, fold] of each train row
     model_text: str = field(default="", repr=False)
-    # walk_forward: one entry per fold (:func:`fit_folds`); None under holdout
+    # walk-forward folds: one entry per fold (:func:`fit_folds`); None with one fold
     folds: list[dict[str, Any]] | None = None
 
 
@@ -100,8 +101,9 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
 
 
 def fit_study(panel: Panel, cfg: SweeperConfig, threads: int = 1, seed: int = 0) -> BaselineResult:
-    """The study's baseline on its panel: one fit under holdout, one per fold under walk_forward."""
-    if not cfg.validation.walk_forward:
+    """The study's baseline on its panel: one fit per fold of the study's run grid (one fold:
+    the panel's own split)."""
+    if not RunGrid.of(cfg).folded:
         return fit(panel, cfg.baseline, threads=threads, seed=seed)
     return fit_folds(panel, fold_layout(panel, cfg), cfg.data, cfg.baseline, threads=threads, seed=seed)
 

@@ -11,7 +11,7 @@ a column of numbers, of strings or of booleans keeps its type. CSV, as ever, can
 tell an empty string from a missing value.
 
 A fold list (a ``fold_*`` user attribute of numbers: ``fold_val_ic``, ``fold_best_epoch``, ...,
-one entry per fold under walk_forward) is JSON text like every list, and is also spread over
+one entry per walk-forward fold) is JSON text like every list, and is also spread over
 one float column per fold right after it, 1-based: ``user_attrs.fold_val_ic_1``,
 ``user_attrs.fold_val_ic_2``, ... (NaN where a trial has fewer folds, e.g. a pruned one).
 """

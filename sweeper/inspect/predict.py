@@ -9,7 +9,7 @@ to a split of the study's data or to another file.
   (:func:`sweeper.quant.ensemble.ensemble`).
 - ``--split``: ``valid`` (the default), ``test``, ``train`` or ``all`` (every date with a
   full lookback window); ``--start``/``--end`` keep the split's dates within that range (and
-  make ``all`` the default, as does ``--data`` scored by a refit). Under walk_forward the
+  make ``all`` the default, as does ``--data`` scored by a refit). Under walk-forward folds the
   study's own ``train`` and ``valid`` are the last fold's: the trial's model trained on that
   fold, and its valid block is the one valid period the model has not seen.
 - ``--data``: another file, scored with the trial's features and normalisation statistics

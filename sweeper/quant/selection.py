@@ -13,7 +13,7 @@ makes neighbouring daily ICs overlap, so every standard error is Newey-West with
   cross-validation (CSCV).
 - :func:`selection_summary`: all of the above for a finished study.
 
-Under ``validation.scheme: walk_forward`` a trial's daily validation ICs are its folds' valid
+Under walk-forward folds a trial's daily validation ICs are its folds' valid
 blocks end to end, each block scored by that fold's model. :func:`selection_summary` then
 takes each trial's standard error from its fold ICs (:func:`fold_standard_error`: the spread
 of the score from one period to the next, which the daily noise within a block understates)

@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 
 def report_scores(trial: optuna.Trial, scores: list[float]) -> None:
-    """The trial's per-fold scores (or per-seed, under holdout with repeats), for the
+    """The trial's per-fold scores (or per-seed, for seed repeats of one fold), for the
     Terminator's cross-validation error. Needs two scores or more; fewer report nothing."""
     if len(scores) < 2:
         return

@@ -33,7 +33,7 @@ class OptunaHook:
         self.metrics_csv, self.stop = metrics_csv, stop
         self.pruned = False
         self.steps = 0
-        # a trial of several runs (walk_forward, repeats) steps on across them: the run's
+        # a trial of several runs (walk-forward folds, seed repeats) steps on across them: the run's
         # offset is added to its epoch, and metrics.csv rows say which fold and seed they are
         self.offset = 0
         self.run_columns: dict[str, int] = {}
