@@ -103,14 +103,14 @@ def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, 
     """Fit the baseline of ``study`` (its config ``cfg``), write its files and attributes; returns
     the ``baseline`` attribute. Raises what the fit raises, after recording ``failed``."""
     from sweeper.data import load_panel
-    from sweeper.data.folds import fold_dates, fold_layout
+    from sweeper.data.folds import fold_layout, fold_spans
 
     mark(study, State.RUNNING, host, driver)  # whatever was stored: a sweep claimed it, or asked by name
     try:
         panel = load_panel(cfg.data)
         seed = cfg.study.sampler.seed if cfg.study.sampler.seed is not None else 0
         result = fit_study(panel, cfg, threads=threads, seed=seed)
-        dates = fold_dates(panel, fold_layout(panel, cfg)) if cfg.validation.walk_forward else None
+        dates = fold_spans(panel, fold_layout(panel, cfg)) if cfg.validation.walk_forward else None
         del panel
         write_files(result, run_dir if run_dir is not None else layout.run_dir(cfg))
         attr = summary(result, cfg, threads, dates)
