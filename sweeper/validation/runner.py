@@ -37,6 +37,7 @@ from sweeper.core.loop import TrainResult
 from sweeper.data.folds import Fold, fold_layout, fold_panel, fold_spans
 from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
+from sweeper.errors import StopReason
 from sweeper.plain import plain
 from sweeper.store.layout import TrialFiles
 from sweeper.validation import contract as K
@@ -45,7 +46,7 @@ from sweeper.validation.scores import TrainingRun
 
 RESULT, PREDICTIONS, DAILY = "result.json", "predictions_valid.parquet", "daily_ic_valid.csv"
 WEIGHTS, NORM_STATS, DAILY_TEST = "weights.pt", "norm_stats.json", "daily_ic_test.csv"
-CUT_SHORT = ("pruned", "time")  # a run that ended so ends the trial's runs
+CUT_SHORT = (StopReason.PRUNED, StopReason.TIME)  # a run that ended so ends the trial's runs
 
 
 @dataclass
@@ -59,7 +60,7 @@ class TrialRuns:
     predictions: dict[tuple[int, int], pd.DataFrame] = field(default_factory=dict)
     daily: dict[tuple[int, int], pd.DataFrame] = field(default_factory=dict)
     model: TrainResult | None = None  # the model run's result, when it trained in this process
-    cut_short: str | None = None      # pruned | time: the later runs were not run
+    cut_short: StopReason | None = None  # pruned | time: the later runs were not run
 
     @property
     def folds_run(self) -> int:
@@ -68,7 +69,7 @@ class TrialRuns:
 
     @property
     def stop_reason(self) -> str:
-        return self.cut_short or (self.runs[-1].stop_reason if self.runs else "epochs")
+        return self.cut_short or (self.runs[-1].stop_reason if self.runs else StopReason.EPOCHS)
 
     def add(self, run: TrainingRun, predictions: pd.DataFrame, daily: pd.DataFrame) -> None:
         self.runs.append(run)
@@ -105,7 +106,7 @@ class RunStore:
         raw = json.loads(path.read_text())
         metrics = {k: (math.nan if v is None else v) for k, v in raw["metrics"].items()}
         return TrainingRun(int(raw["fold"]) - 1, int(raw["repeat"]) - 1, int(raw["seed"]), metrics,
-                           str(raw.get("stop_reason", "epochs")))
+                           str(raw.get("stop_reason", StopReason.EPOCHS)))
 
     def frames(self, fold: int, repeat: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         folder = self.folder(fold, repeat)
@@ -172,14 +173,14 @@ def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
         if out.runs and time.monotonic() > deadline:
             # no run starts past the budget (its one step would score nothing); the first
             # always starts, so a trial is never without a score
-            out.cut_short = "time"
+            out.cut_short = StopReason.TIME
             return out
         if fold not in panels:
             panels[fold] = _fold_panel(trainer, panel, folds[fold])
             trainer.hook.tick()  # building a fold's panel is progress, for the stall watchdog
         run = _train_one(trainer, panels[fold], folds[fold], seed, out)
         if run.stop_reason in CUT_SHORT and (fold, seed) != grid.last:
-            out.cut_short = run.stop_reason
+            out.cut_short = StopReason(run.stop_reason)
             return out
     return out
 

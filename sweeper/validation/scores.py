@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from sweeper.config import SweeperConfig
+from sweeper.errors import StopReason
 from sweeper.quant import ic as M
 from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid
@@ -33,7 +34,7 @@ class TrainingRun:
     repeat: int
     seed: int
     metrics: dict[str, Any]
-    stop_reason: str = "epochs"
+    stop_reason: str = StopReason.EPOCHS
 
 
 def fold_scores(runs: Sequence[TrainingRun], key: str) -> list[float]:

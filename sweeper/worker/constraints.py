@@ -71,9 +71,11 @@ def record(trial: optuna.Trial, figures: Mapping[str, float | None],
     return attrs
 
 
-def judge(trial: optuna.Trial, cfg: SweeperConfig, predictions: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+def record_constraints(trial: optuna.Trial, cfg: SweeperConfig,
+                       predictions: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
     """:func:`record` of the trial's valid-split predictions (``cfg``: the trial's own config,
-    whose horizon its labels have); nothing when it has none."""
+    whose horizon its labels have): it writes the constraint values on the running trial, which
+    the samplers read; the user attributes to store come back. Nothing when it has none."""
     frame = predictions.get("valid")
     if frame is None:
         return {}

@@ -196,7 +196,7 @@ def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: fl
         nan = fail_attrs(FailReason.NAN, f"{cfg.study.metric} is not finite")
         return TrialState.FAIL, None, {**attrs, **nan}
     # study.constraints: set on the RUNNING trial, before the tell, so samplers read them
-    attrs.update(constraints.judge(trial, cfg, record.first_seed_predictions(out)))
+    attrs.update(constraints.record_constraints(trial, cfg, record.first_seed_predictions(out)))
     if cut:
         # a trial of several runs cut short has no objective (a partial mean never wins); one
         # run's value is its own, which the driver shows beside the pruned trial
