@@ -131,11 +131,15 @@ def test_a_disk_failure_is_retried_from_its_checkpoint(study_file):
     t = create_trial(state=TrialState.FAIL, params={}, distributions={},
                      user_attrs={"fail_reason": "disk", "attempt": 2, "resume_from": source})
     t.number = 4
-    [(failed, attrs)] = retry_plan([t], cfg.study)
+    [(failed, attrs)] = retry_plan([t], cfg.study, Path("runs/tiny"))
     assert failed.number == 4
-    assert attrs == {"retry_of": 4, "attempt": 3, "crash_count": 0, "resume_from": source}
+    # the retry names the trial it resumes, read here from the older retry's path
+    assert attrs == {"retry_of": 4, "attempt": 3, "crash_count": 0, "resume_from_trial": 1}
+    Path("runs/tiny/trials/4").mkdir(parents=True)
+    Path("runs/tiny/trials/4/checkpoint.pt").write_bytes(b"x")  # it saved one after all: its own
+    assert retry_plan([t], cfg.study, Path("runs/tiny"))[0][1]["resume_from_trial"] == 4
     t.user_attrs["attempt"] = MAX_INTERRUPTED_RETRIES
-    assert retry_plan([t], cfg.study) == []
+    assert retry_plan([t], cfg.study, Path("runs/tiny")) == []
 
 
 # ---------------------------------------------------------------- end to end
@@ -174,7 +178,7 @@ def test_a_sweep_on_a_full_disk_stops_and_resumes_once_space_is_freed(study_file
     [retry] = [t for t in trials if t.user_attrs.get("retry_of") == 0]
     assert retry.state == TrialState.COMPLETE
     # it went on from the last checkpoint that was written whole (epoch 1), not the broken write
-    assert (retry.user_attrs["resume_from"], retry.user_attrs["resumed_from_epoch"]) == (str(written), 1)
+    assert (retry.user_attrs["resume_from_trial"], retry.user_attrs["resumed_from_epoch"]) == (0, 1)
     for ckpt in run_folder.rglob("checkpoint.pt"):
         assert int(torch.load(ckpt, weights_only=True)["epoch"]) >= 1
     assert not list(run_folder.rglob("*.tmp"))

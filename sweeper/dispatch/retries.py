@@ -4,14 +4,15 @@ go (:mod:`sweeper.study.retry_rule`) is queued with the same params and its chec
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import StudyConfig
 from sweeper.errors import FailReason
+from sweeper.store import layout, outage
 from sweeper.store import optuna_private as private
-from sweeper.store import outage
 from sweeper.store.identity import Identity, pid_alive
 from sweeper.study.ending import fail_trial
 from sweeper.study.retry_rule import retry_plan
@@ -87,12 +88,15 @@ def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
         fail_trial(study, trial_id, FailReason.INTERRUPTED, reasons[trial_id])
 
 
-def reconcile(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> list[FrozenTrial]:
-    """Fail stale RUNNING trials (dead drivers) and enqueue every due retry. Call
-    under the claim lock. Returns the trials as they stand after the failing."""
+def reconcile(study: optuna.Study, cfg: StudyConfig, ident: Identity,
+              run_dir: Path | None = None) -> list[FrozenTrial]:
+    """Fail stale RUNNING trials (dead drivers) and enqueue every due retry, each naming the
+    trial whose checkpoint in ``run_dir`` (default: the study's run folder, which a sweep has
+    taken for the study) it resumes. Call under the claim lock. Returns the trials as they stand
+    after the failing."""
     fail_dead_local(study, ident)
     fail_stale(study, cfg, ident)
     trials = study.get_trials(deepcopy=False)
-    for failed, attrs in retry_plan(trials, cfg):
+    for failed, attrs in retry_plan(trials, cfg, layout.run_dir(cfg) if run_dir is None else run_dir):
         study.enqueue_trial(failed.params, user_attrs=attrs)
     return trials

@@ -36,14 +36,15 @@ from sweeper.data.load import PanelMemo
 from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
 from sweeper.errors import DataError, SweeperError
+from sweeper.store import layout
 from sweeper.store.layout import TrialFiles, trial_files
-from sweeper.store.run_folder import study_folder
-from sweeper.study.retention import retrain_command, weights_removed
+from sweeper.store.run_folder import files_folder
+from sweeper.study.retention import no_model, retrain_command, weights_removed
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection
-# a refit's files in trials/<n>/refit/ (store.layout's TrialFiles.refit); refit.json is written last
-REFIT_WEIGHTS, REFIT_STATS, REFIT_RECORD = "weights.pt", "norm_stats.json", "refit.json"
+# a refit's file names, here for sweeper.refit until it reads them from store.layout's RefitFiles
+REFIT_WEIGHTS, REFIT_STATS, REFIT_RECORD = layout.WEIGHTS, layout.NORM_STATS, layout.REFIT_RECORD
 
 
 def trial_config(files: TrialFiles) -> SweeperConfig:
@@ -70,6 +71,10 @@ def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None =
     if weights_removed(trial, files):
         raise DataError(f"{path}: trial {trial.number}'s weights were removed by study.keep; retrain it "
                         f"with its params as a new trial: {retrain_command(trial, study_file)}")
+    never = no_model(trial)
+    if never is not None and not path.exists():
+        raise DataError(f"{path}: missing; trial {trial.number} has no model: {never}; "
+                        "predict a trial that finished its folds")
     if not path.exists():
         raise DataError(f"{path}: missing; trial {trial.number} is {trial.state.name} and wrote no weights")
     return torch.load(path, map_location="cpu", weights_only=True)
@@ -78,7 +83,7 @@ def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None =
 def read_refit(files: TrialFiles) -> dict[str, Any] | None:
     """The ``refit.json`` record of the trial's refit, or None when it has no complete one (the
     record is written after the weights and statistics, and removed before they are replaced)."""
-    path = files.refit / REFIT_RECORD
+    path = files.refit_files.record
     if not path.exists():
         return None
     try:
@@ -92,10 +97,10 @@ def read_refit(files: TrialFiles) -> dict[str, Any] | None:
 def load_refit_weights(files: TrialFiles) -> dict[str, Any]:
     import torch
 
-    path = files.refit / REFIT_WEIGHTS
-    if not path.exists():
-        raise DataError(f"{path}: missing beside its {REFIT_RECORD}; run `sweeper refit` again")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    refit = files.refit_files
+    if not refit.weights.exists():
+        raise DataError(f"{refit.weights}: missing beside its {refit.record.name}; run `sweeper refit` again")
+    return torch.load(refit.weights, map_location="cpu", weights_only=True)
 
 
 def own_scoring_panel(panel: Panel) -> Panel:
@@ -130,7 +135,7 @@ class Predictor:
                  study_file: str | None = None) -> None:
         self.cfg, self.study = cfg, study
         self.study_file = study_file  # named in the retrain command of a trial whose weights are gone
-        self.run_dir = study_folder(cfg, study)  # this study's files, wherever another study put them
+        self.run_dir = files_folder(cfg, study)  # this study's files, wherever another study put them
         self._device_name = device
         self.notes: list[str] = []
         self.refits: dict[int, str] = {}  # trial -> the date its refit was trained to, for each refit used
@@ -164,7 +169,7 @@ class Predictor:
         if data is None:
             panel = self.own_panel(tcfg)
         else:
-            stats = files.refit / REFIT_STATS if refit else files.norm_stats
+            stats = files.refit_files.norm_stats if refit else files.norm_stats
             panel = self._new_panel(tcfg, stats, trial, Path(data))
         panel, name = restrict(panel, split, start, end)
         if len(panel.sample_index(name)) == 0:
@@ -182,7 +187,7 @@ class Predictor:
     def own_panel(self, tcfg: SweeperConfig) -> Panel:
         """The study's data loaded with a trial's data config, every present row scoreable.
 
-        Under walk_forward it is the last fold's panel: the trial's model trained on that fold's
+        Under walk-forward folds it is the last fold's panel: the trial's model trained on that fold's
         window with its normalisation, and scoring the study's holdout valid split would score
         dates that fold trained on (its valid block is the one the model has not seen)."""
         from sweeper.data import load_panel
@@ -216,7 +221,7 @@ class Predictor:
         saved: NormStats | None = json.loads(kept.read_text()) if kept.exists() else None
         split_dates: dict[str, list[str]] | None = self.study.user_attrs.get("split_dates")
         folds = self.study.user_attrs.get("fold_dates")
-        if split_dates and folds:  # walk_forward: the model's own train and valid (see own_panel)
+        if split_dates and folds:  # walk-forward: the model's own train and valid (see own_panel)
             split_dates = {**split_dates, **folds[-1]}
         if saved is not None and split_dates:
             return saved, split_dates

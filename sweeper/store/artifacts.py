@@ -4,10 +4,10 @@ optuna-dashboard lists what the workers upload here beside each trial.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sweeper.errors import ConfigError
+from sweeper.store.layout import artifacts_dir
 
 if TYPE_CHECKING:
     from optuna.artifacts import Boto3ArtifactStore, FileSystemArtifactStore
@@ -22,7 +22,7 @@ def artifact_store(location: str) -> FileSystemArtifactStore | Boto3ArtifactStor
         from optuna.artifacts import Boto3ArtifactStore
 
         return Boto3ArtifactStore(bucket)
-    base = Path(location) / "artifacts"
+    base = artifacts_dir(location)
     base.mkdir(parents=True, exist_ok=True)
     return FileSystemArtifactStore(str(base))
 

@@ -8,7 +8,7 @@
       previous/<uuid>/            another study's trials/, logs/ and devices.csv, moved aside
       devices.csv                 GPU telemetry samples
       logs/<host>.slot-<k>.log    each worker's stdout and stderr
-      artifacts/                  Optuna's artifact store (a folder store)
+      artifacts/<id>              Optuna's artifact store (a folder store): copies of trial files
       trials/<number>/
         config.yaml               the trial's resolved config (its params applied)
         metrics.csv               one row per epoch
@@ -18,11 +18,14 @@
         daily_ic_test.csv
         norm_stats.json           features and robust_zscore's train statistics (for new data)
         checkpoint.pt             the last end-of-epoch training state (core.checkpoint) of the
-                                  run in progress (under walk_forward: of its fold and seed)
-        runs/fold-<f>.seed-<r>/   walk_forward or repeats: one finished training run's files
-          result.json             its metrics, best epoch and fold (sweeper.validation)
+                                  run in progress (with several runs: of its fold and seed)
+        runs/fold-<f>.seed-<r>/   several runs (folds, seeds): one finished training run's files
+          result.json             its metrics, best epoch and fold (sweeper.validation), written last
           daily_ic_valid.csv      per-date IC of its valid block
           predictions_valid.parquet  date, asset, pred of its valid block (seed ensembles)
+          weights.pt              the model run's (the last fold's first seed) until the trial
+          norm_stats.json         takes them (store.trial_folder); weights.pt is moved, the
+          daily_ic_test.csv       others copied
         refit/                    sweeper refit: the production model (sweeper.refit)
           weights.pt              trained on every labelled date up to refit.json's until
           norm_stats.json
@@ -38,6 +41,11 @@
 Hosts may share a run folder, so each host writes its own slot logs. A folder holds the
 files of one study (:mod:`sweeper.store.run_folder`): a study of the same name in another
 storage, or one re-created after its database was deleted, moves the other's aside.
+
+Every name above is spelled here and nowhere else. A path is worked out from the run folder
+and the trial's number when it is used, never read back from a stored string: a study moved
+aside to ``previous/<uuid>/`` has the same layout there. What copies, moves or removes a
+trial's files is :mod:`sweeper.store.trial_folder`.
 """
 from __future__ import annotations
 
@@ -45,17 +53,85 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweeper.config import SweeperConfig
+from sweeper.config import StudyConfig, SweeperConfig
+
+# the names of a trial's files (trials/<n>/) and of a run's (runs/fold-<f>.seed-<r>/)
+CONFIG, METRICS, LOG, CHECKPOINT = "config.yaml", "metrics.csv", "train.log", "checkpoint.pt"
+WEIGHTS, NORM_STATS = "weights.pt", "norm_stats.json"
+RESULT, PREDICTIONS = "result.json", "predictions_valid.parquet"
+REFIT_RECORD = "refit.json"
+SPLITS = ("valid", "test")  # the splits a daily IC file is written for
+
+
+def daily_ic_name(split: str) -> str:
+    """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
+    return f"daily_ic_{split}.csv"
+
 
 # the trial files registered in the artifact store, so optuna-dashboard lists them
-ARTIFACTS = ("config.yaml", "metrics.csv", "train.log", "weights.pt", "daily_ic_valid.csv",
-             "daily_ic_test.csv")
+ARTIFACTS = (CONFIG, METRICS, LOG, WEIGHTS, daily_ic_name("valid"), daily_ic_name("test"))
 
 
-def run_dir(cfg: SweeperConfig) -> Path:
-    """The study's run folder on this host."""
-    artifacts = cfg.study.resolved_artifacts
-    return Path(f"runs/{cfg.study.name}") if artifacts.startswith("s3://") else Path(artifacts)
+def run_dir(cfg: SweeperConfig | StudyConfig) -> Path:
+    """The study's run folder on this host (from the whole config or its study section)."""
+    study = cfg.study if isinstance(cfg, SweeperConfig) else cfg
+    artifacts = study.resolved_artifacts
+    return Path(f"runs/{study.name}") if artifacts.startswith("s3://") else Path(artifacts)
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The files of one training run of a trial: ``runs/fold-<f>.seed-<r>/``, or the trial's own
+    folder when the trial makes one run (the names are the same)."""
+
+    folder: Path
+
+    @property
+    def result(self) -> Path:
+        """``result.json``: the run's metrics; written last, so a run with one has finished."""
+        return self.folder / RESULT
+
+    @property
+    def predictions(self) -> Path:
+        """``predictions_valid.parquet``: date, asset, pred of its valid block."""
+        return self.folder / PREDICTIONS
+
+    def daily_ic(self, split: str) -> Path:
+        """``daily_ic_valid.csv``; ``daily_ic_test.csv`` of the model run only."""
+        return self.folder / daily_ic_name(split)
+
+    @property
+    def weights(self) -> Path:
+        return self.folder / WEIGHTS
+
+    @property
+    def norm_stats(self) -> Path:
+        return self.folder / NORM_STATS
+
+
+@dataclass(frozen=True)
+class RefitFiles:
+    """``trials/<n>/refit/``: ``sweeper refit``'s production model (refit.json written last)."""
+
+    folder: Path
+
+    @property
+    def weights(self) -> Path:
+        return self.folder / WEIGHTS
+
+    @property
+    def norm_stats(self) -> Path:
+        return self.folder / NORM_STATS
+
+    @property
+    def record(self) -> Path:
+        """``refit.json``: the trial, until, epochs, the dates it trained on."""
+        return self.folder / REFIT_RECORD
+
+    @property
+    def names(self) -> tuple[str, str, str]:
+        """The file names, in the order they are written (what ``sweeper refit`` prints)."""
+        return WEIGHTS, NORM_STATS, REFIT_RECORD
 
 
 @dataclass(frozen=True)
@@ -66,32 +142,32 @@ class TrialFiles:
 
     @property
     def config(self) -> Path:
-        return self.folder / "config.yaml"
+        return self.folder / CONFIG
 
     @property
     def metrics(self) -> Path:
-        return self.folder / "metrics.csv"
+        return self.folder / METRICS
 
     @property
     def log(self) -> Path:
-        return self.folder / "train.log"
+        return self.folder / LOG
 
     @property
     def weights(self) -> Path:
-        return self.folder / "weights.pt"
+        return self.folder / WEIGHTS
 
     @property
     def checkpoint(self) -> Path:
-        return self.folder / "checkpoint.pt"
+        return self.folder / CHECKPOINT
 
     @property
     def norm_stats(self) -> Path:
         """``norm_stats.json``: the features and what normalisation fitted on the train split."""
-        return self.folder / "norm_stats.json"
+        return self.folder / NORM_STATS
 
     def daily_ic(self, split: str) -> Path:
         """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
-        return self.folder / f"daily_ic_{split}.csv"
+        return self.folder / daily_ic_name(split)
 
     @property
     def runs(self) -> Path:
@@ -102,14 +178,37 @@ class TrialFiles:
         """One finished run's folder; ``fold`` and ``repeat`` count from 1 (as ``validate`` prints)."""
         return self.runs / f"fold-{fold}.seed-{repeat}"
 
+    def run_files(self, fold: int, seed: int, single: bool = False) -> RunFiles:
+        """The files of run (``fold``, ``seed``), 0-based as :class:`~sweeper.validation.grid.RunGrid`
+        counts them: ``runs/fold-<fold+1>.seed-<seed+1>/``, or, for a trial of one run
+        (``single``: ``RunGrid.single``), the trial's own folder."""
+        return RunFiles(self.folder if single else self.run(fold + 1, seed + 1))
+
     @property
     def refit(self) -> Path:
         """``refit/``: ``sweeper refit``'s production model of this trial."""
         return self.folder / "refit"
 
+    @property
+    def refit_files(self) -> RefitFiles:
+        return RefitFiles(self.refit)
+
+
+def trials_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "trials"
+
 
 def trial_files(run_dir: str | Path, number: int) -> TrialFiles:
-    return TrialFiles(Path(run_dir) / "trials" / str(number))
+    return TrialFiles(trials_dir(run_dir) / str(number))
+
+
+def trial_of_checkpoint(path: str | Path) -> int | None:
+    """The trial whose checkpoint ``path`` is (``.../trials/<n>/checkpoint.pt``), or None when it
+    names no trial folder: how a retry stored before ``resume_from_trial`` names its source."""
+    parts = Path(path).parts
+    if len(parts) >= 3 and parts[-1] == CHECKPOINT and parts[-3] == "trials" and parts[-2].isdigit():
+        return int(parts[-2])
+    return None
 
 
 @dataclass(frozen=True)
@@ -158,6 +257,16 @@ def logs_dir(run_dir: str | Path) -> Path:
 
 def devices_csv(run_dir: str | Path) -> Path:
     return Path(run_dir) / "devices.csv"
+
+
+def artifacts_dir(location: str | Path) -> Path:
+    """The folder artifact store under a run folder (``study.artifacts``)."""
+    return Path(location) / "artifacts"
+
+
+def artifact_copy(run_dir: str | Path, artifact_id: str) -> Path:
+    """An uploaded file's copy in the folder artifact store (FileSystemArtifactStore's layout)."""
+    return artifacts_dir(run_dir) / str(artifact_id)
 
 
 def owner_file(run_dir: str | Path) -> Path:

@@ -13,7 +13,6 @@ store (its files are keyed by unique ids) and reports the user wrote.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import optuna
@@ -22,6 +21,7 @@ from sweeper.atomic import write_text
 from sweeper.config import SweeperConfig
 from sweeper.store import layout
 from sweeper.store.layout import STUDY_OWNED, owner_file, previous_dir
+from sweeper.store.trial_folder import move
 
 UNKNOWN = "unknown"  # the owner of files from before owner.json, which no study claimed
 
@@ -67,9 +67,7 @@ def _move(run_dir: Path, target: Path, verb: str) -> list[str]:
         src = run_dir / name
         if not src.exists():
             continue
-        dst = _free_name(target / name)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(src, dst)
+        move(src, _free_name(target / name))
         moved.append(name)
     if not moved:
         return []
@@ -81,7 +79,7 @@ def _restore(back: Path, run_dir: Path) -> list[str]:
     for name in STUDY_OWNED:
         src = back / name
         if src.exists() and not (run_dir / name).exists():
-            os.replace(src, run_dir / name)
+            move(src, run_dir / name)
             restored.append(name)
     if not any(back.iterdir()):
         back.rmdir()
@@ -101,9 +99,15 @@ def _who(target: Path) -> str:
     return "no owner recorded" if target.name == UNKNOWN else f"study_uuid {target.name}"
 
 
-def study_folder(cfg: SweeperConfig, study: optuna.Study) -> Path:
-    """The folder holding ``study``'s trial files (:func:`study_dir` of its run folder)."""
+def files_folder(cfg: SweeperConfig, study: optuna.Study) -> Path:
+    """The folder holding ``study``'s files now: its run folder, or ``previous/<uuid>/`` when
+    another study has taken it over (:func:`study_dir` of its run folder)."""
     return study_dir(layout.run_dir(cfg), study.user_attrs.get("study_uuid"))
+
+
+# the old name, for the callers that still import it (cli, refit, inspect.report, inspect.results);
+# not to be used anew: sweeper.models.paths.study_folder is another thing (the study file's folder)
+study_folder = files_folder
 
 
 def study_dir(run_dir: Path, study_uuid: str | None) -> Path:

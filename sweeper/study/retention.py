@@ -23,10 +23,9 @@ import json
 import os
 import shlex
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
 import yaml
@@ -34,11 +33,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import KeepConfig, StudyConfig, SweeperConfig
 from sweeper.errors import one_line
-from sweeper.store.layout import TrialFiles, trial_files
+from sweeper.store.layout import TrialFiles, artifact_copy, trial_files
 from sweeper.store.studies import ranked
+from sweeper.store.trial_folder import Liveness, TrialFolder, remove
 from sweeper.study.retry_rule import retry_plan
 
-LIVE = (TrialState.RUNNING, TrialState.WAITING)
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 ARTIFACT_PREFIX = "artifacts:"  # Optuna's system attr of an uploaded artifact (optuna.artifacts)
 
@@ -91,53 +90,35 @@ def top_k(trials: list[FrozenTrial], k: int, maximize: bool) -> list[FrozenTrial
 def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path,
               maximize: bool) -> list[Path]:
     """The existing files ``study.keep`` removes from ``trials`` (one snapshot of the study),
-    with their artifact store copies."""
+    with their artifact store copies. ``run_dir``: the folder holding the study's trials now
+    (its run folder, or ``previous/<uuid>/``), where liveness is judged too."""
     keep = study.keep
     if keep.keeps_all():
         return []
 
     top = {t.number for t in top_k(trials, keep.k, maximize)}
-    live = _live_checkpoints(trials, run_dir, retry_plan(trials, study))
+    live = Liveness.of(run_dir, trials, retry_plan(trials, study, run_dir))
     out: list[Path] = []
     for t in trials:
         if t.state not in ENDED:
             continue  # never a running or waiting trial's files
-        files = trial_files(run_dir, t.number)
+        folder = TrialFolder(Path(run_dir), t.number)
         drop, runs = [], []
-        if _drops_checkpoint(keep, t.number in top, files, live):
-            drop.append(files.checkpoint)
-            # with it, a walk-forward run's weights an interrupted trial left for its retry (a
-            # trial that ends moves its model's weights out of runs/ into its own folder)
-            runs = sorted(files.runs.glob("*/weights.pt"))
+        if _drops_checkpoint(keep, t.number in top, folder, live):
+            drop.append(folder.files.checkpoint)
+            runs = folder.checkpoint_files()[1:]  # the runs' weights it left for its retry
         if keep.weights == "top_k" and t.number not in top:
-            drop.append(files.weights)
+            drop += folder.model_files()
         if keep.predictions == "top_k" and t.number not in top:
-            drop += [files.daily_ic("valid"), files.daily_ic("test")]
+            drop += folder.prediction_files()
         out += [p for p in drop + runs if p.is_file()] + _artifact_copies(t, run_dir, {p.name for p in drop})
     return out
 
 
-def _drops_checkpoint(keep: KeepConfig, in_top: bool, files: TrialFiles, live: set[Path]) -> bool:
+def _drops_checkpoint(keep: KeepConfig, in_top: bool, folder: TrialFolder, live: Liveness) -> bool:
     if keep.checkpoints == "all" or (keep.checkpoints == "top_k" and in_top):
         return False
-    return files.checkpoint.resolve() not in live
-
-
-def _live_checkpoints(trials: list[FrozenTrial], run_dir: str | Path,
-                      due_retry: Iterable[tuple[FrozenTrial, dict[str, Any]]]) -> set[Path]:
-    """The checkpoints a trial still needs: its own while it runs or waits, what a running or
-    waiting trial resumes from, and a failed trial's that its retry will resume from."""
-    live = set()
-    for t in trials:
-        if t.state in LIVE:
-            live.add(trial_files(run_dir, t.number).checkpoint)
-            if t.user_attrs.get("resume_from"):
-                live.add(Path(t.user_attrs["resume_from"]))
-    for failed, attrs in due_retry:
-        live.add(trial_files(run_dir, failed.number).checkpoint)
-        if attrs.get("resume_from"):
-            live.add(Path(attrs["resume_from"]))
-    return {p.resolve() for p in live}
+    return not live.keeps(folder)
 
 
 def _artifact_copies(trial: FrozenTrial, run_dir: str | Path, names: set[str] | None) -> list[Path]:
@@ -152,7 +133,7 @@ def _artifact_copies(trial: FrozenTrial, run_dir: str | Path, names: set[str] | 
             name, artifact_id = meta.get("filename"), meta.get("artifact_id")
         except (TypeError, ValueError, AttributeError):
             continue
-        path = Path(run_dir) / "artifacts" / str(artifact_id)  # FileSystemArtifactStore's layout
+        path = artifact_copy(run_dir, str(artifact_id))
         if (names is None or name in names) and path.is_file():
             out.append(path)
     return out
@@ -171,15 +152,12 @@ def collect(study: optuna.Study, cfg: SweeperConfig, run_dir: str | Path, *, dry
     freed, failed = Freed(dry_run=dry_run), []
     for path in paths:
         try:
-            size = path.stat().st_size
-            if not dry_run:
-                path.unlink()
-        except FileNotFoundError:
-            continue  # another collector removed it first
+            size = remove(path, dry_run=dry_run)
         except OSError as exc:
             failed.append(f"{path} ({one_line(exc)})")
             continue
-        freed.files.append((path, size))
+        if size is not None:  # None: another collector removed it first
+            freed.files.append((path, size))
     if failed and warn is not None:
         more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
         warn(f"study.keep could not remove {failed[0]}{more}")
@@ -243,10 +221,26 @@ def _existing(path: Path) -> Path:
 
 
 def weights_removed(trial: FrozenTrial, files: TrialFiles) -> bool:
-    """The trial wrote weights (it finished without a failure) and they are gone: study.keep
-    or ``sweeper gc`` removed them."""
+    """The trial wrote weights (it finished without a failure, its model run included) and
+    they are gone: study.keep or ``sweeper gc`` removed them."""
     wrote = trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and "fail_reason" not in trial.user_attrs
-    return wrote and not files.weights.exists()
+    return wrote and no_model(trial) is None and not files.weights.exists()
+
+
+def no_model(trial: FrozenTrial) -> str | None:
+    """Why a finished trial never trained its model, or None when it did: a trial of several
+    folds pruned (or out of train.max_minutes) before its last fold, whose model run (the last
+    fold's first seed) never ran. A COMPLETE trial ran every run."""
+    if trial.state != TrialState.PRUNED:
+        return None
+    from sweeper.validation.contract import FOLD_DATES, FOLDS_RUN  # here: a PRUNED trial only
+
+    folds, ran = len(trial.user_attrs.get(FOLD_DATES) or []), trial.user_attrs.get(FOLDS_RUN)
+    if not isinstance(ran, int) or ran >= folds:
+        return None
+    why = "ran out of train.max_minutes" if trial.user_attrs.get("stop_reason") == "time" else "was pruned"
+    return (f"it {why} before its last fold (after {ran} of {folds} folds), so its model run "
+            f"(fold {folds}, seed 1) never finished")
 
 
 def retrain_command(trial: FrozenTrial, study_file: str | None) -> str:

@@ -1,8 +1,11 @@
 """Which failed trials deserve another go, and with what: the one home of the retry rule.
 
-A pure function of the stored trials, read by the parent's reconcile (which enqueues the
-retries, :mod:`sweeper.dispatch.retries`) and by ``study.keep`` (:mod:`sweeper.study.retention`,
-in the worker too), which keeps the checkpoint a due retry will resume from.
+A pure function of the stored trials and the run folder it finds their checkpoints in (the
+study's own, or ``previous/<uuid>/`` when another study has taken the folder over), read by the
+parent's reconcile (which enqueues the retries, :mod:`sweeper.dispatch.retries`) and by
+``study.keep`` (:mod:`sweeper.study.retention`, in the worker too), which keeps the checkpoint a
+due retry will resume from. A retry names that checkpoint's trial (``resume_from_trial``),
+never its path (:mod:`sweeper.store.trial_folder`).
 """
 from __future__ import annotations
 
@@ -12,15 +15,17 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import StudyConfig
-from sweeper.core.checkpoint import checkpoint_epoch
 from sweeper.errors import FailReason
+from sweeper.store.trial_folder import TrialFolder, resume_attrs, resumes
 
 MAX_INTERRUPTED_RETRIES = 20
 COUNTED_AS_CRASHES = (FailReason.CRASH, FailReason.STALL, FailReason.TIMEOUT)  # against study.retries
 
 
-def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig) -> list[tuple[FrozenTrial, dict[str, Any]]]:
-    """FAIL trials that should run again, each with the user attrs of its retry."""
+def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig,
+               run_dir: str | Path) -> list[tuple[FrozenTrial, dict[str, Any]]]:
+    """FAIL trials that should run again, each with the user attrs of its retry; their
+    checkpoints are looked for in ``run_dir``, the folder that holds the study's trials now."""
     retried = {t.user_attrs.get("retry_of") for t in trials if t.user_attrs.get("retry_of") is not None}
     plan = []
     for t in trials:
@@ -29,7 +34,7 @@ def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig) -> list[tuple[Frozen
         reason = t.user_attrs.get("fail_reason", FailReason.INTERRUPTED)
         attempt = int(t.user_attrs.get("attempt", 0))
         if _deserves_retry(t, reason, attempt, cfg):
-            plan.append((t, _retry_attrs(t, reason, attempt)))
+            plan.append((t, _retry_attrs(t, reason, attempt, TrialFolder(Path(run_dir), t.number))))
     return plan
 
 
@@ -49,13 +54,11 @@ def _deserves_retry(t: FrozenTrial, reason: str, attempt: int, cfg: StudyConfig)
     return rules.get(reason, False)
 
 
-def _retry_attrs(t: FrozenTrial, reason: str, attempt: int) -> dict[str, Any]:
+def _retry_attrs(t: FrozenTrial, reason: str, attempt: int, folder: TrialFolder) -> dict[str, Any]:
     crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in COUNTED_AS_CRASHES)
-    ckpt = t.user_attrs.get("checkpoint")
-    resume = ckpt if ckpt and checkpoint_epoch(Path(ckpt)) is not None else t.user_attrs.get("resume_from")
-    attrs = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
+    # the failed trial's own checkpoint when it saved one, else the one it resumed itself
+    resume = t.number if folder.has_checkpoint() else resumes(t.user_attrs)
+    attrs: dict[str, Any] = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
     if reason == "oom" or t.user_attrs.get("exclusive_gpu"):
         attrs["exclusive_gpu"] = True  # the driver starts it on a GPU of its own and lets nothing join it
-    if resume:
-        attrs["resume_from"] = resume
-    return attrs
+    return {**attrs, **resume_attrs(resume)}

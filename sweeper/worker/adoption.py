@@ -3,13 +3,12 @@
 A checkpoint belongs to one trial of one study on one dataset: its owner stamp
 (:class:`~sweeper.core.checkpoint.FileCheckpointer`) names the study's ``study_uuid``, the trial's
 number and the panel's fingerprint. A trial continues a checkpoint only when it is a retry
-(``resume_from``) of the trial that wrote it, or of a retry of that trial, in the same study, on
-the same data and under the same config. A fresh trial never continues one: a checkpoint left at
+(``resume_from_trial``) of the trial that wrote it, or of a retry of that trial, in the same study,
+on the same data and under the same config. A fresh trial never continues one: a checkpoint left at
 its own path (by a deleted study of the same name, say) is removed, and the log says so.
 """
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,12 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from sweeper import config as C
-from sweeper.core.checkpoint import checkpoint_meta, config_mismatch, copy_checkpoint
+from sweeper.core.checkpoint import checkpoint_meta, config_mismatch
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import TrialFiles
-from sweeper.validation.runner import global_step, model_run, seeded
+from sweeper.store.trial_folder import TrialFolder, resume_checkpoint
+from sweeper.validation.contract import RESUMED_FROM_FOLD, RESUMED_RUNS, layout
+from sweeper.validation.grid import RunGrid, seeded
 from sweeper.worker.hook import copy_csv_upto
 
 
@@ -34,116 +35,78 @@ def adopt(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.
           files: TrialFiles, stamp: dict[str, Any], log: Callable[[str], None]) -> None:
     """Leave at the trial's checkpoint path the checkpoint it continues, or none.
 
-    A retry continues from its ``resume_from`` checkpoint, replaying the interrupted trial's
-    intermediate values up to that epoch exactly once; one of another study, dataset, trial or
-    config is not continued: the trial starts fresh and says why (``resume_skipped``)."""
-    if cfg.validation.runs > 1:
-        return adopt_runs(study, trial, frozen, cfg, files, stamp, log)
-    _clear(files, log)
-    source = frozen.user_attrs.get("resume_from")
-    if not source:
-        return
-    meta = checkpoint_meta(source)
-    if meta is None:
-        return
-    problem = foreign(meta, stamp, _lineage(study, frozen)) or config_mismatch(meta["config"], cfg)
-    if problem:
-        log(f"not resuming from {source}: {problem}; starting fresh")
-        trial.set_user_attr("resume_skipped", problem)
-        return
-    epoch = meta["epoch"]
-    copy_checkpoint(Path(source), files.checkpoint)
-    _replay(study, trial, frozen, epoch)
-    metrics_csv = TrialFiles(Path(source).parent).metrics
-    if metrics_csv.exists():
-        copy_csv_upto(metrics_csv, files.metrics, epoch)
-    trial.set_user_attr("resumed_from_epoch", epoch)
-    log(f"resuming from {source} at epoch {epoch}")
-
-
-def _clear(files: TrialFiles, log: Callable[[str], None]) -> None:
-    if files.checkpoint.exists():  # a trial runs once: nothing of its own can be there yet
-        log(f"removing {files.checkpoint}: a trial continues only its retry source's checkpoint; "
-            "starting fresh")
-        files.checkpoint.unlink(missing_ok=True)
-    if files.runs.exists():  # nor finished runs: only a retry's copies of its source's
-        log(f"removing {files.runs}: a trial skips only the runs its retry source finished")
-        shutil.rmtree(files.runs, ignore_errors=True)
-
-
-def adopt_runs(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.SweeperConfig,
-               files: TrialFiles, stamp: dict[str, Any], log: Callable[[str], None]) -> None:
-    """:func:`adopt` for a trial of several runs (walk_forward, repeats): a retry copies the
-    source's finished runs (``runs/``, skipped when it trains), and its checkpoint, whose owner
-    names the run in progress (fold, repeat) that the retry continues. The intermediate values
-    are replayed up to the checkpoint's global step."""
-    _clear(files, log)
-    source = str(frozen.user_attrs.get("resume_from") or "")
-    meta = checkpoint_meta(source) if source else None
-    if meta is None:
+    A retry continues from the checkpoint of the trial it resumes (``resume_from_trial``, or an
+    older retry's ``resume_from``), found in this run folder, replaying the interrupted trial's
+    intermediate values up to that checkpoint's step exactly once; with several runs it also
+    copies the source's finished runs (``runs/``, skipped when it trains), and the checkpoint's
+    owner names the run in progress (fold, repeat) that it continues. One of another study,
+    dataset, trial, run or config is not continued: the trial starts fresh and says why
+    (``resume_skipped``)."""
+    folder, grid = TrialFolder.of(files), RunGrid.of(cfg)
+    folder.clear_stale(log)
+    source = resume_checkpoint(folder.run_dir, frozen.user_attrs)
+    meta = checkpoint_meta(source) if source is not None else None
+    if source is None or meta is None:
         return
     was: dict[str, Any] = meta["owner"] if isinstance(meta.get("owner"), dict) else {}
-    problem = foreign(meta, stamp, _lineage(study, frozen)) or _run_problem(was, study, cfg)
-    repeat = int(was.get("repeat") or 1)
-    problem = problem or config_mismatch(meta["config"], seeded(cfg, repeat - 1))
+    problem = foreign(meta, stamp, _lineage(study, frozen)) or _run_problem(was, study, grid)
+    seed = 0 if grid.single else int(was.get("repeat") or 1) - 1
+    problem = problem or config_mismatch(meta["config"], seeded(cfg, seed))
     if problem:
         log(f"not resuming from {source}: {problem}; starting fresh")
         trial.set_user_attr("resume_skipped", problem)
         return
-    fold, epoch = int(was["fold"]), meta["epoch"]
-    done = _copy_runs(TrialFiles(Path(source).parent), files, cfg)
-    copy_checkpoint(Path(source), files.checkpoint)
-    step = global_step(cfg, fold - 1, repeat - 1, epoch)
+    fold = 0 if grid.single else int(was["fold"]) - 1
+    _continue(study, trial, frozen, folder, source, grid, (fold, seed, meta["epoch"]), log)
+
+
+def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, folder: TrialFolder,
+              source: Path, grid: RunGrid, where: tuple[int, int, int], log: Callable[[str], None]) -> None:
+    """Continue ``source`` at ``where`` (fold, seed, epoch; 0-based runs): the source trial's
+    finished runs and the checkpoint copied, its history replayed and copied up to that step."""
+    fold, seed, epoch = where
+    origin = TrialFiles(source.parent)  # the source trial's folder: its metrics.csv and runs/
+    done = folder.copy_runs_from(origin, grid)
+    folder.copy_checkpoint_from(source)
+    step = grid.step(fold, seed, epoch)
     _replay(study, trial, frozen, step)
-    metrics_csv = TrialFiles(Path(source).parent).metrics
-    if metrics_csv.exists():
-        copy_csv_upto(metrics_csv, files.metrics, step, cfg.validation.repeats, cfg.train.epochs)
+    if origin.metrics.exists():
+        copy_csv_upto(origin.metrics, folder.files.metrics, step, grid.repeats, grid.epochs)
     trial.set_user_attr("resumed_from_epoch", epoch)
-    trial.set_user_attr("resumed_from_fold", fold)
-    trial.set_user_attr("resumed_runs", len(done))
-    log(_resume_line(cfg, source, fold, repeat, epoch, done))
+    if grid.single:
+        log(f"resuming from {source} at epoch {epoch}")
+        return
+    trial.set_user_attr(RESUMED_FROM_FOLD, fold + 1)
+    trial.set_user_attr(RESUMED_RUNS, len(done))
+    log(_resume_line(grid, str(source), fold + 1, seed + 1, epoch, [(f + 1, s + 1) for f, s in done]))
 
 
-def _run_problem(was: dict[str, Any], study: optuna.Study, cfg: C.SweeperConfig) -> str | None:
-    """Why the checkpoint's run is not one of this trial's runs; None when it is."""
+def _run_problem(was: dict[str, Any], study: optuna.Study, grid: RunGrid) -> str | None:
+    """Why the checkpoint's run is not one of this trial's runs; None when it is (always for a
+    trial of one run, whose checkpoint names no run)."""
+    if grid.single:
+        return None
     fold, repeat = was.get("fold"), was.get("repeat")
     if not isinstance(fold, int) or not isinstance(repeat, int):
         return "the checkpoint names no fold and seed (it was saved by a single-run trial)"
-    if not (1 <= fold <= cfg.validation.n_folds and 1 <= repeat <= cfg.validation.repeats):
+    if not (1 <= fold <= grid.folds and 1 <= repeat <= grid.repeats):
         return (f"the checkpoint holds fold {fold}, seed {repeat}; this trial has "
-                f"{cfg.validation.n_folds} folds of {cfg.validation.repeats} seeds")
-    layout = study.user_attrs.get("fold_dates") or []
-    if cfg.validation.walk_forward and fold <= len(layout) and was.get("fold_dates") != layout[fold - 1]:
+                f"{grid.folds} folds of {grid.repeats} seeds")
+    folds = layout(study.user_attrs)  # empty unless the study is walk-forward
+    if fold <= len(folds) and was.get("fold_dates") != folds[fold - 1]:
         return (f"the checkpoint's fold {fold} had other dates ({was.get('fold_dates')}, "
-                f"now {layout[fold - 1]})")
+                f"now {folds[fold - 1]})")
     return None
 
 
-def _copy_runs(source: TrialFiles, files: TrialFiles, cfg: C.SweeperConfig) -> list[tuple[int, int]]:
-    """Copy the source trial's finished runs (those with a result.json); their (fold, repeat), 1-based."""
-    done = []
-    for fold in range(1, cfg.validation.n_folds + 1):
-        for repeat in range(1, cfg.validation.repeats + 1):
-            src = source.run(fold, repeat)
-            if not (src / "result.json").exists():
-                continue
-            shutil.copytree(src, files.run(fold, repeat), dirs_exist_ok=True)
-            model = (fold - 1, repeat - 1) == model_run(cfg)
-            if model and not (src / "weights.pt").exists() and source.weights.exists():
-                # the source had moved its model's weights into its own folder before it ended
-                shutil.copyfile(source.weights, files.run(fold, repeat) / "weights.pt")
-            done.append((fold, repeat))
-    return done
-
-
-def _resume_line(cfg: C.SweeperConfig, source: str, fold: int, repeat: int, epoch: int,
+def _resume_line(grid: RunGrid, source: str, fold: int, repeat: int, epoch: int,
                  done: list[tuple[int, int]]) -> str:
-    """``resuming in fold 3 (seed 1) from ... at epoch 2; folds 1-2 done``."""
-    full = [f for f in range(1, cfg.validation.n_folds + 1)
-            if all((f, r) in done for r in range(1, cfg.validation.repeats + 1))]
+    """``resuming in fold 3 (seed 1) from ... at epoch 2; folds 1-2 done`` (1-based)."""
+    folded = grid.folds > 1
+    full = [f for f in range(1, grid.folds + 1) if all((f, r) in done for r in range(1, grid.repeats + 1))]
     finished = (f"folds {full[0]}-{full[-1]} done" if len(full) > 1 else f"fold {full[0]} done" if full
-                else "no fold done") if cfg.validation.walk_forward else f"{len(done)} seeds done"
-    where = f"fold {fold} (seed {repeat})" if cfg.validation.walk_forward else f"seed {repeat}"
+                else "no fold done") if folded else f"{len(done)} seeds done"
+    where = f"fold {fold} (seed {repeat})" if folded else f"seed {repeat}"
     if (fold, repeat) in done:  # the checkpoint's run had finished: the next one starts fresh
         return f"resuming from {source} after {where}, which had finished; {finished}"
     return f"resuming in {where} from {source} at epoch {epoch}; {finished}"

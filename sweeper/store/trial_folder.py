@@ -1,0 +1,204 @@
+"""A trial's folder, and everything that copies, moves or removes its files: the one owner of
+``trials/<n>/`` once :mod:`~sweeper.store.layout` has named the files.
+
+- a retry's adoption: :meth:`TrialFolder.clear_stale`, :meth:`~TrialFolder.copy_runs_from`,
+  :meth:`~TrialFolder.copy_checkpoint_from` (:mod:`sweeper.worker.adoption`);
+- a trial of several runs taking its model's files (:meth:`~TrialFolder.take_model`,
+  :mod:`sweeper.validation.record`);
+- ``study.keep``'s removals (:meth:`~TrialFolder.checkpoint_files` and the others, :func:`remove`,
+  :mod:`sweeper.study.retention`), and which checkpoints are live (:class:`Liveness`);
+- another study's files moved aside and back (:func:`move`, :mod:`sweeper.store.run_folder`).
+
+A retry names the trial it resumes by number (``resume_from_trial``); the checkpoint's path is
+worked out from the run folder at use time (:func:`resume_checkpoint`), so a study moved aside
+to ``previous/<uuid>/`` finds its retries' sources there. A retry stored before that attribute
+names its source by a path (``resume_from``), from which the trial's number is read.
+
+Nothing here imports torch: ``sweeper gc --dry-run``, ``status`` and ``best`` read no tensor.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.atomic import atomic_path
+from sweeper.store.layout import RunFiles, TrialFiles, trial_files, trial_of_checkpoint
+
+if TYPE_CHECKING:
+    from sweeper.validation.grid import RunGrid
+
+RESUME_FROM_TRIAL = "resume_from_trial"  # a retry's user attr: the trial whose checkpoint it continues
+RESUME_FROM = "resume_from"              # the same, as a path, in retries stored before it
+LIVE = (TrialState.RUNNING, TrialState.WAITING)
+
+
+@dataclass(frozen=True)
+class TrialFolder:
+    """``<run_dir>/trials/<number>/``: its files (:attr:`files`) and the operations on them."""
+
+    run_dir: Path
+    number: int
+
+    @classmethod
+    def of(cls, files: TrialFiles) -> TrialFolder:
+        """The folder of ``files`` (``<run_dir>/trials/<n>``)."""
+        return cls(files.folder.parent.parent, int(files.folder.name))
+
+    @property
+    def files(self) -> TrialFiles:
+        return trial_files(self.run_dir, self.number)
+
+    # ------------------------------------------------------------ a retry's adoption
+
+    def clear_stale(self, log: Callable[[str], None]) -> None:
+        """Remove what a trial starting here cannot have written itself: a checkpoint (a trial
+        continues only its retry source's) and finished runs (it skips only its source's)."""
+        files = self.files
+        if files.checkpoint.exists():  # a trial runs once: nothing of its own can be there yet
+            log(f"removing {files.checkpoint}: a trial continues only its retry source's checkpoint; "
+                "starting fresh")
+            files.checkpoint.unlink(missing_ok=True)
+        if files.runs.exists():  # nor finished runs: only a retry's copies of its source's
+            log(f"removing {files.runs}: a trial skips only the runs its retry source finished")
+            shutil.rmtree(files.runs, ignore_errors=True)
+
+    def copy_checkpoint_from(self, checkpoint: Path) -> None:
+        """The checkpoint a retry continues, copied to this trial's checkpoint (atomically)."""
+        with atomic_path(self.files.checkpoint) as tmp:
+            shutil.copyfile(checkpoint, tmp)
+
+    def copy_runs_from(self, source: TrialFiles, grid: RunGrid) -> list[tuple[int, int]]:
+        """Copy the finished runs (those with a ``result.json``) of the source trial (its files)
+        into this one; their (fold, seed), 0-based. None for a trial of one run: it has no run
+        to skip."""
+        if grid.single:
+            return []
+        done = []
+        for fold, seed in grid.cells():
+            src = source.run_files(fold, seed)
+            if not src.result.exists():
+                continue
+            dst = self.files.run_files(fold, seed)
+            shutil.copytree(src.folder, dst.folder, dirs_exist_ok=True)
+            if grid.is_model(fold, seed) and not src.weights.exists() and source.weights.exists():
+                # the source had taken its model's weights into its own folder before it ended
+                shutil.copyfile(source.weights, dst.weights)
+            done.append((fold, seed))
+        return done
+
+    # ------------------------------------------------------------ the trial's model
+
+    def take_model(self, grid: RunGrid) -> None:
+        """The model run's files become the trial's: its weights moved (the run's folder keeps
+        no second copy), its ``norm_stats.json`` and ``daily_ic_test.csv`` copied (atomically).
+        Nothing to do for a trial of one run, whose run's files are the trial's own."""
+        if grid.single:
+            return
+        run = self.model_run(grid)
+        if run.weights.exists():
+            os.replace(run.weights, self.files.weights)
+        test = self.files.daily_ic("test")
+        for src, dst in ((run.norm_stats, self.files.norm_stats), (run.daily_ic("test"), test)):
+            if src.exists():
+                with atomic_path(dst) as tmp:
+                    shutil.copyfile(src, tmp)
+
+    def model_run(self, grid: RunGrid) -> RunFiles:
+        """The files of the grid's model run (the last fold's first seed)."""
+        return self.files.run_files(*grid.model_run, single=grid.single)
+
+    # ------------------------------------------------------------ study.keep
+
+    def checkpoint_files(self) -> list[Path]:
+        """The checkpoint, and with it the runs' weights an interrupted trial of several runs
+        left for its retry (a trial that ends takes its model's weights into its own folder)."""
+        return [self.files.checkpoint, *sorted(self.files.runs.glob(f"*/{self.files.weights.name}"))]
+
+    def model_files(self) -> list[Path]:
+        return [self.files.weights]
+
+    def prediction_files(self) -> list[Path]:
+        return [self.files.daily_ic("valid"), self.files.daily_ic("test")]
+
+    def has_checkpoint(self) -> bool:
+        """A checkpoint is here (written whole: every save replaces it atomically)."""
+        return self.files.checkpoint.is_file()
+
+
+def remove(path: Path, *, dry_run: bool = False) -> int | None:
+    """Remove one file; its size, or None when it was already gone (another collector was
+    first). Other errors (permissions) raise OSError."""
+    try:
+        size = path.stat().st_size
+        if not dry_run:
+            path.unlink()
+    except FileNotFoundError:
+        return None
+    return size
+
+
+def move(src: Path, dst: Path) -> None:
+    """Move a file or folder of the run folder (another study's, aside or back), in one rename."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(src, dst)
+
+
+# ---------------------------------------------------------------- what a retry resumes
+
+def resumes(attrs: Mapping[str, Any]) -> int | str | None:
+    """What a retry (its user attrs) resumes: the trial's number (``resume_from_trial``, or read
+    from an older retry's ``resume_from`` path), or such a path that names no trial folder; None
+    when it resumes nothing."""
+    number = attrs.get(RESUME_FROM_TRIAL)
+    if number is not None:
+        return int(number)
+    path = attrs.get(RESUME_FROM)
+    if not path:
+        return None
+    found = trial_of_checkpoint(str(path))
+    return str(path) if found is None else found
+
+
+def resume_checkpoint(run_dir: str | Path, attrs: Mapping[str, Any]) -> Path | None:
+    """The checkpoint a retry resumes, in ``run_dir`` (the study's folder now); None for none."""
+    source = resumes(attrs)
+    if source is None:
+        return None
+    return Path(source) if isinstance(source, str) else trial_files(run_dir, source).checkpoint
+
+
+def resume_attrs(source: int | str | None) -> dict[str, Any]:
+    """The user attrs that say a retry resumes ``source`` (see :func:`resumes`)."""
+    if source is None:
+        return {}
+    return {RESUME_FROM: source} if isinstance(source, str) else {RESUME_FROM_TRIAL: source}
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """The checkpoints a trial still needs: its own while it runs or waits, what a running or
+    waiting trial resumes from, and a failed trial's (with its source) that a due retry will
+    resume from. Paths resolved in one run folder, the study's own or ``previous/<uuid>/``."""
+
+    live: frozenset[Path]
+
+    @classmethod
+    def of(cls, run_dir: str | Path, trials: Iterable[FrozenTrial],
+           due_retries: Iterable[tuple[FrozenTrial, Mapping[str, Any]]]) -> Liveness:
+        live = []
+        for t in trials:
+            if t.state in LIVE:
+                live += [trial_files(run_dir, t.number).checkpoint, resume_checkpoint(run_dir, t.user_attrs)]
+        for failed, attrs in due_retries:
+            live += [trial_files(run_dir, failed.number).checkpoint, resume_checkpoint(run_dir, attrs)]
+        return cls(frozenset(p.resolve() for p in live if p is not None))
+
+    def keeps(self, folder: TrialFolder) -> bool:
+        """Whether ``folder``'s checkpoint is live."""
+        return folder.files.checkpoint.resolve() in self.live
