@@ -46,7 +46,7 @@ def _locked_db(path: Path) -> sqlite3.Connection:
 
 @pytest.fixture
 def sqlite_store(workdir, monkeypatch):
-    monkeypatch.setenv("SWEEPER_SQLITE_BUSY_TIMEOUT_S", "0.2")
+    monkeypatch.setenv("SWEEPER_FAKE_SQLITE_BUSY_TIMEOUT_S", "0.2")
 
     def make(outage_s: float):
         url = f"sqlite:///{workdir / 'db.sqlite'}"
@@ -256,7 +256,7 @@ def test_a_stale_trial_is_failed_only_on_a_second_look_a_grace_period_later(stud
     from sweeper.store import claim_lock
     from sweeper.store.identity import Identity
 
-    monkeypatch.setenv("SWEEPER_SQLITE_BUSY_TIMEOUT_S", "0.2")
+    monkeypatch.setenv("SWEEPER_FAKE_SQLITE_BUSY_TIMEOUT_S", "0.2")
     cfg = load_config(study_file({"study": {"n_trials": 20, "heartbeat_interval": 1, "grace_period": 2}}))
     url = cfg.study.resolved_storage
     storage = open_storage(url, heartbeat_interval=1, grace_period=2, outage_s=30)
@@ -337,7 +337,7 @@ def test_two_drivers_ride_out_a_sqlite_lock_held_past_the_busy_timeout(study_fil
     fails the other's trial although its heartbeat lapsed."""
     path = study_file({**SLOW, "study": {"n_trials": 6}, "devices": {"cpu_workers": 1}}, replace=("model",))
     url = "sqlite:///runs/tiny/study.db"
-    procs = [_sweep(path, SWEEPER_SQLITE_BUSY_TIMEOUT_S="0.5", SWEEPER_HOST_ID=f"h{k}") for k in range(2)]
+    procs = [_sweep(path, SWEEPER_FAKE_SQLITE_BUSY_TIMEOUT_S="0.5", SWEEPER_HOST_ID=f"h{k}") for k in range(2)]
     try:
         _wait(url, lambda ts: sum(t.state == TrialState.COMPLETE for t in ts) >= 1
               and sum(t.state == TrialState.RUNNING and "host" in t.user_attrs for t in ts) == 2, procs)

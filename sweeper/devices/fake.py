@@ -10,6 +10,14 @@ what a worker's trials train on (:func:`trial_device`).
 - ``SWEEPER_FAKE_TRIAL_MEMORY_MB``: on such a slot, the peak memory every trial reports (its
   batch probe's, each epoch's); a trial allotted less runs out of memory at its start.
 
+And the clocks a test shortens (seconds; unset, production's own value):
+
+- ``SWEEPER_FAKE_TIMEOUT_GRACE_S``: the floor of the grace past ``train.max_minutes`` before
+  the driver kills a trial (120 s), so a test drills the hard kill in seconds;
+- ``SWEEPER_FAKE_TELEMETRY_INTERVAL_S``: how often the driver samples the GPUs (5 s);
+- ``SWEEPER_FAKE_SQLITE_BUSY_TIMEOUT_S``: how long a SQLite call waits for the lock (60 s),
+  so the outage tests see "database is locked" at once.
+
 The environment is read at each call, never at import: tests set it after importing.
 """
 from __future__ import annotations
@@ -30,6 +38,9 @@ BUSY_ENV = "SWEEPER_FAKE_BUSY"
 GPU_MEMORY_ENV = "SWEEPER_FAKE_GPU_MEMORY_MB"
 SLOT_ENV = "SWEEPER_FAKE_GPU_SLOT"
 TRIAL_MEMORY_ENV = "SWEEPER_FAKE_TRIAL_MEMORY_MB"
+TIMEOUT_GRACE_ENV = "SWEEPER_FAKE_TIMEOUT_GRACE_S"
+TELEMETRY_INTERVAL_ENV = "SWEEPER_FAKE_TELEMETRY_INTERVAL_S"
+SQLITE_BUSY_TIMEOUT_ENV = "SWEEPER_FAKE_SQLITE_BUSY_TIMEOUT_S"
 TOTAL_MB = 81920
 BUSY_PID = 999_999  # "someone else": never a pid of ours in tests
 BUSY_MB = 30_000
@@ -76,6 +87,37 @@ def _env_int(name: str, value: str) -> int:
     if number < 0:
         raise DeviceError(f"environment variable {name}: expected a whole number >= 0, got {value!r}")
     return number
+
+
+# ------------------------------------------------------------------ the clocks a test shortens
+
+
+def timeout_grace_floor_s(default: float) -> float:
+    """The floor of a trial's grace past ``train.max_minutes`` (``default``: production's)."""
+    return _env_seconds(TIMEOUT_GRACE_ENV, default)
+
+
+def telemetry_interval_s(default: float) -> float:
+    """Seconds between the driver's GPU samples (``default``: production's)."""
+    return _env_seconds(TELEMETRY_INTERVAL_ENV, default)
+
+
+def sqlite_busy_timeout_s(default: float) -> float:
+    """How long a SQLite call waits for the lock (``default``: production's)."""
+    return _env_seconds(SQLITE_BUSY_TIMEOUT_ENV, default)
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise DeviceError(f"environment variable {name}: expected seconds > 0, got {raw!r}")
+    return seconds
 
 
 # ------------------------------------------------------------------ a worker's trials

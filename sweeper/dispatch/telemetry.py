@@ -3,14 +3,15 @@ every few seconds into ``devices.csv`` (no CUDA context)."""
 from __future__ import annotations
 
 import csv
-import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from sweeper.devices import telemetry
+from sweeper.devices import fake, telemetry
 from sweeper.errors import one_line
+
+INTERVAL_S = 5.0  # seconds between samples (a test shortens it through sweeper.devices.fake)
 
 
 class Telemetry:
@@ -19,7 +20,7 @@ class Telemetry:
     def __init__(self, path: Path, slots: list[Any], interval: float | None = None) -> None:
         self.path = path
         self.enabled = any(s.kind == "gpu" for s in slots)
-        self.interval = interval or float(os.environ.get("SWEEPER_TELEMETRY_INTERVAL", "5"))
+        self.interval = interval or fake.telemetry_interval_s(INTERVAL_S)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="telemetry")
         self._told: set[str] = set()  # errors already reported: each distinct one once

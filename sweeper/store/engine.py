@@ -33,6 +33,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from sqlalchemy import event
 
+from sweeper.devices import fake
 from sweeper.errors import StorageError
 from sweeper.store import optuna_private as private
 from sweeper.store import outage
@@ -40,9 +41,7 @@ from sweeper.store.identity import host_id
 from sweeper.store.locks import FileLock, acquire, advisory_key
 from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, redact, sqlite_path
 
-SQLITE_BUSY_TIMEOUT_S = 60.0
-# an operator's (and the outage tests') override, read when a storage is opened
-SQLITE_BUSY_TIMEOUT_ENV = "SWEEPER_SQLITE_BUSY_TIMEOUT_S"
+SQLITE_BUSY_TIMEOUT_S = 60.0  # the outage tests shorten it through sweeper.devices.fake
 # A driver uses two connections (its sessions and the claim lock), a worker two
 # (its sessions and the heartbeat thread): docs/scale-out.md has the arithmetic.
 PG_POOL_SIZE = 2
@@ -60,8 +59,9 @@ private.quiet_trials_query_fallback()
 
 
 def sqlite_busy_timeout_s() -> float:
-    """How long a SQLite write waits for the lock before "database is locked"."""
-    return float(os.environ.get(SQLITE_BUSY_TIMEOUT_ENV) or SQLITE_BUSY_TIMEOUT_S)
+    """How long a SQLite write waits for the lock before "database is locked" (read when a
+    connection opens)."""
+    return fake.sqlite_busy_timeout_s(SQLITE_BUSY_TIMEOUT_S)
 
 
 def engine_kwargs(url: str) -> dict[str, Any]:
