@@ -30,10 +30,10 @@ class SweeperGroup(click.Group):
     """The one boundary where errors become exit codes, each with one line and no traceback:
     a domain error, from any command, exits 2; a store that stayed away past
     study.storage_outage_s, or a full disk, exits 1; Ctrl-C exits 130 and SIGTERM 143 (with the
-    resume line for a sweep). A sweep that ran its loop carries its own code (Outcome.exit_code)."""
+    resume line for a sweep). A sweep that ran its loop carries its own code (SweepResult.exit_code)."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from sweeper.errors import DiskFull, StopRequested, StorageOutage
+        from sweeper.errors import DiskFull, StorageOutage
 
         # SIGTERM ends a command the way Ctrl-C does; a sweep takes both over while it runs
         previous = signal.signal(signal.SIGTERM, _terminated)
@@ -47,7 +47,7 @@ class SweeperGroup(click.Group):
         except DiskFull as exc:  # outside a trial (the run folder's set-up, a report): not a user mistake
             click.echo(f"Error: {exc}; free space and run the command again", err=True)
             ctx.exit(1)
-        except (KeyboardInterrupt, StopRequested) as exc:  # click's own prints "Aborted!", exits 1
+        except KeyboardInterrupt as exc:  # Ctrl-C or a StopRequested (click prints "Aborted!", exits 1)
             click.echo(ctx.meta.get(INTERRUPTED_HINT, "interrupted"), err=True)
             ctx.exit(128 + getattr(exc, "signum", signal.SIGINT))
         finally:
@@ -84,14 +84,14 @@ def _echo_json(obj: Any) -> None:
 
 def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
     from sweeper.config import load_config
-    from sweeper.models.paths import study_folder
+    from sweeper.models.paths import model_search_path
 
     cfg = load_config(path, sets)
     # model.name module:Class is found beside the study file, here and in every worker,
     # for as long as the command runs
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
-        ctx.with_resource(study_folder(path))
+        ctx.with_resource(model_search_path(path))
     return cfg
 
 
@@ -115,9 +115,9 @@ def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, m
     hint = f"interrupted; run `sweeper run {study}` again to resume"
     click.get_current_context().meta[INTERRUPTED_HINT] = hint
     cfg = _load(study, sets)
-    outcome = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
-                  study_file=str(study), enqueue=enqueue)
-    sys.exit(outcome.exit_code)
+    result = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
+                 study_file=str(study), enqueue=enqueue)
+    sys.exit(result.exit_code)
 
 
 def sweep_options(fn: Callable) -> Callable:
@@ -161,9 +161,9 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
     plan = prepare(_load(study, sets), storage)
     click.echo(f"{study}: ok")
     click.echo(f"  data: {plan.panel.source} ({plan.panel.fingerprint[:12]})")
-    for k, fold in enumerate(plan.panel.fold_dates, 1):
+    for k, fold in enumerate(plan.panel.folds, 1):
         click.echo(f"  fold {k}: train {' to '.join(fold['train'])}, valid {' to '.join(fold['valid'])}")
-    if plan.panel.fold_dates:
+    if plan.panel.folds:
         click.echo(f"  test: {' to '.join(plan.panel.split_dates['test'])}")
     click.echo(f"  storage: {plan.storage_url}")
     click.echo("  slots: " + ", ".join(s.label for s in plan.slots))

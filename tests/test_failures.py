@@ -264,3 +264,39 @@ def test_telemetry_errors_are_printed_once_and_sampling_goes_on(tmp_path, monkey
     err = capsys.readouterr().err.splitlines()
     assert err == [f"sweeper: GPU telemetry failed (IsADirectoryError: [Errno 21] Is a directory: '{folder}'); "
                    f"{folder} misses samples while it does (the sweep goes on)"]
+
+
+def _stop_rule(study_file, **study):
+    from sweeper.dispatch.stopping import StopRule
+    from sweeper.interrupt import StopToken
+
+    cfg = load_config(study_file({"study": study}))
+    return StopRule(cfg.study, StopToken(), Path("runs/tiny"))
+
+
+def test_the_stop_rule_answers_without_writing(study_file):
+    """stopping() is a query: the reason is recorded by what happened (a trial's end, the clock),
+    and asking again, however often, changes nothing."""
+    from sweeper.dispatch.stopping import Ending, TrialEnd
+
+    rule = _stop_rule(study_file, max_consecutive_failures=2)
+    for number in (0, 1):
+        before = dict(vars(rule))
+        assert not rule.stopping() and not rule.stopping()
+        assert vars(rule) == before
+        rule.trial_ended(TrialEnd(number, TrialState.FAIL, reason="crash", reported=True))
+    assert rule.stopping() and rule.ending() is Ending.FAILED
+    assert rule.message == ("stopped: the last 2 trials all failed (study.max_consecutive_failures); "
+                            f"see {Path('runs/tiny') / 'logs'}")
+    rule.trial_ended(TrialEnd(2, TrialState.FAIL, reason="crash", reported=True))  # one that was running
+    assert rule.message.startswith("stopped: the last 3 trials all failed")
+
+
+def test_study_timeout_is_judged_by_the_clock_once_a_turn(study_file):
+    rule = _stop_rule(study_file, timeout=5)
+    rule.clock(rule.started + 4)
+    assert not rule.stopping() and rule.message == ""
+    rule.clock(rule.started + 6)
+    assert rule.stopping() and rule.message == "study.timeout (5 s) reached"
+    rule.budget_used("budget reached")  # a later reason does not replace the first
+    assert rule.message == "study.timeout (5 s) reached"

@@ -48,10 +48,10 @@ def test_the_deadline_counts_from_the_given_start_and_evaluation_ticks():
 
 
 def test_the_grace_is_a_fifth_of_the_limit_and_at_least_two_minutes(monkeypatch):
-    monkeypatch.delenv("SWEEPER_TIMEOUT_GRACE_S", raising=False)
+    monkeypatch.delenv("SWEEPER_FAKE_TIMEOUT_GRACE_S", raising=False)
     assert TIMEOUT_GRACE_MIN_S == 120
     assert timeout_grace_s(10) == 120 and timeout_grace_s(60) == 720
-    monkeypatch.setenv("SWEEPER_TIMEOUT_GRACE_S", "1")
+    monkeypatch.setenv("SWEEPER_FAKE_TIMEOUT_GRACE_S", "1")
     assert timeout_grace_s(0.02) == 1 and timeout_grace_s(60) == 720
 
 
@@ -78,7 +78,7 @@ def test_trials_that_reach_max_minutes_complete_with_stop_reason_time(study_file
 @pytest.mark.parametrize("retry_timeouts", [False, True])
 def test_a_trial_past_max_minutes_and_its_grace_is_killed(study_file, monkeypatch, retry_timeouts):
     # a hang the core's own deadline cannot end: the driver kills it at 1.2 s + 1 s grace
-    monkeypatch.setenv("SWEEPER_TIMEOUT_GRACE_S", "1")
+    monkeypatch.setenv("SWEEPER_FAKE_TIMEOUT_GRACE_S", "1")
     path = study_file({
         "study": {"n_trials": 3, "retries": 1, "retry_timeouts": retry_timeouts, "max_consecutive_failures": 2},
         "model": {"kind": "hang"},

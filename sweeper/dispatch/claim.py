@@ -75,8 +75,8 @@ def _fail_claimed(study: optuna.Study, trial: optuna.Trial, exc: BaseException) 
     """FAIL a trial whose claim broke off: ``interrupted`` (re-run with its params) after
     Ctrl-C, SIGTERM or an outage past the limit, else ``crash`` with the error. Best
     effort: the store may be what broke."""
-    # (KeyboardInterrupt: a library caller's Ctrl-C; a sweep's signals arrive as StopRequested)
-    stopped = isinstance(exc, (KeyboardInterrupt, StopRequested, StorageOutage))
+    # (KeyboardInterrupt: a library caller's Ctrl-C, and a sweep's signals, a StopRequested)
+    stopped = isinstance(exc, (KeyboardInterrupt, StorageOutage))
     reason = FailReason.INTERRUPTED if stopped else FailReason.CRASH
     try:
         fail_trial(study, private.trial_id(trial), reason, f"claim broke off: {type(exc).__name__}: {exc}")

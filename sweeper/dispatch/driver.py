@@ -11,7 +11,6 @@ The view is fed by the events the loop handles; it never reads the study itself.
 """
 from __future__ import annotations
 
-import os
 import selectors
 import sys
 import time
@@ -24,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import config as C
-from sweeper.devices import Slot
+from sweeper.devices import Slot, fake
 from sweeper.dispatch.baseline_job import BaselineJob
 from sweeper.dispatch.claim import ClaimSchedule, claim
 from sweeper.dispatch.handle import Running, WorkerHandle
@@ -46,13 +45,12 @@ CLOSE_WAIT_S = 10.0  # how long shutdown waits for workers to finish their step 
 # driver kills a trial only this long after it (a share of the limit, and at least a floor):
 # the last step, validation, final scoring and writing results must fit in the grace.
 TIMEOUT_GRACE_FRACTION = 0.2
-TIMEOUT_GRACE_MIN_S = 120.0
-GRACE_ENV = "SWEEPER_TIMEOUT_GRACE_S"  # overrides the floor (tests that drill the hard kill)
+TIMEOUT_GRACE_MIN_S = 120.0  # tests that drill the hard kill shorten it through sweeper.devices.fake
 
 
 def timeout_grace_s(max_minutes: float) -> float:
     """Seconds past ``train.max_minutes`` before the driver kills a trial (fail_reason timeout)."""
-    floor = float(os.environ.get(GRACE_ENV) or TIMEOUT_GRACE_MIN_S)
+    floor = fake.timeout_grace_floor_s(TIMEOUT_GRACE_MIN_S)
     return max(TIMEOUT_GRACE_FRACTION * max_minutes * 60, floor)
 
 
@@ -83,6 +81,7 @@ class Driver:
             if self.rule.killing:
                 self._kill_all()
                 return
+            self.rule.clock()  # study.timeout, judged once a turn
             if self.rule.draining:
                 self._drain()
             elif self.rule.stopping():
@@ -177,7 +176,7 @@ class Driver:
             self.dispatch.measured(run.number, ev.get("peak_mb"))
         elif kind == protocol.END and ev.get("number") == run.number:
             # (an END read after the driver killed the trial is stale: the trial is failed already)
-            self._ended(w, TrialEnd(run.number, ev["state"], ev.get("value"), ev.get("reason"),
+            self._ended(w, TrialEnd(run.number, TrialState[ev["state"]], ev.get("value"), ev.get("reason"),
                                     ev.get("metrics") or {}, reported=True))
 
     def _ended(self, w: WorkerHandle, end: TrialEnd) -> None:
@@ -210,7 +209,7 @@ class Driver:
                 code: int | None) -> None:
         """A trial of ours failed on the driver's side (its worker died, or was killed)."""
         self._fail(run.trial_id, reason, error, code)
-        self._ended(w, TrialEnd(run.number, "FAIL", reason=reason))
+        self._ended(w, TrialEnd(run.number, TrialState.FAIL, reason=reason))
 
     def _fail(self, trial_id: int, reason: FailReason, error: str, code: int | None = None) -> None:
         """FAIL a trial this driver ran, recording why; a no-op when it has finished

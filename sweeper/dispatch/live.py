@@ -16,15 +16,15 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import SweeperConfig, objective_label
 from sweeper.devices import Slot
 from sweeper.dispatch.plan import Plan
-from sweeper.dispatch.stopping import Outcome
+from sweeper.dispatch.stopping import SweepResult
 from sweeper.inspect.printing import fmt
 from sweeper.inspect.results import oracle_fractions
 
 
-def summary_lines(outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> list[str]:
-    counts = ", ".join(f"{k.lower()} {v}" for k, v in outcome.counts.items() if v)
+def summary_lines(result: SweepResult, cfg: SweeperConfig, plan: Plan) -> list[str]:
+    counts = ", ".join(f"{k.lower()} {v}" for k, v in result.counts.items() if v)
     lines = [f"trials: {counts or 'none'}"]
-    best = outcome.best
+    best = result.best
     if best is not None:
         ua = best.user_attrs
         name = objective_label(cfg.study.metric, cfg.validation)
@@ -36,10 +36,10 @@ def summary_lines(outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> list[str]
         if frac is not None and oracle is not None:
             line += f"  ({frac:.0%} of the oracle test IC {oracle['test']:.4f})"
         lines.append(line)
-    if outcome.message:
-        lines.append(outcome.message)
+    if result.message:
+        lines.append(result.message)
     study_file = plan.study_file
-    if outcome.interrupted:
+    if result.interrupted:
         lines.append("interrupted: running trials stopped at their next step; each resumes from its last "
                      f"end-of-epoch checkpoint. Resume with: sweeper resume {study_file}")
     lines.append(f"next: sweeper best {study_file} | sweeper report {study_file} -o report.html | "
@@ -68,12 +68,12 @@ class NullView:
     def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None: ...
     def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None: ...
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
-    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None,
+    def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
                     reason: str | None) -> None: ...
     def progress(self, finished: int, best: FrozenTrial | None) -> None: ...
     def warn(self, slot: Slot, text: str) -> None: ...
     def tick(self) -> None: ...
-    def close(self, outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> None: ...
+    def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None: ...
 
 
 class PlainView(NullView):
@@ -103,16 +103,16 @@ class PlainView(NullView):
                   f"{self.metric}={fmt(metrics.get(self.metric))} loss={fmt(metrics.get('train_loss'))} "
                   f"mb={metrics.get('micro_batch_size', '-')}")
 
-    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None,
+    def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
                     reason: str | None) -> None:
         tail = f" ({reason})" if reason else ""
-        self._say(f"trial {number} {state.lower()}{tail}: {self.objective}={fmt(value)}")
+        self._say(f"trial {number} {state.name.lower()}{tail}: {self.objective}={fmt(value)}")
 
     def warn(self, slot: Slot, text: str) -> None:
         self._say(f"warning from {slot.label}: {text}")
 
-    def close(self, outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> None:
-        for line in summary_lines(outcome, cfg, plan):
+    def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None:
+        for line in summary_lines(result, cfg, plan):
             self._say(line)
 
 
@@ -159,10 +159,10 @@ class RichView(PlainView):
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
         self.slots[slot.label] = {"number": number, "epoch": epoch, "metrics": metrics}
 
-    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None,
+    def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
                     reason: str | None) -> None:
         self.slots[slot.label] = None
-        if state in ("COMPLETE", "PRUNED"):
+        if state in (TrialState.COMPLETE, TrialState.PRUNED):
             self.done += 1
 
     def tick(self) -> None:
@@ -193,10 +193,10 @@ class RichView(PlainView):
                          f"mem {fmt(m.get('peak_mem_mb'), '.0f')} MB")
         return grid
 
-    def close(self, outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> None:
+    def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None:
         if self.live is not None:
             self.live.stop()
-        super().close(outcome, cfg, plan)
+        super().close(result, cfg, plan)
 
 
 def default_view() -> NullView:

@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from sweeper import config as C
 from sweeper.dispatch.driver import Driver
 from sweeper.dispatch.plan import Plan
-from sweeper.dispatch.stopping import Outcome
+from sweeper.dispatch.stopping import SweepResult
 from sweeper.dispatch.telemetry import Telemetry
 from sweeper.dispatch.view import View
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
@@ -130,13 +130,13 @@ def init_db(cfg: C.SweeperConfig, storage_url: str | None = None) -> InitResult:
 
 def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, force: bool = False,
         must_exist: bool = False, study_file: str = "STUDY.yaml",
-        enqueue: Sequence[str | Path] = ()) -> Outcome:
+        enqueue: Sequence[str | Path] = ()) -> SweepResult:
     """``sweeper run`` / ``sweeper resume``: the whole sweep, resumable at any point.
     ``enqueue``: ``--enqueue`` files, each a list of parameter sets run ahead of the sampler's.
 
     A signal during set-up or the workers' shutdown raises StopRequested out of here (the CLI
     exits 130/143 with the resume line); during the loop the first drains and the second
-    kills, and the Outcome says so."""
+    kills, and the SweepResult says so."""
     stop = StopToken()
     try:
         with _signals_to(stop):
@@ -145,11 +145,11 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
             driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                             artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop)
             _sweep(driver, plan, study, view)
-            outcome = summarize(study, driver)  # a stopped sweep's store waits still give up at once
+            result = summarize(study, driver)  # a stopped sweep's store waits still give up at once
     finally:
         release(stop)  # later store calls of this process wait on no finished sweep's token
-    view.close(outcome, plan.cfg, plan)
-    return outcome
+    view.close(result, plan.cfg, plan)
+    return result
 
 
 @contextmanager
@@ -212,15 +212,15 @@ def _sweep(driver: Driver, plan: Plan, study: optuna.Study, view: View) -> None:
             telemetry.stop()
 
 
-def summarize(study: optuna.Study, driver: Driver) -> Outcome:
+def summarize(study: optuna.Study, driver: Driver) -> SweepResult:
     ending, signum, message = driver.rule.ending(), driver.stop.signum or signal.SIGINT, driver.rule.message
     try:
         trials = study.get_trials(deepcopy=False)
         best = best_trial(study)
     except StopRequested:  # stopped while the store is away: no counts to show
-        return Outcome(counts={}, best=None, ending=ending, signum=signum,
-                       message="the store did not answer; the summary is left out")
+        return SweepResult(counts={}, best=None, ending=ending, signum=signum,
+                           message="the store did not answer; the summary is left out")
     counts = {s.name: 0 for s in TrialState}
     for t in trials:
         counts[t.state.name] += 1
-    return Outcome(counts=counts, best=best, ending=ending, signum=signum, message=message)
+    return SweepResult(counts=counts, best=best, ending=ending, signum=signum, message=message)

@@ -3,7 +3,7 @@
 The driver tells :class:`StopRule` what happened (a trial ended, the budget is used up, a
 worker cannot start) and asks it whether to go on. Its :meth:`StopRule.ending` is what
 ``sweeper run`` reports and what its exit code is made from
-(:attr:`Outcome.exit_code`).
+(:attr:`SweepResult.exit_code`).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class TrialEnd:
     """A trial this driver ran has ended, whoever recorded it (its worker, or the driver)."""
 
     number: int
-    state: str  # COMPLETE, PRUNED or FAIL
+    state: TrialState  # COMPLETE, PRUNED or FAIL
     value: float | None = None
     reason: str | None = None  # its fail_reason
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -47,7 +47,7 @@ class TrialEnd:
 
     @property
     def failed(self) -> bool:
-        return self.state == "FAIL"
+        return self.state == TrialState.FAIL
 
     @property
     def counts_as_failure(self) -> bool | None:
@@ -94,7 +94,11 @@ def _beats(value: float, best: float, maximize: bool, margin: float) -> bool:
 class StopRule:
     """The sweep stops on a stop request, study.timeout, too many failures in a row,
     workers that die before they are ready, a full disk, study.patience_trials,
-    study.stop_when_converged, or a used-up budget."""
+    study.stop_when_converged, or a used-up budget.
+
+    The driver tells it what happened (:meth:`trial_ended`, :meth:`seen`, :meth:`budget_used`,
+    :meth:`worker_broken`, and :meth:`clock` once per loop turn); each of those records the
+    reason it found, once, in :attr:`message`. :meth:`stopping` and :meth:`ending` only answer."""
 
     def __init__(self, cfg: StudyConfig, stop: StopToken, run_dir: Path,
                  objective: str | None = None) -> None:
@@ -107,9 +111,10 @@ class StopRule:
         self.disk_full = False  # a trial failed as disk: start no more (each would fail the same way)
         self.patient_out = False  # study.patience_trials finished trials without a new best
         self.converged = False  # study.stop_when_converged: Optuna's Terminator says stop
+        self.timed_out = False  # study.timeout passed (judged by clock(), once per loop turn)
         maximize = cfg.resolved_direction == "maximize"
         self.watch = Watch(maximize, min_trials(cfg.sampler.options)) if cfg.stop_when_converged else None
-        self.message = ""
+        self.message = ""  # why the sweep stopped, in the words of the reason recorded first
 
     def trial_ended(self, end: TrialEnd) -> None:
         counts = end.counts_as_failure
@@ -122,6 +127,10 @@ class StopRule:
             error = lines[0] if lines else f"a write under {self.run_dir} found no space"
             self.message = (f"stopped: trial {end.number} failed as disk: {error}; free space under "
                             f"{self.run_dir} and run `sweeper run` again to resume")
+        elif counts and self._too_many_failures() and not (self._halted() or self.timed_out):
+            # the count in the message is the latest: trials that were running fail after it
+            self.message = (f"stopped: the last {self.failures_in_row} trials all failed "
+                            f"(study.max_consecutive_failures); see {logs_dir(self.run_dir)}")
 
     def seen(self, trials: list[FrozenTrial]) -> None:
         """The trials a claim read under the lock: study.patience_trials is counted on them,
@@ -161,6 +170,17 @@ class StopRule:
         if not self.broken:
             self.broken, self.message = True, message
 
+    def clock(self, now: float | None = None) -> None:
+        """A turn of the driver's loop: study.timeout is judged on the clock (``now``, a
+        ``time.monotonic()`` reading), once it has passed for good."""
+        timeout = self.cfg.timeout
+        if self.timed_out or timeout is None:
+            return
+        if (time.monotonic() if now is None else now) - self.started > timeout:
+            self.timed_out = True
+            if not self._halted():
+                self.message = self.message or f"study.timeout ({timeout:g} s) reached"
+
     @property
     def draining(self) -> bool:
         """The first Ctrl-C/SIGTERM: running trials stop at their next step."""
@@ -176,18 +196,9 @@ class StopRule:
         return self.stop.requested
 
     def stopping(self) -> bool:
-        """Whether to start no more trials (those running finish, or drain on a signal)."""
-        if self.stop.requested or self.broken or self.disk_full or self.patient_out or self.converged:
-            return True
-        timeout = self.cfg.timeout
-        if timeout is not None and time.monotonic() - self.started > timeout:
-            self.message = self.message or f"study.timeout ({timeout:g} s) reached"
-            return True
-        if self._too_many_failures():
-            self.message = (f"stopped: the last {self.failures_in_row} trials all failed "
-                            f"(study.max_consecutive_failures); see {logs_dir(self.run_dir)}")
-            return True
-        return self.exhausted
+        """Whether to start no more trials (those running finish, or drain on a signal).
+        A query: it records nothing."""
+        return self._halted() or self.timed_out or self._too_many_failures() or self.exhausted
 
     def ending(self) -> Ending:
         if self.stop.requested:
@@ -195,12 +206,16 @@ class StopRule:
         failed = self.broken or self.disk_full or self._too_many_failures()
         return Ending.FAILED if failed else Ending.DONE
 
+    def _halted(self) -> bool:
+        """A reason that stops the sweep for good, whatever the clock and the counts say."""
+        return self.stop.requested or self.broken or self.disk_full or self.patient_out or self.converged
+
     def _too_many_failures(self) -> bool:
         return self.failures_in_row >= self.cfg.max_consecutive_failures
 
 
 @dataclass
-class Outcome:
+class SweepResult:
     """What ``sweeper run`` reports: the study's counts and best trial, how the sweep ended."""
 
     counts: dict[str, int]

@@ -6,21 +6,21 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig
 from sweeper.devices import Slot
 from sweeper.dispatch.plan import Plan
-from sweeper.dispatch.stopping import Outcome
+from sweeper.dispatch.stopping import SweepResult
 
 
 class View(Protocol):
     def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None: ...
     def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None: ...
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
-    def trial_ended(self, slot: Slot, number: int, state: str, value: float | None,
+    def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
                     reason: str | None) -> None: ...
     def progress(self, finished: int, best: FrozenTrial | None) -> None: ...  # as the last claim read it
     def warn(self, slot: Slot, text: str) -> None: ...  # a worker's problem that did not end its trial
     def tick(self) -> None: ...  # once per loop turn: redraw, if it is time
-    def close(self, outcome: Outcome, cfg: SweeperConfig, plan: Plan) -> None: ...
+    def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None: ...
