@@ -44,9 +44,10 @@ from sweeper.data.panel import Panel
 from sweeper.data.split import purge_gap, split_widths
 from sweeper.errors import ConfigError, DataError
 from sweeper.inspect.predict import pick_trial
-from sweeper.inspect.trial_model import REFIT_RECORD, REFIT_STATS, REFIT_WEIGHTS, read_refit, trial_config
-from sweeper.store.layout import TrialFiles, trial_files
-from sweeper.store.run_folder import study_folder
+from sweeper.inspect.trial_model import read_refit, trial_config
+from sweeper.store.layout import RefitFiles, TrialFiles, trial_files
+from sweeper.store.run_folder import files_folder
+from sweeper.store.trial_folder import remove
 from sweeper.validation import contract as K
 
 MIN_TARGET_DATES = MIN_TRAIN_DATES  # a refit trains on at least as many target dates as a fold
@@ -75,7 +76,7 @@ class Refit:
         old = self.replaced
         again = (f"; it replaced the refit trained to {old.get('until')} ({old.get('created', '?')[:19]})"
                  if old else "")
-        said.append(f"wrote {self.folder}/ ({REFIT_WEIGHTS}, {REFIT_STATS}, {REFIT_RECORD}){again}")
+        said.append(f"wrote {self.folder}/ ({', '.join(RefitFiles(self.folder).names)}){again}")
         return said
 
 
@@ -118,7 +119,7 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     day = parse_until(until)  # bad input first: nothing read, nothing written
     chosen = pick_trial(study, trial)  # "best": the best feasible COMPLETE trial; topK is refused
     epochs, epochs_from = refit_epochs(chosen)
-    files = trial_files(study_folder(cfg, study), chosen.number)
+    files = trial_files(files_folder(cfg, study), chosen.number)
     tcfg = resolved_config(cfg, chosen, files)
     panel, window = refit_panel(tcfg.data, day)
     # exactly E epochs: no time limit, and train's fixed_epochs validates nothing and never stops early
@@ -154,13 +155,13 @@ def resolved_config(cfg: C.SweeperConfig, trial: FrozenTrial, files: TrialFiles)
 
 def write_refit(files: TrialFiles, state: dict, stats: Any, record: dict[str, Any]) -> dict[str, Any] | None:
     """Write the refit's files, the record last; returns the record of the refit it replaced."""
-    folder = files.refit
+    refit = files.refit_files
     previous = read_refit(files)
-    (folder / REFIT_RECORD).unlink(missing_ok=True)  # from here until the record is back, no refit
-    with atomic_path(folder / REFIT_WEIGHTS) as tmp:
+    remove(refit.record)  # from here until the record is back, no refit
+    with atomic_path(refit.weights) as tmp:
         torch.save(state, tmp)
-    write_text(folder / REFIT_STATS, json.dumps(stats))
-    write_text(folder / REFIT_RECORD, json.dumps(record, indent=2, allow_nan=False))
+    write_text(refit.norm_stats, json.dumps(stats))
+    write_text(refit.record, json.dumps(record, indent=2, allow_nan=False))
     return previous
 
 

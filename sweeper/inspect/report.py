@@ -59,7 +59,7 @@ from sweeper.inspect.figures_time import ic_time_figure
 from sweeper.inspect.printing import ic_time_lines, portfolio_lines, selection_lines
 from sweeper.inspect.results import trial_horizons, valid_daily_ics
 from sweeper.store import layout
-from sweeper.store.run_folder import study_folder
+from sweeper.store.run_folder import files_folder
 from sweeper.store.studies import best_trial, load_existing
 
 __all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_html", "utilisation",
@@ -141,7 +141,7 @@ def write_report(cfg: SweeperConfig, out: str | Path, storage_url: str | None = 
     """Write the report for ``cfg``'s study to ``out`` (atomically); returns a summary."""
     started = time.perf_counter()
     study = load_existing(cfg, storage_url)
-    data = load(study, study_folder(cfg, study), cfg.study.metric, cfg)
+    data = load(study, files_folder(cfg, study), cfg.study.metric, cfg)
     figures = build_figures(data)
     page = render_html(data, figures, oracle=study.user_attrs.get("oracle_ic"))
     write_text(Path(out), page)

@@ -22,7 +22,7 @@ from sweeper.config import SweeperConfig, objective_label
 from sweeper.inspect import ic_views
 from sweeper.plain import plain
 from sweeper.store import layout
-from sweeper.store.run_folder import study_folder
+from sweeper.store.run_folder import files_folder
 from sweeper.store.studies import FINISHED, best_trial, n_infeasible
 from sweeper.study import retention
 from sweeper.validation import contract as K
@@ -126,7 +126,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         return None
     ua = best.user_attrs
     oracle = study.user_attrs.get("oracle_ic")
-    files = layout.trial_files(study_folder(cfg, study), best.number)
+    files = layout.trial_files(files_folder(cfg, study), best.number)
     weights = files.weights
     out = {
         "trial": best.number,
@@ -146,7 +146,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         out["oracle_test_ic"] = oracle.get("test")
         out.update(oracle_fractions(ua, oracle))
     trials = study.get_trials(deepcopy=False)
-    folder = study_folder(cfg, study)  # this study's files, wherever another study put them
+    folder = files_folder(cfg, study)  # this study's files, wherever another study put them
     out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg))
     out["ic_by_year"] = ic_views.ic_by_year_report(folder, best.number)
     out["baseline"] = baseline_report(study, cfg, best)
@@ -199,7 +199,7 @@ def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial) 
     attr = study.user_attrs.get("baseline")
     if not attr:
         return None
-    files = layout.trial_files(study_folder(cfg, study), best.number)
+    files = layout.trial_files(files_folder(cfg, study), best.number)
     daily = {}
     for split in ("valid", "test"):
         found = read_daily(files.daily_ic(split))

@@ -22,14 +22,16 @@ pandas a spurious 0.0 where we give no correlation.
 from __future__ import annotations
 
 import math
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import pandas as pd
-import torch
 
 from sweeper.errors import DataError
 from sweeper.quant.ranks import average_ranks_torch
+
+if TYPE_CHECKING:  # torch is imported where a function needs it: best and status never do
+    import torch
 
 
 class ICReport(TypedDict):
@@ -158,6 +160,7 @@ def daily_ic_torch(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tenso
     or a constant label are NaN; a constant prediction scores 0. Fully vectorised: no
     per-date Python loop, no host copy.
     """
+    import torch
     x, y, valid = _pairs(pred, label)
     constant = _constant_torch(x, y, valid)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
@@ -174,6 +177,7 @@ def ic_report_torch(pred: torch.Tensor, label: torch.Tensor) -> ICReport:
 
 
 def _pairs(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    import torch
     if pred.shape != label.shape or pred.dim() != 2:
         raise ValueError(f"pred and label must both be [T, N]; "
                          f"got {tuple(pred.shape)} and {tuple(label.shape)}")
@@ -187,10 +191,12 @@ def _constant_torch(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> to
 
 def summarize(daily: torch.Tensor) -> tuple[float, float]:
     """``(mean, mean / std(ddof=1))`` of a daily series, ignoring NaN days."""
+    import torch
     return _mean_ir(daily.detach().to(torch.float64).cpu().numpy())
 
 
 def _masked_pearson(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    import torch
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     n = valid.sum(dim=1).to(x.dtype)
     x, y = torch.where(valid, x, zero), torch.where(valid, y, zero)
@@ -202,6 +208,7 @@ def _masked_pearson(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> to
 
 
 def _varies(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    import torch
     inf = torch.tensor(math.inf, dtype=x.dtype, device=x.device)
     return torch.where(valid, x, -inf).amax(1) > torch.where(valid, x, inf).amin(1)
 
@@ -215,6 +222,7 @@ def ic_loss(pred: torch.Tensor, label: torch.Tensor, group: torch.Tensor) -> tor
     group is usable the loss is a zero that still backpropagates (all-zero gradients).
     Masks instead of boolean indexing keep host syncs to the one inside ``torch.unique``.
     """
+    import torch
     dtype = torch.promote_types(pred.dtype, torch.float32)
     keep = torch.isfinite(label)
     zero = torch.zeros((), dtype=dtype, device=pred.device)

@@ -7,9 +7,12 @@ decided once.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a function needs it: best and status never do
+    import torch
 
 
 def average_ranks(v: np.ndarray) -> np.ndarray:
@@ -52,6 +55,7 @@ def average_ranks_torch(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     Missing entries are sent to +inf so they sort last and never tie with a finite value;
     the first and last position of each value's run come from searchsorted on the sorted row.
     """
+    import torch
     keyed = torch.where(valid, x, torch.tensor(math.inf, dtype=x.dtype, device=x.device))
     ordered, order = torch.sort(keyed, dim=1)
     first = torch.searchsorted(ordered, ordered, right=False)

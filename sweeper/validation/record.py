@@ -7,8 +7,6 @@ valid block (the mean over seeds), with its fold; a trial of one run keeps that 
 """
 from __future__ import annotations
 
-import os
-import shutil
 from typing import Any
 
 import pandas as pd
@@ -16,6 +14,7 @@ import pandas as pd
 from sweeper.atomic import atomic_path
 from sweeper.config import SweeperConfig
 from sweeper.store.layout import TrialFiles
+from sweeper.store.trial_folder import TrialFolder
 from sweeper.validation import runner as R
 from sweeper.validation.scores import MEANED, daily_valid, fold_scores, objective, trial_attrs
 
@@ -58,7 +57,7 @@ def first_seed_predictions(out: R.TrialRuns) -> dict[str, pd.DataFrame]:
     return {"valid": pd.concat(frames, ignore_index=True)} if frames else {}
 
 
-def write_files(out: R.TrialRuns, files: TrialFiles, store: R.RunStore) -> None:
+def write_files(out: R.TrialRuns, files: TrialFiles) -> None:
     """The trial's own files from its runs: daily_ic_valid.csv, and the model run's weights
     (moved: the run's folder keeps no second copy), norm_stats.json and daily_ic_test.csv."""
     if out.grid.single:
@@ -68,11 +67,4 @@ def write_files(out: R.TrialRuns, files: TrialFiles, store: R.RunStore) -> None:
         return
     with atomic_path(files.daily_ic("valid")) as tmp:
         daily_valid(out.daily).to_csv(tmp, index=False)
-    folder = store.folder(*out.grid.model_run)
-    weights = folder / R.WEIGHTS
-    if weights.exists():
-        os.replace(weights, files.weights)
-    for name, dst in ((R.NORM_STATS, files.norm_stats), (R.DAILY_TEST, files.daily_ic("test"))):
-        if (folder / name).exists():
-            with atomic_path(dst) as tmp:
-                shutil.copyfile(folder / name, tmp)
+    TrialFolder.of(files).take_model(out.grid)

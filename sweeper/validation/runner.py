@@ -22,7 +22,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -39,13 +38,11 @@ from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
 from sweeper.errors import StopReason
 from sweeper.plain import plain
-from sweeper.store.layout import TrialFiles
+from sweeper.store.layout import RunFiles, TrialFiles
 from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid, seeded
 from sweeper.validation.scores import TrainingRun
 
-RESULT, PREDICTIONS, DAILY = "result.json", "predictions_valid.parquet", "daily_ic_valid.csv"
-WEIGHTS, NORM_STATS, DAILY_TEST = "weights.pt", "norm_stats.json", "daily_ic_test.csv"
 CUT_SHORT = (StopReason.PRUNED, StopReason.TIME)  # a run that ended so ends the trial's runs
 
 
@@ -96,11 +93,11 @@ class RunStore:
     def __init__(self, files: TrialFiles, stamp: dict[str, Any], grid: RunGrid) -> None:
         self.files, self.stamp, self.grid = files, stamp, grid
 
-    def folder(self, fold: int, repeat: int) -> Path:
-        return self.files.folder if self.grid.single else self.files.run(fold + 1, repeat + 1)
+    def run(self, fold: int, repeat: int) -> RunFiles:
+        return self.files.run_files(fold, repeat, self.grid.single)
 
     def finished(self, fold: int, repeat: int) -> TrainingRun | None:
-        path = self.folder(fold, repeat) / RESULT
+        path = self.run(fold, repeat).result
         if self.grid.single or not path.exists():
             return None
         raw = json.loads(path.read_text())
@@ -109,8 +106,8 @@ class RunStore:
                            str(raw.get("stop_reason", StopReason.EPOCHS)))
 
     def frames(self, fold: int, repeat: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-        folder = self.folder(fold, repeat)
-        return pd.read_parquet(folder / PREDICTIONS), pd.read_csv(folder / DAILY, parse_dates=["date"])
+        run = self.run(fold, repeat)
+        return pd.read_parquet(run.predictions), pd.read_csv(run.daily_ic("valid"), parse_dates=["date"])
 
     def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]]) -> FileCheckpointer:
         if self.grid.single:  # the stamp names no run: a retry of a one-run trial continues it
@@ -121,25 +118,25 @@ class RunStore:
     def save(self, run: TrainingRun, result: TrainResult, panel: Panel) -> None:
         """The run's files; the model run's weights, normalisation and daily test IC too (the
         worker moves them into the trial's folder). ``result.json`` last: the run is finished."""
-        folder = self.folder(run.fold, run.repeat)
-        folder.mkdir(parents=True, exist_ok=True)
+        files = self.run(run.fold, run.repeat)
+        files.folder.mkdir(parents=True, exist_ok=True)
         if self.grid.is_model(run.fold, run.repeat):
-            with atomic_path(folder / WEIGHTS) as tmp:
+            with atomic_path(files.weights) as tmp:
                 torch.save(result.best_state, tmp)
             if panel.norm_stats is not None:  # new data (predict --data) is normalised with these
-                write_text(folder / NORM_STATS, json.dumps(panel.norm_stats))
+                write_text(files.norm_stats, json.dumps(panel.norm_stats))
         if self.grid.single:  # the trial's daily IC files are the run's own (written by record)
             return
-        with atomic_path(folder / PREDICTIONS) as tmp:
+        with atomic_path(files.predictions) as tmp:
             result.predictions["valid"].to_parquet(tmp, index=False)
-        with atomic_path(folder / DAILY) as tmp:
+        with atomic_path(files.daily_ic("valid")) as tmp:
             result.daily["valid"].to_csv(tmp, index=False)
         if self.grid.is_model(run.fold, run.repeat):
-            with atomic_path(folder / DAILY_TEST) as tmp:
+            with atomic_path(files.daily_ic("test")) as tmp:
                 result.daily["test"].to_csv(tmp, index=False)
         body = {"fold": run.fold + 1, "repeat": run.repeat + 1, "seed": run.seed,
                 "stop_reason": run.stop_reason, "metrics": {k: plain(v) for k, v in run.metrics.items()}}
-        write_text(folder / RESULT, json.dumps(body, indent=1))
+        write_text(files.result, json.dumps(body, indent=1))
 
 
 @dataclass

@@ -142,7 +142,7 @@ class TrialRunner:
         trainer = Trainer(cfg, hook, started, self.device, log, self.device_kind.memory(self.memory_limit_mb),
                           store, self.panels)
         out = train_runs(panel, trainer)
-        record.write_files(out, files, store)
+        record.write_files(out, files)
         value, attrs = record.attrs_of(out, cfg)
         return _judged(trial, cfg, out, value, attrs, pruned=hook.pruned)
 
