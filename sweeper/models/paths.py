@@ -5,7 +5,7 @@ The CLI names the study file's folder in ``SWEEPER_MODEL_PATH`` while a command 
 the working directory, so every process finds the same file, and no PYTHONPATH is needed.
 Folders named in the variable come first, so the study's folder wins over the current one.
 This search path is where a model's code is imported from; it has nothing to do with the run
-folder (``runs/<study>/``, :func:`sweeper.store.run_folder.study_folder`).
+folder (``runs/<study>/``, :func:`sweeper.store.run_folder.files_folder`).
 """
 from __future__ import annotations
 
