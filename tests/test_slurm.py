@@ -339,7 +339,7 @@ def test_db_init_then_array_tasks_share_one_study_and_resume_after_sigterm(tmp_p
     assert len(finished) == 2 and len(trials) == 3
     assert {t.user_attrs["host"] for t in finished} <= {"sweeper-43_0", "sweeper-43_1"}
     retry = next(t for t in finished if t.user_attrs.get("retry_of") == 0)
-    assert retry.user_attrs["resume_from"].endswith("trials/0/checkpoint.pt")  # from the interrupted trial's epoch
+    assert retry.user_attrs["resume_from_trial"] == 0  # from the interrupted trial's checkpoint
 
 
 # ------------------------------------------------------------------ a real Slurm

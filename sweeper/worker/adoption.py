@@ -71,7 +71,7 @@ def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, fol
     step = grid.step(fold, seed, epoch)
     _replay(study, trial, frozen, step)
     if origin.metrics.exists():
-        copy_csv_upto(origin.metrics, folder.files.metrics, step, grid.repeats, grid.epochs)
+        copy_csv_upto(origin.metrics, folder.files.metrics, step, grid)
     trial.set_user_attr("resumed_from_epoch", epoch)
     if grid.single:
         log(f"resuming from {source} at epoch {epoch}")

@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 
 from sweeper.interrupt import StopToken
+from sweeper.validation.grid import RunGrid
 from sweeper.worker import protocol
 
 PROGRESS_EVERY_S = 5.0  # the most a progress event waits; shorter when study.stall_timeout is short
@@ -88,17 +89,10 @@ def append_csv(path: Path, row: dict[str, Any]) -> None:
         writer.writerow(row)
 
 
-def copy_csv_upto(src: Path, dst: Path, epoch: int, repeats: int = 1, epochs: int = 0) -> None:
-    """The rows of ``src`` up to ``epoch``, appended to ``dst`` (a retry's replayed history).
-    Rows with ``fold`` and ``repeat`` columns (several runs) are taken up to the global step
-    ``epoch``: ``((fold - 1) * repeats + repeat - 1) * epochs + epoch``."""
-    def step(row: dict[str, str]) -> int:
-        if row.get("fold") and row.get("repeat"):
-            run = (int(row["fold"]) - 1) * repeats + int(row["repeat"]) - 1
-            return run * epochs + int(float(row["epoch"]))
-        return int(float(row["epoch"]))
-
+def copy_csv_upto(src: Path, dst: Path, step: int, grid: RunGrid) -> None:
+    """The rows of ``src`` up to the grid's ``step``, appended to ``dst`` (a retry's replayed
+    history; a row's step is :meth:`RunGrid.step_of_row`)."""
     with src.open() as fh:
-        rows = [r for r in csv.DictReader(fh) if step(r) <= epoch]
+        rows = [r for r in csv.DictReader(fh) if grid.step_of_row(r) <= step]
     for row in rows:
         append_csv(dst, row)
