@@ -36,15 +36,12 @@ from sweeper.data.load import PanelMemo
 from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
 from sweeper.errors import DataError, SweeperError
-from sweeper.store import layout
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
 from sweeper.study.retention import no_model, retrain_command, weights_removed
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection
-# a refit's file names, here for sweeper.refit until it reads them from store.layout's RefitFiles
-REFIT_WEIGHTS, REFIT_STATS, REFIT_RECORD = layout.WEIGHTS, layout.NORM_STATS, layout.REFIT_RECORD
 
 
 def trial_config(files: TrialFiles) -> SweeperConfig:

@@ -233,11 +233,3 @@ def _without_test(panel: Panel) -> Panel:
     return dataclasses.replace(panel, splits={**panel.splits, "test": (start, start)}, _cache={})
 
 
-
-# TEMP(issue27): until worker/adoption.py asks the grid (being converted); removed before the end
-def global_step(cfg: SweeperConfig, fold: int, repeat: int, epoch: int) -> int:
-    return RunGrid.of(cfg).step(fold, repeat, epoch)
-
-
-def model_run(cfg: SweeperConfig) -> tuple[int, int]:
-    return RunGrid.of(cfg).model_run
