@@ -345,13 +345,13 @@ def refit_cmd(study: Path, storage: str | None, trial: str, until: str | None, d
 @click.option("--dry-run", is_flag=True, help="List what study.keep would remove, with sizes; remove none.")
 def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: bool) -> None:
     """Apply study.keep to the study's trial files now, and print what it frees."""
-    from sweeper.store.run_folder import study_folder
+    from sweeper.store.run_folder import files_folder
     from sweeper.store.studies import load_existing
     from sweeper.study.retention import collect
 
     cfg = _load(study, sets)
     found = load_existing(cfg, storage)
-    freed = collect(found, cfg, study_folder(cfg, found), dry_run=dry_run,
+    freed = collect(found, cfg, files_folder(cfg, found), dry_run=dry_run,
                     warn=lambda line: click.echo(f"warning: {line}", err=True))
     for line in freed.lines():
         click.echo(line)

@@ -118,7 +118,7 @@ def test_a_disk_failure_stops_the_sweep_with_one_line(study_file):
     cfg = load_config(study_file())
     rule = StopRule(cfg.study, StopToken(), Path("/data/runs/tiny"))
     error = "no space left on device writing /data/runs/tiny/trials/3/checkpoint.pt (ENOSPC)"
-    rule.trial_ended(TrialEnd(3, "FAIL", reason="disk", metrics={"fail_reason": "disk", "error": error},
+    rule.trial_ended(TrialEnd(3, TrialState.FAIL, reason="disk", metrics={"fail_reason": "disk", "error": error},
                               reported=True))
     assert rule.stopping() and rule.ending() is Ending.FAILED
     assert rule.message == (f"stopped: trial 3 failed as disk: {error}; free space under /data/runs/tiny "

@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 from sweeper import config as C
 from sweeper.config import load_config
+from sweeper.core.hooks import NullHook
 from sweeper.data.load import load_panel
 from sweeper.interrupt import StopToken
 from sweeper.store.layout import trial_files
@@ -39,7 +40,7 @@ def _outcome(path, tmp_path, **over):
     return cfg, files, train_runs(load_panel(cfg.data), Trainer(cfg, _Hook(), time.monotonic(), store=store))
 
 
-class _Hook:
+class _Hook(NullHook):
     def __init__(self):
         self.steps = []
         self.offset = 0

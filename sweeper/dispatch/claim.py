@@ -40,7 +40,7 @@ def claim(study: optuna.Study, cfg: SweeperConfig, lock: ClaimLock, ident: Ident
     through an outage) end with StopRequested on Ctrl-C or SIGTERM."""
     with lock:
         for _ in range(MAX_LOST_CLAIMS):
-            trials = reconcile(study, cfg.study, ident)
+            trials = reconcile(study, cfg.study, ident, run_dir)
             if seen is not None and not seen(trials):
                 return None
             if sum(t.state in BUDGET_STATES for t in trials) >= cfg.study.n_trials:

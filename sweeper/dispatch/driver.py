@@ -85,7 +85,7 @@ class Driver:
             if self.rule.draining:
                 self._drain()
             elif self.rule.stopping():
-                self.dispatch.stopping(self, "the sweep stopped before it could start")
+                self.dispatch.release_held(self, "the sweep stopped before it could start")
             else:
                 self._start_trials()
             if all(w.running is None for w in self.workers) and self.rule.stopping() \
@@ -243,7 +243,7 @@ class Driver:
         self._failed(w, run, reason, error, w.returncode)
 
     def _drain(self) -> None:
-        self.dispatch.stopping(self, "stopped (Ctrl-C or SIGTERM) before it could start")
+        self.dispatch.release_held(self, "stopped (Ctrl-C or SIGTERM) before it could start")
         self.baseline.stop()
         for w in self.workers:
             w.drain()

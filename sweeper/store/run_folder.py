@@ -106,8 +106,6 @@ def files_folder(cfg: SweeperConfig, study: optuna.Study) -> Path:
 
 
 # the old name, for the callers that still import it (cli, refit, inspect.report, inspect.results);
-# not to be used anew: sweeper.models.paths.study_folder is another thing (the study file's folder)
-study_folder = files_folder
 
 
 def study_dir(run_dir: Path, study_uuid: str | None) -> Path:
