@@ -4,7 +4,7 @@ attributes:
 
 - ``baseline``: the result (val/test IC, Rank IC and ICIR, the daily ICs of both splits, elapsed
   time, LightGBM version, rows, whether the train rows were subsampled, best iteration, ...;
-  under walk_forward also the per-fold figures, :func:`fold_summary`);
+  under walk-forward folds also the per-fold figures, :func:`fold_summary`);
 - ``baseline_state``: its state, kept by :mod:`sweeper.baseline.state` (the states, the one claim
   rule a sweep follows, the transitions). ``sweeper baseline`` computes it whenever asked.
 
@@ -31,6 +31,8 @@ from sweeper.baseline.fit import BaselineResult, fit_study
 from sweeper.baseline.state import ExitCode, State, mark
 from sweeper.errors import one_line
 from sweeper.store import layout
+from sweeper.validation import contract as K
+from sweeper.validation.grid import RunGrid
 
 RESULT = "baseline"  # the study user attribute of the result
 
@@ -47,16 +49,16 @@ def _series(frame: Any) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {"date": [str(d)[:10] for d in frame["date"]],
                                  "ic": [_clean(v) for v in frame["ic"]],
                                  "rank_ic": [_clean(v) for v in frame["rank_ic"]]}
-    if "fold" in frame:  # walk_forward's valid blocks, as the trials' daily_ic_valid.csv
+    if "fold" in frame:  # walk-forward folds' valid blocks, as the trials' daily_ic_valid.csv
         out["fold"] = [int(k) for k in frame["fold"]]
     return out
 
 
-def fold_summary(folds: list[dict[str, Any]], fold_dates: list[dict[str, list[str]]]) -> dict[str, Any]:
-    """The walk_forward keys of the ``baseline`` attribute, as the trials' (one entry per fold):
+def fold_summary(folds: list[dict[str, Any]], spans: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """The walk-forward keys of the ``baseline`` attribute, as the trials' (one entry per fold):
     ``fold_val_ic`` (its mean is ``val_ic``), ``val_ic_se`` (std ddof=1 / sqrt(k)),
     ``worst_fold_val_ic``, ``fold_val_rank_ic``, ``fold_val_icir``, ``fold_best_iteration``,
-    ``fold_rows``, ``fold_subsampled``, ``fold_elapsed_s``, ``fold_dates`` and ``folds`` (k)."""
+    ``fold_rows``, ``fold_subsampled``, ``fold_elapsed_s``, the fold layout and ``folds`` (k)."""
     ic = [f["val_ic"] for f in folds]
     finite = [v for v in ic if math.isfinite(v)]
     se = float(np.std(finite, ddof=1) / math.sqrt(len(finite))) if len(finite) >= 2 else math.nan
@@ -66,15 +68,15 @@ def fold_summary(folds: list[dict[str, Any]], fold_dates: list[dict[str, list[st
             "fold_val_icir": [_clean(f["val_icir"]) for f in folds],
             "fold_best_iteration": [f["best_iteration"] for f in folds],
             "fold_rows": [f["rows"] for f in folds], "fold_subsampled": [f["subsampled"] for f in folds],
-            "fold_elapsed_s": [round(f["elapsed_s"], 3) for f in folds], "fold_dates": fold_dates}
+            "fold_elapsed_s": [round(f["elapsed_s"], 3) for f in folds], K.FOLD_DATES: spans}
 
 
 def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int,
-            fold_dates: list[dict[str, list[str]]] | None = None) -> dict[str, Any]:
-    """The ``baseline`` study attribute of ``result`` (``fold_dates``: its folds', walk_forward)."""
+            spans: list[dict[str, list[str]]] | None = None) -> dict[str, Any]:
+    """The ``baseline`` study attribute of ``result`` (``spans``: its walk-forward folds' dates)."""
     out: dict[str, Any] = {k: _clean(v) for k, v in result.scores.items()}
     if result.folds is not None:
-        out.update(fold_summary(result.folds, fold_dates or []))
+        out.update(fold_summary(result.folds, spans or []))
     out.update(elapsed_s=round(result.elapsed_s, 3), lightgbm_version=result.lightgbm_version,
                rows=result.rows, subsampled=result.subsampled, best_iteration=result.best_iteration,
                n_features=result.n_features, lags=cfg.baseline.lags, threads=threads,
@@ -110,7 +112,7 @@ def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, 
         panel = load_panel(cfg.data)
         seed = cfg.study.sampler.seed if cfg.study.sampler.seed is not None else 0
         result = fit_study(panel, cfg, threads=threads, seed=seed)
-        dates = fold_spans(panel, fold_layout(panel, cfg)) if cfg.validation.walk_forward else None
+        dates = fold_spans(panel, fold_layout(panel, cfg)) if RunGrid.of(cfg).folded else None
         del panel
         write_files(result, run_dir if run_dir is not None else layout.run_dir(cfg))
         attr = summary(result, cfg, threads, dates)
@@ -154,7 +156,7 @@ def subsample_line(attr: dict[str, Any]) -> str | None:
     if not sub:
         return None
     by = sub.get("by", "baseline.max_rows")
-    folds = sub.get("folds")  # walk_forward: each fold's train window is subsampled alone
+    folds = sub.get("folds")  # walk-forward folds: each fold's train window is subsampled alone
     where = f" in fold{'s' if len(folds) > 1 else ''} {', '.join(map(str, folds))} (summed)" if folds else ""
     return (f"baseline: train rows subsampled by dates ({by}){where}: {sub['rows_kept']} of "
             f"{sub['rows_total']} rows, {sub['dates_kept']} of {sub['dates_total']} dates")

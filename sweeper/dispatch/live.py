@@ -204,5 +204,5 @@ def default_view() -> NullView:
 
 
 def _run(metrics: dict[str, Any]) -> str:
-    """`` fold 2 seed 1`` for an epoch of a trial of several runs (walk_forward, repeats)."""
+    """`` fold 2 seed 1`` for an epoch of a trial of several runs (walk-forward folds, seed repeats)."""
     return f" fold {metrics['fold']} seed {metrics.get('repeat', 1)}" if "fold" in metrics else ""

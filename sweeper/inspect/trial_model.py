@@ -39,6 +39,8 @@ from sweeper.errors import DataError, SweeperError
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
 from sweeper.study.retention import no_model, retrain_command, weights_removed
+from sweeper.validation import contract as K
+from sweeper.validation.grid import RunGrid
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection
@@ -184,15 +186,17 @@ class Predictor:
     def own_panel(self, tcfg: SweeperConfig) -> Panel:
         """The study's data loaded with a trial's data config, every present row scoreable.
 
-        Under walk-forward folds it is the last fold's panel: the trial's model trained on that fold's
-        window with its normalisation, and scoring the study's holdout valid split would score
-        dates that fold trained on (its valid block is the one the model has not seen)."""
+        Under walk-forward folds it is the model run's fold's panel (the grid's, the last fold):
+        the trial's model trained on that fold's window with its normalisation, and scoring the
+        study's own valid split would score dates that fold trained on (its valid block is the
+        one the model has not seen)."""
         from sweeper.data import load_panel
 
         def make() -> Panel:
             panel = load_panel(tcfg.data)
-            if tcfg.validation.walk_forward:
-                panel = fold_panel(panel, fold_layout(panel, tcfg)[-1], tcfg.data)
+            grid = RunGrid.of(tcfg)
+            if grid.folded:
+                panel = fold_panel(panel, fold_layout(panel, tcfg)[grid.model_run[0]], tcfg.data)
             return own_scoring_panel(panel)
 
         key = {"data": tcfg.data.model_dump(mode="json"), "validation": tcfg.validation.model_dump()}
@@ -217,9 +221,9 @@ class Predictor:
         kept them, else from the study's data loaded as the trial was."""
         saved: NormStats | None = json.loads(kept.read_text()) if kept.exists() else None
         split_dates: dict[str, list[str]] | None = self.study.user_attrs.get("split_dates")
-        folds = self.study.user_attrs.get("fold_dates")
+        folds = K.layout(self.study.user_attrs)
         if split_dates and folds:  # walk-forward: the model's own train and valid (see own_panel)
-            split_dates = {**split_dates, **folds[-1]}
+            split_dates = {**split_dates, **folds[RunGrid.of(tcfg).model_run[0]]}
         if saved is not None and split_dates:
             return saved, split_dates
         try:

@@ -21,7 +21,7 @@ from sweeper.core.checkpoint import checkpoint_meta, config_mismatch
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import TrialFiles
 from sweeper.store.trial_folder import TrialFolder, resume_checkpoint
-from sweeper.validation.contract import RESUMED_FROM_FOLD, RESUMED_RUNS, layout
+from sweeper.validation.contract import FOLD_DATES, RESUMED_FROM_FOLD, RESUMED_RUNS, layout
 from sweeper.validation.grid import RunGrid, seeded
 from sweeper.worker.hook import copy_csv_upto
 
@@ -93,8 +93,8 @@ def _run_problem(was: dict[str, Any], study: optuna.Study, grid: RunGrid) -> str
         return (f"the checkpoint holds fold {fold}, seed {repeat}; this trial has "
                 f"{grid.folds} folds of {grid.repeats} seeds")
     folds = layout(study.user_attrs)  # empty unless the study is walk-forward
-    if fold <= len(folds) and was.get("fold_dates") != folds[fold - 1]:
-        return (f"the checkpoint's fold {fold} had other dates ({was.get('fold_dates')}, "
+    if fold <= len(folds) and was.get(FOLD_DATES) != folds[fold - 1]:
+        return (f"the checkpoint's fold {fold} had other dates ({was.get(FOLD_DATES)}, "
                 f"now {folds[fold - 1]})")
     return None
 
