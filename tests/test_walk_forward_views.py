@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import re
 
+from optuna.trial import TrialState
+
 from sweeper import config as C
 from sweeper.devices.slots import Slot
 from sweeper.dispatch.live import PlainView
@@ -24,7 +26,7 @@ def test_epoch_lines_name_the_fold_and_seed_and_the_end_line_the_objective():
     view.epoch(SLOT, 3, 2, {"fold": 2, "repeat": 1, "val_ic": 0.0312, "train_loss": 1.01,
                             "micro_batch_size": 256})
     view.epoch(SLOT, 4, 1, {"val_ic": 0.02, "train_loss": 1.0, "micro_batch_size": 64})  # a holdout trial
-    view.trial_ended(SLOT, 3, "COMPLETE", 0.0117, None)
+    view.trial_ended(SLOT, 3, TrialState.COMPLETE, 0.0117, None)
     assert _lines(out) == ["trial 3 fold 2 seed 1 epoch 2: val_ic=0.0312 loss=1.0100 mb=256",
                            "trial 4 epoch 1: val_ic=0.0200 loss=1.0000 mb=64",
                            "trial 3 complete: lcb(val_ic)=0.0117"]
