@@ -37,6 +37,7 @@ def swept(tmp_path_factory):
     return swept_study(tmp_path_factory.mktemp("readonly"), STUDY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     pytest.param(["best", "study.yaml"], marks=RUNS_THE_MODEL, id="best"),
     pytest.param(["best", "study.yaml", "--json"], marks=RUNS_THE_MODEL, id="best-json"),
