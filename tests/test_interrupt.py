@@ -57,11 +57,12 @@ class Driver:
         self.proc.send_signal(signum)
         try:
             self.proc.wait(timeout=30)
+            took = time.monotonic() - sent  # the driver's exit, not the reader's catching up below
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
         self._reader.join(timeout=5)
-        return time.monotonic() - sent
+        return took
 
     @property
     def stderr(self) -> str:
