@@ -26,6 +26,7 @@ from sweeper import config as C
 from sweeper.devices import Slot, fake
 from sweeper.dispatch.baseline_job import BaselineJob
 from sweeper.dispatch.claim import ClaimSchedule, claim
+from sweeper.dispatch.forkserver import ForkServer
 from sweeper.dispatch.handle import Running, WorkerHandle
 from sweeper.dispatch.notices import Warnings
 from sweeper.dispatch.stopping import StopRule, TrialEnd
@@ -57,13 +58,13 @@ def timeout_grace_s(max_minutes: float) -> float:
 class Driver:
     def __init__(self, cfg: C.SweeperConfig, study: optuna.Study, slots: list[Slot], *, storage_url: str,
                  run_dir: Path, artifacts: str, view: View, ident: Identity, lock: ClaimLock,
-                 stop: StopToken | None = None) -> None:
+                 stop: StopToken | None = None, server: ForkServer | None = None) -> None:
         self.cfg, self.study, self.view, self.ident, self.lock = cfg, study, view, ident, lock
         self.run_dir = run_dir
         init = {"config": C.to_dict(cfg), "storage": storage_url, "study": cfg.study.name,
                 "run_dir": str(run_dir), "artifacts": artifacts,
                 "driver": {"host": ident.host, "pid": ident.pid, "driver_id": ident.driver_id}}
-        self.workers = [WorkerHandle(s, init, run_dir) for s in slots]
+        self.workers = [WorkerHandle(s, init, run_dir, server) for s in slots]
         self.sel = selectors.DefaultSelector()
         self.stop = stop or StopToken()
         objective = C.objective_label(cfg.study.metric, cfg.validation)

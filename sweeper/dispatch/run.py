@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from sweeper import config as C
 from sweeper.dispatch.driver import Driver
+from sweeper.dispatch.forkserver import ForkServer
 from sweeper.dispatch.plan import Plan
 from sweeper.dispatch.stopping import SweepResult
 from sweeper.dispatch.telemetry import Telemetry
@@ -138,16 +139,20 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
     exits 130/143 with the resume line); during the loop the first drains and the second
     kills, and the SweepResult says so."""
     stop = StopToken()
+    server = ForkServer.start()  # its preload (~5 s) overlaps the checks; workers are forked from it
     try:
         with _signals_to(stop):
             plan, study, lock, ident = _set_up(cfg, stop, storage_url, force, must_exist, study_file,
                                                enqueue)
             driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
-                            artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop)
+                            artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop,
+                            server=server)
             _sweep(driver, plan, study, view)
             result = summarize(study, driver)  # a stopped sweep's store waits still give up at once
     finally:
         release(stop)  # later store calls of this process wait on no finished sweep's token
+        if server is not None:
+            server.stop()  # after the workers' shutdown (_sweep's finally)
     view.close(result, plan.cfg, plan)
     return result
 

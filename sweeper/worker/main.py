@@ -31,9 +31,12 @@ PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:
     """prctl(PR_SET_PDEATHSIG, SIGKILL): no orphan may keep holding a GPU.
 
-    The signal only covers a parent that dies after the call, so the parent is
+    The signal only covers a parent that dies after the call, so the driver is
     checked once more afterwards: a driver that died while this process started
-    has already handed it to init, and it exits at once.
+    has already handed it to init, and it exits at once. A worker forked by the
+    fork server (:mod:`sweeper.worker.forked`) has the server for its parent, which
+    dies with the driver; so the check is that the driver still lives, not who the
+    parent is.
     """
     try:
         # the running interpreter's own symbols include libc's, whatever its file is called
@@ -41,9 +44,19 @@ def _die_with_parent() -> None:
     except (OSError, AttributeError):  # not Linux: no parent-death signal
         print("sweeper: no parent-death signal on this platform", file=sys.stderr, flush=True)
     expected = os.environ.get("SWEEPER_DRIVER_PID")
-    if expected and os.getppid() != int(expected):
+    if expected and os.getppid() != int(expected) and not _alive(int(expected)):
         print(f"sweeper: the driver (pid {expected}) is gone; exiting", file=sys.stderr, flush=True)
         os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists (another user's: a reused pid, which the parent-death signal covers)
+    return True
 
 
 class Commands:
