@@ -28,6 +28,15 @@ def test_core_overhead_smoke():
     assert out["ratio"] == round(out["core_samples_per_s"] / out["plain_samples_per_s"], 3)
 
 
+def test_startup_smoke_forks_a_ready_worker():
+    out = _run("startup.py", "--smoke", timeout=240)
+    ours = out["ours"]
+    assert (out["smoke"], ours["fork_server"], len(ours["ready_s"])) == (True, True, 1)
+    assert ours["ready_median_s"] > 0 and ours["first_step_median_s"] > 0
+    assert ours["idle_private_mb"] is None or ours["idle_private_mb"] > 0
+    assert ours["status_median_s"] is None
+
+
 @pytest.mark.slow
 def test_gpu_check_cpu_smoke_runs_every_section():
     out = _run("gpu_check.py", "--cpu-smoke", timeout=300)
