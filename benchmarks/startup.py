@@ -131,8 +131,8 @@ def _status_s(tree: Path, study_file: Path, env: dict[str, str], n: int) -> floa
     times = []
     for _ in range(n):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "sweeper.cli", "status", str(study_file)], cwd=study_file.parent,
-                       env=env, check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "sweeper.cli", "status", str(study_file)],
+                       cwd=study_file.parent, env=env, check=True, capture_output=True)
         times.append(time.perf_counter() - start)
     return round(statistics.median(times), 3)
 
@@ -171,13 +171,13 @@ def main() -> None:
         return
     n, first_steps, status_n = (2, 1, 1) if args.quick else (args.n, 3, 3)
     base = Path(tempfile.mkdtemp(prefix="sweeper-baseline-")) / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.baseline], check=True,
-                   capture_output=True)
+    git = ["git", "-C", str(ROOT), "worktree"]
+    subprocess.run([*git, "add", "--detach", str(base), args.baseline], check=True, capture_output=True)
     try:
         theirs = _tree(base, n, first_steps, status_n)
         ours = _tree(ROOT, n, first_steps, status_n)
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+        subprocess.run([*git, "remove", "--force", str(base)], capture_output=True)
     for name, row in (("baseline", theirs), ("ours", ours)):
         print(f"{name}: READY median {row['ready_median_s']} s, first step {row['first_step_median_s']} s, "
               f"idle private {row['idle_private_mb']} MB, status {row['status_median_s']} s", flush=True)
@@ -188,7 +188,8 @@ def main() -> None:
 
     print(json.dumps({"benchmark": "startup", "n": n, "baseline_commit": args.baseline, "ours": ours,
                       "baseline": theirs, "ready_ratio": ratio("ready_median_s"),
-                      "first_step_ratio": ratio("first_step_median_s"), "status_ratio": ratio("status_median_s"),
+                      "first_step_ratio": ratio("first_step_median_s"),
+                      "status_ratio": ratio("status_median_s"),
                       "idle_private_ratio": ratio("idle_private_mb")}))
 
 
