@@ -118,19 +118,20 @@ class ForkServer:
             return self._codes.get(pid)
 
     def stop(self) -> None:
-        """EOF on its socket: it exits (after the driver has closed its workers)."""
-        if self._sock is not None:
+        """Kill it, at once: called after the driver has shut its workers down, it holds nothing
+        (a straggler dies with it, by its parent-death signal, as shutdown's kill would have it),
+        and while it still preloads it would read no EOF for seconds."""
+        if self._proc is not None:
             try:
-                self._sock.shutdown(socket.SHUT_RDWR)
+                self._proc.kill()
             except OSError:
                 pass
+            self._proc.wait()
+        if self._sock is not None:
             self._sock.close()
-        if self._proc is not None:
-            try:  # still preloading, it reads no EOF for seconds: its workers are closed by now
-                self._proc.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        with self._cond:
+            self._gone = True
+            self._cond.notify_all()
 
 
 class ForkedProc:

@@ -21,7 +21,8 @@ each child picks its own GPU through CUDA_VISIBLE_DEVICES), or set torch's threa
 child's ``TrialRunner`` sets them from OMP_NUM_THREADS). It has no threads, so forking it is safe.
 
 Dying with the driver: the server sets a parent-death signal (its parent is the driver) and
-exits on EOF from the driver's socket; each child sets one too (its parent is the server), and
+exits on EOF from the driver's socket (the driver kills it once its workers are shut down);
+each child sets one too (its parent is the server), and
 :func:`sweeper.worker.main._die_with_parent` checks that the driver is alive. A ``kill -9`` of
 the driver takes the server and every worker down with it.
 """
