@@ -138,8 +138,9 @@ def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket) -> None:
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own streams
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
-        main = importlib.import_module("sweeper.worker.main")
+        from sweeper.worker import main  # preloaded: nothing to import
         sys.modules["__main__"] = main  # the worker it is, as `python -m sweeper.worker.main` names it
+        main.FORKED = True  # its parent is this server: it checks that the driver lives
         sys.argv = [main.__file__ or "sweeper.worker.main"]
         code = main.main()
     except SystemExit as exc:

@@ -26,6 +26,7 @@ from sweeper.store import outage
 from sweeper.worker import protocol
 
 PR_SET_PDEATHSIG = 1
+FORKED = False  # set by the fork server's child (sweeper.worker.forked): its parent is the server
 
 
 def _die_with_parent() -> None:
@@ -35,8 +36,8 @@ def _die_with_parent() -> None:
     checked once more afterwards: a driver that died while this process started
     has already handed it to init, and it exits at once. A worker forked by the
     fork server (:mod:`sweeper.worker.forked`) has the server for its parent, which
-    dies with the driver; so the check is that the driver still lives, not who the
-    parent is.
+    dies with the driver; so there the check is that the driver still lives (a
+    zombie does not), not who the parent is.
     """
     try:
         # the running interpreter's own symbols include libc's, whatever its file is called
@@ -44,7 +45,7 @@ def _die_with_parent() -> None:
     except (OSError, AttributeError):  # not Linux: no parent-death signal
         print("sweeper: no parent-death signal on this platform", file=sys.stderr, flush=True)
     expected = os.environ.get("SWEEPER_DRIVER_PID")
-    if expected and os.getppid() != int(expected) and not _alive(int(expected)):
+    if expected and os.getppid() != int(expected) and not (FORKED and _alive(int(expected))):
         print(f"sweeper: the driver (pid {expected}) is gone; exiting", file=sys.stderr, flush=True)
         os._exit(1)
 
@@ -55,8 +56,11 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # it exists (another user's: a reused pid, which the parent-death signal covers)
-    return True
+        return True  # it exists
+    try:  # killed but not yet reaped by its own parent: gone all the same
+        return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 class Commands:
