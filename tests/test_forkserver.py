@@ -1,0 +1,84 @@
+"""The worker fork server: its children are the driver's workers (their own session, their exit
+codes reported, dead with a dead driver), a sweep forks its workers, and Popen is the fallback."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweeper.config import load_config
+from sweeper.dispatch import forkserver
+from sweeper.dispatch.forkserver import ForkedProc, ForkServer
+from sweeper.dispatch.live import NullView
+from sweeper.dispatch.run import run
+
+pytestmark = pytest.mark.skipif(not forkserver.USE_FORK_SERVER, reason="the fork server is Linux's")
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()
+
+
+def test_forked_children_report_their_exit_and_live_in_their_own_session(workdir):
+    server = ForkServer.start()
+    assert server is not None
+    log_path = workdir / "slot.log"
+    try:
+        with open(log_path, "ab") as log:
+            env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid())}
+            eof = server.spawn(env, log)
+            killed = server.spawn(env, log)
+            gone = server.spawn({**env, "SWEEPER_DRIVER_PID": str(os.getpid() + 1_000_000)}, log)
+        assert isinstance(eof, ForkedProc) and isinstance(killed, ForkedProc) and isinstance(gone, ForkedProc)
+        assert eof.stdin is not None and eof.stdout is not None
+        eof.stdin.close()  # EOF before 'init': the worker's handshake exit
+        assert eof.wait(timeout=120) == 2 and eof.stdout.read() == b""
+        assert gone.wait(timeout=60) == 1  # its driver is not alive
+        stat = _stat(killed.pid)
+        assert int(stat[1]) == server._proc.pid  # type: ignore[union-attr]  # the server is its parent
+        assert int(stat[2]) == killed.pid  # its own process group (setsid): killpg reaches it alone
+        assert killed.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            killed.wait(timeout=0.2)
+        os.killpg(killed.pid, signal.SIGKILL)
+        assert killed.wait(timeout=30) == -signal.SIGKILL and killed.returncode == -9
+    finally:
+        server.stop()
+    assert "the driver (pid" in log_path.read_text()
+    assert server.spawn({}, open(os.devnull, "ab")) is None  # a stopped server: the caller uses Popen
+
+
+def _sweep(study_file, monkeypatch, spawned: list[object]):
+    real = ForkServer.spawn
+
+    def spawn(self, env, log):
+        proc = real(self, env, log)
+        spawned.append(proc)
+        return proc
+
+    monkeypatch.setattr(ForkServer, "spawn", spawn)
+    cfg = load_config(study_file({"study": {"n_trials": 2}, "devices": {"cpu_workers": 1}}))
+    start = time.monotonic()
+    assert run(cfg, view=NullView()).exit_code == 0
+    study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 2
+    return time.monotonic() - start
+
+
+def test_a_sweep_forks_its_workers(study_file, monkeypatch):
+    spawned: list[object] = []
+    _sweep(study_file, monkeypatch, spawned)
+    assert spawned and all(isinstance(p, ForkedProc) for p in spawned)
+
+
+def test_without_the_fork_server_workers_start_fresh(study_file, monkeypatch):
+    monkeypatch.setattr(forkserver, "USE_FORK_SERVER", False)
+    spawned: list[object] = []
+    _sweep(study_file, monkeypatch, spawned)
+    assert spawned == []  # no server: every worker was a `python -m sweeper.worker.main`
