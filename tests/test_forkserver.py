@@ -51,7 +51,8 @@ def test_forked_children_report_their_exit_and_live_in_their_own_session(workdir
     finally:
         server.stop()
     assert "the driver (pid" in log_path.read_text()
-    assert server.spawn({}, open(os.devnull, "ab")) is None  # a stopped server: the caller uses Popen
+    with open(os.devnull, "ab") as devnull:
+        assert server.spawn({}, devnull) is None  # a stopped server: the caller uses Popen
 
 
 def _sweep(study_file, monkeypatch, spawned: list[object]):
