@@ -20,6 +20,8 @@ from sweeper.errors import ConfigError
 from sweeper.models import build_model, resolve_model_class
 from sweeper.models.paths import model_search_path
 
+REPO = str(Path(__file__).resolve().parents[1])
+
 MYNET = textwrap.dedent('''
     import ctypes
     import os
@@ -105,6 +107,7 @@ def folders(tmp_path):
 def _cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items()
              if k not in ("PYTHONPATH", "SWEEPER_MODEL_PATH", "SWEEPER_FAKE_GPUS", "DECOY_CONSTRUCTOR_FAILS")}
+    clean["PYTHONPATH"] = REPO  # this checkout's sweeper, from any folder; never the study's folder
     return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, env={**clean, **(env or {})},
                           capture_output=True, text=True, timeout=300)
 
@@ -298,3 +301,48 @@ def test_a_module_of_the_same_name_loaded_from_elsewhere_is_refused(tmp_path, mo
         "model.name 'custom_model:Tiny': cannot import module 'custom_model' (ImportError: a different module "
         f"'custom_model' is already loaded (from {os.path.realpath(custom_model.__file__)}), not "
         f"{here}; rename {here})")
+
+
+# ---------------------------------------------------------------- the check's cache
+
+# every process that imports the model module says so in $CHECK_MARK
+MARKED = "import os as _os\nopen(_os.environ['CHECK_MARK'], 'a').write(f'{_os.getpid()}\\n')\n" + MYNET
+
+
+def test_an_unchanged_user_model_is_checked_in_a_child_once_and_again_once_edited(folders):
+    proj, other = folders
+    (proj / "mynet.py").write_text(MARKED)
+    mark = other.parent / "imports.txt"
+    env = {"CHECK_MARK": str(mark)}
+    path = _study(proj, search_space={"model.width": {"type": "categorical", "choices": [4, 5, 8]}})
+    warning = ("warning: search_space: 1 of 3 model shapes cannot be built: model.width=5: model.name "
+               "'mynet:Net': constructing it with n_features=3, lookback=5 and {'width': 5} failed "
+               "(ValueError: width 5 is not supported)")
+
+    def validate() -> int:
+        done = _cli(other, "validate", str(path), env=env)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.strip() == warning  # a kept check says what the child said
+        return len(mark.read_text().splitlines())
+
+    assert validate() == 1  # one child imported it; the driver did not
+    assert validate() == 1  # unchanged: no child at all
+    (proj / "helpers.py").write_text("def hidden_width(width):\n    return width  # edited\n")
+    assert validate() == 2  # a helper beside it changed: checked again
+    assert validate() == 2
+    (proj / "mynet.py").write_text(MARKED + "\n# edited\n")
+    assert validate() == 3  # the module itself changed
+
+
+def test_a_failed_user_model_check_is_checked_again_and_fails_the_same_way(folders):
+    proj, other = folders
+    (proj / "mynet.py").write_text(MARKED)
+    mark = other.parent / "imports.txt"
+    path = _study(proj, model={"name": "mynet:Net", "width": 5})
+    for count in (1, 2):
+        done = _cli(other, "validate", str(path), env={"CHECK_MARK": str(mark)})
+        assert done.returncode == 2
+        assert done.stderr.strip() == (
+            "Error: model.name 'mynet:Net': constructing it with n_features=3, lookback=5 and {'width': 5} "
+            "failed (ValueError: width 5 is not supported)")
+        assert len(mark.read_text().splitlines()) == count

@@ -3,6 +3,7 @@
 - :mod:`~sweeper.models.build`: ``model.name`` -> nn.Module, built-ins or ``module:Class``;
 - :mod:`~sweeper.models.paths`: where a ``module:Class`` is found (the study's folder first);
 - :mod:`~sweeper.models.check`: the driver's build check, user models in a child process;
+- :mod:`~sweeper.models.check_cache`: a clean user-model check kept by its files' content;
 - :mod:`~sweeper.models.shapes`: the model shapes a search space can sample, each built once.
 
 The names below load on first use: the CLI imports :mod:`~sweeper.models.paths` for every

@@ -17,10 +17,12 @@ import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from sweeper.config import ModelConfig
 from sweeper.errors import ConfigError
+from sweeper.models import check_cache
 
 # a large model on a CPU takes a while to construct; a check that hangs must end anyway
 CHECK_TIMEOUT_S = 600.0
@@ -44,9 +46,13 @@ def model_section(model: ModelConfig) -> dict[str, Any]:
     return model.model_dump(mode="json")
 
 
-def check_models(jobs: list[Job], n_features: int, lookback: int) -> list[str | None]:
+def check_models(jobs: list[Job], n_features: int, lookback: int,
+                 cache: Path | None = None) -> list[str | None]:
     """Each job's error message, or None when it built. Raises ConfigError with the first
-    failed fatal job's message; jobs after it are then not checked."""
+    failed fatal job's message; jobs after it are then not checked.
+
+    With ``cache`` (a folder), the user models' answers are kept there by the content of
+    their files (:mod:`sweeper.models.check_cache`): an unchanged check starts no child."""
     results: list[str | None] = [None] * len(jobs)
     pending = []
     for i, job in enumerate(jobs):
@@ -56,6 +62,25 @@ def check_models(jobs: list[Job], n_features: int, lookback: int) -> list[str | 
             results[i] = check_one(job, n_features, lookback)
             if results[i] and job.fatal:
                 raise ConfigError(results[i])
+    if not pending:
+        return results
+    user_jobs = [jobs[i] for i in pending]
+    key = check_cache.check_key(user_jobs, n_features, lookback) if cache is not None else None
+    kept = check_cache.read(cache, key, len(pending)) if cache is not None and key else None
+    if kept is not None:  # only clean checks are kept: no fatal failure, no death
+        for i, answer in zip(pending, kept):
+            results[i] = answer
+        return results
+    if _check_children(jobs, pending, results, n_features, lookback) and cache is not None and key:
+        check_cache.write(cache, key, [results[i] for i in pending])
+    return results
+
+
+def _check_children(jobs: list[Job], pending: list[int], results: list[str | None],
+                    n_features: int, lookback: int) -> bool:
+    """The user models' answers into ``results``, from as many children as it takes; True when
+    every job was answered (none killed its child). Raises ConfigError on a fatal failure."""
+    clean = True
     while pending:  # a job that kills the child is reported; the rest go to a fresh child
         answers, death = _run_child([jobs[i] for i in pending], n_features, lookback)
         for i, answer in zip(pending, answers):
@@ -64,12 +89,13 @@ def check_models(jobs: list[Job], n_features: int, lookback: int) -> list[str | 
                 raise ConfigError(answer)
         if death is None:
             break
+        clean = False
         culprit = pending[len(answers)]
         results[culprit] = f"model.name {jobs[culprit].name!r}: checking it {death}"
         if jobs[culprit].fatal:
             raise ConfigError(results[culprit])
         pending = pending[len(answers) + 1:]
-    return results
+    return clean
 
 
 def check_one(job: Job, n_features: int, lookback: int) -> str | None:
