@@ -29,16 +29,14 @@ import importlib.machinery
 import importlib.metadata
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sweeper.atomic import write_text
 from sweeper.models.paths import model_import_dirs
 
 if TYPE_CHECKING:
     from sweeper.config import DataConfig
-    from sweeper.models.check import Job
 
 CHECKS_DIR = ".model-checks"
 VERSION = 1
@@ -51,15 +49,16 @@ def checks_folder(data: DataConfig) -> Path:
     return cache_root(data) / CHECKS_DIR
 
 
-def check_key(jobs: list[Job], n_features: int, lookback: int) -> str | None:
-    """The key of these jobs' answers, or None when a module is not in the search folders."""
+def check_key(jobs: list[dict[str, Any]], n_features: int, lookback: int) -> str | None:
+    """The key of these jobs' answers (each job as the child reads it: ``name``, ``model``,
+    ``fatal``), or None when a module is not in the search folders."""
     folders = model_import_dirs()
     files: dict[str, str] = {}
     for folder in folders:
         with contextlib.suppress(OSError):
             for path in sorted(Path(folder).glob("*.py")):
                 files[str(path)] = _sha256(path)
-    for top in sorted({job.name.partition(":")[0].partition(".")[0] for job in jobs}):
+    for top in sorted({str(job["name"]).partition(":")[0].partition(".")[0] for job in jobs}):
         spec = importlib.machinery.PathFinder.find_spec(top, folders)
         if spec is None:
             return None  # from the Python path: its files are not ours to hash
@@ -71,7 +70,7 @@ def check_key(jobs: list[Job], n_features: int, lookback: int) -> str | None:
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
     key = {"version": VERSION, "python": [sys.executable, sys.version], "torch": torch_version,
-           "n_features": n_features, "lookback": lookback, "jobs": [asdict(j) for j in jobs],
+           "n_features": n_features, "lookback": lookback, "jobs": jobs,
            "folders": folders, "files": files}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
