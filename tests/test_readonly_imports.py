@@ -25,21 +25,15 @@ finally:
     print("torch loaded" if "torch" in sys.modules else "torch not loaded", file=sys.stderr)
 """
 
-# best's portfolio and top-3 ensemble views run the trials' models on the study's data
-# (sweeper.inspect.longshort through the Predictor): they need torch until the worker stores the
-# model's predictions for best to read (issue 28); everything else best prints reads no tensor
-RUNS_THE_MODEL = pytest.mark.xfail(
-    strict=True, reason="best computes its portfolio and ensemble views by running the models")
-
-
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     return swept_study(tmp_path_factory.mktemp("readonly"), STUDY)
 
 
 @pytest.mark.parametrize("args", [
-    pytest.param(["best", "study.yaml"], marks=RUNS_THE_MODEL, id="best"),
-    pytest.param(["best", "study.yaml", "--json"], marks=RUNS_THE_MODEL, id="best-json"),
+    # best's portfolio and top-3 ensemble read the predictions the workers stored (issue 28)
+    pytest.param(["best", "study.yaml"], id="best"),
+    pytest.param(["best", "study.yaml", "--json"], id="best-json"),
     pytest.param(["status", "study.yaml"], id="status"),
     pytest.param(["export", "study.yaml", "-o", "trials.csv"], id="export"),
     pytest.param(["gc", "study.yaml", "--dry-run"], id="gc-dry-run"),

@@ -19,8 +19,8 @@ class KeepConfig(BaseModel):
     - ``checkpoints``: ``none`` (the default: a finished trial's ``checkpoint.pt`` is removed;
       an interrupted trial's stays until its retry has ended), ``top_k`` or ``all``;
     - ``weights``: ``all`` (the default) or ``top_k`` (the ``k`` best COMPLETE trials' ``weights.pt``);
-    - ``predictions``: the per-date scores of a trial's predictions (``daily_ic_*.csv``),
-      ``all`` (the default) or ``top_k``;
+    - ``predictions``: a trial's per-date scores (``daily_ic_*.csv``) and its model's stored
+      predictions (``predictions_*.parquet``), ``all`` (the default) or ``top_k``;
     - ``k``: how many trials ``top_k`` keeps (5).
 
     ``keep: all`` keeps everything; ``weights: {top_k: 3}`` is ``weights: top_k`` with ``k: 3``.

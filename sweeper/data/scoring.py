@@ -14,6 +14,7 @@ nothing about it needs a label:
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -73,3 +74,11 @@ def _day(value: str, where: str) -> np.datetime64:
         return pd.Timestamp(str(value)).to_datetime64().astype("datetime64[ns]")
     except (ValueError, TypeError):
         raise DataError(f"{where or 'date'}: cannot parse the date {value!r}") from None
+
+
+def own_scoring_panel(panel: Panel) -> Panel:
+    """The panel with every present row scoreable (unknown labels stay NaN in y_raw) and
+    an ``all`` split: every date with a full lookback window."""
+    y = torch.where(panel.mask & ~torch.isfinite(panel.y), torch.zeros_like(panel.y), panel.y)
+    splits = {**panel.splits, "all": (panel.lookback - 1, len(panel.dates))}
+    return dataclasses.replace(panel, y=y, splits=splits, _cache={})

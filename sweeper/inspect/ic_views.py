@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from sweeper.config import SweeperConfig
-    from sweeper.inspect.trial_model import Predictor
+    from sweeper.inspect.frames import TrialFrames
 
 SPLITS = ("valid", "test")
 GROUP_KEYS = ("ic", "rank_ic", "icir", "n_dates")
@@ -69,15 +69,15 @@ def with_groups(frame: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
     return frame.merge(keyed, on=["date", "asset"], how="left", validate="many_to_one")
 
 
-def group_neutral_report(cfg: SweeperConfig, predictor: Predictor, best: FrozenTrial) -> dict[str, Any]:
+def group_neutral_report(cfg: SweeperConfig, predictor: TrialFrames, best: FrozenTrial) -> dict[str, Any]:
     """The ``best --json`` key ``group_neutral``: ``{split: {ic, rank_ic, icir, n_dates}}`` of
     the best trial's predictions demeaned within (date, group); None with
     ``group_neutral_unavailable`` (the reason) when they cannot be computed. Empty without
     ``data.group_col``."""
-    from sweeper.data.parquet import read_groups
-
     if cfg.data.group_col is None:
         return {}
+    from sweeper.data.parquet import read_groups  # the sweeper.data package imports torch
+
     try:
         groups = read_groups(cfg.data)
         out = {}

@@ -1,12 +1,14 @@
 """The long-short view and the top-K ensemble of a study, beside its best trial.
 
-Both are computed from exactly the frames ``sweeper predict`` writes (the same
-:class:`~sweeper.inspect.trial_model.Predictor`): ``portfolio`` is
+Both are computed from the frames ``sweeper predict`` writes: ``portfolio`` is
 :func:`sweeper.quant.portfolio.long_short` of ``predict --trial best --split valid|test``,
-and ``ensemble`` scores ``predict --trial top3``. That needs the trials' weights and the
-study's data, so ``sweeper best`` and ``sweeper report`` compute them and ``sweeper
-status`` does not. When they cannot be computed (no weights, data gone), the reason is
-given instead.
+and ``ensemble`` scores ``predict --trial top3``. Each trial's frames are the predictions its
+worker stored (``trials/<n>/predictions_<split>.parquet``: no data load, no model, no torch),
+or for a trial without them (a study swept before they were stored) the
+:class:`~sweeper.inspect.trial_model.Predictor`'s, from its weights and the study's data
+(:class:`~sweeper.inspect.frames.TrialFrames`). ``sweeper best`` and ``sweeper report`` compute
+them and ``sweeper status`` does not. When they cannot be computed (no weights, data gone),
+the reason is given instead.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig
 from sweeper.errors import SweeperError
-from sweeper.inspect.predict import Predictor, top_trials
+from sweeper.inspect.frames import TrialFrames, top_trials
 from sweeper.quant.ensemble import ensemble
 from sweeper.quant.ic import ic_report
 from sweeper.quant.portfolio import LongShort, long_short
@@ -27,7 +29,7 @@ ENSEMBLE_K = 3
 IC_KEYS = ("ic", "rank_ic", "icir", "n_dates", "n_constant_dates")
 
 
-def best_long_short(cfg: SweeperConfig, predictor: Predictor,
+def best_long_short(cfg: SweeperConfig, predictor: TrialFrames,
                     best: FrozenTrial) -> dict[str, LongShort]:
     """``{"valid"|"test": LongShort}`` of the best trial (raises SweeperError when it cannot)."""
     horizon = predictor.config(best).data.horizon
@@ -36,10 +38,10 @@ def best_long_short(cfg: SweeperConfig, predictor: Predictor,
 
 
 def portfolio_report(cfg: SweeperConfig, study: optuna.Study, best: FrozenTrial,
-                     predictor: Predictor | None = None) -> dict[str, Any]:
+                     predictor: TrialFrames | None = None) -> dict[str, Any]:
     """The ``best --json`` keys ``portfolio``, ``constant_pred_dates``, ``ensemble`` (each None
     with a ``*_unavailable`` reason when it cannot be computed)."""
-    predictor = predictor or Predictor(cfg, study)
+    predictor = predictor or TrialFrames(cfg, study)
     out: dict[str, Any] = {}
     try:
         views = best_long_short(cfg, predictor, best)
@@ -55,7 +57,7 @@ def portfolio_report(cfg: SweeperConfig, study: optuna.Study, best: FrozenTrial,
     return out
 
 
-def ensemble_report(cfg: SweeperConfig, study: optuna.Study, predictor: Predictor,
+def ensemble_report(cfg: SweeperConfig, study: optuna.Study, predictor: TrialFrames,
                     k: int = ENSEMBLE_K) -> dict[str, Any]:
     """The top-``k`` ensemble's IC and long-short figures on valid and test.
 

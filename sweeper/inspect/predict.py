@@ -30,12 +30,13 @@ from pathlib import Path
 
 import optuna
 import pandas as pd
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig
 from sweeper.errors import ConfigError, StudyNotFound
-from sweeper.inspect.trial_model import SPLITS, Predictor, load_weights, trial_config
-from sweeper.store.studies import best_trial, ranked
+from sweeper.inspect.trial_model import SPLITS, Predictor, load_weights
+from sweeper.inspect.trials import top_trials, trial_config
+from sweeper.store.studies import best_trial
 
 __all__ = ["SPLITS", "Prediction", "Predictor", "load_weights", "parse_trial", "pick_trial",
            "predict_trial", "top_trials", "trial_config"]
@@ -91,16 +92,6 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
         raise StudyNotFound(f"--trial {parsed}: study {study.study_name!r} has no trial {parsed} "
                             f"(it has {len(trials)} trials)")
     return match[0]
-
-
-def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
-    """The ``k`` best COMPLETE trials with a finite value, best first (ties: lower number first)."""
-    order = ranked(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-                   study.direction == optuna.study.StudyDirection.MAXIMIZE)
-    if len(order) < k:
-        raise StudyNotFound(f"study {study.study_name!r} has {len(order)} completed trials; "
-                            f"top{k} needs {k}")
-    return order[:k]
 
 
 def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best",

@@ -97,21 +97,21 @@ def load(study: optuna.Study, run_dir: str | Path, metric: str,
 
 
 def _load_group_neutral(data: StudyData, cfg: SweeperConfig) -> None:
+    from sweeper.inspect.frames import TrialFrames
     from sweeper.inspect.ic_views import group_neutral_report
-    from sweeper.inspect.predict import Predictor
 
     if data.best is not None and cfg.data.group_col is not None:
-        data.group_neutral = group_neutral_report(cfg, Predictor(cfg, data.study), data.best)
+        data.group_neutral = group_neutral_report(cfg, TrialFrames(cfg, data.study), data.best)
 
 
 def _load_long_short(data: StudyData, cfg: SweeperConfig) -> None:
+    from sweeper.inspect.frames import TrialFrames
     from sweeper.inspect.longshort import best_long_short
-    from sweeper.inspect.predict import Predictor
 
     if data.best is None:
         return
     try:
-        data.long_short = best_long_short(cfg, Predictor(cfg, data.study), data.best)
+        data.long_short = best_long_short(cfg, TrialFrames(cfg, data.study), data.best)
     except SweeperError as exc:
         data.long_short_note = str(exc)
 

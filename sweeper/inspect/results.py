@@ -117,8 +117,8 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
                 study_file: str | None = None) -> dict[str, Any] | None:
     """The best trial in full. ``portfolio=True`` adds the long-short view and the top-3
     ensemble (:mod:`sweeper.inspect.longshort`), and with ``data.group_col`` the group-neutral
-    IC (:mod:`sweeper.inspect.ic_views`), which run the models on the data; ``ic_by_year``
-    only reads the daily IC files. When the
+    IC (:mod:`sweeper.inspect.ic_views`), from the trials' stored predictions (the models are
+    run on the data only for a trial without them); ``ic_by_year`` only reads the daily IC files. When the
     best trial's weights were removed (``study.keep``, ``sweeper gc``), ``weights_removed``
     and ``retrain``: the command that runs its params again (``study_file`` names the study)."""
     best = best_trial(study)
@@ -152,12 +152,13 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     out["baseline"] = baseline_report(study, cfg, best)
     out["baseline_state"] = study.user_attrs.get("baseline_state")
     if portfolio:
+        from sweeper.inspect.frames import TrialFrames
         from sweeper.inspect.longshort import portfolio_report
-        from sweeper.inspect.predict import Predictor
 
-        predictor = Predictor(cfg, study)  # one load of the data for every view that runs the model
-        out.update(portfolio_report(cfg, study, best, predictor))
-        out.update(ic_views.group_neutral_report(cfg, predictor, best))
+        # the trials' stored predictions; a trial without them is predicted, with one load of the data
+        frames = TrialFrames(cfg, study)
+        out.update(portfolio_report(cfg, study, best, frames))
+        out.update(ic_views.group_neutral_report(cfg, frames, best))
     return out
 
 

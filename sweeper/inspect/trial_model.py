@@ -27,15 +27,16 @@ from typing import Any
 
 import optuna
 import pandas as pd
-import yaml
 from optuna.trial import FrozenTrial
 
-from sweeper.config import SweeperConfig, validate_config
+from sweeper.config import SweeperConfig
 from sweeper.data.folds import fold_layout, fold_panel
 from sweeper.data.load import PanelMemo
 from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
+from sweeper.data.scoring import own_scoring_panel
 from sweeper.errors import DataError, SweeperError
+from sweeper.inspect.trials import trial_config
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
 from sweeper.study.retention import no_model, retrain_command, weights_removed
@@ -44,21 +45,6 @@ from sweeper.validation.grid import RunGrid
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection
-
-
-def trial_config(files: TrialFiles) -> SweeperConfig:
-    """The trial's resolved config. A trial written before the split was pinned per study
-    (no ``data.split.lookback``) used its own lookback, horizon and embargo: keep them."""
-    path = files.config
-    if not path.exists():
-        raise DataError(f"{path}: missing; the trial's resolved config is written when it starts")
-    raw = yaml.safe_load(path.read_text())
-    data = raw.get("data") if isinstance(raw, dict) else None
-    if isinstance(data, dict) and "lookback" not in (data.get("split") or {}):
-        raw = {**raw, "search_space": {}}  # its search space would widen the split it never had
-        data["split"] = {**(data.get("split") or {}), "lookback": data.get("lookback", 20),
-                         "horizon": data.get("horizon", 2), "embargo": data.get("embargo", 0)}
-    return validate_config(raw, str(path))
 
 
 def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None = None) -> dict[str, Any]:
@@ -100,16 +86,6 @@ def load_refit_weights(files: TrialFiles) -> dict[str, Any]:
     if not refit.weights.exists():
         raise DataError(f"{refit.weights}: missing beside its {refit.record.name}; run `sweeper refit` again")
     return torch.load(refit.weights, map_location="cpu", weights_only=True)
-
-
-def own_scoring_panel(panel: Panel) -> Panel:
-    """The panel with every present row scoreable (unknown labels stay NaN in y_raw) and
-    an ``all`` split: every date with a full lookback window."""
-    import torch
-
-    y = torch.where(panel.mask & ~torch.isfinite(panel.y), torch.zeros_like(panel.y), panel.y)
-    splits = {**panel.splits, "all": (panel.lookback - 1, len(panel.dates))}
-    return dataclasses.replace(panel, y=y, splits=splits, _cache={})
 
 
 def restrict(panel: Panel, split: str, start: str | None, end: str | None) -> tuple[Panel, str]:

@@ -16,16 +16,19 @@
         weights.pt                the best epoch's state dict
         daily_ic_valid.csv        per-date IC and Rank IC of the best weights
         daily_ic_test.csv
+        predictions_valid.parquet date, asset, pred, label (raw) of the model's run on valid and
+        predictions_test.parquet  test (what `sweeper best` scores without running the model)
         norm_stats.json           features and robust_zscore's train statistics (for new data)
         checkpoint.pt             the last end-of-epoch training state (core.checkpoint) of the
                                   run in progress (with several runs: of its fold and seed)
         runs/fold-<f>.seed-<r>/   several runs (folds, seeds): one finished training run's files
           result.json             its metrics, best epoch and fold (sweeper.validation), written last
           daily_ic_valid.csv      per-date IC of its valid block
-          predictions_valid.parquet  date, asset, pred of its valid block (seed ensembles)
+          predictions_valid.parquet  date, asset, pred, label of its valid block (seed ensembles)
           weights.pt              the model run's (the last fold's first seed) until the trial
           norm_stats.json         takes them (store.trial_folder); weights.pt is moved, the
           daily_ic_test.csv       others copied
+          predictions_test.parquet
         refit/                    sweeper refit: the production model (sweeper.refit)
           weights.pt              trained on every labelled date up to refit.json's until
           norm_stats.json
@@ -58,14 +61,21 @@ from sweeper.config import StudyConfig, SweeperConfig
 # the names of a trial's files (trials/<n>/) and of a run's (runs/fold-<f>.seed-<r>/)
 CONFIG, METRICS, LOG, CHECKPOINT = "config.yaml", "metrics.csv", "train.log", "checkpoint.pt"
 WEIGHTS, NORM_STATS = "weights.pt", "norm_stats.json"
-RESULT, PREDICTIONS = "result.json", "predictions_valid.parquet"
 REFIT_RECORD = "refit.json"
-SPLITS = ("valid", "test")  # the splits a daily IC file is written for
+SPLITS = ("valid", "test")  # the splits a daily IC file and a predictions file are written for
 
 
 def daily_ic_name(split: str) -> str:
     """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
     return f"daily_ic_{split}.csv"
+
+
+def predictions_name(split: str) -> str:
+    """``predictions_valid.parquet`` / ``predictions_test.parquet`` (date, asset, pred, label)."""
+    return f"predictions_{split}.parquet"
+
+
+RESULT, PREDICTIONS = "result.json", predictions_name("valid")
 
 
 # the trial files registered in the artifact store, so optuna-dashboard lists them
@@ -99,6 +109,11 @@ class RunFiles:
     def daily_ic(self, split: str) -> Path:
         """``daily_ic_valid.csv``; ``daily_ic_test.csv`` of the model run only."""
         return self.folder / daily_ic_name(split)
+
+    def predictions_of(self, split: str) -> Path:
+        """``predictions_valid.parquet`` (:attr:`predictions`); ``predictions_test.parquet`` of the
+        model run only."""
+        return self.folder / predictions_name(split)
 
     @property
     def weights(self) -> Path:
@@ -169,6 +184,11 @@ class TrialFiles:
         """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
         return self.folder / daily_ic_name(split)
 
+    def predictions(self, split: str) -> Path:
+        """``predictions_valid.parquet`` / ``predictions_test.parquet``: the model's run's
+        ``date, asset, pred, label`` (raw label), as ``sweeper predict`` computes them."""
+        return self.folder / predictions_name(split)
+
     @property
     def runs(self) -> Path:
         """``runs/``: the finished training runs of a trial that makes several (folds, seeds)."""
@@ -219,7 +239,7 @@ class BaselineFiles:
 
     def predictions(self, split: str) -> Path:
         """``predictions_valid.parquet`` / ``predictions_test.parquet``."""
-        return self.folder / f"predictions_{split}.parquet"
+        return self.folder / predictions_name(split)
 
     def daily_ic(self, split: str) -> Path:
         """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""

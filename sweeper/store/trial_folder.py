@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.atomic import atomic_path
-from sweeper.store.layout import RunFiles, TrialFiles, trial_files, trial_of_checkpoint
+from sweeper.store.layout import SPLITS, RunFiles, TrialFiles, trial_files, trial_of_checkpoint
 
 if TYPE_CHECKING:
     from sweeper.validation.grid import RunGrid
@@ -124,7 +124,8 @@ class TrialFolder:
         return [self.files.weights]
 
     def prediction_files(self) -> list[Path]:
-        return [self.files.daily_ic("valid"), self.files.daily_ic("test")]
+        """The daily IC files and the model's stored predictions (``study.keep.predictions``)."""
+        return [*(self.files.daily_ic(s) for s in SPLITS), *(self.files.predictions(s) for s in SPLITS)]
 
     def has_checkpoint(self) -> bool:
         """A checkpoint is here (written whole: every save replaces it atomically)."""

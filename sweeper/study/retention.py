@@ -6,8 +6,8 @@ them. The one home of that rule (the policy itself is :class:`sweeper.config.Kee
   WAITING or RUNNING trial resumes from, or its trial failed and is due a retry (which
   resumes from it). ``top_k`` also keeps the top k trials' checkpoints. With a checkpoint
   go the ``runs/*/weights.pt`` an interrupted walk-forward trial left for its retry;
-- weights (``weights.pt``) and predictions (``daily_ic_*.csv``): ``top_k`` removes those of
-  every finished (COMPLETE, PRUNED, FAIL) trial outside the top k.
+- weights (``weights.pt``) and predictions (``daily_ic_*.csv``, ``predictions_*.parquet``):
+  ``top_k`` removes those of every finished (COMPLETE, PRUNED, FAIL) trial outside the top k.
 
 The top k are the k best COMPLETE trials with a finite value, best first, ties to the lower
 number: the order of ``sweeper best`` and ``predict --trial topK``. The list only shrinks as

@@ -38,7 +38,7 @@ from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
 from sweeper.errors import StopReason
 from sweeper.plain import plain
-from sweeper.store.layout import RunFiles, TrialFiles
+from sweeper.store.layout import SPLITS, RunFiles, TrialFiles
 from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid, seeded
 from sweeper.validation.scores import TrainingRun
@@ -109,6 +109,12 @@ class RunStore:
         run = self.run(fold, repeat)
         return pd.read_parquet(run.predictions), pd.read_csv(run.daily_ic("valid"), parse_dates=["date"])
 
+    def save_predictions(self, frames: dict[str, pd.DataFrame]) -> None:
+        """The model run's ``predictions_<split>.parquet``, straight into the trial's folder."""
+        for split, frame in frames.items():
+            with atomic_path(self.files.predictions(split)) as tmp:
+                frame.to_parquet(tmp, index=False)
+
     def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]]) -> FileCheckpointer:
         if self.grid.single:  # the stamp names no run: a retry of a one-run trial continues it
             return FileCheckpointer(self.files.checkpoint, self.stamp)
@@ -137,6 +143,26 @@ class RunStore:
         body = {"fold": run.fold + 1, "repeat": run.repeat + 1, "seed": run.seed,
                 "stop_reason": run.stop_reason, "metrics": {k: plain(v) for k, v in run.metrics.items()}}
         write_text(files.result, json.dumps(body, indent=1))
+
+
+def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel,
+                 device: torch.device | str | None) -> dict[str, pd.DataFrame]:
+    """The model's predictions on valid and test exactly as ``sweeper predict`` computes them
+    from its weights (:class:`sweeper.inspect.trial_model.Predictor`): the best weights in a
+    fresh model, every present row (an unknown label NaN,
+    :func:`~sweeper.data.scoring.own_scoring_panel`), in batches of ``train.eval_batch_size``.
+    The training's own frames (``result.predictions``) hold only the labelled rows, in batches
+    of the probed eval batch."""
+    from sweeper.core import predict, resolve_device
+    from sweeper.data.scoring import own_scoring_panel
+    from sweeper.models import build_model
+
+    model = build_model(cfg.model, len(panel.features), cfg.data.lookback)
+    model.load_state_dict(result.best_state)
+    where = resolve_device(device)
+    scoring = own_scoring_panel(panel.to(where, cfg.data.device_share))
+    return {split: predict(model.to(where), scoring, split, where, cfg.train.eval_batch_size)
+            for split in SPLITS}
 
 
 @dataclass
@@ -213,6 +239,8 @@ def _train_one(trainer: Trainer, panel: Panel, fold: Fold, seed: int, out: Trial
     run = TrainingRun(fold.index, seed, cfg.train.seed, metrics, result.stop_reason)
     if store is not None:
         store.save(run, result, panel)
+        if is_model:  # what sweeper best reads instead of running the model again
+            store.save_predictions(model_frames(cfg, result, panel, trainer.device))
     out.add(run, result.predictions["valid"], result.daily["valid"])
     if is_model:
         out.model = result

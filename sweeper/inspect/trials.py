@@ -1,0 +1,37 @@
+"""A stored trial read back without torch: its resolved config (``trials/<n>/config.yaml``) and
+the order of the study's top trials (``best``, ``predict --trial topK``, the ensemble)."""
+from __future__ import annotations
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.config import SweeperConfig, validate_config
+from sweeper.errors import DataError, StudyNotFound
+from sweeper.store.layout import TrialFiles
+from sweeper.store.studies import ranked
+
+
+def trial_config(files: TrialFiles) -> SweeperConfig:
+    """The trial's resolved config. A trial written before the split was pinned per study
+    (no ``data.split.lookback``) used its own lookback, horizon and embargo: keep them."""
+    path = files.config
+    if not path.exists():
+        raise DataError(f"{path}: missing; the trial's resolved config is written when it starts")
+    raw = yaml.safe_load(path.read_text())
+    data = raw.get("data") if isinstance(raw, dict) else None
+    if isinstance(data, dict) and "lookback" not in (data.get("split") or {}):
+        raw = {**raw, "search_space": {}}  # its search space would widen the split it never had
+        data["split"] = {**(data.get("split") or {}), "lookback": data.get("lookback", 20),
+                         "horizon": data.get("horizon", 2), "embargo": data.get("embargo", 0)}
+    return validate_config(raw, str(path))
+
+
+def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
+    """The ``k`` best COMPLETE trials with a finite value, best first (ties: lower number first)."""
+    order = ranked(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+                   study.direction == optuna.study.StudyDirection.MAXIMIZE)
+    if len(order) < k:
+        raise StudyNotFound(f"study {study.study_name!r} has {len(order)} completed trials; "
+                            f"top{k} needs {k}")
+    return order[:k]
