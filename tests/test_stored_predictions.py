@@ -1,0 +1,76 @@
+"""Issue 28: every trial stores its model's predictions on valid and test, exactly the frames
+``sweeper predict`` computes from its weights, and ``sweeper best`` reads them instead of
+running the models (and falls back to running them for a trial without them)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import optuna
+import pandas as pd
+import pytest
+
+from conftest import TESTS, TINY, merge, swept_study
+
+STUDY = merge(TINY, {"study": {"n_trials": 3, "pruner": {"name": "none"}}, "train": {"epochs": 1},
+                     "devices": {"cpu_workers": 1}})
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    return swept_study(tmp_path_factory.mktemp("stored"), STUDY)
+
+
+def _best(root) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "best", "study.yaml", "--json"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _study(root):
+    from sweeper.config import load_config
+    from sweeper.store.layout import run_dir
+
+    cfg = load_config(root / "study.yaml")
+    folder = root / run_dir(cfg)
+    return cfg, folder, optuna.load_study(study_name=cfg.study.name, storage=f"sqlite:///{folder / 'study.db'}")
+
+
+def test_a_trial_stores_exactly_the_frames_predict_computes(swept, monkeypatch):
+    from sweeper.inspect.frames import TrialFrames
+    from sweeper.inspect.trial_model import Predictor
+
+    monkeypatch.chdir(swept)
+    cfg, folder, study = _study(swept)
+    predictor, frames = Predictor(cfg, study), TrialFrames(cfg, study)
+    for trial in study.get_trials():
+        for split in ("valid", "test"):
+            assert (folder / "trials" / str(trial.number) / f"predictions_{split}.parquet").is_file()
+            stored = frames.frame(trial, split)
+            pd.testing.assert_frame_equal(stored, predictor.frame(trial, split), check_exact=True)
+            assert stored["label"].isna().any() == (split == "test")  # the last dates' labels are unknown
+    assert frames.predicted == []  # nothing was predicted: every frame was read
+
+
+def test_best_reads_them_and_its_figures_equal_the_model_run_again(swept):
+    _cfg, folder, _study_ = _study(swept)
+    stored = _best(swept)
+    assert stored["ensemble"] is not None and stored["portfolio"] is not None
+    hidden = []
+    for path in sorted(folder.glob("trials/*/predictions_*.parquet")):
+        hidden.append((path, path.with_suffix(".hidden")))
+        path.rename(hidden[-1][1])
+    try:
+        rerun = _best(swept)  # an older study's trials: the models run on the data again
+    finally:
+        for path, away in hidden:
+            away.rename(path)
+    assert len(hidden) == 6
+    for key in ("portfolio", "constant_pred_dates", "ensemble"):
+        assert stored[key] == rerun[key], key
+    assert stored == rerun
