@@ -99,10 +99,15 @@ def test_weights_top_3_and_no_checkpoints(tmp_path):
 def test_checkpoints_top_k_and_predictions_top_k_minimize(tmp_path):
     run = tmp_path / "run"
     study = _fabricated(run, f"sqlite:///{tmp_path}/s.db", direction="minimize")
+    stored = ("predictions_valid.parquet", "predictions_test.parquet")  # the model's, which best reads
+    for folder in (run / "trials").iterdir():
+        for name in stored:
+            (folder / name).write_bytes(b"p" * 64)
     keep = {"checkpoints": "top_k", "predictions": "top_k", "k": 2}
     paths = removable(study.get_trials(), _keep(keep), run, False)
     outside = [0, 2, 4, 5, 6, 7, 8, 9]  # the top 2 of a minimized study: 1 and 3
     assert _names(paths, run) == (_each(outside, "daily_ic_valid.csv") | _each(outside, "daily_ic_test.csv")
+                                  | _each(outside, stored[0]) | _each(outside, stored[1])
                                   | _each([0, 2, 4, 5, 6, 7], "checkpoint.pt"))
 
 
