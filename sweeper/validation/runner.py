@@ -238,9 +238,9 @@ def _train_one(trainer: Trainer, panel: Panel, fold: Fold, seed: int, out: Trial
     metrics = {k: v for k, v in result.metrics.items() if is_model or not k.startswith("test_")}
     run = TrainingRun(fold.index, seed, cfg.train.seed, metrics, result.stop_reason)
     if store is not None:
-        store.save(run, result, panel)
-        if is_model:  # what sweeper best reads instead of running the model again
+        if is_model:  # what sweeper best reads; before result.json, which a retry takes as finished
             store.save_predictions(model_frames(cfg, result, panel, trainer.device))
+        store.save(run, result, panel)
     out.add(run, result.predictions["valid"], result.daily["valid"])
     if is_model:
         out.model = result
