@@ -45,6 +45,41 @@ def swept_study(root: Path, raw: dict[str, Any], name: str = "study.yaml", timeo
     return root
 
 
+def backdate_heartbeat(storage: Any, trial_id: int, seconds: float) -> None:
+    """Move a trial's heartbeat row (Optuna's ``trial_heartbeats``, which ``record_heartbeat``
+    stamps with the database's ``now()``) ``seconds`` into the past, on a connection of its own:
+    what a trial that stopped beating that long ago looks like to the stale check, without
+    waiting out the database's clock (SQLite's counts whole seconds)."""
+    import datetime
+
+    import sqlalchemy
+    from optuna.storages._rdb import models
+
+    rdb = getattr(storage, "_backend", storage)  # a study puts its RDBStorage behind a cache
+    beats = models.TrialHeartbeatModel.__table__
+    engine = sqlalchemy.create_engine(rdb.engine.url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            row = beats.c.trial_id == trial_id
+            beat = conn.execute(sqlalchemy.select(beats.c.heartbeat).where(row)).scalar_one()
+            earlier = beat - datetime.timedelta(seconds=seconds)
+            conn.execute(beats.update().where(row).values(heartbeat=earlier))
+    finally:
+        engine.dispose()
+
+
+def stale_check_later(seconds: float) -> None:
+    """What ``time.sleep(seconds)`` does to this process's stale-trial check, without the wait:
+    the two monotonic stamps it compares with now (when it first saw each suspect stale,
+    ``sweeper.dispatch.retries``, and the last storage trouble, ``sweeper.store.outage``) move
+    ``seconds`` back, together, so their order is kept and none is left in the future."""
+    from sweeper.dispatch import retries
+    from sweeper.store import outage
+
+    retries._suspects.first_seen = {k: v - seconds for k, v in retries._suspects.first_seen.items()}
+    outage._last_trouble -= seconds
+
+
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     """A clean working directory whose workers can import tests/fault_models.py."""
@@ -88,3 +123,98 @@ def _one_torch_thread():
 def _test_modules_importable(monkeypatch):
     # model classes named by dotted path (custom_model:Tiny, fault_models:Probe) live in tests/
     monkeypatch.syspath_prepend(str(TESTS))
+
+
+# ------------------------------------------------------------------ the slow-lane guard
+# The fast lane (`pytest -m "not slow"`) is only fast if every test that starts a real process
+# carries `slow`. At session start subprocess.Popen.__init__ and multiprocessing's
+# BaseProcess.start are wrapped so that a process started while a test (or one of its fixtures)
+# runs is recorded against that test; a test that started one without the mark fails at teardown,
+# naming itself and what it started. A fixture that started one is remembered, so every test that
+# uses it (a module fixture runs its sweep only for the first) must be slow too. The wrappers cost
+# one list append per process started; nothing else runs per test.
+
+class _SpawnGuard:
+    def __init__(self) -> None:
+        self.item: pytest.Item | None = None
+        self.fixtures: list[Any] = []  # the FixtureDefs being set up, innermost last
+        self.started: list[str] = []  # what the current test started
+        self.spawning: set[int] = set()  # id() of FixtureDefs that started a process
+
+    def record(self, what: str) -> None:
+        if self.item is None:
+            return
+        self.started.append(what)
+        if self.fixtures:
+            self.spawning.add(id(self.fixtures[-1]))
+
+    def install(self) -> None:
+        import multiprocessing.process
+        import subprocess
+
+        guard = self
+        popen_init = subprocess.Popen.__init__
+        process_start = multiprocessing.process.BaseProcess.start
+
+        def __init__(self, args, *a, **kw):
+            guard.record(f"subprocess.Popen({_short(args)})")
+            popen_init(self, args, *a, **kw)
+
+        def start(self):
+            guard.record(f"multiprocessing {type(self).__name__}.start()")
+            process_start(self)
+
+        subprocess.Popen.__init__ = __init__  # type: ignore[method-assign]
+        multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign]
+
+    def uses_spawning_fixture(self, item: pytest.Item) -> list[str]:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            return []
+        return sorted(name for name, defs in info.name2fixturedefs.items()
+                      if any(id(d) in self.spawning for d in defs))
+
+
+def _short(args: Any) -> str:
+    text = " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_GUARD = _SpawnGuard()
+
+
+def pytest_sessionstart(session):
+    _GUARD.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _GUARD.item, _GUARD.started = item, []
+    try:
+        return (yield)
+    finally:
+        _GUARD.item = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    _GUARD.fixtures.append(fixturedef)
+    try:
+        return (yield)
+    finally:
+        _GUARD.fixtures.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    if item.get_closest_marker("slow") is None:
+        fixtures = _GUARD.uses_spawning_fixture(item)
+        if _GUARD.started or fixtures:
+            what = "; ".join(_GUARD.started[:3]) + (f" (+{len(_GUARD.started) - 3} more)"
+                                                    if len(_GUARD.started) > 3 else "")
+            why = f"it started {what}" if _GUARD.started else f"it uses fixture(s) {', '.join(fixtures)}"
+            pytest.fail(f"{item.nodeid} starts a real process but is not marked slow: {why}. Mark it "
+                        "@pytest.mark.slow (or the module: pytestmark = pytest.mark.slow), so that the "
+                        'fast lane (-m "not slow") stays fast', pytrace=False)
+    return result

@@ -250,10 +250,13 @@ def test_the_claim_lock_is_taken_afresh_after_its_session_died(pg_url):
 def test_a_stale_trial_is_failed_only_on_a_second_look_a_grace_period_later(study_file, workdir, monkeypatch):
     """A heartbeat older than the grace period may only mean the store was down: a
     driver fails another driver's trial when it sees it stale twice, grace_period
-    apart, with no storage trouble of its own in between; its own, never."""
+    apart, with no storage trouble of its own in between; its own, never. (No waits: the
+    heartbeats are backdated and the check's two looks moved apart, conftest's helpers.)"""
+    from conftest import backdate_heartbeat, stale_check_later
     from sweeper.config import load_config
     from sweeper.dispatch.claim import claim
     from sweeper.store import claim_lock
+    from sweeper.store import optuna_private as private
     from sweeper.store.identity import Identity
 
     monkeypatch.setenv("SWEEPER_FAKE_SQLITE_BUSY_TIMEOUT_S", "0.2")
@@ -272,26 +275,31 @@ def test_a_stale_trial_is_failed_only_on_a_second_look_a_grace_period_later(stud
     def state(trial) -> TrialState:
         return storage.get_trial(trial._trial_id).state
 
+    def silent(trial) -> None:  # its last beat a second past the grace period ago: stale now
+        backdate_heartbeat(storage, trial._trial_id, 3)
+
     dead = foreign()
-    time.sleep(3.2)  # its heartbeat is stale now (SQLite's clock counts whole seconds)
+    silent(dead)
     mine = claim(study, cfg, lock, me, workdir / "runs")
     assert state(dead) == TrialState.RUNNING  # first look: suspected only
-    time.sleep(2.1)
+    stale_check_later(2.1)
+    silent(mine)
     claim(study, cfg, lock, me, workdir / "runs")
     assert state(dead) == TrialState.FAIL
     assert storage.get_trial(dead._trial_id).user_attrs["error"].startswith("no heartbeat within study.grace_period")
+    assert mine._trial_id in private.stale_trial_ids(storage, study._study_id)
     assert state(mine) == TrialState.RUNNING  # stale too, but this driver's own
 
     dead = foreign()
-    time.sleep(3.2)
+    silent(dead)
     claim(study, cfg, lock, me, workdir / "runs")  # suspected
     holder = _locked_db(Path(storage.engine.url.database))  # then this process sees the store locked...
     threading.Timer(0.6, holder.rollback).start()
     storage.set_study_user_attr(study._study_id, "k", 1)  # ...and waits it out
-    time.sleep(2.1)
+    stale_check_later(2.1)
     claim(study, cfg, lock, me, workdir / "runs")
     assert state(dead) == TrialState.RUNNING  # the clock restarted when the store came back
-    time.sleep(2.1)
+    stale_check_later(2.1)
     claim(study, cfg, lock, me, workdir / "runs")
     assert state(dead) == TrialState.FAIL
 

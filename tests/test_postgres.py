@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
+from conftest import backdate_heartbeat, stale_check_later
 from pg_server import pg_url  # noqa: F401 - fixture
 from sweeper.config import load_config
 from sweeper.data import write_synthetic
@@ -25,6 +26,7 @@ from sweeper.dispatch.run import init_db, run
 from sweeper.errors import ConfigDrift, StorageError
 from sweeper.store import AdvisoryLock, advisory_key, claim_lock, open_storage
 from sweeper.store.identity import Identity
+from sweeper.store.optuna_private import stale_trial_ids
 
 pytestmark = pytest.mark.postgres
 
@@ -161,7 +163,9 @@ def test_claim_fails_a_trial_left_without_any_heartbeat(study_file, pg_url, tmp_
     lock = claim_lock(storage, pg_url, "orphan")
     first = claim(study, cfg, lock, ident, tmp_path)
     assert study.trials[orphan.number].state == TrialState.RUNNING and first.number == orphan.number + 1
-    time.sleep(cfg.study.grace_period)
+    stale_check_later(cfg.study.grace_period)  # the second look, a grace period later, without the wait
+    backdate_heartbeat(storage, first._trial_id, cfg.study.grace_period + 1)  # as it would be by then
+    assert first._trial_id in stale_trial_ids(storage, study._study_id)
     trial = claim(study, cfg, lock, ident, tmp_path)
     assert study.trials[first.number].state == TrialState.RUNNING  # this driver's own: never judged by heartbeat
     dead = study.trials[orphan.number]
