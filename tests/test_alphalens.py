@@ -77,6 +77,7 @@ def has_ties(frame: pd.DataFrame) -> bool:
 # ------------------------------------------------------------------ the real study
 
 
+@pytest.mark.slow
 def test_rank_ic_is_alphalens_ic(study):
     """alphalens' IC is Spearman: sweeper's ``rank_ic``, date by date (``ic`` is Qlib's Pearson)."""
     frame = study["frame"]
@@ -93,6 +94,7 @@ def test_rank_ic_is_alphalens_ic(study):
     assert abs(ic_report(frame)["ic"] - mean) > 1e-6
 
 
+@pytest.mark.slow
 def test_bucket_means_spread_and_turnover_are_alphalens_on_the_used_dates(study):
     frame = study["frame"]
     view = long_short(frame, H, Q)

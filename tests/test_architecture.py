@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
@@ -145,6 +146,7 @@ def _dispatch_code(name: str) -> list[str]:
     return [mark for mark in DISPATCH_MARKS if mark in text]
 
 
+@pytest.mark.slow
 def test_the_worker_process_never_loads_dispatch_code(study_file, workdir, monkeypatch):
     out = workdir / "modules"
     out.mkdir()

@@ -75,6 +75,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_study_file(here, monkeypatch, name):
     sections, fragments = CASES[name]

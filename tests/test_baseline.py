@@ -56,6 +56,7 @@ def default_study(tmp_path_factory):
                "files": layout.baseline_files(root / layout.run_dir(cfg))}
 
 
+@pytest.mark.slow
 def test_saved_predictions_rescore_to_the_stored_ic(default_study):
     attr, files = default_study["study"].user_attrs["baseline"], default_study["files"]
     assert default_study["study"].user_attrs["baseline_state"]["state"] == "done"
@@ -80,6 +81,7 @@ def test_saved_predictions_rescore_to_the_stored_ic(default_study):
     assert QLIB_ALPHA158["learning_rate"] == 0.2 and QLIB_ALPHA158["num_leaves"] == 210
 
 
+@pytest.mark.slow
 def test_train_rows_are_exactly_the_study_train_rows(default_study):
     cfg, study = default_study["cfg"], default_study["study"]
     trained = pd.read_parquet(default_study["files"].train_rows)
@@ -99,6 +101,7 @@ def test_train_rows_are_exactly_the_study_train_rows(default_study):
     assert got == trial_rows
 
 
+@pytest.mark.slow
 def test_best_and_status_show_the_baseline(default_study):
     path, attr = default_study["path"], default_study["study"].user_attrs["baseline"]
     with pytest.MonkeyPatch.context() as mp:
@@ -126,6 +129,7 @@ def test_best_and_status_show_the_baseline(default_study):
     assert status_json["baseline_state"]["state"] == "done" and status_json["baseline_done"] is True
 
 
+@pytest.mark.slow
 def test_report_has_the_cumulative_figure(default_study):
     from sweeper.inspect.figures_baseline import baseline_figure
     from sweeper.inspect.report import load
@@ -161,6 +165,7 @@ def test_lags_add_exactly_the_earlier_dates_features(workdir):
     assert result.n_features == 3 * F
 
 
+@pytest.mark.slow
 def test_a_panel_over_max_rows_is_subsampled_by_dates_and_says_so(study_file):
     path = study_file({"baseline": {"max_rows": 1000}})
     _cli("db", "init", path)
@@ -180,6 +185,7 @@ def test_a_panel_over_max_rows_is_subsampled_by_dates_and_says_so(study_file):
     assert (per_date[kept.index] == kept).all() and len(kept) == sub["dates_kept"]
 
 
+@pytest.mark.slow
 def test_claimed_once_and_a_failure_is_recorded(study_file):
     path = study_file({"baseline": {"params": {"objective": "no-such-objective"}}})
     _cli("db", "init", path)
@@ -211,6 +217,7 @@ def _sweep_counts(cfg):
     return study, sorted(t.state.name for t in study.get_trials())
 
 
+@pytest.mark.slow
 def test_a_sweep_computes_it_once_and_a_resume_does_not_again(study_file):
     path = study_file({"study": {"n_trials": 3}, "report": {"baseline": "lightgbm"}})  # the default
     _cli("run", path)
@@ -232,6 +239,7 @@ def test_a_sweep_computes_it_once_and_a_resume_does_not_again(study_file):
     assert log.read_text().count("baseline: val ic") == 1
 
 
+@pytest.mark.slow
 def test_a_failing_baseline_never_ends_the_sweep(study_file):
     path = study_file({"study": {"n_trials": 3}, "report": {"baseline": "lightgbm"},
                        "baseline": {"params": {"objective": "no-such-objective"}}})
@@ -243,6 +251,7 @@ def test_a_failing_baseline_never_ends_the_sweep(study_file):
     assert "baseline" not in study.user_attrs
 
 
+@pytest.mark.slow
 def test_report_baseline_null_computes_none(study_file):
     path = study_file({"study": {"n_trials": 2}, "report": {"baseline": None}})
     _cli("run", path)

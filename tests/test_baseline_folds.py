@@ -26,6 +26,8 @@ from sweeper.data.split import split_widths
 from sweeper.quant import ic as M
 from sweeper.store import layout
 
+pytestmark = pytest.mark.slow  # every test here starts a real process
+
 # a tree small enough to split on the tiny panel (Qlib's lambda_l1 of 205 leaves it one leaf, IC 0)
 SMALL_TREE = {"params": {"lambda_l1": 0.0, "lambda_l2": 1.0, "num_leaves": 7, "min_data_in_leaf": 20,
                          "learning_rate": 0.05}, "early_stopping_rounds": 10}

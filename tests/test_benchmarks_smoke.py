@@ -20,6 +20,7 @@ def _run(script: str, *args: str, timeout: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_core_overhead_smoke():
     out = _run("core_overhead.py", "--smoke", timeout=120)
     assert {"core_samples_per_s", "plain_samples_per_s", "ratio"} <= set(out)

@@ -42,6 +42,7 @@ def _fresh(t, epochs=3):
             and "resumed_from_epoch" not in t.user_attrs)
 
 
+@pytest.mark.slow
 def test_a_recreated_study_on_new_data_trains_every_trial_from_scratch(study_file, capfd):
     path = _on_file(study_file, seed=1)
     _, first = _sweep(path)
@@ -70,6 +71,7 @@ def test_a_recreated_study_on_new_data_trains_every_trial_from_scratch(study_fil
     assert json.loads(Path("runs/tiny/owner.json").read_text())["study_uuid"] == second.user_attrs["study_uuid"]
 
 
+@pytest.mark.slow
 def test_a_fresh_trial_never_continues_a_checkpoint_left_at_its_path(study_file):
     path = study_file(KEEP)
     _sweep(path)
@@ -91,6 +93,7 @@ def test_a_fresh_trial_never_continues_a_checkpoint_left_at_its_path(study_file)
         "study_uuid"]
 
 
+@pytest.mark.slow
 def test_a_retry_resumes_from_its_own_checkpoint_and_not_from_another_storages(study_file):
     path = study_file(KEEP)
     _, one = _sweep(path)
@@ -135,6 +138,7 @@ def test_which_checkpoint_a_retry_may_continue(was, lineage, why):
     assert foreign({"epoch": 3, "config": {}, "owner": was}, STAMP, lineage) == why
 
 
+@pytest.mark.slow
 def test_a_second_run_of_the_same_study_moves_nothing_aside(tmp_path):
     # from the command line: the folder already is this study's, so nothing moves and no line says so
     cfg = {"study": {"name": "s", "n_trials": 1}, "data": {"synthetic": {"assets": 12, "dates": 60,
@@ -148,6 +152,7 @@ def test_a_second_run_of_the_same_study_moves_nothing_aside(tmp_path):
     assert not (tmp_path / "runs/s/previous").exists()
 
 
+@pytest.mark.slow
 def test_best_and_predict_read_a_studys_own_files_after_another_took_the_folder(study_file):
     from sweeper.inspect.predict import predict_trial
     from sweeper.inspect.results import best_report

@@ -59,6 +59,7 @@ def test_set_type_error_exits_2(tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_library_imports_without_click_or_cuda():
     code = ("import sys; import sweeper, sweeper.config, sweeper.dispatch.run, sweeper.data, sweeper.core, "
             "sweeper.quant.ic, sweeper.devices; import torch; "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -15,6 +16,7 @@ def _cli(*args, code=0):
     return result.output
 
 
+@pytest.mark.slow
 def test_status_best_and_drift(study_file):
     path = study_file({"study": {"n_trials": 2}, "model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
     _cli("run", path)
@@ -42,6 +44,7 @@ def test_status_best_and_drift(study_file):
     assert json.loads(_cli("status", path, "--json"))["finished"] == 3
 
 
+@pytest.mark.slow
 def test_budget_and_devices_may_change_without_force(study_file):
     path = study_file({"study": {"n_trials": 1}, "model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
     _cli("run", path)

@@ -159,6 +159,7 @@ def constrained(tmp_path_factory):
     return {"root": base / "bound", "free": free, "study": study, "bound": bound}
 
 
+@pytest.mark.slow
 def test_the_worker_records_the_figures_and_optunas_constraints(constrained, monkeypatch):
     study, bound = constrained["study"], constrained["bound"]
     free = {t.params["train.lr"]: t for t in constrained["free"].get_trials()}
@@ -178,6 +179,7 @@ def test_the_worker_records_the_figures_and_optunas_constraints(constrained, mon
             "valid_top_turnover"] == pytest.approx(turnover, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_best_picks_the_best_feasible_trial(constrained, monkeypatch):
     study, bound, root = constrained["study"], constrained["bound"], constrained["root"]
     trials = study.get_trials()
@@ -201,6 +203,7 @@ def test_best_picks_the_best_feasible_trial(constrained, monkeypatch):
     assert free["trial"] == max(constrained["free"].get_trials(), key=lambda t: t.value).number
 
 
+@pytest.mark.slow
 def test_predict_best_and_topk_use_feasible_trials_only(constrained, monkeypatch):
     study, bound, root = constrained["study"], constrained["bound"], constrained["root"]
     good = sorted((t for t in study.get_trials() if t.user_attrs["valid_top_turnover"] <= bound),
@@ -220,6 +223,7 @@ def test_predict_best_and_topk_use_feasible_trials_only(constrained, monkeypatch
     np.testing.assert_allclose(top2["pred"], ensemble(members)["pred"], rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_what_optuna_dashboard_shows(constrained):
     """optuna-dashboard 0.21 reads only the old list key ``constraints``, so it shows these trials
     as feasible and its Best Trial card ignores the bounds; it does show the user attributes

@@ -167,6 +167,7 @@ def test_off_by_default(tmp_path):
     assert StopRule(_cfg(), StopToken(), tmp_path).watch is None
 
 
+@pytest.mark.slow
 def test_a_walk_forward_sweep_stops_when_converged(study_file):
     # a learning rate that barely varies: every trial is alike but for its seedless noise, while
     # the tiny panel's folds differ a lot; one worker, so each claim reads the study right after

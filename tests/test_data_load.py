@@ -294,6 +294,7 @@ def test_arrow_table_with_nulls_and_int_features(tmp_path):
     assert list(panel.assets) == ["X", "Y"]
 
 
+@pytest.mark.slow
 def test_validate_accepts_yyyymmdd_integer_dates(tmp_path):
     import os
     import subprocess

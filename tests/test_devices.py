@@ -312,6 +312,7 @@ def test_gpus_this_process_may_not_open_are_left_out(monkeypatch: pytest.MonkeyP
 # ------------------------------------------------------------------ no CUDA context
 
 
+@pytest.mark.slow
 def test_reading_gpus_creates_no_cuda_context() -> None:
     code = (
         "import torch, sweeper.devices as d\n"

@@ -68,6 +68,7 @@ def _fill(mnt: Path, leave: int) -> Path:
 
 # ---------------------------------------------------------------- the write boundary
 
+@pytest.mark.slow
 def test_a_torch_save_that_overflows_is_disk_full_and_leaves_the_old_file(small_fs):
     target = small_fs / "trials" / "0" / "checkpoint.pt"
     target.parent.mkdir(parents=True)
@@ -83,6 +84,7 @@ def test_a_torch_save_that_overflows_is_disk_full_and_leaves_the_old_file(small_
     assert target.read_bytes() == old
 
 
+@pytest.mark.slow
 def test_a_text_write_that_overflows_is_disk_full(small_fs):
     target = small_fs / "report.html"
     write_text(target, "old")
@@ -149,6 +151,7 @@ def _sweep(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_sweep_on_a_full_disk_stops_and_resumes_once_space_is_freed(study_file, workdir, small_fs):
     run_folder = small_fs / "run"
     db = workdir / "study.db"  # the study's records live off the full disk
@@ -184,6 +187,7 @@ def test_a_sweep_on_a_full_disk_stops_and_resumes_once_space_is_freed(study_file
     assert not list(run_folder.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_disk_full_before_any_write_fails_the_trial_as_disk(study_file, workdir, small_fs):
     # not one byte left: the first write to fail is a plain one (config.yaml, train.log, metrics.csv)
     run_folder = small_fs / "run"

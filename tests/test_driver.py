@@ -9,6 +9,8 @@ from sweeper.config import load_config
 from sweeper.dispatch.live import NullView
 from sweeper.dispatch.run import run
 
+pytestmark = pytest.mark.slow  # every test here starts a real process
+
 FAKE_UUIDS = [f"GPU-00000000-0000-4000-8000-00000000000{k}" for k in range(4)]
 
 

@@ -13,6 +13,7 @@ import types
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
@@ -47,6 +48,7 @@ def _alive(pid):
     return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
 
 
+@pytest.mark.slow
 def test_segfaulting_workers_are_crashes_and_retries_run_out(study_file):
     path = study_file({
         "study": {"n_trials": 4, "retries": 1, "max_consecutive_failures": 3},
@@ -69,6 +71,7 @@ def test_segfaulting_workers_are_crashes_and_retries_run_out(study_file):
     assert len({t.user_attrs["pid"] for t in (first, retry, fresh)}) == 3  # a fresh worker each time
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_kills_hung_workers_and_fails_their_trials(study_file, workdir):
     marker = workdir / "hanging"
     path = study_file({"study": {"n_trials": 2}, "model": {"kind": "hang", "marker": str(marker)},
@@ -102,6 +105,7 @@ def test_a_second_ctrl_c_kills_hung_workers_and_fails_their_trials(study_file, w
     assert ua["exit_code"] == -signal.SIGKILL and not _alive(ua["pid"])
 
 
+@pytest.mark.slow
 def test_a_combination_the_model_refuses_is_a_config_failure_told_to_the_sampler(study_file):
     path = study_file({
         "study": {"n_trials": 2, "retries": 2},
@@ -127,6 +131,7 @@ def test_a_combination_the_model_refuses_is_a_config_failure_told_to_the_sampler
     assert done.user_attrs["pid"] == refused.user_attrs["pid"]  # and the worker was not replaced
 
 
+@pytest.mark.slow
 def test_a_space_the_model_can_never_take_stops_the_sweep(study_file):
     # the constructor refuses every sampled width (the study file's own, 8, it takes)
     path = study_file({
@@ -145,6 +150,7 @@ def test_a_space_the_model_can_never_take_stops_the_sweep(study_file):
         assert t.user_attrs["error"].endswith(f"failed (ValueError: hidden ({t.params['model.hidden']}) must be even)")
 
 
+@pytest.mark.slow
 def test_after_force_a_retry_with_another_configs_checkpoint_starts_fresh(study_file):
     path = study_file({"study": {"n_trials": 1, "keep": {"checkpoints": "all"}}, "devices": {"cpu_workers": 1}})
     _, study = _sweep(path)
@@ -166,6 +172,7 @@ def test_after_force_a_retry_with_another_configs_checkpoint_starts_fresh(study_
     assert f"not resuming from {ckpt}: {problem}" in log and "starting fresh" in log
 
 
+@pytest.mark.slow
 def test_the_same_retry_resumes_when_the_config_is_unchanged(study_file):
     path = study_file({"study": {"n_trials": 1, "keep": {"checkpoints": "all"}}, "devices": {"cpu_workers": 1}})
     _, study = _sweep(path)
@@ -178,6 +185,7 @@ def test_the_same_retry_resumes_when_the_config_is_unchanged(study_file):
     assert retry.intermediate_values == first.intermediate_values  # replayed, nothing left to train
 
 
+@pytest.mark.slow
 def test_a_failed_artifact_upload_is_logged_and_shown_once(study_file, workdir):
     path = study_file({
         "study": {"n_trials": 1},

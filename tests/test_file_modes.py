@@ -24,6 +24,7 @@ def _sweeper(umask: int, *args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600)])
 def test_a_sweep_report_and_export_take_the_umask(study_file, workdir, umask, mode):
     path = str(study_file({"study": {"n_trials": 1}, "devices": {"cpu_workers": 1}}))

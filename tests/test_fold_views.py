@@ -358,6 +358,7 @@ def test_dashboard_shows_the_fold_attrs(wf):
 # ------------------------------------------------------------------ a real sweep
 
 
+@pytest.mark.slow
 def test_a_real_walk_forward_sweep_shows_its_folds(study_file, workdir):
     """The worker's own attrs and files, read back by best, export and the report."""
     path = study_file({"validation": {"scheme": "walk_forward", "folds": 3, "repeats": 2},

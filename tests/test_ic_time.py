@@ -197,6 +197,7 @@ def swept(tmp_path_factory):
     return {"root": root, "best": best, "text": text, "page": page, "trial": trial}
 
 
+@pytest.mark.slow
 def test_best_json_has_ic_by_year_of_every_test_year(swept):
     best, trial = swept["best"], swept["trial"]
     test = pd.read_csv(trial / "daily_ic_test.csv")
@@ -212,6 +213,7 @@ def test_best_json_has_ic_by_year_of_every_test_year(swept):
     assert "test IC by year: 2011 " in swept["text"] and ", 2013 " in swept["text"]
 
 
+@pytest.mark.slow
 def test_best_json_has_the_group_neutral_ic(swept):
     best = swept["best"]
     assert best["group_col"] == "sector" and set(best["group_neutral"]) == {"valid", "test"}
@@ -243,6 +245,7 @@ def _figures(page: str) -> dict[str, dict]:
     return {name: json.loads(payload) for name, payload in found}
 
 
+@pytest.mark.slow
 def test_the_report_has_the_year_month_heatmap_of_trial_and_baseline(swept):
     fig = _figures(swept["page"])["ic_time"]
     meta = fig["layout"]["meta"]

@@ -34,6 +34,8 @@ from sweeper.cli import main
 from sweeper.quant.ic import ic_report
 from sweeper.quant.selection import selection_summary
 
+pytestmark = pytest.mark.slow  # every test here starts a real process
+
 ARTIFACTS = {"config.yaml", "metrics.csv", "train.log", "weights.pt", "daily_ic_valid.csv", "daily_ic_test.csv"}
 SWEEP = merge(TINY, {"study": {"name": "live", "n_trials": 8}, "train": {"epochs": 3},
                      "devices": {"cpu_workers": 2}})

@@ -21,6 +21,8 @@ from sweeper.config import load_config
 from sweeper.dispatch.run import init_db
 from sweeper.store import open_storage
 
+pytestmark = pytest.mark.slow  # every test here starts a real process
+
 DB = Path("runs/tiny/study.db")
 SLOW = {"model": {"name": "fault_models:Slow", "step_sleep": 0.05},
         "study": {"n_trials": 20},

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 from click.testing import CliRunner
 from optuna.distributions import FloatDistribution
@@ -212,6 +213,7 @@ def _listed(output: str) -> set[str]:
             for line in output.splitlines() if line.startswith("  ")}
 
 
+@pytest.mark.slow
 def test_gc_dry_run_lists_and_removes_nothing_then_gc_removes(study_file, workdir):
     from sweeper.inspect.predict import top_trials
 
@@ -261,6 +263,7 @@ def test_gc_dry_run_lists_and_removes_nothing_then_gc_removes(study_file, workdi
 
 # Needs the integrator's wiring of retention.collect into the worker (after each trial):
 # until then it fails, and the mark says so; remove the mark once it is wired.
+@pytest.mark.slow
 def test_a_12_trial_sweep_keeps_the_3_best_weights_and_no_checkpoints(study_file, workdir):
     from sweeper.inspect.predict import top_trials
 

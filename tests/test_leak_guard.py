@@ -85,6 +85,7 @@ def _dense(path):
     return X, y, mask, (19, 80)
 
 
+@pytest.mark.slow
 def test_validate_refuses_it_from_the_outside(tmp_path, monkeypatch) -> None:
     panel_with({"fut_ret": 1.0}).to_parquet(tmp_path / "p.parquet", index=False)
     study = {"study": {"name": "leak"}, "data": {"path": "p.parquet", "lookback": 5},

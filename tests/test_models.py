@@ -147,6 +147,7 @@ def test_more_than_64_shapes_are_not_each_built():
         "note: search_space: more than 64 combinations of model choices; they are not each built in advance"]
 
 
+@pytest.mark.slow
 def test_a_sampled_model_name_that_does_not_import_is_an_error():
     from sweeper.models.shapes import check_study_models
 

@@ -339,6 +339,7 @@ def _retries(text: str) -> int:
     return sum(int(n) for n in re.findall(r"is back after [0-9.]+ s \((\d+) retries\)", text))
 
 
+@pytest.mark.slow
 def test_two_drivers_ride_out_a_sqlite_lock_held_past_the_busy_timeout(study_file):
     """A writer holds the database for 8 s, twice the grace period, while both
     drivers have a trial running: every write waits it out, and neither driver
@@ -413,6 +414,7 @@ def throwaway_pg():
         server.remove()
 
 
+@pytest.mark.slow
 def test_a_postgresql_restart_mid_sweep_loses_nothing(study_file, throwaway_pg):
     path = study_file({**SLOW, "study": {"n_trials": 12}}, replace=("model",))
     started = time.monotonic()
@@ -440,6 +442,7 @@ def test_a_postgresql_restart_mid_sweep_loses_nothing(study_file, throwaway_pg):
           f"({states.count(TrialState.COMPLETE)} complete), {_retries(logs)} retries logged")
 
 
+@pytest.mark.slow
 def test_sessions_killed_again_and_again_mid_sweep_lose_nothing(study_file, pg_url):
     """Every sweeper session (driver, lock, workers, heartbeats) is terminated every
     0.1 s for 15 s, so connections die mid-query, mid-commit and mid-checkout, not
@@ -487,6 +490,7 @@ def _wait_connected(url: str, app: str, n: int, proc: subprocess.Popen) -> None:
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_an_outage_past_storage_outage_s_exits_1_with_one_line(study_file, throwaway_pg):
     """The driver waits on another driver's trial (polling the store) when the
     server goes away for good: after study.storage_outage_s it gives up with one
@@ -528,6 +532,7 @@ def test_an_outage_past_storage_outage_s_exits_1_with_one_line(study_file, throw
     print(f"\nPostgreSQL gone for good, storage_outage_s=5: exit 1 after {took:.1f} s")
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_store_is_down_exits_130_and_a_later_run_resumes(study_file, throwaway_pg):
     """Ctrl-C while the driver's workers wait out an outage mid-trial: exit 130 within
     seconds (every wait gives up), no traceback; once the server is back, `sweeper

@@ -251,6 +251,7 @@ def _packed_sweep(study_file, workdir, trial_mb: int, n_trials: int, step_sleep:
     return optuna.load_study(study_name="tiny", storage=storage).get_trials()
 
 
+@pytest.mark.slow
 def test_1200_mb_trials_share_a_4000_mb_gpu_two_or_three_at_once(study_file, workdir):
     # trials of about 4 s: longer than a worker takes to start, so packing has the chance
     trials = _packed_sweep(study_file, workdir, 1200, n_trials=5, step_sleep=0.5)
@@ -272,6 +273,7 @@ def test_1200_mb_trials_share_a_4000_mb_gpu_two_or_three_at_once(study_file, wor
                            f"{u['gpu_mem_allotted_mb']:.0f} MB, peak 1200 MB" for u in ua)
 
 
+@pytest.mark.slow
 def test_3000_mb_trials_run_one_at_a_time(study_file, workdir):
     trials = _packed_sweep(study_file, workdir, 3000, n_trials=3, step_sleep=0.1)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
@@ -288,6 +290,7 @@ SHAPES = {"model.hidden": {"type": "categorical", "choices": [8, 16]},
           "train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}
 
 
+@pytest.mark.slow
 def test_an_unmeasured_shape_and_an_exclusive_trial_wait_for_the_gpu_to_themselves(study_file, workdir):
     def seed(study):
         for hidden, attrs in ((8, {}), (8, {}), (16, {}), (8, {"exclusive_gpu": True}), (8, {})):
@@ -302,6 +305,7 @@ def test_an_unmeasured_shape_and_an_exclusive_trial_wait_for_the_gpu_to_themselv
     assert trials[4].datetime_start >= trials[3].datetime_complete  # and nothing joined trial 3
 
 
+@pytest.mark.slow
 def test_a_trial_that_outgrows_its_allotment_beside_another_fails_as_oom(study_file, workdir):
     small = {"model.hidden": 8, "model.step_sleep": 0.1}
 

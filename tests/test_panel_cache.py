@@ -190,6 +190,7 @@ def test_a_torn_entry_is_never_used(tmp_path, builds):
     assert load_panel(syn(tmp_path)).cache_entry == again.cache_entry and len(builds) == before + 2
 
 
+@pytest.mark.slow
 def test_a_builder_killed_mid_build_leaves_nothing_that_is_read(tmp_path, builds):
     cfg = syn(tmp_path)
     script = textwrap.dedent(f"""
@@ -216,6 +217,7 @@ def test_a_builder_killed_mid_build_leaves_nothing_that_is_read(tmp_path, builds
     assert not debris[0].exists() and entries(root) == [os.path.basename(panel.cache_entry)]
 
 
+@pytest.mark.slow
 def test_concurrent_builders_make_one_entry_and_see_the_same_arrays(tmp_path):
     cfg = syn(tmp_path, synthetic={"assets": 80, "dates": 400, "features": 6, "seed": 5})
     script = COUNT_BUILDS + textwrap.dedent(f"""

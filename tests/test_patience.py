@@ -103,6 +103,7 @@ def _sweep(path):
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_sweep_stops_on_patience_study_wide(study_file):
     # one worker: each claim reads the study right after the previous trial ended, so the
     # sweep stops exactly when the count first reaches patience_trials

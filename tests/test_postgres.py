@@ -78,6 +78,7 @@ RACE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_six_processes_create_schema_and_study_at_the_same_instant(study_file, pg_url):
     path = study_file({"study": {"name": "race"}})
     procs = [subprocess.Popen([sys.executable, "-c", RACE, str(path), pg_url], stdin=subprocess.PIPE,
@@ -102,6 +103,7 @@ def test_six_processes_create_schema_and_study_at_the_same_instant(study_file, p
     assert [s.study_name for s in storage.get_all_studies()] == ["race"]
 
 
+@pytest.mark.slow
 def test_init_db_creates_the_study_once_without_devices(study_file, pg_url):
     path = study_file({"study": {"name": "init"}, "devices": {"gpus": [0]}})  # no GPU here: not needed
     first = init_db(load_config(path), pg_url)
@@ -118,6 +120,7 @@ def test_init_db_creates_the_study_once_without_devices(study_file, pg_url):
         init_db(load_config(drifted), pg_url)
 
 
+@pytest.mark.slow
 def test_advisory_lock_excludes_and_dies_with_its_holder(pg_url):
     storage = open_storage(pg_url)
     lock = claim_lock(storage, pg_url, "s")
@@ -149,6 +152,7 @@ def test_advisory_lock_excludes_and_dies_with_its_holder(pg_url):
     other.dispose()
 
 
+@pytest.mark.slow
 def test_claim_fails_a_trial_left_without_any_heartbeat(study_file, pg_url, tmp_path):
     """A driver that died between ask() and its first heartbeat leaves a RUNNING
     trial Optuna never calls stale. A claim suspects it (its claimer may only be
@@ -198,6 +202,7 @@ def _panel_study(folder, epochs=2):
     return folder / "study.yaml"
 
 
+@pytest.mark.slow
 def test_a_host_with_other_data_or_config_is_refused(workdir, pg_url, monkeypatch):
     host_a, host_b = _two_folders(workdir, seeds=(1, 2))
     monkeypatch.chdir(host_a)

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from sweeper.worker.main import Commands
 from sweeper.worker.protocol import LineDecoder
 
@@ -25,6 +27,7 @@ def test_the_worker_skips_a_malformed_command(capsys):
     assert "skipped a malformed command line from the driver: 'garbage'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_worker_whose_driver_is_already_gone_exits_at_once():
     # the parent-death signal only covers a parent that dies after it is set: the worker
     # re-checks its parent, here a pid that is not its parent (as after a driver died)
@@ -36,6 +39,7 @@ def test_a_worker_whose_driver_is_already_gone_exits_at_once():
     assert out.stdout == ""
 
 
+@pytest.mark.slow
 def test_a_worker_with_its_driver_waits_for_the_handshake():
     env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid())}
     out = subprocess.run([sys.executable, "-m", "sweeper.worker.main"], input="", capture_output=True, text=True,

@@ -30,6 +30,7 @@ def swept(tmp_path_factory):
     return swept_study(tmp_path_factory.mktemp("readonly"), STUDY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     # best's portfolio and top-3 ensemble read the predictions the workers stored (issue 28)
     pytest.param(["best", "study.yaml"], id="best"),

@@ -80,6 +80,7 @@ def future_file(path: str, history: int = 0) -> list[pd.Timestamp]:
 
 # ---------------------------------------------------------------- 1. refit, then predict --data
 
+@pytest.mark.slow
 def test_refit_then_predict_new_dates(study):
     best = study.best_trial
     out = cli("refit", "study.yaml")
@@ -114,6 +115,7 @@ def test_refit_then_predict_new_dates(study):
     assert not np.allclose(own["pred"], live["pred"])
 
 
+@pytest.mark.slow
 def test_an_ensemble_uses_the_refits_it_has_and_own_splits_never(study):
     best = study.best_trial.number
     other = next(t.number for t in study.trials if t.number != best)
@@ -135,6 +137,7 @@ def test_an_ensemble_uses_the_refits_it_has_and_own_splits_never(study):
 
 # ---------------------------------------------------------------- 2. no label later than --until
 
+@pytest.mark.slow
 def test_a_refit_to_until_never_reads_a_later_label(study):
     dates = panel_dates()
     until = dates[120]
@@ -175,6 +178,7 @@ def test_epochs_are_the_median_fold_best_epoch_or_the_best_epoch(attrs, epochs):
     assert refit_epochs(trial)[0] == epochs
 
 
+@pytest.mark.slow
 def test_a_walk_forward_trial_refits_with_its_median_fold_best_epoch(study_file):
     path = study_file({"study": {"n_trials": 1}, "train": {"epochs": 4},
                        "validation": {"scheme": "walk_forward", "folds": 3}})
@@ -213,6 +217,7 @@ def test_the_core_trains_exactly_the_epochs_and_keeps_the_last(workdir):
 
 # ---------------------------------------------------------------- 4. bad input
 
+@pytest.mark.slow
 def test_bad_input_exits_2_naming_the_key_and_writes_nothing(study):
     number = study.best_trial.number
     folder = Path(f"runs/tiny/trials/{number}/refit")

@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
 from sweeper.core import checkpoint_epoch
 from sweeper.dispatch.live import NullView
 from sweeper.dispatch.run import run
+
+pytestmark = pytest.mark.slow  # every test here starts a real process
 
 SLOW = {
     "study": {"n_trials": 4, "retries": 1, "heartbeat_interval": 1, "grace_period": 3},

@@ -37,6 +37,7 @@ def test_identity_names_host_pid_driver_and_process_table(monkeypatch):
     assert set(a.attrs()) == {"host", "driver_pid", "driver_id", "pid_ns"}
 
 
+@pytest.mark.slow
 def test_dead_local_driver_is_failed_only_when_its_pid_is_ours_to_judge(workdir, monkeypatch):
     """Same host id and process table: a dead pid is failed at once. Same host id
     but another process table (a second machine or pod given the same id): the
@@ -75,6 +76,7 @@ def test_a_retry_claimed_by_another_host_carries_that_hosts_identity(study_file,
     assert got["checkpoint"] == f"runs/tiny/trials/{retry.number}/checkpoint.pt"
 
 
+@pytest.mark.slow
 def test_three_drivers_on_one_sqlite_file_share_the_budget_exactly(study_file):
     path = study_file({"study": {"n_trials": 6}, "train": {"epochs": 1}, "devices": {"cpu_workers": 1}})
     procs = [subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)], stdout=subprocess.PIPE,
@@ -90,6 +92,7 @@ def test_three_drivers_on_one_sqlite_file_share_the_budget_exactly(study_file):
     assert sorted(Path(p).name for p in Path("runs/tiny/logs").iterdir()) == [f"h{k}.slot-0.log" for k in range(3)]
 
 
+@pytest.mark.slow
 def test_a_worker_that_never_starts_stops_the_driver(study_file):
     """Without a limit the driver would respawn it forever (e.g. the database
     refusing connections: too many clients)."""
@@ -114,6 +117,7 @@ def test_s3_artifacts_without_boto3_is_a_clear_config_error(monkeypatch):
     assert check_artifacts("runs/x") is None
 
 
+@pytest.mark.slow
 def test_s3_artifacts_are_checked_before_anything_runs(study_file, monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)
     path = study_file({"study": {"artifacts": "s3://sweeps"}})
@@ -122,6 +126,7 @@ def test_s3_artifacts_are_checked_before_anything_runs(study_file, monkeypatch):
     assert not Path("runs").exists()
 
 
+@pytest.mark.slow
 def test_a_trial_failed_by_another_driver_is_dropped_cleanly_and_rerun(study_file):
     """If another host ever fails a live trial (its heartbeats were late beyond the
     grace period), the worker keeps the stored outcome, logs one line, no traceback,

@@ -88,6 +88,7 @@ def _run(script: Path, env: dict[str, str], cwd: Path, timeout: float = 60) -> s
 # ------------------------------------------------------------------ the scripts as files
 
 
+@pytest.mark.slow
 def test_every_script_is_bash_that_parses_and_can_be_run():
     for path in SCRIPTS:
         assert path.read_text().startswith("#!/bin/bash\n"), path.name
@@ -140,6 +141,7 @@ def test_host_id_is_the_array_task_and_is_the_variable_sweeper_reads(monkeypatch
     assert Identity.current().host == "sweeper-1002_3"
 
 
+@pytest.mark.slow
 def test_example_study_and_env_file_name_one_shared_postgresql_study():
     env = _env_file_defaults()
     study = validate_config(yaml.safe_load((SLURM / "study.yaml").read_text()), "slurm study")
@@ -186,6 +188,7 @@ def _submit(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.Complete
     return done, calls
 
 
+@pytest.mark.slow
 def test_submit_runs_db_init_first_and_the_arrays_after_it(tmp_path):
     done, calls = _submit(tmp_path, "--array=0-7", "--gres=gpu:4", SWEEPER_SEGMENTS="3")
     assert done.returncode == 0, done.stderr
@@ -199,6 +202,7 @@ def test_submit_runs_db_init_first_and_the_arrays_after_it(tmp_path):
     assert "db init: job 1001" in done.stdout and "array job 1004" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env, message", [
     ({"PGPASSWORD": "hunter2"}, "PGPASSWORD is set"),
     ({"SWEEPER_SEGMENTS": "0"}, "SWEEPER_SEGMENTS=0"),
@@ -220,6 +224,7 @@ def _passfile(tmp_path: Path, mode: int) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [ARRAY, INIT], ids=["array", "db-init"])
 @pytest.mark.parametrize("case, message", [
     ("password in url", "SWEEPER_STORAGE has a password in it"),
@@ -245,11 +250,13 @@ def test_job_scripts_refuse_bad_input_with_exit_2(tmp_path, script, case, messag
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_array_script_refuses_to_run_outside_an_array(tmp_path):
     done = _run(ARRAY, _job_env(tmp_path, SLURM_JOB_NAME="sweeper", SLURM_JOB_ID="7"), tmp_path)
     assert done.returncode == 2 and "not an array task" in done.stderr
 
 
+@pytest.mark.slow
 def test_array_task_with_gpus_hands_sweeper_exactly_those_gpus(tmp_path):
     """Slurm's CUDA_VISIBLE_DEVICES=0 is resolved the way CUDA resolves it. Where CUDA
     finds no GPU, the task stops with one message and exit 2. Where it finds one,
@@ -355,6 +362,7 @@ def _slurm_controller() -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [INIT, ARRAY], ids=["db-init", "array"])
 def test_sbatch_test_only_accepts_the_scripts(tmp_path, script):
     why = _slurm_controller()

@@ -4,11 +4,14 @@ keeps stepping is left alone."""
 from __future__ import annotations
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from sweeper.config import load_config
 from sweeper.dispatch.live import NullView
 from sweeper.dispatch.run import run
+
+pytestmark = pytest.mark.slow  # every test here starts a real process
 
 
 def _sweep(path):

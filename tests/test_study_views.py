@@ -22,6 +22,8 @@ from sweeper.quant.ensemble import ensemble
 from sweeper.quant.ic import ic_report
 from test_portfolio import reference_long_short
 
+pytestmark = pytest.mark.slow  # every test here starts a real process
+
 SWEEP = merge(TINY, {
     "study": {"name": "views", "n_trials": 4, "sampler": {"name": "random", "seed": 3}},
     "data": {"feature_norm": "robust_zscore"},

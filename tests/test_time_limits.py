@@ -55,6 +55,7 @@ def test_the_grace_is_a_fifth_of_the_limit_and_at_least_two_minutes(monkeypatch)
     assert timeout_grace_s(0.02) == 1 and timeout_grace_s(60) == 720
 
 
+@pytest.mark.slow
 def test_trials_that_reach_max_minutes_complete_with_stop_reason_time(study_file):
     path = study_file({
         "study": {"n_trials": 2},
@@ -75,6 +76,7 @@ def test_trials_that_reach_max_minutes_complete_with_stop_reason_time(study_file
         assert f"done (time): best epoch {ua['best_epoch']}" in log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retry_timeouts", [False, True])
 def test_a_trial_past_max_minutes_and_its_grace_is_killed(study_file, monkeypatch, retry_timeouts):
     # a hang the core's own deadline cannot end: the driver kills it at 1.2 s + 1 s grace
@@ -102,6 +104,7 @@ def test_a_trial_past_max_minutes_and_its_grace_is_killed(study_file, monkeypatc
         assert "retry_of" not in second.user_attrs and second.params != first.params
 
 
+@pytest.mark.slow
 def test_study_timeout_stops_starting_trials(study_file):
     path = study_file({
         "study": {"n_trials": 50, "timeout": 12},

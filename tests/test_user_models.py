@@ -119,6 +119,7 @@ def _states(cwd: Path, study: str) -> list[str]:
 
 # ---------------------------------------------------------------- every command finds it
 
+@pytest.mark.slow
 def test_validate_db_init_and_train_from_another_folder(folders):
     proj, other = folders
     path = _study(proj)
@@ -140,6 +141,7 @@ def test_validate_db_init_and_train_from_another_folder(folders):
     assert metrics["epochs_run"] == 1 and -1 <= metrics["val_ic"] <= 1
 
 
+@pytest.mark.slow
 def test_the_current_folder_is_searched_after_the_study_folder(folders):
     proj, other = folders
     (proj / "sub").mkdir()
@@ -155,6 +157,7 @@ def test_the_current_folder_is_searched_after_the_study_folder(folders):
         f"'nowhere'); looked in {proj / 'sub'}, {other} and on the Python path")
 
 
+@pytest.mark.slow
 def test_run_from_its_own_folder_and_from_another_then_predict(folders):
     proj, other = folders
     _study(proj, "own.yaml")
@@ -177,6 +180,7 @@ def test_run_from_its_own_folder_and_from_another_then_predict(folders):
 
 # ---------------------------------------------------------------- a model that kills the check
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, command, how", [
     ("Exit", "validate", "exit code 0"),
     ("Segv", "run", "signal 11, SIGSEGV"),
@@ -206,6 +210,7 @@ def _builtin_study(folder: Path, name: str = "shapes.yaml", **over) -> Path:
     return _study(folder, name, model=SHAPES["model"], **merge({"search_space": SHAPES["search_space"]}, over))
 
 
+@pytest.mark.slow
 def test_validate_names_the_shapes_the_model_cannot_take(folders):
     proj, other = folders
     done = _cli(other, "validate", str(_builtin_study(proj)))
@@ -218,6 +223,7 @@ def test_validate_names_the_shapes_the_model_cannot_take(folders):
     assert done.stderr.strip() == f"Error: search_space: none of the 2 model shapes can be built: {BAD_SHAPES}"
 
 
+@pytest.mark.slow
 def test_run_warns_of_the_shapes_too(folders):
     proj, other = folders
     done = _cli(other, "run", str(_builtin_study(proj)))
@@ -225,6 +231,7 @@ def test_run_warns_of_the_shapes_too(folders):
     assert done.stderr.splitlines()[0] == f"warning: search_space: 2 of 4 model shapes cannot be built: {BAD_SHAPES}"
 
 
+@pytest.mark.slow
 def test_custom_model_shapes_are_built_in_the_child_and_a_crash_costs_one_shape(folders):
     proj, other = folders
     path = _study(proj, search_space={"model.width": {"type": "categorical", "choices": [4, 5, 6, 8]}})

@@ -138,6 +138,7 @@ def _results(number):
     return out
 
 
+@pytest.mark.slow
 def test_walk_forward_sweep_with_repeats_stores_the_contract(study_file):
     path = study_file({"validation": {"scheme": "walk_forward", "folds": 3, "repeats": 3},
                        "study": {"n_trials": 2}})
@@ -212,6 +213,7 @@ def _checkpoint_owner(path):
     return state.get("owner", {}).get("fold"), int(state["epoch"])
 
 
+@pytest.mark.slow
 def test_kill_9_in_fold_3_resumes_in_fold_3(study_file):
     path = study_file(SLOW, replace=("model",))
     proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)],
@@ -253,6 +255,7 @@ def test_kill_9_in_fold_3_resumes_in_fold_3(study_file):
     assert list(zip(metrics["fold"], metrics["epoch"])) == [(f, e) for f in (1, 2, 3) for e in (1, 2, 3)]
 
 
+@pytest.mark.slow
 def test_time_budget_counts_across_folds(study_file):
     path = study_file({**SLOW, "model": {"name": "fault_models:Slow", "step_sleep": 0.2},
                        "train": {**SLOW["train"], "epochs": 2, "max_minutes": 0.02}}, replace=("model",))
@@ -303,6 +306,7 @@ def test_steps_run_on_across_folds_and_seeds(study_file, tmp_path):
     assert out.folds_run == 2
 
 
+@pytest.mark.slow
 def test_train_json_prints_the_folds(study_file):
     path = study_file(WF)
     proc = subprocess.run([sys.executable, "-m", "sweeper.cli", "train", str(path), "--json"],

@@ -23,6 +23,7 @@ def swept(tmp_path_factory):
     return swept_study(tmp_path_factory.mktemp("wf_predict"), STUDY)
 
 
+@pytest.mark.slow
 def test_predict_valid_scores_the_last_folds_block_as_the_trial_did(swept, monkeypatch):
     monkeypatch.chdir(swept)
     study = optuna.load_study(study_name="tiny", storage=open_storage("sqlite:///runs/tiny/study.db"))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 from click.testing import CliRunner
 from optuna.distributions import FloatDistribution
@@ -14,6 +15,8 @@ from optuna.trial import TrialState, create_trial
 
 from sweeper.cli import main
 from sweeper.config import load_config
+
+pytestmark = pytest.mark.slow  # every test here starts a real process
 
 REPO = Path(__file__).resolve().parent.parent
 MARK = "warm_start_from"
