@@ -29,6 +29,7 @@ def test_core_overhead_smoke():
     assert out["ratio"] == round(out["core_samples_per_s"] / out["plain_samples_per_s"], 3)
 
 
+@pytest.mark.slow
 def test_startup_smoke_forks_a_ready_worker():
     out = _run("startup.py", "--smoke", timeout=240)
     ours = out["ours"]

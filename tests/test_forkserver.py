@@ -18,7 +18,8 @@ from sweeper.dispatch.forkserver import ForkedProc, ForkServer
 from sweeper.dispatch.live import NullView
 from sweeper.dispatch.run import run
 
-pytestmark = pytest.mark.skipif(not forkserver.USE_FORK_SERVER, reason="the fork server is Linux's")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not forkserver.USE_FORK_SERVER, reason="the fork server is Linux's")]
 
 
 def _stat(pid: int) -> list[str]:

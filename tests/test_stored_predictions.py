@@ -18,6 +18,9 @@ STUDY = merge(TINY, {"study": {"n_trials": 3, "pruner": {"name": "none"}}, "trai
                      "devices": {"cpu_workers": 1}})
 
 
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     return swept_study(tmp_path_factory.mktemp("stored"), STUDY)

@@ -316,6 +316,7 @@ def test_a_module_of_the_same_name_loaded_from_elsewhere_is_refused(tmp_path, mo
 MARKED = "import os as _os\nopen(_os.environ['CHECK_MARK'], 'a').write(f'{_os.getpid()}\\n')\n" + MYNET
 
 
+@pytest.mark.slow
 def test_an_unchanged_user_model_is_checked_in_a_child_once_and_again_once_edited(folders):
     proj, other = folders
     (proj / "mynet.py").write_text(MARKED)
@@ -341,6 +342,7 @@ def test_an_unchanged_user_model_is_checked_in_a_child_once_and_again_once_edite
     assert validate() == 3  # the module itself changed
 
 
+@pytest.mark.slow
 def test_a_failed_user_model_check_is_checked_again_and_fails_the_same_way(folders):
     proj, other = folders
     (proj / "mynet.py").write_text(MARKED)

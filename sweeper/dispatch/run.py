@@ -139,11 +139,14 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
     exits 130/143 with the resume line); during the loop the first drains and the second
     kills, and the SweepResult says so."""
     stop = StopToken()
-    server = ForkServer.start()  # its preload (~5 s) overlaps the checks; workers are forked from it
+    server: ForkServer | None = None
     try:
         with _signals_to(stop):
-            plan, study, lock, ident = _set_up(cfg, stop, storage_url, force, must_exist, study_file,
-                                               enqueue)
+            plan = prepare(cfg, storage_url, enqueue=enqueue)
+            plan.study_file = study_file
+            study, lock, ident = _set_up(plan, stop, force, must_exist)
+            # after every check, so bad input starts nothing; workers are forked from it
+            server = ForkServer.start()
             driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                             artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop,
                             server=server)
@@ -171,10 +174,8 @@ def _signals_to(stop: StopToken) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _set_up(cfg: C.SweeperConfig, stop: StopToken, storage_url: str | None, force: bool, must_exist: bool,
-            study_file: str, enqueue: Sequence[str | Path]) -> tuple[Plan, optuna.Study, ClaimLock, Identity]:
-    plan = prepare(cfg, storage_url, enqueue=enqueue)
-    plan.study_file = study_file
+def _set_up(plan: Plan, stop: StopToken, force: bool, must_exist: bool,
+            ) -> tuple[optuna.Study, ClaimLock, Identity]:
     watch(plan.storage_url, stop)  # the store's waits through an outage end on Ctrl-C
     ident = Identity.current()
     study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id,
@@ -183,7 +184,7 @@ def _set_up(cfg: C.SweeperConfig, stop: StopToken, storage_url: str | None, forc
     room = retention.space_warning(plan.run_dir, study.get_trials(deepcopy=False), plan.cfg.study.n_trials)
     if room:
         print(room, file=sys.stderr, flush=True)
-    return plan, study, lock, ident
+    return study, lock, ident
 
 
 def _take_run_folder(plan: Plan, study: optuna.Study, lock: ClaimLock) -> None:
