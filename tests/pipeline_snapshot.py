@@ -2,9 +2,15 @@
 one-pipeline refactor (issue 27) must leave identical for a holdout and a walk-forward study.
 
 ``python tests/pipeline_snapshot.py --write`` sweeps both studies and writes
-``tests/golden/<name>.json``; ``tests/test_pipeline_golden.py`` sweeps them again and compares.
-The golden files were written at the commit before the refactor began (83f89dc), on CPU with
-one thread per worker, so every float is compared exactly.
+``tests/golden/<CPU>/<name>.json``; ``tests/test_pipeline_golden.py`` sweeps them again and
+compares. <CPU> is the kernel level torch runs on this CPU (``torch.backends.cpu.
+get_cpu_capability()``: AVX2, AVX512): the same code rounds differently on each (a matmul's
+kernels differ), so each level has its own record, on CPU with one thread per worker, so every
+float is compared exactly. AVX2's was written on 2026-12-01 by the code of the commit before the
+refactor began (83f89dc; the trials' stored predictions, which issue 28 added, were added to it
+by that change). AVX512's was written on 2026-12-02 by b31a5da, after 83f89dc's record on the
+same machine was found to differ from it only by those stored predictions. A level with no record
+fails with how to write one.
 
 Taken out (they vary between two runs of the same code): wall times and throughput, memory
 peaks, pids, host names, driver ids, uuids (the study's and the artifact store's ids), the
@@ -176,6 +182,24 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def cpu_level() -> str:
+    """The kernel level torch picks on this CPU (AVX2, AVX512, ...): the golden records' folder."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def golden(scheme: str) -> Any:
+    """The record of ``scheme`` for this CPU's kernel level; a level with none fails, naming how
+    to write one (the record is 83f89dc's behaviour, so it is written by a worktree of it)."""
+    own = GOLDEN / cpu_level() / f"{scheme}.json"
+    if not own.exists():
+        raise AssertionError(f"no golden record for CPU level {cpu_level()} (there are "
+                             f"{sorted(p.name for p in GOLDEN.iterdir())}): run `python tests/pipeline_snapshot.py "
+                             "--write` with PYTHONPATH at a worktree of 83f89dc, on this machine")
+    return json.loads(own.read_text())
+
+
 def diff(want: Any, got: Any, where: str = "") -> list[str]:
     """Where ``got`` differs from ``want``: one line per differing leaf."""
     if isinstance(want, dict) and isinstance(got, dict):
@@ -195,10 +219,11 @@ if __name__ == "__main__":
 
     if "--write" not in sys.argv:
         sys.exit("usage: python tests/pipeline_snapshot.py --write")
-    GOLDEN.mkdir(exist_ok=True)
+    folder = GOLDEN / cpu_level()
+    folder.mkdir(parents=True, exist_ok=True)
     for scheme in ("holdout", "walk_forward"):
         with tempfile.TemporaryDirectory() as tmp:
             sweep(Path(tmp), scheme)
-            (GOLDEN / f"{scheme}.json").write_text(json.dumps(snapshot(Path(tmp)), indent=1, sort_keys=True)
+            (folder / f"{scheme}.json").write_text(json.dumps(snapshot(Path(tmp)), indent=1, sort_keys=True)
                                                    + "\n")
-        print(f"wrote {GOLDEN / (scheme + '.json')}")
+        print(f"wrote {folder / (scheme + '.json')}")
