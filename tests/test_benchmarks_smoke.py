@@ -1,8 +1,10 @@
 """The benchmark scripts run end to end on the CPU and end with their JSON line."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +60,12 @@ def test_gpu_check_cpu_smoke_runs_every_section():
         assert (row["trials_per_gpu"], row["finished"], row["failed"]) == (per_gpu, 4, 0)
         assert row["median_peak_mem_mb"] == 1200.0  # what the fake GPU's trials report
         assert row["gpu_util"]["samples"] == 0  # no NVML behind a fake GPU
-    assert packing["per_gpu_auto"]["median_allotted_mb"] in (1200.0, 1500.0, 3600.0)  # packing stamps it
+    # packing stamps each trial's allotment, one of the three it gives on this fake GPU (a shape
+    # measured or not yet); which trial gets which depends on when each worker was ready (a forked
+    # one is ready sooner), so the median of the 4 trials is a median of 4 of those values
+    allotments = (1200.0, 1500.0, 3600.0)
+    medians = {statistics.median(c) for c in itertools.combinations_with_replacement(allotments, 4)}
+    assert packing["per_gpu_auto"]["median_allotted_mb"] in medians
     assert packing["per_gpu_1"]["median_allotted_mb"] is None
     assert packing["trials_per_hour_ratio"] > 0
 
