@@ -2,6 +2,7 @@
 codes reported, dead with a dead driver), a sweep forks its workers, and Popen is the fallback."""
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -84,3 +85,23 @@ def test_without_the_fork_server_workers_start_fresh(study_file, monkeypatch):
     spawned: list[object] = []
     _sweep(study_file, monkeypatch, spawned)
     assert spawned == []  # no server: every worker was a `python -m sweeper.worker.main`
+
+
+def test_a_sweeps_baseline_job_is_forked_and_records_its_result(study_file, monkeypatch):
+    jobs: list[tuple[str, object]] = []
+    real = ForkServer.spawn_job
+
+    def spawn_job(self, job, argv, env, log):
+        proc = real(self, job, argv, env, log)
+        jobs.append((job, proc))
+        return proc
+
+    monkeypatch.setattr(ForkServer, "spawn_job", spawn_job)
+    cfg = load_config(study_file({"study": {"n_trials": 2}, "devices": {"cpu_workers": 1},
+                                  "report": {"baseline": "lightgbm"}}))
+    assert run(cfg, view=NullView()).exit_code == 0
+    assert [job for job, _ in jobs] == ["baseline"] and isinstance(jobs[0][1], ForkedProc)
+    assert jobs[0][1].returncode == 0  # type: ignore[attr-defined]
+    study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
+    assert study.user_attrs["baseline_state"]["state"] == "done"
+    assert math.isfinite(study.user_attrs["baseline"]["val_ic"])

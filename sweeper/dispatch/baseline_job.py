@@ -27,6 +27,7 @@ import optuna
 from sweeper import config as C
 from sweeper.baseline import state
 from sweeper.baseline.state import State
+from sweeper.dispatch.forkserver import ForkedProc, ForkServer
 from sweeper.dispatch.handle import WorkerHandle
 from sweeper.dispatch.strategies import honours_turn
 from sweeper.errors import one_line
@@ -39,10 +40,11 @@ class BaselineJob:
     """The baseline subprocess of one driver, and the worker whose turn it takes."""
 
     def __init__(self, cfg: C.SweeperConfig, study: optuna.Study, lock: ClaimLock, ident: Identity,
-                 run_dir: Path) -> None:
+                 run_dir: Path, server: ForkServer | None = None) -> None:
         self.cfg, self.study, self.lock, self.ident, self.run_dir = cfg, study, lock, ident, run_dir
+        self.server = server  # forks the job with its imports done (about 2.4 s less of the slot's time)
         self.tried = cfg.report.baseline is None  # one try per driver, none when it is off
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedProc | None = None
         self.worker: WorkerHandle | None = None
 
     @property
@@ -73,11 +75,13 @@ class BaselineJob:
                "PYTHONUNBUFFERED": "1"}
         log = baseline_log(self.run_dir, self.ident.host)
         log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "sweeper.baseline.job", "--config", "-", "--run-dir", str(self.run_dir),
-               "--threads", str(threads), "--host", self.ident.host, "--driver", self.ident.driver_id]
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=out, env=env,
-                                         start_new_session=True)
+        argv = ["--config", "-", "--run-dir", str(self.run_dir), "--threads", str(threads),
+                "--host", self.ident.host, "--driver", self.ident.driver_id]
+        with log.open("ab") as out:  # the child keeps its own descriptor
+            forked = self.server.spawn_job("baseline", argv, env, out) if self.server is not None else None
+            self.proc = forked or subprocess.Popen([sys.executable, "-m", "sweeper.baseline.job", *argv],
+                                                   stdin=subprocess.PIPE, stdout=out, stderr=out, env=env,
+                                                   start_new_session=True)
         _send(self.proc.stdin, C.to_dict(self.cfg))
         if honours_turn(self.cfg, w.slot):
             w.reserve()
@@ -85,9 +89,9 @@ class BaselineJob:
 
     def poll(self) -> None:
         """Once per loop turn: a finished job gives its slot back (and is recorded if it said nothing)."""
-        if self.proc is None or self.proc.poll() is None:
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
             return
-        code = self.proc.returncode
         self._release()
         after = state.after_exit(code, baseline_log(self.run_dir, self.ident.host))
         if after is not None:

@@ -72,7 +72,7 @@ class Driver:
         self.dispatch = dispatch_for(cfg, slots, study)
         self.schedule = ClaimSchedule(cfg.study.heartbeat_interval, self._foreign_running)
         self.warnings = Warnings(view)
-        self.baseline = BaselineJob(cfg, study, lock, ident, run_dir)
+        self.baseline = BaselineJob(cfg, study, lock, ident, run_dir, server)
 
     # layer 2: the loop
     def loop(self) -> None:

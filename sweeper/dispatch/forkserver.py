@@ -1,5 +1,5 @@
 """The driver's side of the worker fork server (:mod:`sweeper.worker.forked`): start it once,
-early (its preload overlaps the sweep's set-up), ask it for workers, hear their exits, and stop it.
+after the sweep's checks, ask it for workers (and the baseline job), hear their exits, and stop it.
 
 A worker forked from the server is READY in about 0.2 s instead of about 5 s, and holds about
 26 MB of private memory idle instead of about 287 MB (``docs/performance.md``). The driver is not
@@ -84,26 +84,39 @@ class ForkServer:
                 self._cond.notify_all()
 
     def spawn(self, env: dict[str, str], log: IO[bytes]) -> ForkedProc | None:
-        """Ask for a worker with this environment and slot log; None when the server is gone."""
+        """Ask for a worker with this environment and slot log (its stdin the command pipe, its
+        stdout the event pipe); None when the server is gone."""
+        ev_r, ev_w = os.pipe()
+        proc = self._ask("worker", [], env, ev_w, log.fileno())
+        os.close(ev_w)  # the child holds its own copy now
+        if proc is None:
+            os.close(ev_r)
+            return None
+        proc.stdout = os.fdopen(ev_r, "rb", buffering=0)
+        return proc
+
+    def spawn_job(self, job: str, argv: list[str], env: dict[str, str], log: IO[bytes]) -> ForkedProc | None:
+        """Ask for ``job`` (``baseline``) with these arguments, environment and log (its stdout and
+        stderr; its stdin a pipe, :attr:`ForkedProc.stdin`); None when the server is gone."""
+        return self._ask(job, argv, env, log.fileno(), log.fileno())
+
+    def _ask(self, job: str, argv: list[str], env: dict[str, str], out: int, err: int) -> ForkedProc | None:
         if not self.alive:
             return None
-        cmd_r, cmd_w = os.pipe()
-        ev_r, ev_w = os.pipe()
+        in_r, in_w = os.pipe()
         with self._cond:
             self._next += 1
             req = self._next
-        msg = json.dumps({"req": req, "env": env, "cwd": os.getcwd()}).encode()
+        msg = json.dumps({"req": req, "env": env, "cwd": os.getcwd(), "job": job, "argv": argv}).encode()
         try:
             assert self._sock is not None
-            socket.send_fds(self._sock, [msg], [cmd_r, ev_w, log.fileno()])
+            socket.send_fds(self._sock, [msg], [in_r, out, err])
         except OSError:
-            os.close(cmd_w)
-            os.close(ev_r)
+            os.close(in_w)
             return None
         finally:
-            os.close(cmd_r)  # the child holds its own copies now
-            os.close(ev_w)
-        return ForkedProc(self, req, os.fdopen(cmd_w, "wb"), os.fdopen(ev_r, "rb", buffering=0))
+            os.close(in_r)  # the child holds its own copy now
+        return ForkedProc(self, req, os.fdopen(in_w, "wb"), None)
 
     def pid_of(self, req: int) -> int | None:
         with self._cond:
@@ -137,7 +150,7 @@ class ForkServer:
 class ForkedProc:
     """A forked worker, with what the driver uses of a ``subprocess.Popen``."""
 
-    def __init__(self, server: ForkServer, req: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    def __init__(self, server: ForkServer, req: int, stdin: IO[bytes], stdout: IO[bytes] | None) -> None:
         self._server, self._req = server, req
         self.stdin: IO[bytes] | None = stdin
         self.stdout: IO[bytes] | None = stdout

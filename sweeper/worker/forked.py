@@ -1,6 +1,8 @@
 """The worker fork server: one process per driver that imports what a worker needs once
 (torch, torch._dynamo, Optuna, SQLAlchemy and alembic, pandas, pyarrow, the worker's own
-modules), then forks a ready-to-run worker each time the driver asks for one.
+modules, and LightGBM with the baseline job's modules), then forks a ready-to-run worker each
+time the driver asks for one, or the study's baseline job (``python -m sweeper.baseline.job``,
+about 2.4 s of imports when started fresh) when it asks for that.
 
 Why: a fresh ``python -m sweeper.worker.main`` spends about 5 s (2-core box, loaded) before
 READY, almost all of it importing (torch alone 1.6 s, ``torch._dynamo`` 2 s). A fork of this
@@ -11,8 +13,10 @@ children's garbage collector from touching (and so copying) the server's objects
 
 Started by the driver (:mod:`sweeper.dispatch.forkserver`) as ``python -m sweeper.worker.forked
 FD``: FD is its end of a ``SOCK_SEQPACKET`` socket pair. Each request is one message, a JSON
-object ``{"req", "env", "cwd"}`` with three descriptors attached (the worker's command pipe, its
-event pipe and its slot log); the server answers ``{"req", "pid"}`` and, when that child exits,
+object ``{"req", "env", "cwd", "job", "argv"}`` with three descriptors attached, the child's
+stdin, stdout and stderr (a worker's command pipe, its event pipe and its slot log; the baseline
+job's config pipe and its log twice); ``job`` names what the child runs (:data:`JOBS`) and
+``argv`` its arguments. The server answers ``{"req", "pid"}`` and, when that child exits,
 ``{"exit": pid, "code": c}`` (the code as ``subprocess`` spells it: negative for a signal).
 
 What the server must never do: run a tensor op (OpenMP's thread pool does not survive a fork:
@@ -47,7 +51,10 @@ PRELOAD = (
     "sqlalchemy.dialects.postgresql", "optuna.storages._rdb.storage", "alembic.command", "alembic.config",
     "alembic.migration", "alembic.script", "optuna.artifacts", "pandas", "pyarrow.parquet",
     "sweeper.worker.main", "sweeper.worker.trial", "sweeper.validation.runner", "sweeper.validation.record",
+    "lightgbm", "sweeper.baseline.job",  # lightgbm only loads its library: no OpenMP region runs here
 )
+# what a child may be: the module whose main() it runs, as `python -m MODULE ARGV` would
+JOBS = {"worker": "sweeper.worker.main", "baseline": "sweeper.baseline.job"}
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
 N_FDS = 3  # the worker's stdin, stdout and stderr
@@ -118,7 +125,7 @@ def _reap(ctl: socket.socket, children: set[int]) -> None:
 
 
 def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket) -> None:
-    """In the forked child: become the worker ``python -m sweeper.worker.main`` would be."""
+    """In the forked child: become what ``python -m MODULE ARGV`` would be (:data:`JOBS`)."""
     code = 1
     try:
         server = os.getppid()
@@ -138,11 +145,7 @@ def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket) -> None:
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own streams
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
-        from sweeper.worker import main  # preloaded: nothing to import
-        sys.modules["__main__"] = main  # the worker it is, as `python -m sweeper.worker.main` names it
-        main.FORKED = True  # its parent is this server: it checks that the driver lives
-        sys.argv = [main.__file__ or "sweeper.worker.main"]
-        code = main.main()
+        code = _become(req.get("job", "worker"), list(req.get("argv", [])))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - report it in the slot log, as a fresh interpreter would
@@ -155,6 +158,21 @@ def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _become(job: str, argv: list[str]) -> int:
+    """Run ``job``'s main() as its ``__main__`` (preloaded: nothing to import)."""
+    module = importlib.import_module(JOBS[job])
+    sys.modules["__main__"] = module  # what it is, as `python -m MODULE` names it
+    sys.argv = [module.__file__ or JOBS[job], *argv]
+    if job == "worker":
+        setattr(module, "FORKED", True)  # noqa: B010 - its parent is this server: it checks the driver lives
+    elif "OMP_NUM_THREADS" in os.environ:  # the worker sets torch's threads itself (TrialRunner)
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # read at the server's import
+    code = module.main()
+    return code if isinstance(code, int) else 0
 
 
 def _environ(env: dict[str, str]) -> None:
