@@ -1,4 +1,5 @@
-"""Worker start-up: ask -> READY, this tree against a baseline tree, in the same run.
+"""Start-up: a worker's ask -> READY and the baseline job's slot time, this tree against a
+baseline tree, in the same run.
 
 A worker is asked for the way the driver asks (``WorkerHandle.start()``, the INIT message of a
 real study on SQLite) and timed until its READY event; this tree forks it from the fork server
@@ -9,7 +10,10 @@ one untimed worker (the OS cache is warm; the fork server's cold preload is paid
 
 Also, per tree: the first trial's start to its first training step (RUN sent -> the first
 progress event), the private memory of an idle READY worker (Private_Clean + Private_Dirty of
-/proc/PID/smaps_rollup), and the wall time of ``sweeper status``.
+/proc/PID/smaps_rollup), the study's LightGBM baseline job's slot time (the driver's start of it,
+``BaselineJob._start``, to its exit, as the driver's loop sees it; beside it the fit's own
+``elapsed_s`` and the difference, what the slot pays beyond the fit), and the wall time of
+``sweeper status``.
 
     python benchmarks/startup.py [--n 10] [--baseline 4298420] [--quick | --smoke]
 
@@ -64,7 +68,38 @@ def _until(worker, kind: str, timeout: float = 300.0) -> dict | None:
     return None
 
 
-def measure(n: int, first_steps: int) -> dict:
+class _Slot:
+    """What the baseline job reads of the worker whose turn it takes."""
+
+    def __init__(self, slot: object) -> None:
+        self.slot = slot
+
+    def reserve(self) -> None:
+        pass
+
+
+def _baseline_s(cfg, study, lock, ident, run_dir: Path, slot, server, n: int) -> dict:
+    """n baseline jobs, each from the driver's start to its exit: slot time, fit time, the rest."""
+    from sweeper.dispatch.baseline_job import BaselineJob
+
+    slot_s, fit_s = [], []
+    for _ in range(n):
+        job = (BaselineJob(cfg, study, lock, ident, run_dir, server) if server
+               else BaselineJob(cfg, study, lock, ident, run_dir))
+        start = time.perf_counter()
+        job._start(_Slot(slot))
+        while job.proc.poll() is None:
+            time.sleep(0.01)  # the driver's loop turn is about this
+        slot_s.append(time.perf_counter() - start)
+        assert job.proc.returncode == 0, f"the baseline job failed; see {run_dir}/logs"
+        fit_s.append(study.user_attrs["baseline"]["elapsed_s"])
+    beyond = [s - f for s, f in zip(slot_s, fit_s)]
+    return {"baseline_slot_median_s": round(statistics.median(slot_s), 3),
+            "baseline_fit_median_s": round(statistics.median(fit_s), 3),
+            "baseline_beyond_fit_median_s": round(statistics.median(beyond), 3)}
+
+
+def measure(n: int, first_steps: int, baselines: int) -> dict:
     """In the tree PYTHONPATH names: n asks -> READY (after one untimed), and the first step."""
     from sweeper.config import to_dict, validate_config
     from sweeper.devices import plan_slots
@@ -116,13 +151,14 @@ def measure(n: int, first_steps: int) -> dict:
                 assert _until(worker, "progress") is not None
                 step_s.append(time.perf_counter() - start)
             worker.close()
+        jobs = _baseline_s(cfg, study, lock, ident, run_dir, slot, server, baselines) if baselines else {}
     finally:
         if server is not None:
             server.stop()
     return {"ready_s": [round(x, 3) for x in ready_s], "ready_median_s": round(statistics.median(ready_s), 3),
             "first_step_median_s": round(statistics.median(step_s), 3) if step_s else None,
             "idle_private_mb": statistics.median(private) if private else None,
-            "fork_server": server is not None}
+            "fork_server": server is not None, **jobs}
 
 
 def _status_s(tree: Path, study_file: Path, env: dict[str, str], n: int) -> float | None:
@@ -137,12 +173,12 @@ def _status_s(tree: Path, study_file: Path, env: dict[str, str], n: int) -> floa
     return round(statistics.median(times), 3)
 
 
-def _tree(tree: Path, n: int, first_steps: int, status_n: int) -> dict:
+def _tree(tree: Path, n: int, first_steps: int, status_n: int, baselines: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
     env["PYTHONPATH"] = str(tree)
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "startup.py"), "--measure", str(n),
-                               "--first-steps", str(first_steps)], cwd=tmp, env=env, capture_output=True,
+                               "--first-steps", str(first_steps), "--baselines", str(baselines)], cwd=tmp, env=env, capture_output=True,
                               text=True, timeout=1800)
         if proc.returncode != 0:
             raise SystemExit(f"{tree}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -161,26 +197,29 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="this tree only: 1 ask, 1 first step, no status")
     ap.add_argument("--measure", type=int, help=argparse.SUPPRESS)  # the per-tree child
     ap.add_argument("--first-steps", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument("--baselines", type=int, default=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure is not None:
-        print(json.dumps(measure(args.measure, args.first_steps)))
+        print(json.dumps(measure(args.measure, args.first_steps, args.baselines)))
         return
     if args.smoke:  # the test suite's: no baseline tree, no status
-        ours = _tree(ROOT, 1, 1, 0)
+        ours = _tree(ROOT, 1, 1, 0, 1)
         print(json.dumps({"benchmark": "startup", "n": 1, "smoke": True, "ours": ours}))
         return
-    n, first_steps, status_n = (2, 1, 1) if args.quick else (args.n, 3, 3)
+    n, first_steps, status_n, baselines = (2, 1, 1, 1) if args.quick else (args.n, 3, 3, 3)
     base = Path(tempfile.mkdtemp(prefix="sweeper-baseline-")) / "tree"
     git = ["git", "-C", str(ROOT), "worktree"]
     subprocess.run([*git, "add", "--detach", str(base), args.baseline], check=True, capture_output=True)
     try:
-        theirs = _tree(base, n, first_steps, status_n)
-        ours = _tree(ROOT, n, first_steps, status_n)
+        theirs = _tree(base, n, first_steps, status_n, baselines)
+        ours = _tree(ROOT, n, first_steps, status_n, baselines)
     finally:
         subprocess.run([*git, "remove", "--force", str(base)], capture_output=True)
     for name, row in (("baseline", theirs), ("ours", ours)):
         print(f"{name}: READY median {row['ready_median_s']} s, first step {row['first_step_median_s']} s, "
-              f"idle private {row['idle_private_mb']} MB, status {row['status_median_s']} s", flush=True)
+              f"idle private {row['idle_private_mb']} MB, baseline job {row['baseline_slot_median_s']} s "
+              f"({row['baseline_beyond_fit_median_s']} s beyond its fit), status {row['status_median_s']} s",
+              flush=True)
 
     def ratio(key: str) -> float | None:
         a, b = theirs.get(key), ours.get(key)
@@ -190,6 +229,7 @@ def main() -> None:
                       "baseline": theirs, "ready_ratio": ratio("ready_median_s"),
                       "first_step_ratio": ratio("first_step_median_s"),
                       "status_ratio": ratio("status_median_s"),
+                      "baseline_slot_ratio": ratio("baseline_slot_median_s"),
                       "idle_private_ratio": ratio("idle_private_mb")}))
 
 

@@ -39,6 +39,10 @@ def test_startup_smoke_forks_a_ready_worker():
     assert ours["ready_median_s"] > 0 and ours["first_step_median_s"] > 0
     assert ours["idle_private_mb"] is None or ours["idle_private_mb"] > 0
     assert ours["status_median_s"] is None
+    # the baseline job (forked too): its slot time holds its fit and what it costs beyond it
+    assert 0 < ours["baseline_fit_median_s"] < ours["baseline_slot_median_s"]
+    beyond = ours["baseline_slot_median_s"] - ours["baseline_fit_median_s"]  # one job: its own figures
+    assert abs(ours["baseline_beyond_fit_median_s"] - beyond) <= 0.002  # each rounded to 1 ms
 
 
 @pytest.mark.slow
