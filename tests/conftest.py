@@ -13,7 +13,8 @@ TINY = {
     "study": {"name": "tiny", "n_trials": 4, "heartbeat_interval": 1, "grace_period": 4,
               "sampler": {"name": "random", "seed": 0}, "pruner": {"name": "none"}},
     "data": {"synthetic": {"assets": 24, "dates": 160, "features": 3, "seed": 1}, "lookback": 5},
-    "model": {"name": "fault_models:Probe", "kind": "mlp", "hidden": 8},
+    # the built-in MLP (checked in the driver's process; a user model costs a checking child)
+    "model": {"name": "mlp", "hidden_size": 8, "num_layers": 1, "dropout": 0.0},
     "train": {"epochs": 2, "batch_size": 256, "samples_per_epoch": 1024, "patience": 5},
     "devices": {"gpus": "none", "cpu_workers": 2},
     "search_space": {"train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}},
@@ -23,10 +24,19 @@ TINY = {
 }
 
 
+# the fault model of tests/fault_models.py, where a test needs a model that misbehaves (``kind``)
+PROBE = {"name": "fault_models:Probe", "kind": "mlp", "hidden": 8}
+
+
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base``, section by section; a model section that names another
+    model replaces the base's whole (its keys are another constructor's)."""
     out = dict(base)
     for key, value in over.items():
-        out[key] = merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        other_model = key == "model" and isinstance(value, dict) and value.get("name", (base.get(key) or {}).get(
+            "name")) != (base.get(key) or {}).get("name")
+        nested = isinstance(value, dict) and isinstance(base.get(key), dict) and not other_model
+        out[key] = merge(base[key], value) if nested else value
     return out
 
 

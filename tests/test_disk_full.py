@@ -155,10 +155,10 @@ def _sweep(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_sweep_on_a_full_disk_stops_and_resumes_once_space_is_freed(study_file, workdir, small_fs):
     run_folder = small_fs / "run"
     db = workdir / "study.db"  # the study's records live off the full disk
-    # hidden 8000: a checkpoint (model, best weights and AdamW's moments) of about 2 MB; the
+    # hidden_size 8000: a checkpoint (model, best weights and AdamW's moments) of about 2 MB; the
     # space left takes epoch 1's, but not epoch 2's beside it (an atomic write needs both)
     path = study_file({"study": {"n_trials": 3, "artifacts": str(run_folder), "storage": f"sqlite:///{db}"},
-                       "model": {"hidden": 8000}, "devices": {"cpu_workers": 1}})
+                       "model": {"hidden_size": 8000}, "devices": {"cpu_workers": 1}})
     ballast = _fill(small_fs, 3 * MB)
     first = _sweep(path)
     out = first.stdout + first.stderr

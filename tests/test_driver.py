@@ -5,6 +5,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from conftest import PROBE
 from sweeper.config import load_config
 from sweeper.dispatch.live import NullView
 from sweeper.dispatch.run import run
@@ -69,6 +70,7 @@ def test_failing_trials_cost_only_themselves(study_file, monkeypatch):
     path = study_file({
         "study": {"n_trials": 2, "retries": 0},
         "train": {"max_minutes": 0.15},
+        "model": PROBE,
         "devices": {"cpu_workers": 2},
         "search_space": {"model.kind": {"type": "categorical", "choices": ["mlp", "raise", "exit", "hang"]}},
     })
@@ -87,6 +89,7 @@ def test_pruning_across_processes(study_file):
     path = study_file({
         "study": {"n_trials": 4, "pruner": {"name": "median", "options": {"n_startup_trials": 2, "n_warmup_steps": 0}}},
         "train": {"epochs": 3},
+        "model": PROBE,
         "devices": {"cpu_workers": 1},
         "search_space": {"model.kind": {"type": "categorical", "choices": ["mlp", "noise"]}},
     })
@@ -115,7 +118,7 @@ def test_stored_attributes(study_file):
     path = study_file({"study": {"n_trials": 1}})
     _, study = _sweep(path)
     attrs = study.user_attrs
-    assert attrs["config"]["model"]["name"] == "fault_models:Probe"
+    assert attrs["config"]["model"]["name"] == "mlp"
     assert len(attrs["config_hash"]) == 16 and attrs["sweeper_version"]
     assert "torch" in attrs["environment"]
     t = study.get_trials()[0]

@@ -16,6 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from conftest import PROBE
 from sweeper.config import load_config
 from sweeper.core import checkpoint_epoch
 from sweeper.dispatch import notices
@@ -52,7 +53,7 @@ def _alive(pid):
 def test_segfaulting_workers_are_crashes_and_retries_run_out(study_file):
     path = study_file({
         "study": {"n_trials": 4, "retries": 1, "max_consecutive_failures": 3},
-        "model": {"kind": "segv"},
+        "model": {**PROBE, "kind": "segv"},
         "devices": {"cpu_workers": 1},
     })
     outcome, study = _sweep(path)
@@ -74,7 +75,7 @@ def test_segfaulting_workers_are_crashes_and_retries_run_out(study_file):
 @pytest.mark.slow
 def test_a_second_ctrl_c_kills_hung_workers_and_fails_their_trials(study_file, workdir):
     marker = workdir / "hanging"
-    path = study_file({"study": {"n_trials": 2}, "model": {"kind": "hang", "marker": str(marker)},
+    path = study_file({"study": {"n_trials": 2}, "model": {**PROBE, "kind": "hang", "marker": str(marker)},
                        "devices": {"cpu_workers": 1}})
     proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -136,7 +137,7 @@ def test_a_space_the_model_can_never_take_stops_the_sweep(study_file):
     # the constructor refuses every sampled width (the study file's own, 8, it takes)
     path = study_file({
         "study": {"n_trials": 5, "max_consecutive_failures": 2},
-        "model": {"kind": "picky"},
+        "model": {**PROBE, "kind": "picky"},
         "devices": {"cpu_workers": 1},
         "search_space": {"model.hidden": {"type": "int", "low": 3, "high": 5, "step": 2}},
     }, replace=("search_space",))
@@ -159,13 +160,13 @@ def test_after_force_a_retry_with_another_configs_checkpoint_starts_fresh(study_
     assert checkpoint_epoch(ckpt) == 2
     # a retry of it, queued as after an interruption; then the study file changes under --force
     study.enqueue_trial(first.params, user_attrs={"retry_of": 0, "attempt": 1, "resume_from": ckpt})
-    path = study_file({"study": {"n_trials": 2}, "model": {"hidden": 12}, "devices": {"cpu_workers": 1}})
+    path = study_file({"study": {"n_trials": 2}, "model": {"hidden_size": 12}, "devices": {"cpu_workers": 1}})
     outcome, study = _sweep(path, force=True)
     assert outcome.exit_code == 0
     retry = study.get_trials()[1]
     assert retry.state == TrialState.COMPLETE and retry.user_attrs["retry_of"] == 0
     assert "resumed_from_epoch" not in retry.user_attrs
-    problem = "the checkpoint was written by a different run: model.hidden was 8, now 12"
+    problem = "the checkpoint was written by a different run: model.hidden_size was 8, now 12"
     assert retry.user_attrs["resume_skipped"] == problem
     assert sorted(retry.intermediate_values) == [1, 2]  # trained from epoch 1, nothing replayed
     log = Path(f"runs/tiny/trials/{retry.number}/train.log").read_text()

@@ -7,6 +7,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from conftest import PROBE
 from sweeper.config import load_config
 from sweeper.dispatch.live import NullView
 from sweeper.dispatch.run import run
@@ -24,7 +25,7 @@ def test_a_model_that_hangs_once_fails_as_stall_and_its_retry_finishes(study_fil
     marker = workdir / "hung"
     path = study_file({
         "study": {"n_trials": 2, "retries": 1, "stall_timeout": 5},
-        "model": {"kind": "hang_once", "marker": str(marker)},
+        "model": {**PROBE, "kind": "hang_once", "marker": str(marker)},
         "devices": {"cpu_workers": 1},
     })
     outcome, study = _sweep(path)

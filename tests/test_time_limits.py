@@ -10,6 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from conftest import PROBE
 from sweeper.config import load_config
 from sweeper.core import NullHook, train
 from sweeper.dispatch.driver import TIMEOUT_GRACE_MIN_S, timeout_grace_s
@@ -83,7 +84,7 @@ def test_a_trial_past_max_minutes_and_its_grace_is_killed(study_file, monkeypatc
     monkeypatch.setenv("SWEEPER_FAKE_TIMEOUT_GRACE_S", "1")
     path = study_file({
         "study": {"n_trials": 3, "retries": 1, "retry_timeouts": retry_timeouts, "max_consecutive_failures": 2},
-        "model": {"kind": "hang"},
+        "model": {**PROBE, "kind": "hang"},
         "train": {"max_minutes": 0.02},
         "devices": {"cpu_workers": 1},
     })
