@@ -355,3 +355,35 @@ def test_a_failed_user_model_check_is_checked_again_and_fails_the_same_way(folde
             "Error: model.name 'mynet:Net': constructing it with n_features=3, lookback=5 and {'width': 5} "
             "failed (ValueError: width 5 is not supported)")
         assert len(mark.read_text().splitlines()) == count
+
+
+@pytest.mark.slow
+def test_the_same_files_in_another_folder_and_a_module_on_the_python_path_are_checked_once(folders):
+    proj, other = folders
+    (proj / "mynet.py").write_text(MARKED)
+    mark = other.parent / "imports.txt"
+    copy = other.parent / "copy"  # the same two files in another folder: the same check
+    copy.mkdir()
+    for name in ("mynet.py", "helpers.py"):
+        (copy / name).write_text((proj / name).read_text())
+
+    def validate(folder: Path, env: dict[str, str]) -> int:
+        done = _cli(other, "validate", str(_study(folder)), env={"CHECK_MARK": str(mark), **env})
+        assert done.returncode == 0, done.stderr
+        return len(mark.read_text().splitlines())
+
+    assert validate(proj, {}) == 1
+    assert validate(copy, {}) == 1  # kept: the check does not depend on the folder's path
+    # the model on PYTHONPATH (a folder of the user's modules), the study in a folder without it
+    lib, bare = other.parent / "lib", other.parent / "bare"
+    lib.mkdir()
+    bare.mkdir()
+    for name in ("mynet.py", "helpers.py"):
+        (lib / name).write_text((proj / name).read_text())
+    on_path = {"PYTHONPATH": os.pathsep.join([REPO, str(lib)])}
+    assert validate(bare, on_path) == 2  # found elsewhere: a new check, in a child
+    assert validate(bare, on_path) == 2  # unchanged on the Python path: kept
+    (lib / "helpers.py").write_text("def hidden_width(width):\n    return width  # edited\n")
+    assert validate(bare, on_path) == 3  # a helper beside it changed
+    (lib / "mynet.py").write_text(MARKED + "\n# edited\n")
+    assert validate(bare, on_path) == 4

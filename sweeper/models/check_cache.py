@@ -9,13 +9,16 @@ answered every job, none fatally failed and none killed it, is written to
 - the Python interpreter (its path and version) and the installed torch version (read from
   the package metadata: the parent imports no torch for this);
 - every ``.py`` file directly in the folders a model is imported from (the study file's
-  folder, then the current folder: the user's modules and the helpers beside them), and every
-  ``.py`` file of a user package found there, each by its path and its content's sha256.
+  folder, then the current folder: the user's modules and the helpers beside them) and the
+  packages there, each by its place in that search order and its name (not the folder's path:
+  the same files in another folder check the same), with its content's sha256;
+- the files of each model's top-level module as the child imports it: a module or package in
+  those folders, else one found on the Python path (``PYTHONPATH``, site-packages), by its path.
 
 Editing any of those files changes the key, so a changed file is always checked again; an
 mtime is never trusted. A failure (a fatal job's error, a child that died or hung) is never
-written: it is checked again, and so fails with the same message. A module found only on the
-Python path (an installed package) is not hashed, so such checks are never cached.
+written: it is checked again, and so fails with the same message. A module with no file to hash
+(one an import hook provides, as an editable install's finder does) is never cached.
 
 Why the panel cache's root: it is this host's cache folder, which ``prepare`` may already write
 (the run folder it must not touch, and ``validate`` has none); the panel cache's eviction skips
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     from sweeper.config import DataConfig
 
 CHECKS_DIR = ".model-checks"
-VERSION = 1
+VERSION = 2  # 2: files by their place in the search order, and modules found on the Python path
 
 
 def checks_folder(data: DataConfig) -> Path:
@@ -51,28 +54,51 @@ def checks_folder(data: DataConfig) -> Path:
 
 def check_key(jobs: list[dict[str, Any]], n_features: int, lookback: int) -> str | None:
     """The key of these jobs' answers (each job as the child reads it: ``name``, ``model``,
-    ``fatal``), or None when a module is not in the search folders."""
+    ``fatal``), or None when a module's files cannot be found to hash (an import hook's)."""
     folders = model_import_dirs()
     files: dict[str, str] = {}
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            for path in sorted(Path(folder).glob("*.py")):
-                files[str(path)] = _sha256(path)
+    for i, folder in enumerate(folders):  # by their place in the search order, not their path:
+        with contextlib.suppress(OSError):  # the same files in another folder check the same
+            for path in sorted(Path(folder).iterdir()):
+                if path.suffix == ".py":
+                    files[f"{i}:{path.name}"] = _sha256(path)
+                elif (path / "__init__.py").is_file():
+                    files[f"{i}:{path.name}/"] = "package"  # it may shadow a module found later
     for top in sorted({str(job["name"]).partition(":")[0].partition(".")[0] for job in jobs}):
-        spec = importlib.machinery.PathFinder.find_spec(top, folders)
-        if spec is None:
-            return None  # from the Python path: its files are not ours to hash
-        for where in spec.submodule_search_locations or []:  # a package: all of its files
-            for path in sorted(Path(where).rglob("*.py")):
-                files[str(path)] = _sha256(path)
+        found = _module_files(top, folders)
+        if found is None:
+            return None
+        files.update(found)
     try:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
     key = {"version": VERSION, "python": [sys.executable, sys.version], "torch": torch_version,
-           "n_features": n_features, "lookback": lookback, "jobs": jobs,
-           "folders": folders, "files": files}
+           "n_features": n_features, "lookback": lookback, "jobs": jobs, "files": files}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _module_files(top: str, folders: list[str]) -> dict[str, str] | None:
+    """The files of the top-level module ``top`` as the child will import it (the search folders
+    first, then the Python path), each by where it was found and its sha256 (a file found on the
+    Python path with every ``.py`` file beside it, which it may import); None when no file of it
+    is found (a module an import hook provides, such as an editable install's)."""
+    for i, where in [(i, [f]) for i, f in enumerate(folders)] + [(-1, None)]:
+        spec = importlib.machinery.PathFinder.find_spec(top, where)
+        if spec is None:
+            continue
+        base = f"{i}:" if i >= 0 else ""  # a search folder by its place; the Python path by path
+        root = Path(where[0]) if where else None
+        if spec.submodule_search_locations:  # a package: all of its files
+            paths = [p for loc in spec.submodule_search_locations for p in sorted(Path(loc).rglob("*.py"))]
+        elif spec.origin and root is None:  # a file on the Python path: it and the helpers beside it
+            paths = sorted({Path(spec.origin), *Path(spec.origin).parent.glob("*.py")})
+        else:  # a file in a search folder (its helpers are hashed with the folder's files)
+            paths = [Path(spec.origin)] if spec.origin else []
+        if not paths:
+            return None  # a namespace package with no files, or a built-in module
+        return {base + (str(p.relative_to(root)) if root else str(p)): _sha256(p) for p in paths}
+    return None
 
 
 def read(folder: Path, key: str, n_jobs: int) -> list[str | None] | None:
