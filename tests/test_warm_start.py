@@ -76,32 +76,29 @@ def _source_study(url: str) -> None:
 
 
 def test_warm_start_drops_what_this_space_cannot_take(study_file):
-    # what is enqueued is the parent's decision, made before any trial runs: `db init` decides it
     _source_study("sqlite:///src.db")
     warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 3}
     b = study_file({"study": {"name": "b", "n_trials": 3, "warm_start": warm}})
-    out = _cli("db", "init", b, code=0)
+    out = _sweeper("run", b)
     assert "warm start: dropped train.momentum (not in this search space) from trial 1 of study 'src'" in out
     assert "warm start: dropped train.lr=0.5 (outside [0.001, 0.01]) from trial 2 of study 'src'" in out
     assert "warm start: dropped train.momentum (not in this search space) from trial 2 of study 'src'" in out
     assert ("warm start: skipped trial 2 of study 'src': none of its parameters is in this search space"
             in out)
     trials = _trials(b)
-    assert [(t.state, t.params, t.user_attrs[MARK]) for t in trials] == [
-        (TrialState.WAITING, {"train.lr": 0.002}, "src#1"), (TrialState.WAITING, {"train.lr": 0.004}, "src#0"),
-        (TrialState.WAITING, {"train.lr": 0.001}, "config")]
+    assert [(t.params, t.user_attrs[MARK]) for t in trials] == [
+        ({"train.lr": 0.002}, "src#1"), ({"train.lr": 0.004}, "src#0"), ({"train.lr": 0.001}, "config")]
 
 
 def test_start_from_config_is_left_out_when_a_warm_start_set_equals_it(study_file):
-    # the parent's decision, before any trial: `db init` makes it (no "config" set is enqueued)
     _source_study("sqlite:///src.db")
     warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 1}
     b = study_file({"study": {"name": "b", "n_trials": 2, "warm_start": warm}, "train": {"lr": 0.002}})
-    out = _cli("db", "init", b, code=0)
-    assert "enqueued 1 parameter sets ahead of the sampler's: src#1\n" in out
+    out = _sweeper("run", b)
+    assert "enqueued 1 parameter sets ahead of the sampler's: src#1" in out
     trials = _trials(b)
-    assert [(t.state, t.params, t.user_attrs[MARK]) for t in trials] == [
-        (TrialState.WAITING, {"train.lr": 0.002}, "src#1")]
+    assert trials[0].params == {"train.lr": 0.002} and trials[0].user_attrs[MARK] == "src#1"
+    assert MARK not in trials[1].user_attrs
 
 
 def test_trial_0_of_transformer_ic_is_the_study_files_own_values(workdir):
