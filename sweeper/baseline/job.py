@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = C.validate_config(json.loads(text), args.config)
     try:
         storage = open_storage(args.storage or cfg.study.resolved_storage, create=False,
-                               outage_s=cfg.study.storage_outage_s)
+                               outage_s=cfg.study.storage_outage_s, checked=True)  # by its driver
         study = optuna.load_study(study_name=cfg.study.name, storage=storage)
     except Exception as exc:  # noqa: BLE001 - the store is away: a later sweep tries again
         print(f"baseline: the study's storage cannot be opened: {one_line(exc)}", file=sys.stderr, flush=True)

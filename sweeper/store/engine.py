@@ -241,14 +241,16 @@ for _name in READS | WRITES:
 
 
 def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None,
-                 create: bool = True, outage_s: float | None = None) -> SweeperStorage:
+                 create: bool = True, outage_s: float | None = None, checked: bool = False) -> SweeperStorage:
     """A :class:`SweeperStorage` for ``url``; raises StorageError when it cannot be reached.
 
     With ``create=False`` a database without Optuna's tables (or a SQLite file
     that does not exist) is an error rather than being created: read-only
     commands must not write. ``outage_s`` (``study.storage_outage_s``) is how long
     calls ride out an outage of this store; None keeps the store's current limit
-    (300 s unless a caller set another).
+    (300 s unless a caller set another). ``checked=True``: the driver that started this process
+    has checked the schema's version against this Optuna (RDBStorage's compatibility check reads
+    alembic's migration scripts: about 0.2 s of every worker's start), so it is not checked again.
     """
     url = normalize_url(url)
     if is_sqlite(url):
@@ -261,6 +263,7 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
         with quiet_optuna(), schema_guard(url, create) as ready:
             storage = SweeperStorage(
                 url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
+                skip_compatibility_check=checked and ready,
                 heartbeat_interval=heartbeat_interval, grace_period=grace_period,
             )
     except StorageError:

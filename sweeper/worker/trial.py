@@ -66,7 +66,7 @@ class TrialRunner:
         watch(init["storage"], stop)  # a wait for the store ends when the driver says stop
         self.storage = open_storage(init["storage"], heartbeat_interval=self.cfg.study.heartbeat_interval,
                                     grace_period=self.cfg.study.grace_period,
-                                    outage_s=self.cfg.study.storage_outage_s)
+                                    outage_s=self.cfg.study.storage_outage_s, checked=True)
         self.study = optuna.load_study(study_name=init["study"], storage=self.storage,
                                        pruner=build_pruner(self.cfg.study.pruner))
         self.artifacts = artifact_store(init["artifacts"])
