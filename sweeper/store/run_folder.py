@@ -105,9 +105,6 @@ def files_folder(cfg: SweeperConfig, study: optuna.Study) -> Path:
     return study_dir(layout.run_dir(cfg), study.user_attrs.get("study_uuid"))
 
 
-# the old name, for the callers that still import it (cli, refit, inspect.report, inspect.results);
-
-
 def study_dir(run_dir: Path, study_uuid: str | None) -> Path:
     """Where this study's trial files are now: ``run_dir`` itself, or ``previous/<uuid>/`` when
     another study took the folder over since (the same layout: trials/, logs/). Readers
