@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from sweeper.errors import StopRequested
 from sweeper.interrupt import StopToken
 from sweeper.store import outage
+from sweeper.store.identity import pid_alive
 from sweeper.worker import protocol
 
 PR_SET_PDEATHSIG = 1
@@ -45,22 +46,9 @@ def _die_with_parent() -> None:
     except (OSError, AttributeError):  # not Linux: no parent-death signal
         print("sweeper: no parent-death signal on this platform", file=sys.stderr, flush=True)
     expected = os.environ.get("SWEEPER_DRIVER_PID")
-    if expected and os.getppid() != int(expected) and not (FORKED and _alive(int(expected))):
+    if expected and os.getppid() != int(expected) and not (FORKED and pid_alive(int(expected))):
         print(f"sweeper: the driver (pid {expected}) is gone; exiting", file=sys.stderr, flush=True)
         os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists
-    try:  # killed but not yet reaped by its own parent: gone all the same
-        return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 class Commands:
