@@ -57,16 +57,20 @@ def test_forked_children_report_their_exit_and_live_in_their_own_session(workdir
         assert server.spawn({}, devnull) is None  # a stopped server: the caller uses Popen
 
 
-def _sweep(study_file, monkeypatch, spawned: list[object]):
+def _sweep(study_file, monkeypatch, spawned: list[object], servers: list[ForkServer] | None = None,
+           name: str = "tiny"):
     real = ForkServer.spawn
 
     def spawn(self, env, log):
         proc = real(self, env, log)
         spawned.append(proc)
+        if servers is not None:
+            servers.append(self)
         return proc
 
     monkeypatch.setattr(ForkServer, "spawn", spawn)
-    cfg = load_config(study_file({"study": {"n_trials": 2}, "devices": {"cpu_workers": 1}}))
+    cfg = load_config(study_file({"study": {"n_trials": 2, "name": name}, "devices": {"cpu_workers": 1}},
+                                 name=f"{name}.yaml"))
     start = time.monotonic()
     assert run(cfg, view=NullView()).exit_code == 0
     study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
@@ -78,6 +82,41 @@ def test_a_sweep_forks_its_workers(study_file, monkeypatch):
     spawned: list[object] = []
     _sweep(study_file, monkeypatch, spawned)
     assert spawned and all(isinstance(p, ForkedProc) for p in spawned)
+
+
+def test_the_sweeps_of_one_process_share_one_server_and_a_failed_sweep_stops_it(study_file, monkeypatch):
+    spawned: list[object] = []
+    servers: list[ForkServer] = []
+    _sweep(study_file, monkeypatch, spawned, servers, name="first")
+    first = servers[0]
+    assert first.alive  # kept for the next sweep
+    _sweep(study_file, monkeypatch, spawned, servers, name="second")
+    assert set(map(id, servers)) == {id(first)} and len(spawned) >= 2
+    # each worker's own exit (the shutdown kills an idle worker), told apart by request, not pid
+    assert [p.returncode for p in spawned] == [-signal.SIGKILL] * len(spawned)  # type: ignore[attr-defined]
+
+    def broken(self):
+        raise RuntimeError("the loop broke")
+
+    monkeypatch.setattr("sweeper.dispatch.driver.Driver.loop", broken)
+    with pytest.raises(RuntimeError, match="the loop broke"):
+        run(load_config(study_file({"study": {"name": "third"}}, name="third.yaml")), view=NullView())
+    assert not first.alive and forkserver._shared is None  # a straggler would have died with it
+    assert ForkServer.shared() is not first  # the next sweep starts a new one
+
+
+def test_a_forked_childs_path_is_its_own_folder_and_pythonpath_not_the_servers(tmp_path, monkeypatch):
+    from sweeper.worker import forked
+
+    mine, theirs, site = str(tmp_path / "a"), str(tmp_path / "b"), "/usr/lib/python3/site"
+    monkeypatch.setattr(forked, "_STARTED_WITH", {"/first/folder", "/first/pythonpath"})
+    monkeypatch.setattr("sys.path", ["/first/folder", "/first/pythonpath", site])
+    monkeypatch.setattr("os.environ", {})
+    forked._environ({"PYTHONPATH": f"{theirs}{os.pathsep}{site}"}, mine)
+    import sys
+
+    assert sys.path == [mine, theirs, site]
+    assert os.environ == {"PYTHONPATH": f"{theirs}{os.pathsep}{site}"}
 
 
 def test_without_the_fork_server_workers_start_fresh(study_file, monkeypatch):

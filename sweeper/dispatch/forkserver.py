@@ -7,12 +7,19 @@ its parent (the server is), so :class:`ForkedProc` stands in for the ``subproces
 :class:`~sweeper.dispatch.handle.WorkerHandle` would hold: ``pid``, ``stdin``, ``stdout``,
 ``poll()``, ``wait(timeout)`` and ``returncode``, the exit code reported by the server.
 
+One server serves every sweep of a process (:meth:`ForkServer.shared`): ``sweeper run`` runs one,
+but a notebook's second sweep, or a test session's hundredth, then skips the server's preload
+(about 3.4 s of CPU, on the first worker's path). A sweep that ends by an exception stops it (a
+straggler dies with it); the last one is stopped at the process's exit. It costs an idle process
+of about 120 MB between sweeps; :func:`stop_shared` hands that back.
+
 The server is used wherever it starts: on Linux (``USE_FORK_SERVER``, an internal constant,
 not a config key: nothing a user sees changes but the start-up time). Anywhere it is off, fails
 to start or has died, a worker is started as before, ``python -m sweeper.worker.main``.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -23,6 +30,8 @@ from typing import IO
 
 USE_FORK_SERVER = sys.platform.startswith("linux")
 SPAWN_WAIT_S = 120.0  # the first ask waits for the server's preload (about 5 s on a loaded 2-core box)
+_shared: ForkServer | None = None
+_shared_lock = threading.Lock()
 
 
 class ForkServer:
@@ -33,7 +42,7 @@ class ForkServer:
         self._sock: socket.socket | None = None
         self._cond = threading.Condition()
         self._pids: dict[int, int] = {}  # request -> pid
-        self._codes: dict[int, int] = {}  # pid -> exit code
+        self._codes: dict[int, int] = {}  # request -> exit code (a long-lived server's pids may recur)
         self._next = 0
         self._gone = False
 
@@ -60,6 +69,20 @@ class ForkServer:
         threading.Thread(target=server._listen, daemon=True, name="fork-server").start()
         return server
 
+    @classmethod
+    def shared(cls) -> ForkServer | None:
+        """This process's server, started by its first sweep (or again, once the last one died or
+        was stopped); None where it is off or cannot start."""
+        global _shared
+        if not USE_FORK_SERVER:
+            return None
+        with _shared_lock:
+            if _shared is None or not _shared.alive:
+                _shared = cls.start()
+                if _shared is not None:
+                    atexit.register(_shared.stop)
+            return _shared
+
     @property
     def alive(self) -> bool:
         return self._sock is not None and not self._gone
@@ -80,7 +103,7 @@ class ForkServer:
                 if "pid" in msg:
                     self._pids[msg["req"]] = msg["pid"]
                 elif "exit" in msg:
-                    self._codes[msg["exit"]] = msg["code"]
+                    self._codes[msg["req"]] = msg["code"]
                 self._cond.notify_all()
 
     def spawn(self, env: dict[str, str], log: IO[bytes]) -> ForkedProc | None:
@@ -123,12 +146,12 @@ class ForkServer:
             self._cond.wait_for(lambda: req in self._pids or self._gone, timeout=SPAWN_WAIT_S)
             return self._pids.get(req)
 
-    def code_of(self, pid: int, timeout: float | None) -> int | None:
+    def code_of(self, req: int, timeout: float | None) -> int | None:
         with self._cond:
-            self._cond.wait_for(lambda: pid in self._codes or self._gone, timeout=timeout)
-            if pid not in self._codes and self._gone:
+            self._cond.wait_for(lambda: req in self._codes or self._gone, timeout=timeout)
+            if req not in self._codes and self._gone:
                 return -9  # the server died: its children were killed with it
-            return self._codes.get(pid)
+            return self._codes.get(req)
 
     def stop(self) -> None:
         """Kill it, at once: called after the driver has shut its workers down, it holds nothing
@@ -145,6 +168,15 @@ class ForkServer:
         with self._cond:
             self._gone = True
             self._cond.notify_all()
+
+
+def stop_shared() -> None:
+    """Stop this process's server, if one runs (a sweep that ends by an exception does so too)."""
+    global _shared
+    with _shared_lock:
+        server, _shared = _shared, None
+    if server is not None:
+        server.stop()
 
 
 class ForkedProc:
@@ -179,9 +211,9 @@ class ForkedProc:
     def _code(self, timeout: float | None) -> int | None:
         if self.returncode is None:
             try:
-                pid = self.pid
+                self.pid  # noqa: B018 - waits for the server's answer: a child it never started is gone
             except ProcessLookupError:
                 self.returncode = -9
                 return self.returncode
-            self.returncode = self._server.code_of(pid, timeout)
+            self.returncode = self._server.code_of(self._req, timeout)
         return self.returncode

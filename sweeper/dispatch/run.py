@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from sweeper import config as C
 from sweeper.dispatch.driver import Driver
-from sweeper.dispatch.forkserver import ForkServer
+from sweeper.dispatch.forkserver import ForkServer, stop_shared
 from sweeper.dispatch.plan import Plan
 from sweeper.dispatch.stopping import SweepResult
 from sweeper.dispatch.telemetry import Telemetry
@@ -146,16 +146,18 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
             plan.study_file = study_file
             study, lock, ident = _set_up(plan, stop, force, must_exist)
             # after every check, so bad input starts nothing; workers are forked from it
-            server = ForkServer.start()
+            server = ForkServer.shared()
             driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                             artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop,
                             server=server)
             _sweep(driver, plan, study, view)
             result = summarize(study, driver)  # a stopped sweep's store waits still give up at once
+    except BaseException:
+        if server is not None:
+            stop_shared()  # after the workers' shutdown (_sweep's finally): a straggler dies with it
+        raise
     finally:
         release(stop)  # later store calls of this process wait on no finished sweep's token
-        if server is not None:
-            server.stop()  # after the workers' shutdown (_sweep's finally)
     view.close(result, plan.cfg, plan)
     return result
 

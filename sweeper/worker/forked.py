@@ -17,7 +17,7 @@ object ``{"req", "env", "cwd", "job", "argv"}`` with three descriptors attached,
 stdin, stdout and stderr (a worker's command pipe, its event pipe and its slot log; the baseline
 job's config pipe and its log twice); ``job`` names what the child runs (:data:`JOBS`) and
 ``argv`` its arguments. The server answers ``{"req", "pid"}`` and, when that child exits,
-``{"exit": pid, "code": c}`` (the code as ``subprocess`` spells it: negative for a signal).
+``{"exit": pid, "req", "code": c}`` (the code as ``subprocess`` spells it: negative for a signal).
 
 What the server must never do: run a tensor op (OpenMP's thread pool does not survive a fork:
 a child's matmul hung), touch ``torch.cuda`` (even ``is_available()`` creates the driver's state;
@@ -85,7 +85,7 @@ def serve(ctl: socket.socket) -> int:
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
-    children: set[int] = set()
+    children: dict[int, int] = {}  # pid -> request
     while True:
         for key, _ in sel.select(timeout=1.0):
             if key.fileobj == wake_r:
@@ -105,21 +105,22 @@ def serve(ctl: socket.socket) -> int:
                 _child(req, fds, ctl)  # never returns
             for fd in fds:
                 os.close(fd)
-            children.add(pid)
+            children[pid] = req["req"]
             ctl.send(json.dumps({"req": req["req"], "pid": pid}).encode())
         _reap(ctl, children)
 
 
-def _reap(ctl: socket.socket, children: set[int]) -> None:
-    for pid in list(children):
+def _reap(ctl: socket.socket, children: dict[int, int]) -> None:
+    for pid, req in list(children.items()):
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             done, status = pid, 0
         if done:
-            children.discard(pid)
+            del children[pid]
             try:
-                ctl.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+                ctl.send(json.dumps({"exit": pid, "req": req,
+                                     "code": os.waitstatus_to_exitcode(status)}).encode())
             except OSError:
                 pass
 
@@ -140,7 +141,7 @@ def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket) -> None:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
-        _environ(req["env"])
+        _environ(req["env"], req["cwd"])
         os.chdir(req["cwd"])
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own streams
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
@@ -175,13 +176,27 @@ def _become(job: str, argv: list[str]) -> int:
     return code if isinstance(code, int) else 0
 
 
-def _environ(env: dict[str, str]) -> None:
-    """The slot's environment, before anything starts torch's threads or CUDA; PYTHONPATH's
-    folders (read once at the server's start) joined to sys.path as a fresh interpreter would."""
+def _environ(env: dict[str, str], cwd: str) -> None:
+    """The request's environment, before anything starts torch's threads or CUDA, and its
+    sys.path as ``python -m`` in ``cwd`` with its PYTHONPATH would have it: the server serves
+    every sweep of its driver's process, each with its own folder and PYTHONPATH, so the ones it
+    was started with (:data:`_STARTED_WITH`) go."""
     os.environ.clear()
     os.environ.update(env)
-    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-    sys.path[1:1] = extra
+    theirs = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    folder = [] if sys.flags.safe_path else [cwd]  # -P / PYTHONSAFEPATH: no folder goes first
+    rest = [p for p in sys.path if p not in _STARTED_WITH and p not in theirs]
+    sys.path[:] = [*folder, *theirs, *rest]
+
+
+def _python_path() -> set[str]:
+    """What the server's start put on sys.path ahead of the interpreter's own: its folder and
+    its PYTHONPATH."""
+    folder = set() if sys.flags.safe_path else {sys.path[0]}
+    return {*folder, *(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)}
+
+
+_STARTED_WITH = _python_path()
 
 
 def run(fd: int) -> int:
