@@ -101,3 +101,21 @@ def test_db_init_creates_the_study_once(tmp_path, monkeypatch):
 
     study = optuna.load_study(study_name="shared", storage=url)
     assert study.user_attrs["config"]["model"]["name"] == "mlp" and study.user_attrs["data_fingerprint"]
+
+
+def test_a_command_freezes_the_heap_at_exit_once(monkeypatch, tmp_path):
+    """The interpreter's last collections would walk torch's and Optuna's objects (seconds on a
+    loaded box between a Ctrl-C's last line and the exit): a command registers gc.freeze, once."""
+    import atexit
+    import gc
+
+    from sweeper import cli
+
+    registered: list[object] = []
+    monkeypatch.setattr(cli, "_registered", [])
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        result = CliRunner().invoke(main, ["status", "missing.yaml"])
+        assert result.exit_code == 2
+    assert registered == [gc.freeze]
