@@ -112,7 +112,7 @@ def test_a_command_freezes_the_heap_at_exit_once(monkeypatch, tmp_path):
     from sweeper import cli
 
     registered: list[object] = []
-    monkeypatch.setattr(cli, "_registered", [])
+    cli._freeze_at_exit.cache_clear()  # as a fresh process
     monkeypatch.setattr(atexit, "register", registered.append)
     monkeypatch.chdir(tmp_path)
     for _ in range(2):
