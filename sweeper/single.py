@@ -28,12 +28,28 @@ class TableHook(NullHook):
     def __init__(self, console: Console) -> None:
         self.console = console
         self.header = False
+        self.stack_runs: list[tuple[int, int]] = []
 
     def begin_run(self, fold: int, repeat: int, offset: int) -> None:
         """A run of several (a walk-forward fold's, or a seed repeat's) begins: a line that says which, and a
         fresh header over its epochs."""
         self.console.print(f"fold {fold + 1}, seed {repeat + 1}", highlight=False)
         self.header = False
+
+    def begin_stack(self, runs: list[tuple[int, int]], offset: int) -> None:
+        """A stack of runs begins: a line that names its members; its rows name fold and seed."""
+        self.stack_runs = runs
+        names = ", ".join(f"{f + 1}.{r + 1}" for f, r in runs)
+        self.console.print(f"a stack of {len(runs)} runs trained as one (fold.seed): {names}",
+                           highlight=False)
+        self.header = False
+
+    def on_stack_epoch(self, epoch: int, metrics: list[dict[str, Any] | None]) -> bool:
+        for (fold, repeat), row in zip(self.stack_runs, metrics):
+            if row is not None:
+                # the epoch cell names the member: "3 (2.1)" is epoch 3 of fold 2, seed 1
+                self.on_epoch(epoch, {**row, "epoch": f"{epoch} ({fold + 1}.{repeat + 1})"})
+        return False
 
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
         if not self.header:

@@ -32,6 +32,18 @@ def test_core_overhead_smoke():
 
 
 @pytest.mark.slow
+def test_stacked_smoke_times_both_grids_and_scores_the_ensemble():
+    out = _run("stacked.py", "--smoke", timeout=240)
+    mlp = out["models"]["mlp"]
+    for grid in ("1x4", "4x2"):
+        assert mlp[grid]["stacked_s"] > 0 and mlp[grid]["lone_s"] > 0
+        assert mlp[grid]["ratio"] == round(statistics.median(mlp[grid]["ratios"]), 3)
+    (quality,) = out["quality"]
+    assert len(quality["single_test_ic"]) == 4 and quality["data_seed"] == 0
+    assert quality["mean_single_test_ic"] == pytest.approx(statistics.mean(quality["single_test_ic"]), abs=1e-5)
+
+
+@pytest.mark.slow
 def test_startup_smoke_forks_a_ready_worker():
     out = _run("startup.py", "--smoke", timeout=240)
     ours = out["ours"]

@@ -73,8 +73,9 @@ def fold_attrs(ics: list[float], repeats: int) -> dict:
 @pytest.fixture
 def wf(study_file, workdir):
     """A walk_forward study (4 folds, 2 seed repeats): 12 complete trials, 1 pruned, 1 running."""
+    # one run at a time (train.max_stack 1): the steps name a fold, seed and epoch each
     path = study_file({"validation": {"scheme": "walk_forward", "folds": FOLDS, "repeats": 2},
-                       "train": {"seed": SEED}})
+                       "train": {"seed": SEED, "max_stack": 1}})
     (workdir / "runs/tiny").mkdir(parents=True)
     storage = open_storage(f"sqlite:///{workdir}/runs/tiny/study.db")
     study = optuna.create_study(study_name="tiny", direction="maximize", storage=storage)
@@ -275,6 +276,18 @@ def test_status_shows_the_scheme_the_layout_and_the_running_fold(wf):
     train, valid = d["train"], d["valid"]
     assert f"fold 4: train {train[0]} to {train[1]}, valid {valid[0]} to {valid[1]}" in text
     assert "fold" in text.split("running")[1] and "seed" in text.split("running")[1]
+
+
+def test_a_stacked_trials_step_is_its_stack_and_epoch():
+    """In stacks of 4 of 4 folds x 2 seeds and 2 epochs, step 3 is the second stack's (fold 3, seed
+    1: its first run) first epoch; the one-by-one grid reads the same step as fold 1, seed 2, epoch 1."""
+    from sweeper.validation.grid import RunGrid
+
+    stacked, alone = RunGrid(4, 2, 2, stack=4), RunGrid(4, 2, 2)
+    assert stacked.position(3) == (2, 0, 1) and alone.position(3) == (0, 1, 1)
+    assert [stacked.step(f, r, 2) for f in range(4) for r in range(2)] == [2, 2, 2, 2, 4, 4, 4, 4]
+    assert stacked.stacks() == [[(0, 0), (0, 1), (1, 0), (1, 1)], [(2, 0), (2, 1), (3, 0), (3, 1)]]
+    assert stacked.step_of_row({"fold": "4", "repeat": "2", "epoch": "1"}) == 3
 
 
 # ------------------------------------------------------------------ export

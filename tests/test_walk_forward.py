@@ -168,8 +168,15 @@ def test_walk_forward_sweep_with_repeats_stores_the_contract(study_file):
         assert [k for k, v in results.items() if "test_ic" in v["metrics"]] == [(3, 1)]
         folder = Path(f"runs/tiny/trials/{t.number}")
         assert (folder / "weights.pt").exists() and not list(folder.glob("runs/*/weights.pt"))
-        # steps run on across the runs: (f * repeats + r) * epochs + epoch
-        assert sorted(t.intermediate_values) == list(range(1, 3 * 3 * 2 + 1))
+        # 9 runs in stacks of train.max_stack 8 (8 runs, then 1): one step per stack and epoch,
+        # stack * epochs + epoch, the mean of its members' values at that epoch
+        assert sorted(t.intermediate_values) == [1, 2, 3, 4]
+        rows = pd.read_csv(folder / "metrics.csv")
+        assert len(rows) == 9 * 2
+        first = rows[(rows["epoch"] == 1) & ~((rows["fold"] == 3) & (rows["repeat"] == 3))]
+        assert t.intermediate_values[1] == pytest.approx(first["val_ic"].mean(), abs=1e-12)
+        last = rows[(rows["fold"] == 3) & (rows["repeat"] == 3)]
+        assert t.intermediate_values[4] == pytest.approx(float(last["val_ic"].iloc[-1]), abs=1e-12)
         _check_seeds_differ(folder)
         _check_files(folder, layout)
 
@@ -195,7 +202,10 @@ def _check_files(folder, layout):
         assert block.min() >= lo and block.max() <= hi
     metrics = pd.read_csv(folder / "metrics.csv")
     assert list(metrics.columns[:3]) == ["fold", "repeat", "epoch"] and len(metrics) == 18
-    assert list(metrics["fold"]) == [f for f in (1, 2, 3) for _ in range(6)]
+    # every run's every epoch once; a stack writes its members' rows epoch by epoch
+    rows = list(zip(metrics["fold"], metrics["repeat"], metrics["epoch"]))
+    assert sorted(rows) == [(f, r, e) for f in (1, 2, 3) for r in (1, 2, 3) for e in (1, 2)]
+    assert rows[:8] == [(f, r, 1) for f in (1, 2, 3) for r in (1, 2, 3)][:8]
 
 
 SLOW = {"model": {"name": "fault_models:Slow", "step_sleep": 0.1},
@@ -287,9 +297,12 @@ def test_pruned_in_fold_1_runs_no_later_fold(study_file, tmp_path):
     assert list(study.trials[1].intermediate_values) == [1]
 
 
-def test_steps_run_on_across_folds_and_seeds(study_file, tmp_path):
-    """The hook's offsets with a real study: every (fold, seed, epoch) at its own step."""
-    path = study_file({"validation": {"scheme": "walk_forward", "folds": 2, "repeats": 2}})
+@pytest.mark.parametrize("max_stack", [1, 4, 3])
+def test_steps_run_on_across_folds_and_seeds(study_file, tmp_path, max_stack):
+    """The hook's offsets with a real study: one run at a time, every (fold, seed, epoch) at its own
+    step; in stacks, each stack's epoch at its own step, the mean of its members' values."""
+    path = study_file({"validation": {"scheme": "walk_forward", "folds": 2, "repeats": 2},
+                       "train": {"max_stack": max_stack}})
     cfg = load_config(path)
     study = optuna.create_study(direction="maximize")
     trial = study.ask()
@@ -298,11 +311,14 @@ def test_steps_run_on_across_folds_and_seeds(study_file, tmp_path):
     hook = OptunaHook(trial, "val_ic", 0, files.metrics, StopToken())
     out = train_runs(load_panel(cfg.data), Trainer(cfg, hook, time.monotonic(), store=RunStore(files, {}, RunGrid.of(cfg))))
     values = study.trials[0].intermediate_values
-    assert sorted(values) == list(range(1, 9))
+    stacks = -(-4 // max_stack)  # 4 runs in stacks of max_stack
+    assert sorted(values) == list(range(1, 2 * stacks + 1))
     metrics = pd.read_csv(files.metrics)
-    for row in metrics.itertuples():
-        step = RunGrid.of(cfg).step(row.fold - 1, row.repeat - 1, row.epoch)
-        assert values[step] == row.val_ic
+    assert len(metrics) == 8  # every run's every epoch, stacked or not
+    grid = RunGrid.of(cfg)
+    steps = metrics.apply(lambda row: grid.step(row["fold"] - 1, row["repeat"] - 1, row["epoch"]), axis=1)
+    for step, rows in metrics.groupby(steps):
+        assert values[step] == pytest.approx(rows.val_ic.mean(), abs=1e-12)
     assert out.folds_run == 2
 
 

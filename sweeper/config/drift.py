@@ -18,8 +18,11 @@ from sweeper.config.schema import SweeperConfig
 STUDY_SECTIONS = ("data.", "model.", "train.", "search_space", "study.metric", "study.direction",
                   "study.constraints", "validation.")
 CHECKPOINT_SECTIONS = ("model.", "train.", "data.")
-# where the panel is cached and how much of it sits on the device change nothing a trial computes
-NOT_DRIFT = frozenset({"data.cache", "data.cache_dir", "data.cache_max_gb", "data.device_share"})
+# where the panel is cached and how much of it sits on the device change nothing a trial computes;
+# nor does how its runs are stacked (a member is its lone run, dropout masks aside): a stack's
+# checkpoint names its runs, so one of another stacking is never continued (validation.runner)
+NOT_DRIFT = frozenset({"data.cache", "data.cache_dir", "data.cache_max_gb", "data.device_share",
+                       "train.max_stack"})
 
 
 def differing_keys(stored: dict[str, Any], current: dict[str, Any],

@@ -242,6 +242,8 @@ class TrainConfig(_Strict):
     probe_steps: int = Field(3, ge=1)
     nonfinite_patience: int = Field(10, ge=1)
     max_minutes: float | None = Field(None, gt=0)
+    # a trial's runs (folds x seeds) train as stacks of at most this many members (1: one by one)
+    max_stack: int = Field(8, ge=1)
 
     @field_validator("batch_size")
     @classmethod

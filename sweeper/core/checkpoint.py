@@ -79,11 +79,23 @@ def training_state(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.
     return {
         "epoch": progress.epoch, "model": cpu_copy(model.state_dict()), "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(generator),
-        "best": progress.best, "best_epoch": progress.best_epoch, "best_state": progress.best_state,
-        "best_metrics": progress.best_metrics, "bad_epochs": progress.bad_epochs,
-        "nonfinite_steps": progress.nonfinite_steps, "history": progress.history,
-        "batch_size": batch_size, "micro_batch_size": micro, "config": to_dict(cfg),
+        **progress_state(progress), "batch_size": batch_size, "micro_batch_size": micro,
+        "config": to_dict(cfg),
     }
+
+
+def progress_state(progress: Progress) -> dict:
+    """What a checkpoint keeps of a run's :class:`Progress` (a lone run's, or a stack member's)."""
+    return {"best": progress.best, "best_epoch": progress.best_epoch, "best_state": progress.best_state,
+            "best_metrics": progress.best_metrics, "bad_epochs": progress.bad_epochs,
+            "nonfinite_steps": progress.nonfinite_steps, "history": progress.history}
+
+
+def restore_progress(state: dict, progress: Progress, epoch: int) -> None:
+    progress.epoch, progress.best, progress.best_epoch = epoch, state["best"], state["best_epoch"]
+    progress.best_state, progress.best_metrics = state["best_state"], state["best_metrics"]
+    progress.bad_epochs, progress.nonfinite_steps = state["bad_epochs"], state["nonfinite_steps"]
+    progress.history = list(state["history"])
 
 
 def restore(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LambdaLR,
@@ -93,10 +105,7 @@ def restore(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer, sch
     scheduler.load_state_dict(state["scheduler"])
     scaler.load_state_dict(state["scaler"])
     set_rng_state(state["rng"], generator)
-    progress.epoch, progress.best, progress.best_epoch = state["epoch"], state["best"], state["best_epoch"]
-    progress.best_state, progress.best_metrics = state["best_state"], state["best_metrics"]
-    progress.bad_epochs, progress.nonfinite_steps = state["bad_epochs"], state["nonfinite_steps"]
-    progress.history = list(state["history"])
+    restore_progress(state, progress, state["epoch"])
 
 
 def rng_state(generator: torch.Generator) -> dict:

@@ -13,6 +13,7 @@ from torch import nn
 from sweeper.core.batch_search import is_oom, release_memory
 from sweeper.core.loss import Loss
 from sweeper.data import Batcher, Panel
+from sweeper.data.batches import gather_stack
 from sweeper.quant import ic as M
 
 SPLIT_PREFIX = {"valid": "val", "test": "test"}
@@ -69,7 +70,12 @@ def evaluate(model: nn.Module, panel: Panel, split: str, device: torch.device, b
              criterion: Loss, tick: Tick = _no_tick) -> dict[str, float]:
     """Per-epoch scores of a split: {val_loss, val_ic, val_rank_ic, val_icir} (vectorised torch)."""
     batcher = Batcher(panel, split, device)
-    pred = predict_rows(model, batcher, batch_size, tick)
+    return split_scores(predict_rows(model, batcher, batch_size, tick), batcher, criterion)
+
+
+def split_scores(pred: torch.Tensor, batcher: Batcher, criterion: Loss) -> dict[str, float]:
+    """:func:`evaluate`'s scores of a split's predictions in sample-index order."""
+    panel, split = batcher.panel, batcher.split
     start, stop = panel.splits[split]
     idx = batcher.index.to(pred.device)
     matrix = torch.full((stop - start, panel.y.shape[1]), math.nan, device=pred.device)
@@ -80,6 +86,47 @@ def evaluate(model: nn.Module, panel: Panel, split: str, device: torch.device, b
     p = SPLIT_PREFIX[split]
     return {f"{p}_loss": loss, f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"],
             f"{p}_icir": report["icir"]}
+
+
+def stacked_predict_rows(stack: nn.Module, batchers: list[Batcher], batch_size: int,
+                         tick: Tick = _no_tick) -> list[torch.Tensor]:
+    """:func:`predict_rows` of every member of a stack at once (member k on ``batchers[k]``): one
+    stacked forward per batch of ``batch_size`` rows per member, a shorter member padded with its
+    own rows. Out of memory halves the batch and starts over."""
+    while True:
+        oom = False
+        try:
+            return _stacked_forward_all(stack, batchers, batch_size, tick)
+        except Exception as exc:
+            if not is_oom(exc) or batch_size == 1:
+                raise
+            oom = True
+        if oom:
+            release_memory()
+            batch_size //= 2
+
+
+@torch.no_grad()
+def _stacked_forward_all(stack: nn.Module, batchers: list[Batcher], batch_size: int,
+                         tick: Tick) -> list[torch.Tensor]:
+    was_training = stack.training
+    stack.eval()
+    out: list[list[torch.Tensor]] = [[] for _ in batchers]
+    longest = max(b.n_samples for b in batchers)
+    try:
+        for start in range(0, longest, batch_size):
+            width = min(batch_size, longest - start)
+            rows = [b.index[start:start + batch_size] for b in batchers]
+            sizes = [len(r) for r in rows]
+            rows = [r if len(r) else b.index[:1] for r, b in zip(rows, batchers)]  # a member already done
+            pred = stack(gather_stack(batchers, rows, width).x).float()
+            for k, size in enumerate(sizes):
+                if size:
+                    out[k].append(pred[k, :size])
+            tick()
+    finally:
+        stack.train(was_training)
+    return [torch.cat(parts) if parts else torch.zeros(0, device=b.device) for parts, b in zip(out, batchers)]
 
 
 Frames = dict[str, pd.DataFrame]  # split -> a frame of it

@@ -15,6 +15,11 @@ class EpochHook(Protocol):
     # that a hook that reports steps keeps them increasing across runs
     def begin_run(self, fold: int, repeat: int, offset: int) -> None: ...
     def on_epoch(self, epoch: int, metrics: dict) -> bool: ...   # True: stop now (pruned)
+    # a stack of runs trained as one (sweeper.core.stack_loop): once before its first epoch, each
+    # member's (fold, repeat) and the stack's ``offset``; then once per epoch, each member's
+    # metrics (None: that member has stopped). The hook reports one value per epoch for the stack
+    def begin_stack(self, runs: list[tuple[int, int]], offset: int) -> None: ...
+    def on_stack_epoch(self, epoch: int, metrics: list[dict | None]) -> bool: ...  # True: stop (pruned)
     def should_stop(self) -> bool: ...                            # polled at every step boundary
     # called per batch of validation and final scoring: the run is alive although it makes no
     # step (a sweep's stall watchdog counts it as progress)
@@ -33,6 +38,12 @@ class Checkpointer(Protocol):
 class NullHook:
     def begin_run(self, fold: int, repeat: int, offset: int) -> None:
         return None
+
+    def begin_stack(self, runs: list[tuple[int, int]], offset: int) -> None:
+        return None
+
+    def on_stack_epoch(self, epoch: int, metrics: list[dict | None]) -> bool:
+        return False
 
     def on_epoch(self, epoch: int, metrics: dict) -> bool:
         return False

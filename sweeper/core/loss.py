@@ -29,6 +29,14 @@ class Loss(ABC):
         """The loss of ``pred`` [B] against ``label`` [B] on rows of dates ``dates`` [B], in fp32
         whatever the autocast dtype of ``pred``."""
 
+    def stacked(self, pred: torch.Tensor, label: torch.Tensor, dates: torch.Tensor,
+                sizes: list[int]) -> torch.Tensor:
+        """Each member's loss [K] of a stack's predictions ``pred`` [K, b] (member k's first
+        ``sizes[k]`` rows are its own; a member of size 0 scores 0): the sum of these is what a
+        stack backwards, so no member's gradient sees another's rows."""
+        return torch.stack([self(pred[k, :n], label[k, :n], dates[k, :n]) if n else pred[k, :1].sum() * 0
+                            for k, n in enumerate(sizes)])
+
     def split(self, rows: Rows, micro: int) -> list[Part]:
         """``rows`` in micro-batches of at most ``micro`` rows, each with the weight that makes
         the sum of their losses equal the loss of the whole batch."""
@@ -47,6 +55,12 @@ class MeanSquaredError(Loss):
 
     def __call__(self, pred: torch.Tensor, label: torch.Tensor, dates: torch.Tensor) -> torch.Tensor:
         return nn.functional.mse_loss(pred.float(), label)
+
+    def stacked(self, pred: torch.Tensor, label: torch.Tensor, dates: torch.Tensor,
+                sizes: list[int]) -> torch.Tensor:
+        if all(n in (0, pred.shape[1]) for n in sizes):  # no member padded: one kernel
+            return (pred.float() - label).square().mean(dim=1)  # (a member of size 0 is weighted 0)
+        return super().stacked(pred, label, dates, sizes)
 
     def _split(self, rows: Rows, micro: int) -> list[Part]:
         idx, n = rows.idx, len(rows.idx)  # a mean over rows: weight = share of rows

@@ -8,7 +8,7 @@ batch is gathered into pinned memory and copied with ``non_blocking=True``.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -64,6 +64,12 @@ class Batcher:
         return Batch(x, self._take(self._yflat, cells), self._take(self._rawflat, cells),
                      self._move(t), self._move(i))
 
+    def reads_same(self, other: Batcher) -> bool:
+        """Whether both gather from the same panel tensors (one fold's panel, however wrapped)."""
+        mine, theirs = (self._xflat, self._yflat), (other._xflat, other._yflat)
+        return (self.device == other.device
+                and all(a.data_ptr() == b.data_ptr() and a.shape == b.shape for a, b in zip(mine, theirs)))
+
     def _check(self, t: torch.Tensor, i: torch.Tensor) -> None:
         # the host gather clips indices, so a bad pair must be refused here
         if len(t) and (int(t.min()) < self.panel.lookback - 1 or int(t.max()) >= self.panel.X.shape[0]
@@ -90,3 +96,30 @@ class Batcher:
         """Every sample once, in (t, i) order."""
         for start in range(0, self.n_samples, batch_size):
             yield self._gather(self.index[start:start + batch_size])
+
+
+def gather_stack(batchers: Sequence[Batcher], rows: Sequence[torch.Tensor], width: int) -> StackBatch:
+    """A stack's batch: member k's ``rows[k]`` from ``batchers[k]``, each repeated to ``width``
+    rows (a shorter member's extra rows are its own again, and its loss reads only its first
+    ``len(rows[k])``). Members that read the same panel tensor gather in one call, straight into
+    the stacked layout; a stack whose members all read the same rows of it (seeds of one fold,
+    validated) gathers them once and shares them."""
+    padded = [r if len(r) == width else r[torch.arange(width, device=r.device) % len(r)] for r in rows]
+    first = batchers[0]
+    if all(b.reads_same(first) for b in batchers):
+        if all(r is padded[0] or torch.equal(r, padded[0]) for r in padded[1:]):
+            one = first.gather(padded[0])
+            k = len(batchers)
+            return StackBatch(one.x.expand(k, *one.x.shape), one.y.expand(k, -1), one.t.expand(k, -1))
+        got = first.gather(torch.cat(padded))
+        shape = (len(batchers), width)
+        return StackBatch(got.x.view(*shape, *got.x.shape[1:]), got.y.view(shape), got.t.view(shape))
+    parts = [b.gather(r) for b, r in zip(batchers, padded)]
+    return StackBatch(torch.stack([p.x for p in parts]), torch.stack([p.y for p in parts]),
+                      torch.stack([p.t for p in parts]))
+
+
+class StackBatch(NamedTuple):
+    x: torch.Tensor  # [K, b, lookback, F]
+    y: torch.Tensor  # [K, b] normalised labels
+    t: torch.Tensor  # [K, b] date indices

@@ -9,6 +9,7 @@ Read-only: nothing here creates a study or a database file.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -257,7 +258,7 @@ def run_position(step: int | None, cfg: SweeperConfig, params: dict[str, Any]) -
     if step is None or step < 1:
         return {"fold": None, "seed": None, "epoch": None}
     epochs = int(params.get("train.epochs", cfg.train.epochs))
-    grid = RunGrid(cfg.validation.n_folds, cfg.validation.repeats, epochs)
+    grid = dataclasses.replace(RunGrid.of(cfg), epochs=epochs)
     fold, seed, epoch = grid.position(step)
     return {"fold": fold + 1, "seed": seed + 1, "epoch": epoch}
 

@@ -19,16 +19,30 @@ from sweeper.config import SweeperConfig
 
 @dataclass(frozen=True)
 class RunGrid:
-    """``folds`` x ``repeats`` runs of ``epochs`` epochs each."""
+    """``folds`` x ``repeats`` runs of ``epochs`` epochs each, trained in stacks of at most
+    ``stack`` consecutive runs (:mod:`sweeper.core.stack_loop`; 1: one run at a time)."""
 
     folds: int = 1
     repeats: int = 1
     epochs: int = 1
+    stack: int = 1
 
     @classmethod
     def of(cls, cfg: SweeperConfig) -> RunGrid:
-        """The grid of a trial trained under ``cfg`` (its validation section and train.epochs)."""
-        return cls(cfg.validation.n_folds, cfg.validation.repeats, cfg.train.epochs)
+        """The grid of a trial trained under ``cfg`` (its validation section and train.epochs):
+        a built-in model stacks up to ``train.max_stack`` runs; a user's model (``module:Class``)
+        trains its runs one after another."""
+        stack = 1 if cfg.model.is_custom else cfg.train.max_stack
+        return cls(cfg.validation.n_folds, cfg.validation.repeats, cfg.train.epochs, stack)
+
+    def stacks(self) -> list[list[tuple[int, int]]]:
+        """The cells in the order they train, grouped into the stacks that train as one."""
+        cells = list(self.cells())
+        return [cells[i:i + self.stack] for i in range(0, len(cells), self.stack)]
+
+    def stack_of(self, fold: int, seed: int) -> int:
+        """The index of the stack that trains run (fold, seed)."""
+        return (fold * self.repeats + seed) // self.stack
 
     @property
     def runs(self) -> int:
@@ -67,15 +81,18 @@ class RunGrid:
         return self.folds - 1, self.repeats - 1
 
     def step(self, fold: int, seed: int, epoch: int) -> int:
-        """The intermediate value's step of a run's epoch: ``(fold * repeats + seed) * epochs +
-        epoch``, so the pruner compares trials at the same fold, seed and epoch (under holdout
-        with one seed, the epoch itself)."""
-        return (fold * self.repeats + seed) * self.epochs + epoch
+        """The intermediate value's step of a run's epoch: ``stack * epochs + epoch``, where
+        ``stack`` is the index of the run's stack (one value per epoch per stack: the mean over
+        its members); with one run per stack, ``(fold * repeats + seed) * epochs + epoch``, so
+        the pruner compares trials at the same fold, seed and epoch (under holdout with one
+        seed, the epoch itself)."""
+        return self.stack_of(fold, seed) * self.epochs + epoch
 
     def position(self, step: int) -> tuple[int, int, int]:
-        """(fold, seed, epoch) of a stored step: the inverse of :meth:`step`."""
-        run, epoch = divmod(max(int(step), 1) - 1, max(self.epochs, 1))
-        fold, seed = divmod(run, self.repeats)
+        """(fold, seed, epoch) of a stored step: the inverse of :meth:`step` (for a stack's
+        step, its first run's)."""
+        stack, epoch = divmod(max(int(step), 1) - 1, max(self.epochs, 1))
+        fold, seed = divmod(stack * self.stack, self.repeats)
         return fold, seed, epoch + 1
 
     def columns(self, fold: int, seed: int) -> dict[str, int]:

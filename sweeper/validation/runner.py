@@ -81,7 +81,7 @@ class RunCheckpointer(FileCheckpointer):
         state = super().load()
         was = (state or {}).get("owner") or {}
         mine = self.owner or {}
-        if state is None or (was.get("fold"), was.get("repeat")) != (mine.get("fold"), mine.get("repeat")):
+        if state is None or any(was.get(key) != mine.get(key) for key in ("fold", "repeat", "stack")):
             return None
         return state
 
@@ -115,10 +115,15 @@ class RunStore:
             with atomic_path(self.files.predictions(split)) as tmp:
                 frame.to_parquet(tmp, index=False)
 
-    def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]]) -> FileCheckpointer:
+    def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]],
+                     stack: list[tuple[int, int]] | None = None) -> FileCheckpointer:
+        """The checkpoint of run (fold, repeat), or of the stack it leads (``stack``: its runs):
+        the owner names the run, as a lone run's does, and a stack's its runs too (1-based)."""
         if self.grid.single:  # the stamp names no run: a retry of a one-run trial continues it
             return FileCheckpointer(self.files.checkpoint, self.stamp)
         owner = {**self.stamp, "fold": fold + 1, "repeat": repeat + 1, K.FOLD_DATES: dates}
+        if stack is not None:
+            owner["stack"] = [[f + 1, r + 1] for f, r in stack]
         return RunCheckpointer(self.files.checkpoint, owner)
 
     def save(self, run: TrainingRun, result: TrainResult, panel: Panel) -> None:
@@ -182,28 +187,41 @@ class Trainer:
 
 
 def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
-    """Train (or, for a retry, find finished) every run of the trial's grid, fold by fold."""
+    """Train (or, for a retry, find finished) every run of the trial's grid, fold by fold: in
+    stacks of at most ``train.max_stack`` runs where the model stacks (:meth:`RunGrid.stacks`)."""
     cfg, store, grid = trainer.cfg, trainer.store, RunGrid.of(trainer.cfg)
     folds = fold_layout(panel, cfg)
     out = TrialRuns(grid, folds, fold_spans(panel, folds) if grid.folded else [])
     deadline = trainer.started + cfg.train.max_minutes * 60 if cfg.train.max_minutes else math.inf
     panels: dict[int, Panel] = {}
-    for fold, seed in grid.cells():
-        done = store.finished(fold, seed) if store is not None else None
-        if done is not None and store is not None:
-            out.add(done, *store.frames(fold, seed))
+    if cfg.model.is_custom and grid.runs > 1 and cfg.train.max_stack > 1 and trainer.log is not None:
+        trainer.log(f"model.name {cfg.model.name!r} is a user model: its {grid.runs} runs train one after "
+                    "another, not stacked")
+    for cells in grid.stacks():
+        todo = []
+        for fold, seed in cells:
+            done = store.finished(fold, seed) if store is not None else None
+            if done is not None and store is not None:
+                out.add(done, *store.frames(fold, seed))
+            else:
+                todo.append((fold, seed))
+        if not todo:
             continue
         if out.runs and time.monotonic() > deadline:
             # no run starts past the budget (its one step would score nothing); the first
             # always starts, so a trial is never without a score
             out.cut_short = StopReason.TIME
             return out
-        if fold not in panels:
-            panels[fold] = _fold_panel(trainer, panel, folds[fold])
-            trainer.hook.tick()  # building a fold's panel is progress, for the stall watchdog
-        run = _train_one(trainer, panels[fold], folds[fold], seed, out)
-        if run.stop_reason in CUT_SHORT and (fold, seed) != grid.last:
-            out.cut_short = StopReason(run.stop_reason)
+        for fold, _ in todo:
+            if fold not in panels:
+                panels[fold] = _fold_panel(trainer, panel, folds[fold])
+                trainer.hook.tick()  # building a fold's panel is progress, for the stall watchdog
+        if len(cells) > 1:
+            runs = _train_stack(trainer, panels, folds, todo, grid.step(*todo[0], 0), out)
+        else:
+            runs = [_train_one(trainer, panels[todo[0][0]], folds[todo[0][0]], todo[0][1], out)]
+        if any(run.stop_reason in CUT_SHORT for run in runs) and cells[-1] != grid.last:
+            out.cut_short = StopReason(next(r.stop_reason for r in runs if r.stop_reason in CUT_SHORT))
             return out
     return out
 
@@ -229,14 +247,45 @@ def _train_one(trainer: Trainer, panel: Panel, fold: Fold, seed: int, out: Trial
         trainer.hook.begin_run(fold.index, seed, grid.step(fold.index, seed, 0))
     checkpoint: Checkpointer = (store.checkpointer(fold.index, seed, dates) if store is not None
                                 else NullCheckpointer())
-    is_model = grid.is_model(fold.index, seed)
+    result = train(cfg, _scored(grid, panel, fold.index, seed), device=trainer.device, hook=trainer.hook,
+                   checkpoint=checkpoint, log=trainer.log, started=trainer.started, memory=trainer.memory)
+    return _keep(trainer, out, panel, fold.index, seed, cfg, result)
+
+
+def _train_stack(trainer: Trainer, panels: dict[int, Panel], folds: list[Fold], cells: list[tuple[int, int]],
+                 offset: int, out: TrialRuns) -> list[TrainingRun]:
+    """The runs of ``cells`` trained as one stack (:func:`sweeper.core.stack_loop.train_stack`);
+    each is then kept exactly as a lone run is."""
+    from sweeper.core.stack_loop import Member, train_stack
+
+    members = []
+    for fold, seed in cells:
+        cfg = seeded(trainer.cfg, seed)
+        _say_run(trainer, cfg, folds[fold], seed, out, out.spans[fold] if out.spans else {})
+        members.append(Member(cfg, _scored(out.grid, panels[fold], fold, seed)))
+    trainer.hook.begin_stack(cells, offset)
+    fold, seed = cells[0]
+    dates = out.spans[fold] if out.spans else {}
+    checkpoint: Checkpointer = (trainer.store.checkpointer(fold, seed, dates, cells)
+                                if trainer.store is not None else NullCheckpointer())
+    results = train_stack(members, device=trainer.device, hook=trainer.hook, checkpoint=checkpoint,
+                          log=trainer.log, started=trainer.started, memory=trainer.memory)
+    return [_keep(trainer, out, panels[fold], fold, seed, member.cfg, result)
+            for (fold, seed), member, result in zip(cells, members, results)]
+
+
+def _scored(grid: RunGrid, panel: Panel, fold: int, seed: int) -> Panel:
     # only the trial's model is scored on test: every other run's panel has an empty test split,
     # so no other run reads a test date at all (its closing line says test_ic nan)
-    scored = panel if is_model else _without_test(panel)
-    result = train(cfg, scored, device=trainer.device, hook=trainer.hook, checkpoint=checkpoint,
-                   log=trainer.log, started=trainer.started, memory=trainer.memory)
+    return panel if grid.is_model(fold, seed) else _without_test(panel)
+
+
+def _keep(trainer: Trainer, out: TrialRuns, panel: Panel, fold: int, seed: int, cfg: SweeperConfig,
+          result: TrainResult) -> TrainingRun:
+    """A finished run's record: its scores (test scores for the model run only) and its files."""
+    is_model, store = out.grid.is_model(fold, seed), trainer.store
     metrics = {k: v for k, v in result.metrics.items() if is_model or not k.startswith("test_")}
-    run = TrainingRun(fold.index, seed, cfg.train.seed, metrics, result.stop_reason)
+    run = TrainingRun(fold, seed, cfg.train.seed, metrics, result.stop_reason)
     if store is not None:
         if is_model:  # what sweeper best reads; before result.json, which a retry takes as finished
             store.save_predictions(model_frames(cfg, result, panel, trainer.device))

@@ -38,6 +38,7 @@ class OptunaHook:
         # offset is added to its epoch, and metrics.csv rows say which fold and seed they are
         self.offset = 0
         self.run_columns: dict[str, int] = {}
+        self.stack_runs: list[tuple[int, int]] = []
         self.progress_every = progress_every
         self._next_progress = 0.0  # the first step is reported at once
 
@@ -53,6 +54,29 @@ class OptunaHook:
         trials at the same fold, seed and epoch."""
         self.offset = offset
         self.run_columns = {"fold": fold + 1, "repeat": repeat + 1}
+
+    def begin_stack(self, runs: list[tuple[int, int]], offset: int) -> None:
+        """The next epochs are a stack's: its members' (fold, repeat), 0-based, and the stack's
+        offset; each epoch reports one value, the mean over the members still training."""
+        self.offset = offset
+        self.stack_runs = runs
+
+    def on_stack_epoch(self, epoch: int, metrics: list[dict[str, Any] | None]) -> bool:
+        values = []
+        for (fold, repeat), row in zip(self.stack_runs, metrics):
+            if row is None:
+                continue
+            columns = {"fold": fold + 1, "repeat": repeat + 1}
+            append_csv(self.metrics_csv, {**columns, "epoch": epoch, **row})
+            protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch, metrics={**columns, **row})
+            value = row.get(self.metric)
+            if value is not None and math.isfinite(value):
+                values.append(float(value))
+        if not values:
+            return False
+        self.trial.report(sum(values) / len(values), self.offset + epoch)
+        self.pruned = self.trial.should_prune()
+        return self.pruned
 
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
         append_csv(self.metrics_csv, {**self.run_columns, "epoch": epoch, **metrics})

@@ -1,0 +1,151 @@
+"""One optimizer step of a stack of K members: AdamW, gradient clipping and fp16 loss scaling,
+each per member, in a handful of kernels whatever the number of parameters.
+
+The stack's parameters are views into one flat ``[K, N]`` buffer and their gradients views
+into another (:class:`FlatStack`), so a member's gradient norm is one row norm, and clipping,
+the moments and the update are a few ops on ``[K, N]``, where a per-parameter loop would
+launch hundreds of small kernels per step and lose what stacking gains.
+
+Members never mix (HFTA): each has its own gradient norm and clipping factor, its own
+learning rate, weight decay and schedule position, its own step count (Adam's bias
+correction), its own loss scale, and a mask: a member that has stopped, finished its epoch or
+produced a non-finite gradient makes no update at all (moments, step count and weights stay
+as they were), so a masked member costs its share of the arithmetic and changes nothing.
+With every member active the update is torch's AdamW, op for op.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from sweeper.models.stacked.base import StackedModule
+
+# the flat parameter views are strided across members by design: torch warns once that such a
+# gradient layout "may impair performance"; the layout is the point (one [K, N] update)
+warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
+
+# torch.amp.GradScaler's defaults, per member
+INIT_SCALE, GROWTH, BACKOFF, GROWTH_INTERVAL = 2.0 ** 16, 2.0, 0.5, 2000
+
+
+class FlatStack:
+    """The stack's trainable parameters re-homed as views of one ``[K, N]`` buffer, with
+    ``.grad`` views of a second one that backward accumulates into in place."""
+
+    def __init__(self, model: StackedModule) -> None:
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        k = model.members
+        first = named[0][1]
+        sizes = [p[0].numel() for _, p in named]
+        self.values = torch.zeros(k, sum(sizes), device=first.device, dtype=first.dtype)
+        self.grads = torch.zeros_like(self.values)
+        exempt = model.no_weight_decay()
+        decay = torch.zeros(1, sum(sizes), device=first.device, dtype=first.dtype)
+        offset = 0
+        for (name, p), size in zip(named, sizes):
+            span = slice(offset, offset + size)
+            self.values[:, span].copy_(p.detach().reshape(k, size))
+            owner, attr = _owner(model, name)
+            fresh = nn.Parameter(self.values[:, span].view(p.shape))
+            fresh.grad = self.grads[:, span].view(p.shape)
+            owner._parameters[attr] = fresh  # the flat view replaces the module's own tensor
+            if p.dim() >= 3 and name not in exempt:  # a matrix per member: AdamW decays it
+                decay[:, span] = 1.0
+            offset += size
+        self.decay = decay
+        self.params = [p for _, p in model.named_parameters() if p.requires_grad]
+
+    def zero_grad(self) -> None:
+        self.grads.zero_()  # in place: the .grad views stay the parameters' gradients
+
+
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, attr = name.rpartition(".")
+    return (model.get_submodule(path) if path else model), attr
+
+
+def _col(v: torch.Tensor) -> torch.Tensor:
+    return v.view(-1, 1)
+
+
+class StackedAdamW:
+    """AdamW (decoupled weight decay on matrices only, as :func:`~sweeper.core.schedule.make_optimizer`)
+    over a :class:`FlatStack`, with per-member ``lr``, ``weight_decay`` and clipping."""
+
+    def __init__(self, flat: FlatStack, lr: Sequence[float], weight_decay: Sequence[float],
+                 grad_clip: float | None, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        dev = flat.values.device
+        self.flat, self.grad_clip, self.betas, self.eps = flat, grad_clip, betas, eps
+        self.lr = torch.tensor([float(v) for v in lr], device=dev)
+        self.weight_decay = torch.tensor([float(v) for v in weight_decay], device=dev)
+        self.factor = torch.ones_like(self.lr)  # the schedule's multiplier, set before each step
+        self.steps = torch.zeros_like(self.lr)
+        self.exp_avg = torch.zeros_like(flat.values)
+        self.exp_avg_sq = torch.zeros_like(flat.values)
+
+    def member_norms(self) -> torch.Tensor:
+        """Each member's total gradient norm [K] (fp32): ``clip_grad_norm_``'s, per row."""
+        return torch.linalg.vector_norm(self.flat.grads.float(), dim=1)
+
+    def step(self, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clip and update the members with ``active`` (float [K], 1.0: may update) whose
+        gradient norm is finite. Returns (the norms [K], each member's skip flag [K]: 1.0 where
+        a non-finite gradient stopped its update). No host sync."""
+        beta1, beta2 = self.betas
+        norms = self.member_norms()
+        finite = torch.isfinite(norms)
+        coef = torch.ones_like(norms)
+        if self.grad_clip:  # torch's clip_grad_norm_: max_norm / (norm + 1e-6), at most 1
+            coef = (self.grad_clip / (norms + 1e-6)).clamp(max=1.0)
+        go = active * finite
+        # a skipped member's gradient may hold inf/NaN: zero it, so that 0 x NaN never reaches a weight
+        grad = torch.where(_col(finite), self.flat.grads, 0.0) * _col(torch.where(finite, coef * go, 0.0))
+        self.exp_avg.lerp_(grad, _col((1 - beta1) * go))
+        self.exp_avg_sq.mul_(_col(1 - (1 - beta2) * go)).addcmul_(grad, grad, value=1 - beta2)
+        self.steps += go
+        done = self.steps.clamp(min=1.0)  # a member yet to update divides by nothing below
+        lr = self.lr * self.factor * go
+        values = self.flat.values
+        values.mul_(1 - _col(lr * self.weight_decay) * self.flat.decay)
+        denom = (self.exp_avg_sq.sqrt() / _col((1 - beta2 ** done).sqrt())).add_(self.eps)
+        values.sub_(self.exp_avg / denom * _col(lr / (1 - beta1 ** done)))
+        return norms, (1.0 - finite.float())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"lr": self.lr, "weight_decay": self.weight_decay, "steps": self.steps,
+                "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for name in ("lr", "weight_decay", "steps", "exp_avg", "exp_avg_sq"):
+            getattr(self, name).copy_(state[name])
+
+
+class MemberScaler:
+    """fp16 loss scaling per member (torch's GradScaler rule, one scale per row): a member
+    whose gradient overflows halves its own scale and skips its own step. Disabled (bf16,
+    fp32): the losses are summed as they are."""
+
+    def __init__(self, members: int, device: torch.device | str, enabled: bool) -> None:
+        self.enabled = enabled
+        self.scale_ = torch.full((members,), INIT_SCALE if enabled else 1.0, device=device)
+        self.good = torch.zeros(members, device=device)
+
+    def scale(self, losses: torch.Tensor) -> torch.Tensor:
+        """The one scalar to backward: the sum of each member's (scaled) loss."""
+        return (losses * self.scale_).sum() if self.enabled else losses.sum()
+
+    def unscale_(self, flat: FlatStack) -> None:
+        if self.enabled:
+            flat.grads.div_(_col(self.scale_))
+
+    def update(self, skipped: torch.Tensor) -> None:
+        if not self.enabled:
+            return
+        self.good = (self.good + 1) * (1 - skipped)
+        grow = (self.good >= GROWTH_INTERVAL).float()
+        self.scale_ = self.scale_ * torch.where(skipped > 0, BACKOFF, 1.0) * (1 + (GROWTH - 1) * grow)
+        self.good = self.good * (1 - grow)

@@ -1,0 +1,60 @@
+"""``model.name`` -> a stack of K members with one-member weights: the built-ins, natively.
+
+A stack is built from K one-member models built as a lone run builds them (each after
+``seed_everything`` with its member's seed), so every member starts exactly where its separate
+run would have started. ``stackable`` says whether a model config gets a native stack; a model
+that does not (a user's ``module:Class``) trains its members one after another.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from sweeper.config import ModelConfig
+from sweeper.models.stacked.base import StackedModule
+
+# config fields that must agree across a stack's members: they set its shapes and layers
+SHAPE_FIELDS = ("name", "hidden_size", "num_layers", "d_model", "nhead", "dim_feedforward", "positional",
+                "pooling", "gradient_checkpointing")
+
+
+def stackable(model_cfg: ModelConfig) -> str | None:
+    """None when ``model_cfg`` has a native stack; otherwise why not, for the log."""
+    if model_cfg.is_custom:
+        return f"model.name {model_cfg.name!r} is a user model: its members train one after another"
+    return None
+
+
+def build_stack(model_cfgs: Sequence[ModelConfig], n_features: int, lookback: int,
+                members: Sequence[nn.Module]) -> StackedModule:
+    """The stack of ``members`` (one-member models of ``model_cfgs``, same shapes), holding their weights."""
+    first = model_cfgs[0]
+    for other in model_cfgs[1:]:
+        differs = [f for f in SHAPE_FIELDS if getattr(other, f, None) != getattr(first, f, None)]
+        if differs:
+            raise ValueError(f"members of one stack differ in {', '.join(differs)}")
+    k, rates = len(model_cfgs), [m.dropout for m in model_cfgs]
+    stack = _native(first, k, n_features, lookback, rates)
+    for index, member in enumerate(members):
+        stack.load_member(index, member.state_dict())
+    return stack
+
+
+def _native(m: ModelConfig, k: int, n_features: int, lookback: int, rates: list[float]) -> StackedModule:
+    if m.name == "mlp":
+        from sweeper.models.stacked.mlp import StackedMLP
+
+        return StackedMLP(k, n_features, lookback, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                          dropout=rates)
+    if m.name in ("lstm", "gru"):
+        from sweeper.models.stacked.recurrent import StackedRecurrent
+
+        return StackedRecurrent(k, n_features, lookback, cell=m.name, hidden_size=m.hidden_size,
+                                num_layers=m.num_layers, dropout=rates)
+    from sweeper.models.stacked.transformer import StackedTransformer
+
+    return StackedTransformer(k, n_features, lookback, d_model=m.d_model, nhead=m.nhead,
+                              num_layers=m.num_layers, dim_feedforward=m.dim_feedforward, dropout=rates,
+                              positional=m.positional, pooling=m.pooling,
+                              gradient_checkpointing=m.gradient_checkpointing)

@@ -1,0 +1,176 @@
+"""The stacked LSTM/GRU: K copies of :class:`~sweeper.models.recurrent.RecurrentModel` with its
+parameter names (``rnn.weight_ih_l0`` ... ``head.bias``, K in front).
+
+``nn.LSTM``/``nn.GRU`` take one set of weights, so the recurrence is written out here, batched
+over members: per layer, one batched matmul projects every time step's input at once, then one
+batched matmul per step applies the hidden weights for all members together. The gate order and
+equations are torch's (LSTM i, f, g, o; GRU r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn h
++ b_hn))``), so a member's output is its one-member model's, up to float rounding.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from sweeper.models.stacked.base import MemberDropout, StackedLinear, StackedModule
+
+GATES = {"lstm": 4, "gru": 3}
+
+
+class StackedRNN(nn.Module):
+    """K independent ``nn.LSTM``/``nn.GRU`` (``batch_first``, zero initial state) with their
+    parameter names. ``x[K, B, L, F]`` -> the top layer's last hidden state ``[K, B, H]``."""
+
+    def __init__(self, members: int, input_size: int, hidden_size: int, num_layers: int, *,
+                 cell: str, dropout: Sequence[float]) -> None:
+        super().__init__()
+        if cell not in GATES:
+            raise ValueError(f"unknown cell {cell!r}: expected one of {sorted(GATES)}")
+        self.cell, self.hidden_size, self.num_layers = cell, hidden_size, num_layers
+        width = GATES[cell] * hidden_size
+        # torch's init: every weight and bias uniform in +-1/sqrt(H), member by member alike
+        bound = 1.0 / math.sqrt(hidden_size)
+        for layer in range(num_layers):
+            in_size = input_size if layer == 0 else hidden_size
+            for name, shape in (("weight_ih", (width, in_size)), ("weight_hh", (width, hidden_size)),
+                                ("bias_ih", (width,)), ("bias_hh", (width,))):
+                param = nn.Parameter(torch.empty(members, *shape).uniform_(-bound, bound))
+                self.register_parameter(f"{name}_l{layer}", param)
+        # as nn.LSTM: dropout on each layer's output sequence except the top layer's
+        self.dropout = MemberDropout(dropout)
+        # None: by device and cell. On the CPU torch's fused LSTM kernel (oneDNN) runs one member
+        # faster than the written-out recurrence runs it batched (a 4-member stack forward and
+        # backward: 110 ms batched, 68 ms member by member through the kernel), so there each
+        # member's LSTM layer goes through torch.lstm with its own weights; torch's CPU GRU has no
+        # such kernel (batched: 1.1x of the members one by one). On a GPU, where a small model's
+        # steps are launch-bound, the batched recurrence serves all members per launch
+        self.per_member: bool | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        per_member = self.per_member
+        if per_member is None:
+            per_member = x.device.type == "cpu" and self.cell == "lstm"
+        if per_member:
+            seq = x  # [K, B, L, F], batch-first as torch's kernel takes it
+            for layer in range(self.num_layers):
+                if layer:
+                    seq = self.dropout(seq)
+                seq = self._kernel_layer(seq, layer, last=layer == self.num_layers - 1)
+            return seq
+        seq = x.transpose(1, 2)  # [K, L, B, F]: a time step's rows are one contiguous block
+        for layer in range(self.num_layers):
+            if layer:
+                seq = self.dropout(seq)
+            seq = self._layer(seq, layer, last=layer == self.num_layers - 1)
+        return seq
+
+    def _kernel_layer(self, seq: torch.Tensor, layer: int, *, last: bool) -> torch.Tensor:
+        """One layer over ``seq[K, B, L, in]``, member by member through torch's own kernel:
+        ``[K, B, L, H]``, or the last step's ``[K, B, H]`` for the top layer."""
+        weights = [self.get_parameter(f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih",
+                                                                          "bias_hh")]
+        zeros = seq.new_zeros(1, seq.shape[1], self.hidden_size)
+        outs = []
+        # (input, state, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+        flags = (True, 1, 0.0, self.training, False, True)
+        for k in range(seq.shape[0]):
+            params = [w[k] for w in weights]
+            if self.cell == "lstm":
+                out, _, _ = torch.lstm(seq[k], (zeros, zeros), params, *flags)
+            else:
+                out, _ = torch.gru(seq[k], zeros, params, *flags)
+            outs.append(out[:, -1] if last else out)
+        return torch.stack(outs)
+
+    def _layer(self, seq: torch.Tensor, layer: int, *, last: bool) -> torch.Tensor:
+        """One layer over ``seq[K, L, B, in]``: the output sequence ``[K, L, B, H]``, or only the
+        last step's ``[K, B, H]`` for the top layer (the head reads nothing else)."""
+        k, steps, batch = seq.shape[:3]
+        w_ih, w_hh, b_ih, b_hh = (self.get_parameter(f"{name}_l{layer}")
+                                  for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+        # the LSTM's biases sit outside the recurrence: fold both into the one big projection;
+        # the GRU's b_hn is scaled by r, so its hidden bias stays with the per-step product
+        proj_bias = b_ih + b_hh if self.cell == "lstm" else b_ih
+        # bmm then add_ rather than baddbmm, here and per step: baddbmm copies its addend into
+        # the output before the product, and that measured slower on CPU than adding after
+        flat = seq.reshape(k, steps * batch, -1)
+        proj = torch.bmm(flat, w_ih.transpose(1, 2)).add_(proj_bias.unsqueeze(1))
+        # unbind, not proj[t]: a select's backward zero-fills all of proj at every step
+        # (quadratic in L). No copy to [L, K, B, G*H] either: each step's [K, B, G*H] is K
+        # contiguous blocks already, and its add_ reads strided rows as fast as contiguous
+        xs = proj.view(k, steps, batch, -1).unbind(1)
+        w_hh_t = w_hh.transpose(1, 2)
+        if self.cell == "lstm":
+            outs = self._lstm_steps(xs, w_hh_t, keep=not last)
+        else:
+            outs = self._gru_steps(xs, w_hh_t, b_hh.unsqueeze(1), keep=not last)
+        return outs[-1] if last else torch.stack(outs, dim=1)
+
+    # The steps split the gates with split(), never by slicing: a slice's backward zero-fills
+    # a whole gates-sized tensor per slice, where split's backward is one cat.
+
+    def _lstm_steps(self, xs: Sequence[torch.Tensor], w_hh_t: torch.Tensor, *,
+                    keep: bool) -> list[torch.Tensor]:
+        """The LSTM recurrence over ``xs[t][K, B, 4H]`` (input projection plus both biases):
+        every step's ``h`` if ``keep``, else the last step's alone."""
+        outs: list[torch.Tensor] = []
+        h = c = None
+        for t, x_t in enumerate(xs):
+            # the state starts at zero: step 0's hidden product is zero, so skip it
+            gates = x_t if h is None else torch.bmm(h, w_hh_t).add_(x_t)
+            i, f, g, o = gates.split(self.hidden_size, -1)
+            i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+            c = i * g if c is None else torch.addcmul(i * g, f, c)
+            h = o * torch.tanh(c)
+            if keep or t == len(xs) - 1:
+                outs.append(h)
+        return outs
+
+    def _gru_steps(self, xs: Sequence[torch.Tensor], w_hh_t: torch.Tensor, b_hh: torch.Tensor, *,
+                   keep: bool) -> list[torch.Tensor]:
+        """The GRU recurrence over ``xs[t][K, B, 3H]`` (input projection plus ``b_ih``), with
+        ``b_hh[K, 1, 3H]`` added to the hidden product: every step's ``h`` if ``keep``, else the
+        last step's alone."""
+        hid = self.hidden_size
+        outs: list[torch.Tensor] = []
+        h = None
+        for t, x_t in enumerate(xs):
+            # a zero state's hidden product is just the bias
+            hh = b_hh if h is None else torch.bmm(h, w_hh_t).add_(b_hh)
+            x_rz, x_n = x_t.split([2 * hid, hid], -1)
+            h_rz, h_n = hh.split([2 * hid, hid], -1)
+            r, z = torch.sigmoid(x_rz + h_rz).chunk(2, -1)
+            n = torch.tanh(torch.addcmul(x_n, r, h_n))
+            # (1 - z) * n + z * h, with h = 0 at the first step
+            h = n - z * n if h is None else torch.addcmul(n, z, h - n)
+            if keep or t == len(xs) - 1:
+                outs.append(h)
+        return outs
+
+
+class StackedRecurrent(StackedModule):
+    """x[K, B, L, F] -> K stacked LSTMs/GRUs -> each member's last hidden output -> [K, B]."""
+
+    def __init__(self, members: int, n_features: int, lookback: int, *, cell: str = "lstm",
+                 hidden_size: int = 64, num_layers: int = 2, dropout: Sequence[float] = (0.1,)) -> None:
+        super().__init__()
+        self.members = members
+        rates = list(dropout) * members if len(dropout) == 1 else list(dropout)
+        if len(rates) != members:
+            raise ValueError(f"{len(rates)} dropout rates for a stack of {members}")
+        # RecurrentModel passes no dropout to a single layer (torch would only warn)
+        rates = rates if num_layers > 1 else [0.0] * members
+        self.rnn = StackedRNN(members, n_features, hidden_size, num_layers, cell=cell, dropout=rates)
+        self.head = StackedLinear(members, hidden_size, 1)
+        # StackedLinear leaves its weights unset; nn.Linear's init for a 1-output layer
+        bound = 1.0 / math.sqrt(hidden_size)
+        with torch.no_grad():
+            self.head.weight.uniform_(-bound, bound)
+            if self.head.bias is not None:
+                self.head.bias.uniform_(-bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)).squeeze(-1)

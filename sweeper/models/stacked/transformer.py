@@ -1,0 +1,227 @@
+"""The stacked transformer: K copies of :class:`~sweeper.models.transformer.TransformerModel`
+with its parameter names (``encoder.layers.N.self_attn.in_proj_weight`` and so on, K in front).
+
+Every linear is one batched matmul over the members, layer norms normalise without affine and
+then apply each member's own scale and shift, and attention runs as one
+``scaled_dot_product_attention`` call over ``K * B`` sequences. Dropout sits where
+``nn.TransformerEncoderLayer`` puts it (attention weights, after the attention block, inside
+the feed-forward block, after it), with each member's own rate and generator.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from sweeper.models.stacked.base import MemberDropout, StackedLinear, StackedModule
+from sweeper.models.transformer import sinusoidal_positions
+
+# nn.TransformerEncoderLayer's and nn.LayerNorm's default epsilon
+LAYER_NORM_EPS = 1e-5
+
+
+def _stacked_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``x[K, ..., in] @ weight[K, out, in]^T + bias[K, out]``: StackedLinear's arithmetic for
+    attention's in-projection, whose parameters must keep nn.MultiheadAttention's flat names."""
+    k, inner = x.shape[0], x.shape[1:-1]
+    flat = x.reshape(k, -1, x.shape[-1])
+    out = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
+    return out.reshape(k, *inner, weight.shape[1])
+
+
+def _member_view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-member ``[K, D]`` tensor shaped ``[K, 1, ..., 1, D]`` to broadcast against ``like``."""
+    return t.view(t.shape[0], *([1] * (like.dim() - 2)), t.shape[-1])
+
+
+class StackedLayerNorm(nn.Module):
+    """K independent ``nn.LayerNorm(d)``: ``weight[K, d]``, ``bias[K, d]``."""
+
+    def __init__(self, members: int, d: int, eps: float = LAYER_NORM_EPS) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(members, d))
+        self.bias = nn.Parameter(torch.zeros(members, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the normalisation itself has no parameters, so one call serves every member
+        h = F.layer_norm(x, x.shape[-1:], eps=self.eps)
+        return torch.addcmul(_member_view(self.bias, x), h, _member_view(self.weight, x))
+
+
+class StackedSelfAttention(nn.Module):
+    """K independent ``nn.MultiheadAttention(d, nhead, batch_first=True)`` used as self-attention,
+    with the same parameter names (``in_proj_weight[K, 3d, d]``, ``in_proj_bias``, ``out_proj``)."""
+
+    def __init__(self, members: int, d_model: int, nhead: int, rates: Sequence[float]) -> None:
+        super().__init__()
+        if d_model % nhead:
+            raise ValueError(f"d_model {d_model} is not a multiple of nhead {nhead}")
+        self.nhead = nhead
+        self.in_proj_weight = nn.Parameter(torch.empty(members, 3 * d_model, d_model))
+        self.in_proj_bias = nn.Parameter(torch.zeros(members, 3 * d_model))
+        self.out_proj = StackedLinear(members, d_model, d_model)
+        self.dropout = MemberDropout(rates)  # on the attention weights, as nn.MultiheadAttention
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, b, length, d = x.shape
+        head_dim = d // self.nhead
+        qkv = _stacked_affine(x, self.in_proj_weight, self.in_proj_bias)
+        # the 3d outputs are [q | k | v], each split into nhead contiguous heads, as in MHA
+        q, key, v = qkv.view(k, b, length, 3, self.nhead, head_dim).permute(3, 0, 1, 4, 2, 5).unbind(0)
+        if self.training and self.dropout.any:
+            out = self._attend_with_dropout(q, key, v)
+        else:
+            shape = (k * b, self.nhead, length, head_dim)
+            out = F.scaled_dot_product_attention(q.reshape(shape), key.reshape(shape), v.reshape(shape))
+            out = out.view(k, b, self.nhead, length, head_dim)
+        return self.out_proj(out.transpose(2, 3).reshape(k, b, length, d))
+
+    def _attend_with_dropout(self, q: torch.Tensor, key: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention spelled out, ``[K, B, H, L, hd]`` in and out: SDPA takes one dropout rate
+        and the global generator, the members need their own rate and generator on the weights."""
+        scores = torch.matmul(q, key.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        weights = self.dropout(torch.softmax(scores, dim=-1))
+        return torch.matmul(weights, v)
+
+
+class StackedEncoderLayer(nn.Module):
+    """K independent pre-norm ``nn.TransformerEncoderLayer(..., activation="gelu",
+    batch_first=True, norm_first=True)``, submodule for submodule."""
+
+    def __init__(self, members: int, d_model: int, nhead: int, dim_feedforward: int,
+                 rates: Sequence[float]) -> None:
+        super().__init__()
+        self.self_attn = StackedSelfAttention(members, d_model, nhead, rates)
+        self.linear1 = StackedLinear(members, d_model, dim_feedforward)
+        self.dropout = MemberDropout(rates)
+        self.linear2 = StackedLinear(members, dim_feedforward, d_model)
+        self.norm1 = StackedLayerNorm(members, d_model)
+        self.norm2 = StackedLayerNorm(members, d_model)
+        self.dropout1 = MemberDropout(rates)
+        self.dropout2 = MemberDropout(rates)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout1(self.self_attn(self.norm1(x)))
+        return x + self.dropout2(self.linear2(self.dropout(F.gelu(self.linear1(self.norm2(x))))))
+
+
+class StackedEncoder(nn.Module):
+    """``nn.TransformerEncoder``'s layout (``layers``, ``norm``) so the state dict names match."""
+
+    def __init__(self, layers: list[StackedEncoderLayer], norm: StackedLayerNorm) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+
+def _member_generators(module: nn.Module) -> list[torch.Generator]:
+    """The distinct per-member dropout generators inside ``module`` (none until seeded)."""
+    found: dict[int, torch.Generator] = {}
+    for m in module.modules():
+        if isinstance(m, MemberDropout) and m.any and m.generators is not None:
+            found.update((id(g), g) for g in m.generators)
+    return list(found.values())
+
+
+def _replaying(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``layer`` wrapped so that checkpoint's recomputation draws the same dropout masks.
+
+    checkpoint restores the global generators for the recomputation, not the members' own
+    ones: without this the recomputed masks differ from the forward's (wrong gradients) and
+    every member generator advances twice per step (masks that depend on checkpointing)."""
+    generators = _member_generators(layer)
+    before = [g.get_state() for g in generators]
+    calls = 0
+
+    def run(h: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        if calls == 1 or not generators:
+            return layer(h)
+        after = [g.get_state() for g in generators]
+        for g, state in zip(generators, before):
+            g.set_state(state)
+        try:
+            return layer(h)
+        finally:  # also when checkpoint stops the recomputation early
+            for g, state in zip(generators, after):
+                g.set_state(state)
+
+    return run
+
+
+class StackedTransformer(StackedModule):
+    """x[K, B, L, F] -> linear projection + positions -> pre-norm encoder -> pooled -> [K, B]."""
+
+    positions: torch.Tensor
+
+    def __init__(self, members: int, n_features: int, lookback: int, *, d_model: int = 64,
+                 nhead: int = 4, num_layers: int = 2, dim_feedforward: int = 128,
+                 dropout: Sequence[float] = (0.1,), positional: str = "learned",
+                 pooling: str = "last", gradient_checkpointing: bool = False) -> None:
+        super().__init__()
+        if len(dropout) not in (1, members):
+            raise ValueError(f"{len(dropout)} dropout rates for a stack of {members}")
+        self.members = members
+        rates = list(dropout) * members if len(dropout) == 1 else list(dropout)
+        self.project = StackedLinear(members, n_features, d_model)
+        self.learned_positions = positional == "learned"
+        if self.learned_positions:
+            self.positions = nn.Parameter(torch.randn(members, lookback, d_model) * 0.02)
+        else:
+            # fixed and equal for every member: one table, broadcast over K
+            self.register_buffer("positions", sinusoidal_positions(lookback, d_model), persistent=False)
+        layers = [StackedEncoderLayer(members, d_model, nhead, dim_feedforward, rates)
+                  for _ in range(num_layers)]
+        self.encoder = StackedEncoder(layers, StackedLayerNorm(members, d_model))
+        self.pooling = pooling
+        self.gradient_checkpointing = gradient_checkpointing
+        self.head = StackedLinear(members, d_model, 1)
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        """The one-member model's initialisation, drawn for the whole stack at once.
+
+        StackedLinear leaves its weights empty. The usual path loads K one-member models
+        instead (:meth:`load_member`); this makes a stack built on its own trainable too."""
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, StackedLinear):
+                    # nn.Linear's kaiming_uniform_(a=sqrt(5)) and bias bound: both 1/sqrt(fan_in)
+                    bound = 1.0 / math.sqrt(m.weight.shape[-1])
+                    m.weight.uniform_(-bound, bound)
+                    if m.bias is not None:
+                        m.bias.uniform_(-bound, bound)
+            for m in self.modules():
+                if isinstance(m, StackedSelfAttention):
+                    # nn.MultiheadAttention: xavier_uniform_ in-projection, zero biases
+                    out_dim, in_dim = m.in_proj_weight.shape[1:]
+                    bound = math.sqrt(6.0 / (in_dim + out_dim))
+                    m.in_proj_weight.uniform_(-bound, bound)
+                    m.in_proj_bias.zero_()
+                    assert m.out_proj.bias is not None
+                    m.out_proj.bias.zero_()
+
+    def no_weight_decay(self) -> set[str]:
+        """The one-member model's exemption: the learned position table, when there is one."""
+        return {"positions"} if self.learned_positions else set()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[0] != self.members:
+            raise ValueError(f"expected x[{self.members}, B, L, F], got {list(x.shape)}")
+        length = x.shape[2]
+        positions = self.positions[:, -length:].unsqueeze(1) if self.learned_positions \
+            else self.positions[-length:]
+        h = self.project(x) + positions
+        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        for layer in self.encoder.layers:
+            # trade one extra forward per layer for not storing its activations
+            h = checkpoint(_replaying(layer), h, use_reentrant=False) if checkpointing else layer(h)
+        h = self.encoder.norm(h)
+        pooled = h[:, :, -1] if self.pooling == "last" else h.mean(dim=2)
+        return self.head(pooled).squeeze(-1)

@@ -1,0 +1,325 @@
+"""Stacked training (issue 29): a stack of K members is K separate runs, to 1e-5.
+
+Equivalence is tested where it is exact: the same seeds, data and batch order as the lone runs
+(dropout 0, so no mask is drawn), one optimizer step and whole short runs."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sweeper.core import train
+from sweeper.core.schedule import make_optimizer
+from sweeper.core.stack_loop import Member, train_stack
+from sweeper.core.stack_optim import FlatStack, MemberScaler, StackedAdamW
+from sweeper.models.mlp import MLPModel
+from sweeper.models.stacked.mlp import StackedMLP
+from sweeper.validation.grid import seeded
+from tests.toy_panel import toy_config, toy_panel
+
+
+def _solos(k: int, **kw) -> list[MLPModel]:
+    out = []
+    for seed in range(k):
+        torch.manual_seed(seed)
+        out.append(MLPModel(3, 4, hidden_size=16, num_layers=2, dropout=0.0, **kw))
+    return out
+
+
+def _stack(solos: list[MLPModel]) -> StackedMLP:
+    stack = StackedMLP(len(solos), 3, 4, hidden_size=16, num_layers=2, dropout=[0.0])
+    for k, solo in enumerate(solos):
+        stack.load_member(k, solo.state_dict())
+    return stack
+
+
+def _close(stack, solos, rtol=1e-5):
+    for k, solo in enumerate(solos):
+        mine = stack.member_state(k)
+        for name, value in solo.state_dict().items():
+            torch.testing.assert_close(mine[name], value, rtol=rtol, atol=1e-7, msg=f"member {k} {name}")
+
+
+def _one_step(solos, stack, x, y, *, lr, wd, clip):
+    flat = FlatStack(stack)
+    opt = StackedAdamW(flat, lr, wd, clip)
+    flat.zero_grad()
+    ((stack(x) - y) ** 2).mean(1).sum().backward()
+    opt.step(torch.ones(len(solos)))
+    for k, solo in enumerate(solos):
+        o = make_optimizer(solo, lr[k], wd[k])
+        ((solo(x[k]) - y[k]) ** 2).mean().backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(list(solo.parameters()), clip)
+        o.step()
+    return opt
+
+
+def test_one_step_equals_separate_runs_with_member_hyperparameters():
+    solos = _solos(4)
+    stack = _stack(solos)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 32, 4, 3, generator=g), torch.randn(4, 32, generator=g)
+    lr, wd = [1e-3, 3e-3, 1e-2, 3e-4], [0.0, 0.01, 0.1, 0.5]
+    _one_step(solos, stack, x, y, lr=lr, wd=wd, clip=0.5)
+    _close(stack, solos)
+
+
+def test_clipping_is_per_member_an_exploding_member_moves_no_other():
+    solos = _solos(3)
+    reference = _solos(3)  # what members 0 and 2 become when member 1's gradient is ordinary
+    stack, ref_stack = _stack(solos), _stack(reference)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(3, 32, 4, 3, generator=g), torch.randn(3, 32, generator=g)
+    wild = y.clone()
+    wild[1] *= 1e6  # member 1's gradient explodes
+    _one_step(solos, stack, x, wild, lr=[1e-2] * 3, wd=[0.01] * 3, clip=1.0)
+    _one_step(reference, ref_stack, x, y, lr=[1e-2] * 3, wd=[0.01] * 3, clip=1.0)
+    for k in (0, 2):
+        for name, value in ref_stack.member_state(k).items():
+            torch.testing.assert_close(stack.member_state(k)[name], value, rtol=1e-6, atol=0)
+    _close(stack, solos)  # and the exploded member itself was clipped exactly as its lone run
+
+
+def test_a_masked_member_changes_nothing_and_a_nonfinite_one_skips_alone():
+    solos = _solos(3)
+    stack = _stack(solos)
+    before = [stack.member_state(k) for k in range(3)]
+    flat = FlatStack(stack)
+    opt = StackedAdamW(flat, [1e-2] * 3, [0.1] * 3, 1.0)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(3, 16, 4, 3, generator=g), torch.randn(3, 16, generator=g)
+    y[2, 0] = math.nan  # member 2's loss and gradient are NaN
+    flat.zero_grad()
+    ((stack(x) - y) ** 2).mean(1).sum().backward()
+    _, skipped = opt.step(torch.tensor([1.0, 0.0, 1.0]))  # member 1 masked (stopped)
+    assert skipped.tolist() == [0.0, 0.0, 1.0]
+    assert opt.steps.tolist() == [1.0, 0.0, 0.0]
+    after = [stack.member_state(k) for k in range(3)]
+    assert any(not torch.equal(before[0][n], after[0][n]) for n in before[0])
+    for k in (1, 2):
+        for n in before[k]:
+            assert torch.equal(before[k][n], after[k][n]), (k, n)
+    assert torch.isfinite(flat.values).all() and torch.isfinite(opt.exp_avg).all()
+
+
+def test_fp16_scales_are_per_member():
+    scaler = MemberScaler(3, "cpu", enabled=True)
+    scaler.update(torch.tensor([0.0, 1.0, 0.0]))
+    assert scaler.scale_.tolist() == [2.0 ** 16, 2.0 ** 15, 2.0 ** 16]
+
+
+@pytest.mark.parametrize("order,loss", [("random", "mse"), ("cross_section", "ic")])
+def test_a_stack_trains_each_member_as_its_lone_run(order, loss):
+    """Whole runs: three seeds of one config, stacked, against the three lone ``train`` runs:
+    the same best epochs, weights and scores (fp32, dropout 0)."""
+    panel = toy_panel()
+    cfg = toy_config(epochs=3, batch_order=order, loss=loss, schedule="cosine", warmup_frac=0.2,
+                     grad_clip=0.5, patience=2)
+    cfgs = [seeded(cfg, s) for s in range(3)]
+    alone = [train(c, panel, device="cpu") for c in cfgs]
+    stacked = train_stack([Member(c, panel) for c in cfgs], device="cpu")
+    for a, s in zip(alone, stacked):
+        assert s.metrics["best_epoch"] == a.metrics["best_epoch"]
+        assert s.metrics["epochs_run"] == a.metrics["epochs_run"]
+        for name, value in a.best_state.items():
+            if loss == "ic" and name == "net.7.bias":
+                # the IC loss does not see a shift of every prediction: this bias's gradient is
+                # round-off, which Adam scales up to a full step in either run alike
+                continue
+            torch.testing.assert_close(s.best_state[name], value, rtol=1e-4, atol=1e-6)
+        for key in ("val_ic", "test_ic", "val_rank_ic"):
+            assert s.metrics[key] == pytest.approx(a.metrics[key], rel=1e-4, abs=1e-6), key
+        assert [h["train_loss"] for h in s.history] == pytest.approx([h["train_loss"] for h in a.history],
+                                                                     rel=1e-4)
+
+
+class _Recorder:
+    """A hook that keeps what a stacked trial reports: one value per epoch, at offset + epoch."""
+
+    def __init__(self):
+        self.reported, self.rows, self.offset, self.runs = [], [], 0, []
+
+    def begin_run(self, fold, repeat, offset):
+        raise AssertionError("a stacked trial begins stacks, not runs")
+
+    def begin_stack(self, runs, offset):
+        self.runs, self.offset = runs, offset
+
+    def on_stack_epoch(self, epoch, metrics):
+        live = [m["val_ic"] for m in metrics if m is not None]
+        self.rows.append([(run, m["epoch"]) for run, m in zip(self.runs, metrics) if m is not None])
+        self.reported.append((self.offset + epoch, sum(live) / len(live)))
+        return False
+
+    def on_epoch(self, epoch, metrics):
+        raise AssertionError("a stacked trial reports stack epochs")
+
+    def should_stop(self):
+        return False
+
+    def tick(self):
+        return None
+
+    def on_probe(self, peak_mb):
+        return None
+
+
+def test_a_walk_forward_trial_stacks_its_folds_and_seeds_and_scores_as_one_by_one(study_file, tmp_path):
+    """3 folds x 2 seeds (train windows of different lengths) in stacks of 4 and 2, against the
+    same trial with ``train.max_stack: 1``: every run's scores alike; the pruner hears one value
+    per epoch per stack, the mean over its members."""
+    import time
+
+    from sweeper.config import load_config
+    from sweeper.data.load import load_panel
+    from sweeper.validation.grid import RunGrid
+    from sweeper.validation.runner import Trainer, train_runs
+
+    # no samples_per_epoch: the folds' train windows differ, so their epochs have different step
+    # counts and the shorter folds' members are masked for the steps they do not have
+    path = study_file({"validation": {"scheme": "walk_forward", "folds": 3, "repeats": 2},
+                       "train": {"max_stack": 4, "epochs": 2, "samples_per_epoch": None, "batch_size": 512}})
+    cfg = load_config(path)
+    assert RunGrid.of(cfg).stacks() == [[(0, 0), (0, 1), (1, 0), (1, 1)], [(2, 0), (2, 1)]]
+    panel = load_panel(cfg.data)
+    hook = _Recorder()
+    stacked = train_runs(panel, Trainer(cfg, hook, time.monotonic()))
+    lone_cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_stack": 1})})
+    lone = train_runs(panel, Trainer(lone_cfg, NullHookish(), time.monotonic()))
+    assert [(r.fold, r.repeat, r.seed) for r in stacked.runs] == [(r.fold, r.repeat, r.seed) for r in lone.runs]
+    for s, a in zip(stacked.runs, lone.runs):
+        for key in ("val_ic", "val_rank_ic", "best_epoch"):
+            assert s.metrics[key] == pytest.approx(a.metrics[key], rel=1e-4, abs=1e-6), key
+    assert stacked.model is not None and stacked.model.metrics["test_ic"] == pytest.approx(
+        lone.model.metrics["test_ic"], rel=1e-4)
+    assert [step for step, _ in hook.reported] == [1, 2, 3, 4]  # stack 2 reports after stack 1's epochs
+    assert hook.rows[0] == [((0, 0), 1), ((0, 1), 1), ((1, 0), 1), ((1, 1), 1)]
+
+
+class NullHookish(_Recorder):
+    def begin_run(self, fold, repeat, offset):
+        return None
+
+    def on_epoch(self, epoch, metrics):
+        return False
+
+
+def test_the_worker_hook_reports_the_mean_over_a_stacks_members_and_writes_each_members_row(tmp_path,
+                                                                                          capsys):
+    import csv
+
+    import optuna
+
+    from sweeper.interrupt import StopToken
+    from sweeper.worker.hook import OptunaHook
+
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    hook = OptunaHook(trial, "val_ic", 0, tmp_path / "metrics.csv", StopToken())
+    hook.begin_stack([(0, 0), (0, 1), (1, 0)], offset=10)
+    assert not hook.on_stack_epoch(1, [{"val_ic": 0.1}, {"val_ic": 0.2}, {"val_ic": 0.6}])
+    assert not hook.on_stack_epoch(2, [{"val_ic": 0.3}, None, {"val_ic": 0.5}])  # member 2 stopped
+    assert trial.storage.get_trial(trial._trial_id).intermediate_values == pytest.approx({11: 0.3, 12: 0.4})
+    with (tmp_path / "metrics.csv").open() as fh:
+        rows = [(r["fold"], r["repeat"], r["epoch"], r["val_ic"]) for r in csv.DictReader(fh)]
+    assert rows == [("1", "1", "1", "0.1"), ("1", "2", "1", "0.2"), ("2", "1", "1", "0.6"),
+                    ("1", "1", "2", "0.3"), ("2", "1", "2", "0.5")]
+    events = [line for line in capsys.readouterr().out.splitlines() if '"epoch"' in line]
+    assert len(events) == 5
+
+
+class _StopAt(NullHookish):
+    """Asks the stack to stop at the first step of epoch ``epoch``."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch, self.seen = epoch, 0
+
+    def on_stack_epoch(self, epoch, metrics):
+        self.seen = epoch
+        return False
+
+    def should_stop(self):
+        return self.seen == self.epoch - 1
+
+
+def test_a_stack_stopped_mid_run_continues_from_its_checkpoint_as_if_never_stopped(tmp_path):
+    from sweeper.core import FileCheckpointer
+    from sweeper.errors import Interrupted
+
+    panel = toy_panel()
+    cfg = toy_config(epochs=4, schedule="cosine", patience=10, model={"name": "mlp", "hidden_size": 16,
+                                                                       "dropout": 0.2})
+    cfgs = [seeded(cfg, s) for s in range(3)]
+    whole = train_stack([Member(c, panel) for c in cfgs], device="cpu")
+    ckpt = FileCheckpointer(tmp_path / "checkpoint.pt")
+    with pytest.raises(Interrupted):
+        train_stack([Member(c, panel) for c in cfgs], device="cpu", checkpoint=ckpt, hook=_StopAt(3))
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["epoch"] == 2
+    again = train_stack([Member(c, panel) for c in cfgs], device="cpu", checkpoint=ckpt)
+    for a, b in zip(whole, again):
+        assert [h["val_ic"] for h in b.history] == [h["val_ic"] for h in a.history]
+        for name, value in a.best_state.items():
+            assert torch.equal(b.best_state[name], value), name
+
+
+class _StackMemory:
+    """A device whose step needs ``per_row`` bytes for every row of every member it holds."""
+
+    base_bytes = 0
+
+    def __init__(self, free, per_row):
+        self.free, self.per_row, self.rows, self.peak = free, per_row, 0, 0
+
+    def free_bytes(self):
+        return self.free
+
+    def reset_peak(self):
+        self.peak = 0
+
+    def peak_bytes(self):
+        return self.peak
+
+    def saw(self, rows):
+        self.peak = max(self.peak, self.per_row * rows)
+
+
+def test_the_batch_probe_sizes_the_micro_batch_for_every_member_of_the_stack(monkeypatch):
+    import sweeper.core.stack_loop as S
+    import sweeper.core.stack_step as P
+
+    mem = _StackMemory(free=1_000_000, per_row=100)  # budget 0.9e6 = 9000 rows in all
+    real = P.gather_stack
+
+    def counting(batchers, rows, width):
+        mem.saw(len(batchers) * width)
+        return real(batchers, rows, width)
+
+    monkeypatch.setattr(P, "gather_stack", counting)
+    monkeypatch.setattr(S, "trial_memory", lambda device: _Mem(mem))
+    panel = toy_panel(T=200, N=64)
+    cfg = toy_config(epochs=1, batch_size="auto", max_batch_size=4096, min_micro_batch=8)
+    results = train_stack([Member(seeded(cfg, s), panel) for s in range(4)], device="cpu")
+    # 4 members: at most 9000 / 4 = 2250 rows each; doubling from 512 fails at 4096 (4 x 4096 x 100 bytes)
+    assert results[0].metrics["micro_batch_size"] == 2250
+    alone = train_stack([Member(cfg, panel)], device="cpu")
+    assert alone[0].metrics["micro_batch_size"] == 4096  # one member: the cap (4096 x 100 bytes fit)
+
+
+class _Mem:
+    def __init__(self, reader):
+        self._reader = reader
+
+    def reader(self):
+        return self._reader
+
+    def start_peak_mb(self, probed_mb):
+        return probed_mb
+
+    def reset_peak(self):
+        return None
+
+    def peak_mb(self):
+        return math.nan
