@@ -10,6 +10,10 @@
    ``devices.trials_per_gpu: auto`` and then ``1``, same study and same budget (study.timeout):
    trials per hour, the most trials at once (from the store), and the GPU's utilisation sampled
    from NVML every 0.5 s while each sweep runs
+5. stacked: K seeds of one model trained as one stack (``sweeper.core.stack_loop``, issue 29),
+   K = 1, 4, 8, 16, for the MLP, the transformer and the LSTM of the main studies' sizes
+   (``studies/*_ic.yaml``): the stack's samples/s (every member's rows), its speed-up over K = 1
+   times K (> 1: stacking beats K separate runs), peak memory and the GPU's busy share (NVML)
 
 The last line of output is one JSON summary (a section that fails reports its error there).
 Without CUDA it says so, prints {"cuda": false} and exits 0. ``--cpu-smoke`` runs every section's
@@ -421,6 +425,41 @@ def packed_vs_one(smoke: bool, deadline: float, folder: Path, uuid: str | None) 
 # ---------------------------------------------------------------- the run
 
 
+# ---------------------------------------------------------------- 5. stacked runs
+
+STACKED = {"mlp": {"name": "mlp", "hidden_size": 64, "num_layers": 2, "dropout": 0.1},
+           "transformer": {"name": "transformer", "d_model": 32, "nhead": 2, "num_layers": 1,
+                           "dim_feedforward": 64, "dropout": 0.0},
+           "lstm": {"name": "lstm", "hidden_size": 64, "num_layers": 2, "dropout": 0.1}}
+
+
+def stacked_runs(panel, synthetic: dict, device: torch.device, ks: tuple[int, ...], uuid: str | None,
+                 deadline: float) -> dict:
+    """Samples/s of a stack of K seeds (the second epoch), against K = 1's, and the GPU's busy share."""
+    from sweeper.core.stack_loop import Member, train_stack
+    from sweeper.validation.grid import seeded
+
+    rows = []
+    for name, model in STACKED.items():
+        one = None
+        for k in ks:
+            if time.monotonic() > deadline:
+                rows.append({"model": name, "k": k, "skipped": "time budget"})
+                continue
+            cfg = config(model, synthetic, batch_size=512, samples_per_epoch=65536, precision="auto")
+            with UtilSampler(uuid) as util:
+                results = train_stack([Member(seeded(cfg, r), panel) for r in range(k)], device=device)
+            last = results[0].history[-1]
+            rate = k * last["samples_per_s"]  # each member's rows per second, times its members
+            one = rate if k == 1 else one
+            row = {"model": name, "k": k, "samples_per_s": round(rate), "peak_mem_mb": round(last["peak_mem_mb"], 1),
+                   "vs_k_separate": round(rate / one, 2) if one else None, "gpu_util": util.summary()}
+            print(f"  {name:12s} K={k:<3d} {row['samples_per_s']:>10,} samples/s  x{row['vs_k_separate']} of K "
+                  f"separate  {row['peak_mem_mb']:>9.1f} MiB", flush=True)
+            rows.append(row)
+    return {"runs": rows}
+
+
 def section(summary: dict, name: str, fn: Callable[[], Any]) -> None:
     print(f"== {name}", flush=True)
     start = time.monotonic()
@@ -468,10 +507,12 @@ def main(argv: list[str] | None = None) -> int:
                                                           start + 0.25 * budget))
         section(summary, "probe", lambda: probe_vs_scan(panel, synthetic, device, 4.0, start + 0.4 * budget))
         section(summary, "oom", lambda: oom_recovery(panel, synthetic, device, folder))
+        ks = (1, 4) if smoke else (1, 4, 8, 16)
+        section(summary, "stacked", lambda: stacked_runs(panel, synthetic, device, ks, uuid, start + 0.6 * budget))
         release_memory()  # the sweeps' workers need the GPU more than this process's cache does
         section(summary, "packing", lambda: packed_vs_one(smoke, start + budget, folder, uuid))
     summary["total_s"] = round(time.monotonic() - start, 1)
-    summary["ok"] = all("error" not in summary[k] for k in ("throughput", "probe", "oom", "packing"))
+    summary["ok"] = all("error" not in summary[k] for k in ("throughput", "probe", "oom", "stacked", "packing"))
     print(json.dumps(summary))
     return 0
 

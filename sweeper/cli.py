@@ -180,6 +180,10 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
         click.echo(f"  test: {' to '.join(plan.panel.split_dates['test'])}")
     click.echo(f"  storage: {plan.storage_url}")
     click.echo("  slots: " + ", ".join(s.label for s in plan.slots))
+    if plan.cfg.validation.runs > 1:
+        from sweeper.models.check import runs_line
+
+        click.echo(f"  runs: {runs_line(plan.cfg, len(plan.panel.features))}")
 
 
 @main.command("train")

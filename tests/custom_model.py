@@ -77,3 +77,17 @@ class Frozen(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x[:, -1]).squeeze(-1) + 0.0 * self.unused
+
+
+class TinyLSTM(nn.Module):
+    """An nn.LSTM on the window: torch.func.vmap has no batching rule for it, so its stacks run
+    each member's forward in turn."""
+
+    def __init__(self, n_features: int, lookback: int, hidden: int = 4) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(n_features, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1]).squeeze(-1)

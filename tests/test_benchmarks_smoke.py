@@ -70,6 +70,10 @@ def test_gpu_check_cpu_smoke_runs_every_section():
     assert [s["size"] for s in out["probe"]["scan"]] == [64, 128, 256, 450, 512]
     assert out["oom"] == {**out["oom"], "batch_size": 256, "micro_batch_size": 128, "accum_steps": 2,
                           "recovered": True}
+    stacked = out["stacked"]["runs"]
+    assert [(r["model"], r["k"]) for r in stacked] == [(m, k) for m in ("mlp", "transformer", "lstm") for k in (1, 4)]
+    assert all(r["samples_per_s"] > 0 and r["gpu_util"]["samples"] == 0 for r in stacked)
+    assert [r["vs_k_separate"] for r in stacked if r["k"] == 1] == [1.0, 1.0, 1.0]
     packing = out["packing"]
     for per_gpu in ("auto", 1):
         row = packing[f"per_gpu_{per_gpu}"]

@@ -323,3 +323,65 @@ class _Mem:
 
     def peak_mb(self):
         return math.nan
+
+
+@pytest.mark.parametrize(("model", "plan"), [
+    ({"name": "custom_model:Tiny", "scale": 2.0}, "stacked, batched by torch.func.vmap"),
+    ({"name": "custom_model:TinyLSTM"}, "stacked, one member's forward after another: torch.func.vmap cannot run "
+                                        "it (RuntimeError: Batching rule not implemented for aten::lstm"),
+])
+def test_a_user_model_stacks_through_torch_func_and_trains_as_its_lone_runs(model, plan, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    sys.modules.pop("custom_model", None)
+    panel = toy_panel()
+    cfg = toy_config(model=model, epochs=2, schedule="cosine", grad_clip=0.5)
+    cfgs = [seeded(cfg, s) for s in range(3)]
+    alone = [train(c, panel, device="cpu") for c in cfgs]
+    lines: list[str] = []
+    stacked = train_stack([Member(c, panel) for c in cfgs], device="cpu", log=lines.append)
+    assert any(plan in line for line in lines), lines
+    for a, s in zip(alone, stacked):
+        for name, value in a.best_state.items():
+            torch.testing.assert_close(s.best_state[name], value, rtol=1e-4, atol=1e-6)
+        assert s.metrics["val_ic"] == pytest.approx(a.metrics["val_ic"], rel=1e-4)
+
+
+def test_one_step_of_a_vmapped_user_model_equals_its_lone_runs(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from sweeper.models.stacked.func import VMAP, FuncStack
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    sys.modules.pop("custom_model", None)
+    from custom_model import Tiny
+
+    solos = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        solos.append(Tiny(3, 4, scale=2.0))
+    stack = FuncStack(solos, VMAP)
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(3, 32, 4, 3, generator=g), torch.randn(3, 32, generator=g)
+    _one_step(solos, stack, x, y, lr=[1e-2, 3e-3, 1e-3], wd=[0.0, 0.1, 0.01], clip=0.5)
+    _close(stack, solos)
+
+
+@pytest.mark.slow  # a user model's plan is found in a checking child, as all user code runs
+@pytest.mark.parametrize(("model", "how"), [
+    ("custom_model:Tiny", "stacked, batched by torch.func.vmap"),
+    ("custom_model:TinyLSTM", "stacked, one member's forward after another: torch.func.vmap cannot run it"),
+])
+def test_validate_says_how_a_user_models_runs_stack(study_file, model, how):
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    path = study_file({"model": {"name": model}, "validation": {"repeats": 3}})
+    done = CliRunner().invoke(main, ["validate", str(path)], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    (line,) = [x for x in done.output.splitlines() if x.startswith("  runs:")]
+    assert line.startswith(f"  runs: 3 per trial, in stacks of up to 3: model.name '{model}': {how}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import signal
 import statistics
@@ -28,6 +29,9 @@ from sweeper.validation.grid import RunGrid
 from sweeper.validation.runner import RunStore, Trainer, train_runs
 from sweeper.validation.scores import daily_valid, objective, trial_attrs
 from sweeper.worker.hook import OptunaHook
+from sweeper.inspect.printing import validation_line
+from sweeper.quant import ic as M
+from sweeper.errors import ConfigError
 
 WF = {"validation": {"scheme": "walk_forward", "folds": 3}}
 
@@ -97,6 +101,33 @@ def test_runs_and_scores_in_process(study_file, tmp_path):
     lower = attrs["val_rank_ic"] - attrs["val_rank_ic_se"]
     assert objective(out.runs, lcb) == pytest.approx(lower, abs=1e-12)
     pd.testing.assert_frame_equal(again.predictions[(2, 1)], out.predictions[(2, 1)], check_dtype=False)
+
+
+def test_aggregate_ensemble_scores_each_folds_seed_ensemble(study_file, tmp_path):
+    path = study_file({"validation": {"scheme": "walk_forward", "folds": 2, "repeats": 2,
+                                      "aggregate": "ensemble"}, "study": {"metric": "val_rank_ic"}})
+    cfg, files, out = _outcome(path, tmp_path)
+    attrs = trial_attrs(out.runs, cfg, folds_run=out.folds_run, spans=out.spans, predictions=out.predictions)
+    per_fold = []
+    for f in range(2):
+        both = pd.concat([out.predictions[(f, r)] for r in range(2)])
+        mean = both.groupby(["date", "asset"], as_index=False).agg(pred=("pred", "mean"), label=("label", "first"))
+        per_fold.append(M.ic_report(mean)["rank_ic"])
+    assert objective(out.runs, cfg, out.predictions) == pytest.approx(statistics.mean(per_fold), abs=1e-12)
+    # the ensemble is its own figure: not the mean of the seeds' rank ICs
+    assert objective(out.runs, cfg, out.predictions) != pytest.approx(attrs["val_rank_ic"], abs=1e-9)
+    line = validation_line(cfg.validation.model_dump(), "val_rank_ic", True)
+    assert line.endswith("objective = each fold's seed ensemble, mean over folds of val_rank_ic")
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"validation": {"aggregate": "ensemble"}}, "aggregate: ensemble scores each fold's seed ensemble"),
+    ({"validation": {"aggregate": "ensemble", "repeats": 2}, "study": {"metric": "val_loss"}},
+     "scores the seed ensemble's val_ic, val_rank_ic, val_icir; study.metric is 'val_loss'"),
+])
+def test_aggregate_ensemble_needs_seeds_and_an_ic_metric(study_file, over, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(study_file(over))
 
 
 def test_holdout_with_repeats_is_one_fold_of_seeds(study_file, tmp_path):
@@ -277,11 +308,13 @@ def test_time_budget_counts_across_folds(study_file):
     assert "test_ic" not in ua  # the model (the last fold's) never ran
 
 
-def test_pruned_in_fold_1_runs_no_later_fold(study_file, tmp_path):
-    """A real study with a median pruner: the peer's value at step 1 (fold 1, seed 1, epoch 1) is
-    far above; the trial is pruned there, and no later fold runs."""
-    path = study_file({**WF, "model": {"name": "fault_models:Probe", "kind": "noise", "hidden": 8}},
-                      replace=("model",))
+@pytest.mark.parametrize("max_stack", [1, 8])
+def test_pruned_in_fold_1_runs_no_later_fold(study_file, tmp_path, max_stack):
+    """A real study with a median pruner: the peer's value at step 1 is far above; the trial is
+    pruned there. One run at a time (step 1: fold 1, seed 1, epoch 1): no later fold runs. In one
+    stack of the 3 folds (step 1: the stack's epoch 1): every fold stops at its first epoch."""
+    path = study_file({**WF, "model": {"name": "fault_models:Probe", "kind": "noise", "hidden": 8},
+                       "train": {"max_stack": max_stack}}, replace=("model",))
     cfg = load_config(path)
     study = optuna.create_study(direction="maximize",
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0))
@@ -292,9 +325,13 @@ def test_pruned_in_fold_1_runs_no_later_fold(study_file, tmp_path):
     files.folder.mkdir(parents=True)
     hook = OptunaHook(trial, "val_ic", trial.number, files.metrics, StopToken())
     out = train_runs(load_panel(cfg.data), Trainer(cfg, hook, time.monotonic(), store=RunStore(files, {}, RunGrid.of(cfg))))
-    assert hook.pruned and out.cut_short == "pruned" and out.folds_run == 1
-    assert [p.name for p in files.runs.iterdir()] == ["fold-1.seed-1"]
-    assert list(study.trials[1].intermediate_values) == [1]
+    assert hook.pruned and out.stop_reason == "pruned" and list(study.trials[1].intermediate_values) == [1]
+    if max_stack == 1:
+        assert out.cut_short == "pruned" and out.folds_run == 1
+        assert [p.name for p in files.runs.iterdir()] == ["fold-1.seed-1"]
+    else:
+        assert out.folds_run == 3 and [r.metrics["epochs_run"] for r in out.runs] == [1, 1, 1]
+        assert sorted(p.name for p in files.runs.iterdir()) == [f"fold-{f}.seed-1" for f in (1, 2, 3)]
 
 
 @pytest.mark.parametrize("max_stack", [1, 4, 3])

@@ -219,6 +219,9 @@ class ModelConfig(BaseModel):
         return {k: getattr(self, k) for k in sorted(keys)}
 
 
+ENSEMBLE_METRICS = ("val_ic", "val_rank_ic", "val_icir")  # what validation.aggregate: ensemble can score
+
+
 class TrainConfig(_Strict):
     epochs: int = Field(20, ge=1)
     batch_size: int | Literal["auto"] = 1024
@@ -340,6 +343,14 @@ class SweeperConfig(_Strict):
                 if on:
                     raise ValueError(f"{key} needs at least two scores per trial: set "
                                      "validation.scheme: walk_forward, or validation.repeats >= 2")
+        return self
+
+    @model_validator(mode="after")
+    def _ensemble_metric(self) -> SweeperConfig:
+        # a seed ensemble is scored by the IC of its mean prediction: a loss has no ensemble figure
+        if self.validation.aggregate == "ensemble" and self.study.metric not in ENSEMBLE_METRICS:
+            raise ValueError(f"validation.aggregate: ensemble scores the seed ensemble's "
+                             f"{', '.join(ENSEMBLE_METRICS)}; study.metric is {self.study.metric!r}")
         return self
 
     @model_validator(mode="after")

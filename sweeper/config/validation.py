@@ -12,6 +12,8 @@
 score is the mean of the seed scores. The objective is the mean over folds of
 ``study.metric``, or with ``aggregate: lcb`` that mean less one standard error (plus one, for a
 metric that is minimised): a config that is good on every fold beats one that is great on one.
+With ``aggregate: ensemble`` (``repeats >= 2``) a fold's score is instead the score of its seed
+ensemble (the mean of the seeds' predictions), so a pick is judged on the model it deploys.
 """
 from __future__ import annotations
 
@@ -33,13 +35,15 @@ class ValidationConfig(BaseModel):
     # scikit-learn's TimeSeriesSplit)
     valid_dates: int | None = Field(None, ge=1)
     repeats: int = Field(1, ge=1)
-    aggregate: Literal["mean", "lcb"] = "mean"
+    aggregate: Literal["mean", "lcb", "ensemble"] = "mean"
 
     @model_validator(mode="after")
     def _keys_of_their_scheme(self) -> ValidationConfig:
         if self.train_dates is not None and self.window != "rolling":
             raise ValueError("train_dates is the length of a rolling window: "
                              "set validation.window: rolling, or drop train_dates")
+        if self.aggregate == "ensemble" and self.repeats < 2:
+            raise ValueError("aggregate: ensemble scores each fold's seed ensemble: set repeats >= 2")
         return self
 
     @property
@@ -59,5 +63,6 @@ class ValidationConfig(BaseModel):
 
 def objective_label(metric: str, validation: ValidationConfig) -> str:
     """What a trial's value is called where it is shown beside the metric's own figures:
-    ``lcb(val_ic)`` under ``aggregate: lcb`` (the value is not the val_ic attribute then)."""
-    return f"lcb({metric})" if validation.aggregate == "lcb" else metric
+    ``lcb(val_ic)`` under ``aggregate: lcb``, ``ensemble(val_ic)`` under ``aggregate: ensemble``
+    (the value is not the val_ic attribute then)."""
+    return metric if validation.aggregate == "mean" else f"{validation.aggregate}({metric})"

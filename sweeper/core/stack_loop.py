@@ -88,6 +88,7 @@ def train_stack(
         members[0].panel.lookback,
         [lane.solo for lane in lanes],
     ).to(device)
+    say(stack.plan)
     dropout = stack.seed_members([m.cfg.train.seed for m in members], device)
     flat = FlatStack(stack)
     optimizer = StackedAdamW(

@@ -112,7 +112,9 @@ def validation_line(validation: dict[str, Any], metric: str, walk: bool) -> str:
     if validation["repeats"] > 1:
         parts.append(f"{validation['repeats']} seed repeats")
     over = "folds" if walk else "seeds"
-    how = f"mean - 1 se over {over}" if validation["aggregate"] == "lcb" else f"mean over {over}"
+    ensemble = "each fold's seed ensemble, mean over folds" if walk else "the seed ensemble"
+    how = {"lcb": f"mean - 1 se over {over}", "ensemble": ensemble}.get(validation["aggregate"],
+                                                                        f"mean over {over}")
     return f"validation: {validation['scheme']}, {', '.join(parts)}; objective = {how} of {metric}"
 
 

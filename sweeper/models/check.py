@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper.config import ModelConfig
+from sweeper.config import ModelConfig, SweeperConfig
 from sweeper.errors import ConfigError
 from sweeper.models import check_cache
 
@@ -134,6 +134,42 @@ def _run_child(jobs: list[Job], n_features: int, lookback: int) -> tuple[list[st
     return answers, f"killed the Python process ({_how(code)})"
 
 
+def runs_line(cfg: SweeperConfig, n_features: int) -> str:
+    """``sweeper validate``'s line on a trial's runs: how many, in stacks of how many, and how
+    its model stacks."""
+    runs, stacks = cfg.validation.runs, min(cfg.train.max_stack, cfg.validation.runs)
+    how = (stack_plan_line(cfg.model, n_features, cfg.data.lookback) if stacks > 1
+           else "one run after another (train.max_stack: 1)")
+    return f"{runs} per trial, in stacks of up to {stacks}: {how}"
+
+
+def stack_plan_line(model: ModelConfig, n_features: int, lookback: int) -> str:
+    """How the trial's runs of ``model`` stack (:func:`sweeper.models.stacked.build.stack_plan`):
+    a built-in's answer needs nothing built; a user model's is found by trying torch.func.vmap
+    on two of its members, in a child process like every other run of user code."""
+    if not model.is_custom:
+        return f"model {model.name}: stacked natively"
+    request = json.dumps({"n_features": n_features, "lookback": lookback, "plan": model_section(model)})
+    try:
+        done = subprocess.run([sys.executable, "-m", "sweeper.models.check"], input=request,
+                              capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"model.name {model.name!r}: not known (the check did not finish within {CHECK_TIMEOUT_S:g} s)"
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines or "plan" not in lines[0]:
+        return f"model.name {model.name!r}: not known (the check {_how(done.returncode)})"
+    return str(lines[0]["plan"])
+
+
+def _plan_in_child(section: dict[str, Any], n_features: int, lookback: int) -> str:
+    from sweeper.models.build import build_model
+    from sweeper.models.stacked.build import stack_plan
+
+    cfg = ModelConfig.model_validate(section)
+    members = [build_model(cfg, n_features, lookback) for _ in range(2)]
+    return stack_plan(cfg, members, n_features, lookback)[1]
+
+
 def _how(code: int) -> str:
     if code < 0:
         try:
@@ -150,6 +186,10 @@ def main() -> int:
     os.dup2(2, 1)  # a model's own prints go to stderr, never into the answers
     sys.stdout = sys.stderr
     request = json.load(sys.stdin)
+    if "plan" in request:  # stack_plan_line's question
+        answers.write(json.dumps({"plan": _plan_in_child(request["plan"], request["n_features"],
+                                                         request["lookback"])}) + "\n")
+        return 0
     for raw in request["jobs"]:
         job = Job(**raw)
         error = check_one(job, request["n_features"], request["lookback"])

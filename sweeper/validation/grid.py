@@ -29,11 +29,10 @@ class RunGrid:
 
     @classmethod
     def of(cls, cfg: SweeperConfig) -> RunGrid:
-        """The grid of a trial trained under ``cfg`` (its validation section and train.epochs):
-        a built-in model stacks up to ``train.max_stack`` runs; a user's model (``module:Class``)
-        trains its runs one after another."""
-        stack = 1 if cfg.model.is_custom else cfg.train.max_stack
-        return cls(cfg.validation.n_folds, cfg.validation.repeats, cfg.train.epochs, stack)
+        """The grid of a trial trained under ``cfg`` (its validation section and train.epochs),
+        in stacks of up to ``train.max_stack`` runs (a user's ``module:Class`` too, through
+        torch.func: :mod:`sweeper.models.stacked.func`)."""
+        return cls(cfg.validation.n_folds, cfg.validation.repeats, cfg.train.epochs, cfg.train.max_stack)
 
     def stacks(self) -> list[list[tuple[int, int]]]:
         """The cells in the order they train, grouped into the stacks that train as one."""

@@ -30,7 +30,7 @@ def attrs_of(out: R.TrialRuns, cfg: SweeperConfig) -> tuple[float, dict[str, Any
                                    predictions=out.predictions)}
     attrs["stop_reason"] = out.stop_reason
     attrs["duration_s"] = sum(float(r.metrics.get("duration_s") or 0.0) for r in out.runs)  # every run's
-    return objective(out.runs, cfg), attrs
+    return objective(out.runs, cfg, out.predictions), attrs
 
 
 def summary(out: R.TrialRuns, cfg: SweeperConfig) -> dict[str, Any]:

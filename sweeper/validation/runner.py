@@ -194,9 +194,6 @@ def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
     out = TrialRuns(grid, folds, fold_spans(panel, folds) if grid.folded else [])
     deadline = trainer.started + cfg.train.max_minutes * 60 if cfg.train.max_minutes else math.inf
     panels: dict[int, Panel] = {}
-    if cfg.model.is_custom and grid.runs > 1 and cfg.train.max_stack > 1 and trainer.log is not None:
-        trainer.log(f"model.name {cfg.model.name!r} is a user model: its {grid.runs} runs train one after "
-                    "another, not stacked")
     for cells in grid.stacks():
         todo = []
         for fold, seed in cells:

@@ -54,9 +54,13 @@ def standard_error(runs: Sequence[TrainingRun], key: str) -> float:
     return statistics.stdev(finite) / math.sqrt(len(finite))
 
 
-def objective(runs: Sequence[TrainingRun], cfg: SweeperConfig) -> float:
-    """The trial's value: the mean over folds of ``study.metric`` (lcb: less one standard error)."""
+def objective(runs: Sequence[TrainingRun], cfg: SweeperConfig,
+              predictions: Mapping[tuple[int, int], pd.DataFrame] | None = None) -> float:
+    """The trial's value: the mean over folds of ``study.metric`` (lcb: less one standard error;
+    ensemble: of each fold's seed ensemble, from the runs' valid ``predictions``)."""
     metric = cfg.study.metric
+    if cfg.validation.aggregate == "ensemble":
+        return _mean(ensemble_fold_scores(runs, predictions or {}, metric))
     mean = _mean(fold_scores(runs, metric))
     if cfg.validation.aggregate != "lcb":
         return mean
@@ -74,14 +78,23 @@ def seed_sd(runs: Sequence[TrainingRun], key: str = "val_ic") -> float:
     return _mean(sds)
 
 
-def ensemble_ic(frames: Sequence[pd.DataFrame]) -> float:
-    """The IC of the mean of several seeds' valid predictions (``date, asset, pred, label``)."""
+def ensemble_ic(frames: Sequence[pd.DataFrame], metric: str = "val_ic") -> float:
+    """``metric`` (val_ic, val_rank_ic, val_icir) of the mean of several seeds' predictions
+    (``date, asset, pred, label``)."""
     if not frames:
         return math.nan
     stacked = pd.concat([f[["date", "asset", "pred", "label"]] for f in frames], ignore_index=True)
     mean = stacked.groupby(["date", "asset"], sort=True, as_index=False).agg(pred=("pred", "mean"),
                                                                            label=("label", "first"))
-    return float(M.ic_report(mean)["ic"])
+    return float(M.ic_report(mean)[metric.removeprefix("val_")])  # type: ignore[literal-required]
+
+
+def ensemble_fold_scores(runs: Sequence[TrainingRun], predictions: Mapping[tuple[int, int], pd.DataFrame],
+                         metric: str = "val_ic") -> list[float]:
+    """Per fold (in fold order), ``metric`` of the fold's seed ensemble on its valid block."""
+    return [ensemble_ic([predictions[(r.fold, r.repeat)] for r in runs
+                         if r.fold == f and (r.fold, r.repeat) in predictions], metric)
+            for f in sorted({r.fold for r in runs})]
 
 
 def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: int,
@@ -99,11 +112,7 @@ def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: i
         attrs[K.FOLD_DATES] = spans
     if grid.repeats > 1:
         attrs[K.SEED_VAL_IC_SD] = seed_sd(runs)
-        per_fold = []
-        for f in sorted({r.fold for r in runs}):
-            frames = [predictions[(r.fold, r.repeat)] for r in runs if r.fold == f
-                      and (r.fold, r.repeat) in predictions]
-            per_fold.append(ensemble_ic(frames))
+        per_fold = ensemble_fold_scores(runs, predictions)
         attrs[K.FOLD_SEED_ENSEMBLE_VAL_IC] = per_fold
         attrs[K.SEED_ENSEMBLE_VAL_IC] = _mean(per_fold)
     attrs[K.FOLD_BEST_EPOCH] = [int(statistics.median_low([int(r.metrics.get("best_epoch") or 0)

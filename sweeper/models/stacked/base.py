@@ -87,6 +87,7 @@ class StackedModule(nn.Module):
     """A stack of ``members`` models with one-member parameter names (see the module's doc)."""
 
     members: int
+    plan: str = ""  # how it stacks, for the log (sweeper.models.stacked.build.stack_plan)
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member ``k``'s weights as its one-member model's state dict (CPU copies)."""

@@ -1,9 +1,10 @@
-"""``model.name`` -> a stack of K members with one-member weights: the built-ins, natively.
+"""``model.name`` -> a stack of K members with one-member weights: the built-ins natively, a
+user's ``module:Class`` through ``torch.func`` (:mod:`sweeper.models.stacked.func`).
 
 A stack is built from K one-member models built as a lone run builds them (each after
 ``seed_everything`` with its member's seed), so every member starts exactly where its separate
-run would have started. ``stackable`` says whether a model config gets a native stack; a model
-that does not (a user's ``module:Class``) trains its members one after another.
+run would have started. :func:`stack_plan` says how a model config stacks, for the log and for
+``sweeper validate``.
 """
 from __future__ import annotations
 
@@ -19,23 +20,39 @@ SHAPE_FIELDS = ("name", "hidden_size", "num_layers", "d_model", "nhead", "dim_fe
                 "pooling", "gradient_checkpointing")
 
 
-def stackable(model_cfg: ModelConfig) -> str | None:
-    """None when ``model_cfg`` has a native stack; otherwise why not, for the log."""
-    if model_cfg.is_custom:
-        return f"model.name {model_cfg.name!r} is a user model: its members train one after another"
-    return None
+def stack_plan(model_cfg: ModelConfig, members: Sequence[nn.Module], n_features: int,
+               lookback: int) -> tuple[str, str]:
+    """(mode, one line): how a stack of ``model_cfg`` trains: ``native`` (a built-in), or a user
+    model through torch.func, ``vmap`` or, where vmap cannot run it, ``loop`` (each member's
+    forward in turn; the line says what vmap refused)."""
+    if not model_cfg.is_custom:
+        return "native", f"model {model_cfg.name}: stacked natively"
+    from sweeper.models.stacked.func import VMAP, stack_mode
+
+    mode, why = stack_mode(members, lookback, n_features)
+    how = "batched by torch.func.vmap" if mode == VMAP else f"one member's forward after another: {why}"
+    return mode, f"model.name {model_cfg.name!r}: stacked, {how}"
 
 
 def build_stack(model_cfgs: Sequence[ModelConfig], n_features: int, lookback: int,
                 members: Sequence[nn.Module]) -> StackedModule:
-    """The stack of ``members`` (one-member models of ``model_cfgs``, same shapes), holding their weights."""
+    """The stack of ``members`` (one-member models of ``model_cfgs``, same shapes), holding their
+    weights. Its ``plan`` says how it stacks (:func:`stack_plan`)."""
     first = model_cfgs[0]
+    mode, line = stack_plan(first, members, n_features, lookback)
+    if first.is_custom:
+        from sweeper.models.stacked.func import FuncStack
+
+        custom = FuncStack(members, mode)
+        custom.plan = line
+        return custom
     for other in model_cfgs[1:]:
         differs = [f for f in SHAPE_FIELDS if getattr(other, f, None) != getattr(first, f, None)]
         if differs:
             raise ValueError(f"members of one stack differ in {', '.join(differs)}")
     k, rates = len(model_cfgs), [m.dropout for m in model_cfgs]
     stack = _native(first, k, n_features, lookback, rates)
+    stack.plan = line
     for index, member in enumerate(members):
         stack.load_member(index, member.state_dict())
     return stack

@@ -1,0 +1,102 @@
+"""Any model stacked through ``torch.func``: a user's ``module:Class`` as a stack of K members.
+
+The members' weights are stacked as a built-in stack's are (``[K, ...]`` parameters, one flat
+update in :mod:`sweeper.core.stack_optim`), under the one-member names with ``.`` spelt ``__``
+(a module's attribute names cannot hold a dot); ``member_state`` and ``load_member`` speak the
+one-member names. The forward is ``torch.func.vmap`` of ``functional_call`` over the members
+where vmap can run the model (one batched kernel per layer for all members); where it cannot
+(an op without a batching rule, ``nn.LSTM`` among them, or data-dependent control flow) each
+member's forward runs in turn through ``functional_call`` with its own slice of the weights, so
+the stack still trains as one (one backward, one update) and members still never mix.
+:func:`stack_mode` says which a model gets, and why.
+
+Dropout under vmap draws each member's mask independently (``randomness="different"``) from the
+global generator, so a member's masks depend on its stack; the built-in stacks draw from each
+member's own generator.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from sweeper.models.stacked.base import StackedModule
+
+VMAP, LOOP = "vmap", "loop"
+
+
+def _key(name: str) -> str:
+    return name.replace(".", "__")
+
+
+class FuncStack(StackedModule):
+    """K members of one module class: ``x[K, B, L, F]`` -> ``[K, B]``."""
+
+    def __init__(self, members: Sequence[nn.Module], mode: str = VMAP) -> None:
+        super().__init__()
+        self.members, self.mode = len(members), mode
+        params, buffers = stack_module_state(list(members))
+        # a template on the meta device: functional_call reads its structure, never its tensors
+        self._template = [copy.deepcopy(members[0]).to("meta")]
+        self._names = list(params)
+        self._buffer_names = list(buffers)
+        # what a one-member state dict holds (a non-persistent buffer is rebuilt, not loaded)
+        persistent = set(members[0].state_dict())
+        self._state_names = [n for n in self._names + self._buffer_names if n in persistent]
+        for name, value in params.items():
+            self.register_parameter(_key(name), nn.Parameter(value.detach().clone()))
+        for name, value in buffers.items():
+            self.register_buffer(_key(name), value.detach().clone())
+        named = getattr(members[0], "no_weight_decay", None)
+        self._exempt = {_key(n) for n in named()} if named is not None else set()
+
+    def no_weight_decay(self) -> set[str]:
+        return self._exempt
+
+    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+        own = self.state_dict()
+        return {name: own[_key(name)][k].detach().to("cpu", copy=True) for name in self._state_names}
+
+    def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
+        mine = set(self._state_names)
+        if mine ^ set(state):
+            odd = sorted(mine ^ set(state))[:4]
+            raise KeyError(f"member state does not match the stack's parameters: {odd}")
+        own = self.state_dict()
+        with torch.no_grad():
+            for name in mine:
+                own[_key(name)][k].copy_(state[name])
+
+    def _tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        own = dict(self.named_parameters())
+        bufs = dict(self.named_buffers())
+        return ({n: own[_key(n)] for n in self._names}, {n: bufs[_key(n)] for n in self._buffer_names})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        template = self._template[0]
+        template.train(self.training)
+        params, buffers = self._tensors()
+        if self.mode == VMAP:
+            def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xk: torch.Tensor) -> torch.Tensor:
+                return functional_call(template, (p, b), (xk,))
+            return vmap(one, randomness="different")(params, buffers, x)
+        return torch.stack([functional_call(template, ({n: p[k] for n, p in params.items()},
+                                                       {n: b[k] for n, b in buffers.items()}), (x[k],))
+                            for k in range(self.members)])
+
+
+def stack_mode(members: Sequence[nn.Module], lookback: int, n_features: int) -> tuple[str, str]:
+    """(``vmap`` or ``loop``, why): vmap when a stack of two runs a forward and a backward under
+    it in train mode, else each member's forward in turn (the reason names what vmap refused)."""
+    probe = FuncStack([copy.deepcopy(m).cpu() for m in members[:2]] if len(members) >= 2
+                      else [copy.deepcopy(members[0]).cpu()] * 2, VMAP)
+    try:
+        probe.train()
+        probe(torch.zeros(2, 2, lookback, n_features)).sum().backward()
+    except Exception as exc:  # noqa: BLE001 - whatever vmap refuses, the members run in turn
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return LOOP, f"torch.func.vmap cannot run it ({type(exc).__name__}: {first[:160]})"
+    return VMAP, "torch.func.vmap runs it"
