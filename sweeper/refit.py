@@ -10,6 +10,9 @@ is fitted on this window. There is no valid split and no early stopping: the cor
 exactly E epochs (:func:`refit_epochs`) with the trial's seed, precision and batch plan, and
 the last epoch's weights are the refit.
 
+With seed repeats (``validation.repeats``) the trial's model is its seed ensemble, so the refit
+trains every seed (``train.seed + r``) and writes one weights file per seed.
+
 It writes ``trials/<n>/refit/``: ``weights.pt``, ``norm_stats.json``, then ``refit.json``
 (each atomically; the record goes last and is removed first when a refit is replaced, so a
 reader never takes half a refit for one). ``predict --data`` uses it
@@ -49,6 +52,7 @@ from sweeper.store.layout import RefitFiles, TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
 from sweeper.store.trial_folder import remove
 from sweeper.validation import contract as K
+from sweeper.validation.grid import seeded
 
 MIN_TARGET_DATES = MIN_TRAIN_DATES  # a refit trains on at least as many target dates as a fold
 
@@ -126,16 +130,20 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     run_cfg = tcfg.model_copy(update={"train": tcfg.train.model_copy(update={"epochs": epochs,
                                                                               "max_minutes": None})})
     where = resolve_device(device)
-    result = train(run_cfg, panel, device=where, fixed_epochs=True)
+    # with seed repeats the trial's model is its seed ensemble: the refit trains every seed
+    results = [train(seeded(run_cfg, r), panel, device=where, fixed_epochs=True)
+               for r in range(tcfg.validation.repeats)]
+    result = results[0]
     record = {"trial": chosen.number, **_dates(panel, window, tcfg.data), "until_asked": until,
               "epochs": epochs, "epochs_from": epochs_from, "seed": tcfg.train.seed,
+              "seeds": [tcfg.train.seed + r for r in range(len(results))],
               "rows": len(panel.sample_index("train")), "device": str(where),
               **{k: result.metrics[k] for k in ("train_loss", "batch_size", "micro_batch_size", "precision")},
               "data": panel.source, "data_fingerprint": panel.fingerprint,
               "duration_s": time.perf_counter() - began, "sweeper_version": __version__,
               "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     assert panel.norm_stats is not None, "refit_panel fits the statistics"
-    replaced = write_refit(files, result.best_state, panel.norm_stats, record)
+    replaced = write_refit(files, [r.best_state for r in results], panel.norm_stats, record)
     return Refit(record, files.refit, replaced)
 
 
@@ -153,13 +161,18 @@ def resolved_config(cfg: C.SweeperConfig, trial: FrozenTrial, files: TrialFiles)
     return C.with_overrides(cfg, trial.params, f"trial {trial.number} params")
 
 
-def write_refit(files: TrialFiles, state: dict, stats: Any, record: dict[str, Any]) -> dict[str, Any] | None:
-    """Write the refit's files, the record last; returns the record of the refit it replaced."""
+def write_refit(files: TrialFiles, states: list[dict], stats: Any,
+                record: dict[str, Any]) -> dict[str, Any] | None:
+    """Write the refit's files (one weights file per seed), the record last; returns the record
+    of the refit it replaced."""
     refit = files.refit_files
     previous = read_refit(files)
     remove(refit.record)  # from here until the record is back, no refit
-    with atomic_path(refit.weights) as tmp:
-        torch.save(state, tmp)
+    for stale in refit.ensemble_weights()[len(states):]:  # a replaced refit of more seeds
+        remove(stale)
+    for seed, state in enumerate(states):
+        with atomic_path(refit.member_weights(seed)) as tmp:
+            torch.save(state, tmp)
     write_text(refit.norm_stats, json.dumps(stats))
     write_text(refit.record, json.dumps(record, indent=2, allow_nan=False))
     return previous

@@ -134,7 +134,7 @@ def test_best_json_has_the_fold_keys(wf):
     assert out["seed_ensemble_val_ic"] == pytest.approx(np.mean(ics) + 0.001, rel=1e-12)
     assert out["fold_dates"] == fold_dates()
     assert out["fold_best_epoch"] == [2, 3, 4, 5] and out["folds_run"] == 4
-    assert out["test_model"] == {"fold": 4, "repeat": 1, "seed": SEED}
+    assert out["test_model"] == {"fold": 4, "repeat": 1, "seed": SEED, "members": 2}  # the seed ensemble
 
 
 def test_best_text_names_each_fold_and_how_the_objective_aggregates(wf):
@@ -151,7 +151,7 @@ def test_best_text_names_each_fold_and_how_the_objective_aggregates(wf):
     assert (f"val_ic over 4 folds: mean {np.mean(ics):.4f}  se {np.std(ics, ddof=1) / 2:.4f}  "
             f"worst {ics[worst]:.4f} (fold {worst + 1})") in text
     assert f"seeds: val_ic sd 0.0025 within a fold, seed-ensemble val_ic {np.mean(ics) + 0.001:.4f}" in text
-    assert f"test IC: the last fold's model (fold 4, seed 1 = train.seed {SEED})" in text
+    assert f"test IC: the seed ensemble of 2 seeds (train.seed {SEED}..{SEED + 1}, fold 4)" in text
     assert "standard errors from the fold ICs" in text and "PBO's blocks cut along the folds" in text
 
 
@@ -208,12 +208,12 @@ def test_holdout_with_seed_repeats_shows_the_seeds(study_file, workdir):
     assert out["validation"]["scheme"] == "holdout" and out["validation"]["repeats"] == 3
     assert out["fold_val_ic"] == [0.03] and out["val_ic_se"] == 0.004 and out["seed_val_ic_sd"] == 0.007
     assert "fold_dates" not in out and "worst_fold_val_ic" not in out
-    assert out["test_model"] == {"fold": 1, "repeat": 1, "seed": 0}
+    assert out["test_model"] == {"fold": 1, "repeat": 1, "seed": 0, "members": 3}
     text = cli("best", str(path))
     assert "validation: holdout, 3 seed repeats; objective = mean over seeds of val_ic" in text
     assert "val_ic over 3 seeds: mean 0.0300  se 0.0040\n" in text and "fold 1:" not in text
     assert "seeds: val_ic sd 0.0070 within a fold, seed-ensemble val_ic 0.0350" in text
-    assert "test IC: the first seed's model (seed 1 = train.seed 0)" in text
+    assert "test IC: the seed ensemble of 3 seeds (train.seed 0..2)" in text
 
 
 # ------------------------------------------------------------------ selection

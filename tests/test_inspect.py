@@ -179,7 +179,10 @@ def test_dashboard_api_shows_trials_curves_attributes_and_artifacts(live):
     deadline = time.monotonic() + 15
     while True:
         detail = get_json(f"{base}/api/studies/{sid}?after=0")
-        done = [t for t in detail["trials"] if len(t["intermediate_values"]) == len(stored[t["number"]].intermediate_values)]
+        # a trial's attributes are set after its last intermediate value: wait for both
+        done = [t for t in detail["trials"]
+                if len(t["intermediate_values"]) == len(stored[t["number"]].intermediate_values)
+                and {a["key"] for a in t["user_attrs"]} >= set(stored[t["number"]].user_attrs)]
         if len(done) == len(stored) or time.monotonic() > deadline:
             break
         time.sleep(0.5)

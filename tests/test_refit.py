@@ -274,3 +274,26 @@ def test_batch_size_auto_is_probed_on_a_refit_panel(workdir):
     # every train row in one micro-batch; the empty valid and test splits probe no evaluation batch
     assert plan.batch_size == plan.micro_batch == batcher.n_samples > 0
     assert plan.eval_batch_size == cfg.train.eval_batch_size and plan.note.startswith("probed micro-batch")
+
+
+@pytest.mark.slow
+def test_a_seed_ensemble_refits_every_seed_and_predicts_with_their_mean(study_file):
+    """validation.repeats 2: the refit trains both seeds (one weights file each) and ``predict
+    --data`` scores new dates with the mean of their predictions."""
+    path = study_file({"study": {"n_trials": 1}, "validation": {"repeats": 2}})
+    cli("run", str(path))
+    cli("refit", str(path))
+    folder = Path("runs/tiny/trials/0/refit")
+    record = json.loads((folder / "refit.json").read_text())
+    assert record["seeds"] == [0, 1] and sorted(p.name for p in folder.glob("weights*.pt")) == [
+        "weights.pt", "weights.seed-2.pt"]
+    write_synthetic("new.parquet", **SYNTH)
+    cli("predict", str(path), "--data", "new.parquet", "--split", "all", "-o", "both.parquet")
+    (folder / "weights.seed-2.pt").rename(folder / "aside.pt")  # the first seed's alone
+    cli("predict", str(path), "--data", "new.parquet", "--split", "all", "-o", "first.parquet")
+    (folder / "weights.pt").rename(folder / "first.pt")
+    (folder / "aside.pt").rename(folder / "weights.pt")  # the second seed's alone
+    cli("predict", str(path), "--data", "new.parquet", "--split", "all", "-o", "second.parquet")
+    both, first, second = (pd.read_parquet(f"{n}.parquet") for n in ("both", "first", "second"))
+    assert np.allclose(both["pred"], (first["pred"] + second["pred"]) / 2, rtol=0, atol=1e-6)
+    assert not np.allclose(first["pred"], second["pred"])

@@ -385,3 +385,42 @@ def test_validate_says_how_a_user_models_runs_stack(study_file, model, how):
     assert done.exit_code == 0, done.output
     (line,) = [x for x in done.output.splitlines() if x.startswith("  runs:")]
     assert line.startswith(f"  runs: 3 per trial, in stacks of up to 3: model.name '{model}': {how}")
+
+
+def _built(name: str):
+    from sweeper.config import ModelConfig
+    from sweeper.models import build_model
+    from sweeper.models.stacked.build import build_stack
+
+    fields = {"lstm": {"hidden_size": 8, "num_layers": 2}, "gru": {"hidden_size": 8, "num_layers": 2},
+              "transformer": {"d_model": 8, "nhead": 2, "num_layers": 1, "dim_feedforward": 16}}[name]
+    cfg = ModelConfig(name=name, dropout=0.0, **fields)
+    solos = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        solos.append(build_model(cfg, 3, 4))
+    return solos, build_stack([cfg] * 3, 3, 4, solos)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "transformer"])
+def test_one_step_of_each_built_in_stack_equals_its_lone_runs(name):
+    solos, stack = _built(name)
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(3, 16, 4, 3, generator=g), torch.randn(3, 16, generator=g)
+    _one_step(solos, stack, x, y, lr=[1e-2, 3e-3, 1e-3], wd=[0.0, 0.1, 0.01], clip=0.5)
+    _close_per_tensor(stack, solos)
+
+
+def _close_per_tensor(stack, solos):
+    for k, solo in enumerate(solos):
+        mine = stack.member_state(k)
+        for key, value in solo.state_dict().items():
+            got = mine[key]
+            if key.endswith("self_attn.in_proj_bias"):
+                # the key bias shifts every score of a query alike, which softmax cancels: its
+                # gradient is round-off, which Adam's first step scales up to +-lr in either run
+                d = value.shape[0] // 3
+                got, value = torch.cat([got[:d], got[2 * d:]]), torch.cat([value[:d], value[2 * d:]])
+            # relative to the tensor (Adam's first step moves a near-zero gradient's element by lr
+            # whatever its sign: an element's own relative error means nothing there)
+            assert float((got - value).norm() / value.norm()) <= 1e-5, (k, key)

@@ -77,3 +77,36 @@ def test_best_reads_them_and_its_figures_equal_the_model_run_again(swept):
     for key in ("portfolio", "constant_pred_dates", "ensemble"):
         assert stored[key] == rerun[key], key
     assert stored == rerun
+
+
+ENSEMBLE = merge(STUDY, {"study": {"n_trials": 1}, "validation": {"repeats": 2}})
+
+
+def test_a_seed_ensembles_stored_frames_are_the_mean_of_its_seeds_and_predict_computes_them(
+        tmp_path_factory, monkeypatch):
+    """validation.repeats 2: the trial's model is the mean of its two seeds' predictions; what it
+    stores is exactly what ``predict`` computes from its two weights files, and its test_ic is
+    that ensemble's (each seed's own in seed_test_ic)."""
+    from sweeper.inspect.trial_model import Predictor
+    from sweeper.quant import ic as M
+
+    root = swept_study(tmp_path_factory.mktemp("ensemble"), ENSEMBLE)
+    monkeypatch.chdir(root)
+    cfg, folder, study = _study(root)
+    (trial,) = study.get_trials()
+    here = folder / "trials" / str(trial.number)
+    assert sorted(p.name for p in here.glob("weights*.pt")) == ["weights.pt", "weights.seed-2.pt"]
+    predictor = Predictor(cfg, study)
+    for split in ("valid", "test"):
+        stored = pd.read_parquet(here / f"predictions_{split}.parquet")
+        pd.testing.assert_frame_equal(stored, predictor.frame(trial, split), check_exact=True)
+        seeds = [pd.read_parquet(here / f"runs/fold-1.seed-{r}/predictions_{split}.parquet") for r in (1, 2)]
+        assert stored["pred"].tolist() == pytest.approx(
+            ((seeds[0]["pred"].to_numpy() + seeds[1]["pred"].to_numpy()) / 2).tolist(), abs=1e-7)
+    ua = trial.user_attrs
+    assert ua["test_ic"] == pytest.approx(M.ic_report(pd.read_parquet(here / "predictions_test.parquet"))["ic"],
+                                          abs=1e-12)
+    assert len(ua["seed_test_ic"]) == 2 and ua["test_ic"] not in ua["seed_test_ic"]
+    best = _best(root)
+    assert best["metrics"]["test_ic"] == pytest.approx(ua["test_ic"], abs=1e-12)
+    assert best["test_model"]["members"] == 2

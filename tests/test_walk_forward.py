@@ -91,8 +91,9 @@ def test_runs_and_scores_in_process(study_file, tmp_path):
                                                      store=RunStore(files, {}, RunGrid.of(cfg))))
     assert again.model is None
     assert [r.metrics["val_ic"] for r in again.runs] == [r.metrics["val_ic"] for r in out.runs]
-    # only the model (the last fold's first seed) is scored on test
-    assert [r for r in out.runs if "test_ic" in r.metrics] == [out.runs[4]]
+    # only the model (the last fold's seed ensemble) is scored on test
+    assert [r for r in out.runs if "test_ic" in r.metrics] == out.runs[4:]
+    assert out.ensemble is not None and sorted(out.members) == [0, 1]
     daily = daily_valid(out.daily)
     assert list(daily.columns) == ["date", "ic", "rank_ic", "fold"]
     assert daily["date"].is_unique and daily["date"].is_monotonic_increasing
@@ -194,11 +195,22 @@ def test_walk_forward_sweep_with_repeats_stores_the_contract(study_file):
         assert ua["seed_val_ic_sd"] > 0 and abs(ua["seed_val_ic_sd"] - sd) < 1e-12
         assert len(ua["fold_seed_ensemble_val_ic"]) == 3
         assert "valid_top_turnover" in ua  # the constraints' figures, of the folds' first seeds
-        # the model is the last fold's first seed: its test scores, its weights, no other's
-        assert ua["test_ic"] == results[(3, 1)]["metrics"]["test_ic"]
-        assert [k for k, v in results.items() if "test_ic" in v["metrics"]] == [(3, 1)]
+        # the model is the last fold's seed ensemble: only its seeds are scored on test, each
+        # seed's test IC is kept, the trial's is the ensemble's (the IC of the mean prediction),
+        # and its stored test predictions are that mean
         folder = Path(f"runs/tiny/trials/{t.number}")
-        assert (folder / "weights.pt").exists() and not list(folder.glob("runs/*/weights.pt"))
+        assert [k for k, v in results.items() if "test_ic" in v["metrics"]] == [(3, 1), (3, 2), (3, 3)]
+        assert ua["seed_test_ic"] == [results[(3, r)]["metrics"]["test_ic"] for r in (1, 2, 3)]
+        members = [pd.read_parquet(folder / f"runs/fold-3.seed-{r}/predictions_test.parquet") for r in (1, 2, 3)]
+        mean = pd.concat(members).groupby(["date", "asset"], as_index=False).agg(
+            pred=("pred", "mean"), label=("label", "first"))
+        stored = pd.read_parquet(folder / "predictions_test.parquet")
+        assert np.allclose(stored["pred"], mean["pred"], rtol=0, atol=1e-7)
+        assert ua["test_ic"] == pytest.approx(M.ic_report(stored)["ic"], abs=1e-12)
+        assert ua["test_ic"] not in ua["seed_test_ic"]
+        assert [p.name for p in sorted(folder.glob("weights*.pt"))] == ["weights.pt", "weights.seed-2.pt",
+                                                                         "weights.seed-3.pt"]
+        assert not list(folder.glob("runs/*/weights.pt"))
         # 9 runs in stacks of train.max_stack 8 (8 runs, then 1): one step per stack and epoch,
         # stack * epochs + epoch, the mean of its members' values at that epoch
         assert sorted(t.intermediate_values) == [1, 2, 3, 4]
@@ -256,7 +268,8 @@ def _checkpoint_owner(path):
 
 @pytest.mark.slow
 def test_kill_9_in_fold_3_resumes_in_fold_3(study_file):
-    path = study_file(SLOW, replace=("model",))
+    # one run at a time (train.max_stack 1): fold 3 is a run of its own; a stack's kill is below
+    path = study_file({**SLOW, "train": {**SLOW["train"], "max_stack": 1}}, replace=("model",))
     proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ckpt = Path("runs/tiny/trials/0/checkpoint.pt")
@@ -298,14 +311,47 @@ def test_kill_9_in_fold_3_resumes_in_fold_3(study_file):
 
 @pytest.mark.slow
 def test_time_budget_counts_across_folds(study_file):
+    # one run at a time: the budget ends before the last fold's run (in one stack of the three
+    # folds it would end inside the stack that holds the last run: COMPLETE, stop_reason time)
     path = study_file({**SLOW, "model": {"name": "fault_models:Slow", "step_sleep": 0.2},
-                       "train": {**SLOW["train"], "epochs": 2, "max_minutes": 0.02}}, replace=("model",))
+                       "train": {**SLOW["train"], "epochs": 2, "max_minutes": 0.02, "max_stack": 1}},
+                      replace=("model",))
     trial = _sweep(path).trials[0]
     ua = trial.user_attrs
     assert trial.state == TrialState.PRUNED and ua["stop_reason"] == "time"
     assert 1 <= ua["folds_run"] < 3 and len(ua["fold_val_ic"]) == ua["folds_run"]
     assert len(_results(0)) == ua["folds_run"]
     assert "test_ic" not in ua  # the model (the last fold's) never ran
+
+
+@pytest.mark.slow
+def test_kill_9_mid_stack_resumes_the_stack_at_its_last_epoch(study_file):
+    """The three folds in one stack (a user model, through torch.func): killed after an epoch, the
+    retry continues the whole stack from its checkpoint, not from the start."""
+    path = study_file(SLOW, replace=("model",))
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ckpt = Path("runs/tiny/trials/0/checkpoint.pt")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (_checkpoint_owner(ckpt) or (0, 0))[1] < 1:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)
+    owner = torch.load(ckpt, map_location="cpu", weights_only=True)["owner"]
+    epoch = _checkpoint_owner(ckpt)[1]
+    assert owner["stack"] == [[1, 1], [2, 1], [3, 1]] and 1 <= epoch < 3 and _results(0) == {}
+    study = _sweep(path)
+    original, retry = study.get_trials()
+    assert original.state == TrialState.FAIL and retry.state == TrialState.COMPLETE
+    assert retry.user_attrs["resumed_from_epoch"] == epoch and retry.user_attrs["folds_run"] == 3
+    log = Path("runs/tiny/trials/1/train.log").read_text()
+    assert f"resumed the stack after epoch {epoch}" in log
+    assert sorted(retry.intermediate_values) == [1, 2, 3]  # one per stack epoch, the replayed ones too
 
 
 @pytest.mark.parametrize("max_stack", [1, 8])

@@ -150,6 +150,13 @@ def fold_lines(best: dict[str, Any]) -> list[str]:
         lines.append(f"seeds: val_ic sd {fmt(best.get('seed_val_ic_sd'))} within a fold, "
                      f"seed-ensemble val_ic {fmt(best.get('seed_ensemble_val_ic'))}")
     model = best.get("test_model") or {}
+    members = int(model.get("members") or 1)
+    if members > 1:  # the model is the seed ensemble (a study stored before has no members key)
+        first = int(model.get("seed") or 0)
+        seeds = f"train.seed {first}..{first + members - 1}"
+        lines.append(f"test IC: the seed ensemble of {members} seeds ({seeds}"
+                     + (f", fold {model.get('fold')})" if walk else ")"))
+        return lines
     seed = f"seed {model.get('repeat')} = train.seed {model.get('seed')}"
     lines.append(f"test IC: the last fold's model (fold {model.get('fold')}, {seed})" if walk
                  else f"test IC: the first seed's model ({seed})")

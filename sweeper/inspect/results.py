@@ -188,8 +188,10 @@ def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) ->
     if K.folded(study.user_attrs):
         out[K.FOLD_DATES] = K.layout(ua) or K.layout(study.user_attrs)
     fold, seed = grid.model_run
+    # with seed repeats the model is the fold's seed ensemble: ``members`` seeds from ``seed`` on
     out["test_model"] = {"fold": fold + 1, "repeat": seed + 1,
-                         "seed": int(trial.params.get("train.seed", cfg.train.seed)) + seed}
+                         "seed": int(trial.params.get("train.seed", cfg.train.seed)) + seed,
+                         "members": grid.repeats}
     return out
 
 

@@ -42,6 +42,7 @@ from sweeper.store.run_folder import files_folder
 from sweeper.study.retention import no_model, retrain_command, weights_removed
 from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid
+from sweeper.validation.scores import ensemble_frame
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection
@@ -62,6 +63,12 @@ def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None =
                         "predict a trial that finished its folds")
     if not path.exists():
         raise DataError(f"{path}: missing; trial {trial.number} is {trial.state.name} and wrote no weights")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    import torch
+
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -139,8 +146,12 @@ class Predictor:
         files = trial_files(self.run_dir, trial.number)
         tcfg = trial_config(files)
         refit = read_refit(files) if data is not None else None  # the study's own dates: its own weights
-        # a missing file fails before any data is read
-        weights = load_refit_weights(files) if refit else load_weights(files, trial, self.study_file)
+        # a missing file fails before any data is read; with seed repeats, every seed's weights
+        # (the trial's model is the mean of their predictions)
+        members = ([load_refit_weights(files), *(_load(p) for p in files.refit_files.ensemble_weights()
+                                                  if p != files.refit_files.weights)] if refit else
+                   [load_weights(files, trial, self.study_file),
+                    *(_load(p) for p in files.ensemble_weights() if p != files.weights)])
         if data is None:
             panel = self.own_panel(tcfg)
         else:
@@ -151,13 +162,16 @@ class Predictor:
             between = f" between {start or 'the start'} and {end or 'the end'}" if name == RANGE else ""
             raise DataError(f"{panel.source}: no rows to predict in the {split} split{between}"
                             f" (trial {trial.number}, lookback {tcfg.data.lookback})")
-        model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
-        model.load_state_dict(weights)
         device = resolve_device(self._device_name)
         if refit:
             self.refits[trial.number] = str(refit.get("until"))
-        return predict(model.to(device), panel.to(device, tcfg.data.device_share), name, device,
-                       tcfg.train.eval_batch_size)
+        frames = []
+        for weights in members:
+            model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
+            model.load_state_dict(weights)
+            frames.append(predict(model.to(device), panel.to(device, tcfg.data.device_share), name, device,
+                                  tcfg.train.eval_batch_size))
+        return frames[0] if len(frames) == 1 else ensemble_frame(frames)
 
     def own_panel(self, tcfg: SweeperConfig) -> Panel:
         """The study's data loaded with a trial's data config, every present row scoreable.

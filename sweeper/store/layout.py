@@ -13,11 +13,14 @@
         config.yaml               the trial's resolved config (its params applied)
         metrics.csv               one row per epoch
         train.log                 the training core's log lines
-        weights.pt                the best epoch's state dict
+        weights.pt                the best epoch's state dict (with seed repeats: the first seed's)
+        weights.seed-<r>.pt       with seed repeats, each other seed's of the model's fold: the
+                                  trial's model is the mean of its seeds' predictions
         daily_ic_valid.csv        per-date IC and Rank IC of the best weights
         daily_ic_test.csv
-        predictions_valid.parquet date, asset, pred, label (raw) of the model's run on valid and
-        predictions_test.parquet  test (what `sweeper best` scores without running the model)
+        predictions_valid.parquet date, asset, pred, label (raw) of the model on valid and test
+        predictions_test.parquet  (what `sweeper best` scores without running the model; with seed
+                                  repeats, the mean of the model fold's seeds)
         norm_stats.json           features and robust_zscore's train statistics (for new data)
         checkpoint.pt             the last end-of-epoch training state (core.checkpoint) of the
                                   run in progress (with several runs: of its fold and seed)
@@ -25,12 +28,13 @@
           result.json             its metrics, best epoch and fold (sweeper.validation), written last
           daily_ic_valid.csv      per-date IC of its valid block
           predictions_valid.parquet  date, asset, pred, label of its valid block (seed ensembles)
-          weights.pt              the model run's (the last fold's first seed) until the trial
-          norm_stats.json         takes them (store.trial_folder); weights.pt is moved, the
-          daily_ic_test.csv       others copied
-          predictions_test.parquet
+          weights.pt              a model run's (the last fold's seeds) until the trial takes
+          norm_stats.json         them (store.trial_folder); weights.pt is moved, the others
+          daily_ic_test.csv       copied
+          predictions_test.parquet  (and its predictions on valid, predictions_valid.parquet)
         refit/                    sweeper refit: the production model (sweeper.refit)
-          weights.pt              trained on every labelled date up to refit.json's until
+          weights.pt              trained on every labelled date up to refit.json's until (and
+                                  weights.seed-<r>.pt: with seed repeats, one per seed)
           norm_stats.json
           refit.json              the trial, until, epochs, the dates it trained on
       baseline/                   the LightGBM baseline (sweeper.baseline, docs/baseline.md)
@@ -124,15 +128,34 @@ class RunFiles:
         return self.folder / NORM_STATS
 
 
+def member_weights(folder: Path, seed: int) -> Path:
+    """A seed ensemble's member ``seed`` (0-based) in ``folder``: ``weights.pt`` for the first,
+    ``weights.seed-<seed+1>.pt`` for the others."""
+    return folder / (WEIGHTS if seed == 0 else f"weights.seed-{seed + 1}.pt")
+
+
+def ensemble_weights(folder: Path) -> list[Path]:
+    """Every member's weights file present in ``folder``, the first seed's first."""
+    others = sorted(folder.glob("weights.seed-*.pt"), key=lambda p: int(p.stem.split("-")[-1]))
+    return [p for p in (folder / WEIGHTS, *others) if p.exists()]
+
+
 @dataclass(frozen=True)
 class RefitFiles:
-    """``trials/<n>/refit/``: ``sweeper refit``'s production model (refit.json written last)."""
+    """``trials/<n>/refit/``: ``sweeper refit``'s production model (refit.json written last);
+    with seed repeats one weights file per seed, as the trial's own."""
 
     folder: Path
 
     @property
     def weights(self) -> Path:
         return self.folder / WEIGHTS
+
+    def member_weights(self, seed: int) -> Path:
+        return member_weights(self.folder, seed)
+
+    def ensemble_weights(self) -> list[Path]:
+        return ensemble_weights(self.folder)
 
     @property
     def norm_stats(self) -> Path:
@@ -170,6 +193,14 @@ class TrialFiles:
     @property
     def weights(self) -> Path:
         return self.folder / WEIGHTS
+
+    def member_weights(self, seed: int) -> Path:
+        """The weights of the model's seed ``seed`` (0-based; the seed ensemble of
+        ``validation.repeats``): see :func:`member_weights`."""
+        return member_weights(self.folder, seed)
+
+    def ensemble_weights(self) -> list[Path]:
+        return ensemble_weights(self.folder)
 
     @property
     def checkpoint(self) -> Path:

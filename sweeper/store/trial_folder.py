@@ -86,9 +86,10 @@ class TrialFolder:
                 continue
             dst = self.files.run_files(fold, seed)
             shutil.copytree(src.folder, dst.folder, dirs_exist_ok=True)
-            if grid.is_model(fold, seed) and not src.weights.exists() and source.weights.exists():
+            taken = source.member_weights(seed)
+            if grid.is_model(fold, seed) and not src.weights.exists() and taken.exists():
                 # the source had taken its model's weights into its own folder before it ended
-                shutil.copyfile(source.weights, dst.weights)
+                shutil.copyfile(taken, dst.weights)
             done.append((fold, seed))
         return done
 
@@ -100,9 +101,12 @@ class TrialFolder:
         Nothing to do for a trial of one run, whose run's files are the trial's own."""
         if grid.single:
             return
+        fold = grid.model_run[0]
+        for seed in range(grid.repeats):  # every seed of the model's fold: the ensemble's members
+            member = self.files.run_files(fold, seed)
+            if member.weights.exists():
+                os.replace(member.weights, self.files.member_weights(seed))
         run = self.model_run(grid)
-        if run.weights.exists():
-            os.replace(run.weights, self.files.weights)
         test = self.files.daily_ic("test")
         for src, dst in ((run.norm_stats, self.files.norm_stats), (run.daily_ic("test"), test)):
             if src.exists():
@@ -121,7 +125,8 @@ class TrialFolder:
         return [self.files.checkpoint, *sorted(self.files.runs.glob(f"*/{self.files.weights.name}"))]
 
     def model_files(self) -> list[Path]:
-        return [self.files.weights]
+        """The model's weights: with seed repeats, every seed's of the ensemble."""
+        return [self.files.weights, *(p for p in self.files.ensemble_weights() if p != self.files.weights)]
 
     def prediction_files(self) -> list[Path]:
         """The daily IC files and the model's stored predictions (``study.keep.predictions``)."""

@@ -17,6 +17,10 @@ FOLDS_RUN = "folds_run"                  # folds with a scored run (the last may
 SEED_VAL_IC_SD = "seed_val_ic_sd"        # mean over folds of the std of the seeds' val_ic
 SEED_ENSEMBLE_VAL_IC = "seed_ensemble_val_ic"
 FOLD_SEED_ENSEMBLE_VAL_IC = "fold_seed_ensemble_val_ic"
+# with seed repeats the trial's test_ic, test_rank_ic and test_icir are its seed ensemble's (the
+# mean of the model fold's seeds' predictions); each seed's own test figures stay here, in seed order
+SEED_TEST_IC = "seed_test_ic"
+SEED_TEST_RANK_IC = "seed_test_rank_ic"
 RESUMED_FROM_FOLD = "resumed_from_fold"  # a retry: the fold it continued (1-based)
 RESUMED_RUNS = "resumed_runs"            # a retry: runs it found finished and skipped
 

@@ -63,11 +63,19 @@ class RunGrid:
 
     @property
     def model_run(self) -> tuple[int, int]:
-        """(fold, seed) of the run whose model is the trial's: the last fold's first seed."""
+        """(fold, seed) of the trial's first model run: the last fold's first seed (its
+        normalisation and, with one seed, its weights are the trial's)."""
         return self.folds - 1, 0
 
     def is_model(self, fold: int, seed: int) -> bool:
-        return (fold, seed) == self.model_run
+        """Whether run (fold, seed) is a member of the trial's model: the last fold's seeds (one
+        seed: the model run; several: the seed ensemble, scored on test as one model)."""
+        return fold == self.folds - 1
+
+    @property
+    def ensemble(self) -> bool:
+        """The trial's model is the mean of several seeds' predictions (``validation.repeats > 1``)."""
+        return self.repeats > 1
 
     def cells(self) -> Iterator[tuple[int, int]]:
         """Every (fold, seed), in the order they train."""

@@ -2,7 +2,10 @@
 
 The trial's model is the grid's model run (the last fold's first seed,
 :attr:`~sweeper.validation.grid.RunGrid.model_run`): its weights, normalisation statistics, test
-scores and ``daily_ic_test.csv`` are the trial's. ``daily_ic_valid.csv`` holds every fold's
+scores and ``daily_ic_test.csv`` are the trial's. With seed repeats the model is the seed
+ensemble of the last fold: its test scores, predictions and ``daily_ic_test.csv`` are the mean
+of the seeds' predictions', each seed's weights are kept, and each seed's own test ICs are
+attributes (``seed_test_ic``). ``daily_ic_valid.csv`` holds every fold's
 valid block (the mean over seeds), with its fold; a trial of one run keeps that run's own.
 """
 from __future__ import annotations
@@ -13,8 +16,10 @@ import pandas as pd
 
 from sweeper.atomic import atomic_path
 from sweeper.config import SweeperConfig
+from sweeper.quant import ic as M
 from sweeper.store.layout import TrialFiles
 from sweeper.store.trial_folder import TrialFolder
+from sweeper.validation import contract as K
 from sweeper.validation import runner as R
 from sweeper.validation.scores import MEANED, daily_valid, fold_scores, objective, trial_attrs
 
@@ -28,6 +33,12 @@ def attrs_of(out: R.TrialRuns, cfg: SweeperConfig) -> tuple[float, dict[str, Any
     base = {k: v for k, v in own.items() if k not in MEANED}
     attrs = {**base, **trial_attrs(out.runs, cfg, folds_run=out.folds_run, spans=out.spans,
                                    predictions=out.predictions)}
+    if out.ensemble is not None:  # the trial's model is its seed ensemble: these are its figures
+        report = M.ic_report(out.ensemble["test"])
+        attrs.update(test_ic=report["ic"], test_rank_ic=report["rank_ic"], test_icir=report["icir"])
+        members = [r for r in out.runs if out.grid.is_model(r.fold, r.repeat)]
+        attrs[K.SEED_TEST_IC] = [r.metrics.get("test_ic") for r in members]
+        attrs[K.SEED_TEST_RANK_IC] = [r.metrics.get("test_rank_ic") for r in members]
     attrs["stop_reason"] = out.stop_reason
     attrs["duration_s"] = sum(float(r.metrics.get("duration_s") or 0.0) for r in out.runs)  # every run's
     return objective(out.runs, cfg, out.predictions), attrs
@@ -68,3 +79,6 @@ def write_files(out: R.TrialRuns, files: TrialFiles) -> None:
     with atomic_path(files.daily_ic("valid")) as tmp:
         daily_valid(out.daily).to_csv(tmp, index=False)
     TrialFolder.of(files).take_model(out.grid)
+    if out.ensemble is not None:  # the ensemble's daily test IC, not its first seed's
+        with atomic_path(files.daily_ic("test")) as tmp:
+            M.daily_ic(out.ensemble["test"]).to_csv(tmp, index=False)

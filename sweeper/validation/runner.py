@@ -41,7 +41,7 @@ from sweeper.plain import plain
 from sweeper.store.layout import SPLITS, RunFiles, TrialFiles
 from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid, seeded
-from sweeper.validation.scores import TrainingRun
+from sweeper.validation.scores import TrainingRun, ensemble_frame
 
 CUT_SHORT = (StopReason.PRUNED, StopReason.TIME)  # a run that ended so ends the trial's runs
 
@@ -58,6 +58,10 @@ class TrialRuns:
     daily: dict[tuple[int, int], pd.DataFrame] = field(default_factory=dict)
     model: TrainResult | None = None  # the model run's result, when it trained in this process
     cut_short: StopReason | None = None  # pruned | time: the later runs were not run
+    # with seed repeats: each model seed's frames {split: date, asset, pred, label}, and the seed
+    # ensemble's (the mean of its seeds' predictions), which is the trial's model
+    members: dict[int, dict[str, pd.DataFrame]] = field(default_factory=dict)
+    ensemble: dict[str, pd.DataFrame] | None = None
 
     @property
     def folds_run(self) -> int:
@@ -109,6 +113,19 @@ class RunStore:
         run = self.run(fold, repeat)
         return pd.read_parquet(run.predictions), pd.read_csv(run.daily_ic("valid"), parse_dates=["date"])
 
+    def member_frames(self, fold: int, repeat: int) -> dict[str, pd.DataFrame]:
+        """A finished model seed's frames on valid and test, as it stored them."""
+        run = self.run(fold, repeat)
+        return {split: pd.read_parquet(run.predictions_of(split)) for split in SPLITS}
+
+    def save_member_predictions(self, fold: int, repeat: int, frames: dict[str, pd.DataFrame]) -> None:
+        """A model seed's frames on valid and test in its run's folder (the ensemble reads them)."""
+        files = self.run(fold, repeat)
+        files.folder.mkdir(parents=True, exist_ok=True)
+        for split, frame in frames.items():
+            with atomic_path(files.predictions_of(split)) as tmp:
+                frame.to_parquet(tmp, index=False)
+
     def save_predictions(self, frames: dict[str, pd.DataFrame]) -> None:
         """The model run's ``predictions_<split>.parquet``, straight into the trial's folder."""
         for split, frame in frames.items():
@@ -138,8 +155,9 @@ class RunStore:
                 write_text(files.norm_stats, json.dumps(panel.norm_stats))
         if self.grid.single:  # the trial's daily IC files are the run's own (written by record)
             return
-        with atomic_path(files.predictions) as tmp:
-            result.predictions["valid"].to_parquet(tmp, index=False)
+        if not (self.grid.ensemble and self.grid.is_model(run.fold, run.repeat)):  # a seed of the
+            with atomic_path(files.predictions) as tmp:  # ensemble has stored its frames already
+                result.predictions["valid"].to_parquet(tmp, index=False)
         with atomic_path(files.daily_ic("valid")) as tmp:
             result.daily["valid"].to_csv(tmp, index=False)
         if self.grid.is_model(run.fold, run.repeat):
@@ -200,6 +218,8 @@ def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
             done = store.finished(fold, seed) if store is not None else None
             if done is not None and store is not None:
                 out.add(done, *store.frames(fold, seed))
+                if grid.ensemble and grid.is_model(fold, seed):
+                    out.members[seed] = store.member_frames(fold, seed)
             else:
                 todo.append((fold, seed))
         if not todo:
@@ -220,6 +240,11 @@ def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
         if any(run.stop_reason in CUT_SHORT for run in runs) and cells[-1] != grid.last:
             out.cut_short = StopReason(next(r.stop_reason for r in runs if r.stop_reason in CUT_SHORT))
             return out
+    if grid.ensemble and len(out.members) == grid.repeats:
+        out.ensemble = {split: ensemble_frame([out.members[r][split] for r in range(grid.repeats)])
+                        for split in SPLITS}
+        if store is not None:  # what sweeper best reads: the trial's model is the ensemble
+            store.save_predictions(out.ensemble)
     return out
 
 
@@ -280,15 +305,21 @@ def _scored(grid: RunGrid, panel: Panel, fold: int, seed: int) -> Panel:
 def _keep(trainer: Trainer, out: TrialRuns, panel: Panel, fold: int, seed: int, cfg: SweeperConfig,
           result: TrainResult) -> TrainingRun:
     """A finished run's record: its scores (test scores for the model run only) and its files."""
-    is_model, store = out.grid.is_model(fold, seed), trainer.store
+    grid, store = out.grid, trainer.store
+    is_model = grid.is_model(fold, seed)
     metrics = {k: v for k, v in result.metrics.items() if is_model or not k.startswith("test_")}
     run = TrainingRun(fold, seed, cfg.train.seed, metrics, result.stop_reason)
+    if is_model and grid.ensemble:  # a seed of the ensemble: its frames, for the mean of them
+        frames = model_frames(cfg, result, panel, trainer.device) if store is not None else result.predictions
+        out.members[seed] = frames
+        if store is not None:
+            store.save_member_predictions(fold, seed, frames)
+    elif is_model and store is not None:  # what sweeper best reads; before result.json (finished)
+        store.save_predictions(model_frames(cfg, result, panel, trainer.device))
     if store is not None:
-        if is_model:  # what sweeper best reads; before result.json, which a retry takes as finished
-            store.save_predictions(model_frames(cfg, result, panel, trainer.device))
         store.save(run, result, panel)
     out.add(run, result.predictions["valid"], result.daily["valid"])
-    if is_model:
+    if is_model and seed == 0:
         out.model = result
     return run
 

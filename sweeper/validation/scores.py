@@ -83,10 +83,14 @@ def ensemble_ic(frames: Sequence[pd.DataFrame], metric: str = "val_ic") -> float
     (``date, asset, pred, label``)."""
     if not frames:
         return math.nan
+    return float(M.ic_report(ensemble_frame(frames))[metric.removeprefix("val_")])  # type: ignore[literal-required]
+
+
+def ensemble_frame(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The seed ensemble's ``date, asset, pred, label``: per row, the mean of the seeds' predictions."""
     stacked = pd.concat([f[["date", "asset", "pred", "label"]] for f in frames], ignore_index=True)
-    mean = stacked.groupby(["date", "asset"], sort=True, as_index=False).agg(pred=("pred", "mean"),
+    return stacked.groupby(["date", "asset"], sort=True, as_index=False).agg(pred=("pred", "mean"),
                                                                            label=("label", "first"))
-    return float(M.ic_report(mean)[metric.removeprefix("val_")])  # type: ignore[literal-required]
 
 
 def ensemble_fold_scores(runs: Sequence[TrainingRun], predictions: Mapping[tuple[int, int], pd.DataFrame],

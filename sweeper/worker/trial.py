@@ -176,7 +176,8 @@ class TrialRunner:
         from optuna.artifacts import upload_artifact
 
         failed, first = [], None  # one line however many files fail, with the first error
-        for name in ARTIFACTS:
+        members = [p.name for p in files.ensemble_weights() if p != files.weights]  # a seed ensemble's others
+        for name in (*ARTIFACTS, *members):
             path = files.folder / name
             if path.exists():
                 try:
