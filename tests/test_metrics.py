@@ -49,11 +49,18 @@ def reference_report(df: pd.DataFrame) -> dict:
         return {
             "ic": ic.mean(),
             "rank_ic": rank_ic.mean(),
-            "icir": ic.mean() / ic.std(ddof=1),
-            "rank_icir": rank_ic.mean() / rank_ic.std(ddof=1),
+            "icir": _ir(ic),
+            "rank_icir": _ir(rank_ic),
             "n_dates": len(ic),
             "n_constant_dates": int(daily["constant"].sum()),
         }
+
+
+def _ir(daily: pd.Series) -> float:
+    """mean / std (ddof=1); undefined (NaN) when the daily ICs have no spread beyond round-off:
+    their std at most 1e-12 (ICs that are all zero up to ~1e-17 would give round-off / round-off)."""
+    std = daily.std(ddof=1)
+    return daily.mean() / std if std > 1e-12 else math.nan
 
 
 def panel(seed: int, T: int, N: int, nan_frac: float, levels: int | None) -> tuple[np.ndarray, np.ndarray]:

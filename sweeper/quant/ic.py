@@ -137,6 +137,9 @@ def _report(ic: np.ndarray, rank_ic: np.ndarray, n_constant: int = 0) -> ICRepor
             "n_constant_dates": int(n_constant)}
 
 
+ROUNDING_SPREAD = 1e-12  # a daily IC series' std at or below this is round-off, not spread
+
+
 def _mean_ir(series: np.ndarray) -> tuple[float, float]:
     values = np.asarray(series, dtype=np.float64)
     values = values[np.isfinite(values)]
@@ -146,8 +149,10 @@ def _mean_ir(series: np.ndarray) -> tuple[float, float]:
     if len(values) < 2:
         return mean, math.nan
     std = float(values.std(ddof=1))
-    # a spread at rounding level (e.g. every day exactly +-1 with 2 assets) is no spread
-    return mean, (mean / std if std > 1e-10 * abs(mean) else math.nan)
+    # a spread at rounding level is no spread: relative to the mean (every day exactly +-1 with
+    # 2 assets), or absolute (daily ICs that are all zero up to round-off, ~1e-17: their ratio
+    # would be one round-off over another)
+    return mean, (mean / std if std > max(1e-10 * abs(mean), ROUNDING_SPREAD) else math.nan)
 
 
 # ------------------------------------------------------------------ torch
