@@ -351,6 +351,8 @@ def test_kill_9_mid_stack_resumes_the_stack_at_its_last_epoch(study_file):
     assert retry.user_attrs["resumed_from_epoch"] == epoch and retry.user_attrs["folds_run"] == 3
     log = Path("runs/tiny/trials/1/train.log").read_text()
     assert f"resumed the stack after epoch {epoch}" in log
+    assert (f"resuming the stack of 3 runs led by fold 1 (seed 1) from runs/tiny/trials/0/checkpoint.pt "
+            f"at epoch {epoch}; no fold done") in log
     assert sorted(retry.intermediate_values) == [1, 2, 3]  # one per stack epoch, the replayed ones too
 
 

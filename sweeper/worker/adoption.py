@@ -57,13 +57,16 @@ def adopt(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.
         trial.set_user_attr("resume_skipped", problem)
         return
     fold = 0 if grid.single else int(was["fold"]) - 1
-    _continue(study, trial, frozen, folder, source, grid, (fold, seed, meta["epoch"]), log)
+    _continue(study, trial, frozen, folder, source, grid, (fold, seed, meta["epoch"]), log,
+              len(was.get("stack") or []))
 
 
 def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, folder: TrialFolder,
-              source: Path, grid: RunGrid, where: tuple[int, int, int], log: Callable[[str], None]) -> None:
-    """Continue ``source`` at ``where`` (fold, seed, epoch; 0-based runs): the source trial's
-    finished runs and the checkpoint copied, its history replayed and copied up to that step."""
+              source: Path, grid: RunGrid, where: tuple[int, int, int], log: Callable[[str], None],
+              stack: int = 0) -> None:
+    """Continue ``source`` at ``where`` (fold, seed, epoch; 0-based runs; of a stack's first
+    run, the stack holding ``stack`` runs): the source trial's finished runs and the checkpoint
+    copied, its history replayed and copied up to that step."""
     fold, seed, epoch = where
     origin = TrialFiles(source.parent)  # the source trial's folder: its metrics.csv and runs/
     done = folder.copy_runs_from(origin, grid)
@@ -78,7 +81,11 @@ def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, fol
         return
     trial.set_user_attr(RESUMED_FROM_FOLD, fold + 1)
     trial.set_user_attr(RESUMED_RUNS, len(done))
-    log(_resume_line(grid, str(source), fold + 1, seed + 1, epoch, [(f + 1, s + 1) for f, s in done]))
+    line = _resume_line(grid, str(source), fold + 1, seed + 1, epoch, [(f + 1, s + 1) for f, s in done])
+    if stack > 1:  # the checkpoint is a stack's, led by that run
+        line = line.replace(f"resuming in {_where(grid, fold + 1, seed + 1)}",
+                            f"resuming the stack of {stack} runs led by {_where(grid, fold + 1, seed + 1)}")
+    log(line)
 
 
 def _run_problem(was: dict[str, Any], study: optuna.Study, grid: RunGrid) -> str | None:
@@ -106,10 +113,14 @@ def _resume_line(grid: RunGrid, source: str, fold: int, repeat: int, epoch: int,
     full = [f for f in range(1, grid.folds + 1) if all((f, r) in done for r in range(1, grid.repeats + 1))]
     finished = (f"folds {full[0]}-{full[-1]} done" if len(full) > 1 else f"fold {full[0]} done" if full
                 else "no fold done") if folded else f"{len(done)} seeds done"
-    where = f"fold {fold} (seed {repeat})" if folded else f"seed {repeat}"
+    where = _where(grid, fold, repeat)
     if (fold, repeat) in done:  # the checkpoint's run had finished: the next one starts fresh
         return f"resuming from {source} after {where}, which had finished; {finished}"
     return f"resuming in {where} from {source} at epoch {epoch}; {finished}"
+
+
+def _where(grid: RunGrid, fold: int, repeat: int) -> str:
+    return f"fold {fold} (seed {repeat})" if grid.folds > 1 else f"seed {repeat}"
 
 
 def foreign(meta: dict[str, Any], stamp: dict[str, Any], lineage: list[int]) -> str | None:
