@@ -113,13 +113,14 @@ def _stacked_forward_all(stack: nn.Module, batchers: list[Batcher], batch_size: 
     stack.eval()
     out: list[list[torch.Tensor]] = [[] for _ in batchers]
     longest = max(b.n_samples for b in batchers)
+    same = all(b.same_split(batchers[0]) for b in batchers)  # seeds of one fold: one gather for all
     try:
         for start in range(0, longest, batch_size):
             width = min(batch_size, longest - start)
             rows = [b.index[start:start + batch_size] for b in batchers]
             sizes = [len(r) for r in rows]
             rows = [r if len(r) else b.index[:1] for r, b in zip(rows, batchers)]  # a member already done
-            pred = stack(gather_stack(batchers, rows, width).x).float()
+            pred = stack(gather_stack(batchers, rows, width, same_rows=same).x).float()
             for k, size in enumerate(sizes):
                 if size:
                     out[k].append(pred[k, :size])

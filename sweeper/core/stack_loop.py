@@ -240,7 +240,7 @@ def _restore(
     set_rng_state(state["rng"], lanes[0].generator)
     for lane, gen, saved in zip(lanes, dropout, state["members"]):
         lane.generator.set_state(saved["batches"])
-        gen.set_state(saved["dropout"].to(gen.device) if gen.device.type != "cpu" else saved["dropout"])
+        gen.set_state(saved["dropout"].cpu())  # a generator's state is a CPU tensor, a CUDA one's too
         lane.position, lane.stopped = int(saved["position"]), bool(saved["stopped"])
         restore_progress(saved, lane.progress, int(state["epoch"]))
     return int(state["epoch"])

@@ -113,13 +113,11 @@ class StackStep:
 
     def __call__(self, batch: list[Rows | None], micro: int) -> None:
         lanes = self.lanes
-        active = torch.tensor([float(rows is not None) for rows in batch], device=self.device)
+        active = _on_device([float(rows is not None) for rows in batch], self.device)
         self.flat.zero_grad()
         total = self._accumulate(batch, micro)
         self.scaler.unscale_(self.flat)
-        self.optimizer.factor = torch.tensor(
-            [lane.factor(lane.position) for lane in lanes], device=self.device
-        )
+        self.optimizer.factor = _on_device([lane.factor(lane.position) for lane in lanes], self.device)
         _, skipped = self.optimizer.step(active)
         self.scaler.update(skipped * active)
         for index, (lane, rows) in enumerate(zip(lanes, batch)):
@@ -141,9 +139,7 @@ class StackStep:
             ]
             sizes = [len(part[0]) if part is not None else 0 for part in parts]
             got = gather_stack([lane.batcher for lane in self.lanes], present, max(sizes))
-            weights = torch.tensor(
-                [part[1] if part is not None else 0.0 for part in parts], device=self.device
-            )
+            weights = _on_device([part[1] if part is not None else 0.0 for part in parts], self.device)
             with self.precision.autocast():
                 pred = self.stack(got.x)
             losses = self.criterion.stacked(pred, got.y, got.t, sizes) * weights
@@ -200,3 +196,12 @@ def plan_stack(
     peak = (mem.base_bytes + found.peak_bytes[micro]) / 2**20
     say(f"probed the stack's micro-batch {micro} (tried {found.tried}): peak {peak:.0f} MiB")
     return (micro if auto else cap), micro, peak
+
+
+def _on_device(values: list[float], device: torch.device) -> torch.Tensor:
+    """A step's per-member host values [K] on the device without a host sync: a copy from pageable
+    memory waits for the device's queue (every step would stall it), one from pinned memory does not."""
+    host = torch.tensor(values, dtype=torch.float32)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)

@@ -64,6 +64,13 @@ class Batcher:
         return Batch(x, self._take(self._yflat, cells), self._take(self._rawflat, cells),
                      self._move(t), self._move(i))
 
+    def same_split(self, other: Batcher) -> bool:
+        """Whether both serve the same rows of the same panel tensors (one fold's split, however
+        its panel is wrapped). One comparison of the sample indices: ask it once per pass."""
+        mine, theirs = self.index, other.index
+        return (self.reads_same(other) and mine.shape == theirs.shape
+                and (mine.data_ptr() == theirs.data_ptr() or bool(torch.equal(mine, theirs))))
+
     def reads_same(self, other: Batcher) -> bool:
         """Whether both gather from the same panel tensors (one fold's panel, however wrapped)."""
         mine, theirs = (self._xflat, self._yflat), (other._xflat, other._yflat)
@@ -98,16 +105,17 @@ class Batcher:
             yield self._gather(self.index[start:start + batch_size])
 
 
-def gather_stack(batchers: Sequence[Batcher], rows: Sequence[torch.Tensor], width: int) -> StackBatch:
+def gather_stack(batchers: Sequence[Batcher], rows: Sequence[torch.Tensor], width: int,
+                 same_rows: bool = False) -> StackBatch:
     """A stack's batch: member k's ``rows[k]`` from ``batchers[k]``, each repeated to ``width``
     rows (a shorter member's extra rows are its own again, and its loss reads only its first
     ``len(rows[k])``). Members that read the same panel tensor gather in one call, straight into
-    the stacked layout; a stack whose members all read the same rows of it (seeds of one fold,
-    validated) gathers them once and shares them."""
+    the stacked layout. ``same_rows`` (the caller knows every member reads the same rows of the
+    same panel: seeds of one fold, validated) gathers them once and shares them."""
     padded = [r if len(r) == width else r[torch.arange(width, device=r.device) % len(r)] for r in rows]
     first = batchers[0]
     if all(b.reads_same(first) for b in batchers):
-        if all(r is padded[0] or torch.equal(r, padded[0]) for r in padded[1:]):
+        if same_rows:
             one = first.gather(padded[0])
             k = len(batchers)
             return StackBatch(one.x.expand(k, *one.x.shape), one.y.expand(k, -1), one.t.expand(k, -1))
