@@ -168,7 +168,7 @@ def write_refit(files: TrialFiles, states: list[dict], stats: Any,
     refit = files.refit_files
     previous = read_refit(files)
     remove(refit.record)  # from here until the record is back, no refit
-    for stale in refit.ensemble_weights()[len(states):]:  # a replaced refit of more seeds
+    for stale in refit.other_members()[len(states) - 1:]:  # a replaced refit of more seeds
         remove(stale)
     for seed, state in enumerate(states):
         with atomic_path(refit.member_weights(seed)) as tmp:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,7 @@ from sweeper.data.batches import gather_stack
 from sweeper.quant import ic as M
 
 SPLIT_PREFIX = {"valid": "val", "test": "test"}
+T = TypeVar("T")
 Tick = Callable[[], None]  # called once per evaluated batch: scoring is progress too
 
 
@@ -27,10 +29,16 @@ def _no_tick() -> None:
 def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int, tick: Tick = _no_tick) -> torch.Tensor:
     """Predictions [S] (fp32, eval mode) for the split's samples in sample-index order.
     Out of memory halves the evaluation batch and starts over."""
+    return _halving(lambda size: _forward_all(model, batcher, size, tick), batch_size)
+
+
+def _halving(forward_all: Callable[[int], T], batch_size: int) -> T:
+    """``forward_all(batch_size)``, started over at half the batch after each out-of-memory error
+    (the memory is released outside the ``except``, where the traceback no longer pins it)."""
     while True:
         oom = False
         try:
-            return _forward_all(model, batcher, batch_size, tick)
+            return forward_all(batch_size)
         except Exception as exc:
             if not is_oom(exc) or batch_size == 1:
                 raise
@@ -93,17 +101,7 @@ def stacked_predict_rows(stack: nn.Module, batchers: list[Batcher], batch_size: 
     """:func:`predict_rows` of every member of a stack at once (member k on ``batchers[k]``): one
     stacked forward per batch of ``batch_size`` rows per member, a shorter member padded with its
     own rows. Out of memory halves the batch and starts over."""
-    while True:
-        oom = False
-        try:
-            return _stacked_forward_all(stack, batchers, batch_size, tick)
-        except Exception as exc:
-            if not is_oom(exc) or batch_size == 1:
-                raise
-            oom = True
-        if oom:
-            release_memory()
-            batch_size //= 2
+    return _halving(lambda size: _stacked_forward_all(stack, batchers, size, tick), batch_size)
 
 
 @torch.no_grad()

@@ -51,8 +51,6 @@ RANGE = "range"  # the split name of a --start/--end selection
 def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None = None) -> dict[str, Any]:
     """The best epoch's state dict (tensors on the CPU). Weights that ``study.keep`` (or
     ``sweeper gc``) removed are a DataError with the command that retrains the trial."""
-    import torch  # here, not at the top: a report of a study without weights never needs torch
-
     path = files.weights
     if weights_removed(trial, files):
         raise DataError(f"{path}: trial {trial.number}'s weights were removed by study.keep; retrain it "
@@ -63,11 +61,12 @@ def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None =
                         "predict a trial that finished its folds")
     if not path.exists():
         raise DataError(f"{path}: missing; trial {trial.number} is {trial.state.name} and wrote no weights")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return _state_dict(path)
 
 
-def _load(path: Path) -> dict[str, Any]:
-    import torch
+def _state_dict(path: Path) -> dict[str, Any]:
+    """A weights file's state dict, its tensors on the CPU."""
+    import torch  # here, not at the top: a report of a study without weights never needs torch
 
     return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -87,12 +86,10 @@ def read_refit(files: TrialFiles) -> dict[str, Any] | None:
 
 
 def load_refit_weights(files: TrialFiles) -> dict[str, Any]:
-    import torch
-
     refit = files.refit_files
     if not refit.weights.exists():
         raise DataError(f"{refit.weights}: missing beside its {refit.record.name}; run `sweeper refit` again")
-    return torch.load(refit.weights, map_location="cpu", weights_only=True)
+    return _state_dict(refit.weights)
 
 
 def restrict(panel: Panel, split: str, start: str | None, end: str | None) -> tuple[Panel, str]:
@@ -148,10 +145,9 @@ class Predictor:
         refit = read_refit(files) if data is not None else None  # the study's own dates: its own weights
         # a missing file fails before any data is read; with seed repeats, every seed's weights
         # (the trial's model is the mean of their predictions)
-        members = ([load_refit_weights(files), *(_load(p) for p in files.refit_files.ensemble_weights()
-                                                  if p != files.refit_files.weights)] if refit else
-                   [load_weights(files, trial, self.study_file),
-                    *(_load(p) for p in files.ensemble_weights() if p != files.weights)])
+        first = load_refit_weights(files) if refit else load_weights(files, trial, self.study_file)
+        others = files.refit_files.other_members() if refit else files.other_members()
+        members = [first, *(_state_dict(p) for p in others)]
         if data is None:
             panel = self.own_panel(tcfg)
         else:
@@ -165,12 +161,12 @@ class Predictor:
         device = resolve_device(self._device_name)
         if refit:
             self.refits[trial.number] = str(refit.get("until"))
+        on_device = panel.to(device, tcfg.data.device_share)
         frames = []
         for weights in members:
             model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
             model.load_state_dict(weights)
-            frames.append(predict(model.to(device), panel.to(device, tcfg.data.device_share), name, device,
-                                  tcfg.train.eval_batch_size))
+            frames.append(predict(model.to(device), on_device, name, device, tcfg.train.eval_batch_size))
         return frames[0] if len(frames) == 1 else ensemble_frame(frames)
 
     def own_panel(self, tcfg: SweeperConfig) -> Panel:

@@ -116,22 +116,30 @@ def check_one(job: Job, n_features: int, lookback: int) -> str | None:
 
 def _run_child(jobs: list[Job], n_features: int, lookback: int) -> tuple[list[str | None], str | None]:
     """The answers the child gave, in order, and how it died before answering them all."""
-    request = json.dumps({"n_features": n_features, "lookback": lookback, "jobs": [asdict(j) for j in jobs]})
-    # same interpreter, environment and folder as a worker: it finds the model where a worker would
-    cmd = [sys.executable, "-m", "sweeper.models.check"]
-    try:
-        done = subprocess.run(cmd, input=request, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
-        out, code = done.stdout, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        partial = exc.stdout or ""
-        out = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
-        code = None
-    answers = [json.loads(line)["error"] for line in out.splitlines() if line.startswith("{")]
+    request = {"n_features": n_features, "lookback": lookback, "jobs": [asdict(j) for j in jobs]}
+    lines, code = _ask_child(request)
+    answers = [line["error"] for line in lines]
     if len(answers) >= len(jobs):
         return answers[:len(jobs)], None
     if code is None:
         return answers, f"did not finish within {CHECK_TIMEOUT_S:g} s"
     return answers, f"killed the Python process ({_how(code)})"
+
+
+def _ask_child(request: dict[str, Any]) -> tuple[list[dict[str, Any]], int | None]:
+    """The checking child's JSON answer lines to ``request``, and its exit code (None: it ran
+    past the timeout; its answers until then)."""
+    # same interpreter, environment and folder as a worker: it finds the model where a worker would
+    cmd = [sys.executable, "-m", "sweeper.models.check"]
+    try:
+        done = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True,
+                              timeout=CHECK_TIMEOUT_S)
+        out, code = done.stdout, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout or ""
+        out = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+        code = None
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")], code
 
 
 def runs_line(cfg: SweeperConfig, n_features: int) -> str:
@@ -149,16 +157,11 @@ def stack_plan_line(model: ModelConfig, n_features: int, lookback: int) -> str:
     on two of its members, in a child process like every other run of user code."""
     if not model.is_custom:
         return f"model {model.name}: stacked natively"
-    request = json.dumps({"n_features": n_features, "lookback": lookback, "plan": model_section(model)})
-    try:
-        done = subprocess.run([sys.executable, "-m", "sweeper.models.check"], input=request,
-                              capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return f"model.name {model.name!r}: not known (the check did not finish within {CHECK_TIMEOUT_S:g} s)"
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines or "plan" not in lines[0]:
-        return f"model.name {model.name!r}: not known (the check {_how(done.returncode)})"
-    return str(lines[0]["plan"])
+    lines, code = _ask_child({"n_features": n_features, "lookback": lookback, "plan": model_section(model)})
+    if lines and "plan" in lines[0]:
+        return str(lines[0]["plan"])
+    how = f"did not finish within {CHECK_TIMEOUT_S:g} s" if code is None else _how(code)
+    return f"model.name {model.name!r}: not known (the check {how})"
 
 
 def _plan_in_child(section: dict[str, Any], n_features: int, lookback: int) -> str:

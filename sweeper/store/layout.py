@@ -134,10 +134,10 @@ def member_weights(folder: Path, seed: int) -> Path:
     return folder / (WEIGHTS if seed == 0 else f"weights.seed-{seed + 1}.pt")
 
 
-def ensemble_weights(folder: Path) -> list[Path]:
-    """Every member's weights file present in ``folder``, the first seed's first."""
-    others = sorted(folder.glob("weights.seed-*.pt"), key=lambda p: int(p.stem.split("-")[-1]))
-    return [p for p in (folder / WEIGHTS, *others) if p.exists()]
+def other_members(folder: Path) -> list[Path]:
+    """A seed ensemble's weights files in ``folder`` beyond the first seed's ``weights.pt``
+    (``weights.seed-2.pt``, ...), in seed order; none for a model of one seed."""
+    return sorted(folder.glob("weights.seed-*.pt"), key=lambda p: int(p.stem.split("-")[-1]))
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,8 @@ class RefitFiles:
     def member_weights(self, seed: int) -> Path:
         return member_weights(self.folder, seed)
 
-    def ensemble_weights(self) -> list[Path]:
-        return ensemble_weights(self.folder)
+    def other_members(self) -> list[Path]:
+        return other_members(self.folder)
 
     @property
     def norm_stats(self) -> Path:
@@ -199,8 +199,9 @@ class TrialFiles:
         ``validation.repeats``): see :func:`member_weights`."""
         return member_weights(self.folder, seed)
 
-    def ensemble_weights(self) -> list[Path]:
-        return ensemble_weights(self.folder)
+    def other_members(self) -> list[Path]:
+        """The other seeds' weights beside ``weights.pt`` (:func:`other_members`)."""
+        return other_members(self.folder)
 
     @property
     def checkpoint(self) -> Path:

@@ -126,7 +126,7 @@ class TrialFolder:
 
     def model_files(self) -> list[Path]:
         """The model's weights: with seed repeats, every seed's of the ensemble."""
-        return [self.files.weights, *(p for p in self.files.ensemble_weights() if p != self.files.weights)]
+        return [self.files.weights, *self.files.other_members()]
 
     def prediction_files(self) -> list[Path]:
         """The daily IC files and the model's stored predictions (``study.keep.predictions``)."""

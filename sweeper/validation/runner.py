@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -118,19 +119,9 @@ class RunStore:
         run = self.run(fold, repeat)
         return {split: pd.read_parquet(run.predictions_of(split)) for split in SPLITS}
 
-    def save_member_predictions(self, fold: int, repeat: int, frames: dict[str, pd.DataFrame]) -> None:
-        """A model seed's frames on valid and test in its run's folder (the ensemble reads them)."""
-        files = self.run(fold, repeat)
-        files.folder.mkdir(parents=True, exist_ok=True)
-        for split, frame in frames.items():
-            with atomic_path(files.predictions_of(split)) as tmp:
-                frame.to_parquet(tmp, index=False)
-
     def save_predictions(self, frames: dict[str, pd.DataFrame]) -> None:
-        """The model run's ``predictions_<split>.parquet``, straight into the trial's folder."""
-        for split, frame in frames.items():
-            with atomic_path(self.files.predictions(split)) as tmp:
-                frame.to_parquet(tmp, index=False)
+        """The model's ``predictions_<split>.parquet``, straight into the trial's folder."""
+        _write_frames(frames, self.files.predictions)
 
     def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]],
                      stack: list[tuple[int, int]] | None = None) -> FileCheckpointer:
@@ -143,9 +134,13 @@ class RunStore:
             owner["stack"] = [[f + 1, r + 1] for f, r in stack]
         return RunCheckpointer(self.files.checkpoint, owner)
 
-    def save(self, run: TrainingRun, result: TrainResult, panel: Panel) -> None:
+    def save(self, run: TrainingRun, result: TrainResult, panel: Panel,
+             frames: dict[str, pd.DataFrame] | None = None) -> None:
         """The run's files; the model run's weights, normalisation and daily test IC too (the
-        worker moves them into the trial's folder). ``result.json`` last: the run is finished."""
+        worker moves them into the trial's folder). ``frames``: a seed of the ensemble's
+        predictions on valid and test as ``predict`` computes them, which the ensemble (and a
+        retry's) is made of, in place of the training's valid frame. ``result.json`` last: the
+        run is finished."""
         files = self.run(run.fold, run.repeat)
         files.folder.mkdir(parents=True, exist_ok=True)
         if self.grid.is_model(run.fold, run.repeat):
@@ -155,9 +150,7 @@ class RunStore:
                 write_text(files.norm_stats, json.dumps(panel.norm_stats))
         if self.grid.single:  # the trial's daily IC files are the run's own (written by record)
             return
-        if not (self.grid.ensemble and self.grid.is_model(run.fold, run.repeat)):  # a seed of the
-            with atomic_path(files.predictions) as tmp:  # ensemble has stored its frames already
-                result.predictions["valid"].to_parquet(tmp, index=False)
+        _write_frames(frames or {"valid": result.predictions["valid"]}, files.predictions_of)
         with atomic_path(files.daily_ic("valid")) as tmp:
             result.daily["valid"].to_csv(tmp, index=False)
         if self.grid.is_model(run.fold, run.repeat):
@@ -166,6 +159,12 @@ class RunStore:
         body = {"fold": run.fold + 1, "repeat": run.repeat + 1, "seed": run.seed,
                 "stop_reason": run.stop_reason, "metrics": {k: plain(v) for k, v in run.metrics.items()}}
         write_text(files.result, json.dumps(body, indent=1))
+
+
+def _write_frames(frames: dict[str, pd.DataFrame], path_of: Callable[[str], Path]) -> None:
+    for split, frame in frames.items():
+        with atomic_path(path_of(split)) as tmp:
+            frame.to_parquet(tmp, index=False)
 
 
 def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel,
@@ -309,15 +308,14 @@ def _keep(trainer: Trainer, out: TrialRuns, panel: Panel, fold: int, seed: int, 
     is_model = grid.is_model(fold, seed)
     metrics = {k: v for k, v in result.metrics.items() if is_model or not k.startswith("test_")}
     run = TrainingRun(fold, seed, cfg.train.seed, metrics, result.stop_reason)
+    frames = None
     if is_model and grid.ensemble:  # a seed of the ensemble: its frames, for the mean of them
         frames = model_frames(cfg, result, panel, trainer.device) if store is not None else result.predictions
         out.members[seed] = frames
-        if store is not None:
-            store.save_member_predictions(fold, seed, frames)
     elif is_model and store is not None:  # what sweeper best reads; before result.json (finished)
         store.save_predictions(model_frames(cfg, result, panel, trainer.device))
     if store is not None:
-        store.save(run, result, panel)
+        store.save(run, result, panel, frames)
     out.add(run, result.predictions["valid"], result.daily["valid"])
     if is_model and seed == 0:
         out.model = result

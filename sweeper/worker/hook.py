@@ -62,31 +62,25 @@ class OptunaHook:
         self.stack_runs = runs
 
     def on_stack_epoch(self, epoch: int, metrics: list[dict[str, Any] | None]) -> bool:
-        values = []
-        for (fold, repeat), row in zip(self.stack_runs, metrics):
-            if row is None:
-                continue
-            columns = {"fold": fold + 1, "repeat": repeat + 1}
-            append_csv(self.metrics_csv, {**columns, "epoch": epoch, **row})
-            protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch, metrics={**columns, **row})
-            value = row.get(self.metric)
-            if value is not None and math.isfinite(value):
-                values.append(float(value))
-        if not values:
-            return False
-        self.trial.report(sum(values) / len(values), self.offset + epoch)
-        self.pruned = self.trial.should_prune()
-        return self.pruned
+        values = [self._record({"fold": fold + 1, "repeat": repeat + 1}, epoch, row)
+                  for (fold, repeat), row in zip(self.stack_runs, metrics) if row is not None]
+        finite = [v for v in values if v is not None]
+        return bool(finite) and self._report(sum(finite) / len(finite), epoch)
 
     def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
-        append_csv(self.metrics_csv, {**self.run_columns, "epoch": epoch, **metrics})
+        value = self._record(self.run_columns, epoch, metrics)
+        return value is not None and self._report(value, epoch)
+
+    def _record(self, columns: dict[str, int], epoch: int, metrics: dict[str, Any]) -> float | None:
+        """One run's epoch in metrics.csv and to the driver (with its fold and repeat, when there
+        are several runs: the driver's view says which run this is); its finite metric value."""
+        append_csv(self.metrics_csv, {**columns, "epoch": epoch, **metrics})
+        protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch, metrics={**columns, **metrics})
         value = metrics.get(self.metric)
-        # with the run's fold and repeat (several runs): the driver's view says which run this is
-        protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch,
-                      metrics={**self.run_columns, **metrics})
-        if value is None or not math.isfinite(value):
-            return False
-        self.trial.report(float(value), self.offset + epoch)
+        return float(value) if value is not None and math.isfinite(value) else None
+
+    def _report(self, value: float, epoch: int) -> bool:
+        self.trial.report(value, self.offset + epoch)
         self.pruned = self.trial.should_prune()
         return self.pruned
 

@@ -176,8 +176,7 @@ class TrialRunner:
         from optuna.artifacts import upload_artifact
 
         failed, first = [], None  # one line however many files fail, with the first error
-        members = [p.name for p in files.ensemble_weights() if p != files.weights]  # a seed ensemble's others
-        for name in (*ARTIFACTS, *members):
+        for name in (*ARTIFACTS, *(p.name for p in files.other_members())):  # a seed ensemble's too
             path = files.folder / name
             if path.exists():
                 try:
