@@ -40,18 +40,34 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def swept_study(root: Path, raw: dict[str, Any], name: str = "study.yaml", timeout: float = 300) -> Path:
-    """``raw`` written to ``root/name`` and swept there by ``sweeper run`` in a subprocess (real
-    fakes off, tests/ importable for its fault models); returns ``root``."""
-    import subprocess
-    import sys
+def sweeper_cli(root: Path, *args: str, code: int = 0) -> Any:
+    """``sweeper ARGS`` run in this process, through click's CliRunner, with ``root`` as the working
+    directory (real fakes off, tests/ on the workers' PYTHONPATH for the fault models); asserts the
+    exit ``code`` and returns the click Result (``stdout``, ``stderr``, ``output``).
 
+    In process, a sweep's workers fork from this process's shared fork server, preloaded once
+    per test session: a subprocess driver would pay its imports and the server's preload (about
+    4.5 s of CPU) again for each sweep. Tests whose subject is the process itself (signals,
+    crashes, outages, several hosts, PYTHONPATH) start ``python -m sweeper.cli`` instead."""
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        for key in [k for k in os.environ if k.startswith("SWEEPER_FAKE")]:
+            mp.delenv(key)
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+        result = CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result
+
+
+def swept_study(root: Path, raw: dict[str, Any], name: str = "study.yaml") -> Path:
+    """``raw`` written to ``root/name`` and swept there by ``sweeper run`` (:func:`sweeper_cli`,
+    in process); returns ``root``."""
     (root / name).write_text(yaml.safe_dump(raw))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", name], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout + done.stderr
+    sweeper_cli(root, "run", name)
     return root
 
 

@@ -22,11 +22,10 @@ with warnings.catch_warnings():
     from alphalens import performance as al_perf
     from alphalens import utils as al_utils
 
-from conftest import TINY, merge
+from conftest import TINY, merge, sweeper_cli
 from sweeper.quant.ic import daily_ic, ic_report
 from sweeper.quant.portfolio import LongShort, long_short
 from test_portfolio import random_frame
-from test_study_views import sweeper as run_sweeper
 
 STUDY = merge(TINY, {"study": {"name": "al", "n_trials": 2}, "train": {"epochs": 1}})
 Q, H = 5, 2  # report.quantiles and data.horizon of STUDY (their defaults)
@@ -34,12 +33,13 @@ Q, H = 5, 2  # report.quantiles and data.horizon of STUDY (their defaults)
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """One real sweep, ``sweeper predict --trial best --split test`` and ``sweeper best --json``."""
+    """One real sweep, ``sweeper predict --trial best --split test`` and ``sweeper best --json``
+    (in process: the figures, not the processes, are under test)."""
     root = tmp_path_factory.mktemp("alphalens")
     (root / "study.yaml").write_text(yaml.safe_dump(STUDY))
-    run_sweeper(root, "run", "study.yaml")
-    run_sweeper(root, "predict", "study.yaml", "--trial", "best", "--split", "test", "-o", "test.parquet")
-    best = json.loads(run_sweeper(root, "best", "study.yaml", "--json").stdout)
+    sweeper_cli(root, "run", "study.yaml")
+    sweeper_cli(root, "predict", "study.yaml", "--trial", "best", "--split", "test", "-o", "test.parquet")
+    best = json.loads(sweeper_cli(root, "best", "study.yaml", "--json").stdout)
     # in float64, as sweeper computes: float32 sums of the float32 labels drift by ~1e-6
     frame = pd.read_parquet(root / "test.parquet").astype({"pred": "float64", "label": "float64"})
     return {"frame": frame, "best": best}

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import optuna
 import pytest
 
+from conftest import sweeper_cli
 from sweeper.config import load_config
 from sweeper.core import checkpoint_epoch
 from sweeper.core.checkpoint import checkpoint_meta
@@ -140,15 +140,15 @@ def test_which_checkpoint_a_retry_may_continue(was, lineage, why):
 
 @pytest.mark.slow
 def test_a_second_run_of_the_same_study_moves_nothing_aside(tmp_path):
-    # from the command line: the folder already is this study's, so nothing moves and no line says so
+    # from the command line (in process): the folder already is this study's, so nothing moves and
+    # no line says so
     cfg = {"study": {"name": "s", "n_trials": 1}, "data": {"synthetic": {"assets": 12, "dates": 60,
            "features": 2}, "lookback": 3}, "model": {"name": "mlp", "hidden_size": 4},
            "train": {"epochs": 1, "batch_size": 64}, "devices": {"gpus": "none", "cpu_workers": 1}}
     (tmp_path / "s.yaml").write_text(json.dumps(cfg))
     for _ in range(2):
-        done = subprocess.run(["sweeper", "run", "s.yaml"], cwd=tmp_path, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        assert "moved aside" not in done.stderr
+        done = sweeper_cli(tmp_path, "run", "s.yaml")
+        assert "moved aside" not in done.output
     assert not (tmp_path / "runs/s/previous").exists()
 
 

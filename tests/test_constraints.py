@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +16,7 @@ from click.testing import CliRunner
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from conftest import TESTS, TINY, merge
+from conftest import TINY, merge, sweeper_cli
 from sweeper.cli import main
 from sweeper.config.long_sweeps import Bound
 from sweeper.quant.ensemble import ensemble
@@ -136,11 +133,7 @@ def _sweep(root: Path, constraints: dict | None) -> optuna.Study:
         study["constraints"] = constraints
     (root / "study.yaml").write_text(yaml.safe_dump(merge(TINY, {"study": study})))
     (root / "sets.yaml").write_text(yaml.safe_dump([{"train.lr": lr} for lr in LRS]))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", "study.yaml", "--enqueue", "sets.yaml"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
+    sweeper_cli(root, "run", "study.yaml", "--enqueue", "sets.yaml")
     found = optuna.load_study(study_name="feas", storage=open_storage(f"sqlite:///{root}/runs/feas/study.db"))
     assert [t.state for t in found.get_trials()] == [TrialState.COMPLETE] * len(LRS)
     return found

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
+from pathlib import Path
 
 import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from conftest import sweeper_cli
 from sweeper.config import StudyConfig, SweeperConfig
 from sweeper.dispatch.stopping import Ending, StopRule
 from sweeper.interrupt import StopToken
@@ -175,9 +175,7 @@ def test_a_walk_forward_sweep_stops_when_converged(study_file):
     path = study_file({"study": {"n_trials": 30, "stop_when_converged": True}, "devices": {"cpu_workers": 1},
                        "validation": {"scheme": "walk_forward", "folds": 3},
                        "search_space": {"train.lr": {"type": "float", "low": 0.003, "high": 0.0031}}})
-    proc = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = sweeper_cli(Path.cwd(), "run", str(path))  # in process: stopping is the driver's decision
     study = optuna.load_study(study_name="tiny", storage="sqlite:///runs/tiny/study.db")
     done = sorted(study.get_trials(states=(TrialState.COMPLETE,)),
                   key=lambda t: (t.datetime_complete, t.number))

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from wsgiref.util import setup_testing_defaults
 
@@ -20,6 +18,7 @@ from click.testing import CliRunner
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
+from conftest import sweeper_cli
 from sweeper.cli import main
 from sweeper.inspect.report import FIGURES
 from sweeper.quant.selection import expected_max, fold_blocks, fold_standard_error, pbo, selection_summary
@@ -376,9 +375,7 @@ def test_a_real_walk_forward_sweep_shows_its_folds(study_file, workdir):
     """The worker's own attrs and files, read back by best, export and the report."""
     path = study_file({"validation": {"scheme": "walk_forward", "folds": 3, "repeats": 2},
                        "study": {"n_trials": 2}})
-    run = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=workdir,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout + run.stderr
+    sweeper_cli(workdir, "run", str(path))
     study = optuna.load_study(study_name="tiny", storage=open_storage(f"sqlite:///{workdir}/runs/tiny/study.db"))
     best = best_of(study)
     out = json.loads(cli("best", str(path), "--json"))

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
+from conftest import sweeper_cli
 from sweeper.config import load_config
 from sweeper.dispatch.stopping import Ending, StopRule, patience
 from sweeper.interrupt import StopToken
@@ -99,8 +98,8 @@ def _finished_in_order(study):
 
 
 def _sweep(path):
-    return subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], capture_output=True,
-                          text=True, timeout=600)
+    # in process: when to stop is the driver's decision (its stdout and stderr apart, as a process's)
+    return sweeper_cli(Path.cwd(), "run", str(path))
 
 
 @pytest.mark.slow
@@ -109,7 +108,7 @@ def test_a_sweep_stops_on_patience_study_wide(study_file):
     # sweep stops exactly when the count first reaches patience_trials
     path = study_file({"study": {"n_trials": 30, "patience_trials": 2}, "devices": {"cpu_workers": 1}})
     proc = _sweep(path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.exit_code == 0, proc.stdout + proc.stderr
     study = optuna.load_study(study_name="tiny", storage="sqlite:///runs/tiny/study.db")
     finished = _finished_in_order(study)
     assert 2 <= len(finished) < 30
@@ -123,6 +122,6 @@ def test_a_sweep_stops_on_patience_study_wide(study_file):
     assert proc.stdout.count(line) + proc.stderr.count(line) == 1, proc.stdout + proc.stderr
     # another driver (a later run) reads the same stored trials: it stops before claiming any
     again = _sweep(path)
-    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.exit_code == 0, again.stdout + again.stderr
     assert len(study.get_trials()) == len(finished)
     assert line in again.stdout + again.stderr

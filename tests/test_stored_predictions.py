@@ -4,15 +4,12 @@ running the models (and falls back to running them for a trial without them)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import optuna
 import pandas as pd
 import pytest
 
-from conftest import TESTS, TINY, merge, swept_study
+from conftest import TINY, merge, sweeper_cli, swept_study
 
 STUDY = merge(TINY, {"study": {"n_trials": 3, "pruner": {"name": "none"}}, "train": {"epochs": 1},
                      "devices": {"cpu_workers": 1}})
@@ -27,12 +24,7 @@ def swept(tmp_path_factory):
 
 
 def _best(root) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "best", "study.yaml", "--json"], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return json.loads(sweeper_cli(root, "best", "study.yaml", "--json").stdout)
 
 
 def _study(root):

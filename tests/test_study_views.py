@@ -1,4 +1,4 @@
-"""Issue 12 from the outside, on one real sweep (`python -m sweeper.cli` subprocesses): the
+"""Issue 12 from the outside, on one real sweep (`sweeper predict` in subprocesses): the
 long-short view and the top-3 ensemble of `sweeper best`, `predict --trial top3`, trials of
 different lookbacks scored on the same dates, scoring new dates with the trial's own
 normalisation, and the report's new sections."""
@@ -17,7 +17,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from conftest import TESTS, TINY, merge
+from conftest import TESTS, TINY, merge, sweeper_cli
 from sweeper.quant.ensemble import ensemble
 from sweeper.quant.ic import ic_report
 from test_portfolio import reference_long_short
@@ -47,12 +47,12 @@ def sweeper(root: Path, *args: str, code: int = 0) -> subprocess.CompletedProces
 def views(tmp_path_factory):
     root = tmp_path_factory.mktemp("views")
     (root / "study.yaml").write_text(yaml.safe_dump(SWEEP))
-    sweeper(root, "run", "study.yaml")
+    sweeper_cli(root, "run", "study.yaml")  # in process: the sweep is not what is tested here
     from sweeper.store import open_storage
 
     study = optuna.load_study(study_name="views", storage=open_storage(f"sqlite:///{root}/runs/views/study.db"))
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 4
-    best = json.loads(sweeper(root, "best", "study.yaml", "--json").stdout)
+    best = json.loads(sweeper_cli(root, "best", "study.yaml", "--json").stdout)
     return {"root": root, "study": study, "best": best}
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -19,19 +19,20 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
+from conftest import sweeper_cli
 from sweeper import config as C
 from sweeper.config import load_config
 from sweeper.core.hooks import NullHook
 from sweeper.data.load import load_panel
+from sweeper.errors import ConfigError
+from sweeper.inspect.printing import validation_line
 from sweeper.interrupt import StopToken
+from sweeper.quant import ic as M
 from sweeper.store.layout import trial_files
 from sweeper.validation.grid import RunGrid
 from sweeper.validation.runner import RunStore, Trainer, train_runs
 from sweeper.validation.scores import daily_valid, objective, trial_attrs
 from sweeper.worker.hook import OptunaHook
-from sweeper.inspect.printing import validation_line
-from sweeper.quant import ic as M
-from sweeper.errors import ConfigError
 
 WF = {"validation": {"scheme": "walk_forward", "folds": 3}}
 
@@ -149,10 +150,8 @@ def test_holdout_with_repeats_is_one_fold_of_seeds(study_file, tmp_path):
 
 # ---------------------------------------------------------------- real sweeps through the CLI
 
-def _sweep(path, timeout=240):
-    proc = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def _sweep(path):
+    sweeper_cli(Path.cwd(), "run", str(path))  # in process: the attributes, not the processes, are tested
     return _study(path)
 
 

@@ -1,9 +1,7 @@
 """Warm starts (issue 22): study.warm_start, --enqueue and study.start_from_config, on real
-SQLite studies with real ``sweeper`` subprocesses."""
+SQLite studies with real sweeps (``sweeper run`` in this process, its workers forked)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -13,6 +11,7 @@ from click.testing import CliRunner
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
+from conftest import sweeper_cli
 from sweeper.cli import main
 from sweeper.config import load_config
 
@@ -23,10 +22,8 @@ MARK = "warm_start_from"
 
 
 def _sweeper(*args: object, code: int = 0) -> str:
-    done = subprocess.run([sys.executable, "-m", "sweeper.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == code, done.stdout + done.stderr
-    return done.stdout + done.stderr
+    # in process (the warm start is the driver's decision, not a process's): its stdout and stderr
+    return sweeper_cli(Path.cwd(), *map(str, args), code=code).output
 
 
 def _trials(path: Path, storage: str | None = None) -> list[optuna.trial.FrozenTrial]:
