@@ -69,7 +69,7 @@ def test_failing_trials_cost_only_themselves(study_file, monkeypatch):
     monkeypatch.setenv("SWEEPER_FAKE_TIMEOUT_GRACE_S", "1")  # the hang is killed 1.8 s after max_minutes, not 2 min
     path = study_file({
         "study": {"n_trials": 2, "retries": 0},
-        "train": {"max_minutes": 0.15},
+        "train": {"max_minutes": 0.08},
         "model": PROBE,
         "devices": {"cpu_workers": 2},
         "search_space": {"model.kind": {"type": "categorical", "choices": ["mlp", "raise", "exit", "hang"]}},

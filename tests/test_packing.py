@@ -3,15 +3,14 @@ exact decisions, the driver's packer state, and real sweeps on fake GPUs whose t
 set peak (SWEEPER_FAKE_GPU_MEMORY_MB, SWEEPER_FAKE_TRIAL_MEMORY_MB)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from conftest import sweeper_cli
 from overlap import most_at_once
 from sweeper.config import DevicesConfig, load_config
 from sweeper.devices import list_gpus
@@ -231,7 +230,8 @@ def test_trials_per_gpu_takes_auto_or_a_count(study_file):
 
 def _packed_sweep(study_file, workdir, trial_mb: int, n_trials: int, step_sleep: float,
                   space: dict | None = None, seed=None):
-    """A real ``sweeper run`` on one fake 4000 MB GPU whose trials report ``trial_mb``; its trials.
+    """A real ``sweeper run`` (in this process: the packer is the driver's, its workers real
+    processes) on one fake 4000 MB GPU whose trials report ``trial_mb``; its trials.
     ``seed(study)`` fills the study first (queued trials, finished ones)."""
     path = study_file({
         "study": {"n_trials": n_trials},
@@ -243,11 +243,9 @@ def _packed_sweep(study_file, workdir, trial_mb: int, n_trials: int, step_sleep:
     storage = load_config(path).study.resolved_storage
     if seed is not None:
         seed(optuna.create_study(study_name="tiny", storage=open_storage(storage), direction="maximize"))
-    env = {**os.environ, "SWEEPER_FAKE_GPUS": "1", "SWEEPER_FAKE_GPU_MEMORY_MB": "4000",
+    env = {"SWEEPER_FAKE_GPUS": "1", "SWEEPER_FAKE_GPU_MEMORY_MB": "4000",
            "SWEEPER_FAKE_TRIAL_MEMORY_MB": str(trial_mb)}
-    proc = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sweeper_cli(Path.cwd(), "run", str(path), env=env)
     return optuna.load_study(study_name="tiny", storage=storage).get_trials()
 
 
