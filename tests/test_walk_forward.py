@@ -148,6 +148,20 @@ def test_holdout_with_repeats_is_one_fold_of_seeds(study_file, tmp_path):
     assert "test_ic" in out.runs[0].metrics  # the model: the (only) fold's first seed
 
 
+def test_a_trials_duration_counts_each_stack_once():
+    # the members of a stack train together and each reports the stack's time: duration_s (the
+    # trial's training time, as before stacking) counts every stack once, one after another
+    from sweeper.validation.record import training_seconds
+    from sweeper.validation.scores import TrainingRun
+
+    times = (3.0, 3.0, 3.25, 3.25)  # (fold, seed): (0, 0), (0, 1), (1, 0), (1, 1)
+    runs = [TrainingRun(f, r, r, {"duration_s": t}) for (f, r), t in zip(RunGrid(2, 2).cells(), times)]
+    assert training_seconds(runs, RunGrid(2, 2, stack=4)) == 3.25  # one stack of four
+    assert training_seconds(runs, RunGrid(2, 2, stack=2)) == 6.25  # a fold's two seeds, then the next
+    assert training_seconds(runs, RunGrid(2, 2, stack=1)) == 12.5  # one run after another: their sum
+    assert training_seconds(runs[:3], RunGrid(2, 2, stack=4)) == 3.25  # cut short: what ran
+
+
 # ---------------------------------------------------------------- real sweeps through the CLI
 
 def _sweep(path):

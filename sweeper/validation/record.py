@@ -21,7 +21,8 @@ from sweeper.store.layout import TrialFiles
 from sweeper.store.trial_folder import TrialFolder
 from sweeper.validation import contract as K
 from sweeper.validation import runner as R
-from sweeper.validation.scores import MEANED, daily_valid, fold_scores, objective, trial_attrs
+from sweeper.validation.grid import RunGrid
+from sweeper.validation.scores import MEANED, TrainingRun, daily_valid, fold_scores, objective, trial_attrs
 
 
 def attrs_of(out: R.TrialRuns, cfg: SweeperConfig) -> tuple[float, dict[str, Any]]:
@@ -40,8 +41,19 @@ def attrs_of(out: R.TrialRuns, cfg: SweeperConfig) -> tuple[float, dict[str, Any
         attrs[K.SEED_TEST_IC] = [r.metrics.get("test_ic") for r in members]
         attrs[K.SEED_TEST_RANK_IC] = [r.metrics.get("test_rank_ic") for r in members]
     attrs["stop_reason"] = out.stop_reason
-    attrs["duration_s"] = sum(float(r.metrics.get("duration_s") or 0.0) for r in out.runs)  # every run's
+    attrs["duration_s"] = training_seconds(out.runs, out.grid)
     return objective(out.runs, cfg, out.predictions), attrs
+
+
+def training_seconds(runs: list[TrainingRun], grid: RunGrid) -> float:
+    """The trial's training time (``duration_s``): its stacks one after another, each counted
+    once. The members of a stack train together, each reporting the stack's time, so summing
+    every run's would count a stack of K members K times."""
+    stacks: dict[int, float] = {}
+    for r in runs:
+        k = grid.stack_of(r.fold, r.repeat)
+        stacks[k] = max(stacks.get(k, 0.0), float(r.metrics.get("duration_s") or 0.0))
+    return sum(stacks.values())
 
 
 def summary(out: R.TrialRuns, cfg: SweeperConfig) -> dict[str, Any]:
