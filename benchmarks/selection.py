@@ -30,7 +30,14 @@ the headline; ``last_fold_gap`` (a diagnostic) is the pick's val IC on its last 
 misjudgement too). The issue's aim: wf_r2's ``abs_gap`` at most half of holdout's
 (``gap_ratio`` <= 0.5), with a median Spearman no lower (``spearman_delta`` >= 0): ``aim_met``.
 
-    python benchmarks/selection.py [--configs 8] [--seeds 0,1,2] [--space narrow|wide] [--smoke]
+**Equal wall time** (``--budget SECONDS``, issue 29): with stacked runs a trial's seeds and
+folds train as one model, so evidence no longer costs its runs' time one after another. Each of
+``holdout`` (1 seed), ``holdout_r4`` (4 seeds: the trial's model is their ensemble) and ``wf_r2``
+(4 folds x 2 seeds) sweeps the same enqueued configs, in the same order, for ``SECONDS``
+(``study.timeout``: no trial starts after it) and is judged on the trials it finished; ``trials``
+then says how many configs each reached. ``train.max_stack`` keeps its default (8).
+
+    python benchmarks/selection.py [--configs 8] [--seeds 0,1,2] [--space narrow|wide] [--budget S] [--smoke]
 
 ``--space narrow`` (the default) draws good configs only, as the main job's space does, so
 that the gaps between them are about the size of the noise (the regime the issue measured:
@@ -89,10 +96,17 @@ SPACES: dict[str, dict[str, Any]] = {
 }
 SMOKE = {"data": {"synthetic": {"assets": 30, "dates": 260, "features": 4}, "lookback": 5},
          "train": {"epochs": 1, "samples_per_epoch": 1024, "batch_size": 256}}
-# scheme -> (validation section, runs per trial)
+# scheme -> its validation section. Equal training time (the count design): runs per trial set
+# each scheme's number of trials.
 SCHEMES = {"holdout": {"scheme": "holdout"},
            "wf_r1": {"scheme": "walk_forward", "folds": 4, "repeats": 1},
            "wf_r2": {"scheme": "walk_forward", "folds": 4, "repeats": 2}}
+# Equal wall time (``--budget``, issue 29): each scheme sweeps for the same seconds with its runs
+# stacked (train.max_stack, default 8: a trial's 4 seeds, or 4 folds x 2 seeds, train as one model);
+# what a trial's evidence costs then decides how many configs each scheme judges.
+TIMED_SCHEMES = {"holdout": {"scheme": "holdout"},
+                 "holdout_r4": {"scheme": "holdout", "repeats": 4},
+                 "wf_r2": {"scheme": "walk_forward", "folds": 4, "repeats": 2}}
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -126,13 +140,16 @@ def draw_configs(space: dict[str, Any], n: int, seed: int) -> list[dict[str, Any
     return out
 
 
-def sweep(folder: Path, raw: dict[str, Any], configs: list[dict[str, Any]]) -> tuple[list[dict], dict, float]:
+def sweep(folder: Path, raw: dict[str, Any], configs: list[dict[str, Any]],
+          budget_s: float | None = None) -> tuple[list[dict], dict, float]:
     """Run ``raw`` over ``configs`` (enqueued, one trial each) with ``sweeper run`` in
-    ``folder``: the trials in number order (= config order), the study's oracle IC, and the
-    sweep's wall time."""
+    ``folder``, for at most ``budget_s`` seconds (``study.timeout``: no trial starts after it,
+    the running ones finish) where given: the trials in number order (= config order), the
+    study's oracle IC, and the sweep's wall time."""
     folder.mkdir(parents=True)
     name = raw["study"]["name"]
-    (folder / "study.yaml").write_text(yaml.safe_dump(merge(raw, {"study": {"n_trials": len(configs)}})))
+    study = {"n_trials": len(configs), **({"timeout": budget_s} if budget_s else {})}
+    (folder / "study.yaml").write_text(yaml.safe_dump(merge(raw, {"study": study})))
     (folder / "params.yaml").write_text(yaml.safe_dump(configs))
     start = time.perf_counter()
     cmd = [sys.executable, "-m", "sweeper.cli", "run", "study.yaml", "--enqueue", "params.yaml"]
@@ -143,7 +160,9 @@ def sweep(folder: Path, raw: dict[str, Any], configs: list[dict[str, Any]]) -> t
                          f"{proc.stderr[-3000:]}")
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/runs/{name}/study.db")
     trials = sorted(study.get_trials(), key=lambda t: t.number)
-    rows = [trial_row(t, folder / "runs" / name) for t in trials]
+    # under a budget the configs it did not reach stay WAITING: they were never judged
+    ran = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]
+    rows = [trial_row(t, folder / "runs" / name) for t in ran]
     return rows, study.user_attrs.get("oracle_ic") or {}, wall
 
 
@@ -183,19 +202,28 @@ def figures(rows: list[dict], oracle_test: float | None) -> dict[str, Any]:
             "last_fold_gap": None if pick["last_fold"] is None else round(float(pick["last_fold"]) - test, 5)}
 
 
-def one_seed(root: Path, base: dict[str, Any], seed: int, n: int) -> dict[str, dict]:
+def one_seed(root: Path, base: dict[str, Any], seed: int, n: int,
+             budget_s: float | None = None) -> dict[str, dict]:
+    """Every scheme on data seed ``seed``: at equal training time (``n`` configs for wf_r2, as
+    many runs for the others), or, with ``budget_s``, for ``budget_s`` seconds each, over as many
+    of the same configs as they reach (enqueued in the same order: the sets stay nested)."""
     base = merge(base, {"data": {"synthetic": {"seed": seed}}})
+    schemes = TIMED_SCHEMES if budget_s else SCHEMES
     most = max(runs_per_trial(v) for v in SCHEMES.values())
-    configs = draw_configs(base["search_space"], n * most, seed)
+    # at equal time, more configs than the fastest scheme can reach (a one-run trial takes >= 0.25 s)
+    configs = draw_configs(base["search_space"], int(budget_s * 4) + 8 if budget_s else n * most, seed)
     out = {}
-    for name, validation in SCHEMES.items():
-        k = n * most // runs_per_trial(validation)  # equal training time: trials x runs per trial
+    for name, validation in schemes.items():
+        # equal training time: trials x runs per trial (equal wall time: the clock decides)
+        k = len(configs) if budget_s else n * most // runs_per_trial(validation)
         raw = merge(base, {"study": {"name": name}, "validation": validation})
-        rows, oracle, wall = sweep(root / f"seed{seed}-{name}", raw, configs[:k])
+        rows, oracle, wall = sweep(root / f"seed{seed}-{name}", raw, configs[:k], budget_s)
         got = figures(rows, oracle.get("test"))
-        got.update(trials=k, wall_s=round(wall, 1), train_s=round(sum(r["duration_s"] for r in rows), 1),
+        got.update(trials=len(rows) if budget_s else k, wall_s=round(wall, 1),
+                   train_s=round(sum(r["duration_s"] for r in rows), 1),
                    same_configs=figures(rows[:n], oracle.get("test")), oracle_test_ic=oracle.get("test"))
-        print(f"seed {seed} {name}: {k} trials, wall {wall:.0f} s, training {got['train_s']:.0f} s; "
+        print(f"seed {seed} {name}: {got['trials']} trials, wall {wall:.0f} s, "
+              f"training {got['train_s']:.0f} s; "
               f"spearman {got['spearman']}, gap {got['gap']}, oracle share {got['oracle_share']}; first {n} "
               f"configs: {got['same_configs']}", flush=True)
         out[name] = got
@@ -209,17 +237,18 @@ def median(values: list[float | None]) -> float | None:
 
 def summary(per_seed: dict[int, dict[str, dict]], n: int) -> dict[str, Any]:
     schemes: dict[str, Any] = {}
-    for name in SCHEMES:
+    for name in next(iter(per_seed.values())):
         rows = [per_seed[s][name] for s in per_seed]
         schemes[name] = {
-            "trials": rows[0]["trials"], "train_s": median([r["train_s"] for r in rows]),
+            "trials": median([r["trials"] for r in rows]), "train_s": median([r["train_s"] for r in rows]),
+            "wall_s": median([r["wall_s"] for r in rows]),
             **{k: median([r[k] for r in rows]) for k in ("spearman", "gap", "oracle_share", "last_fold_gap")},
             "abs_gap": median([None if r["gap"] is None else abs(r["gap"]) for r in rows]),
             "same_configs": {k: median([r["same_configs"][k] for r in rows])
                              for k in ("spearman", "gap", "oracle_share")},
             "per_seed": [{"seed": s, **{k: per_seed[s][name][k] for k in
-                                        ("spearman", "gap", "last_fold_gap", "oracle_share", "pick_test_ic",
-                                         "train_s")}}
+                                        ("trials", "spearman", "gap", "last_fold_gap", "oracle_share",
+                                         "pick_test_ic", "train_s")}}
                          for s in per_seed]}
     ho, wf = schemes["holdout"], schemes["wf_r2"]
     ratio = wf["abs_gap"] / ho["abs_gap"] if ho["abs_gap"] and wf["abs_gap"] is not None else None
@@ -235,19 +264,21 @@ def main() -> None:
     parser.add_argument("--configs", type=int, default=8, help="wf_r2's trials (holdout runs 8x)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--space", choices=sorted(SPACES), default="narrow")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of sweeping per scheme: equal wall time, runs stacked (issue 29)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     base = merge(STUDY, {"search_space": SPACES[args.space]})
     seeds, n = [int(s) for s in args.seeds.split(",")], args.configs
     if args.smoke:
         base, seeds, n = merge(base, SMOKE), seeds[:1], 3
-        for v in SCHEMES.values():
+        for v in [*SCHEMES.values(), *TIMED_SCHEMES.values()]:
             if "folds" in v:
                 v["folds"] = 2
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
-        per_seed = {seed: one_seed(Path(tmp), base, seed, n) for seed in seeds}
-    print(json.dumps({"space": args.space, **summary(per_seed, n)}))
+        per_seed = {seed: one_seed(Path(tmp), base, seed, n, args.budget) for seed in seeds}
+    print(json.dumps({"space": args.space, "budget_s": args.budget, **summary(per_seed, n)}))
 
 
 if __name__ == "__main__":
