@@ -22,7 +22,9 @@ pytestmark = pytest.mark.slow  # every test here starts a real process
 SLOW = {
     "study": {"n_trials": 4, "retries": 1, "heartbeat_interval": 1, "grace_period": 3},
     "model": {"name": "fault_models:Slow", "step_sleep": 0.1},
-    "train": {"epochs": 6, "batch_size": 128, "samples_per_epoch": 1024, "patience": 10},
+    # a trial of 4 epochs of 0.8 s: a signal sent once a running trial has checkpointed its first
+    # epoch lands with about 2.4 s of the trial to go
+    "train": {"epochs": 4, "batch_size": 128, "samples_per_epoch": 1024, "patience": 10},
     "devices": {"cpu_workers": 2},
 }
 

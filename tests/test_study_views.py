@@ -1,14 +1,10 @@
-"""Issue 12 from the outside, on one real sweep (`sweeper predict` in subprocesses): the
+"""Issue 12 from the outside, on one real sweep (the CLI's commands, in this process): the
 long-short view and the top-3 ensemble of `sweeper best`, `predict --trial top3`, trials of
 different lookbacks scored on the same dates, scoring new dates with the trial's own
 normalisation, and the report's new sections."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import optuna
@@ -17,7 +13,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from conftest import TESTS, TINY, merge, sweeper_cli
+from conftest import TINY, merge, sweeper_cli
 from sweeper.quant.ensemble import ensemble
 from sweeper.quant.ic import ic_report
 from test_portfolio import reference_long_short
@@ -34,15 +30,6 @@ SWEEP = merge(TINY, {
 Q, H = 5, 2  # report.quantiles and data.horizon of SWEEP (their defaults)
 
 
-def sweeper(root: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-m", "sweeper.cli", *args], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == code, out.stdout + out.stderr
-    return out
-
-
 @pytest.fixture(scope="module")
 def views(tmp_path_factory):
     root = tmp_path_factory.mktemp("views")
@@ -57,9 +44,10 @@ def views(tmp_path_factory):
 
 
 def predicted(views, *args: str) -> pd.DataFrame:
-    """`sweeper predict` in a real subprocess: the checks of the issue, from the outside."""
+    """`sweeper predict`, the checks of the issue from the outside (in this process: a process's
+    start-up adds nothing to what the frames are checked for)."""
     name = "p-" + "-".join(a.strip("-") for a in args) + ".parquet"
-    sweeper(views["root"], "predict", "study.yaml", *args, "-o", name)
+    sweeper_cli(views["root"], "predict", "study.yaml", *args, "-o", name)
     return pd.read_parquet(views["root"] / name)
 
 
