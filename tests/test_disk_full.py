@@ -10,14 +10,15 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 import torch
 from optuna.trial import TrialState, create_trial
 
+from conftest import sweeper_cli
 from sweeper.atomic import as_disk_full, atomic_path, disk_full, write_text
 from sweeper.config import load_config
 from sweeper.dispatch.stopping import Ending, StopRule, TrialEnd
@@ -146,9 +147,10 @@ def test_a_disk_failure_is_retried_from_its_checkpoint(study_file):
 
 # ---------------------------------------------------------------- end to end
 
-def _sweep(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path), *args], capture_output=True,
-                          text=True, timeout=600)
+def _sweep(path: Path, *args: str) -> Any:
+    """``sweeper run`` in this process (what to do on a full disk is the driver's decision; its
+    workers are real processes): the click Result, ``exit_code`` and ``output``."""
+    return sweeper_cli(Path.cwd(), "run", str(path), *args, code=None)
 
 
 @pytest.mark.slow
@@ -161,8 +163,8 @@ def test_a_sweep_on_a_full_disk_stops_and_resumes_once_space_is_freed(study_file
                        "model": {"hidden_size": 8000}, "devices": {"cpu_workers": 1}})
     ballast = _fill(small_fs, 3 * MB)
     first = _sweep(path)
-    out = first.stdout + first.stderr
-    assert first.returncode == 1, out
+    out = first.output
+    assert first.exit_code == 1, out
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
     [trial] = study.get_trials()
     assert trial.state == TrialState.FAIL and trial.user_attrs["fail_reason"] == "disk", trial.user_attrs
@@ -174,7 +176,7 @@ def test_a_sweep_on_a_full_disk_stops_and_resumes_once_space_is_freed(study_file
 
     ballast.unlink()
     second = _sweep(path)
-    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.exit_code == 0, second.output
     trials = study.get_trials()
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 3
     assert not [t for t in trials if t.state == TrialState.RUNNING]
@@ -194,11 +196,11 @@ def test_a_disk_full_before_any_write_fails_the_trial_as_disk(study_file, workdi
     db = workdir / "study.db"
     path = study_file({"study": {"n_trials": 1, "artifacts": str(run_folder), "storage": f"sqlite:///{db}"},
                        "devices": {"cpu_workers": 1}})
-    assert _sweep(path).returncode == 0  # the run folder is set up (owner.json, logs/) while there is room
+    assert _sweep(path).exit_code == 0  # the run folder is set up (owner.json, logs/) while there is room
     ballast = _fill(small_fs, 0)
     first = _sweep(path, "--set", "study.n_trials=2")
-    out = first.stdout + first.stderr
-    assert first.returncode == 1, out
+    out = first.output
+    assert first.exit_code == 1, out
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
     trial = study.get_trials()[1]
     assert (trial.state, trial.user_attrs.get("fail_reason")) == (TrialState.FAIL, "disk"), out
@@ -207,7 +209,7 @@ def test_a_disk_full_before_any_write_fails_the_trial_as_disk(study_file, workdi
     assert not study.get_trials(states=(TrialState.RUNNING,))
     ballast.unlink()
     second = _sweep(path, "--set", "study.n_trials=2")
-    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.exit_code == 0, second.output
     trials = study.get_trials()
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
     assert not [t for t in trials if t.state == TrialState.RUNNING]
