@@ -154,20 +154,6 @@ def _test_modules_importable(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
 
 
-# ------------------------------------------------------------------ longest files first
-# `-n 2 --dist loadfile` hands whole files to the two workers in collection order. A long file
-# handed out last keeps one worker busy after the other has finished (test_user_models, 80-90 s,
-# comes late in the alphabet), so the files that take longest (docs/performance.md, "Test
-# suite") run first and the two workers end together. The rest keep their order.
-LONGEST_FIRST = ("test_outage.py", "test_benchmarks_smoke.py", "test_user_models.py", "test_resume.py",
-                 "test_postgres_hosts.py", "test_packing.py", "test_time_limits.py", "test_walk_forward.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
-
-
 # ------------------------------------------------------------------ the slow-lane guard
 # The fast lane (`pytest -m "not slow"`) is only fast if every test that starts a real process
 # carries `slow`. At session start subprocess.Popen.__init__ and multiprocessing's
