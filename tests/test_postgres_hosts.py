@@ -90,7 +90,10 @@ def _logs(hosts: list[Host]) -> str:
 
 
 def test_three_hosts_one_killed_exact_budget_and_reruns(study_file, pg_url):
-    path = study_file(HOSTS, replace=("model",))
+    # 5 epochs, not 3: the kill lands while host-b's checkpointed trial still runs (it has about
+    # 0.8 s of steps left after its first checkpoint; with 3, 0.4 s, and a loaded box's poll of
+    # the study once let it finish first)
+    path = study_file({**HOSTS, "train": {**HOSTS["train"], "epochs": 5}}, replace=("model",))
     hosts = [Host("host-a", path, pg_url, PGTZ="America/New_York"), Host("host-b", path, pg_url),
              Host("host-c", path, pg_url, PGTZ="Asia/Tokyo")]
     try:
