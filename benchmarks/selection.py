@@ -162,6 +162,9 @@ def sweep(folder: Path, raw: dict[str, Any], configs: list[dict[str, Any]],
     trials = sorted(study.get_trials(), key=lambda t: t.number)
     # under a budget the configs it did not reach stay WAITING: they were never judged
     ran = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]
+    if budget_s and len(ran) == len(configs):
+        raise SystemExit(f"{folder}: every one of the {len(configs)} configs ran before the {budget_s:g} s "
+                         "budget ended, so the clock did not decide; enqueue more")
     rows = [trial_row(t, folder / "runs" / name) for t in ran]
     return rows, study.user_attrs.get("oracle_ic") or {}, wall
 
@@ -219,7 +222,7 @@ def one_seed(root: Path, base: dict[str, Any], seed: int, n: int,
         raw = merge(base, {"study": {"name": name}, "validation": validation})
         rows, oracle, wall = sweep(root / f"seed{seed}-{name}", raw, configs[:k], budget_s)
         got = figures(rows, oracle.get("test"))
-        got.update(trials=len(rows) if budget_s else k, wall_s=round(wall, 1),
+        got.update(trials=len(rows), wall_s=round(wall, 1),
                    train_s=round(sum(r["duration_s"] for r in rows), 1),
                    same_configs=figures(rows[:n], oracle.get("test")), oracle_test_ic=oracle.get("test"))
         print(f"seed {seed} {name}: {got['trials']} trials, wall {wall:.0f} s, "

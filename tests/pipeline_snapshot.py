@@ -104,31 +104,20 @@ def snapshot(root: Path) -> dict[str, Any]:
                    "export": _export(root), "files": _files(folder)})
 
 
-def _cli(root: Path, *args: str) -> str:
-    """A read-side command in this process (the sweep, above, is the process under record)."""
-    from click.testing import CliRunner
-
-    from sweeper.cli import main
-
-    here = os.getcwd()
-    os.chdir(root)
-    try:
-        done = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    finally:
-        os.chdir(here)
-    assert done.exit_code == 0, done.output
-    return done.stdout
-
-
 def _cli_json(root: Path, command: str) -> Any:
-    return json.loads(_cli(root, command, "study.yaml", "--json"))
+    # read-side commands in this process (the sweep, above, is the process under record)
+    from conftest import sweeper_cli
+
+    return json.loads(sweeper_cli(root, command, "study.yaml", "--json").stdout)
 
 
 def _export(root: Path) -> Any:
     import pandas as pd
 
+    from conftest import sweeper_cli
+
     out = root / "trials.parquet"
-    _cli(root, "export", "study.yaml", "-o", str(out))
+    sweeper_cli(root, "export", "study.yaml", "-o", str(out))
     frame = pd.read_parquet(out)
     keep = [c for c in frame.columns if c.split(".")[-1] not in VOLATILE]
     return {"columns": keep, "rows": json.loads(frame[keep].to_json(orient="records", double_precision=15, date_format="iso"))}

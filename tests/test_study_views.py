@@ -51,29 +51,16 @@ def predicted(views, *args: str) -> pd.DataFrame:
     return pd.read_parquet(views["root"] / name)
 
 
-def cli(views, monkeypatch, *args: str) -> str:
-    """The same CLI in this process (no interpreter and torch start-up per call)."""
-    from click.testing import CliRunner
-
-    from sweeper.cli import main
-
-    monkeypatch.chdir(views["root"])
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
+def cli(views, *args: str) -> str:
+    """The same CLI in this process (no interpreter and torch start-up per call): its output."""
+    return sweeper_cli(views["root"], *args).output
 
 
-def in_process(views, monkeypatch, *args: str) -> pd.DataFrame:
-    name = "q-" + "-".join(a.strip("-") for a in args) + ".parquet"
-    cli(views, monkeypatch, "predict", "study.yaml", *args, "-o", name)
-    return pd.read_parquet(views["root"] / name)
-
-
-def test_best_portfolio_is_the_definition_on_the_predict_output(views, monkeypatch):
+def test_best_portfolio_is_the_definition_on_the_predict_output(views):
     portfolio = views["best"]["portfolio"]
     for split in ("valid", "test"):
         args = ("--trial", "best", "--split", split)
-        frame = predicted(views, *args) if split == "test" else in_process(views, monkeypatch, *args)
+        frame = predicted(views, *args)
         # in float64, as sweeper computes it: float32 sums of the float32 labels drift by ~1e-6
         want = reference_long_short(frame.astype({"pred": "float64", "label": "float64"}), H, Q)
         got = portfolio[split]
@@ -81,27 +68,27 @@ def test_best_portfolio_is_the_definition_on_the_predict_output(views, monkeypat
         for key in ("long_short_ann_return", "long_short_sharpe", "long_short_max_drawdown", "top_turnover"):
             assert got[key] == pytest.approx(want[key], rel=1e-6), (split, key)
         assert got["bucket_mean_label"] == pytest.approx(want["bucket_mean_label"], rel=1e-6)
-    text = cli(views, monkeypatch, "best", "study.yaml")
+    text = cli(views, "best", "study.yaml")
     assert "long-short, q=5 buckets, dates 2 apart (gross: equal weights, no costs)" in text
     ann = portfolio["test"]["long_short_ann_return"]
     assert f"test:  ann. return {ann:.1%}" in text
     assert views["best"]["constant_pred_dates"] == {"valid": 0, "test": 0}
 
 
-def test_top3_ensemble_predicts_and_is_reported_beside_the_best(views, monkeypatch):
+def test_top3_ensemble_predicts_and_is_reported_beside_the_best(views):
     study, best = views["study"], views["best"]
     top = sorted(study.get_trials(), key=lambda t: -t.value)[:3]
     frame = predicted(views, "--trial", "top3")
     assert frame.columns.tolist() == ["date", "asset", "pred", "label"]
     assert len(frame) > 0 and np.isfinite(frame["pred"]).all() and not frame.duplicated(["date", "asset"]).any()
-    members = [in_process(views, monkeypatch, "--trial", str(t.number)) for t in top]
+    members = [predicted(views, "--trial", str(t.number)) for t in top]
     assert len(frame) == len(members[0])  # same valid rows for every member: the split is the study's
     np.testing.assert_allclose(frame["pred"], ensemble(members)["pred"], rtol=1e-6, atol=1e-9)
     ens = best["ensemble"]
     assert ens["k"] == 3 and ens["trials"] == [t.number for t in top]
     assert ens["valid"]["ic"] == pytest.approx(ic_report(frame)["ic"], rel=1e-6)
     assert ens["portfolio"]["valid"]["n_periods"] == reference_long_short(frame, H, Q)["n_periods"]
-    assert "top3 ensemble (trials " in cli(views, monkeypatch, "best", "study.yaml")
+    assert "top3 ensemble (trials " in cli(views, "best", "study.yaml")
 
 
 def test_lookback_10_and_20_trials_predict_the_same_valid_dates(views):
@@ -131,7 +118,7 @@ def new_file(views) -> pd.Timestamp:
     return days[-30]
 
 
-def test_new_dates_are_scored_with_the_trials_statistics(views, monkeypatch):
+def test_new_dates_are_scored_with_the_trials_statistics(views):
     """A file holding only lookback-1 dates of history before the dates to score and no
     label column: its predictions equal those on the study's own data, so robust_zscore
     used the trial's train statistics (a fit on these 30-odd dates would differ)."""
@@ -145,13 +132,13 @@ def test_new_dates_are_scored_with_the_trials_statistics(views, monkeypatch):
     root = views["root"]
     best = views["best"]["trial"]
     start = new_file(views)
-    out = cli(views, monkeypatch, "predict", "study.yaml", "--data", "new.parquet", "--start", str(start)[:10],
+    out = cli(views, "predict", "study.yaml", "--data", "new.parquet", "--start", str(start)[:10],
               "-o", "new_preds.parquet")
     saved = (root / "runs/views/trials" / str(best) / "norm_stats.json").exists()
     assert ("re-fitted on the study's train split" in out) != saved  # only a trial without the file
     scored = pd.read_parquet(root / "new_preds.parquet")
     assert scored["date"].min() == start and scored["label"].isna().all()
-    stored = in_process(views, monkeypatch, "--trial", "best", "--split", "all", "--start", str(start)[:10])
+    stored = predicted(views, "--trial", "best", "--split", "all", "--start", str(start)[:10])
     merged = scored.merge(stored, on=["date", "asset"], suffixes=("", "_study"))
     assert len(merged) == len(scored) == len(stored)
     np.testing.assert_allclose(merged["pred"], merged["pred_study"], rtol=1e-6, atol=1e-6)
@@ -164,11 +151,11 @@ def test_new_dates_are_scored_with_the_trials_statistics(views, monkeypatch):
     assert np.abs(own_median - np.array(train_median)).max() > 0.05
 
 
-def test_report_has_the_long_short_sections(views, monkeypatch):
+def test_report_has_the_long_short_sections(views):
     from test_report import arr, figures_of
 
     root = views["root"]
-    cli(views, monkeypatch, "report", "study.yaml", "-o", "report.html")
+    cli(views, "report", "study.yaml", "-o", "report.html")
     figures = figures_of((root / "report.html").read_text())
     assert list(figures)[8:] == ["buckets", "longshort", "ic_time", "baseline"]
     meta = figures["buckets"]["layout"]["meta"]
