@@ -213,8 +213,9 @@ def one_seed(root: Path, base: dict[str, Any], seed: int, n: int,
     base = merge(base, {"data": {"synthetic": {"seed": seed}}})
     schemes = TIMED_SCHEMES if budget_s else SCHEMES
     most = max(runs_per_trial(v) for v in SCHEMES.values())
-    # at equal time, more configs than the fastest scheme can reach (a one-run trial takes >= 0.25 s)
-    configs = draw_configs(base["search_space"], int(budget_s * 4) + 8 if budget_s else n * most, seed)
+    # at equal time, more configs than the fastest scheme can reach (2 slots, a one-run trial >= 0.25 s;
+    # the smoke's are faster still): sweep() refuses a run that used them all
+    configs = draw_configs(base["search_space"], int(budget_s * 10) + 16 if budget_s else n * most, seed)
     out = {}
     for name, validation in schemes.items():
         # equal training time: trials x runs per trial (equal wall time: the clock decides)
