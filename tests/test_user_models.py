@@ -14,7 +14,7 @@ import optuna
 import pytest
 import yaml
 
-from conftest import TINY, merge
+from conftest import TINY, merge, sweeper_cli
 from sweeper.config import ModelConfig
 from sweeper.errors import ConfigError
 from sweeper.models import build_model, resolve_model_class
@@ -110,6 +110,14 @@ def _cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess
     clean["PYTHONPATH"] = REPO  # this checkout's sweeper, from any folder; never the study's folder
     return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, env={**clean, **(env or {})},
                           capture_output=True, text=True, timeout=300)
+
+
+def _validate(cwd: Path, path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``sweeper validate`` in this process (conftest.sweeper_cli): which shapes build and whether a
+    kept check is reused are the driver's decisions; a user model's check child is still a real
+    process. The search paths' tests, which depend on the process's PYTHONPATH, use :func:`_cli`."""
+    result = sweeper_cli(cwd, "validate", str(path), code=None, env=env)
+    return subprocess.CompletedProcess(["validate", str(path)], result.exit_code, result.stdout, result.stderr)
 
 
 def _states(cwd: Path, study: str) -> list[str]:
@@ -210,15 +218,14 @@ def _builtin_study(folder: Path, name: str = "shapes.yaml", **over) -> Path:
     return _study(folder, name, model=SHAPES["model"], **merge({"search_space": SHAPES["search_space"]}, over))
 
 
-@pytest.mark.slow
 def test_validate_names_the_shapes_the_model_cannot_take(folders):
     proj, other = folders
-    done = _cli(other, "validate", str(_builtin_study(proj)))
+    done = _validate(other, _builtin_study(proj))
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == f"warning: search_space: 2 of 4 model shapes cannot be built: {BAD_SHAPES}"
 
     none_build = _builtin_study(proj, "none.yaml", search_space={"model.nhead": {"choices": [5]}})
-    done = _cli(other, "validate", str(none_build))
+    done = _validate(other, none_build)
     assert done.returncode == 2
     assert done.stderr.strip() == f"Error: search_space: none of the 2 model shapes can be built: {BAD_SHAPES}"
 
@@ -235,7 +242,7 @@ def test_run_warns_of_the_shapes_too(folders):
 def test_custom_model_shapes_are_built_in_the_child_and_a_crash_costs_one_shape(folders):
     proj, other = folders
     path = _study(proj, search_space={"model.width": {"type": "categorical", "choices": [4, 5, 6, 8]}})
-    done = _cli(other, "validate", str(path))
+    done = _validate(other, path)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == (
         "warning: search_space: 2 of 4 model shapes cannot be built: model.width=5: model.name 'mynet:Net': "
@@ -328,7 +335,7 @@ def test_an_unchanged_user_model_is_checked_in_a_child_once_and_again_once_edite
                "(ValueError: width 5 is not supported)")
 
     def validate() -> int:
-        done = _cli(other, "validate", str(path), env=env)
+        done = _validate(other, path, env=env)
         assert done.returncode == 0, done.stderr
         assert done.stderr.strip() == warning  # a kept check says what the child said
         return len(mark.read_text().splitlines())
@@ -349,7 +356,7 @@ def test_a_failed_user_model_check_is_checked_again_and_fails_the_same_way(folde
     mark = other.parent / "imports.txt"
     path = _study(proj, model={"name": "mynet:Net", "width": 5})
     for count in (1, 2):
-        done = _cli(other, "validate", str(path), env={"CHECK_MARK": str(mark)})
+        done = _validate(other, path, env={"CHECK_MARK": str(mark)})
         assert done.returncode == 2
         assert done.stderr.strip() == (
             "Error: model.name 'mynet:Net': constructing it with n_features=3, lookback=5 and {'width': 5} "
@@ -368,7 +375,9 @@ def test_the_same_files_in_another_folder_and_a_module_on_the_python_path_are_ch
         (copy / name).write_text((proj / name).read_text())
 
     def validate(folder: Path, env: dict[str, str]) -> int:
-        done = _cli(other, "validate", str(_study(folder)), env={"CHECK_MARK": str(mark), **env})
+        # in this process, but where the model is on PYTHONPATH: that is the process's
+        run = _cli if "PYTHONPATH" in env else lambda cwd, *a, env: _validate(cwd, Path(a[1]), env)
+        done = run(other, "validate", str(_study(folder)), env={"CHECK_MARK": str(mark), **env})
         assert done.returncode == 0, done.stderr
         return len(mark.read_text().splitlines())
 
