@@ -122,12 +122,13 @@ def main() -> None:
 
 def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, must_exist: bool,
          enqueue: tuple[Path, ...] = ()) -> None:
-    from sweeper.dispatch.live import default_view
-    from sweeper.dispatch.run import run
-
+    from sweeper.dispatch.forkserver import ForkServer
     hint = f"interrupted; run `sweeper run {study}` again to resume"
     click.get_current_context().meta[INTERRUPTED_HINT] = hint
     cfg = _load(study, sets)
+    ForkServer.shared()  # its preload overlaps the driver's imports and checks; exit stops it
+    from sweeper.dispatch.live import default_view
+    from sweeper.dispatch.run import run
     result = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
                  study_file=str(study), enqueue=enqueue)
     sys.exit(result.exit_code)

@@ -100,6 +100,8 @@ DATA_CASES = {
 }
 
 
+# slow: `sweeper run` starts the workers' fork server once the study file loads, before the data's checks
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(DATA_CASES))
 def test_bad_data_file(here, name):
     make, fragments = DATA_CASES[name]
@@ -122,6 +124,7 @@ def test_validate_runs_every_check_without_writing(here):
     assert "train.epochs" in _run(here, bad, command="validate")
 
 
+@pytest.mark.slow  # the fork server starts before the study is looked up (above)
 def test_resume_needs_an_existing_study(here):
     path = _study(here)
     line = _run(here, path, command="resume")

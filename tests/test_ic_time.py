@@ -154,6 +154,8 @@ def _study(root, **data):
     return path
 
 
+# slow: `sweeper run` starts the workers' fork server once the study file loads, before the data's checks
+@pytest.mark.slow
 def test_a_missing_group_column_is_exit_2_naming_it(workdir):
     _panel_with_sectors(workdir / "panel.parquet", dates=120)
     path = _study(workdir, group_col="industry", split={"train": 0.6, "valid": 0.2, "test": 0.2})

@@ -145,7 +145,8 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
             plan = prepare(cfg, storage_url, enqueue=enqueue)
             plan.study_file = study_file
             study, lock, ident = _set_up(plan, stop, force, must_exist)
-            # after every check, so bad input starts nothing; workers are forked from it
+            # workers are forked from it (`sweeper run` started it once the study file loaded, so
+            # that its preload overlaps the checks; a failed check leaves it to the process's exit)
             server = ForkServer.shared()
             driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                             artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop,
