@@ -375,9 +375,11 @@ def test_the_same_files_in_another_folder_and_a_module_on_the_python_path_are_ch
         (copy / name).write_text((proj / name).read_text())
 
     def validate(folder: Path, env: dict[str, str]) -> int:
-        # in this process, but where the model is on PYTHONPATH: that is the process's
-        run = _cli if "PYTHONPATH" in env else lambda cwd, *a, env: _validate(cwd, Path(a[1]), env)
-        done = run(other, "validate", str(_study(folder)), env={"CHECK_MARK": str(mark), **env})
+        env = {"CHECK_MARK": str(mark), **env}
+        if "PYTHONPATH" in env:  # the model on the Python path: a path of the process's own
+            done = _cli(other, "validate", str(_study(folder)), env=env)
+        else:
+            done = _validate(other, _study(folder), env=env)
         assert done.returncode == 0, done.stderr
         return len(mark.read_text().splitlines())
 
