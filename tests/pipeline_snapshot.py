@@ -254,12 +254,13 @@ def cpu() -> str:
 def golden(scheme: str) -> tuple[Any, bool]:
     """The record of ``scheme`` (less what postdates it: NEWER) and whether it is this CPU's own,
     to compare exactly; else another CPU's, the same level's first, to compare within rounding."""
+    mine, level = cpu(), cpu_level() + "-"
     records = sorted((p for p in GOLDEN.iterdir() if (p / f"{scheme}.json").exists()),
-                     key=lambda p: (p.name != cpu(), not p.name.startswith(cpu_level() + "-"), p.name))
+                     key=lambda p: (p.name != mine, not p.name.startswith(level), p.name))
     if not records:
         raise AssertionError(f"no golden record in {GOLDEN}: run `python tests/pipeline_snapshot.py --write` "
                              "with PYTHONPATH at a worktree of 83f89dc")
-    return _clean(json.loads((records[0] / f"{scheme}.json").read_text())), records[0].name == cpu()
+    return _clean(json.loads((records[0] / f"{scheme}.json").read_text())), records[0].name == mine
 
 
 # a leaf under these keys hashes floats (a large table's digest, a tensor's sha): equal only exactly
@@ -279,7 +280,7 @@ def diff(want: Any, got: Any, where: str = "", exact: bool = True) -> list[str]:
     if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
         return [line for i, (a, b) in enumerate(zip(want, got))
                 for line in diff(a, b, f"{where}[{i}]", exact)]
-    if not exact and _float(want) and _float(got) and math.isclose(want, got, rel_tol=1e-3, abs_tol=1e-6):
+    if not exact and _rounded(want, got) and math.isclose(want, got, rel_tol=1e-3, abs_tol=1e-6):
         return []
     if not exact and all(isinstance(v, str) and v.startswith("[") for v in (want, got)):
         with contextlib.suppress(ValueError):  # export's list columns are JSON text: compare their floats
@@ -287,8 +288,10 @@ def diff(want: Any, got: Any, where: str = "", exact: bool = True) -> list[str]:
     return [] if want == got else [f"{where}: {str(want)[:200]} != {str(got)[:200]}"]
 
 
-def _float(value: Any) -> bool:
-    return isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool))
+def _rounded(want: Any, got: Any) -> bool:
+    """Two numbers of which one at least is a float (a count, two ints, compares exactly)."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (want, got))
+    return numbers and (isinstance(want, float) or isinstance(got, float))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def test_a_study_records_exactly_what_it_recorded_before_the_refactor(tmp_path, 
 @pytest.mark.parametrize("scheme", ["holdout", "walk_forward"])
 def test_a_cpu_without_its_own_record_is_compared_within_rounding_and_still_catches_a_change(scheme):
     """The two AVX512 records (Intel's and AMD's: the same code, rounded by other kernels) differ
-    exactly and agree within rounding; a changed param, state or value does not."""
+    exactly and agree within rounding; a changed param, state, count or value does not."""
     records = (json.loads((S.GOLDEN / f"AVX512-{v}" / f"{scheme}.json").read_text())
                for v in ("GenuineIntel", "AuthenticAMD"))
     intel, amd = (S.comparable(S._clean(record), scheme) for record in records)
@@ -35,8 +35,10 @@ def test_a_cpu_without_its_own_record_is_compared_within_rounding_and_still_catc
     changed["trials"][1]["params"]["train.lr"] *= 1.01
     changed["trials"][2]["value"] += 0.002
     changed["trials"][0]["state"] = "PRUNED"
+    changed["trials"][0]["user_attrs"]["eval_batch_size"] += 1  # an int differs even by under 1e-3
     assert sorted(S.diff(intel, changed, exact=False)) == [
         "/trials[0]/state: COMPLETE != PRUNED",
+        "/trials[0]/user_attrs/eval_batch_size: 16384 != 16385",
         f"/trials[1]/params/train.lr: {intel['trials'][1]['params']['train.lr']} != "
         f"{changed['trials'][1]['params']['train.lr']}",
         f"/trials[2]/value: {intel['trials'][2]['value']} != {changed['trials'][2]['value']}",
