@@ -48,7 +48,35 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.op
     params = decay + other
     fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, fused=fused or None)
+    return AdamW([g for g in groups if g["params"]], lr=lr, fused=fused or None)
+
+
+def _unguarded(method: Callable) -> Callable:
+    # functools.wraps put torch's own method under __wrapped__; the guard is the wrapper
+    return getattr(method, "__wrapped__", method)
+
+
+class AdamW(torch.optim.AdamW):
+    """torch's AdamW (the same class, kernels, state and ``state_dict``) without its guards
+    against ``torch.compile`` tracing the optimizer.
+
+    Why: each guard imports ``torch._dynamo`` at its first call (``add_param_group``,
+    ``zero_grad``, ``state_dict`` and ``load_state_dict`` through ``torch._disable_dynamo``,
+    ``step`` through ``_use_grad_for_differentiable``), 1.8-2.6 s of CPU on a 2-core box: in
+    every process that trains, or in the worker fork server's preload. The guards only act
+    while dynamo traces a frame, and sweeper never traces its optimizer (``train.compile``
+    compiles the model alone). Outside tracing, each wrapper calls torch's method as it is,
+    and ``step``'s sets grad mode to ``defaults["differentiable"]`` (False here), which is
+    :func:`torch.no_grad`."""
+
+    add_param_group = _unguarded(torch.optim.Optimizer.add_param_group)
+    zero_grad = _unguarded(torch.optim.Optimizer.zero_grad)
+    state_dict = _unguarded(torch.optim.Optimizer.state_dict)
+    load_state_dict = _unguarded(torch.optim.Optimizer.load_state_dict)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        return _unguarded(torch.optim.AdamW.step)(self, closure)
 
 
 def lr_factor(schedule: str, warmup_frac: float, total_steps: int) -> Callable[[int], float]:

@@ -1,11 +1,11 @@
 """The worker fork server: one process per driver that imports what a worker needs once
-(torch, torch._dynamo, Optuna, SQLAlchemy and alembic, pandas, pyarrow, the worker's own
+(torch, Optuna, SQLAlchemy and alembic, pandas, pyarrow, the worker's own
 modules, and LightGBM with the baseline job's modules), then forks a ready-to-run worker each
 time the driver asks for one, or the study's baseline job (``python -m sweeper.baseline.job``,
 about 2.4 s of imports when started fresh) when it asks for that.
 
 Why: a fresh ``python -m sweeper.worker.main`` spends about 5 s (2-core box, loaded) before
-READY, almost all of it importing (torch alone 1.6 s, ``torch._dynamo`` 2 s). A fork of this
+READY, almost all of it importing (torch alone 1.6-2 s). A fork of this
 server is READY in about 0.2 s. The cost: the server itself (about 120 MB PSS, shared with its
 children) and, per idle worker, only about 26 MB of private memory (the copy-on-write pages it
 touched); a fresh worker holds about 287 MB of its own. ``gc.freeze()`` after the preload keeps the
@@ -47,7 +47,7 @@ from typing import Any
 # storage open). Never __main__ and never sweeper.dispatch: the children inherit every module
 # here, and a worker must not load the parent's code (tests/test_architecture.py).
 PRELOAD = (
-    "torch", "torch._dynamo", "optuna", "sqlalchemy", "sqlalchemy.orm", "sqlalchemy.dialects.sqlite",
+    "torch", "optuna", "sqlalchemy", "sqlalchemy.orm", "sqlalchemy.dialects.sqlite",
     "sqlalchemy.dialects.postgresql", "optuna.storages._rdb.storage", "alembic.command", "alembic.config",
     "alembic.migration", "alembic.script", "optuna.artifacts", "pandas", "pyarrow.parquet",
     "sweeper.worker.main", "sweeper.worker.trial", "sweeper.validation.runner", "sweeper.validation.record",

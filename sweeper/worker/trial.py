@@ -7,7 +7,6 @@ so optuna-dashboard lists it.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import socket
@@ -57,12 +56,6 @@ class TrialRunner:
         torch.set_num_threads(self.threads)
         self.device_kind = trial_device()  # asked once: a GPU, the CPU, or a fake GPU's slot
         self.device = torch.device(self.device_kind.torch_device)
-        # every torch.optim optimizer imports torch._dynamo (add_param_group and step are wrapped
-        # by torch._disable_dynamo, which imports it on first call; no flag avoids it): seconds of
-        # one-off import with no step to report. Imported here, before READY, it never counts
-        # against the first trial's study.stall_timeout; a forked worker has it from the fork
-        # server's preload (sweeper.worker.forked), and then this costs nothing.
-        importlib.import_module("torch._dynamo")
         watch(init["storage"], stop)  # a wait for the store ends when the driver says stop
         self.storage = open_storage(init["storage"], heartbeat_interval=self.cfg.study.heartbeat_interval,
                                     grace_period=self.cfg.study.grace_period,
