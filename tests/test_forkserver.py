@@ -147,3 +147,38 @@ def test_a_sweeps_baseline_job_is_forked_and_records_its_result(study_file, monk
     study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
     assert study.user_attrs["baseline_state"]["state"] == "done"
     assert math.isfinite(study.user_attrs["baseline"]["val_ic"])
+
+
+HANG = """import os, time
+from torch import nn
+open(os.environ["HANG_PID"], "w").write(str(os.getpid()))
+class Net(nn.Module):
+    def __init__(self, n_features, lookback):
+        super().__init__()
+        time.sleep(600)
+"""
+
+
+def test_a_job_run_to_its_end_answers_and_one_past_its_timeout_is_killed(tmp_path, monkeypatch):
+    """``run_job`` (the user models' check): the request in, the answer lines and the exit code
+    out; a child still running at the timeout is killed, with what it said until then."""
+    monkeypatch.chdir(tmp_path)  # the model is found in the asking process's folder
+    (tmp_path / "hang.py").write_text(HANG)
+    monkeypatch.setenv("HANG_PID", str(tmp_path / "pid"))
+    server = ForkServer.start()
+    assert server is not None
+    try:
+        request = '{"n_features": 3, "lookback": 5, "jobs": [%s]}'
+        good = '{"name": "mlp", "model": {"name": "mlp", "hidden_size": 8}, "fatal": true}'
+        out, code = server.run_job("check", request % good, timeout=120)
+        assert (out, code) == ('{"error": null}\n', 0)
+        hang = '{"name": "hang:Net", "model": {"name": "hang:Net"}, "fatal": true}'
+        started = time.monotonic()
+        out, code = server.run_job("check", request % ", ".join([good, hang]), timeout=5)
+        assert (out, code) == ('{"error": null}\n', None)
+        assert 5 <= time.monotonic() - started < 30
+        pid = int((tmp_path / "pid").read_text())
+        assert not Path(f"/proc/{pid}").exists()  # killed, and reaped by the server
+    finally:
+        server.stop()
+    assert server.run_job("check", request % good, timeout=5) is None  # a stopped server runs nothing

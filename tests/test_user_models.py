@@ -321,6 +321,7 @@ def test_a_module_of_the_same_name_loaded_from_elsewhere_is_refused(tmp_path, mo
 
 # every process that imports the model module says so in $CHECK_MARK
 MARKED = "import os as _os\nopen(_os.environ['CHECK_MARK'], 'a').write(f'{_os.getpid()}\\n')\n" + MYNET
+PARENT_MARKED = "import os as _os\nopen(_os.environ['CHECK_MARK'], 'a').write(f'{_os.getppid()}\\n')\n" + MYNET
 
 
 @pytest.mark.slow
@@ -347,6 +348,20 @@ def test_an_unchanged_user_model_is_checked_in_a_child_once_and_again_once_edite
     assert validate() == 2
     (proj / "mynet.py").write_text(MARKED + "\n# edited\n")
     assert validate() == 3  # the module itself changed
+
+
+@pytest.mark.slow
+def test_a_sweeps_user_model_check_is_forked_from_its_fork_server(folders):
+    """``sweeper run`` checks a user model in a child of the worker fork server (its imports
+    done), not in a fresh interpreter of its own; the workers then import the model there too."""
+    proj, other = folders
+    (proj / "mynet.py").write_text(PARENT_MARKED)
+    mark = other.parent / "parents.txt"
+    sweeper_cli(other, "run", str(_study(proj)), env={"CHECK_MARK": str(mark)})
+    check, *workers = [int(line) for line in mark.read_text().splitlines()]
+    assert check != os.getpid()  # not a child of this process, the driver
+    assert Path(f"/proc/{check}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"sweeper.worker.forked"]
+    assert workers and set(workers) == {check}  # the same server forked the sweep's worker
 
 
 @pytest.mark.slow

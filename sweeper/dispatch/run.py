@@ -28,6 +28,7 @@ from sweeper.dispatch.telemetry import Telemetry
 from sweeper.dispatch.view import View
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
 from sweeper.interrupt import NEVER, StopToken
+from sweeper.models.check import ChildRun, python_child
 from sweeper.store import check_artifacts, claim_lock, open_storage, run_folder
 from sweeper.store.identity import Identity
 from sweeper.store.layout import devices_csv, run_dir
@@ -42,14 +43,15 @@ from sweeper.study.warm_start import start_queue
 
 
 def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True,
-            enqueue: Sequence[str | Path] = ()) -> Plan:
+            enqueue: Sequence[str | Path] = (), server: ForkServer | None = None) -> Plan:
     """Run every check (config names, data, models, devices, storage, the parameter sets to
     enqueue: ``study.warm_start``'s source study, ``--enqueue`` files) without touching the
     study or the run folder.
 
     ``devices=False`` skips slot planning (``sweeper db init`` runs where there
     may be no GPU, e.g. a Kubernetes init Job). User models are imported, built and
-    run once in a child process; the model-shapes check's warnings go to stderr."""
+    run once in a child process, forked from ``server`` when there is one; the model-shapes
+    check's warnings go to stderr."""
     from sweeper.data import load_panel
     from sweeper.devices import plan_slots
     from sweeper.models.shapes import check_study_models
@@ -66,7 +68,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     summary = PanelSummary.of(panel, cfg)
     del panel
     # a model's errors are config errors; the shapes a trial may sample but cannot build are notes
-    notes = check_study_models(cfg, len(summary.features), cfg.data.lookback)
+    notes = check_study_models(cfg, len(summary.features), cfg.data.lookback, _check_child(server))
     slots = plan_slots(cfg.devices) if devices else []
     url = cfg.study.resolved_storage
     check_reachable(url)
@@ -76,6 +78,15 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     for note in notes:  # shapes a trial may sample but cannot build: worth knowing, not fatal
         print(note, file=sys.stderr, flush=True)
     return Plan(cfg, url, run_dir(cfg), artifacts, slots, summary, queue=queue)
+
+
+def _check_child(server: ForkServer | None) -> ChildRun:
+    """How a user model's checking child runs: forked from the sweep's server (its imports are
+    done), else, or once the server is gone, as a fresh interpreter."""
+    def run(request: str, timeout: float) -> tuple[str, int | None]:
+        done = server.run_job("check", request, timeout) if server is not None else None
+        return done if done is not None else python_child(request, timeout)
+    return run
 
 
 def _check_models(cfg: C.SweeperConfig) -> None:
@@ -142,12 +153,14 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
     server: ForkServer | None = None
     try:
         with _signals_to(stop):
-            plan = prepare(cfg, storage_url, enqueue=enqueue)
+            # the user models' check and the workers are forked from it (`sweeper run` started it
+            # once the study file loaded, so that its preload overlaps the checks; a failed check
+            # leaves it to the process's exit)
+            forks = ForkServer.shared()
+            plan = prepare(cfg, storage_url, enqueue=enqueue, server=forks)
             plan.study_file = study_file
             study, lock, ident = _set_up(plan, stop, force, must_exist)
-            # workers are forked from it (`sweeper run` started it once the study file loaded, so
-            # that its preload overlaps the checks; a failed check leaves it to the process's exit)
-            server = ForkServer.shared()
+            server = forks  # from here a sweep that ends by an exception stops it
             driver = Driver(plan.cfg, study, plan.slots, storage_url=plan.storage_url, run_dir=plan.run_dir,
                             artifacts=plan.artifacts, view=view, ident=ident, lock=lock, stop=stop,
                             server=server)

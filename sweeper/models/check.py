@@ -7,7 +7,9 @@ the driver with it. Built-in models are ours, cheap and safe: they are built in-
 
 Parent: :func:`check_models`. Child: ``python -m sweeper.models.check``, which reads one
 JSON request on stdin and writes one JSON line per job as it finishes it, so that the
-job it died on is known.
+job it died on is known. ``sweeper run`` forks the child from its worker fork server instead
+(:data:`ChildRun`): the same module and protocol, without a fresh interpreter's 2-3 s of
+imports (torch) on a 2-core box.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,22 @@ from sweeper.models import check_cache
 
 # a large model on a CPU takes a while to construct; a check that hangs must end anyway
 CHECK_TIMEOUT_S = 600.0
+
+# runs one checking child to its end: (the request, as JSON, for its stdin; the timeout) ->
+# (its stdout; its exit code as subprocess spells it, or None when it ran past the timeout)
+ChildRun = Callable[[str, float], tuple[str, int | None]]
+
+
+def python_child(request: str, timeout: float) -> tuple[str, int | None]:
+    """The checking child as a fresh ``python -m sweeper.models.check``, with the same
+    interpreter, environment and folder as a worker: it finds the model where a worker would."""
+    cmd = [sys.executable, "-m", "sweeper.models.check"]
+    try:
+        done = subprocess.run(cmd, input=request, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout or ""
+        return (partial.decode(errors="replace") if isinstance(partial, bytes) else partial), None
+    return done.stdout, done.returncode
 
 
 @dataclass(frozen=True)
@@ -47,12 +66,13 @@ def model_section(model: ModelConfig) -> dict[str, Any]:
 
 
 def check_models(jobs: list[Job], n_features: int, lookback: int,
-                 cache: Path | None = None) -> list[str | None]:
+                 cache: Path | None = None, child: ChildRun = python_child) -> list[str | None]:
     """Each job's error message, or None when it built. Raises ConfigError with the first
     failed fatal job's message; jobs after it are then not checked.
 
     With ``cache`` (a folder), the user models' answers are kept there by the content of
-    their files (:mod:`sweeper.models.check_cache`): an unchanged check starts no child."""
+    their files (:mod:`sweeper.models.check_cache`): an unchanged check starts no child.
+    ``child`` runs each checking child (a fresh interpreter unless the caller has a faster way)."""
     results: list[str | None] = [None] * len(jobs)
     pending = []
     for i, job in enumerate(jobs):
@@ -71,18 +91,18 @@ def check_models(jobs: list[Job], n_features: int, lookback: int,
         for i, answer in zip(pending, kept):
             results[i] = answer
         return results
-    if _check_children(jobs, pending, results, n_features, lookback) and cache is not None and key:
+    if _check_children(jobs, pending, results, n_features, lookback, child) and cache is not None and key:
         check_cache.write(cache, key, [results[i] for i in pending])
     return results
 
 
 def _check_children(jobs: list[Job], pending: list[int], results: list[str | None],
-                    n_features: int, lookback: int) -> bool:
+                    n_features: int, lookback: int, child: ChildRun) -> bool:
     """The user models' answers into ``results``, from as many children as it takes; True when
     every job was answered (none killed its child). Raises ConfigError on a fatal failure."""
     clean = True
     while pending:  # a job that kills the child is reported; the rest go to a fresh child
-        answers, death = _run_child([jobs[i] for i in pending], n_features, lookback)
+        answers, death = _run_child([jobs[i] for i in pending], n_features, lookback, child)
         for i, answer in zip(pending, answers):
             results[i] = answer
             if answer and jobs[i].fatal:
@@ -114,10 +134,11 @@ def check_one(job: Job, n_features: int, lookback: int) -> str | None:
     return None
 
 
-def _run_child(jobs: list[Job], n_features: int, lookback: int) -> tuple[list[str | None], str | None]:
+def _run_child(jobs: list[Job], n_features: int, lookback: int,
+               child: ChildRun) -> tuple[list[str | None], str | None]:
     """The answers the child gave, in order, and how it died before answering them all."""
     request = {"n_features": n_features, "lookback": lookback, "jobs": [asdict(j) for j in jobs]}
-    lines, code = _ask_child(request)
+    lines, code = _ask_child(request, child)
     answers = [line["error"] for line in lines]
     if len(answers) >= len(jobs):
         return answers[:len(jobs)], None
@@ -126,19 +147,11 @@ def _run_child(jobs: list[Job], n_features: int, lookback: int) -> tuple[list[st
     return answers, f"killed the Python process ({_how(code)})"
 
 
-def _ask_child(request: dict[str, Any]) -> tuple[list[dict[str, Any]], int | None]:
+def _ask_child(request: dict[str, Any],
+               child: ChildRun = python_child) -> tuple[list[dict[str, Any]], int | None]:
     """The checking child's JSON answer lines to ``request``, and its exit code (None: it ran
     past the timeout; its answers until then)."""
-    # same interpreter, environment and folder as a worker: it finds the model where a worker would
-    cmd = [sys.executable, "-m", "sweeper.models.check"]
-    try:
-        done = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True,
-                              timeout=CHECK_TIMEOUT_S)
-        out, code = done.stdout, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        partial = exc.stdout or ""
-        out = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
-        code = None
+    out, code = child(json.dumps(request), CHECK_TIMEOUT_S)
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")], code
 
 

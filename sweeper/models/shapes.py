@@ -12,7 +12,7 @@ from typing import Any
 
 from sweeper import config as C
 from sweeper.errors import ConfigError
-from sweeper.models.check import Job, check_models, model_section
+from sweeper.models.check import ChildRun, Job, check_models, model_section, python_child
 from sweeper.models.check_cache import checks_folder
 
 MAX_SHAPES = 64  # each custom shape is a constructor call and a forward pass in the check
@@ -65,19 +65,21 @@ def _met(cfg: C.SweeperConfig, when: dict[str, Any], chosen: dict[str, Any]) -> 
     return True
 
 
-def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int) -> list[str]:
+def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,
+                       child: ChildRun = python_child) -> list[str]:
     """Import every model the study names and build its own model (errors raise
     ConfigError), then build each model shape its search space can sample. Returns the
     lines to show (a warning naming the shapes that cannot be built, or a note that
     there were too many to try); raises ConfigError when none of them builds. User models
-    are checked in a child once per content of their files (kept in the panel cache's root)."""
+    are checked in a child (run by ``child``) once per content of their files (kept in the
+    panel cache's root)."""
     cache = checks_folder(cfg.data)
     spec = cfg.search_space.get("model.name")
     names = sorted({str(c) for c in (spec.choices or [])} - {cfg.model.name}) if spec is not None else []
     jobs = [Job(n) for n in names if ":" in n] + [Job(cfg.model.name, model_section(cfg.model))]
     combos = shape_combinations(cfg)
     if combos is None:
-        check_models(jobs, n_features, lookback, cache)
+        check_models(jobs, n_features, lookback, cache, child)
         return [f"note: search_space: more than {MAX_SHAPES} combinations of model choices; "
                 "they are not each built in advance"]
     combos = [c for c in combos if c]  # {}: every model key is off, so it is cfg.model, built above
@@ -92,7 +94,7 @@ def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int) -> 
             continue
         built.append(label)
         jobs.append(Job(shaped.model.name, model_section(shaped.model), fatal=False))
-    results = check_models(jobs, n_features, lookback, cache)
+    results = check_models(jobs, n_features, lookback, cache, child)
     errors.update(zip(built, results[len(jobs) - len(built):]))
     bad = [f"{label}: {error}" for label, error in errors.items() if error]
     if not bad:

@@ -1,8 +1,9 @@
 """The worker fork server: one process per driver that imports what a worker needs once
 (torch, Optuna, SQLAlchemy and alembic, pandas, pyarrow, the worker's own
 modules, and LightGBM with the baseline job's modules), then forks a ready-to-run worker each
-time the driver asks for one, or the study's baseline job (``python -m sweeper.baseline.job``,
-about 2.4 s of imports when started fresh) when it asks for that.
+time the driver asks for one, the study's baseline job (``python -m sweeper.baseline.job``,
+about 2.4 s of imports when started fresh) when it asks for that, or the check of the study's
+user models (``python -m sweeper.models.check``, 2-3 s of imports) before the sweep starts.
 
 Why: a fresh ``python -m sweeper.worker.main`` spends about 5 s (2-core box, loaded) before
 READY, almost all of it importing (torch alone 1.6-2 s). A fork of this
@@ -52,9 +53,10 @@ PRELOAD = (
     "alembic.migration", "alembic.script", "optuna.artifacts", "pandas", "pyarrow.parquet",
     "sweeper.worker.main", "sweeper.worker.trial", "sweeper.validation.runner", "sweeper.validation.record",
     "lightgbm", "sweeper.baseline.job",  # lightgbm only loads its library: no OpenMP region runs here
+    "sweeper.models.check", "sweeper.models.build",
 )
 # what a child may be: the module whose main() it runs, as `python -m MODULE ARGV` would
-JOBS = {"worker": "sweeper.worker.main", "baseline": "sweeper.baseline.job"}
+JOBS = {"worker": "sweeper.worker.main", "baseline": "sweeper.baseline.job", "check": "sweeper.models.check"}
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
 N_FDS = 3  # the worker's stdin, stdout and stderr
