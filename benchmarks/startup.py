@@ -12,8 +12,10 @@ Also, per tree: the first trial's start to its first training step (RUN sent -> 
 progress event), the private memory of an idle READY worker (Private_Clean + Private_Dirty of
 /proc/PID/smaps_rollup), the study's LightGBM baseline job's slot time (the driver's start of it,
 ``BaselineJob._start``, to its exit, as the driver's loop sees it; beside it the fit's own
-``elapsed_s`` and the difference, what the slot pays beyond the fit), and the wall time of
-``sweeper status``.
+``elapsed_s`` and the difference, what the slot pays beyond the fit), the wall time of
+``sweeper status``, and a user's first sweep: ``sweeper run`` of a 2-trial study whose model is a
+file beside it (so its check is not cached), from start to exit, its wall time and the CPU time of
+it and every process it started (the fork server, the model check, the workers).
 
     python benchmarks/startup.py [--n 10] [--baseline 4298420] [--quick | --smoke]
 
@@ -173,6 +175,40 @@ def _status_s(tree: Path, study_file: Path, env: dict[str, str], n: int) -> floa
     return round(statistics.median(times), 3)
 
 
+# the first sweep's model: a file beside the study (model.name module:Class)
+NET = """from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, n_features, lookback):
+        super().__init__()
+        self.linear = nn.Linear(n_features, 1)
+
+    def forward(self, x):
+        return self.linear(x[:, -1]).squeeze(-1)
+"""
+SWEEP = {**STUDY, "study": {**STUDY["study"], "name": "first", "n_trials": 2}, "model": {"name": "net:Net"}}
+
+
+def _first_sweep(env: dict[str, str], n: int) -> dict:
+    """n first sweeps, each in a new folder with an empty check cache: (wall, CPU) medians."""
+    wall, cpu = [], []
+    for _ in range(n):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            (folder / "net.py").write_text(NET)
+            (folder / "study.yaml").write_text(yaml.safe_dump(SWEEP))
+            before = os.times()
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "sweeper.cli", "run", "study.yaml"], cwd=folder, check=True,
+                           env={**env, "SWEEPER_CACHE_DIR": str(folder / "cache")}, capture_output=True)
+            wall.append(time.perf_counter() - start)
+            after = os.times()
+            cpu.append(after.children_user - before.children_user + after.children_system - before.children_system)
+    return {"first_sweep_wall_median_s": round(statistics.median(wall), 3) if wall else None,
+            "first_sweep_cpu_median_s": round(statistics.median(cpu), 3) if cpu else None}
+
+
 def _tree(tree: Path, n: int, first_steps: int, status_n: int, baselines: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
     env["PYTHONPATH"] = str(tree)
@@ -186,6 +222,7 @@ def _tree(tree: Path, n: int, first_steps: int, status_n: int, baselines: int) -
         study_file = Path(tmp) / "study.yaml"
         study_file.write_text(yaml.safe_dump(STUDY))
         out["status_median_s"] = _status_s(tree, study_file, env, status_n)
+    out.update(_first_sweep(env, status_n))
     return out
 
 
@@ -218,7 +255,8 @@ def main() -> None:
     for name, row in (("baseline", theirs), ("ours", ours)):
         print(f"{name}: READY median {row['ready_median_s']} s, first step {row['first_step_median_s']} s, "
               f"idle private {row['idle_private_mb']} MB, baseline job {row['baseline_slot_median_s']} s "
-              f"({row['baseline_beyond_fit_median_s']} s beyond its fit), status {row['status_median_s']} s",
+              f"({row['baseline_beyond_fit_median_s']} s beyond its fit), status {row['status_median_s']} s, "
+              f"first sweep {row['first_sweep_wall_median_s']} s ({row['first_sweep_cpu_median_s']} s CPU)",
               flush=True)
 
     def ratio(key: str) -> float | None:
@@ -230,7 +268,9 @@ def main() -> None:
                       "first_step_ratio": ratio("first_step_median_s"),
                       "status_ratio": ratio("status_median_s"),
                       "baseline_slot_ratio": ratio("baseline_slot_median_s"),
-                      "idle_private_ratio": ratio("idle_private_mb")}))
+                      "idle_private_ratio": ratio("idle_private_mb"),
+                      "first_sweep_wall_ratio": ratio("first_sweep_wall_median_s"),
+                      "first_sweep_cpu_ratio": ratio("first_sweep_cpu_median_s")}))
 
 
 if __name__ == "__main__":
