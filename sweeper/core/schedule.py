@@ -8,6 +8,7 @@ permutation of the samples, or whole dates in a random order (:func:`epoch_rows`
 """
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -52,8 +53,9 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.op
 
 
 def _unguarded(method: Callable) -> Callable:
-    # functools.wraps put torch's own method under __wrapped__; the guard is the wrapper
-    return getattr(method, "__wrapped__", method)
+    # torch's own method: each wrapper (the guard; the profiling hook torch.optim puts on a class
+    # whose optimizer was built) keeps what it wraps under __wrapped__ (functools.wraps)
+    return inspect.unwrap(method)
 
 
 class AdamW(torch.optim.AdamW):
@@ -76,7 +78,10 @@ class AdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        return _unguarded(torch.optim.AdamW.step)(self, closure)
+        return _ADAM_STEP(self, closure)
+
+
+_ADAM_STEP = _unguarded(torch.optim.AdamW.step)
 
 
 def lr_factor(schedule: str, warmup_frac: float, total_steps: int) -> Callable[[int], float]:
