@@ -130,7 +130,8 @@ class ForkServer:
     def run_job(self, job: str, request: str, timeout: float) -> tuple[str, int | None] | None:
         """Run ``job`` to its end as ``subprocess.run(input=request, capture_output=True)`` would,
         with this process's environment and folder: (its stdout; its exit code, or None when it
-        ran past ``timeout`` and was killed). Its stderr is dropped. None when the server is gone."""
+        ran past ``timeout`` and was killed). Its stderr is dropped. None when the server is gone
+        before it forked the job (the caller then starts it some other way)."""
         out_r, out_w = os.pipe()
         null = os.open(os.devnull, os.O_WRONLY)
         try:
@@ -138,11 +139,10 @@ class ForkServer:
         finally:
             os.close(out_w)  # the child holds its own copies now
             os.close(null)
-        if proc is None:
-            os.close(out_r)
-            return None
         code: int | None = None
         try:
+            if proc is None or not _forked(proc):
+                return None
             threading.Thread(target=_feed, args=(proc.stdin, request.encode()), daemon=True).start()
             out, ended = _read_all(out_r, time.monotonic() + timeout)
             if ended:  # it closed its stdout: it is exiting, and the server reports how
@@ -150,7 +150,7 @@ class ForkServer:
             return out.decode(errors="replace"), code
         finally:
             os.close(out_r)
-            if code is None:  # past the timeout, or this process was interrupted: it must not outlive the ask
+            if proc is not None and code is None:  # past the timeout, or this process was interrupted
                 _kill_group(proc)
 
     def _ask(self, job: str, argv: list[str], env: dict[str, str], out: int, err: int) -> ForkedProc | None:
@@ -214,8 +214,8 @@ def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
     try:
         with pipe:
             pipe.write(data)
-    except OSError:
-        pass  # the child died before reading it all: its exit code says how
+    except (OSError, ValueError):
+        pass  # the child died before reading it all (its exit code says how), or was killed
 
 
 def _read_all(fd: int, deadline: float) -> tuple[bytes, bool]:
@@ -232,12 +232,28 @@ def _read_all(fd: int, deadline: float) -> tuple[bytes, bool]:
     return b"".join(chunks), False
 
 
+def _forked(proc: ForkedProc) -> bool:
+    """Whether the server forked it: waits for its answer (after its preload)."""
+    try:
+        proc.pid  # noqa: B018
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _kill_group(proc: ForkedProc) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # its process group: it called setsid
-        proc.wait(timeout=SPAWN_WAIT_S)
+        if proc._pid is not None:  # one not known to be forked yet finds its stdin closed, and ends
+            os.killpg(proc._pid, signal.SIGKILL)  # its process group: it called setsid
+            proc.wait(timeout=SPAWN_WAIT_S)
     except (OSError, subprocess.TimeoutExpired):
         pass  # already gone
+    finally:
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()  # after the kill: a feeder blocked on a full pipe is freed first
+            except OSError:
+                pass
 
 
 class ForkedProc:
