@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sweeper.core import train
+from sweeper.core.schedule import AdamW
 from sweeper.errors import OutOfMemory
 from toy_panel import toy_config, toy_panel
 
@@ -69,8 +70,9 @@ def test_oom_in_the_batch_gather_halves_the_micro_batch(monkeypatch):
 
 
 def test_oom_in_the_optimizer_update_redoes_the_step_in_halves(monkeypatch):
-    # AdamW allocates its moments in its first update: the place a step runs out of memory after backward
-    real_step = torch.optim.AdamW.step
+    # AdamW allocates its moments in its first update: the place a step runs out of memory after
+    # backward (the trial's AdamW, torch's class without its compile guards)
+    real_step = AdamW.step
     updates: list[int] = []
 
     def step(self, *args, **kwargs):
@@ -78,7 +80,7 @@ def test_oom_in_the_optimizer_update_redoes_the_step_in_halves(monkeypatch):
         if len(updates) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory (fake, allocating AdamW's state)")
         return real_step(self, *args, **kwargs)
-    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    monkeypatch.setattr(AdamW, "step", step)
     oom_log().clear()
     panel = toy_panel()
     result = train(toy_config({"name": "custom_model:OomAbove", "limit": 1000}, epochs=2), panel)
@@ -86,7 +88,7 @@ def test_oom_in_the_optimizer_update_redoes_the_step_in_halves(monkeypatch):
     assert log[:5] == [64, 32, 32, 32, 32] and sum(log[1:]) == 2 * 1143
     assert len(updates) == 1 + 2 * 18  # the failed update, then one per step
     assert result.metrics["micro_batch_size"] == 32
-    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    monkeypatch.setattr(AdamW, "step", real_step)
     whole = train(toy_config({"name": "custom_model:Tiny"}, epochs=2), panel)
     for key, value in whole.best_state.items():  # the failed update left the optimizer as it found it
         torch.testing.assert_close(result.best_state[key], value, atol=1e-6, rtol=1e-5)
