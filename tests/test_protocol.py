@@ -27,6 +27,26 @@ def test_the_worker_skips_a_malformed_command(capsys):
     assert "skipped a malformed command line from the driver: 'garbage'" in capsys.readouterr().err
 
 
+EMIT_TO_A_DEAD_DRIVER = """
+import os
+from sweeper.worker import protocol
+r, w = os.pipe()
+os.close(r)  # the driver's end: it died
+protocol.set_channel(os.fdopen(w, "w", buffering=1))
+protocol.emit(protocol.EPOCH, number=3, epoch=2, metrics={})
+print("still here")
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_whose_event_pipe_is_closed_exits_at_once_without_a_traceback():
+    # a kill -9 of the driver closes the pipe before the worker's parent-death signal comes
+    done = subprocess.run([sys.executable, "-c", EMIT_TO_A_DEAD_DRIVER], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == "sweeper: the driver is gone (its event pipe is closed); exiting\n"
+
+
 @pytest.mark.slow
 def test_a_worker_whose_driver_is_already_gone_exits_at_once():
     # the parent-death signal only covers a parent that dies after it is set: the worker

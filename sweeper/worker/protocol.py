@@ -22,6 +22,7 @@ Both sides import this module, and only this one, to speak to each other.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -84,9 +85,19 @@ def set_channel(stream: TextIO) -> None:
 
 
 def emit(event: str, **fields: Any) -> None:
-    """Send one event to the driver (from the worker process), one whole line at a time."""
+    """Send one event to the driver (from the worker process), one whole line at a time.
+
+    A closed pipe means the driver is gone (killed: this process's parent-death signal may come
+    a moment later). The worker exits at once, as that signal would have it, with one line in
+    its slot log: the trial stays RUNNING, and the stale-trial rule fails it as interrupted, not
+    this worker with a traceback."""
     line = json.dumps({"ev": event, **fields}, default=_json_default) + "\n"
     with _lock:
         channel = _channel or sys.stdout
-        channel.write(line)
-        channel.flush()
+        try:
+            channel.write(line)
+            channel.flush()
+        except BrokenPipeError:
+            note = "sweeper: the driver is gone (its event pipe is closed); exiting"
+            print(note, file=sys.stderr, flush=True)
+            os._exit(1)
