@@ -222,7 +222,7 @@ def _tree(tree: Path, n: int, first_steps: int, status_n: int, baselines: int) -
         study_file = Path(tmp) / "study.yaml"
         study_file.write_text(yaml.safe_dump(STUDY))
         out["status_median_s"] = _status_s(tree, study_file, env, status_n)
-    out.update(_first_sweep(env, status_n))
+    out.update(_first_sweep(env, status_n))  # as many as `sweeper status` runs: none in a smoke
     return out
 
 

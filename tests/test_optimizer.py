@@ -105,21 +105,30 @@ def test_the_trial_optimizer_state_loads_both_ways_with_torchs():
     ours_opt.load_state_dict(theirs_opt.state_dict())
     back = _torchs(model)
     back.load_state_dict(ours_opt.state_dict())
-    for a, b in zip(theirs_opt.state.values(), back.state.values()):
-        assert all(torch.equal(a[f], b[f]) for f in ("step", "exp_avg", "exp_avg_sq"))
-    assert back.param_groups[0]["lr"] == theirs_opt.param_groups[0]["lr"]
+    params = list(model.parameters())
+    assert len(theirs_opt.state) == len(params)  # every parameter has moments to carry over
+    for p in params:
+        for loaded in (ours_opt, back):
+            for field in ("step", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(theirs_opt.state[p][field], loaded.state[p][field]), field
+    for loaded in (ours_opt, back):
+        assert [g["lr"] for g in loaded.param_groups] == [g["lr"] for g in theirs_opt.param_groups]
 
 
 @pytest.mark.slow
 def test_training_imports_no_torch_dynamo(tmp_path):
-    """``sweeper train`` runs a whole trial (optimizer, schedule, checkpoint state) without ever
-    importing torch._dynamo, which would cost every worker fork server seconds of preload."""
+    """The worker fork server's preload, then ``sweeper train`` (a whole trial: optimizer,
+    schedule, checkpoint state), never import torch._dynamo, which would cost every fork server
+    seconds of preload."""
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(merge(TINY, {"train": {"epochs": 1}})))
-    probe = ("import sys\nsys.argv = ['sweeper', 'train', 'study.yaml', '--json']\n"
+    probe = ("import sys\nfrom sweeper.worker.forked import preload\npreload()\n"
+             "print('preload dynamo', 'torch._dynamo' in sys.modules, file=sys.stderr)\n"
+             "sys.argv = ['sweeper', 'train', 'study.yaml', '--json']\n"
              "try:\n    from sweeper.cli import main\n    main()\n"
              "finally:\n    print('dynamo', 'torch._dynamo' in sys.modules, file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stderr.rstrip().endswith("dynamo False"), done.stderr
+    lines = done.stderr.splitlines()
+    assert "preload dynamo False" in lines and lines[-1] == "dynamo False", done.stderr
     assert json.loads(done.stdout)["epochs_run"] == 1
