@@ -28,7 +28,9 @@ def test_core_overhead_smoke():
     assert {"core_samples_per_s", "plain_samples_per_s", "ratio"} <= set(out)
     assert (out["model"], out["repeats"], out["epochs_counted"]) == ("mlp", 1, 1)
     assert out["core_samples_per_s"] > 0 and out["plain_samples_per_s"] > 0
-    assert out["ratio"] == round(out["core_samples_per_s"] / out["plain_samples_per_s"], 3)
+    # the rates are printed rounded to whole samples/s and the ratio is taken before that rounding:
+    # the two agree to its third decimal, give or take its last digit (0.881 from 52,504 / 59,562)
+    assert out["ratio"] == pytest.approx(out["core_samples_per_s"] / out["plain_samples_per_s"], abs=1e-3)
 
 
 @pytest.mark.slow

@@ -50,6 +50,22 @@ class Host:
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
 
+    def freeze(self) -> list[int]:
+        """SIGSTOP the driver and everything under it (its fork server and workers run in their own
+        sessions, so its process group alone would miss them), until no new process appears."""
+        frozen: list[int] = []
+        while fresh := [pid for pid in [self.proc.pid, *_descendants(self.proc.pid)] if pid not in frozen]:
+            for pid in fresh:
+                _signal(pid, signal.SIGSTOP)
+            frozen += fresh
+        return frozen
+
+    def crash(self, frozen: list[int]) -> None:
+        """The whole host dies at once: every process of it, as a power cut would."""
+        for pid in frozen:
+            _signal(pid, signal.SIGKILL)
+        self.kill()
+
     def wait(self, timeout: float) -> int:
         try:
             return self.proc.wait(timeout=timeout)
@@ -61,6 +77,29 @@ class Host:
         return self.log.read_text()
 
 
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it exited while we looked
+        children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+    found, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def _study(url: str, name: str = "tiny") -> optuna.Study | None:
     try:
         return optuna.load_study(study_name=name, storage=open_storage(url, create=False))
@@ -68,20 +107,32 @@ def _study(url: str, name: str = "tiny") -> optuna.Study | None:
         return None
 
 
-def _wait_for_victim(url: str, host: str, timeout: float = 90.0) -> optuna.Study:
-    """Mid-sweep: some trials finished, and ``host`` has a RUNNING trial with a checkpoint."""
+def _victims(study: optuna.Study, host: str) -> list[int]:
+    """``host``'s RUNNING trials that have a checkpoint, once some trials have finished."""
+    trials = study.get_trials(deepcopy=False)
+    done = sum(t.state in FINISHED for t in trials)
+    mine = [t.number for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("host") == host]
+    return [n for n in mine if Path(f"runs/tiny/trials/{n}/checkpoint.pt").exists()] if done >= 6 else []
+
+
+def _crash_mid_trial(url: str, host: Host, timeout: float = 90.0) -> optuna.Study:
+    """Kill every process of ``host`` while it has a checkpointed trial RUNNING mid-sweep.
+
+    The host is frozen first and the trial read again: a loaded box can let a trial seen running
+    finish before a kill lands (its worker tells the store itself), and then no trial dies with it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.1)
         study = _study(url)
-        if study is None:
+        if study is None or not _victims(study, host.name):
             continue
-        trials = study.get_trials(deepcopy=False)
-        done = sum(t.state in FINISHED for t in trials)
-        mine = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("host") == host]
-        if done >= 6 and any(Path(f"runs/tiny/trials/{t.number}/checkpoint.pt").exists() for t in mine):
+        frozen = host.freeze()
+        if _victims(study, host.name):
+            host.crash(frozen)
             return study
-    raise AssertionError(f"{host} never had a checkpointed running trial mid-sweep")
+        for pid in frozen:
+            _signal(pid, signal.SIGCONT)
+    raise AssertionError(f"{host.name} never had a checkpointed running trial mid-sweep")
 
 
 def _logs(hosts: list[Host]) -> str:
@@ -97,8 +148,7 @@ def test_three_hosts_one_killed_exact_budget_and_reruns(study_file, pg_url):
     hosts = [Host("host-a", path, pg_url, PGTZ="America/New_York"), Host("host-b", path, pg_url),
              Host("host-c", path, pg_url, PGTZ="Asia/Tokyo")]
     try:
-        study = _wait_for_victim(pg_url, "host-b")
-        hosts[1].kill()
+        study = _crash_mid_trial(pg_url, hosts[1])
         codes = {h.name: h.wait(timeout=120) for h in (hosts[0], hosts[2])}
     finally:
         for h in hosts:
