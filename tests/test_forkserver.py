@@ -182,3 +182,33 @@ def test_a_job_run_to_its_end_answers_and_one_past_its_timeout_is_killed(tmp_pat
     finally:
         server.stop()
     assert server.run_job("check", request % good, timeout=5) is None  # a stopped server runs nothing
+
+
+def test_the_panels_summary_is_made_in_a_forked_child_as_it_is_made_here(study_file):
+    """``sweeper run``'s driver imports no torch: the server's child loads the panel and answers
+    its summary (or the data layer's error); with no answer the driver makes it itself."""
+    import json
+
+    from sweeper.config import to_dict, with_overrides
+    from sweeper.dispatch.run import _summary
+    from sweeper.errors import DataError
+    from sweeper.study.summary import read_answer, summarize_panel
+
+    cfg = load_config(study_file({"validation": {"scheme": "walk_forward", "folds": 2}}))
+    here = summarize_panel(cfg)
+    assert (here.features, len(here.folds)) == (["f00", "f01", "f02"], 2)
+    bad = with_overrides(cfg, {"data.features": ["f0"]}, "test")
+    server = ForkServer.start()  # asked at once: it forks the child between two of its preload's imports
+    assert server is not None
+    try:
+        out, code = server.run_job("summary", json.dumps(to_dict(cfg)), timeout=120)
+        assert code == 0 and read_answer(out) == here
+        out, code = server.run_job("summary", json.dumps(to_dict(bad)), timeout=120)
+        with pytest.raises(DataError, match=r"column 'f0' \(data.features\) not found"):
+            read_answer(out)
+    finally:
+        server.stop()
+    assert _summary(cfg, server) == here  # the server is gone: made in this process
+    assert read_answer("") is None  # a child that died before it answered
+    # not a user's mistake: made again in the driver, where it raises with its traceback
+    assert read_answer('{"error": {"type": "ValueError", "message": "a bug"}}') is None

@@ -156,3 +156,27 @@ def test_a_sampled_model_name_that_does_not_import_is_an_error():
     with pytest.raises(ConfigError, match=r"^model.name 'no_such_mod_xyz:Net': cannot import module 'no_such_mod_xyz'"):
         check_study_models(cfg, 3, 5)
 
+
+
+@pytest.mark.slow
+def test_built_in_shapes_checked_in_a_child_answer_as_they_do_in_process():
+    """``sweeper run`` (a fork server at hand) sends the built-in models to the checking child too,
+    so that its driver imports no torch: one request, the study's own model first, then each shape."""
+    import json
+
+    from sweeper.models.check import python_child
+    from sweeper.models.shapes import check_study_models
+
+    cfg = _space_config({"model.hidden_size": {"type": "categorical", "choices": [4, 8]}},
+                        {"name": "lstm", "hidden_size": 16})
+    asked = []
+
+    def child(request: str, timeout: float) -> tuple[str, int | None]:
+        asked.append(json.loads(request))
+        return python_child(request, timeout)
+
+    assert check_study_models(cfg, 3, 5, child, builtins_in_child=True) == [] == check_study_models(cfg, 3, 5)
+    (request,) = asked  # in process: no child at all
+    assert [(j["name"], j["model"]["hidden_size"], j["fatal"]) for j in request["jobs"]] == [
+        ("lstm", 16, True), ("lstm", 4, False), ("lstm", 8, False)]
+    assert (request["n_features"], request["lookback"]) == (3, 5)

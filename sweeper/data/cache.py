@@ -34,13 +34,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sweeper.atomic import write_text
 from sweeper.config import DataConfig
-from sweeper.data.build import ARRAYS, Alloc, Built
 from sweeper.data.split import split_widths
+
+if TYPE_CHECKING:  # the builder imports torch; the driver only asks where the cache is (cache_root)
+    from sweeper.data.build import Alloc, Built
 
 CACHE_VERSION = 1
 ENV_DIR = "SWEEPER_CACHE_DIR"
@@ -90,6 +93,8 @@ def cached(cfg: DataConfig, fingerprint: str, make: Callable[[Alloc], Built]) ->
 
 def open_entry(entry: Path) -> Built | None:
     """The entry's arrays as read-only maps, or None when it is missing or incomplete."""
+    from sweeper.data.build import ARRAYS, Built
+
     try:
         meta = json.loads((entry / "meta.json").read_text())
         if meta.get("version") != CACHE_VERSION:
@@ -107,6 +112,8 @@ def open_entry(entry: Path) -> Built | None:
 
 
 def _write(entry: Path, make: Callable[[Alloc], Built]) -> None:
+    from sweeper.data.build import ARRAYS
+
     tmp = entry.parent / f"{_TMP}{entry.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -127,6 +134,8 @@ def _write(entry: Path, make: Callable[[Alloc], Built]) -> None:
 
 
 def _meta(b: Built) -> dict:
+    from sweeper.data.build import ARRAYS
+
     return {"version": CACHE_VERSION, "shapes": {n: list(getattr(b, n).shape) for n in ARRAYS},
             "assets": [str(a) for a in b.assets], "features": list(b.features),
             "splits": {k: list(v) for k, v in b.splits.items()}, "norm_stats": b.norm_stats,

@@ -5,7 +5,10 @@ only ``free_device_bytes`` touches CUDA, and only for a CUDA device.
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported by the package's __init__, which the driver reads without torch
+    import torch
 
 ON_DEVICE = "device"
 PINNED_HOST = "pinned_host"
@@ -24,5 +27,7 @@ def free_device_bytes(device: torch.device) -> int | None:
     """Free memory of a CUDA device; None for any other device (no query made)."""
     if device.type != "cuda":
         return None
+    import torch
+
     free, _total = torch.cuda.mem_get_info(device)
     return int(free)

@@ -2,8 +2,11 @@
 study's environment. No CUDA context, ever (see :mod:`~sweeper.devices.nvml`)."""
 from __future__ import annotations
 
+import importlib.util
 import platform
+import sys
 import time
+from pathlib import Path
 from typing import Any, TypedDict
 
 from sweeper.devices.fake import gpu_reader
@@ -55,15 +58,33 @@ def environment_summary() -> dict[str, Any]:
 
     ``torch.version.cuda`` is the CUDA the wheel was built with; reading it creates no context.
     """
-    import torch  # here: the driver's other uses of this module need no torch
-
+    torch_version, torch_cuda = _torch_build()
     found = probe()
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
+        "torch": torch_version,
+        "torch_cuda": torch_cuda,
         "driver": found.driver,
         "fake_gpus": found.fake,
         "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid, "total_mb": g.total_mb}
                  for g in found.gpus],
     }
+
+
+def _torch_build() -> tuple[str | None, str | None]:
+    """``torch.__version__`` and ``torch.version.cuda`` without importing torch (2-3 s the
+    driver does not otherwise spend): ``torch/version.py`` is a file of plain assignments,
+    written when the wheel was built, and is run here on its own."""
+    loaded = sys.modules.get("torch")
+    if loaded is not None:
+        return str(loaded.__version__), loaded.version.cuda
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    names: dict[str, Any] = {}
+    try:
+        exec(compile(path.read_text(), str(path), "exec"), names)  # torch's own build stamp
+    except (OSError, SyntaxError):
+        return None, None
+    return names.get("__version__"), names.get("cuda")

@@ -9,6 +9,7 @@ and always shuts its workers down.
 """
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -38,8 +39,11 @@ from sweeper.store.studies import best_trial
 from sweeper.study import retention
 from sweeper.study.open import open_study, study_attrs
 from sweeper.study.samplers import build_pruner, check_sampler
-from sweeper.study.summary import PanelSummary
+from sweeper.study.summary import PanelSummary, read_answer, summarize_panel
 from sweeper.study.warm_start import start_queue
+
+# a panel load has no time limit in this process either: this bounds only a child that hangs
+SUMMARY_TIMEOUT_S = 24 * 3600.0
 
 
 def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True,
@@ -50,9 +54,9 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
 
     ``devices=False`` skips slot planning (``sweeper db init`` runs where there
     may be no GPU, e.g. a Kubernetes init Job). User models are imported, built and
-    run once in a child process, forked from ``server`` when there is one; the model-shapes
-    check's warnings go to stderr."""
-    from sweeper.data import load_panel
+    run once in a child process, forked from ``server`` when there is one; with a server the
+    panel is loaded and the built-in models built in its children too, so that this process
+    never imports torch. The model-shapes check's warnings go to stderr."""
     from sweeper.devices import plan_slots
     from sweeper.models.shapes import check_study_models
     from sweeper.store import check_reachable
@@ -62,13 +66,11 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     check_sampler(cfg.study.sampler)
     build_pruner(cfg.study.pruner)
     _check_models(cfg)
-    panel = load_panel(cfg.data)
-    # keep what the plan needs, not the panel: the driver holds no dense copy while workers
-    # train (with the panel cache they map the entry this load built; without it they build their own)
-    summary = PanelSummary.of(panel, cfg)
-    del panel
-    # a model's errors are config errors; the shapes a trial may sample but cannot build are notes
-    notes = check_study_models(cfg, len(summary.features), cfg.data.lookback, _check_child(server))
+    summary = _summary(cfg, server)
+    # a model's errors are config errors; the shapes a trial may sample but cannot build are notes.
+    # With a server the built-in models are checked in its forked child too: no torch here
+    notes = check_study_models(cfg, len(summary.features), cfg.data.lookback, _check_child(server),
+                               builtins_in_child=server is not None)
     slots = plan_slots(cfg.devices) if devices else []
     url = cfg.study.resolved_storage
     check_reachable(url)
@@ -78,6 +80,14 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     for note in notes:  # shapes a trial may sample but cannot build: worth knowing, not fatal
         print(note, file=sys.stderr, flush=True)
     return Plan(cfg, url, run_dir(cfg), artifacts, slots, summary, queue=queue)
+
+
+def _summary(cfg: C.SweeperConfig, server: ForkServer | None) -> PanelSummary:
+    """The panel's summary, made in a child forked from ``server`` (the driver then never
+    imports torch), else, or when that child gave no answer, in this process."""
+    done = server.run_job("summary", json.dumps(C.to_dict(cfg)), SUMMARY_TIMEOUT_S) if server else None
+    made = read_answer(done[0]) if done is not None else None
+    return made if made is not None else summarize_panel(cfg)
 
 
 def _check_child(server: ForkServer | None) -> ChildRun:

@@ -65,23 +65,29 @@ def model_section(model: ModelConfig) -> dict[str, Any]:
     return model.model_dump(mode="json")
 
 
-def check_models(jobs: list[Job], n_features: int, lookback: int,
-                 cache: Path | None = None, child: ChildRun = python_child) -> list[str | None]:
+def check_models(jobs: list[Job], n_features: int, lookback: int, cache: Path | None = None,
+                 child: ChildRun = python_child, *, builtins_in_child: bool = False) -> list[str | None]:
     """Each job's error message, or None when it built. Raises ConfigError with the first
     failed fatal job's message; jobs after it are then not checked.
 
     With ``cache`` (a folder), the user models' answers are kept there by the content of
     their files (:mod:`sweeper.models.check_cache`): an unchanged check starts no child.
-    ``child`` runs each checking child (a fresh interpreter unless the caller has a faster way)."""
+    ``child`` runs each checking child (a fresh interpreter unless the caller has a faster way);
+    ``builtins_in_child``: the built-in models go to a child too, ahead of the user models (they
+    are never cached: a child forked ready-made builds them in milliseconds)."""
     results: list[str | None] = [None] * len(jobs)
-    pending = []
+    pending, builtins = [], []
     for i, job in enumerate(jobs):
         if ":" in job.name:
             pending.append(i)
+        elif job.model is not None and builtins_in_child:
+            builtins.append(i)
         elif job.model is not None:
             results[i] = check_one(job, n_features, lookback)
             if results[i] and job.fatal:
                 raise ConfigError(results[i])
+    if builtins:
+        _check_children(jobs, builtins, results, n_features, lookback, child)
     if not pending:
         return results
     user_jobs = [jobs[i] for i in pending]

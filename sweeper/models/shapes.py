@@ -66,20 +66,21 @@ def _met(cfg: C.SweeperConfig, when: dict[str, Any], chosen: dict[str, Any]) -> 
 
 
 def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,
-                       child: ChildRun = python_child) -> list[str]:
+                       child: ChildRun = python_child, *, builtins_in_child: bool = False) -> list[str]:
     """Import every model the study names and build its own model (errors raise
     ConfigError), then build each model shape its search space can sample. Returns the
     lines to show (a warning naming the shapes that cannot be built, or a note that
     there were too many to try); raises ConfigError when none of them builds. User models
     are checked in a child (run by ``child``) once per content of their files (kept in the
-    panel cache's root)."""
+    panel cache's root); built-in ones in this process, or with ``builtins_in_child`` in a child
+    too (one whose caller forks it ready-made, so that this process need not import torch)."""
     cache = checks_folder(cfg.data)
     spec = cfg.search_space.get("model.name")
     names = sorted({str(c) for c in (spec.choices or [])} - {cfg.model.name}) if spec is not None else []
     jobs = [Job(n) for n in names if ":" in n] + [Job(cfg.model.name, model_section(cfg.model))]
     combos = shape_combinations(cfg)
     if combos is None:
-        check_models(jobs, n_features, lookback, cache, child)
+        check_models(jobs, n_features, lookback, cache, child, builtins_in_child=builtins_in_child)
         return [f"note: search_space: more than {MAX_SHAPES} combinations of model choices; "
                 "they are not each built in advance"]
     combos = [c for c in combos if c]  # {}: every model key is off, so it is cfg.model, built above
@@ -94,7 +95,7 @@ def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,
             continue
         built.append(label)
         jobs.append(Job(shaped.model.name, model_section(shaped.model), fatal=False))
-    results = check_models(jobs, n_features, lookback, cache, child)
+    results = check_models(jobs, n_features, lookback, cache, child, builtins_in_child=builtins_in_child)
     errors.update(zip(built, results[len(jobs) - len(built):]))
     bad = [f"{label}: {error}" for label, error in errors.items() if error]
     if not bad:

@@ -1,13 +1,27 @@
 """What a study records of its panel, fixed for the whole study: written to the study's
-attributes by the parent, read back by the view and ``inspect``."""
+attributes by the parent, read back by the view and ``inspect``.
+
+Making it means loading the panel, which means torch. The driver of ``sweeper run`` does not
+import torch (about 2.4 s of CPU on a 2-core box, and 300 MB it would hold for the whole sweep):
+it asks its worker fork server for a child that runs :func:`main` (``python -m
+sweeper.study.summary``: the config as JSON on stdin, as :func:`sweeper.config.to_dict` writes it,
+and one JSON answer line on stdout), and only where there is no server (``validate``, ``db init``)
+calls :func:`summarize_panel` itself.
+"""
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from sweeper import config as C
-from sweeper.data.folds import fold_layout, fold_spans
-from sweeper.data.panel import Panel
-from sweeper.validation.grid import RunGrid
+from sweeper import errors
+
+if TYPE_CHECKING:
+    from sweeper.data.panel import Panel
 
 
 @dataclass(frozen=True)
@@ -27,8 +41,57 @@ class PanelSummary:
     def of(cls, panel: Panel, cfg: C.SweeperConfig | None = None) -> PanelSummary:
         """``cfg``: the study's, whose walk-forward folds are laid out on the panel here (the
         check that they fit: a ConfigError naming the keys before anything is written)."""
+        from sweeper.data.folds import fold_layout, fold_spans
+        from sweeper.validation.grid import RunGrid
+
         folds = []
         if cfg is not None and RunGrid.of(cfg).folded:
             folds = fold_spans(panel, fold_layout(panel, cfg))
         return cls(source=panel.source, fingerprint=panel.fingerprint, features=list(panel.features),
                    split_dates=panel.split_dates(), oracle_ic=panel.oracle_ic, folds=folds)
+
+
+def summarize_panel(cfg: C.SweeperConfig) -> PanelSummary:
+    """Load ``cfg``'s panel in this process (with ``data.cache``, building its cache entry, which
+    the workers then map) and summarise it; raises DataError or ConfigError. The panel itself is
+    dropped: the driver holds no dense copy while workers train."""
+    from sweeper.data import load_panel
+
+    return PanelSummary.of(load_panel(cfg.data), cfg)
+
+
+def read_answer(out: str) -> PanelSummary | None:
+    """The summary a :func:`main` child wrote; its domain error raised here as it was raised
+    there; None when it gave no answer (it died: the caller summarises in its own process,
+    where whatever killed the child shows itself with its traceback)."""
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if not lines:
+        return None
+    answer = lines[-1]
+    if "error" in answer:
+        kind = getattr(errors, answer["error"]["type"], None)
+        if not (isinstance(kind, type) and issubclass(kind, errors.SweeperError)):
+            return None
+        raise kind(answer["error"]["message"])
+    return PanelSummary(**answer["summary"])
+
+
+def main() -> int:
+    """The child: the study config as JSON on stdin, one answer line on stdout."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it kills this process
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # nothing the data layer prints can land in the answer
+    sys.stdout = sys.stderr
+    cfg = C.validate_config(json.load(sys.stdin), "study config")  # as a worker reads it
+    try:
+        answer: dict[str, Any] = {"summary": dataclasses.asdict(summarize_panel(cfg))}
+    except errors.SweeperError as exc:
+        answer = {"error": {"type": type(exc).__name__, "message": str(exc)}}
+    answers.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

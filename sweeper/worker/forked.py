@@ -2,15 +2,18 @@
 (torch, Optuna, SQLAlchemy and alembic, pandas, pyarrow, the worker's own
 modules, and LightGBM with the baseline job's modules), then forks a ready-to-run worker each
 time the driver asks for one, the study's baseline job (``python -m sweeper.baseline.job``,
-about 2.4 s of imports when started fresh) when it asks for that, or the check of the study's
-user models (``python -m sweeper.models.check``, 2-3 s of imports) before the sweep starts.
+about 2.4 s of imports when started fresh) when it asks for that, and before the sweep starts
+the summary of its panel (``python -m sweeper.study.summary``) and the check of its models
+(``python -m sweeper.models.check``, 2-3 s of imports each): the driver itself never imports torch.
 
 Why: a fresh ``python -m sweeper.worker.main`` spends about 5 s (2-core box, loaded) before
 READY, almost all of it importing (torch alone 1.6-2 s). A fork of this
 server is READY in about 0.2 s. The cost: the server itself (about 120 MB PSS, shared with its
 children) and, per idle worker, only about 26 MB of private memory (the copy-on-write pages it
-touched); a fresh worker holds about 287 MB of its own. ``gc.freeze()`` after the preload keeps the
-children's garbage collector from touching (and so copying) the server's objects.
+touched); a fresh worker holds about 287 MB of its own. ``gc.freeze()`` after each preloaded module
+keeps the children's garbage collector from touching (and so copying) the server's objects. The
+preload runs between requests, in :data:`PRELOAD`'s order, so the driver's first asks (the summary
+and the check, which need torch and the data layer only) wait for no more than those.
 
 Started by the driver (:mod:`sweeper.dispatch.forkserver`) as ``python -m sweeper.worker.forked
 FD``: FD is its end of a ``SOCK_SEQPACKET`` socket pair. Each request is one message, a JSON
@@ -48,15 +51,19 @@ from typing import Any
 # storage open). Never __main__ and never sweeper.dispatch: the children inherit every module
 # here, and a worker must not load the parent's code (tests/test_architecture.py).
 PRELOAD = (
-    "torch", "optuna", "sqlalchemy", "sqlalchemy.orm", "sqlalchemy.dialects.sqlite",
+    # first what a sweep's first asks need (the panel's summary and the models' check, while
+    # the driver has imported no torch): the server serves a request between two imports
+    "torch", "pandas", "pyarrow.parquet", "sweeper.study.summary", "sweeper.data.load", "sweeper.data.folds",
+    "sweeper.models.check", "sweeper.models.build",
+    "optuna", "sqlalchemy", "sqlalchemy.orm", "sqlalchemy.dialects.sqlite",
     "sqlalchemy.dialects.postgresql", "optuna.storages._rdb.storage", "alembic.command", "alembic.config",
-    "alembic.migration", "alembic.script", "optuna.artifacts", "pandas", "pyarrow.parquet",
+    "alembic.migration", "alembic.script", "optuna.artifacts",
     "sweeper.worker.main", "sweeper.worker.trial", "sweeper.validation.runner", "sweeper.validation.record",
     "lightgbm", "sweeper.baseline.job",  # lightgbm only loads its library: no OpenMP region runs here
-    "sweeper.models.check", "sweeper.models.build",
 )
 # what a child may be: the module whose main() it runs, as `python -m MODULE ARGV` would
-JOBS = {"worker": "sweeper.worker.main", "baseline": "sweeper.baseline.job", "check": "sweeper.models.check"}
+JOBS = {"worker": "sweeper.worker.main", "baseline": "sweeper.baseline.job", "check": "sweeper.models.check",
+        "summary": "sweeper.study.summary"}
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
 N_FDS = 3  # the worker's stdin, stdout and stderr
@@ -70,16 +77,25 @@ def _pdeathsig() -> None:
 
 
 def preload() -> None:
+    """All of :data:`PRELOAD`, at once (the server imports it between requests, :func:`serve`)."""
     for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - an optional module missing only costs its child the import
-            print(f"sweeper: fork server: preloading {name} failed: {exc}", file=sys.stderr, flush=True)
+        _import(name)
+
+
+def _import(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - an optional module missing only costs its child the import
+        print(f"sweeper: fork server: preloading {name} failed: {exc}", file=sys.stderr, flush=True)
     gc.freeze()  # the children's collections then leave the server's objects (its shared pages) alone
 
 
 def serve(ctl: socket.socket) -> int:
-    """Fork a worker per request until the driver's socket ends; report each child's exit."""
+    """Fork a worker per request until the driver's socket ends; report each child's exit.
+
+    The preload runs here, one module whenever no request waits: a request waits at most for
+    the import under way, and a child forked before the end imports the rest it needs itself."""
+    todo = list(PRELOAD)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -89,7 +105,8 @@ def serve(ctl: socket.socket) -> int:
     sel.register(wake_r, selectors.EVENT_READ)
     children: dict[int, int] = {}  # pid -> request
     while True:
-        for key, _ in sel.select(timeout=1.0):
+        events = sel.select(timeout=0 if todo else 1.0)
+        for key, _ in events:
             if key.fileobj == wake_r:
                 os.read(wake_r, 4096)
                 continue
@@ -110,6 +127,8 @@ def serve(ctl: socket.socket) -> int:
             children[pid] = req["req"]
             ctl.send(json.dumps({"req": req["req"], "pid": pid}).encode())
         _reap(ctl, children)
+        if todo and not events:
+            _import(todo.pop(0))
 
 
 def _reap(ctl: socket.socket, children: dict[int, int]) -> None:
@@ -207,10 +226,7 @@ def run(fd: int) -> int:
     if expected and os.getppid() != int(expected):
         return 1  # the driver died while this server started
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver relays Ctrl-C to its workers
-    ctl = socket.socket(fileno=fd)
-    preload()
-    ctl.send(json.dumps({"ready": os.getpid()}).encode())
-    return serve(ctl)
+    return serve(socket.socket(fileno=fd))
 
 
 if __name__ == "__main__":
