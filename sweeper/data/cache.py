@@ -40,9 +40,10 @@ import numpy as np
 
 from sweeper.atomic import write_text
 from sweeper.config import DataConfig
-from sweeper.data.split import split_widths
 
-if TYPE_CHECKING:  # the builder imports torch; the driver only asks where the cache is (cache_root)
+# the builder imports torch and the split rule pandas; the driver only asks where the cache is
+# (cache_root): both load where an entry is keyed, read or written
+if TYPE_CHECKING:
     from sweeper.data.build import Alloc, Built
 
 CACHE_VERSION = 1
@@ -59,6 +60,8 @@ def cache_root(cfg: DataConfig) -> Path:
 
 def entry_key(fingerprint: str, cfg: DataConfig) -> str:
     """sha256 of the data fingerprint and the config keys that shape the arrays."""
+    from sweeper.data.split import split_widths
+
     shape = {
         "version": CACHE_VERSION, "data": fingerprint, "feature_norm": cfg.feature_norm,
         "label_norm": cfg.label_norm, "split": cfg.split.model_dump(mode="json"),

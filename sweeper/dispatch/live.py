@@ -18,7 +18,7 @@ from sweeper.devices import Slot
 from sweeper.dispatch.plan import Plan
 from sweeper.dispatch.stopping import SweepResult
 from sweeper.inspect.printing import fmt
-from sweeper.inspect.results import oracle_fractions
+from sweeper.quant.oracle import oracle_fractions
 
 
 def summary_lines(result: SweepResult, cfg: SweeperConfig, plan: Plan) -> list[str]:

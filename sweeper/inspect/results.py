@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import SweeperConfig, objective_label
 from sweeper.inspect import ic_views
 from sweeper.plain import plain
+from sweeper.quant.oracle import oracle_fractions
 from sweeper.store import layout
 from sweeper.store.run_folder import files_folder
 from sweeper.store.studies import FINISHED, best_trial, n_infeasible
@@ -35,14 +36,6 @@ BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "tes
 # a trial's fold figures, with folds or seed repeats (docs/inspect.md, "Walk-forward")
 FOLD_KEYS = (K.FOLD_VAL_IC, K.VAL_IC_SE, K.WORST_FOLD_VAL_IC, K.SEED_VAL_IC_SD, K.SEED_ENSEMBLE_VAL_IC,
              K.FOLD_SEED_ENSEMBLE_VAL_IC, K.FOLD_BEST_EPOCH, K.FOLDS_RUN)
-
-
-def oracle_fractions(attrs: dict[str, Any], oracle: dict[str, float] | None) -> dict[str, float]:
-    out = {}
-    for split, key in (("valid", "val_ic"), ("test", "test_ic")):
-        if oracle and oracle.get(split) and attrs.get(key) is not None:
-            out[f"{key}_oracle_fraction"] = attrs[key] / oracle[split]
-    return out
 
 
 def read_daily(path: Path) -> dict[str, np.ndarray] | None:
