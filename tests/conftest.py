@@ -13,7 +13,7 @@ TINY = {
     "study": {"name": "tiny", "n_trials": 4, "heartbeat_interval": 1, "grace_period": 4,
               "sampler": {"name": "random", "seed": 0}, "pruner": {"name": "none"}},
     "data": {"synthetic": {"assets": 24, "dates": 160, "features": 3, "seed": 1}, "lookback": 5},
-    # the built-in MLP (checked in the driver's process; a user model costs a checking child)
+    # the built-in MLP (checked in a child forked from the sweep's fork server, with the user models)
     "model": {"name": "mlp", "hidden_size": 8, "num_layers": 1, "dropout": 0.0},
     "train": {"epochs": 2, "batch_size": 256, "samples_per_epoch": 1024, "patience": 5},
     "devices": {"gpus": "none", "cpu_workers": 2},

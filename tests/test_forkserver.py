@@ -212,3 +212,29 @@ def test_the_panels_summary_is_made_in_a_forked_child_as_it_is_made_here(study_f
     assert read_answer("") is None  # a child that died before it answered
     # not a user's mistake: made again in the driver, where it raises with its traceback
     assert read_answer('{"error": {"type": "ValueError", "message": "a bug"}}') is None
+
+
+PRELOADED = """import sys
+from torch import nn
+class Net(nn.Module):
+    def __init__(self, n_features, lookback):
+        raise ValueError(" ".join(f"{m}={m in sys.modules}" for m in ("torch", "lightgbm")))
+"""
+
+
+def test_a_check_asked_at_once_is_forked_before_the_preload_ends(tmp_path, monkeypatch):
+    """The server imports its preload between requests: a sweep's first asks (its panel's
+    summary, its models' check), sent as it starts, are forked at most one import later, not
+    once LightGBM, at the preload's end, is loaded (the child imports torch itself if need be)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "preloaded.py").write_text(PRELOADED)
+    server = ForkServer.start()
+    assert server is not None
+    try:
+        request = '{"n_features": 3, "lookback": 5, "jobs": [{"name": "preloaded:Net", "model": ' \
+                  '{"name": "preloaded:Net"}, "fatal": true}]}'
+        out, code = server.run_job("check", request, timeout=120)
+    finally:
+        server.stop()
+    assert code == 0
+    assert "failed (ValueError: torch=True lightgbm=False)" in out, out

@@ -175,8 +175,10 @@ def test_built_in_shapes_checked_in_a_child_answer_as_they_do_in_process():
         asked.append(json.loads(request))
         return python_child(request, timeout)
 
-    assert check_study_models(cfg, 3, 5, child, builtins_in_child=True) == [] == check_study_models(cfg, 3, 5)
-    (request,) = asked  # in process: no child at all
+    assert check_study_models(cfg, 3, 5, child) == []
+    assert asked == []  # by default the built-in models are built in this process: no child at all
+    assert check_study_models(cfg, 3, 5, child, builtins_in_child=True) == []
+    (request,) = asked
     assert [(j["name"], j["model"]["hidden_size"], j["fatal"]) for j in request["jobs"]] == [
         ("lstm", 16, True), ("lstm", 4, False), ("lstm", 8, False)]
     assert (request["n_features"], request["lookback"]) == (3, 5)

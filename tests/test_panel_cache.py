@@ -218,6 +218,30 @@ def test_a_builder_killed_mid_build_leaves_nothing_that_is_read(tmp_path, builds
 
 
 @pytest.mark.slow
+def test_a_sweeps_summary_child_stopped_mid_build_removes_its_build(tmp_path):
+    """``sweeper run`` builds the panel in its summary's child (``python -m sweeper.study.summary``),
+    which the driver stops with SIGTERM (then SIGKILL past a grace) when it is interrupted: the
+    half-built entry goes with it, as it did when the driver built it and Ctrl-C unwound its build."""
+    cfg = validate_config({"data": syn(tmp_path).model_dump(mode="json")}, "s.yaml")
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from sweeper.data import build
+        from sweeper.study import summary
+        def stop(*a, **k):
+            os.kill(os.getpid(), signal.SIGTERM)  # after the features were written, before normalising
+        build.normalize_inplace = stop
+        sys.exit(summary.main())
+    """)
+    from sweeper.config import to_dict
+
+    out = subprocess.run([sys.executable, "-c", script], input=json.dumps(to_dict(cfg)), capture_output=True,
+                         text=True, timeout=120)
+    assert (out.returncode, out.stdout) == (128 + 15, ""), out.stderr
+    root = tmp_path / "cache"
+    assert sorted(p.name for p in root.iterdir()) == [".locks"]  # no entry, and no .tmp- debris
+
+
+@pytest.mark.slow
 def test_concurrent_builders_make_one_entry_and_see_the_same_arrays(tmp_path):
     cfg = syn(tmp_path, synthetic={"assets": 80, "dates": 400, "features": 6, "seed": 5})
     script = COUNT_BUILDS + textwrap.dedent(f"""

@@ -75,10 +75,14 @@ def test_a_sweeps_driver_imports_no_torch(tmp_path, raw, sets, code, line):
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
     shutil.copy(TESTS / "custom_model.py", tmp_path / "custom_model.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
-    done = subprocess.run([sys.executable, "-c", PROBE, "run", "study.yaml", *sets], cwd=tmp_path, env=env,
+    # the probe's last line, and then whether pandas or pyarrow were loaded
+    probe = PROBE.rstrip() + '\n    print("also loaded:", [m for m in ("pandas", "pyarrow") if m in sys.modules], ' \
+        'file=sys.stderr)\n'
+    done = subprocess.run([sys.executable, "-c", probe, "run", "study.yaml", *sets], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == code, done.stdout + done.stderr
     # the sweep's lines carry their time first
     assert any(out.endswith(line) for out in (done.stdout + done.stderr).splitlines()), done.stdout + done.stderr
-    assert done.stderr.rstrip().endswith("torch not loaded"), done.stdout + done.stderr
+    # nor pandas and pyarrow (0.7 s more): the data layer's reading is the summary child's
+    assert done.stderr.splitlines()[-2:] == ["torch not loaded", "also loaded: []"], done.stdout + done.stderr
     assert (tmp_path / "runs").exists() == (code == 0)  # a refused sweep wrote nothing

@@ -24,7 +24,8 @@ _HOMES = {"Batch": "batches", "Batcher": "batches", "load_panel": "load", "Panel
 __all__ = ["Batch", "Batcher", "Panel", "load_panel", "placement", "synthetic_frame", "write_synthetic"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"sweeper.data.{_HOMES[name]}"), name)
-    raise AttributeError(f"module 'sweeper.data' has no attribute {name!r}")
+if not TYPE_CHECKING:  # mypy reads the imports above, and finds a misspelt name
+    def __getattr__(name: str) -> Any:
+        if name in _HOMES:
+            return getattr(importlib.import_module(f"sweeper.data.{_HOMES[name]}"), name)
+        raise AttributeError(f"module 'sweeper.data' has no attribute {name!r}")

@@ -85,6 +85,6 @@ def _torch_build() -> tuple[str | None, str | None]:
     names: dict[str, Any] = {}
     try:
         exec(compile(path.read_text(), str(path), "exec"), names)  # torch's own build stamp
-    except (OSError, SyntaxError):
+    except Exception:  # noqa: BLE001 - an odd build stamp only leaves the versions out of the record
         return None, None
     return names.get("__version__"), names.get("cuda")

@@ -21,6 +21,7 @@ to start or has died, a worker is started as before, ``python -m sweeper.worker.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import selectors
@@ -33,7 +34,9 @@ import time
 from typing import IO
 
 USE_FORK_SERVER = sys.platform.startswith("linux")
-SPAWN_WAIT_S = 120.0  # the first ask waits for the server's preload (about 5 s on a loaded 2-core box)
+# the first worker's ask waits for the server's preload (about 5 s on a loaded 2-core box); a
+# summary's or a check's, for the import under way (worker.forked.serve)
+SPAWN_WAIT_S = 120.0
 _shared: ForkServer | None = None
 _shared_lock = threading.Lock()
 
@@ -127,11 +130,14 @@ class ForkServer:
         stderr; its stdin a pipe, :attr:`ForkedProc.stdin`); None when the server is gone."""
         return self._ask(job, argv, env, log.fileno(), log.fileno())
 
-    def run_job(self, job: str, request: str, timeout: float) -> tuple[str, int | None] | None:
+    def run_job(self, job: str, request: str, timeout: float, *,
+                grace: float = 0.0) -> tuple[str, int | None] | None:
         """Run ``job`` to its end as ``subprocess.run(input=request, capture_output=True)`` would,
         with this process's environment and folder: (its stdout; its exit code, or None when it
         ran past ``timeout`` and was killed). Its stderr is dropped. None when the server is gone
-        before it forked the job (the caller then starts it some other way)."""
+        before it forked the job (the caller then starts it some other way). Killed (past the
+        timeout, or this process interrupted), it gets SIGTERM and ``grace`` seconds to clean up
+        first where ``grace`` is given (the summary's child removes a half-built cache entry)."""
         out_r, out_w = os.pipe()
         null = os.open(os.devnull, os.O_WRONLY)
         try:
@@ -151,7 +157,7 @@ class ForkServer:
         finally:
             os.close(out_r)
             if proc is not None and code is None:  # past the timeout, or this process was interrupted
-                _kill_group(proc)
+                _kill_group(proc, grace)
 
     def _ask(self, job: str, argv: list[str], env: dict[str, str], out: int, err: int) -> ForkedProc | None:
         if not self.alive:
@@ -186,7 +192,8 @@ class ForkServer:
     def stop(self) -> None:
         """Kill it, at once: called after the driver has shut its workers down, it holds nothing
         (a straggler dies with it, by its parent-death signal, as shutdown's kill would have it),
-        and while it still preloads it would read no EOF for seconds."""
+        and while it still preloads it would read no EOF until the import under way ends (torch:
+        seconds)."""
         if self._proc is not None:
             try:
                 self._proc.kill()
@@ -233,7 +240,7 @@ def _read_all(fd: int, deadline: float) -> tuple[bytes, bool]:
 
 
 def _forked(proc: ForkedProc) -> bool:
-    """Whether the server forked it: waits for its answer (after its preload)."""
+    """Whether the server forked it: waits for its answer (a worker's comes after the preload)."""
     try:
         proc.pid  # noqa: B018
     except ProcessLookupError:
@@ -241,9 +248,13 @@ def _forked(proc: ForkedProc) -> bool:
     return True
 
 
-def _kill_group(proc: ForkedProc) -> None:
+def _kill_group(proc: ForkedProc, grace: float = 0.0) -> None:
     try:
         if proc._pid is not None:  # one not known to be forked yet finds its stdin closed, and ends
+            if grace > 0:
+                os.killpg(proc._pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace)
             os.killpg(proc._pid, signal.SIGKILL)  # its process group: it called setsid
             proc.wait(timeout=SPAWN_WAIT_S)
     except (OSError, subprocess.TimeoutExpired):

@@ -44,6 +44,7 @@ from sweeper.study.warm_start import start_queue
 
 # a panel load has no time limit in this process either: this bounds only a child that hangs
 SUMMARY_TIMEOUT_S = 24 * 3600.0
+SUMMARY_GRACE_S = 10.0  # a stopped summary's child removes the cache entry it was building
 
 
 def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True,
@@ -85,7 +86,8 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
 def _summary(cfg: C.SweeperConfig, server: ForkServer | None) -> PanelSummary:
     """The panel's summary, made in a child forked from ``server`` (the driver then never
     imports torch), else, or when that child gave no answer, in this process."""
-    done = server.run_job("summary", json.dumps(C.to_dict(cfg)), SUMMARY_TIMEOUT_S) if server else None
+    request = json.dumps(C.to_dict(cfg))
+    done = server.run_job("summary", request, SUMMARY_TIMEOUT_S, grace=SUMMARY_GRACE_S) if server else None
     made = read_answer(done[0]) if done is not None else None
     return made if made is not None else summarize_panel(cfg)
 

@@ -104,8 +104,9 @@ def check_models(jobs: list[Job], n_features: int, lookback: int, cache: Path | 
 
 def _check_children(jobs: list[Job], pending: list[int], results: list[str | None],
                     n_features: int, lookback: int, child: ChildRun) -> bool:
-    """The user models' answers into ``results``, from as many children as it takes; True when
-    every job was answered (none killed its child). Raises ConfigError on a fatal failure."""
+    """The children's answers to the ``pending`` jobs into ``results``, from as many children
+    as it takes; True when every job was answered (none killed its child). Raises ConfigError
+    on a fatal failure."""
     clean = True
     while pending:  # a job that kills the child is reported; the rest go to a fresh child
         answers, death = _run_child([jobs[i] for i in pending], n_features, lookback, child)

@@ -64,10 +64,12 @@ def read_answer(out: str) -> PanelSummary | None:
     """The summary a :func:`main` child wrote; its domain error raised here as it was raised
     there; None when it gave no answer (it died: the caller summarises in its own process,
     where whatever killed the child shows itself with its traceback)."""
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    if not lines:
+    try:  # a child killed while it wrote leaves a cut line
+        answer = json.loads(out.splitlines()[-1]) if out.strip() else None
+    except json.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict):
         return None
-    answer = lines[-1]
     if "error" in answer:
         kind = getattr(errors, answer["error"]["type"], None)
         if not (isinstance(kind, type) and issubclass(kind, errors.SweeperError)):
@@ -80,7 +82,8 @@ def main() -> int:
     """The child: the study config as JSON on stdin, one answer line on stdout."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it kills this process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it ends this process
+    signal.signal(signal.SIGTERM, _exit_on_term)  # by SIGTERM first: a half-built cache entry is removed
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # nothing the data layer prints can land in the answer
     sys.stdout = sys.stderr
@@ -91,6 +94,10 @@ def main() -> int:
         answer = {"error": {"type": type(exc).__name__, "message": str(exc)}}
     answers.write(json.dumps(answer) + "\n")
     return 0
+
+
+def _exit_on_term(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the panel cache's clean-up of its build
 
 
 if __name__ == "__main__":

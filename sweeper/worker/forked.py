@@ -13,7 +13,8 @@ children) and, per idle worker, only about 26 MB of private memory (the copy-on-
 touched); a fresh worker holds about 287 MB of its own. ``gc.freeze()`` after each preloaded module
 keeps the children's garbage collector from touching (and so copying) the server's objects. The
 preload runs between requests, in :data:`PRELOAD`'s order, so the driver's first asks (the summary
-and the check, which need torch and the data layer only) wait for no more than those.
+and the check, which need torch and the data layer only) wait for no more than those; workers and
+the baseline job are forked once it has ended, as before.
 
 Started by the driver (:mod:`sweeper.dispatch.forkserver`) as ``python -m sweeper.worker.forked
 FD``: FD is its end of a ``SOCK_SEQPACKET`` socket pair. Each request is one message, a JSON
@@ -64,6 +65,8 @@ PRELOAD = (
 # what a child may be: the module whose main() it runs, as `python -m MODULE ARGV` would
 JOBS = {"worker": "sweeper.worker.main", "baseline": "sweeper.baseline.job", "check": "sweeper.models.check",
         "summary": "sweeper.study.summary"}
+# what is forked before the preload has ended (the rest is held until then, :func:`serve`)
+EARLY_JOBS = ("summary", "check")
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
 N_FDS = 3  # the worker's stdin, stdout and stderr
@@ -91,15 +94,18 @@ def _import(name: str) -> None:
 
 
 def serve(ctl: socket.socket) -> int:
-    """Fork a worker per request until the driver's socket ends; report each child's exit.
+    """Fork a child per request until the driver's socket ends; report each child's exit.
 
-    The preload runs here, one module whenever no request waits: a request waits at most for
-    the import under way, and a child forked before the end imports the rest it needs itself."""
-    todo = list(PRELOAD)
+    The preload runs here, one module whenever no request waits. A sweep's summary and model
+    check (:data:`EARLY_JOBS`) are forked at once, waiting at most for the import under way; a
+    worker or baseline job asked for meanwhile is held until the preload has ended (forked
+    earlier, it would import the rest itself, into memory of its own, beside the server)."""
+    todo, held = list(PRELOAD), []
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.siginterrupt(signal.SIGCHLD, False)  # an exiting child interrupts no system call of an import
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
@@ -116,19 +122,25 @@ def serve(ctl: socket.socket) -> int:
                 data, fds = b"", []
             if not data:
                 return 0  # the driver is done (or gone): the children's parent-death signal follows
-            req = json.loads(data)
-            pid = os.fork()
-            if pid == 0:
-                os.close(wake_r)
-                os.close(wake_w)
-                _child(req, fds, ctl)  # never returns
-            for fd in fds:
-                os.close(fd)
-            children[pid] = req["req"]
-            ctl.send(json.dumps({"req": req["req"], "pid": pid}).encode())
+            held.append((json.loads(data), fds))
+        for req, fds in [h for h in held if not todo or h[0].get("job", "worker") in EARLY_JOBS]:
+            held.remove((req, fds))
+            children[_fork(ctl, req, fds, (wake_r, wake_w))] = req["req"]
         _reap(ctl, children)
         if todo and not events:
             _import(todo.pop(0))
+
+
+def _fork(ctl: socket.socket, req: dict[str, Any], fds: list[int], wake: tuple[int, int]) -> int:
+    pid = os.fork()
+    if pid == 0:
+        for fd in wake:
+            os.close(fd)
+        _child(req, fds, ctl)  # never returns
+    for fd in fds:
+        os.close(fd)
+    ctl.send(json.dumps({"req": req["req"], "pid": pid}).encode())
+    return pid
 
 
 def _reap(ctl: socket.socket, children: dict[int, int]) -> None:
