@@ -121,7 +121,8 @@ def test_training_imports_no_torch_dynamo(tmp_path):
     schedule, checkpoint state), never import torch._dynamo, which would cost every fork server
     seconds of preload."""
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(merge(TINY, {"train": {"epochs": 1}})))
-    probe = ("import sys\nfrom sweeper.worker.forked import preload\npreload()\n"
+    probe = ("import importlib, sys\nfrom sweeper.worker.forked import PRELOAD\n"
+             "for name in PRELOAD:\n    importlib.import_module(name)\n"
              "print('preload dynamo', 'torch._dynamo' in sys.modules, file=sys.stderr)\n"
              "sys.argv = ['sweeper', 'train', 'study.yaml', '--json']\n"
              "try:\n    from sweeper.cli import main\n    main()\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -80,8 +81,6 @@ def read_answer(out: str) -> PanelSummary | None:
 
 def main() -> int:
     """The child: the study config as JSON on stdin, one answer line on stdout."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it ends this process
     signal.signal(signal.SIGTERM, _exit_on_term)  # by SIGTERM first: a half-built cache entry is removed
     answers = os.fdopen(os.dup(1), "w", buffering=1)

@@ -79,12 +79,6 @@ def _pdeathsig() -> None:
         pass
 
 
-def preload() -> None:
-    """All of :data:`PRELOAD`, at once (the server imports it between requests, :func:`serve`)."""
-    for name in PRELOAD:
-        _import(name)
-
-
 def _import(name: str) -> None:
     try:
         importlib.import_module(name)
@@ -100,7 +94,8 @@ def serve(ctl: socket.socket) -> int:
     check (:data:`EARLY_JOBS`) are forked at once, waiting at most for the import under way; a
     worker or baseline job asked for meanwhile is held until the preload has ended (forked
     earlier, it would import the rest itself, into memory of its own, beside the server)."""
-    todo, held = list(PRELOAD), []
+    todo = list(PRELOAD)
+    held: list[tuple[dict[str, Any], list[int]]] = []  # (request, its descriptors), in order
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -123,8 +118,9 @@ def serve(ctl: socket.socket) -> int:
             if not data:
                 return 0  # the driver is done (or gone): the children's parent-death signal follows
             held.append((json.loads(data), fds))
-        for req, fds in [h for h in held if not todo or h[0].get("job", "worker") in EARLY_JOBS]:
-            held.remove((req, fds))
+        now = [h for h in held if not todo or h[0].get("job", "worker") in EARLY_JOBS]
+        held = [h for h in held if h not in now]
+        for req, fds in now:
             children[_fork(ctl, req, fds, (wake_r, wake_w))] = req["req"]
         _reap(ctl, children)
         if todo and not events:
