@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import signal
 import subprocess
 import time
@@ -55,6 +56,29 @@ def test_forked_children_report_their_exit_and_live_in_their_own_session(workdir
     assert "the driver (pid" in log_path.read_text()
     with open(os.devnull, "ab") as devnull:
         assert server.spawn({}, devnull) is None  # a stopped server: the caller uses Popen
+
+
+def test_a_worker_killed_beside_one_forked_with_it_reaches_its_eof(workdir):
+    """Two workers asked for together are held until the preload ends and then forked in one
+    batch: neither may keep a copy of the other's pipes. A copy of the second's event pipe in the
+    first kept the killed second's EOF from the driver, which never respawned its slot (a sweep
+    that hung in CI). The kill comes as soon as the pid is known: the server answers only once
+    the child has its own process group, so killpg cannot miss it."""
+    server = ForkServer.start()
+    assert server is not None
+    try:
+        with open(workdir / "slot.log", "ab") as log:
+            env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid())}
+            first, second = server.spawn(env, log), server.spawn(env, log)
+        assert isinstance(first, ForkedProc) and isinstance(second, ForkedProc)
+        assert second.stdout is not None
+        os.killpg(second.pid, signal.SIGKILL)
+        assert second.wait(timeout=30) == -signal.SIGKILL
+        readable, _, _ = select.select([second.stdout], [], [], 10.0)
+        assert readable and second.stdout.read() == b""  # its EOF, with the first still alive
+        assert first.poll() is None
+    finally:
+        server.stop()
 
 
 def _sweep(study_file, monkeypatch, spawned: list[object], servers: list[ForkServer] | None = None,

@@ -120,21 +120,31 @@ def serve(ctl: socket.socket) -> int:
             held.append((json.loads(data), fds))
         now = [h for h in held if not todo or h[0].get("job", "worker") in EARLY_JOBS]
         held = [h for h in held if h not in now]
-        for req, fds in now:
-            children[_fork(ctl, req, fds, (wake_r, wake_w))] = req["req"]
+        for i, (req, fds) in enumerate(now):
+            # the descriptors of the requests still here are the other children's: a copy in this
+            # one would keep, say, a killed worker's event pipe from ever reaching its EOF
+            theirs = [fd for _, f in (*now[i + 1:], *held) for fd in f]
+            children[_fork(ctl, req, fds, (wake_r, wake_w, *theirs))] = req["req"]
         _reap(ctl, children)
         if todo and not events:
             _import(todo.pop(0))
 
 
-def _fork(ctl: socket.socket, req: dict[str, Any], fds: list[int], wake: tuple[int, int]) -> int:
+def _fork(ctl: socket.socket, req: dict[str, Any], fds: list[int], not_its: tuple[int, ...]) -> int:
+    """Fork the child ``req`` asks for; ``not_its``: the server's descriptors it must not keep."""
+    started_r, started_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        for fd in wake:
+        signal.set_wakeup_fd(-1)  # before its pipe closes: a signal would write to a closed descriptor
+        for fd in (*not_its, started_r):
             os.close(fd)
-        _child(req, fds, ctl)  # never returns
-    for fd in fds:
+        _child(req, fds, ctl, started_w)  # never returns
+    for fd in (*fds, started_w):
         os.close(fd)
+    # its EOF comes once the child has its own session (or has died): the pid the driver hears of
+    # then names a process group, and a kill of it at once (killpg) cannot miss
+    os.read(started_r, 1)
+    os.close(started_r)
     ctl.send(json.dumps({"req": req["req"], "pid": pid}).encode())
     return pid
 
@@ -154,15 +164,15 @@ def _reap(ctl: socket.socket, children: dict[int, int]) -> None:
                 pass
 
 
-def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket) -> None:
+def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket, started: int) -> None:
     """In the forked child: become what ``python -m MODULE ARGV`` would be (:data:`JOBS`)."""
     code = 1
     try:
         server = os.getppid()
-        signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         os.setsid()  # its own session and process group, as start_new_session=True gives: killpg reaches it
+        os.close(started)
         _pdeathsig()
         if os.getppid() != server:
             os._exit(1)  # the server died while this child started
