@@ -121,9 +121,7 @@ def serve(ctl: socket.socket) -> int:
         now = [h for h in held if not todo or h[0].get("job", "worker") in EARLY_JOBS]
         held = [h for h in held if h not in now]
         for i, (req, fds) in enumerate(now):
-            # the descriptors of the requests still here are the other children's: a copy in this
-            # one would keep, say, a killed worker's event pipe from ever reaching its EOF
-            theirs = [fd for _, f in (*now[i + 1:], *held) for fd in f]
+            theirs = [fd for _, f in (*now[i + 1:], *held) for fd in f]  # the other children's (_fork)
             children[_fork(ctl, req, fds, (wake_r, wake_w, *theirs))] = req["req"]
         _reap(ctl, children)
         if todo and not events:
@@ -131,7 +129,9 @@ def serve(ctl: socket.socket) -> int:
 
 
 def _fork(ctl: socket.socket, req: dict[str, Any], fds: list[int], not_its: tuple[int, ...]) -> int:
-    """Fork the child ``req`` asks for; ``not_its``: the server's descriptors it must not keep."""
+    """Fork the child ``req`` asks for. ``not_its``: the server's descriptors it must not keep,
+    among them those of the requests still waiting here (the other children's: a copy in this one
+    would keep, say, a killed worker's event pipe from ever reaching its EOF at the driver)."""
     started_r, started_w = os.pipe()
     pid = os.fork()
     if pid == 0:
