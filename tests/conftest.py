@@ -209,25 +209,6 @@ def _short(args: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-# The test files that take longest, longest first (seconds of one xdist worker in a full run,
-# 2-core box, 2026-12-03): `--dist loadfile` hands out files in collection order, so these start
-# first and the two workers end together, instead of one running a heavy file alone at the end
-# (pyproject's --no-loadscope-reorder keeps xdist from ordering files by their number of tests).
-LONGEST_FIRST = (
-    "test_benchmarks_smoke.py",  # 232 s
-    "test_user_models.py",  # 195
-    "test_outage.py",  # 159
-    "test_postgres_hosts.py", "test_forkserver.py", "test_resume.py", "test_postgres.py",  # 84-70
-    "test_convergence.py", "test_packing.py", "test_walk_forward.py", "test_readonly_imports.py",  # 53-48
-    "test_slurm.py", "test_driver.py", "test_stacked_core.py", "test_inspect.py",  # 46-35
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-
-
 _GUARD = _SpawnGuard()
 
 
