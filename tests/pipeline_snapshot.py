@@ -71,13 +71,16 @@ BASE: dict[str, Any] = {
 }
 
 
+SCHEMES = ("holdout", "walk_forward", "walk_forward_stacked")
+
+
 def study(name: str) -> dict[str, Any]:
-    """The study file of ``holdout`` (3 trials, 1 seed) or ``walk_forward`` (2 folds x 2 seeds,
-    one run after another)."""
+    """The study file of ``holdout`` (3 trials, 1 seed), ``walk_forward`` (2 folds x 2 seeds,
+    one run after another) or ``walk_forward_stacked`` (the same 4 runs as one stack of 4)."""
     raw = copy.deepcopy(BASE)
-    if name == "walk_forward":
+    if name.startswith("walk_forward"):
         raw["validation"] = {"scheme": "walk_forward", "folds": 2, "repeats": 2}
-        raw["train"]["max_stack"] = 1
+        raw["train"]["max_stack"] = 4 if name == "walk_forward_stacked" else 1
     return raw
 
 
@@ -298,10 +301,10 @@ if __name__ == "__main__":
     import tempfile
 
     if "--write" not in sys.argv:
-        sys.exit("usage: python tests/pipeline_snapshot.py --write")
+        sys.exit(f"usage: python tests/pipeline_snapshot.py --write [{' '.join(SCHEMES)}]")
     folder = GOLDEN / cpu()
     folder.mkdir(parents=True, exist_ok=True)
-    for scheme in ("holdout", "walk_forward"):
+    for scheme in [a for a in sys.argv[1:] if a in SCHEMES] or SCHEMES:
         with tempfile.TemporaryDirectory() as tmp:
             sweep(Path(tmp), scheme)
             (folder / f"{scheme}.json").write_text(json.dumps(snapshot(Path(tmp)), indent=1, sort_keys=True)

@@ -13,7 +13,7 @@ import pipeline_snapshot as S
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheme", ["holdout", "walk_forward"])
+@pytest.mark.parametrize("scheme", S.SCHEMES)
 def test_a_study_records_exactly_what_it_recorded_before_the_refactor(tmp_path, scheme):
     S.sweep(tmp_path, scheme)
     record, exact = S.golden(scheme)
