@@ -117,7 +117,7 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     """Refit ``trial`` (``best`` or a number) of ``study`` on the labels known by ``until``
     (default: the panel's last date) and write ``trials/<n>/refit/``. Bad input raises
     ConfigError or DataError before anything is written."""
-    from sweeper.core import resolve_device, train
+    from sweeper.core import Member, resolve_device, train_stack
 
     began = time.perf_counter()
     day = parse_until(until)  # bad input first: nothing read, nothing written
@@ -130,9 +130,12 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     run_cfg = tcfg.model_copy(update={"train": tcfg.train.model_copy(update={"epochs": epochs,
                                                                               "max_minutes": None})})
     where = resolve_device(device)
-    # with seed repeats the trial's model is its seed ensemble: the refit trains every seed
-    results = [train(seeded(run_cfg, r), panel, device=where, fixed_epochs=True)
-               for r in range(tcfg.validation.repeats)]
+    # with seed repeats the trial's model is its seed ensemble: the refit trains every seed, as
+    # stacks of at most train.max_stack of them, as the trial did
+    seeds = [Member(seeded(run_cfg, r), panel) for r in range(tcfg.validation.repeats)]
+    size = run_cfg.train.max_stack
+    results = [result for first in range(0, len(seeds), size)
+               for result in train_stack(seeds[first:first + size], device=where, fixed_epochs=True)]
     result = results[0]
     record = {"trial": chosen.number, **_dates(panel, window, tcfg.data), "until_asked": until,
               "epochs": epochs, "epochs_from": epochs_from, "seed": tcfg.train.seed,

@@ -28,36 +28,31 @@ class TableHook(NullHook):
     def __init__(self, console: Console) -> None:
         self.console = console
         self.header = False
-        self.stack_runs: list[tuple[int, int]] = []
+        self.runs: list[dict[str, int]] = [{}]
 
-    def begin_run(self, fold: int, repeat: int, offset: int) -> None:
-        """A run of several (a walk-forward fold's, or a seed repeat's) begins: a line that says which, and a
-        fresh header over its epochs."""
-        self.console.print(f"fold {fold + 1}, seed {repeat + 1}", highlight=False)
+    def begin(self, runs: list[dict[str, int]], offset: int) -> None:
+        """A trial's run of several (a walk-forward fold's, or a seed repeat's), or a stack of them,
+        begins: a line that says which, and a fresh header over its epochs."""
+        self.runs = runs
+        names = [f"{r['fold']}.{r['repeat']}" for r in runs if r]
+        if len(runs) == 1 and names:
+            self.console.print(f"fold {runs[0]['fold']}, seed {runs[0]['repeat']}", highlight=False)
+        elif len(runs) > 1:
+            self.console.print(f"a stack of {len(runs)} runs trained as one (fold.seed): {', '.join(names)}",
+                               highlight=False)
         self.header = False
 
-    def begin_stack(self, runs: list[tuple[int, int]], offset: int) -> None:
-        """A stack of runs begins: a line that names its members; its rows name fold and seed."""
-        self.stack_runs = runs
-        names = ", ".join(f"{f + 1}.{r + 1}" for f, r in runs)
-        self.console.print(f"a stack of {len(runs)} runs trained as one (fold.seed): {names}",
-                           highlight=False)
-        self.header = False
-
-    def on_stack_epoch(self, epoch: int, metrics: list[dict[str, Any] | None]) -> bool:
-        for (fold, repeat), row in zip(self.stack_runs, metrics):
-            if row is not None:
-                # the epoch cell names the member: "3 (2.1)" is epoch 3 of fold 2, seed 1
-                self.on_epoch(epoch, {**row, "epoch": f"{epoch} ({fold + 1}.{repeat + 1})"})
-        return False
-
-    def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
-        if not self.header:
-            self.console.print(" ".join(f"{h:>10}" for _, h in COLUMNS), highlight=False, soft_wrap=True)
-            self.header = True
-        row = {"epoch": epoch, **metrics}
-        cells = " ".join(f"{_cell(row.get(k)):>10}" for k, _ in COLUMNS)
-        self.console.print(cells, highlight=False, soft_wrap=True)
+    def on_epoch(self, epoch: int, rows: list[dict[str, Any] | None]) -> bool:
+        for columns, row in zip(self.runs, rows):
+            if row is None:
+                continue
+            if not self.header:
+                self.console.print(" ".join(f"{h:>10}" for _, h in COLUMNS), highlight=False, soft_wrap=True)
+                self.header = True
+            # in a stack, the epoch cell names the member: "3 (2.1)" is epoch 3 of fold 2, seed 1
+            label = f"{epoch} ({columns['fold']}.{columns['repeat']})" if len(rows) > 1 and columns else epoch
+            cells = " ".join(f"{_cell(v):>10}" for v in ({**row, "epoch": label}.get(k) for k, _ in COLUMNS))
+            self.console.print(cells, highlight=False, soft_wrap=True)
         return False
 
 

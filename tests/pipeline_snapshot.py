@@ -216,8 +216,22 @@ ENSEMBLE_FILES = re.compile(r"(^|/)(daily_ic_test\.csv|predictions_test\.parquet
                             r"|^artifacts/ \(count\)$")
 
 
+# What the one core (issue 39) redefined for a stack of several runs: the ``lr`` of a metrics.csv
+# row. The stacked loop reported the learning rate of the epoch's last step, the lone loop the one
+# its schedule holds after that step (torch's ``get_last_lr``); the one loop reports the latter for
+# every run. Every other figure of the stacked record, the weights' digests among them, compares exactly.
+STACKED_REDEFINED_COLUMNS = {"lr"}
+
+
 def comparable(record: Any, scheme: str) -> Any:
-    """``record`` less what the seed ensemble redefined (``walk_forward``); holdout's as it is."""
+    """``record`` less what the seed ensemble redefined (``walk_forward``) or the one core redefined
+    (``walk_forward_stacked``); holdout's as it is."""
+    if scheme == "walk_forward_stacked":
+        out = copy.deepcopy(record)
+        for name, content in out["files"].items():
+            if name.endswith("metrics.csv"):
+                out["files"][name] = _without_columns(content, STACKED_REDEFINED_COLUMNS)
+        return out
     if scheme != "walk_forward":
         return record
     out = _drop(record)
@@ -225,6 +239,13 @@ def comparable(record: Any, scheme: str) -> Any:
     out["export"] = {"columns": [c for c in record["export"]["columns"] if c.split(".")[-1] not in ENSEMBLE_KEYS],
                      "rows": _drop(record["export"]["rows"])}
     return out
+
+
+def _without_columns(table: Any, names: set[str]) -> Any:
+    """A CSV file's content (pandas' ``split`` orient) less the columns ``names``."""
+    keep = [i for i, c in enumerate(table["columns"]) if c not in names]
+    return {**table, "columns": [table["columns"][i] for i in keep],
+            "data": [[row[i] for i in keep] for row in table["data"]]}
 
 
 def _drop(obj: Any) -> Any:

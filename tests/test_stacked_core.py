@@ -9,10 +9,9 @@ import math
 import pytest
 import torch
 
-from sweeper.core import train
+from sweeper.core import Member, train, train_stack
+from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
 from sweeper.core.schedule import make_optimizer
-from sweeper.core.stack_loop import Member, train_stack
-from sweeper.core.stack_optim import FlatStack, MemberScaler, StackedAdamW
 from sweeper.models.mlp import MLPModel
 from sweeper.models.stacked.mlp import StackedMLP
 from sweeper.validation.grid import seeded
@@ -141,20 +140,14 @@ class _Recorder:
     def __init__(self):
         self.reported, self.rows, self.offset, self.runs = [], [], 0, []
 
-    def begin_run(self, fold, repeat, offset):
-        raise AssertionError("a stacked trial begins stacks, not runs")
+    def begin(self, runs, offset):
+        self.runs, self.offset = [(c["fold"] - 1, c["repeat"] - 1) for c in runs], offset
 
-    def begin_stack(self, runs, offset):
-        self.runs, self.offset = runs, offset
-
-    def on_stack_epoch(self, epoch, metrics):
+    def on_epoch(self, epoch, metrics):
         live = [m["val_ic"] for m in metrics if m is not None]
         self.rows.append([(run, m["epoch"]) for run, m in zip(self.runs, metrics) if m is not None])
         self.reported.append((self.offset + epoch, sum(live) / len(live)))
         return False
-
-    def on_epoch(self, epoch, metrics):
-        raise AssertionError("a stacked trial reports stack epochs")
 
     def should_stop(self):
         return False
@@ -199,11 +192,7 @@ def test_a_walk_forward_trial_stacks_its_folds_and_seeds_and_scores_as_one_by_on
 
 
 class NullHookish(_Recorder):
-    def begin_run(self, fold, repeat, offset):
-        return None
-
-    def on_epoch(self, epoch, metrics):
-        return False
+    """Every run, stacked or not, begins as a stack and reports its epochs as a stack's."""
 
 
 def test_the_worker_hook_reports_the_mean_over_a_stacks_members_and_writes_each_members_row(tmp_path,
@@ -218,9 +207,9 @@ def test_the_worker_hook_reports_the_mean_over_a_stacks_members_and_writes_each_
     study = optuna.create_study(direction="maximize")
     trial = study.ask()
     hook = OptunaHook(trial, "val_ic", 0, tmp_path / "metrics.csv", StopToken())
-    hook.begin_stack([(0, 0), (0, 1), (1, 0)], offset=10)
-    assert not hook.on_stack_epoch(1, [{"val_ic": 0.1}, {"val_ic": 0.2}, {"val_ic": 0.6}])
-    assert not hook.on_stack_epoch(2, [{"val_ic": 0.3}, None, {"val_ic": 0.5}])  # member 2 stopped
+    hook.begin([{"fold": 1, "repeat": 1}, {"fold": 1, "repeat": 2}, {"fold": 2, "repeat": 1}], offset=10)
+    assert not hook.on_epoch(1, [{"val_ic": 0.1}, {"val_ic": 0.2}, {"val_ic": 0.6}])
+    assert not hook.on_epoch(2, [{"val_ic": 0.3}, None, {"val_ic": 0.5}])  # member 2 stopped
     assert trial.storage.get_trial(trial._trial_id).intermediate_values == pytest.approx({11: 0.3, 12: 0.4})
     with (tmp_path / "metrics.csv").open() as fh:
         rows = [(r["fold"], r["repeat"], r["epoch"], r["val_ic"]) for r in csv.DictReader(fh)]
@@ -237,7 +226,7 @@ class _StopAt(NullHookish):
         super().__init__()
         self.epoch, self.seen = epoch, 0
 
-    def on_stack_epoch(self, epoch, metrics):
+    def on_epoch(self, epoch, metrics):
         self.seen = epoch
         return False
 
@@ -287,8 +276,8 @@ class _StackMemory:
 
 
 def test_the_batch_probe_sizes_the_micro_batch_for_every_member_of_the_stack(monkeypatch):
-    import sweeper.core.stack_loop as S
-    import sweeper.core.stack_step as P
+    import sweeper.core.loop as S
+    import sweeper.core.step as P
 
     mem = _StackMemory(free=1_000_000, per_row=100)  # budget 0.9e6 = 9000 rows in all
     real = P.gather_stack

@@ -37,7 +37,8 @@ class Recorder(NullHook):
         self.polls = 0
         self.stop_at_epoch, self.stop_after_polls = stop_at_epoch, stop_after_polls
 
-    def on_epoch(self, epoch, metrics):
+    def on_epoch(self, epoch, rows):
+        (metrics,) = rows  # one run: a stack of one
         self.epochs.append(epoch)
         self.metrics.append(metrics)
         return epoch == self.stop_at_epoch

@@ -21,8 +21,8 @@ class Recorder(NullHook):
     def __init__(self) -> None:
         self.events: list[tuple[str, float]] = []
 
-    def on_epoch(self, epoch: int, metrics: dict) -> bool:
-        self.events.append(("epoch", metrics["peak_mem_mb"]))
+    def on_epoch(self, epoch: int, rows: list) -> bool:
+        self.events.append(("epoch", rows[0]["peak_mem_mb"]))
         return False
 
     def on_probe(self, peak_mb: float) -> None:

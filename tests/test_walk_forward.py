@@ -50,7 +50,7 @@ class _Hook(NullHook):
         self.steps = []
         self.offset = 0
 
-    def begin_run(self, fold, repeat, offset):
+    def begin(self, runs, offset):
         self.offset = offset
 
     def on_epoch(self, epoch, metrics):

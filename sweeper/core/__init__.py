@@ -1,20 +1,25 @@
-"""The training core: one trial's model trained on one device, scored on valid and test.
+"""The training core: K >= 1 training runs of one model shape trained as one stack on one device,
+each scored on valid and test.
 
 No Optuna, no store, no CLI: the sweep drives it through :class:`EpochHook` and
 :class:`Checkpointer`. One concept per module:
 
-- :mod:`~sweeper.core.loop`: ``train``, the top-to-bottom loop, and ``TrainResult``;
+- :mod:`~sweeper.core.loop`: ``train_stack``, the top-to-bottom loop (``train``: a stack of one),
+  and ``TrainResult``;
+- :mod:`~sweeper.core.lanes`: a stack's members, and what the loop keeps per member;
+- :mod:`~sweeper.core.step`: one optimizer step of the stack over micro-batches, and the probe that
+  plans its batch;
+- :mod:`~sweeper.core.optim`: the flat per-member AdamW, clipping and loss scaling;
 - :mod:`~sweeper.core.hooks`: the hook and checkpointer protocols and their null objects;
 - :mod:`~sweeper.core.checkpoint`: the checkpoint format, its one file (which names its epoch),
   resume checks;
-- :mod:`~sweeper.core.step`: one optimizer step's forward and backward over micro-batches;
-- :mod:`~sweeper.core.batch_plan`: the batch plan (batch, micro-batch, evaluation batch) chosen before
-  training, halving the micro-batch after an OOM;
+- :mod:`~sweeper.core.batch_plan`: the batch plan (batch, micro-batch, evaluation batch), halving
+  the micro-batch after an OOM;
 - :mod:`~sweeper.core.batch_search`: the probe's search for the micro-batch that fits in free memory,
   OOM detection;
 - :mod:`~sweeper.core.precision`: ``train.precision`` to autocast dtype and gradient scaler;
 - :mod:`~sweeper.core.loss`: ``train.loss`` to the loss's value and how it splits a batch;
-- :mod:`~sweeper.core.schedule`: the optimizer, the learning-rate schedule, an epoch's batches;
+- :mod:`~sweeper.core.schedule`: torch's AdamW, the learning-rate schedule, an epoch's batches;
 - :mod:`~sweeper.core.evaluate`: predictions, per-epoch validation scores, final scores;
 - :mod:`~sweeper.core.progress`: what the loop carries from epoch to epoch;
 - :mod:`~sweeper.core.device`: device choice, seeding, and the memory a trial is measured by
@@ -26,9 +31,11 @@ from sweeper.core.checkpoint import FileCheckpointer, checkpoint_epoch, copy_che
 from sweeper.core.device import resolve_device
 from sweeper.core.evaluate import predict, predict_rows
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
-from sweeper.core.loop import TrainResult, train
+from sweeper.core.lanes import Member
+from sweeper.core.loop import TrainResult, train, train_stack
 
 __all__ = [
-    "Checkpointer", "EpochHook", "FileCheckpointer", "NullCheckpointer", "NullHook", "TrainResult",
-    "checkpoint_epoch", "copy_checkpoint", "predict", "predict_rows", "resolve_device", "train",
+    "Checkpointer", "EpochHook", "FileCheckpointer", "Member", "NullCheckpointer", "NullHook",
+    "TrainResult", "checkpoint_epoch", "copy_checkpoint", "predict", "predict_rows", "resolve_device",
+    "train", "train_stack",
 ]

@@ -17,13 +17,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from sweeper.atomic import atomic_path
 from sweeper.config import SweeperConfig, flatten, to_dict
 from sweeper.config.drift import CHECKPOINT_SECTIONS, differing_keys
-from sweeper.core.progress import Progress, cpu_copy
+from sweeper.core.batch_plan import BatchPlan
+from sweeper.core.lanes import Lane
+from sweeper.core.progress import Progress
+from sweeper.core.step import StackStep
 from sweeper.errors import ConfigError
 
 
@@ -73,15 +74,65 @@ def copy_checkpoint(src: Path, dst: Path) -> None:
         shutil.copyfile(src, tmp)
 
 
-def training_state(cfg: SweeperConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
-                   scheduler: LambdaLR, scaler: torch.amp.GradScaler, generator: torch.Generator,
-                   progress: Progress, batch_size: int, micro: int) -> dict:
+def stack_state(cfg: SweeperConfig, epoch: int, lanes: list[Lane], step: StackStep, plan: BatchPlan) -> dict:
+    """The whole stack after ``epoch``: weights, optimizer and scales, and each member's own
+    generators, schedule position and progress (its best weights among them)."""
+    dropout: list[torch.Tensor | None] = [g.get_state().cpu() for g in step.dropout] or [None] * len(lanes)
     return {
-        "epoch": progress.epoch, "model": cpu_copy(model.state_dict()), "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(generator),
-        **progress_state(progress), "batch_size": batch_size, "micro_batch_size": micro,
-        "config": to_dict(cfg),
+        "epoch": epoch, "kind": "stack", "values": step.flat.values.detach().to("cpu", copy=True),
+        "optimizer": {k: v.to("cpu", copy=True) for k, v in step.optimizer.state_dict().items()},
+        "scaler": {"scale": step.scaler.scale_.cpu(), "good": step.scaler.good.cpu()},
+        "rng": rng_state(lanes[0].generator),
+        "members": [{"batches": lane.generator.get_state(), "dropout": gen, "position": lane.position,
+                     "stopped": lane.stopped, **progress_state(lane.progress)}
+                    for lane, gen in zip(lanes, dropout)],
+        "batch_size": plan.batch_size, "micro_batch_size": plan.micro_batch,
+        "eval_batch_size": plan.eval_batch_size, "config": to_dict(cfg),
     }
+
+
+def restore_stack(state: dict, step: StackStep) -> int:
+    """Continue from :func:`stack_state` (or from a lone run's checkpoint of an older sweeper, as
+    the stack of one it now is); returns the epoch it holds."""
+    lanes = step.lanes
+    if state.get("kind") != "stack":
+        state = _from_lone(state, step)
+    if len(state["members"]) != len(lanes):
+        raise ValueError("the checkpoint is not this stack's")
+    with torch.no_grad():
+        step.flat.values.copy_(state["values"])
+    step.optimizer.load_state_dict(state["optimizer"])
+    step.scaler.scale_.copy_(state["scaler"]["scale"])
+    step.scaler.good.copy_(state["scaler"]["good"])
+    set_rng_state(state["rng"], lanes[0].generator)
+    for k, (lane, saved) in enumerate(zip(lanes, state["members"])):
+        lane.generator.set_state(saved["batches"])
+        if step.dropout:
+            step.dropout[k].set_state(saved["dropout"].cpu())  # a generator's state is a CPU tensor
+        lane.position, lane.stopped = int(saved["position"]), bool(saved["stopped"])
+        restore_progress(saved, lane.progress, int(state["epoch"]))
+    return int(state["epoch"])
+
+
+def _from_lone(state: dict, step: StackStep) -> dict:
+    """A checkpoint of the lone loop (sweepers before the one core) as the stack of one's state:
+    its weights and torch AdamW state re-laid into the flat buffers, its schedule's position, its
+    GradScaler's scale."""
+    if len(step.lanes) != 1 or step.optimizer.single is None:
+        raise ValueError("the checkpoint is not this stack's")
+    step.stack.load_member(0, state["model"])  # into the flat buffers: the parameters are views of them
+    step.optimizer.single.load_state_dict(state["optimizer"])
+    moments = step.optimizer.adopt_single_state()
+    scaler = state.get("scaler") or {}
+    lane = step.lanes[0]
+    progress = {k: state[k] for k in ("best", "best_epoch", "best_state", "best_metrics", "bad_epochs",
+                                      "nonfinite_steps", "history")}
+    stopped = int(state["bad_epochs"]) >= lane.cfg.train.patience
+    return {**state, "values": step.flat.values.detach().clone(), "optimizer": moments,
+            "scaler": {"scale": torch.tensor([float(scaler.get("scale", step.scaler.scale_[0]))]),
+                       "good": torch.tensor([float(scaler.get("_growth_tracker", 0))])},
+            "members": [{"batches": state["rng"]["batches"], "dropout": None,
+                         "position": int(state["scheduler"]["last_epoch"]), "stopped": stopped, **progress}]}
 
 
 def progress_state(progress: Progress) -> dict:
@@ -96,16 +147,6 @@ def restore_progress(state: dict, progress: Progress, epoch: int) -> None:
     progress.best_state, progress.best_metrics = state["best_state"], state["best_metrics"]
     progress.bad_epochs, progress.nonfinite_steps = state["bad_epochs"], state["nonfinite_steps"]
     progress.history = list(state["history"])
-
-
-def restore(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LambdaLR,
-            scaler: torch.amp.GradScaler, generator: torch.Generator, progress: Progress) -> None:
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"], generator)
-    restore_progress(state, progress, state["epoch"])
 
 
 def rng_state(generator: torch.Generator) -> dict:

@@ -74,15 +74,9 @@ def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | s
     return pd.DataFrame({"date": panel.dates[t], "asset": panel.assets[i], "pred": pred, "label": label})
 
 
-def evaluate(model: nn.Module, panel: Panel, split: str, device: torch.device, batch_size: int,
-             criterion: Loss, tick: Tick = _no_tick) -> dict[str, float]:
-    """Per-epoch scores of a split: {val_loss, val_ic, val_rank_ic, val_icir} (vectorised torch)."""
-    batcher = Batcher(panel, split, device)
-    return split_scores(predict_rows(model, batcher, batch_size, tick), batcher, criterion)
-
-
 def split_scores(pred: torch.Tensor, batcher: Batcher, criterion: Loss) -> dict[str, float]:
-    """:func:`evaluate`'s scores of a split's predictions in sample-index order."""
+    """Per-epoch scores of a split's predictions in sample-index order: {val_loss, val_ic,
+    val_rank_ic, val_icir} (vectorised torch)."""
     panel, split = batcher.panel, batcher.split
     start, stop = panel.splits[split]
     idx = batcher.index.to(pred.device)

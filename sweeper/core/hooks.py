@@ -10,21 +10,19 @@ from typing import Protocol
 
 
 class EpochHook(Protocol):
-    # once before each training run of a trial (a walk-forward fold's, a seed repeat's): its
-    # fold and repeat indices, and ``offset``, the epochs the trial's earlier runs reported, so
-    # that a hook that reports steps keeps them increasing across runs
-    def begin_run(self, fold: int, repeat: int, offset: int) -> None: ...
-    def on_epoch(self, epoch: int, metrics: dict) -> bool: ...   # True: stop now (pruned)
-    # a stack of runs trained as one (sweeper.core.stack_loop): once before its first epoch, each
-    # member's (fold, repeat) and the stack's ``offset``; then once per epoch, each member's
-    # metrics (None: that member has stopped). The hook reports one value per epoch for the stack
-    def begin_stack(self, runs: list[tuple[int, int]], offset: int) -> None: ...
-    def on_stack_epoch(self, epoch: int, metrics: list[dict | None]) -> bool: ...  # True: stop (pruned)
+    # once before a stack's first epoch (every run trains in a stack, of one or more): for each
+    # member, the columns that name its run in a trial of several runs ({"fold": 2, "repeat": 1},
+    # 1-based; {} for a trial's only run), and ``offset``, the steps the trial's earlier stacks
+    # reported, so that a hook that reports steps keeps them increasing across stacks
+    def begin(self, runs: list[dict[str, int]], offset: int) -> None: ...
+    # once per epoch: each member's metrics (None: that member has stopped). True: stop (pruned).
+    # A hook that reports to a pruner reports one value per epoch for the stack
+    def on_epoch(self, epoch: int, rows: list[dict | None]) -> bool: ...
     def should_stop(self) -> bool: ...                            # polled at every step boundary
     # called per batch of validation and final scoring: the run is alive although it makes no
     # step (a sweep's stall watchdog counts it as progress)
     def tick(self) -> None: ...
-    # once, before epoch 1, when the trial's device peak is known before it trains (a batch probe
+    # once, before epoch 1, when the stack's device peak is known before it trains (a batch probe
     # ran on CUDA, or the trial's memory model knows it, as a fake GPU's does): in MB, a sweep
     # packs trials on a GPU by it
     def on_probe(self, peak_mb: float) -> None: ...
@@ -36,16 +34,10 @@ class Checkpointer(Protocol):
 
 
 class NullHook:
-    def begin_run(self, fold: int, repeat: int, offset: int) -> None:
+    def begin(self, runs: list[dict[str, int]], offset: int) -> None:
         return None
 
-    def begin_stack(self, runs: list[tuple[int, int]], offset: int) -> None:
-        return None
-
-    def on_stack_epoch(self, epoch: int, metrics: list[dict | None]) -> bool:
-        return False
-
-    def on_epoch(self, epoch: int, metrics: dict) -> bool:
+    def on_epoch(self, epoch: int, rows: list[dict | None]) -> bool:
         return False
 
     def should_stop(self) -> bool:

@@ -1,44 +1,58 @@
-"""The training loop: one trial's model trained on one device and scored on valid and test.
+"""The training loop: K training runs of one model shape trained as one model (HFTA), K >= 1.
 
-``train`` is one top-to-bottom loop in the manner of nanoGPT's train.py; the
-other modules of :mod:`sweeper.core` only set things up, split a batch,
-evaluate and pack state, so the loop is the one place to read to know what a
-trial does, in order.
+Every run trains here, a lone run as a stack of one. Each step runs one forward and one backward
+of the stacked model (:mod:`sweeper.models.stacked`) over every member's own batch, then one
+per-member AdamW step (:mod:`sweeper.core.optim`). Each member keeps everything a run has: its
+fold's panel and normalisation, its seed (initialisation, dropout, batch order), its schedule,
+its own early stopping and best epoch, its valid scores; its result is its own
+:class:`TrainResult`. A stack of one calls the kernels of its model and of torch's AdamW, so it
+computes what a run of that model alone computes, bit for bit on the CPU.
+
+A member that stops early is masked, not dropped: it stays in the stack (its share of each
+step's arithmetic is spent) and makes no update, so the stack's shapes, its flat buffers and
+the probed micro-batch stay as they were. A member whose epoch has fewer batches than another's
+(a shorter walk-forward fold) is masked for the remaining steps of that epoch the same way.
+The stack ends when every member has stopped, when the hook prunes the trial (the mean of the
+members' values at an epoch, one value per epoch), or when ``train.max_minutes`` runs out.
+
+Read :func:`train_stack` top to bottom, as nanoGPT's train.py: set-up, the epochs, the scores.
 """
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import cast
+from typing import Any, cast
 
 import pandas as pd
 import torch
-from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from sweeper.config import SweeperConfig
-from sweeper.core.batch_plan import BatchPlan, plan_batch, shrink_micro
-from sweeper.core.batch_search import attempt, release_memory
-from sweeper.core.checkpoint import check_same_config, restore, training_state
-from sweeper.core.device import TrialMemory, resolve_device, seed_everything, trial_memory
-from sweeper.core.evaluate import evaluate, final_scores
+from sweeper.core.batch_plan import BatchPlan, shrink_micro
+from sweeper.core.checkpoint import check_same_config, restore_stack, stack_state
+from sweeper.core.device import TrialMemory, resolve_device, trial_memory
+from sweeper.core.evaluate import final_scores, split_scores, stacked_predict_rows
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
+from sweeper.core.lanes import Member, build_lane, lane_batch_size
 from sweeper.core.loss import resolve_loss
-from sweeper.core.precision import resolve_precision
-from sweeper.core.progress import EpochSteps, Progress, cpu_copy, epoch_line, mean
-from sweeper.core.schedule import DateRuns, Rows, count_steps, epoch_rows, lr_factor, make_optimizer, rewind
-from sweeper.core.step import train_step
-from sweeper.data import Batcher, Panel
+from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
+from sweeper.core.precision import Precision, resolve_precision
+from sweeper.core.progress import epoch_line, mean
+from sweeper.core.schedule import epoch_rows
+from sweeper.core.step import Lane, StackStep, plan_stack
+from sweeper.data import Panel
 from sweeper.errors import Interrupted, NonFiniteLoss, StopReason
-from sweeper.models import build_model
+from sweeper.models.stacked.build import build_stack
 
 # Steps between host syncs. A step leaves its loss and non-finite flag on the device; the
 # loop reads them every SYNC_EVERY steps and at the end of the epoch, so a small model's
 # launch queue never drains. Non-finite patience is judged then, up to SYNC_EVERY steps late.
 SYNC_EVERY = 32
+NO_SCORES = dict.fromkeys(("val_loss", "val_ic", "val_rank_ic", "val_icir"), math.nan)
+
+__all__ = ["SYNC_EVERY", "Member", "TrainResult", "train", "train_stack"]
 
 
 @dataclass
@@ -52,165 +66,230 @@ class TrainResult:
     stop_reason: StopReason = StopReason.EPOCHS   # EPOCHS | EARLY_STOP | PRUNED | TIME
 
 
-def train(cfg: SweeperConfig, panel: Panel, *, device: torch.device | str | None = None,
-          hook: EpochHook = NullHook(), checkpoint: Checkpointer = NullCheckpointer(),
-          log: Callable[[str], None] | None = None, started: float | None = None,
-          memory: TrialMemory | None = None, fixed_epochs: bool = False) -> TrainResult:
-    """Train ``cfg.model`` on ``panel``'s train split; early-stop on valid; score valid and test
-    with the best epoch's weights. Raises NonFiniteLoss, OutOfMemory, Interrupted.
+def train(cfg: SweeperConfig, panel: Panel, **kwargs: Any) -> TrainResult:
+    """One run of ``cfg`` on ``panel``: the stack of one member (``train_stack``'s keywords)."""
+    return train_stack([Member(cfg, panel)], **kwargs)[0]
+
+
+@dataclass
+class Run:
+    """What the loop sets up once and every epoch uses."""
+
+    lanes: list[Lane]
+    step: StackStep
+    plan: BatchPlan
+    precision: Precision
+    memory: TrialMemory
+    deadline: float
+    first_epoch: int
+    shrink: Callable[[int], int]
+    micro: int = 0  # the micro-batch now: the plan's, halved by each OOM
+
+
+def train_stack(members: Sequence[Member], *, device: torch.device | str | None = None,
+                hook: EpochHook = NullHook(), checkpoint: Checkpointer = NullCheckpointer(),
+                log: Callable[[str], None] | None = None, started: float | None = None,
+                memory: TrialMemory | None = None, fixed_epochs: bool = False) -> list[TrainResult]:
+    """Train ``members`` (one model shape; ``train`` settings alike but the per-member ones) as one
+    stack; early-stop each on its valid split; score valid and test with its best epoch's weights.
+    Raises NonFiniteLoss, OutOfMemory, Interrupted.
 
     ``started`` (a ``time.monotonic()`` reading, default now) is when the run began: a sweep's
     worker passes the trial's start, so that ``train.max_minutes`` also counts loading the data.
-    Past that deadline the epoch ends at the next step and the run is scored as usual.
-    ``memory``: what the trial's memory is measured by (the batch probe, the peaks reported); by
-    default the device's own (:func:`~sweeper.core.device.trial_memory`), where a CUDA probe plans
-    within all the free memory. A trial given an allotment of a GPU it shares passes
-    ``trial_memory(device, allotted_mb)``.
-    ``fixed_epochs`` (``sweeper refit``, on a panel whose valid and test splits are empty): every
-    one of ``train.epochs`` epochs runs, nothing is validated or scored, and ``best_state`` holds
-    the last epoch's weights."""
+    ``memory``: what the memory is measured by (the batch probe, the peaks reported); by default
+    the device's own (:func:`~sweeper.core.device.trial_memory`). ``checkpoint`` keeps the whole
+    stack after every epoch and a retry continues it there. ``fixed_epochs`` (``sweeper refit``,
+    on panels whose valid and test splits are empty): every epoch runs, nothing is validated or
+    scored, and each ``best_state`` holds the last epoch's weights."""
     began = time.perf_counter()
-    tc = cfg.train
     say = log or (lambda message: None)
-    device = resolve_device(device)
-    started = time.monotonic() if started is None else started
-    deadline = started + tc.max_minutes * 60 if tc.max_minutes else math.inf
-    tick = hook.tick
-    seed_everything(tc.seed)
+    where = resolve_device(device)
+    run = _setup(members, where, checkpoint, memory or trial_memory(where), started, say, hook)
+    tc = members[0].cfg.train
+    stop_reason = StopReason.EARLY_STOP if all(lane.stopped for lane in run.lanes) else StopReason.EPOCHS
+    for epoch in range(run.first_epoch, tc.epochs + 1):
+        if stop_reason != StopReason.EPOCHS:
+            break
+        stop_reason, seconds = _train_epoch(run, epoch, hook, tc.resolved_batch_order, say)
+        # ---- end of epoch: each member validates and keeps its best weights; the hook hears the stack
+        rows = _validate(run, epoch, seconds, hook.tick, fixed_epochs)
+        for row in rows:
+            if row is not None:
+                say(epoch_line(row, tc.epochs))
+        # report first, then save: a checkpoint never holds an epoch the hook has not seen
+        # (a kill in between re-runs and re-reports that epoch rather than losing its report)
+        if hook.on_epoch(epoch, rows):
+            stop_reason = StopReason.PRUNED
+        elif all(lane.stopped for lane in run.lanes):
+            stop_reason = StopReason.EARLY_STOP
+        elif stop_reason == StopReason.EPOCHS and epoch < tc.epochs and time.monotonic() > run.deadline:
+            stop_reason = StopReason.TIME  # the time ran out while validating: no new epoch for one step
+        if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
+            checkpoint.save(stack_state(members[0].cfg, epoch, run.lanes, run.step, run.plan))
+    # ---- score valid and test with each member's best weights
+    finish = _fixed if fixed_epochs else _finish
+    return [finish(run, k, where, stop_reason, began, hook.tick, say) for k in range(len(run.lanes))]
 
-    # ---- setup: data, model, precision, optimizer, batch size, schedule
-    panel = panel.to(device, cfg.data.device_share)
-    model = build_model(cfg.model, len(panel.features), panel.lookback).to(device)
-    precision = resolve_precision(tc.precision, device)
-    criterion = resolve_loss(tc.loss)
-    memory = trial_memory(device) if memory is None else memory
-    optimizer = make_optimizer(model, tc.lr, tc.weight_decay)
-    scaler = precision.scaler()
-    batcher = Batcher(panel, "train", device)
-    order = tc.resolved_batch_order
-    runs = DateRuns(batcher) if order == "cross_section" else None
-    date_rows = runs.largest if runs is not None and criterion.whole_dates else 1
-    generator = torch.Generator().manual_seed(tc.seed)
-    step_model = cast(nn.Module, torch.compile(model)) if tc.compile else model  # a compiled module is one
+
+def _setup(members: Sequence[Member], device: torch.device, checkpoint: Checkpointer, memory: TrialMemory,
+           started: float | None, say: Callable[[str], None], hook: EpochHook) -> Run:
+    """Each member's data and one-member model, the stack of their weights, its optimizer, its batch
+    plan (probed, or the checkpoint's), and the checkpoint's state if there is one."""
+    cfg, tc = members[0].cfg, members[0].cfg.train
+    started = time.monotonic() if started is None else started
+    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
+    lanes = [build_lane(m, device) for m in members]
+    stack = build_stack([m.cfg.model for m in members], len(members[0].panel.features),
+                        members[0].panel.lookback, [lane.solo for lane in lanes]).to(device)
+    say(stack.plan)
+    dropout = stack.seed_members([m.cfg.train.seed for m in members], device)
+    flat = FlatStack(stack)
+    optimizer = StackedAdamW(flat, [m.cfg.train.lr for m in members],
+                             [m.cfg.train.weight_decay for m in members], tc.grad_clip)
+    scaler = MemberScaler(len(members), device, precision.name == "fp16")
+    # a compiled module is one (torch.compile returns the module's OptimizedModule)
+    forward = cast(torch.nn.Module, torch.compile(stack)) if tc.compile else stack
+    step = StackStep(stack, forward, flat, optimizer, scaler, precision, criterion, lanes, dropout)
+    date_rows = max(lane.runs.largest if lane.runs is not None and criterion.whole_dates else 1
+                    for lane in lanes)
     state = checkpoint.load()
     if state is not None:
         check_same_config(state, cfg)
-        plan = BatchPlan(int(state["batch_size"]), int(state["micro_batch_size"]), tc.eval_batch_size)
+        first = restore_stack(state, step) + 1
+        plan = BatchPlan(int(state["batch_size"]), int(state["micro_batch_size"]),
+                         int(state.get("eval_batch_size", max(1, tc.eval_batch_size // len(lanes)))))
+        say(f"resumed after epoch {first - 1}")
     else:
-        plan = plan_batch(cfg, step_model, optimizer, precision, criterion, batcher, panel, memory.reader(),
-                          date_rows)
-    batch_size, micro, eval_batch = plan.batch_size, plan.micro_batch, plan.eval_batch_size
-    steps_per_epoch = count_steps(batcher, order, batch_size, tc.samples_per_epoch)
-    scheduler = LambdaLR(optimizer, lr_factor(tc.schedule, tc.warmup_frac, steps_per_epoch * tc.epochs))
-    progress = Progress()
-    if state is not None:
-        restore(state, model, optimizer, scheduler, scaler, generator, progress)
-        say(f"resumed after epoch {progress.epoch} (best {tc.early_stop_metric} {progress.best})")
-    say(f"training {cfg.model.name} on {device}: {batcher.n_samples} samples, batch {batch_size} "
-        f"(micro {micro}), {precision.name}, {steps_per_epoch} steps/epoch")
-    if plan.note:
-        say(plan.note)
+        first, plan = 1, plan_stack(step, tc, lane_batch_size(tc, lanes), memory.reader(), date_rows)
+    _say_plan(say, lanes, device, plan, precision)
     start_peak = memory.start_peak_mb(plan.peak_mem_mb)  # NaN: not known before an epoch measures it
     if not math.isnan(start_peak):
         hook.on_probe(start_peak)
-    step = partial(train_step, step_model, list(model.parameters()), optimizer, scaler, precision,
-                   batcher.gather, criterion=criterion, grad_clip=tc.grad_clip)
-    shrink = partial(shrink_micro, minimum=tc.min_micro_batch, batch_size=batch_size, date_rows=date_rows)
+    deadline = started + tc.max_minutes * 60 if tc.max_minutes else math.inf
+    shrink = partial(shrink_micro, minimum=tc.min_micro_batch, batch_size=plan.batch_size,
+                     date_rows=date_rows)
+    return Run(lanes, step, plan, precision, memory, deadline, first, shrink, plan.micro_batch)
 
-    # ---- the epochs
-    stop_reason = StopReason.EARLY_STOP if progress.bad_epochs >= tc.patience else StopReason.EPOCHS
-    for epoch in range(progress.epoch + 1, tc.epochs + 1):
-        if stop_reason != StopReason.EPOCHS:
+
+def _say_plan(say: Callable[[str], None], lanes: list[Lane], device: torch.device, plan: BatchPlan,
+              precision: Precision) -> None:
+    name = lanes[0].cfg.model.name
+    what = name if len(lanes) == 1 else f"a stack of {len(lanes)} {name}"
+    say(f"training {what} on {device}: {sum(lane.batcher.n_samples for lane in lanes)} samples, "
+        f"batch {plan.batch_size} (micro {plan.micro_batch}), {precision.name}, "
+        f"{max(lane.steps_per_epoch for lane in lanes)} steps/epoch")
+    if plan.note:
+        say(plan.note)
+
+
+def _train_epoch(run: Run, epoch: int, hook: EpochHook, order: str,
+                 say: Callable[[str], None]) -> tuple[StopReason, float]:
+    """One epoch's steps, each member on its own batches: (TIME if the deadline passed, seconds)."""
+    tc, lanes = run.lanes[0].cfg.train, run.lanes
+    run.step.forward.train()
+    run.memory.reset_peak()
+    began, reason = time.perf_counter(), StopReason.EPOCHS
+    for lane in lanes:
+        lane.rows = None if lane.stopped else epoch_rows(lane.batcher, order, run.plan.batch_size,
+                                                         lane.generator, tc.samples_per_epoch, lane.runs)
+        lane.new_epoch()
+    micro = run.micro
+    while True:
+        batch = [next(lane.rows, None) if lane.rows is not None else None for lane in lanes]
+        if all(rows is None for rows in batch):
             break
-        model.train()
-        memory.reset_peak()
-        epoch_start, seen, steps = time.perf_counter(), 0, EpochSteps()
-        for rows in epoch_rows(batcher, order, batch_size, generator, tc.samples_per_epoch, runs):
-            if hook.should_stop():  # a flag read, not a device sync
-                raise Interrupted(f"stop requested during epoch {epoch}; "
-                                  f"the last checkpoint holds epoch {epoch - 1}")
-            micro, loss, skipped = _step_until_it_fits(step, rows, micro, optimizer, shrink, say)
-            steps.add(loss, skipped)
-            scheduler.step()  # every step; the sync takes back the steps that turn out to have made no update
-            seen += len(rows.idx)
-            if steps.unread >= SYNC_EVERY:
-                _sync(steps, progress, scheduler, tc.nonfinite_patience, epoch, tc.lr)
-            if time.monotonic() > deadline:
-                stop_reason = StopReason.TIME
-                break
-        # waits for the epoch's last step
-        _sync(steps, progress, scheduler, tc.nonfinite_patience, epoch, tc.lr)
-        train_seconds = time.perf_counter() - epoch_start
-        optimizer.zero_grad(set_to_none=True)  # validation needs no gradients: their memory is free for it
+        if hook.should_stop():  # a flag read, not a device sync
+            raise Interrupted(f"stop requested during epoch {epoch}; "
+                              f"the last checkpoint holds epoch {epoch - 1}")
+        micro = run.step.until_it_fits(batch, micro, run.shrink, say)
+        if max(lane.steps.unread for lane in lanes) >= SYNC_EVERY:
+            _sync(lanes, tc.nonfinite_patience, epoch)
+        if time.monotonic() > run.deadline:
+            reason = StopReason.TIME
+            break
+    _sync(lanes, tc.nonfinite_patience, epoch)  # waits for the epoch's last step
+    run.micro = micro
+    run.step.flat.zero_grad()  # validation needs no gradients: their memory is free for it
+    return reason, time.perf_counter() - began
 
-        # ---- end of epoch: validate, keep the best weights, checkpoint, report
-        scores = (dict.fromkeys(("val_loss", "val_ic", "val_rank_ic", "val_icir"), math.nan) if fixed_epochs
-                  else evaluate(step_model, panel, "valid", device, eval_batch, criterion, tick))
-        metrics = {"epoch": epoch, "train_loss": steps.mean_loss, **scores,
-                   "samples_per_s": seen / max(train_seconds, 1e-9), "peak_mem_mb": memory.peak_mb(),
-                   "lr": scheduler.get_last_lr()[0], "micro_batch_size": micro,
-                   "accum_steps": math.ceil(batch_size / micro)}
-        progress.record(epoch, metrics, tc.early_stop_metric, model)
-        say(epoch_line(metrics, tc.epochs))
-        # report first, then save: a checkpoint never holds an epoch the hook has not seen
-        # (a kill in between re-runs and re-reports that epoch rather than losing its report)
-        if hook.on_epoch(epoch, metrics):
-            stop_reason = StopReason.PRUNED
-        elif progress.bad_epochs >= tc.patience and stop_reason == StopReason.EPOCHS and not fixed_epochs:
-            stop_reason = StopReason.EARLY_STOP
-        elif stop_reason == StopReason.EPOCHS and epoch < tc.epochs and time.monotonic() > deadline:
-            stop_reason = StopReason.TIME  # the time ran out while validating: no new epoch for one step
-        if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
-            checkpoint.save(training_state(cfg, model, optimizer, scheduler, scaler, generator, progress,
-                                           batch_size, micro))
 
-    if fixed_epochs:  # the last epoch's weights, with no valid or test split to score them on
-        return TrainResult({"epochs_run": progress.epoch, "train_loss": progress.history[-1]["train_loss"],
-                            "batch_size": batch_size, "micro_batch_size": micro, "precision": precision.name,
-                            "duration_s": time.perf_counter() - began}, progress.history,
-                           cpu_copy(model.state_dict()), {}, {}, stop_reason=stop_reason)
+def _sync(lanes: list[Lane], patience: int, epoch: int) -> None:
+    """Each member's pending steps read back (non-finite patience judged per member) and its
+    schedule taken back by the steps that made no update (the schedule ran ahead by that many)."""
+    for index, lane in enumerate(lanes):
+        skipped, exhausted = lane.steps.sync(lane.progress, patience)
+        if exhausted:
+            member = f"stack member {index + 1}, " if len(lanes) > 1 else ""
+            raise NonFiniteLoss(f"loss or gradients non-finite for {lane.progress.nonfinite_steps} "
+                                f"consecutive steps ({member}epoch {epoch}, train.lr={lane.cfg.train.lr:g})")
+        lane.position -= skipped
 
-    # ---- score valid and test with the best weights, through the same path as `predict`
-    model.load_state_dict(progress.best_state)
-    final, daily, predictions = final_scores(model, panel, device, eval_batch, tick)
-    result_metrics: dict[str, float | str] = {**final}  # with the run's figures, and its precision's name
-    result_metrics.update(
+
+def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None],
+              fixed_epochs: bool) -> list[dict | None]:
+    """Every member still training scored on its valid block (one stacked forward per batch);
+    each keeps its best epoch's weights and stops when its patience runs out. None: stopped."""
+    lanes, step, plan = run.lanes, run.step, run.plan
+    live = [k for k, lane in enumerate(lanes) if not lane.stopped]
+    preds = [] if fixed_epochs else stacked_predict_rows(step.forward, [lanes[k].valid for k in live],
+                                                         plan.eval_batch_size, tick)
+    rows: list[dict | None] = [None] * len(lanes)
+    for k in live:
+        lane = lanes[k]
+        scores = NO_SCORES if fixed_epochs else split_scores(preds[live.index(k)], lane.valid, step.criterion)
+        metrics = {"epoch": epoch, "train_loss": lane.steps.mean_loss, **scores,
+                   "samples_per_s": lane.seen / max(seconds, 1e-9), "peak_mem_mb": run.memory.peak_mb(),
+                   "lr": lane.cfg.train.lr * lane.factor(lane.position), "micro_batch_size": run.micro,
+                   "accum_steps": math.ceil(plan.batch_size / run.micro)}
+        weights = partial(step.stack.member_state, k)
+        lane.progress.record(epoch, metrics, lane.cfg.train.early_stop_metric, weights)
+        if not fixed_epochs and lane.progress.bad_epochs >= lane.cfg.train.patience:
+            lane.stopped = True  # masked from now on: it keeps its best epoch and changes no more
+        rows[k] = metrics
+    return rows
+
+
+def _final_eval_batch(run: Run) -> int:
+    """The batch a member's final scoring runs (one member at a time): the whole evaluation batch,
+    or, where the probe sized the stack's, as many rows as the stack's evaluation held."""
+    tc, plan = run.lanes[0].cfg.train, run.plan
+    if len(run.lanes) == 1 or math.isnan(plan.peak_mem_mb):
+        return plan.eval_batch_size if len(run.lanes) == 1 else tc.eval_batch_size
+    return plan.eval_batch_size * len(run.lanes)
+
+
+def _finish(run: Run, k: int, device: torch.device, stop_reason: StopReason, began: float,
+            tick: Callable[[], None], say: Callable[[str], None]) -> TrainResult:
+    """Member ``k``'s valid and test scores with its best weights, through the same path as ``predict``."""
+    lane, plan = run.lanes[k], run.plan
+    progress, eval_batch = lane.progress, _final_eval_batch(run)
+    lane.solo.load_state_dict(progress.best_state)
+    final, daily, predictions = final_scores(lane.solo, lane.panel, device, eval_batch, tick)
+    metrics: dict[str, float | str] = {**final}  # with the run's figures, and its precision's name
+    metrics.update(
         val_loss=progress.best_metrics.get("val_loss", math.nan), best_epoch=progress.best_epoch,
-        epochs_run=progress.epoch, batch_size=batch_size, micro_batch_size=micro,
-        accum_steps=math.ceil(batch_size / micro), eval_batch_size=eval_batch, precision=precision.name,
-        samples_per_s=mean([h["samples_per_s"] for h in progress.history]),
+        epochs_run=progress.epoch, batch_size=plan.batch_size, micro_batch_size=run.micro,
+        accum_steps=math.ceil(plan.batch_size / run.micro), eval_batch_size=eval_batch,
+        precision=run.precision.name, samples_per_s=mean([h["samples_per_s"] for h in progress.history]),
         peak_mem_mb=max([h["peak_mem_mb"] for h in progress.history], default=math.nan),
         probe_peak_mem_mb=plan.peak_mem_mb, duration_s=time.perf_counter() - began)
-    if panel.oracle_ic:
-        result_metrics.update(oracle_val_ic=panel.oracle_ic["valid"], oracle_test_ic=panel.oracle_ic["test"])
-    say(f"done ({stop_reason}): best epoch {progress.best_epoch}, val_ic {result_metrics['val_ic']:.4f}, "
-        f"test_ic {result_metrics['test_ic']:.4f}")
-    return TrainResult(result_metrics, progress.history, progress.best_state, daily, predictions,
-                       stopped_by_hook=stop_reason == StopReason.PRUNED, stop_reason=stop_reason)
+    if lane.panel.oracle_ic:
+        oracle = lane.panel.oracle_ic
+        metrics.update(oracle_val_ic=oracle["valid"], oracle_test_ic=oracle["test"])
+    reason = StopReason.EARLY_STOP if lane.stopped and stop_reason == StopReason.EPOCHS else stop_reason
+    seed = f"train.seed {lane.cfg.train.seed}, " if len(run.lanes) > 1 else ""
+    say(f"done ({reason}): {seed}best epoch {progress.best_epoch}, val_ic {metrics['val_ic']:.4f}, "
+        f"test_ic {metrics['test_ic']:.4f}")
+    return TrainResult(metrics, progress.history, progress.best_state, daily, predictions,
+                       stopped_by_hook=reason == StopReason.PRUNED, stop_reason=reason)
 
 
-def _step_until_it_fits(step: Callable[..., tuple[torch.Tensor, torch.Tensor]], rows: Rows, micro: int,
-                        optimizer: torch.optim.Optimizer, shrink: Callable[[int], int],
-                        say: Callable[[str], None]) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """One optimizer step: (micro-batch, loss, skip flag). An OOM anywhere in it (gather, forward,
-    backward, clipping, the update and AdamW's first allocation of its state) redoes the
-    same step from scratch in micro-batches half the size."""
-    while True:
-        ok, out = attempt(step, rows, micro)
-        if ok:
-            return (micro, *out)
-        optimizer.zero_grad(set_to_none=True)
-        release_memory()  # outside the except: the traceback no longer pins activations
-        micro = shrink(micro)
-        say(f"out of memory: micro-batch now {micro}, accumulating {math.ceil(len(rows.idx) / micro)}")
-
-
-def _sync(steps: EpochSteps, progress: Progress, scheduler: LambdaLR, patience: int, epoch: int,
-          lr: float) -> None:
-    """Read the pending steps: judge non-finite patience, and take back the schedule steps
-    of the steps that made no update (the LR ran ahead by that many since the last sync)."""
-    skipped, exhausted = steps.sync(progress, patience)
-    if exhausted:
-        raise NonFiniteLoss(f"loss or gradients non-finite for {progress.nonfinite_steps} consecutive "
-                            f"steps (epoch {epoch}, train.lr={lr:g})")
-    rewind(scheduler, skipped)
+def _fixed(run: Run, k: int, device: torch.device, stop_reason: StopReason, began: float,
+           tick: Callable[[], None], say: Callable[[str], None]) -> TrainResult:
+    """Member ``k`` after ``fixed_epochs``: its last epoch's weights, with no split to score them on."""
+    lane = run.lanes[k]
+    metrics = {"epochs_run": lane.progress.epoch, "train_loss": lane.progress.history[-1]["train_loss"],
+               "batch_size": run.plan.batch_size, "micro_batch_size": run.micro,
+               "precision": run.precision.name, "duration_s": time.perf_counter() - began}
+    return TrainResult(metrics, lane.progress.history, run.step.stack.member_state(k), {}, {},
+                       stop_reason=stop_reason)

@@ -58,7 +58,8 @@ class MeanSquaredError(Loss):
 
     def stacked(self, pred: torch.Tensor, label: torch.Tensor, dates: torch.Tensor,
                 sizes: list[int]) -> torch.Tensor:
-        if all(n in (0, pred.shape[1]) for n in sizes):  # no member padded: one kernel
+        # no member padded: one kernel (a stack of one keeps mse_loss's own, as a lone run's)
+        if len(sizes) > 1 and all(n in (0, pred.shape[1]) for n in sizes):
             return (pred.float() - label).square().mean(dim=1)  # (a member of size 0 is weighted 0)
         return super().stacked(pred, label, dates, sizes)
 

@@ -4,10 +4,10 @@ sync; plus the one-line epoch summary."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 
 @dataclass
@@ -23,7 +23,8 @@ class Progress:
     nonfinite_steps: int = 0
     history: list[dict] = field(default_factory=list)
 
-    def record(self, epoch: int, metrics: dict, key: str, model: nn.Module) -> None:
+    def record(self, epoch: int, metrics: dict, key: str, weights: Callable[[], dict]) -> None:
+        """The epoch's ``metrics``; ``weights()`` (CPU copies) are kept when it is the best yet."""
         self.epoch = epoch
         self.history.append(metrics)
         value = metrics[key]
@@ -32,7 +33,7 @@ class Progress:
                                            or (value < self.best if lower else value > self.best))
         if better or not self.best_state:  # the first epoch is the best until beaten
             self.best, self.best_epoch, self.best_metrics = value, epoch, metrics
-            self.best_state = cpu_copy(model.state_dict())
+            self.best_state = weights()
             self.bad_epochs = 0 if better else self.bad_epochs + 1
         else:
             self.bad_epochs += 1

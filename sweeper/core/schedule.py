@@ -46,6 +46,12 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.op
     for name, p in model.named_parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 and name not in exempt else other).append(p)
+    return adamw(decay, other, lr, weight_decay)
+
+
+def adamw(decay: list[nn.Parameter], other: list[nn.Parameter], lr: float,
+          weight_decay: float) -> torch.optim.Optimizer:
+    """torch's AdamW with ``weight_decay`` on ``decay`` alone, fused where the kernel runs."""
     params = decay + other
     fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]

@@ -1,94 +1,188 @@
-"""One optimizer step, with no host sync: a batch's rows in the micro-batches its loss
-splits them into (:meth:`~sweeper.core.loss.Loss.split`), forward and backward of each,
-then unscale, clip and update unless the loss or a gradient is non-finite.
+"""One step of a stack (:mod:`sweeper.core.loop`): every member's batch gathered into one
+stacked batch, one forward and backward, one per-member update; and the batch probe that sizes
+the stack's micro-batch and evaluation batch with such steps.
 
 Nothing here reads a value back from the device: whether a step was non-finite stays a
-device-side flag that the optimizer itself obeys, and the loop reads the step's loss and
+device-side flag that the optimizer itself obeys, and the loop reads each member's loss and
 flag later, many steps at a time (see ``loop.SYNC_EVERY``).
 """
+
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
-from torch import nn
 
+from sweeper.config import TrainConfig
+from sweeper.core.batch_plan import AUTO_PROBE_START, EVAL_SPLITS, BatchPlan
+from sweeper.core.batch_search import MemoryReader, attempt, find_micro_batch, release_memory
+from sweeper.core.lanes import Lane
 from sweeper.core.loss import Loss
+from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW, on_device
 from sweeper.core.precision import Precision
 from sweeper.core.schedule import Rows
-from sweeper.data import Batch
-
-Gather = Callable[[torch.Tensor], Batch]  # sample pairs [B, 2] -> the batch on the training device
-
-
-def accumulate(model: nn.Module, gather: Gather, rows: Rows, micro: int, criterion: Loss,
-               precision: Precision, scaler: torch.amp.GradScaler) -> torch.Tensor:
-    """Gather, forward and backward every micro-batch; returns the (detached) loss of the whole batch."""
-    total = None
-    for part, weight in criterion.split(rows, micro):
-        batch = gather(part)  # per micro-batch: a smaller micro-batch gathers less too
-        with precision.autocast():
-            pred = model(batch.x)
-        loss = criterion(pred, batch.y, batch.t)
-        if weight != 1.0:
-            loss = loss * weight
-        scaler.scale(loss).backward()
-        total = loss.detach() if total is None else total + loss.detach()
-        del batch, pred, loss  # the next micro-batch's gather must not find this one's still alive
-    assert total is not None, "a batch has at least one row"
-    return total
+from sweeper.data import Batcher
+from sweeper.data.batches import gather_stack
+from sweeper.models.stacked.base import StackedModule
 
 
-def finish_step(params: list[nn.Parameter], optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                loss: torch.Tensor, grad_clip: float | None) -> torch.Tensor:
-    """Unscale, clip, and update unless the loss or the gradient norm is non-finite.
+class StackStep:
+    """One stacked optimizer step over every member's batch (``None``: the member makes no update)."""
 
-    Returns the step's skip flag, a float32 device scalar: 1.0 when no update was made.
-    With fp16 the gradients are unscaled first, so a non-finite norm is the same test the
-    GradScaler makes (an inf or NaN gradient): its skipped steps are non-finite steps
-    like any other."""
-    scaler.unscale_(optimizer)  # a no-op unless fp16
-    try:
-        if grad_clip:
-            norm = nn.utils.clip_grad_norm_(params, grad_clip)
-        else:
-            norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        # (loss + norm) x 0 is 0 when both are finite and NaN otherwise: three small kernels, no read
-        skipped = torch.add(loss, norm).mul_(0).nan_to_num_(nan=1.0, posinf=1.0, neginf=1.0).to(torch.float32)
-        update_unless(optimizer, skipped)
-    finally:
-        # closes the scaler's iteration even when the update ran out of memory, so that the
-        # step can be redone; fp16: lowers the scale after an overflow, as scaler.step would
-        scaler.update()
-    return skipped
+    def __init__(self, stack: StackedModule, forward: torch.nn.Module, flat: FlatStack,
+                 optimizer: StackedAdamW, scaler: MemberScaler, precision: Precision, criterion: Loss,
+                 lanes: list[Lane], dropout: list[torch.Generator]) -> None:
+        self.stack, self.forward, self.flat = stack, forward, flat  # forward: the stack, or it compiled
+        self.optimizer, self.scaler = optimizer, scaler
+        self.precision, self.criterion, self.lanes, self.dropout = precision, criterion, lanes, dropout
+        self.device = flat.values.device
+
+    @contextmanager
+    def preserved(self) -> Iterator[None]:
+        """Probing steps leave no trace: weights, moments, scales and each member's counters."""
+        values = self.flat.values.clone()
+        moments = {k: v.clone() for k, v in self.optimizer.state_dict().items()}
+        scale, good = self.scaler.scale_.clone(), self.scaler.good.clone()
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        dropout_states = [g.get_state() for g in self.dropout]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                self.flat.values.copy_(values)
+            self.optimizer.load_state_dict(moments)
+            self.scaler.scale_, self.scaler.good = scale, good
+            for lane in self.lanes:
+                lane.position = 0
+                lane.new_epoch()
+            self.flat.zero_grad()
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            for g, state in zip(self.dropout, dropout_states):
+                g.set_state(state)
+            release_memory()
+
+    def until_it_fits(
+        self, batch: list[Rows | None], micro: int, shrink: Callable[[int], int], say: Callable[[str], None]
+    ) -> int:
+        """The step, redone in micro-batches half the size after an OOM; returns the micro-batch."""
+        while True:
+            ok, _ = attempt(self, batch, micro)
+            if ok:
+                return micro
+            self.flat.zero_grad()
+            release_memory()  # outside the except: the traceback no longer pins activations
+            micro = shrink(micro)
+            say(f"out of memory: micro-batch now {micro}")
+
+    def __call__(self, batch: list[Rows | None], micro: int) -> None:
+        lanes = self.lanes
+        active = on_device([float(rows is not None) for rows in batch], self.device)
+        self.flat.zero_grad()
+        total = self._accumulate(batch, micro)
+        self.scaler.unscale_(self.flat)
+        self.optimizer.set_factors([lane.factor(lane.position) for lane in lanes])
+        _, skipped = self.optimizer.step(active)
+        self.scaler.update(skipped * active)
+        for index, (lane, rows) in enumerate(zip(lanes, batch)):
+            if rows is not None:
+                lane.steps.add(total[index], skipped[index])
+                lane.position += 1
+                lane.seen += len(rows.idx)
+
+    def _accumulate(self, batch: list[Rows | None], micro: int) -> torch.Tensor:
+        """Forward and backward of every micro-batch; each member's (detached) batch loss [K]."""
+        splits = [self.criterion.split(rows, micro) if rows is not None else [] for rows in batch]
+        total = torch.zeros(len(batch), device=self.device)
+        for j in range(max(len(parts) for parts in splits)):
+            parts = [parts[j] if j < len(parts) else None for parts in splits]
+            # a member without a part here runs its own first row at weight 0 (size 0: no loss of its own)
+            present = [
+                part[0] if part is not None else lane.batcher.index[:1]
+                for lane, part in zip(self.lanes, parts)
+            ]
+            sizes = [len(part[0]) if part is not None else 0 for part in parts]
+            got = gather_stack([lane.batcher for lane in self.lanes], present, max(sizes))
+            weights = on_device([part[1] if part is not None else 0.0 for part in parts], self.device)
+            with self.precision.autocast():
+                pred = self.forward(got.x)
+            losses = self.criterion.stacked(pred, got.y, got.t, sizes) * weights
+            self.scaler.scale(losses).backward()
+            total += losses.detach()
+            del got, pred, losses  # the next micro-batch's gather must not find this one's still alive
+        return total
 
 
-def update_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
-    """``optimizer.step()`` unless the device flag ``skip`` (float32 1.0) is set, without reading it.
+def plan_stack(step: StackStep, tc: TrainConfig, cap: int, mem: MemoryReader | None,
+               date_rows: int) -> BatchPlan:
+    """The stack's batch plan: without a memory reader the batch is one micro-batch; with one,
+    the micro-batch, then the evaluation batch (rows per member), are probed with real stacked
+    steps and evaluations (every member's activations at once) against the free memory less
+    ``train.memory_margin``, and the stack is left exactly as it was."""
+    eval_rows = max(1, tc.eval_batch_size // len(step.lanes))  # the whole evaluation batch, shared
+    if mem is None:
+        return BatchPlan(cap, cap, eval_rows)
+    auto = tc.batch_size == "auto"
+    minimum, why = max(min(tc.min_micro_batch, cap), date_rows), ""
+    if date_rows > min(tc.min_micro_batch, cap):
+        cap = max(cap, date_rows)
+        why = ("; the IC loss keeps each date's rows in one micro-batch and the largest date has "
+               f"{date_rows} rows (train.loss: mse can split it)")
+    with step.preserved():
+        start = min(cap, AUTO_PROBE_START) if auto else cap
+        found = find_micro_batch(_probe(step, tc.seed), mem, start=start, cap=cap, margin=tc.memory_margin,
+                                 steps=tc.probe_steps, minimum=minimum, why_minimum=why)
+        micro = found.micro_batch
+        # AdamW's state, made by the first step, is alive (and counted) while the evaluation is probed
+        longest = max(max(b.n_samples for b in _eval_batchers(step)), 1)
+        evals = find_micro_batch(_eval_probe(step), mem, start=min(eval_rows, longest),
+                                 cap=min(eval_rows, longest), margin=tc.memory_margin, steps=1)
+    eval_batch = evals.micro_batch
+    peak = mem.base_bytes + max(found.peak_bytes[micro], evals.peak_bytes[eval_batch])
+    note = (f"probed micro-batch {micro} (tried {found.tried}) and eval batch {eval_batch}: "
+            f"peak {peak / 2**20:.0f} MiB, budget {found.budget_bytes / 2**20:.0f} MiB above "
+            f"{mem.base_bytes / 2**20:.0f} MiB in use")
+    return BatchPlan(micro if auto else cap, micro, eval_batch, peak / 2**20, note)
 
-    torch's fused AdamW skips a step on the device when its ``found_inf`` is set (steps,
-    moments and weights untouched): the GradScaler hands it the flag through the
-    ``found_inf`` / ``grad_scale`` attributes, and so do we. Other optimizers read the
-    flag on the host (a sync per step). The groups decide, not the defaults: a state loaded
-    from an older checkpoint brings its groups' ``fused`` setting with it."""
-    if not all(group.get("fused") for group in optimizer.param_groups):
-        if not bool(skip):
-            optimizer.step()
-        return
-    fused: Any = optimizer  # the two attributes are the GradScaler's protocol, not declared on Optimizer
-    fused.grad_scale = None  # gradients are already unscaled
-    fused.found_inf = skip
-    try:
-        optimizer.step()
-    finally:
-        del fused.grad_scale, fused.found_inf
+
+def _probe(step: StackStep, seed: int) -> Callable[[int], None]:
+    """A real stacked step (gather, precision, backward, clipping, AdamW update and its state) on
+    ``size`` random rows per member."""
+    generator = torch.Generator().manual_seed(seed + 1)
+
+    def probe(size: int) -> None:
+        rows: list[Rows | None] = []
+        for lane in step.lanes:
+            order = torch.randint(lane.batcher.n_samples, (size,), generator=generator)
+            rows.append(Rows(lane.batcher.index[order.to(lane.batcher.index.device)]))
+        step(rows, size)
+        step.flat.zero_grad()  # as the loop frees them to evaluate
+    return probe
 
 
-def train_step(model: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
-               scaler: torch.amp.GradScaler, precision: Precision, gather: Gather, rows: Rows, micro: int,
-               criterion: Loss, grad_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step over ``rows``: (the batch's loss, the skip flag), both on the device."""
-    optimizer.zero_grad(set_to_none=True)
-    loss = accumulate(model, gather, rows, micro, criterion, precision, scaler)
-    return loss, finish_step(params, optimizer, scaler, loss, grad_clip)
+def _eval_batchers(step: StackStep) -> list[Batcher]:
+    """Each member's largest evaluated split: what the loop and the final scoring run."""
+    return [max((Batcher(lane.panel, split, lane.batcher.device) for split in EVAL_SPLITS),
+                key=lambda b: b.n_samples) for lane in step.lanes]
+
+
+def _eval_probe(step: StackStep) -> Callable[[int], None]:
+    """One stacked evaluation forward (fp32, eval mode, no autograd) of ``size`` rows per member,
+    as the evaluation runs it."""
+    batchers = _eval_batchers(step)
+
+    def probe(size: int) -> None:
+        stack = step.stack
+        was_training = stack.training
+        stack.eval()
+        try:
+            with torch.no_grad():
+                rows = [b.index[:size] if b.n_samples else lane.batcher.index[:1]
+                        for b, lane in zip(batchers, step.lanes)]
+                step.forward(gather_stack(batchers, rows, max(len(r) for r in rows)).x).float()
+        finally:
+            stack.train(was_training)
+    return probe

@@ -232,10 +232,7 @@ def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
             if fold not in panels:
                 panels[fold] = _fold_panel(trainer, panel, folds[fold])
                 trainer.hook.tick()  # building a fold's panel is progress, for the stall watchdog
-        if len(cells) > 1:
-            runs = _train_stack(trainer, panels, folds, todo, grid.step(*todo[0], 0), out)
-        else:
-            runs = [_train_one(trainer, panels[todo[0][0]], folds[todo[0][0]], todo[0][1], out)]
+        runs = _train_stack(trainer, panels, folds, todo, grid.step(*todo[0], 0), out)
         if any(run.stop_reason in CUT_SHORT for run in runs) and cells[-1] != grid.last:
             out.cut_short = StopReason(next(r.stop_reason for r in runs if r.stop_reason in CUT_SHORT))
             return out
@@ -258,36 +255,23 @@ def _fold_panel(trainer: Trainer, panel: Panel, fold: Fold) -> Panel:
     return trainer.panels.get(key, lambda: fold_panel(panel, fold, data))
 
 
-def _train_one(trainer: Trainer, panel: Panel, fold: Fold, seed: int, out: TrialRuns) -> TrainingRun:
-    from sweeper.core import train
-
-    cfg, grid, store = seeded(trainer.cfg, seed), out.grid, trainer.store
-    dates = out.spans[fold.index] if out.spans else {}
-    if not grid.single:  # a trial of one run says nothing of folds and seeds, as it never did
-        _say_run(trainer, cfg, fold, seed, out, dates)
-        trainer.hook.begin_run(fold.index, seed, grid.step(fold.index, seed, 0))
-    checkpoint: Checkpointer = (store.checkpointer(fold.index, seed, dates) if store is not None
-                                else NullCheckpointer())
-    result = train(cfg, _scored(grid, panel, fold.index, seed), device=trainer.device, hook=trainer.hook,
-                   checkpoint=checkpoint, log=trainer.log, started=trainer.started, memory=trainer.memory)
-    return _keep(trainer, out, panel, fold.index, seed, cfg, result)
-
-
 def _train_stack(trainer: Trainer, panels: dict[int, Panel], folds: list[Fold], cells: list[tuple[int, int]],
                  offset: int, out: TrialRuns) -> list[TrainingRun]:
-    """The runs of ``cells`` trained as one stack (:func:`sweeper.core.stack_loop.train_stack`);
-    each is then kept exactly as a lone run is."""
-    from sweeper.core.stack_loop import Member, train_stack
+    """The runs of ``cells`` trained as one stack (:func:`sweeper.core.train_stack`; one run is a
+    stack of one); each is then kept as its own run."""
+    from sweeper.core import Member, train_stack
 
-    members = []
+    grid, members = out.grid, []
     for fold, seed in cells:
         cfg = seeded(trainer.cfg, seed)
-        _say_run(trainer, cfg, folds[fold], seed, out, out.spans[fold] if out.spans else {})
-        members.append(Member(cfg, _scored(out.grid, panels[fold], fold, seed)))
-    trainer.hook.begin_stack(cells, offset)
+        if not grid.single:  # a trial of one run says nothing of folds and seeds, as it never did
+            _say_run(trainer, cfg, folds[fold], seed, out, out.spans[fold] if out.spans else {})
+        members.append(Member(cfg, _scored(grid, panels[fold], fold, seed)))
+    trainer.hook.begin([grid.columns(fold, seed) for fold, seed in cells], offset)
     fold, seed = cells[0]
     dates = out.spans[fold] if out.spans else {}
-    checkpoint: Checkpointer = (trainer.store.checkpointer(fold, seed, dates, cells)
+    stacked = cells if len(cells) > 1 else None  # a stack of one is stamped as the run it is
+    checkpoint: Checkpointer = (trainer.store.checkpointer(fold, seed, dates, stacked)
                                 if trainer.store is not None else NullCheckpointer())
     results = train_stack(members, device=trainer.device, hook=trainer.hook, checkpoint=checkpoint,
                           log=trainer.log, started=trainer.started, memory=trainer.memory)

@@ -34,11 +34,10 @@ class OptunaHook:
         self.metrics_csv, self.stop = metrics_csv, stop
         self.pruned = False
         self.steps = 0
-        # a trial of several runs (walk-forward folds, seed repeats) steps on across them: the run's
-        # offset is added to its epoch, and metrics.csv rows say which fold and seed they are
+        # a trial of several runs (walk-forward folds, seed repeats) steps on across its stacks: the
+        # stack's offset is added to its epoch, and metrics.csv rows say which fold and seed they are
         self.offset = 0
-        self.run_columns: dict[str, int] = {}
-        self.stack_runs: list[tuple[int, int]] = []
+        self.runs: list[dict[str, int]] = [{}]
         self.progress_every = progress_every
         self._next_progress = 0.0  # the first step is reported at once
 
@@ -48,28 +47,18 @@ class OptunaHook:
         if peak_mb is not None and math.isfinite(peak_mb):
             protocol.emit(protocol.MEMORY, number=self.number, peak_mb=peak_mb)
 
-    def begin_run(self, fold: int, repeat: int, offset: int) -> None:
-        """The next epochs are run (``fold``, ``repeat``), 0-based, reported at ``offset + epoch``:
-        the global step ``(fold * repeats + repeat) * epochs + epoch``, so the pruner compares
-        trials at the same fold, seed and epoch."""
+    def begin(self, runs: list[dict[str, int]], offset: int) -> None:
+        """The next epochs are a stack's: the columns naming each member's run, and the stack's
+        offset (:meth:`RunGrid.step`); each epoch reports one value, the mean over the members
+        still training, so the pruner compares trials at the same runs and epoch."""
         self.offset = offset
-        self.run_columns = {"fold": fold + 1, "repeat": repeat + 1}
+        self.runs = runs
 
-    def begin_stack(self, runs: list[tuple[int, int]], offset: int) -> None:
-        """The next epochs are a stack's: its members' (fold, repeat), 0-based, and the stack's
-        offset; each epoch reports one value, the mean over the members still training."""
-        self.offset = offset
-        self.stack_runs = runs
-
-    def on_stack_epoch(self, epoch: int, metrics: list[dict[str, Any] | None]) -> bool:
-        values = [self._record({"fold": fold + 1, "repeat": repeat + 1}, epoch, row)
-                  for (fold, repeat), row in zip(self.stack_runs, metrics) if row is not None]
+    def on_epoch(self, epoch: int, rows: list[dict[str, Any] | None]) -> bool:
+        values = [self._record(columns, epoch, row)
+                  for columns, row in zip(self.runs, rows) if row is not None]
         finite = [v for v in values if v is not None]
         return bool(finite) and self._report(sum(finite) / len(finite), epoch)
-
-    def on_epoch(self, epoch: int, metrics: dict[str, Any]) -> bool:
-        value = self._record(self.run_columns, epoch, metrics)
-        return value is not None and self._report(value, epoch)
 
     def _record(self, columns: dict[str, int], epoch: int, metrics: dict[str, Any]) -> float | None:
         """One run's epoch in metrics.csv and to the driver (with its fold and repeat, when there

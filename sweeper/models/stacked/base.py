@@ -88,6 +88,7 @@ class StackedModule(nn.Module):
 
     members: int
     plan: str = ""  # how it stacks, for the log (sweeper.models.stacked.build.stack_plan)
+    member_dims: int = 1  # leading dimensions a parameter has for the members (K)
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member ``k``'s weights as its one-member model's state dict (CPU copies)."""
@@ -116,3 +117,34 @@ class StackedModule(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """The one-member model's exemptions (same names): none by default."""
         return set()
+
+
+class SoloStack(StackedModule):
+    """A stack of one: the one-member model itself, so that a run of one member calls exactly
+    the kernels a lone run of that model calls (torch's fused LSTM, the transformer's eval fast
+    path, ``F.linear``), bit for bit. Its parameters carry no K dimension (``member_dims`` 0).
+    Dropout draws from the global generator, which the run seeds with the member's seed: a
+    stack of one member owns it."""
+
+    member_dims = 0
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.members = 1
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x[0]).unsqueeze(0)
+
+    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+
+    def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+    def seed_members(self, seeds: Sequence[int], device: torch.device | str) -> list[torch.Generator]:
+        return []
+
+    def no_weight_decay(self) -> set[str]:
+        named = getattr(self.model, "no_weight_decay", None)
+        return {f"model.{name}" for name in named()} if named is not None else set()

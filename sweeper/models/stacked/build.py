@@ -39,6 +39,12 @@ def build_stack(model_cfgs: Sequence[ModelConfig], n_features: int, lookback: in
     """The stack of ``members`` (one-member models of ``model_cfgs``, same shapes), holding their
     weights. Its ``plan`` says how it stacks (:func:`stack_plan`)."""
     first = model_cfgs[0]
+    if len(members) == 1:  # a lone run's own model: its own kernels, bit for bit
+        from sweeper.models.stacked.base import SoloStack
+
+        solo = SoloStack(members[0])
+        solo.plan = f"model {first.name}: one run"
+        return solo
     mode, line = stack_plan(first, members, n_features, lookback)
     if first.is_custom:
         from sweeper.models.stacked.func import FuncStack

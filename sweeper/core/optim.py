@@ -1,5 +1,5 @@
-"""One optimizer step of a stack of K members: AdamW, gradient clipping and fp16 loss scaling,
-each per member, in a handful of kernels whatever the number of parameters.
+"""The one optimizer of every run: AdamW over a stack of K members, gradient clipping and fp16
+loss scaling, each per member, in a handful of kernels whatever the number of parameters.
 
 The stack's parameters are views into one flat ``[K, N]`` buffer and their gradients views
 into another (:class:`FlatStack`), so a member's gradient norm is one row norm, and clipping,
@@ -11,16 +11,22 @@ learning rate, weight decay and schedule position, its own step count (Adam's bi
 correction), its own loss scale, and a mask: a member that has stopped, finished its epoch or
 produced a non-finite gradient makes no update at all (moments, step count and weights stay
 as they were), so a masked member costs its share of the arithmetic and changes nothing.
-With every member active the update is torch's AdamW, op for op.
+
+A stack of one runs torch's own AdamW (its fused kernel where it runs) and ``clip_grad_norm_``
+on the member's tensors, whose state lives in the same flat buffers: a run of one member is
+then, to the bit, the run torch's optimizer would make (a row norm and the flat update round
+differently from torch's per-tensor norms and fused kernel in the last bits).
 """
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
+from sweeper.core.schedule import adamw
 from sweeper.models.stacked.base import StackedModule
 
 # the flat parameter views are strided across members by design: torch warns once that such a
@@ -39,11 +45,13 @@ class FlatStack:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         k = model.members
         first = named[0][1]
-        sizes = [p[0].numel() for _, p in named]
+        sizes = [p.numel() // k for _, p in named]
         self.values = torch.zeros(k, sum(sizes), device=first.device, dtype=first.dtype)
         self.grads = torch.zeros_like(self.values)
         exempt = model.no_weight_decay()
         decay = torch.zeros(1, sum(sizes), device=first.device, dtype=first.dtype)
+        self.spans: list[slice] = []
+        self.decayed: list[bool] = []
         offset = 0
         for (name, p), size in zip(named, sizes):
             span = slice(offset, offset + size)
@@ -52,8 +60,11 @@ class FlatStack:
             fresh = nn.Parameter(self.values[:, span].view(p.shape))
             fresh.grad = self.grads[:, span].view(p.shape)
             owner._parameters[attr] = fresh  # the flat view replaces the module's own tensor
-            if p.dim() >= 3 and name not in exempt:  # a matrix per member: AdamW decays it
+            decayed = p.dim() - model.member_dims >= 2 and name not in exempt
+            if decayed:  # a matrix per member: AdamW decays it
                 decay[:, span] = 1.0
+            self.spans.append(span)
+            self.decayed.append(decayed)
             offset += size
         self.decay = decay
         self.params = [p for _, p in model.named_parameters() if p.requires_grad]
@@ -80,12 +91,22 @@ class StackedAdamW:
                  eps: float = 1e-8) -> None:
         dev = flat.values.device
         self.flat, self.grad_clip, self.betas, self.eps = flat, grad_clip, betas, eps
-        self.lr = torch.tensor([float(v) for v in lr], device=dev)
+        self.base_lr = [float(v) for v in lr]
+        self.lr = torch.tensor(self.base_lr, device=dev)
         self.weight_decay = torch.tensor([float(v) for v in weight_decay], device=dev)
         self.factor = torch.ones_like(self.lr)  # the schedule's multiplier, set before each step
         self.steps = torch.zeros_like(self.lr)
         self.exp_avg = torch.zeros_like(flat.values)
         self.exp_avg_sq = torch.zeros_like(flat.values)
+        self.single = _torch_adamw(self) if len(self.base_lr) == 1 else None
+
+    def set_factors(self, factors: Sequence[float]) -> None:
+        """Each member's schedule multiplier for the next step (host floats, known without a sync)."""
+        if self.single is not None:  # LambdaLR's rule: base_lr * factor, a host float
+            for group in self.single.param_groups:
+                group["lr"] = self.base_lr[0] * factors[0]
+            return
+        self.factor = on_device(list(factors), self.lr.device)
 
     def member_norms(self) -> torch.Tensor:
         """Each member's total gradient norm [K] (fp32): ``clip_grad_norm_``'s, per row."""
@@ -95,6 +116,8 @@ class StackedAdamW:
         """Clip and update the members with ``active`` (float [K], 1.0: may update) whose
         gradient norm is finite. Returns (the norms [K], each member's skip flag [K]: 1.0 where
         a non-finite gradient stopped its update). No host sync."""
+        if self.single is not None:
+            return self._step_single()
         beta1, beta2 = self.betas
         norms = self.member_norms()
         finite = torch.isfinite(norms)
@@ -115,13 +138,90 @@ class StackedAdamW:
         values.sub_(self.exp_avg / denom * _col(lr / (1 - beta1 ** done)))
         return norms, (1.0 - finite.float())
 
+    def _step_single(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A stack of one: torch's clipping and AdamW on the member's own tensors (a lone member is
+        always active: a stopped one ends the run)."""
+        assert self.single is not None
+        params = self.flat.params
+        if self.grad_clip:
+            norm = nn.utils.clip_grad_norm_(params, self.grad_clip)
+        else:
+            norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        # norm x 0 is 0 when finite and NaN otherwise: a few small kernels, no read
+        skipped = norm.mul(0).nan_to_num_(nan=1.0, posinf=1.0, neginf=1.0).to(torch.float32)
+        update_unless(self.single, skipped)
+        return norm.view(1), skipped.view(1)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
+        if self.single is not None:  # torch's AdamW counts the steps of a stack of one
+            self.steps = self.single.state[self.flat.params[0]]["step"].view(1).to(self.steps, copy=True)
         return {"lr": self.lr, "weight_decay": self.weight_decay, "steps": self.steps,
                 "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+
+    def adopt_single_state(self) -> dict[str, torch.Tensor]:
+        """After torch's ``load_state_dict`` on the stack of one's AdamW (a lone run's checkpoint):
+        its moments copied into the flat buffers and its state pointed at them again; the flat state."""
+        assert self.single is not None
+        with torch.no_grad():
+            for p, span in zip(self.flat.params, self.flat.spans):
+                loaded = self.single.state[p]
+                for name, flat in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
+                    view = flat[:, span].view(p.shape)
+                    view.copy_(loaded[name])
+                    loaded[name] = view
+        return {k: v.clone() for k, v in self.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for name in ("lr", "weight_decay", "steps", "exp_avg", "exp_avg_sq"):
             getattr(self, name).copy_(state[name])
+        if self.single is not None:
+            for p in self.flat.params:
+                self.single.state[p]["step"].fill_(float(self.steps[0]))
+
+
+def _torch_adamw(opt: StackedAdamW) -> torch.optim.Optimizer:
+    """torch's AdamW over a stack of one, with its state in ``opt``'s flat buffers (views of them,
+    so that the checkpoint and the flat path read the same numbers)."""
+    flat = opt.flat
+    decay = [p for p, d in zip(flat.params, flat.decayed) if d]
+    other = [p for p, d in zip(flat.params, flat.decayed) if not d]
+    single = adamw(decay, other, opt.base_lr[0], float(opt.weight_decay[0]))
+    fused = bool(single.param_groups[0].get("fused"))
+    for p, span in zip(flat.params, flat.spans):
+        # the step counter as torch's _init_group makes it: a device tensor for the fused kernel
+        step = torch.zeros((), dtype=torch.float32, device=p.device if fused else "cpu")
+        single.state[p] = {"step": step, "exp_avg": opt.exp_avg[:, span].view(p.shape),
+                           "exp_avg_sq": opt.exp_avg_sq[:, span].view(p.shape)}
+    return single
+
+
+def update_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """``optimizer.step()`` unless the device flag ``skip`` (float32 1.0) is set, without reading it.
+
+    torch's fused AdamW skips a step on the device when its ``found_inf`` is set (steps,
+    moments and weights untouched): the GradScaler hands it the flag through the
+    ``found_inf`` / ``grad_scale`` attributes, and so do we. Other optimizers read the
+    flag on the host (a sync per step)."""
+    if not all(group.get("fused") for group in optimizer.param_groups):
+        if not bool(skip):
+            optimizer.step()
+        return
+    fused: Any = optimizer  # the two attributes are the GradScaler's protocol, not declared on Optimizer
+    fused.grad_scale = None  # gradients are already unscaled
+    fused.found_inf = skip
+    try:
+        optimizer.step()
+    finally:
+        del fused.grad_scale, fused.found_inf
+
+
+def on_device(values: list[float], device: torch.device) -> torch.Tensor:
+    """A step's per-member host values [K] on the device without a host sync: a copy from pageable
+    memory waits for the device's queue (every step would stall it), one from pinned memory does not."""
+    host = torch.tensor(values, dtype=torch.float32)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 class MemberScaler:

@@ -1,0 +1,74 @@
+"""A stack's members as the loop keeps them: what a member is (its config and its fold's panel)
+and its lane, everything a run carries through the loop (its data, generators, schedule
+position, progress and this epoch's steps)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from sweeper.config import SweeperConfig, TrainConfig
+from sweeper.core.device import seed_everything
+from sweeper.core.progress import EpochSteps, Progress
+from sweeper.core.schedule import DateRuns, Rows, count_steps, lr_factor
+from sweeper.data import Batcher, Panel
+from sweeper.models import build_model
+
+
+@dataclass
+class Member:
+    """One run of a stack: its config (its own ``train.seed``, and any per-member setting) and its
+    fold's panel."""
+
+    cfg: SweeperConfig
+    panel: Panel
+
+
+@dataclass
+class Lane:
+    """A member's own state in the loop: everything a run keeps."""
+
+    cfg: SweeperConfig
+    panel: Panel
+    batcher: Batcher
+    valid: Batcher
+    generator: torch.Generator
+    runs: DateRuns | None
+    steps_per_epoch: int
+    factor: Callable[[int], float]
+    solo: torch.nn.Module  # the one-member model that scores the member's best weights
+    progress: Progress = field(default_factory=Progress)
+    position: int = 0  # schedule steps taken (LambdaLR's last_epoch)
+    stopped: bool = False
+    rows: Iterator[Rows] | None = None
+    steps: EpochSteps = field(default_factory=EpochSteps)
+    seen: int = 0
+
+    def new_epoch(self) -> None:
+        self.steps, self.seen = EpochSteps(), 0
+
+
+def build_lane(member: Member, device: torch.device) -> Lane:
+    """The member's lane, its one-member model built as a lone run builds it: after seeding with the
+    member's seed, so its initial weights are its lone run's, draw for draw."""
+    cfg, tc = member.cfg, member.cfg.train
+    seed_everything(tc.seed)
+    panel = member.panel.to(device, cfg.data.device_share)
+    solo = build_model(cfg.model, len(panel.features), panel.lookback).to(device)
+    batcher = Batcher(panel, "train", device)
+    order = tc.resolved_batch_order
+    steps = count_steps(batcher, order, _capped(tc, [batcher]), tc.samples_per_epoch)
+    return Lane(cfg, panel, batcher, Batcher(panel, "valid", device), torch.Generator().manual_seed(tc.seed),
+                DateRuns(batcher) if order == "cross_section" else None, steps,
+                lr_factor(tc.schedule, tc.warmup_frac, steps * tc.epochs), solo)
+
+
+def lane_batch_size(tc: TrainConfig, lanes: Sequence[Lane]) -> int:
+    """``train.batch_size`` capped at the smallest member's train split (``auto``: its cap)."""
+    return _capped(tc, [lane.batcher for lane in lanes])
+
+
+def _capped(tc: TrainConfig, batchers: Sequence[Batcher]) -> int:
+    samples = min(b.n_samples for b in batchers)
+    return min(tc.max_batch_size if tc.batch_size == "auto" else int(tc.batch_size), max(1, samples))
