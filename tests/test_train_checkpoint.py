@@ -70,8 +70,14 @@ def test_checkpoint_state_is_plain_and_loads_weights_only(tmp_path):
     ckpt = FileCheckpointer(tmp_path / "ckpt.pt")
     train(toy_config(epochs=1), toy_panel(), checkpoint=ckpt)
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    assert {"epoch", "model", "optimizer", "scheduler", "scaler", "rng", "best", "best_state", "bad_epochs",
-            "history", "batch_size", "micro_batch_size", "config"} <= set(state)
+    # the one format of every stack (a run is a stack of one): the stack's weights and optimizer,
+    # each member's own generators, schedule position and progress
+    assert set(state) == {"epoch", "kind", "values", "optimizer", "scaler", "rng", "members", "batch_size",
+                          "micro_batch_size", "eval_batch_size", "config"}
+    (member,) = state["members"]
+    assert set(member) == {"batches", "dropout", "position", "stopped", "best", "best_epoch", "best_state",
+                           "best_metrics", "bad_epochs", "nonfinite_steps", "history"}
+    assert set(state["optimizer"]) == {"lr", "weight_decay", "steps", "exp_avg", "exp_avg_sq"}
     assert set(state["rng"]) == {"torch", "cuda", "numpy", "python", "batches"}
     assert state["config"]["train"]["epochs"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temp file left behind
