@@ -173,7 +173,8 @@ def test_the_worker_process_never_loads_dispatch_code(study_file, workdir, monke
 LAYERS = [
     {"sweeper", "sweeper.errors", "sweeper.atomic", "sweeper.interrupt", "sweeper.plain", "sweeper.config"},
     {"sweeper.quant", "sweeper.devices", "sweeper.data", "sweeper.models", "sweeper.core"},
-    {"sweeper.validation", "sweeper.store"},
+    {"sweeper.store"},
+    {"sweeper.validation"},
     {"sweeper.study"},
     {"sweeper.baseline", "sweeper.worker"},
     {"sweeper.inspect", "sweeper.refit", "sweeper.single"},
@@ -202,3 +203,11 @@ def test_no_import_runs_from_a_lower_package_up_to_a_higher_one():
     assert {m for m in worker if m.startswith(("sweeper.dispatch", "sweeper.cli"))} == set()
     study = set().union(*(_reachable(m) for m in MODULES if m.startswith("sweeper.study")))
     assert {m for m in study if m.startswith(("sweeper.dispatch", "sweeper.worker"))} == set()
+
+
+def test_the_store_knows_no_run_grid():
+    """The store names a run's files by plain cells (fold, seed) and paths: nothing it imports,
+    TYPE_CHECKING's included, reaches validation/ (the run grid, the runner, the scores)."""
+    assert _layer("sweeper.store.trial_folder") < _layer("sweeper.validation.grid")
+    store = set().union(*(_reachable(m) for m in MODULES if m.startswith("sweeper.store")))
+    assert {m for m in store if m.startswith("sweeper.validation")} == set()

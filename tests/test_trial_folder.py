@@ -129,15 +129,16 @@ def test_a_retry_copies_its_sources_finished_runs_and_a_trial_takes_its_model(tm
         run.result.write_text("{}")
     source.files.run_files(1, 1).folder.mkdir(parents=True)  # in progress: no result.json
     source.files.weights.write_bytes(b"w")  # the model run's weights, taken before it was interrupted
-    assert retry.copy_runs_from(source.files, grid) == [(0, 0), (0, 1), (1, 0)]
+    # the store takes plain cells, (fold, seed) 0-based: here the grid's, and its model's members
+    assert retry.copy_runs_from(source.files, grid.cells(), grid.members) == [(0, 0), (0, 1), (1, 0)]
     assert retry.files.run_files(1, 0).weights.read_bytes() == b"w"
     assert not retry.files.run_files(1, 1).folder.exists()
-    assert retry.copy_runs_from(source.files, RunGrid()) == []  # one run: nothing to skip
+    assert retry.copy_runs_from(source.files, [(1, 1)], grid.members) == []  # unfinished: nothing to skip
 
-    model = retry.model_run(grid)
+    model = retry.files.run_files(*grid.model_run)
     model.norm_stats.write_text("{}")
     model.daily_ic("test").write_text("date,ic\n")
-    retry.take_model(grid)
+    retry.take_model(grid.members)
     assert retry.files.weights.read_bytes() == b"w" and not model.weights.exists()
     assert retry.files.norm_stats.exists() and model.norm_stats.exists()
     assert retry.files.daily_ic("test").exists()

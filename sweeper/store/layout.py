@@ -231,9 +231,8 @@ class TrialFiles:
         return self.runs / f"fold-{fold}.seed-{repeat}"
 
     def run_files(self, fold: int, seed: int, single: bool = False) -> RunFiles:
-        """The files of run (``fold``, ``seed``), 0-based as :class:`~sweeper.validation.grid.RunGrid`
-        counts them: ``runs/fold-<fold+1>.seed-<seed+1>/``, or, for a trial of one run
-        (``single``: ``RunGrid.single``), the trial's own folder."""
+        """The files of run (``fold``, ``seed``), 0-based: ``runs/fold-<fold+1>.seed-<seed+1>/``,
+        or, for a trial of one run (``single``), the trial's own folder."""
         return RunFiles(self.folder if single else self.run(fold + 1, seed + 1))
 
     @property

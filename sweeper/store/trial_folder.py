@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.atomic import atomic_path
-from sweeper.store.layout import SPLITS, RunFiles, TrialFiles, trial_files, trial_of_checkpoint
+from sweeper.store.layout import SPLITS, TrialFiles, trial_files, trial_of_checkpoint
 
-if TYPE_CHECKING:
-    from sweeper.validation.grid import RunGrid
+Cell = tuple[int, int]  # a run of a trial: (fold, seed), 0-based (the run grid's numbering)
 
 RESUME_FROM_TRIAL = "resume_from_trial"  # a retry's user attr: the trial whose checkpoint it continues
 RESUME_FROM = "resume_from"              # the same, as a path, in retries stored before it
@@ -73,49 +72,40 @@ class TrialFolder:
         with atomic_path(self.files.checkpoint) as tmp:
             shutil.copyfile(checkpoint, tmp)
 
-    def copy_runs_from(self, source: TrialFiles, grid: RunGrid) -> list[tuple[int, int]]:
-        """Copy the finished runs (those with a ``result.json``) of the source trial (its files)
-        into this one; their (fold, seed), 0-based. None for a trial of one run: it has no run
-        to skip."""
-        if grid.single:
-            return []
+    def copy_runs_from(self, source: TrialFiles, cells: Iterable[Cell],
+                       members: Collection[Cell]) -> list[Cell]:
+        """Copy the finished runs among ``cells`` (those with a ``result.json``) of the source
+        trial (its files) into this one; the cells copied. A run of the model's ``members`` gets
+        back the weights its source had taken into its own folder before it ended."""
         done = []
-        for fold, seed in grid.cells():
+        for fold, seed in cells:
             src = source.run_files(fold, seed)
             if not src.result.exists():
                 continue
             dst = self.files.run_files(fold, seed)
             shutil.copytree(src.folder, dst.folder, dirs_exist_ok=True)
             taken = source.member_weights(seed)
-            if grid.is_model(fold, seed) and not src.weights.exists() and taken.exists():
-                # the source had taken its model's weights into its own folder before it ended
+            if (fold, seed) in members and not src.weights.exists() and taken.exists():
                 shutil.copyfile(taken, dst.weights)
             done.append((fold, seed))
         return done
 
     # ------------------------------------------------------------ the trial's model
 
-    def take_model(self, grid: RunGrid) -> None:
-        """The model run's files become the trial's: its weights moved (the run's folder keeps
-        no second copy), its ``norm_stats.json`` and ``daily_ic_test.csv`` copied (atomically).
-        Nothing to do for a trial of one run, whose run's files are the trial's own."""
-        if grid.single:
-            return
-        fold = grid.model_run[0]
-        for seed in range(grid.repeats):  # every seed of the model's fold: the ensemble's members
+    def take_model(self, members: Sequence[Cell]) -> None:
+        """The model's files become the trial's: each of its ``members``' weights moved (the run's
+        folder keeps no second copy; a seed ensemble has several), the first member's
+        ``norm_stats.json`` and ``daily_ic_test.csv`` copied (atomically)."""
+        for fold, seed in members:
             member = self.files.run_files(fold, seed)
             if member.weights.exists():
                 os.replace(member.weights, self.files.member_weights(seed))
-        run = self.model_run(grid)
+        run = self.files.run_files(*members[0])
         test = self.files.daily_ic("test")
         for src, dst in ((run.norm_stats, self.files.norm_stats), (run.daily_ic("test"), test)):
             if src.exists():
                 with atomic_path(dst) as tmp:
                     shutil.copyfile(src, tmp)
-
-    def model_run(self, grid: RunGrid) -> RunFiles:
-        """The files of the grid's model run (the last fold's first seed)."""
-        return self.files.run_files(*grid.model_run, single=grid.single)
 
     # ------------------------------------------------------------ study.keep
 

@@ -67,9 +67,14 @@ class RunGrid:
         normalisation and, with one seed, its weights are the trial's)."""
         return self.folds - 1, 0
 
+    @property
+    def members(self) -> list[tuple[int, int]]:
+        """The runs of the trial's model, the model run first: the last fold's seeds (one seed:
+        the model run; several: the seed ensemble, scored on test as one model)."""
+        return [(self.folds - 1, seed) for seed in range(self.repeats)]
+
     def is_model(self, fold: int, seed: int) -> bool:
-        """Whether run (fold, seed) is a member of the trial's model: the last fold's seeds (one
-        seed: the model run; several: the seed ensemble, scored on test as one model)."""
+        """Whether run (fold, seed) is one of the model's :attr:`members`."""
         return fold == self.folds - 1
 
     @property

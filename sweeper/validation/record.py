@@ -90,7 +90,7 @@ def write_files(out: R.TrialRuns, files: TrialFiles) -> None:
         return
     with atomic_path(files.daily_ic("valid")) as tmp:
         daily_valid(out.daily).to_csv(tmp, index=False)
-    TrialFolder.of(files).take_model(out.grid)
+    TrialFolder.of(files).take_model(out.grid.members)
     if out.ensemble is not None:  # the ensemble's daily test IC, not its first seed's
         with atomic_path(files.daily_ic("test")) as tmp:
             M.daily_ic(out.ensemble["test"]).to_csv(tmp, index=False)

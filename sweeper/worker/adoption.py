@@ -69,7 +69,7 @@ def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, fol
     copied, its history replayed and copied up to that step."""
     fold, seed, epoch = where
     origin = TrialFiles(source.parent)  # the source trial's folder: its metrics.csv and runs/
-    done = folder.copy_runs_from(origin, grid)
+    done = folder.copy_runs_from(origin, grid.cells(), grid.members)
     folder.copy_checkpoint_from(source)
     step = grid.step(fold, seed, epoch)
     _replay(study, trial, frozen, step)
