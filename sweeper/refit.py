@@ -130,10 +130,11 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     run_cfg = tcfg.model_copy(update={"train": tcfg.train.model_copy(update={"epochs": epochs,
                                                                               "max_minutes": None})})
     where = resolve_device(device)
-    # with seed repeats the trial's model is its seed ensemble: the refit trains every seed, as
-    # stacks of at most train.max_stack of them, as the trial did
+    # with seed repeats the trial's model is its seed ensemble: the refit trains every seed, in
+    # stacks of the trial's size
     seeds = [Member(seeded(run_cfg, r), panel) for r in range(tcfg.validation.repeats)]
-    size = run_cfg.train.max_stack
+    pinned = tcfg.train.max_stack if tcfg.train.max_stack != "auto" else 1
+    size = int(chosen.user_attrs.get("stack_size", pinned))
     results = [result for first in range(0, len(seeds), size)
                for result in train_stack(seeds[first:first + size], device=where, fixed_epochs=True)]
     result = results[0]

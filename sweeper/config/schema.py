@@ -245,10 +245,11 @@ class TrainConfig(_Strict):
     probe_steps: int = Field(3, ge=1)
     nonfinite_patience: int = Field(10, ge=1)
     max_minutes: float | None = Field(None, gt=0)
-    # a trial's runs (folds x seeds) train as stacks of at most this many members (1: one by one)
-    max_stack: int = Field(8, ge=1)
+    # a trial's runs (folds x seeds) train as stacks of at most this many members (1: one by one);
+    # auto: the size measured on the device for the study's first trial, kept with the study
+    max_stack: int | Literal["auto"] = "auto"
 
-    @field_validator("batch_size")
+    @field_validator("batch_size", "max_stack")
     @classmethod
     def _positive(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:

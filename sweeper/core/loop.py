@@ -104,7 +104,7 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
     began = time.perf_counter()
     say = log or (lambda message: None)
     where = resolve_device(device)
-    run = _setup(members, where, checkpoint, memory or trial_memory(where), started, say, hook)
+    run = prepare(members, where, checkpoint, memory or trial_memory(where), started, say, hook)
     tc = members[0].cfg.train
     stop_reason = StopReason.EARLY_STOP if all(lane.stopped for lane in run.lanes) else StopReason.EPOCHS
     for epoch in range(run.first_epoch, tc.epochs + 1):
@@ -131,8 +131,8 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
     return [finish(run, k, where, stop_reason, began, hook.tick, say) for k in range(len(run.lanes))]
 
 
-def _setup(members: Sequence[Member], device: torch.device, checkpoint: Checkpointer, memory: TrialMemory,
-           started: float | None, say: Callable[[str], None], hook: EpochHook) -> Run:
+def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpointer, memory: TrialMemory,
+            started: float | None, say: Callable[[str], None], hook: EpochHook) -> Run:
     """Each member's data and one-member model, the stack of their weights, its optimizer, its batch
     plan (probed, or the checkpoint's), and the checkpoint's state if there is one."""
     cfg, tc = members[0].cfg, members[0].cfg.train

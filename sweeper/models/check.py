@@ -7,22 +7,22 @@ the driver with it. Built-in models are ours, cheap and safe: they are built in-
 
 Parent: :func:`check_models`. Child: ``python -m sweeper.models.check``, which reads one
 JSON request on stdin and writes one JSON line per job as it finishes it, so that the
-job it died on is known. ``sweeper run`` forks the child from its worker fork server instead
-(:data:`ChildRun`): the same module and protocol, without a fresh interpreter's 2-3 s of
-imports (torch) on a 2-core box.
+job it died on is known. The child starts as every child of the driver does
+(:mod:`sweeper.launch`): ``sweeper run`` forks it from its worker fork server (:data:`ChildRun`),
+the same module and protocol without a fresh interpreter's 2-3 s of imports (torch) on a
+2-core box.
 """
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import sweeper.child
 from sweeper.config import ModelConfig, SweeperConfig
 from sweeper.errors import ConfigError
 from sweeper.models import check_cache
@@ -36,15 +36,11 @@ ChildRun = Callable[[str, float], tuple[str, int | None]]
 
 
 def python_child(request: str, timeout: float) -> tuple[str, int | None]:
-    """The checking child as a fresh ``python -m sweeper.models.check``, with the same
-    interpreter, environment and folder as a worker: it finds the model where a worker would."""
-    cmd = [sys.executable, "-m", "sweeper.models.check"]
-    try:
-        done = subprocess.run(cmd, input=request, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        partial = exc.stdout or ""
-        return (partial.decode(errors="replace") if isinstance(partial, bytes) else partial), None
-    return done.stdout, done.returncode
+    """The checking child where the caller has no fork server: a fresh interpreter, with this
+    process's environment and folder, as a worker's: it finds the model where a worker would."""
+    from sweeper.launch import run  # the parent's code: the worker, which imports this module, never loads it
+
+    return run("check", request, timeout)
 
 
 @dataclass(frozen=True)
@@ -165,9 +161,13 @@ def _ask_child(request: dict[str, Any],
 def runs_line(cfg: SweeperConfig, n_features: int) -> str:
     """``sweeper validate``'s line on a trial's runs: how many, in stacks of how many, and how
     its model stacks."""
-    runs, stacks = cfg.validation.runs, min(cfg.train.max_stack, cfg.validation.runs)
+    runs, asked = cfg.validation.runs, cfg.train.max_stack
+    stacks = runs if asked == "auto" else min(asked, runs)
     how = (stack_plan_line(cfg.model, n_features, cfg.data.lookback) if stacks > 1
-           else "one run after another (train.max_stack: 1)")
+           else "one run after another (train.max_stack: 1)" if runs > 1 else "one run")
+    if asked == "auto" and runs > 1:  # the size is the device's answer, not the file's
+        return (f"{runs} per trial, in stacks of a size measured on the device at the study's first trial "
+                f"(train.max_stack: auto, at most {runs}): {how}")
     return f"{runs} per trial, in stacks of up to {stacks}: {how}"
 
 
@@ -203,11 +203,9 @@ def _how(code: int) -> str:
 
 
 def main() -> int:
-    """The child: answer each job of the request on stdin with one JSON line."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it ends this process
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # a model's own prints go to stderr, never into the answers
-    sys.stdout = sys.stderr
+    """The child (:mod:`sweeper.child`): answer each job of the request on stdin with one JSON
+    line on its answers stream (a model's own prints go to stderr)."""
+    answers = sweeper.child.answers()
     request = json.load(sys.stdin)
     if "plan" in request:  # stack_plan_line's question
         answers.write(json.dumps({"plan": _plan_in_child(request["plan"], request["n_features"],
@@ -224,4 +222,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sweeper.child.main(main))

@@ -13,6 +13,7 @@ from sweeper.errors import ConfigDrift, StudyNotFound
 from sweeper.store import SweeperStorage, quiet_optuna
 from sweeper.store.locks import ClaimLock
 from sweeper.study.samplers import build_pruner, build_sampler, driver_seed
+from sweeper.study.stacking import drift as stack_drift
 from sweeper.study.summary import PanelSummary
 from sweeper.study.warm_start import Queue
 from sweeper.validation import contract as K
@@ -94,6 +95,9 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
         raise ConfigDrift(f"study {study.study_name!r} was created to {study.direction.name.lower()}, "
                           "the study file asks otherwise")
     differ = C.drift(stored.get("config", {}), attrs["config"])
+    stacking = stack_drift(stored, C.validate_config(attrs["config"], "study config"))
+    if stacking:  # train.max_stack is no drift key: auto resumes any study, a number must match
+        differ.append(stacking)
     if stored.get("data_fingerprint") not in (None, attrs["data_fingerprint"]):
         differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}):"
                       f" the data file {attrs['config']['data'].get('path')} is not the data this study "

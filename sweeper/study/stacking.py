@@ -1,0 +1,71 @@
+"""A study's stack size: how many of a trial's runs train as one stack, the same for every trial.
+
+The pruner compares trials at the same step, and a trial's steps count its stacks' epochs
+(:meth:`sweeper.validation.grid.RunGrid.step`), so every trial of a study stacks alike. A number
+in ``train.max_stack`` pins the size. ``auto`` (the default): the first trial to start measures
+it on its device (:mod:`sweeper.core.stack_size`) and stores the choice, with the rates it was
+made on, in the study's ``stack_size`` attribute; every later trial, and a resumed study, uses
+it, so a timing blip cannot change a trial's numbers. A study created before ``auto`` existed
+keeps the number it was created with. Resuming with a number other than the study's size is
+refused, as any other config drift.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import optuna
+
+from sweeper.config import SweeperConfig
+
+STUDY_ATTR = "stack_size"
+Choice = dict[str, Any]  # StackChoice.attrs(): stack_size, stack_size_from, stack_rates (no torch here)
+
+
+def _choice(size: int, source: str, rates: Mapping[str, Any] | None = None) -> Choice:
+    out: Choice = {"stack_size": int(size), "stack_size_from": source}
+    if rates:
+        out["stack_rates"] = dict(rates)
+    return out
+
+
+def decided(study_attrs: Mapping[str, Any], cfg: SweeperConfig) -> Choice | None:
+    """The study's stack size if it is decided: the config's number, the choice stored with the
+    study, or the number a study created before ``auto`` was created with; None: to be measured."""
+    if cfg.train.max_stack != "auto":
+        return _choice(cfg.train.max_stack, "train.max_stack")
+    stored = study_attrs.get(STUDY_ATTR)
+    if stored:
+        return _choice(stored["stack_size"], "study", stored.get("stack_rates"))
+    created = study_attrs.get("config", {}).get("train", {})
+    if created and created.get("max_stack", "auto") != "auto":
+        return _choice(created["max_stack"], "study")
+    if created and "max_stack" not in created:  # created before stacked runs: one run at a time
+        return _choice(1, "study")
+    return None
+
+
+def resolve(study: optuna.Study, cfg: SweeperConfig, measure: Callable[[], Choice]) -> Choice:
+    """The size this study's trials stack by: decided already, or measured now and stored. Two
+    trials measuring at once both store; each then uses what the study holds after its own write
+    (the later write), so that at most the first trials of a race differ."""
+    known = decided(study.user_attrs, cfg)
+    if known is not None:
+        return known
+    choice = measure()
+    if STUDY_ATTR not in study.user_attrs:
+        study.set_user_attr(STUDY_ATTR, choice)
+    stored = study.user_attrs[STUDY_ATTR]
+    return {**stored, "stack_size_from": choice["stack_size_from"] if stored == choice else "study"}
+
+
+def drift(study_attrs: Mapping[str, Any], cfg: SweeperConfig) -> str | None:
+    """Why ``cfg``'s ``train.max_stack`` cannot resume this study (None: it can): a number other
+    than the size its trials stacked by would renumber the steps the pruner compares."""
+    if cfg.train.max_stack == "auto":
+        return None
+    auto = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_stack": "auto"})})
+    known = decided(study_attrs, auto)
+    if known is None or known["stack_size"] == cfg.train.max_stack:
+        return None
+    return f"train.max_stack ({known['stack_size']!r} -> {cfg.train.max_stack!r})"

@@ -1,0 +1,133 @@
+"""The stack size is measured, not set (issue 39): the rule that chooses it, the measurement of
+real steps it is chosen on, and the study that keeps the choice so every trial stacks alike."""
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+import torch
+
+import sweeper.core.stack_size as S
+from sweeper.config import validate_config
+from sweeper.core import Member
+from sweeper.core.device import HostMemory
+from sweeper.study import stacking
+from sweeper.validation.grid import seeded
+from toy_panel import toy_config, toy_panel
+
+
+@pytest.mark.parametrize(("runs", "sizes"), [(1, [1]), (2, [1, 2]), (3, [1, 2, 3]), (4, [1, 2, 4]),
+                                             (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8])])
+def test_the_sizes_timed_are_one_the_powers_of_two_and_every_run(runs, sizes):
+    assert S.candidate_sizes(runs) == sizes
+
+
+@pytest.mark.parametrize(("rates", "size"), [
+    ({1: 100.0, 2: 190.0, 4: 350.0}, 4),   # each size beats the best smaller one by over 10 %
+    ({1: 100.0, 2: 105.0, 4: 108.0}, 1),   # within the noise of one another: one run at a time
+    ({1: 100.0, 2: 109.0, 4: 115.0}, 4),   # 4 beats 1 by 15 %, although 2 did not by 10 %
+    ({1: 100.0, 2: 150.0, 4: 160.0}, 2),   # 4 beats 2 by under 10 %: 2
+    ({1: 100.0, 2: 85.0, 4: 83.0}, 1),     # stacking costs (the LSTM on a CPU): none
+    ({1: 100.0, 2: 180.0, 4: math.nan}, 2),  # 4 did not fit
+])
+def test_the_largest_size_that_beats_every_smaller_one_by_the_margin_is_chosen(rates, size):
+    assert S.choose(rates) == size
+
+
+def test_the_choice_is_measured_on_real_steps_in_interleaved_rounds(monkeypatch):
+    """Every size is timed over WARMUP + TIMED steps of a real stack, ROUNDS times, interleaved,
+    and its best round kept; the log line and the trial's attributes carry the rates."""
+    panel, cfg = toy_panel(), toy_config(epochs=1)
+    members = [Member(seeded(cfg, s), panel) for s in range(4)]
+    timed: list[int] = []
+    real = S._rate
+
+    def rate(stack_members, device, memory):
+        timed.append(len(stack_members))
+        return real(stack_members, device, memory)
+    monkeypatch.setattr(S, "_rate", rate)
+    lines: list[str] = []
+    choice = S.measure(members, torch.device("cpu"), HostMemory(), [1, 2, 4], lines.append)
+    assert timed == [1, 2, 4] * S.ROUNDS
+    assert sorted(choice.rates) == [1, 2, 4] and all(r > 0 for r in choice.rates.values())
+    assert choice.size == S.choose(choice.rates) and choice.source == "measured"
+    assert lines == [f"stack size {choice.size}: member-samples/s by stack size "
+                     + ", ".join(f"{k}: {r:.0f}" for k, r in sorted(choice.rates.items())) + " (measured)"]
+    assert choice.attrs()["stack_size"] == choice.size
+    assert set(choice.attrs()["stack_rates"]) == {"1", "2", "4"}
+
+
+def test_a_size_that_cannot_fit_is_not_chosen(monkeypatch):
+    from sweeper.errors import OutOfMemory
+
+    real = S.prepare
+
+    def prepare(members, *args, **kwargs):
+        if len(members) > 2:
+            raise OutOfMemory("out of memory at micro-batch 8 (fake)")
+        return real(members, *args, **kwargs)
+    monkeypatch.setattr(S, "prepare", prepare)
+    monkeypatch.setattr(S, "choose", lambda rates, margin=0.1: max((k for k, r in rates.items() if r == r),
+                                                                    default=1))
+    panel, cfg = toy_panel(), toy_config(epochs=1)
+    choice = S.measure([Member(seeded(cfg, s), panel) for s in range(4)], torch.device("cpu"), HostMemory(),
+                       [1, 2, 4])
+    assert math.isnan(choice.rates[4]) and choice.size == 2
+    assert choice.attrs()["stack_rates"]["4"] is None
+
+
+def _cfg(max_stack):
+    return validate_config({"data": {"synthetic": {"assets": 2, "dates": 10}},
+                            "train": {"max_stack": max_stack}}, "test")
+
+
+def test_auto_is_the_default_and_a_number_pins_the_size():
+    assert validate_config({"data": {"synthetic": {"assets": 2, "dates": 10}}}, "t").train.max_stack == "auto"
+    assert stacking.decided({}, _cfg(3)) == {"stack_size": 3, "stack_size_from": "train.max_stack"}
+    with pytest.raises(Exception, match="max_stack"):
+        _cfg(0)
+
+
+def test_the_first_measurement_is_kept_with_the_study_and_every_later_trial_uses_it():
+    study = optuna.create_study()
+    study.set_user_attr("config", {"train": {"max_stack": "auto"}})
+    measured = []
+
+    def measure(size):
+        def run():
+            measured.append(size)
+            return {"stack_size": size, "stack_size_from": "measured", "stack_rates": {"1": 10.0, "4": 30.0}}
+        return run
+    first = stacking.resolve(study, _cfg("auto"), measure(4))
+    later = stacking.resolve(study, _cfg("auto"), measure(1))  # a blip would choose 1: not asked
+    assert measured == [4]
+    assert first == {"stack_size": 4, "stack_size_from": "measured", "stack_rates": {"1": 10.0, "4": 30.0}}
+    assert later == {"stack_size": 4, "stack_size_from": "study", "stack_rates": {"1": 10.0, "4": 30.0}}
+    assert study.user_attrs["stack_size"]["stack_size"] == 4
+
+
+def test_a_race_of_two_first_trials_ends_with_the_study_s_size():
+    study = optuna.create_study()
+    study.set_user_attr("config", {"train": {"max_stack": "auto"}})
+
+    def measure_while_another_stores():  # the other trial stores its choice while this one measures
+        study.set_user_attr("stack_size", {"stack_size": 2, "stack_size_from": "measured"})
+        return {"stack_size": 4, "stack_size_from": "measured"}
+    assert stacking.resolve(study, _cfg("auto"), measure_while_another_stores)["stack_size"] == 2
+
+
+@pytest.mark.parametrize(("created", "size"), [({"max_stack": 8}, 8), ({"max_stack": 1}, 1), ({"epochs": 3}, 1)])
+def test_a_study_created_before_auto_keeps_its_stacking(created, size):
+    """A study created with a number (the old default 8) keeps it; one created before stacked runs
+    trained its runs one at a time."""
+    assert stacking.decided({"config": {"train": created}}, _cfg("auto"))["stack_size"] == size
+
+
+def test_resuming_with_another_number_is_refused_and_auto_resumes_any_study():
+    made = {"config": {"train": {"max_stack": "auto"}}, "stack_size": {"stack_size": 4, "stack_size_from": "measured"}}
+    assert stacking.drift(made, _cfg(2)) == "train.max_stack (4 -> 2)"
+    assert stacking.drift(made, _cfg(4)) is None
+    assert stacking.drift(made, _cfg("auto")) is None
+    assert stacking.drift({"config": {"train": {"max_stack": 8}}}, _cfg(1)) == "train.max_stack (8 -> 1)"
+    assert stacking.drift({"config": {"train": {"max_stack": "auto"}}}, _cfg(2)) is None  # nothing decided yet
