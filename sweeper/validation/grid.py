@@ -28,20 +28,31 @@ class RunGrid:
     stack: int = 1
 
     @classmethod
-    def of(cls, cfg: SweeperConfig) -> RunGrid:
+    def of(cls, cfg: SweeperConfig, stack: int | None = None) -> RunGrid:
         """The grid of a trial trained under ``cfg`` (its validation section and train.epochs),
         in stacks of up to ``train.max_stack`` runs (a user's ``module:Class`` too, through
-        torch.func: :mod:`sweeper.models.stacked.func`)."""
-        return cls(cfg.validation.n_folds, cfg.validation.repeats, cfg.train.epochs, cfg.train.max_stack)
+        torch.func: :mod:`sweeper.models.stacked.func`). ``stack``: the size the study decided where
+        ``train.max_stack`` is ``auto`` (:mod:`sweeper.study.stacking`; a trial's config.yaml holds
+        its number); without it such a grid knows no stack size, and its steps cannot be counted."""
+        size = stack if stack is not None else cfg.train.max_stack
+        return cls(cfg.validation.n_folds, cfg.validation.repeats, cfg.train.epochs,
+                   size if isinstance(size, int) else 0)
 
     def stacks(self) -> list[list[tuple[int, int]]]:
         """The cells in the order they train, grouped into the stacks that train as one."""
+        self._known()
         cells = list(self.cells())
         return [cells[i:i + self.stack] for i in range(0, len(cells), self.stack)]
 
     def stack_of(self, fold: int, seed: int) -> int:
         """The index of the stack that trains run (fold, seed)."""
+        self._known()
         return (fold * self.repeats + seed) // self.stack
+
+    def _known(self) -> None:
+        if self.stack < 1:
+            raise ValueError("the stack size of a study with train.max_stack: auto is decided by its first "
+                             "trial (the study's stack_size attribute): pass it to RunGrid.of")
 
     @property
     def runs(self) -> int:
@@ -103,6 +114,7 @@ class RunGrid:
     def position(self, step: int) -> tuple[int, int, int]:
         """(fold, seed, epoch) of a stored step: the inverse of :meth:`step` (for a stack's
         step, its first run's)."""
+        self._known()
         stack, epoch = divmod(max(int(step), 1) - 1, max(self.epochs, 1))
         fold, seed = divmod(stack * self.stack, self.repeats)
         return fold, seed, epoch + 1
