@@ -82,7 +82,7 @@ class Interleave(NullHook):
     def __init__(self, plain: Iterator[float]) -> None:
         self.plain, self.rates = plain, []
 
-    def on_epoch(self, epoch: int, metrics: dict) -> bool:
+    def on_epoch(self, epoch: int, rows: list[dict | None]) -> bool:
         self.rates.append(next(self.plain))
         return False
 

@@ -10,7 +10,7 @@
    ``devices.trials_per_gpu: auto`` and then ``1``, same study and same budget (study.timeout):
    trials per hour, the most trials at once (from the store), and the GPU's utilisation sampled
    from NVML every 0.5 s while each sweep runs
-5. stacked: K seeds of one model trained as one stack (``sweeper.core.stack_loop``, issue 29),
+5. stacked: K seeds of one model trained as one stack (``sweeper.core.train_stack``, issue 29),
    K = 1, 4, 8, 16, for the MLP, the transformer and the LSTM of the main studies' sizes
    (``studies/*_ic.yaml``): the stack's samples/s (every member's rows), its speed-up over K = 1
    times K (> 1: stacking beats K separate runs), peak memory and the GPU's busy share (NVML)
@@ -45,14 +45,15 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # overlap.py: trials at once
 from overlap import most_at_once  # noqa: E402
 from sweeper.config import validate_config
-from sweeper.core import NullHook, train
-from sweeper.core.batch_plan import preserved, probe_step
+from sweeper.core import Member, NullHook, train, train_stack
 from sweeper.core.batch_search import CudaMemory, attempt, find_micro_batch, release_memory
+from sweeper.core.lanes import build_lane
 from sweeper.core.loss import resolve_loss
+from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
 from sweeper.core.precision import native_bf16, resolve_precision
-from sweeper.core.schedule import make_optimizer
+from sweeper.core.step import StackStep, _probe
 from sweeper.data import Batcher, load_panel
-from sweeper.models import build_model
+from sweeper.models.stacked.build import build_stack
 
 MODELS = {
     "transformer": {"name": "transformer", "d_model": 64, "nhead": 4, "num_layers": 2, "dim_feedforward": 128},
@@ -175,18 +176,30 @@ def timed_steps(step: Callable[[int], None], size: int, steps: int, device: torc
     return steps * size / (time.perf_counter() - start)
 
 
+def stack_of_one(cfg, panel, device: torch.device) -> StackStep:
+    """The step a run of ``cfg`` trains and probes with: the stack of one that ``train`` sets up
+    (``sweeper.core.loop.prepare``), its model seeded with ``train.seed``."""
+    tc = cfg.train
+    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
+    lane = build_lane(Member(cfg, panel), device)
+    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [lane.solo]).to(device)
+    dropout = stack.seed_members([tc.seed], device)
+    flat = FlatStack(stack)
+    optimizer = StackedAdamW(flat, [tc.lr], [tc.weight_decay], tc.grad_clip)
+    scaler = MemberScaler(1, device, precision.name == "fp16")
+    return StackStep(stack, stack, flat, optimizer, scaler, precision, criterion, [lane], dropout)
+
+
 def probe_vs_scan(panel, synthetic: dict, device: torch.device, leave_gib: float, deadline: float) -> dict:
     """The probe's choice under a ceiling of ``leave_gib`` free GiB, against a scan of every
     power-of-two micro-batch (and the choice itself): does it fit, and how fast is it?"""
     cuda = device.type == "cuda"
     model_cfg = ({"name": "transformer", "d_model": 256, "nhead": 8, "num_layers": 4, "dim_feedforward": 1024}
                  if cuda else {"name": "mlp", "hidden_size": 64})
-    precision = resolve_precision("bf16", device)
-    torch.manual_seed(0)
-    model = build_model(config(model_cfg, synthetic).model, len(panel.features), panel.lookback).to(device)
-    optimizer = make_optimizer(model, 1e-4, 0.01)
-    batcher = Batcher(panel.to(device, 0.5), "train", device)
-    step = probe_step(model, optimizer, precision, batcher, resolve_loss("mse"), 0)
+    cfg = config(model_cfg, synthetic, precision="bf16", lr=1e-4, weight_decay=0.01, grad_clip=1.0, seed=0)
+    stack_step = stack_of_one(cfg, panel.to(device, 0.5), device)
+    cap = stack_step.lanes[0].batcher.n_samples
+    step = _probe(stack_step, 0)  # the plan's probe: a real step of the stack on random rows
     blocker = None
     if cuda:
         mem: Any = CudaMemory(device)
@@ -197,13 +210,12 @@ def probe_vs_scan(panel, synthetic: dict, device: torch.device, leave_gib: float
         step = mem.charged(step)
     try:
         t0 = time.perf_counter()
-        with preserved(model, optimizer):
-            probe = find_micro_batch(step, mem, start=64 if not cuda else 512, cap=batcher.n_samples, margin=0.1,
-                                     steps=3)
+        with stack_step.preserved():
+            probe = find_micro_batch(step, mem, start=64 if not cuda else 512, cap=cap, margin=0.1, steps=3)
         probe_s = time.perf_counter() - t0
         print(f"  probe: micro-batch {probe.micro_batch} after {len(probe.tried)} sizes in {probe_s:.1f}s "
               f"(budget {probe.budget_bytes / GiB:.3f} GiB of {probe.free_bytes / GiB:.3f} GiB free)", flush=True)
-        scan = scan_sizes(step, model, optimizer, probe.micro_batch, batcher.n_samples, device, deadline)
+        scan = scan_sizes(step, stack_step, probe.micro_batch, cap, device, deadline)
     finally:
         del blocker
         release_memory()
@@ -217,14 +229,15 @@ def probe_vs_scan(panel, synthetic: dict, device: torch.device, leave_gib: float
                                           if chosen and best and chosen.get("samples_per_s") else None)}
 
 
-def scan_sizes(step, model, optimizer, chosen: int, cap: int, device: torch.device, deadline: float) -> list[dict]:
+def scan_sizes(step, stack_step: StackStep, chosen: int, cap: int, device: torch.device,
+               deadline: float) -> list[dict]:
     sizes = sorted({min(cap, 2**k) for k in range(6, 30) if 2**k <= 2 * chosen} | {chosen})
     rows = []
     for size in sizes:
         if time.monotonic() > deadline:
             rows.append({"size": size, "skipped": "time budget"})
             continue
-        with preserved(model, optimizer):
+        with stack_step.preserved():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             ok, rate = attempt(timed_steps, step, size, 5, device)
@@ -436,7 +449,6 @@ STACKED = {"mlp": {"name": "mlp", "hidden_size": 64, "num_layers": 2, "dropout":
 def stacked_runs(panel, synthetic: dict, device: torch.device, ks: tuple[int, ...], uuid: str | None,
                  deadline: float) -> dict:
     """Samples/s of a stack of K seeds (the second epoch), against K = 1's, and the GPU's busy share."""
-    from sweeper.core.stack_loop import Member, train_stack
     from sweeper.validation.grid import seeded
 
     rows = []

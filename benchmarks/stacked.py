@@ -106,7 +106,7 @@ def _quality(seed: int, base: dict[str, Any]) -> dict[str, Any]:
     import pandas as pd
     import torch
 
-    from sweeper.core.stack_loop import Member, train_stack
+    from sweeper.core import Member, train_stack
     from sweeper.quant import ic as M
     from sweeper.validation.grid import seeded
 

@@ -124,40 +124,68 @@ def test_memory_is_released_after_the_exception_frames_are_gone(monkeypatch):
     assert alive_at_release == [False, False, False]  # sizes 8, 6, 5 failed
 
 
-def test_probing_with_real_training_steps_leaves_no_trace():
-    from sweeper.config import ModelConfig
-    from sweeper.core.batch_plan import preserved, probe_step
+def _stack_step(cfg, panel, solo=None):
+    """The stack of one that ``train`` sets up for ``cfg`` on ``panel`` (sweeper.core.loop.prepare, on
+    the CPU), its one-member model ``solo`` where given; returns its StackStep."""
+    from sweeper.core.lanes import Member, build_lane
     from sweeper.core.loss import resolve_loss
+    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
     from sweeper.core.precision import resolve_precision
-    from sweeper.core.progress import cpu_copy
-    from sweeper.core.schedule import make_optimizer
-    from sweeper.data import Batcher
-    from sweeper.models import build_model
-    from toy_panel import toy_panel
+    from sweeper.core.step import StackStep
+    from sweeper.models.stacked.build import build_stack
 
+    tc, device = cfg.train, torch.device("cpu")
+    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
+    lane = build_lane(Member(cfg, panel), device)
+    if solo is not None:
+        lane.solo = solo
+    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [lane.solo]).to(device)
+    dropout = stack.seed_members([tc.seed], device)
+    flat = FlatStack(stack)
+    optimizer = StackedAdamW(flat, [tc.lr], [tc.weight_decay], tc.grad_clip)
+    scaler = MemberScaler(1, device, precision.name == "fp16")
+    return StackStep(stack, stack, flat, optimizer, scaler, precision, criterion, [lane], dropout)
+
+
+def _optimizer_state(step) -> dict[str, torch.Tensor]:
+    """The stack's optimizer state (its step counts and moments), copied."""
+    return {k: v.clone() for k, v in step.optimizer.state_dict().items()}
+
+
+def test_probing_with_real_training_steps_leaves_no_trace():
+    from sweeper.core.step import _probe
+    from toy_panel import toy_config, toy_panel
+
+    cfg = toy_config({"name": "mlp", "hidden_size": 8, "dropout": 0.5}, lr=1e-2, weight_decay=0.01)
+    step = _stack_step(cfg, toy_panel())
+    (lane,) = step.lanes
     torch.manual_seed(0)
-    model = build_model(ModelConfig(name="mlp", hidden_size=8, dropout=0.5), 3, 4)
-    optimizer = make_optimizer(model, 1e-2, 0.01)
-    before, rng = cpu_copy(model.state_dict()), torch.get_rng_state()
-    step = probe_step(model, optimizer, resolve_precision("fp32", torch.device("cpu")),
-                      Batcher(toy_panel(), "train", "cpu"), resolve_loss("mse"), seed=0)
+    before, rng = step.stack.member_state(0), torch.get_rng_state()
+    values, moments = step.flat.values.clone(), _optimizer_state(step)
+    assert float(moments["steps"][0]) == 0 and not moments["exp_avg"].any()
+    probe = _probe(step, seed=0)  # the plan's own probe: a real stacked step on random rows
     dev = FakeDevice(free=1_000_000, base=0, per_row=1_000)  # budget 900 kB: 900 rows
     changed = []
 
     def try_step(size):
         dev.step(size)  # OOM above 1000 rows, before the real step runs
-        step(size)
-        changed.append(not torch.equal(model.state_dict()["net.1.weight"], before["net.1.weight"]))
+        probe(size)
+        changed.append(not torch.equal(step.stack.member_state(0)["net.1.weight"], before["net.1.weight"]))
 
-    with preserved(model, optimizer):
+    with step.preserved():
         r = find_micro_batch(try_step, dev, start=256, cap=1143, margin=0.1, steps=2)
     assert r.micro_batch == 900
     assert len(changed) > 10 and all(changed)  # the probe really trained ...
     for key, value in before.items():          # ... and left nothing behind
-        assert torch.equal(model.state_dict()[key], value)
-    assert len(optimizer.state) == 0
+        assert torch.equal(step.stack.member_state(0)[key], value)
+    assert torch.equal(step.flat.values, values)
+    after = _optimizer_state(step)             # no optimizer state: no step counted, no moments
+    assert all(torch.equal(after[k], moments[k]) for k in moments)
+    assert all(float(s["step"]) == 0 for s in step.optimizer.single.state.values())
+    assert (float(step.scaler.scale_[0]), float(step.scaler.good[0])) == (1.0, 0.0)
+    assert (lane.position, lane.seen, lane.steps.unread) == (0, 0, 0)
     assert torch.equal(torch.get_rng_state(), rng)
-    assert all(p.grad is None for p in model.parameters())
+    assert not step.flat.grads.any() and all(not p.grad.any() for p in step.flat.params)
 
 
 # ---------------------------------------------------------------- CudaMemory, against a stand-in allocator
@@ -307,10 +335,15 @@ class Ledger:
     def spend(self, rows: int, training: bool) -> None:
         self.sizes.append(("train" if training else "eval", rows))
         need = rows * (self.per_train_row if training else self.per_eval_row)
-        need += self.state if self.optimizer is not None and self.optimizer.state else 0
+        need += self.state if self.optimizer is not None and _updated(self.optimizer) else 0
         if need > self.free:
             raise torch.OutOfMemoryError("CUDA out of memory (ledger)")
         self.peak = max(self.peak, need)
+
+
+def _updated(optimizer) -> bool:
+    """Whether the stack's AdamW has made an update, and so its state (step counts, moments)."""
+    return bool(optimizer.state_dict()["steps"].any())
 
 
 class LedgerModel(torch.nn.Module):
@@ -324,20 +357,17 @@ class LedgerModel(torch.nn.Module):
 
 
 def _plan(ledger: Ledger, **train):
-    from sweeper.core.batch_plan import plan_batch
-    from sweeper.core.loss import resolve_loss
-    from sweeper.core.precision import resolve_precision
-    from sweeper.core.schedule import DateRuns, make_optimizer
-    from sweeper.data import Batcher
+    from sweeper.core.lanes import lane_batch_size
+    from sweeper.core.step import plan_stack
     from toy_panel import toy_config, toy_panel
 
     panel, cfg = toy_panel(), toy_config(**train)
-    model = LedgerModel(ledger, 3)
-    ledger.optimizer = make_optimizer(model, 1e-2, 0.01)
-    batcher = Batcher(panel, "train", "cpu")
-    date_rows = DateRuns(batcher).largest if cfg.train.loss == "ic" else 1
-    return plan_batch(cfg, model, ledger.optimizer, resolve_precision("fp32", torch.device("cpu")),
-                      resolve_loss(cfg.train.loss), batcher, panel, ledger, date_rows)
+    step = _stack_step(cfg, panel, solo=LedgerModel(ledger, 3))
+    ledger.optimizer = step.optimizer
+    lanes, tc = step.lanes, cfg.train
+    date_rows = max(lane.runs.largest if lane.runs is not None and step.criterion.whole_dates else 1
+                    for lane in lanes)
+    return plan_stack(step, tc, lane_batch_size(tc, lanes), ledger, date_rows)
 
 
 def test_the_plan_fits_the_evaluation_batch_too_and_reports_the_peak():
@@ -350,7 +380,8 @@ def test_the_plan_fits_the_evaluation_batch_too_and_reports_the_peak():
     assert [rows for kind, rows in ledger.sizes if kind == "eval"] == [256, 128, 192, 160, 176, 168, 172, 170, 171]
     assert plan.peak_mem_mb == (Ledger.base_bytes + 90_000) / 2**20
     assert "probed micro-batch 64 (tried [64]) and eval batch 170" in plan.note
-    assert len(ledger.optimizer.state) == 0  # probing left no state behind
+    assert not _updated(ledger.optimizer)  # probing left no state behind
+    assert not ledger.optimizer.state_dict()["exp_avg"].any()
 
 
 def test_an_ic_plan_starts_at_one_whole_date():

@@ -38,80 +38,168 @@ def test_sinusoidal_table_is_a_buffer_not_a_parameter():
 
 # ------------------------------------------------------------ torch's AdamW, unguarded
 
-def _trained(optimizer_of, steps: int = 6, skip_at: int = 3):
-    """A small transformer trained ``steps`` steps by :func:`train_step` with the optimizer
-    ``optimizer_of(model)`` builds, under a LambdaLR warm-up; a NaN loss at step ``skip_at``
-    takes the fused kernel's device-side skip. Returns (model, optimizer, scheduler)."""
+STEPS, SKIP_AT, LR, WD, CLIP = 6, 3, 1e-2, 0.1, 0.5
+
+
+def warmup(step: int) -> float:
+    return min(1.0, (step + 1) / 4)
+
+
+def _transformer():
     import torch
 
-    from sweeper.core.loss import resolve_loss
-    from sweeper.core.precision import resolve_precision
-    from sweeper.core.schedule import Rows
-    from sweeper.core.step import train_step
-    from sweeper.data import Batch
-
     torch.manual_seed(0)
-    model = TransformerModel(3, 5, d_model=8, nhead=2, num_layers=1, dim_feedforward=16, positional="learned")
-    optimizer = optimizer_of(model)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 4))
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    params = [p for p in model.parameters() if p.requires_grad]
-    x, y = torch.randn(16, 5, 3), torch.randn(16)
-    for step in range(steps):
-        target = y * float("nan") if step == skip_at else y
+    return TransformerModel(3, 5, d_model=8, nhead=2, num_layers=1, dim_feedforward=16, positional="learned")
 
-        def gather(rows, target=target):
-            return Batch(x[rows[:, 1]], target[rows[:, 1]], target[rows[:, 1]], rows[:, 0], rows[:, 1])
 
-        rows = Rows(torch.stack([torch.zeros(16, dtype=torch.long), torch.arange(16)], 1))
-        train_step(model, params, optimizer, scaler, resolve_precision("fp32", torch.device("cpu")), gather,
-                   rows, 16, resolve_loss("mse"), grad_clip=0.5)
-        scheduler.step()
-    return model, optimizer, scheduler
+class Fixed:
+    """A Batcher's gather over 16 fixed windows (date 0, asset k: window k), whose labels the test
+    may turn to NaN."""
+
+    def __init__(self):
+        import torch
+
+        self.x, self.y = torch.randn(16, 5, 3), torch.randn(16)
+        self.target = self.y
+        self.index = torch.stack([torch.zeros(16, dtype=torch.long), torch.arange(16)], 1)
+        self.n_samples = 16
+
+    def reads_same(self, other) -> bool:
+        return other is self
+
+    def gather(self, rows):
+        from sweeper.data import Batch
+
+        k = rows[:, 1]
+        return Batch(self.x[k], self.target[k], self.target[k], rows[:, 0], k)
+
+
+def _stack_of_one(model):
+    """The trial's step and optimizer around ``model`` (sweeper.core.loop.prepare, on the CPU; AdamW
+    lr ``LR``, weight decay ``WD``, clipping at ``CLIP``), its schedule ``warmup``. Returns the StackStep."""
+    import torch
+
+    from sweeper.core.lanes import Member, build_lane
+    from sweeper.core.loss import resolve_loss
+    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
+    from sweeper.core.precision import resolve_precision
+    from sweeper.core.step import StackStep
+    from sweeper.models.stacked.build import build_stack
+    from toy_panel import toy_config, toy_panel
+
+    cfg, device = toy_config(lr=LR, weight_decay=WD, grad_clip=CLIP), torch.device("cpu")
+    lane = build_lane(Member(cfg, toy_panel(F=3, lookback=5)), device)
+    lane.solo, lane.factor = model, warmup
+    stack = build_stack([cfg.model], 3, 5, [model]).to(device)
+    dropout = stack.seed_members([cfg.train.seed], device)
+    flat = FlatStack(stack)
+    optimizer = StackedAdamW(flat, [LR], [WD], CLIP)
+    return StackStep(stack, stack, flat, optimizer, MemberScaler(1, device, False),
+                     resolve_precision("fp32", device), resolve_loss("mse"), [lane], dropout)
+
+
+def _ours():
+    """The small transformer trained ``STEPS`` stacked steps as a trial trains it (a stack of one:
+    the trial's StackStep and StackedAdamW), under the ``warmup`` schedule; a NaN loss at step
+    ``SKIP_AT`` takes the fused kernel's device-side skip. Returns (model, its StackStep)."""
+    import torch
+
+    from sweeper.core.schedule import Rows
+
+    model = _transformer()
+    step = _stack_of_one(model)  # (building its lane seeds the global generator: reseeded below)
+    torch.manual_seed(1)
+    batcher = step.lanes[0].batcher = Fixed()
+    torch.manual_seed(2)  # dropout's draws, as _theirs
+    for k in range(STEPS):
+        batcher.target = batcher.y * float("nan") if k == SKIP_AT else batcher.y
+        step([Rows(batcher.index)], 16)
+    return model, step
 
 
 def _torchs(model):
     """torch.optim.AdamW itself, with make_optimizer's groups and kernel choice."""
     import torch
 
-    ours = make_optimizer(model, 1e-2, 0.1)
+    ours = make_optimizer(model, LR, WD)
     groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in ours.param_groups]
-    return torch.optim.AdamW(groups, lr=1e-2, fused=ours.defaults["fused"])
+    return torch.optim.AdamW(groups, lr=LR, fused=ours.defaults["fused"])
+
+
+def _theirs():
+    """The same training by torch alone: clip_grad_norm_, torch.optim.AdamW, LambdaLR, and the step
+    skipped where the loss or the norm is not finite. Returns (model, optimizer, scheduler)."""
+    import torch
+
+    model = _transformer()
+    optimizer = _torchs(model)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
+    torch.manual_seed(1)
+    batcher = Fixed()
+    torch.manual_seed(2)
+    for k in range(STEPS):
+        target = batcher.y * float("nan") if k == SKIP_AT else batcher.y
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(batcher.x).float(), target)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        if torch.isfinite(loss + norm):
+            optimizer.step()
+        scheduler.step()
+    return model, optimizer, scheduler
 
 
 def test_the_trial_optimizer_is_torchs_adamw_to_the_bit():
     import torch
 
-    ours, ours_opt, _ = _trained(lambda m: make_optimizer(m, 1e-2, 0.1))
-    theirs, theirs_opt, _ = _trained(_torchs)
+    ours, step = _ours()
+    theirs, theirs_opt, _ = _theirs()
+    ours_opt = step.optimizer.single  # a stack of one steps torch's AdamW on the model's own tensors
     assert isinstance(ours_opt, torch.optim.AdamW) and ours_opt.defaults["fused"] is True
-    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
         assert torch.equal(a, b), name
     mine, torchs = ours_opt.state_dict(), theirs_opt.state_dict()
+    # the stack sets each step's lr by LambdaLR's rule itself; torch's LambdaLR also keeps its base
+    for group in torchs["param_groups"]:
+        assert group.pop("initial_lr") == LR
     assert mine["param_groups"] == torchs["param_groups"]
     assert mine["state"].keys() == torchs["state"].keys()
     for key, state in mine["state"].items():
         assert float(state["step"]) == 5.0  # 6 steps, the NaN one skipped on the device
         for field in ("step", "exp_avg", "exp_avg_sq"):
             assert torch.equal(state[field], torchs["state"][key][field]), (key, field)
+    # and the flat buffers the checkpoint keeps are those moments
+    flat = step.optimizer.state_dict()
+    assert float(flat["steps"][0]) == 5.0
+    for p, span in zip(step.flat.params, step.flat.spans):
+        for field in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(flat[field][:, span].view(p.shape), ours_opt.state[p][field]), field
 
 
 def test_the_trial_optimizer_state_loads_both_ways_with_torchs():
     """A checkpoint written by torch's AdamW (an older sweeper) resumes in ours, and back."""
+    import copy
+
     import torch
 
-    model, theirs_opt, _ = _trained(_torchs)
-    ours_opt = make_optimizer(model, 1e-2, 0.1)
-    ours_opt.load_state_dict(theirs_opt.state_dict())
-    back = _torchs(model)
-    back.load_state_dict(ours_opt.state_dict())
+    model, theirs_opt, _ = _theirs()
     params = list(model.parameters())
     assert len(theirs_opt.state) == len(params)  # every parameter has moments to carry over
-    for p in params:
-        for loaded in (ours_opt, back):
+    legacy = make_optimizer(model, LR, WD)
+    legacy.load_state_dict(theirs_opt.state_dict())
+    step = _stack_of_one(copy.deepcopy(model))  # the trial's: torch's AdamW over the flat buffers
+    ours_opt = step.optimizer.single
+    ours_opt.load_state_dict(theirs_opt.state_dict())
+    flat = step.optimizer.adopt_single_state()  # as a lone run's checkpoint converts on load
+    back = _torchs(model)
+    back.load_state_dict(ours_opt.state_dict())
+    for p, mine, span in zip(params, step.flat.params, step.flat.spans, strict=True):
+        for loaded, q in ((legacy, p), (ours_opt, mine), (back, p)):
             for field in ("step", "exp_avg", "exp_avg_sq"):
-                assert torch.equal(theirs_opt.state[p][field], loaded.state[p][field]), field
-    for loaded in (ours_opt, back):
+                assert torch.equal(theirs_opt.state[p][field], loaded.state[q][field]), field
+        for field in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(flat[field][:, span].view(p.shape), theirs_opt.state[p][field]), field
+    for loaded in (legacy, ours_opt, back):
         assert [g["lr"] for g in loaded.param_groups] == [g["lr"] for g in theirs_opt.param_groups]
 
 

@@ -257,22 +257,27 @@ class Roomy:
 
 def test_batch_size_auto_is_probed_on_a_refit_panel(workdir):
     from sweeper.config import validate_config
-    from sweeper.core.batch_plan import plan_batch
+    from sweeper.core.lanes import Member, build_lane, lane_batch_size
     from sweeper.core.loss import resolve_loss
+    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
     from sweeper.core.precision import resolve_precision
-    from sweeper.core.schedule import make_optimizer
-    from sweeper.data import Batcher
-    from sweeper.models import build_model
+    from sweeper.core.step import StackStep, plan_stack
+    from sweeper.models.stacked.build import build_stack
 
     cfg = validate_config(merge(TINY, {"train": {"batch_size": "auto"}}), "tiny")
     panel, _ = refit_panel(DataConfig(synthetic=SYNTH, lookback=LOOKBACK), None)
-    model = build_model(cfg.model, len(panel.features), LOOKBACK)
-    batcher = Batcher(panel, "train", "cpu")
-    fp32 = resolve_precision("fp32", torch.device("cpu"))
-    plan = plan_batch(cfg, model, make_optimizer(model, 1e-3, 0.0), fp32, resolve_loss("mse"), batcher, panel,
-                      Roomy())
+    # the stack of one that train sets up (sweeper.core.loop.prepare) for the refit's run
+    tc, cpu = cfg.train, torch.device("cpu")
+    lane = build_lane(Member(cfg, panel), cpu)
+    stack = build_stack([cfg.model], len(panel.features), LOOKBACK, [lane.solo])
+    flat = FlatStack(stack)
+    optimizer = StackedAdamW(flat, [1e-3], [0.0], tc.grad_clip)
+    fp32 = resolve_precision("fp32", cpu)
+    step = StackStep(stack, stack, flat, optimizer, MemberScaler(1, cpu, False), fp32, resolve_loss("mse"),
+                     [lane], stack.seed_members([tc.seed], cpu))
+    plan = plan_stack(step, tc, lane_batch_size(tc, [lane]), Roomy(), 1)
     # every train row in one micro-batch; the empty valid and test splits probe no evaluation batch
-    assert plan.batch_size == plan.micro_batch == batcher.n_samples > 0
+    assert plan.batch_size == plan.micro_batch == lane.batcher.n_samples > 0
     assert plan.eval_batch_size == cfg.train.eval_batch_size and plan.note.startswith("probed micro-batch")
 
 

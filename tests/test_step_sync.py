@@ -11,9 +11,9 @@ import torch
 
 import sweeper.core.loop as loop
 from sweeper.core import NullHook, train
+from sweeper.core.optim import update_unless
 from sweeper.core.progress import EpochSteps, Progress
 from sweeper.core.schedule import lr_factor, make_optimizer
-from sweeper.core.step import finish_step, update_unless
 from sweeper.errors import NonFiniteLoss
 from toy_panel import toy_config, toy_panel
 
@@ -132,42 +132,118 @@ def test_a_state_from_an_unfused_optimizer_skips_on_the_host():
     assert all(int(s["step"]) == 2 for s in optimizer.state.values())
 
 
+class LastRow(torch.nn.Module):
+    """A linear model of a window's last row, its input times ``gain``."""
+
+    def __init__(self, features: int, gain: float = 1.0) -> None:
+        super().__init__()
+        self.linear, self.gain = torch.nn.Linear(features, 1), gain
+
+    def forward(self, x):
+        return self.linear(x[:, -1] * self.gain).squeeze(-1)
+
+
+def _stack_step(cfg, panel, solo, fp16: bool, members: int = 1):
+    """The stack that ``train`` sets up (sweeper.core.loop.prepare, on the CPU) for ``members`` runs
+    of ``cfg``, a stack of one around the one-member model ``solo`` where given, its losses scaled
+    per member when ``fp16`` (the fp16 path's scaler on the CPU, where autocast has no fp16: the
+    precision stays fp32). Returns its StackStep."""
+    from sweeper.core.lanes import Member, build_lane
+    from sweeper.core.loss import resolve_loss
+    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
+    from sweeper.core.precision import resolve_precision
+    from sweeper.core.step import StackStep
+    from sweeper.models.stacked.build import build_stack
+
+    tc, device = cfg.train, torch.device("cpu")
+    lanes = [build_lane(Member(cfg, panel), device) for _ in range(members)]
+    if solo is not None:
+        (lane,) = lanes
+        lane.solo = solo
+    stack = build_stack([cfg.model] * members, len(panel.features), panel.lookback,
+                        [lane.solo for lane in lanes]).to(device)
+    dropout = stack.seed_members([tc.seed] * members, device)
+    flat = FlatStack(stack)
+    optimizer = StackedAdamW(flat, [tc.lr] * members, [tc.weight_decay] * members, tc.grad_clip)
+    return StackStep(stack, stack, flat, optimizer, MemberScaler(members, device, fp16),
+                     resolve_precision("fp32", device), resolve_loss(tc.loss), lanes, dropout)
+
+
+def _first_rows(step, n: int):
+    from sweeper.core.schedule import Rows
+
+    return [Rows(lane.batcher.index[:n]) for lane in step.lanes]
+
+
 def test_an_fp16_overflow_is_skipped_and_lowers_the_scale():
-    # the fp16 path on the CPU: a GradScaler whose scale overflows the gradients to inf
-    model = torch.nn.Linear(3, 1)
-    optimizer = make_optimizer(model, 1e-2, 0.0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127, growth_interval=1)
-    before = [p.detach().clone() for p in model.parameters()]
-    loss = model(torch.full((8, 3), 1e4)).pow(2).mean()  # finite, but its gradients x 2^127 are not
-    scaler.scale(loss).backward()
-    skipped = finish_step(list(model.parameters()), optimizer, scaler, loss.detach(), 1.0)
+    # the fp16 path on the CPU: a member's loss scale that overflows its gradients to inf
+    torch.manual_seed(0)
+    cfg = toy_config(lr=1e-2, weight_decay=0.0, grad_clip=1.0)
+    step = _stack_step(cfg, toy_panel(), LastRow(3, gain=1e4), fp16=True)
+    step.scaler.scale_.fill_(2.0**127)
+    before = [p.detach().clone() for p in step.flat.params]
+    moments = {k: v.clone() for k, v in step.optimizer.state_dict().items()}
+    step(_first_rows(step, 8), 8)  # finite, but its gradients x 2^127 are not
+    (lane,) = step.lanes
+    loss, skipped = lane.steps.pending  # the step's loss and skip flag, left on the device
     assert torch.isfinite(loss)
     assert skipped.dtype == torch.float32 and float(skipped) == 1.0
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert scaler.get_scale() == 2.0**126
+    assert all(torch.equal(a, b) for a, b in zip(before, step.flat.params))
+    after = step.optimizer.state_dict()  # no step counted, no moments moved
+    assert all(torch.equal(after[k], moments[k]) for k in moments)
+    assert float(step.scaler.scale_[0]) == 2.0**126
 
 
-def test_an_oom_in_the_update_leaves_the_scaler_ready_to_redo_the_step(monkeypatch):
-    model = torch.nn.Linear(3, 1)
-    optimizer = make_optimizer(model, 1e-2, 0.0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
-    real_step = type(optimizer).step
+def test_an_fp16_overflow_lowers_only_that_members_scale():
+    # a stack of two: member 0's scale overflows its gradients, member 1's does not
+    import dataclasses
+
+    panel = toy_panel()
+    loud = dataclasses.replace(panel, X=panel.X * 1e4, _cache={})
+    step = _stack_step(toy_config(lr=1e-2, weight_decay=0.0, grad_clip=1.0), loud, None, fp16=True, members=2)
+    step.scaler.scale_.copy_(torch.tensor([2.0**127, 2.0**16]))
+    before = step.flat.values.clone()
+    step(_first_rows(step, 8), 8)
+    skipped = [float(lane.steps.pending[1]) for lane in step.lanes]
+    assert skipped == [1.0, 0.0]
+    assert all(torch.isfinite(lane.steps.pending[0]) for lane in step.lanes)
+    assert torch.equal(step.flat.values[0], before[0]) and not torch.equal(step.flat.values[1], before[1])
+    assert step.optimizer.state_dict()["steps"].tolist() == [0.0, 1.0]
+    assert step.scaler.scale_.tolist() == [2.0**126, 2.0**16]
+
+
+def test_an_oom_in_the_update_can_be_redone_from_scratch(monkeypatch):
+    # fp16's scaler (scale 4): the redone step unscales its own gradients once, not the first try's twice
+    def fresh():
+        torch.manual_seed(0)
+        step = _stack_step(toy_config(lr=1e-2, weight_decay=0.0, grad_clip=None), toy_panel(), LastRow(3),
+                           fp16=True)
+        step.scaler.scale_.fill_(4.0)
+        return step
+
+    reference = fresh()
+    reference(_first_rows(reference, 16), 16)  # the same step, never interrupted
+    step = fresh()
+    single = step.optimizer.single
+    real_step = type(single).step
     calls = []
 
-    def failing_once(self, *args, **kwargs):
+    def failing_twice(self, *args, **kwargs):
         calls.append(1)
-        if len(calls) == 1:
+        if len(calls) <= 2:
             raise torch.OutOfMemoryError("CUDA out of memory (fake)")
         return real_step(self, *args, **kwargs)
-    monkeypatch.setattr(type(optimizer), "step", failing_once)
-    for attempt in range(2):
-        optimizer.zero_grad(set_to_none=True)
-        loss = model(torch.ones(4, 3)).pow(2).mean()
-        scaler.scale(loss).backward()
-        if attempt == 0:
-            with pytest.raises(torch.OutOfMemoryError):
-                finish_step(list(model.parameters()), optimizer, scaler, loss.detach(), None)
-        else:  # without the scaler's iteration closed, unscale_ would refuse: "already been called"
-            skipped = finish_step(list(model.parameters()), optimizer, scaler, loss.detach(), None)
-    assert float(skipped) == 0.0 and len(calls) == 2
-
+    monkeypatch.setattr(type(single), "step", failing_twice)
+    said: list[str] = []
+    with pytest.raises(torch.OutOfMemoryError):  # the step itself lets the OOM through ...
+        step(_first_rows(step, 16), 16)
+    # ... and the loop redoes it (here at the same micro-batch): zeroed gradients, the whole step
+    # again, and again after a second OOM
+    assert step.until_it_fits(_first_rows(step, 16), 16, lambda micro: micro, said.append) == 16
+    assert said == ["out of memory: micro-batch now 16"]
+    (lane,) = step.lanes
+    loss, skipped = lane.steps.pending  # the successful try's, once
+    assert float(skipped) == 0.0 and len(calls) == 3
+    assert all(torch.equal(a, b) for a, b in zip(step.flat.params, reference.flat.params))
+    assert torch.equal(loss, reference.lanes[0].steps.pending[0])
+    assert (float(step.scaler.scale_[0]), float(step.scaler.good[0])) == (4.0, 1.0)

@@ -10,7 +10,7 @@ from sweeper.core import FileCheckpointer, NullHook, predict, train
 from sweeper.core.loss import resolve_loss
 from sweeper.core.precision import resolve_precision
 from sweeper.core.schedule import Rows, lr_factor
-from sweeper.core.step import accumulate
+from sweeper.core.step import StackStep
 from sweeper.data import Batch
 from sweeper.errors import ConfigError, Interrupted, NonFiniteLoss
 from sweeper.models import build_model
@@ -201,11 +201,31 @@ def test_precision_resolution_on_cpu():
         resolve_precision("fp16", torch.device("cpu"))
 
 
+def _stack_step(cfg, panel, solo) -> StackStep:
+    """The stack of one that ``train`` sets up for ``cfg`` (sweeper.core.loop.prepare, on the CPU)
+    around the one-member model ``solo``."""
+    from sweeper.core.lanes import Member, build_lane
+    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
+    from sweeper.models.stacked.build import build_stack
+
+    tc, device = cfg.train, torch.device("cpu")
+    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
+    lane = build_lane(Member(cfg, panel), device)
+    lane.solo = solo
+    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [solo]).to(device)
+    dropout = stack.seed_members([tc.seed], device)
+    flat = FlatStack(stack)
+    optimizer = StackedAdamW(flat, [tc.lr], [tc.weight_decay], tc.grad_clip)
+    scaler = MemberScaler(1, device, precision.name == "fp16")
+    return StackStep(stack, stack, flat, optimizer, scaler, precision, criterion, [lane], dropout)
+
+
 @pytest.mark.parametrize("loss_name", ["mse", "ic"])
 @pytest.mark.parametrize("with_counts", [False, True])
-def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_name, with_counts):
+def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_name, with_counts, panel):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 1), torch.nn.Flatten(0))
+    step = _stack_step(toy_config(loss=loss_name, precision="fp32"), panel, model)
     x, y = torch.randn(13, 4, 3), torch.randn(13)
     t = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 4, 4, 4])  # date 3 has one row: ic_loss skips it
     # a cross-sectional batch comes grouped by date with its counts; a random one shuffled, without
@@ -213,17 +233,24 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(loss_name, with_cou
     rows = Rows(idx, [3, 2, 4, 1, 3]) if with_counts else Rows(idx[torch.randperm(13)])
     gathered: list[int] = []
 
-    def gather(part):
-        gathered.append(len(part))
-        return Batch(x[part[:, 1]], y[part[:, 1]], y[part[:, 1]], part[:, 0], part[:, 1])
+    class Gather:
+        """The member's batcher: counts the rows of each gather."""
 
-    fp32 = resolve_precision("fp32", torch.device("cpu"))
-    scaler = fp32.scaler()
+        index = idx
+
+        def reads_same(self, other):
+            return other is self
+
+        def gather(self, part):
+            gathered.append(len(part))
+            return Batch(x[part[:, 1]], y[part[:, 1]], y[part[:, 1]], part[:, 0], part[:, 1])
+
+    step.lanes[0].batcher = Gather()
     grads = []
     for micro in (13, 5, 4, 1):
-        model.zero_grad()
-        loss = accumulate(model, gather, rows, micro, resolve_loss(loss_name), fp32, scaler)
-        grads.append((loss, [p.grad.clone() for p in model.parameters()]))
+        step.flat.zero_grad()
+        (loss,) = step._accumulate([rows], micro)  # the stack's forward and backward of each micro-batch
+        grads.append((loss, [p.grad.clone() for p in step.flat.params]))
     full_loss, full_grads = grads[0]
     for loss, g in grads[1:]:
         torch.testing.assert_close(loss, full_loss)
