@@ -20,7 +20,8 @@ tensors are not compared; every param, state, count, name and text still compare
 its own record (below, with a worktree of 83f89dc) to compare it exactly.
 
 ``train.max_stack`` (issue 29, stacked runs) postdates the records and is taken out of every
-stored config (and ``config_hash``, the hash of a config that has it, with it); the walk-forward study sets it to 1, so that its record still guards the path of
+stored config (and ``config_hash``, the hash of a config that has it, with it), and so are the
+stack size's attributes (issue 39: ``stack_size``, ``stack_size_from``, ``stack_rates``); the walk-forward study sets it to 1, so that its record still guards the path of
 one run after another exactly (stacking's own equivalence is tests/test_stacked_core.py's).
 
 Taken out (they vary between two runs of the same code): wall times and throughput, memory
@@ -54,7 +55,7 @@ VOLATILE = {"duration_s", "driver_id", "driver_pid", "pid", "pid_ns", "hostname"
             "samples_per_s", "study_uuid", "environment", "sweeper_version", "probe_peak_mem_mb",
             "datetime_start", "datetime_complete", "heartbeat", "started_at"}
 # config keys added after the records, and the hash of a config that holds them (see the docstring)
-NEWER = {"max_stack", "train.max_stack", "config_hash"}
+NEWER = {"max_stack", "train.max_stack", "config_hash", "stack_size", "stack_size_from", "stack_rates"}
 NEWER_KEY_LINE = re.compile(r"^  max_stack: .*\n", re.MULTILINE)  # train.max_stack in a config.yaml
 VOLATILE_FILES = {"study.db", "study.db.lock", "owner.json", "devices.csv"}
 
@@ -130,7 +131,7 @@ def _export(root: Path) -> Any:
     out = root / "trials.parquet"
     sweeper_cli(root, "export", "study.yaml", "-o", str(out))
     frame = pd.read_parquet(out)
-    keep = [c for c in frame.columns if c.split(".")[-1] not in VOLATILE]
+    keep = [c for c in frame.columns if c.split(".")[-1] not in VOLATILE | NEWER]
     return {"columns": keep, "rows": json.loads(frame[keep].to_json(orient="records", double_precision=15, date_format="iso"))}
 
 

@@ -92,6 +92,7 @@ class StackedAdamW:
         dev = flat.values.device
         self.flat, self.grad_clip, self.betas, self.eps = flat, grad_clip, betas, eps
         self.base_lr = [float(v) for v in lr]
+        self.base_weight_decay = [float(v) for v in weight_decay]  # host floats, as torch's groups hold them
         self.lr = torch.tensor(self.base_lr, device=dev)
         self.weight_decay = torch.tensor([float(v) for v in weight_decay], device=dev)
         self.factor = torch.ones_like(self.lr)  # the schedule's multiplier, set before each step
@@ -185,7 +186,7 @@ def _torch_adamw(opt: StackedAdamW) -> torch.optim.Optimizer:
     flat = opt.flat
     decay = [p for p, d in zip(flat.params, flat.decayed) if d]
     other = [p for p, d in zip(flat.params, flat.decayed) if not d]
-    single = adamw(decay, other, opt.base_lr[0], float(opt.weight_decay[0]))
+    single = adamw(decay, other, opt.base_lr[0], opt.base_weight_decay[0])
     fused = bool(single.param_groups[0].get("fused"))
     for p, span in zip(flat.params, flat.spans):
         # the step counter as torch's _init_group makes it: a device tensor for the fused kernel

@@ -137,11 +137,12 @@ def plan_stack(step: StackStep, tc: TrainConfig, cap: int, mem: MemoryReader | N
                                  steps=tc.probe_steps, minimum=minimum, why_minimum=why)
         micro = found.micro_batch
         # AdamW's state, made by the first step, is alive (and counted) while the evaluation is probed
-        longest = max(max(b.n_samples for b in _eval_batchers(step)), 1)
+        longest = max(b.n_samples for b in _eval_batchers(step))
         evals = find_micro_batch(_eval_probe(step), mem, start=min(eval_rows, longest),
-                                 cap=min(eval_rows, longest), margin=tc.memory_margin, steps=1)
-    eval_batch = evals.micro_batch
-    peak = mem.base_bytes + max(found.peak_bytes[micro], evals.peak_bytes[eval_batch])
+                                 cap=min(eval_rows, longest), margin=tc.memory_margin,
+                                 steps=1) if longest else None  # a refit's panels: nothing to evaluate
+    eval_batch = evals.micro_batch if evals else eval_rows
+    peak = mem.base_bytes + max(found.peak_bytes[micro], evals.peak_bytes[eval_batch] if evals else 0)
     note = (f"probed micro-batch {micro} (tried {found.tried}) and eval batch {eval_batch}: "
             f"peak {peak / 2**20:.0f} MiB, budget {found.budget_bytes / 2**20:.0f} MiB above "
             f"{mem.base_bytes / 2**20:.0f} MiB in use")

@@ -203,9 +203,44 @@ class Trainer:
     panels: PanelMemo | None = None
 
 
+Choice = dict[str, Any]  # the stack size chosen: StackChoice.attrs()
+
+
+def pin_stack_size(panel: Panel, trainer: Trainer,
+                   decide: Callable[[Callable[[], Choice]], Choice] = lambda measure: measure()
+                   ) -> tuple[Trainer, Choice]:
+    """``trainer`` with ``train.max_stack`` pinned to the trial's stack size, and the choice: a number
+    as it is; ``auto``: ``decide(measure)`` (a sweep's study keeps the first trial's measurement,
+    :func:`sweeper.study.stacking.resolve`; by default the measurement itself)."""
+    cfg = trainer.cfg
+    if cfg.train.max_stack != "auto":
+        return trainer, {"stack_size": cfg.train.max_stack, "stack_size_from": "train.max_stack"}
+    choice = decide(lambda: _measure_stack(panel, trainer))
+    train = cfg.train.model_copy(update={"max_stack": int(choice["stack_size"])})
+    return dataclasses.replace(trainer, cfg=cfg.model_copy(update={"train": train})), choice
+
+
+def _measure_stack(panel: Panel, trainer: Trainer) -> Choice:
+    """The stack size measured with the trial's seeds on its first fold's panel
+    (:func:`sweeper.core.stack_size.measure`)."""
+    from sweeper.core import Member, resolve_device
+    from sweeper.core.device import trial_memory
+    from sweeper.core.stack_size import StackChoice, candidate_sizes, measure
+
+    cfg, runs = trainer.cfg, trainer.cfg.validation.runs
+    if runs == 1:  # nothing to stack
+        return StackChoice(1, source="one run per trial").attrs()
+    first = _fold_panel(trainer, panel, fold_layout(panel, cfg)[0])
+    device = resolve_device(trainer.device)
+    members = [Member(seeded(cfg, seed), first) for seed in range(runs)]
+    memory = trainer.memory or trial_memory(device)
+    return measure(members, device, memory, candidate_sizes(runs), trainer.log).attrs()
+
+
 def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
     """Train (or, for a retry, find finished) every run of the trial's grid, fold by fold: in
-    stacks of at most ``train.max_stack`` runs where the model stacks (:meth:`RunGrid.stacks`)."""
+    stacks of the trial's stack size (:meth:`RunGrid.stacks`; ``auto``: measured first)."""
+    trainer = pin_stack_size(panel, trainer)[0]
     cfg, store, grid = trainer.cfg, trainer.store, RunGrid.of(trainer.cfg)
     folds = fold_layout(panel, cfg)
     out = TrialRuns(grid, folds, fold_spans(panel, folds) if grid.folded else [])

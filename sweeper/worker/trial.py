@@ -7,6 +7,7 @@ so optuna-dashboard lists it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -32,7 +33,7 @@ from sweeper.store import artifact_store, open_storage
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.store.outage import watch
-from sweeper.study import convergence, retention
+from sweeper.study import convergence, retention, stacking
 from sweeper.study.ending import end_trial, fail_attrs
 from sweeper.study.samplers import build_pruner
 from sweeper.validation.grid import RunGrid
@@ -122,7 +123,7 @@ class TrialRunner:
                started: float) -> tuple[TrialState, float | None, dict[str, Any]]:
         """The trial's runs (its folds and seeds; one run without either), one value."""
         from sweeper.validation import record
-        from sweeper.validation.runner import RunStore, Trainer, train_runs
+        from sweeper.validation.runner import RunStore, Trainer, pin_stack_size, train_runs
 
         # a sampled combination the model's config refuses raises ConfigError here or in train()
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
@@ -131,12 +132,18 @@ class TrialRunner:
                           progress_interval(self.cfg.study.stall_timeout))
         panel = self.panels.load(cfg.data)
         hook.tick()  # the data is loaded: progress, for the stall watchdog
+        trainer = Trainer(cfg, hook, started, self.device, log, self.device_kind.memory(self.memory_limit_mb),
+                          None, self.panels)
+        # every trial of the study stacks alike: the study keeps the size its first trial measured
+        trainer, choice = pin_stack_size(panel, trainer, functools.partial(stacking.resolve, self.study, cfg))
+        cfg = trainer.cfg
+        for key, value in choice.items():
+            trial.set_user_attr(key, value)
+        files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))  # with the stack size
         # the checkpoint says whose it is: only this trial's retries may continue it
         stamp = adoption.owner(self.study_uuid, frozen.number, panel.fingerprint)
         adoption.adopt(self.study, trial, frozen, cfg, files, stamp, log)
-        store = RunStore(files, stamp, RunGrid.of(cfg))
-        trainer = Trainer(cfg, hook, started, self.device, log, self.device_kind.memory(self.memory_limit_mb),
-                          store, self.panels)
+        trainer.store = RunStore(files, stamp, RunGrid.of(cfg))
         out = train_runs(panel, trainer)
         record.write_files(out, files)
         value, attrs = record.attrs_of(out, cfg)
