@@ -243,17 +243,19 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
         report["metric"] = cfg.study.metric
         report[K.FOLD_DATES] = K.layout(study.user_attrs)
         for row in report["running"]:  # with several runs the step runs on across folds and seeds
-            row.update(run_position(row["epoch"], cfg, row["params"]))
+            row.update(run_position(row["epoch"], cfg, row["params"], row["stack_size"]))
     return report
 
 
-def run_position(step: int | None, cfg: SweeperConfig, params: dict[str, Any]) -> dict[str, int | None]:
+def run_position(step: int | None, cfg: SweeperConfig, params: dict[str, Any],
+                 stack: int | None = None) -> dict[str, int | None]:
     """Which fold, seed (both 1-based) and epoch a running trial is in, from its last
-    intermediate step (the grid's position of it); all None before its first epoch ends."""
-    if step is None or step < 1:
+    intermediate step (the grid's position of it, in stacks of the trial's ``stack`` size); all
+    None before its first epoch ends."""
+    if step is None or step < 1 or (stack is None and cfg.train.max_stack == "auto"):
         return {"fold": None, "seed": None, "epoch": None}
     epochs = int(params.get("train.epochs", cfg.train.epochs))
-    grid = dataclasses.replace(RunGrid.of(cfg), epochs=epochs)
+    grid = dataclasses.replace(RunGrid.of(cfg, stack), epochs=epochs)
     fold, seed, epoch = grid.position(step)
     return {"fold": fold + 1, "seed": seed + 1, "epoch": epoch}
 
@@ -262,7 +264,7 @@ def _running(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
     return [
         {"trial": t.number, "device": t.user_attrs.get("device"), "host": t.user_attrs.get("host"),
          "epoch": max(t.intermediate_values) if t.intermediate_values else None,
-         "params": t.params}
+         "params": t.params, "stack_size": t.user_attrs.get("stack_size")}
         for t in trials if t.state == TrialState.RUNNING
     ]
 
