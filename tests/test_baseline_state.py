@@ -11,12 +11,12 @@ import optuna
 import pytest
 
 from conftest import TINY, merge
+from sweeper import launch
 from sweeper.baseline import state as S
 from sweeper.baseline.state import CLAIMABLE, ExitCode, State
 from sweeper.config import validate_config
 from sweeper.devices.nvml import GPU
 from sweeper.devices.slots import Slot
-from sweeper.dispatch import baseline_job
 from sweeper.dispatch.baseline_job import BaselineJob
 from sweeper.dispatch.handle import WorkerHandle
 from sweeper.dispatch.strategies import PackedDispatch, SlotDispatch, honours_turn
@@ -147,8 +147,8 @@ def job(study, tmp_path, monkeypatch):
         procs.append(_Proc(cmd, **kw))
         return procs[-1]
 
-    monkeypatch.setattr(baseline_job.subprocess, "Popen", popen)
-    monkeypatch.setattr(baseline_job.os, "killpg", lambda pid, sig: None)  # nothing real to kill
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    monkeypatch.setattr(launch.os, "killpg", lambda pid, sig: None)  # nothing real to kill
     cfg = validate_config(merge(TINY, {"report": {"baseline": "lightgbm"}}), "tiny")
     out = BaselineJob(cfg, study, NullLock(), Identity(host="h1", pid=1, driver_id="d1"), tmp_path)
     out.procs = procs

@@ -1,5 +1,6 @@
 """The worker fork server: its children are the driver's workers (their own session, their exit
-codes reported, dead with a dead driver), a sweep forks its workers, and Popen is the fallback."""
+codes reported, dead with a dead driver), a sweep forks its workers, and a fresh interpreter is
+the fallback (sweeper.launch)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from sweeper import launch
 from sweeper.config import load_config
 from sweeper.dispatch import forkserver
 from sweeper.dispatch.forkserver import ForkedProc, ForkServer
@@ -35,9 +37,10 @@ def test_forked_children_report_their_exit_and_live_in_their_own_session(workdir
     try:
         with open(log_path, "ab") as log:
             env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid())}
-            eof = server.spawn(env, log)
-            killed = server.spawn(env, log)
-            gone = server.spawn({**env, "SWEEPER_DRIVER_PID": str(os.getpid() + 1_000_000)}, log)
+            eof = server.spawn("worker", [], env, None, log.fileno())
+            killed = server.spawn("worker", [], env, None, log.fileno())
+            dead = {**env, "SWEEPER_DRIVER_PID": str(os.getpid() + 1_000_000)}
+            gone = server.spawn("worker", [], dead, None, log.fileno())
         assert isinstance(eof, ForkedProc) and isinstance(killed, ForkedProc) and isinstance(gone, ForkedProc)
         assert eof.stdin is not None and eof.stdout is not None
         eof.stdin.close()  # EOF before 'init': the worker's handshake exit
@@ -55,7 +58,7 @@ def test_forked_children_report_their_exit_and_live_in_their_own_session(workdir
         server.stop()
     assert "the driver (pid" in log_path.read_text()
     with open(os.devnull, "ab") as devnull:
-        assert server.spawn({}, devnull) is None  # a stopped server: the caller uses Popen
+        assert server.spawn("worker", [], {}, None, devnull.fileno()) is None  # stopped: a fresh one starts
 
 
 def test_a_worker_killed_beside_one_forked_with_it_reaches_its_eof(workdir):
@@ -69,7 +72,7 @@ def test_a_worker_killed_beside_one_forked_with_it_reaches_its_eof(workdir):
     try:
         with open(workdir / "slot.log", "ab") as log:
             env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid())}
-            first, second = server.spawn(env, log), server.spawn(env, log)
+            first, second = (server.spawn("worker", [], env, None, log.fileno()) for _ in range(2))
         assert isinstance(first, ForkedProc) and isinstance(second, ForkedProc)
         assert second.stdout is not None
         os.killpg(second.pid, signal.SIGKILL)
@@ -85,11 +88,12 @@ def _sweep(study_file, monkeypatch, spawned: list[object], servers: list[ForkSer
            name: str = "tiny"):
     real = ForkServer.spawn
 
-    def spawn(self, env, log):
-        proc = real(self, env, log)
-        spawned.append(proc)
-        if servers is not None:
-            servers.append(self)
+    def spawn(self, job, *args):
+        proc = real(self, job, *args)
+        if job == "worker":
+            spawned.append(proc)
+            if servers is not None:
+                servers.append(self)
         return proc
 
     monkeypatch.setattr(ForkServer, "spawn", spawn)
@@ -155,14 +159,15 @@ def test_without_the_fork_server_workers_start_fresh(study_file, monkeypatch):
 
 def test_a_sweeps_baseline_job_is_forked_and_records_its_result(study_file, monkeypatch):
     jobs: list[tuple[str, object]] = []
-    real = ForkServer.spawn_job
+    real = ForkServer.spawn
 
-    def spawn_job(self, job, argv, env, log):
-        proc = real(self, job, argv, env, log)
-        jobs.append((job, proc))
+    def spawn(self, job, *args):
+        proc = real(self, job, *args)
+        if job not in ("worker", "summary", "check"):
+            jobs.append((job, proc))
         return proc
 
-    monkeypatch.setattr(ForkServer, "spawn_job", spawn_job)
+    monkeypatch.setattr(ForkServer, "spawn", spawn)
     cfg = load_config(study_file({"study": {"n_trials": 2}, "devices": {"cpu_workers": 1},
                                   "report": {"baseline": "lightgbm"}}))
     assert run(cfg, view=NullView()).exit_code == 0
@@ -184,8 +189,9 @@ class Net(nn.Module):
 
 
 def test_a_job_run_to_its_end_answers_and_one_past_its_timeout_is_killed(tmp_path, monkeypatch):
-    """``run_job`` (the user models' check): the request in, the answer lines and the exit code
-    out; a child still running at the timeout is killed, with what it said until then."""
+    """``launch.run`` (the user models' check): the request in, the answer lines and the exit code
+    out; a child still running at the timeout is killed, with what it said until then; with the
+    server gone, a fresh interpreter answers instead."""
     monkeypatch.chdir(tmp_path)  # the model is found in the asking process's folder
     (tmp_path / "hang.py").write_text(HANG)
     monkeypatch.setenv("HANG_PID", str(tmp_path / "pid"))
@@ -194,18 +200,19 @@ def test_a_job_run_to_its_end_answers_and_one_past_its_timeout_is_killed(tmp_pat
     try:
         request = '{"n_features": 3, "lookback": 5, "jobs": [%s]}'
         good = '{"name": "mlp", "model": {"name": "mlp", "hidden_size": 8}, "fatal": true}'
-        out, code = server.run_job("check", request % good, timeout=120)
+        out, code = launch.run("check", request % good, 120, server=server)
         assert (out, code) == ('{"error": null}\n', 0)
         hang = '{"name": "hang:Net", "model": {"name": "hang:Net"}, "fatal": true}'
         started = time.monotonic()
-        out, code = server.run_job("check", request % ", ".join([good, hang]), timeout=5)
+        out, code = launch.run("check", request % ", ".join([good, hang]), 5, server=server)
         assert (out, code) == ('{"error": null}\n', None)
         assert 5 <= time.monotonic() - started < 30
         pid = int((tmp_path / "pid").read_text())
         assert not Path(f"/proc/{pid}").exists()  # killed, and reaped by the server
     finally:
         server.stop()
-    assert server.run_job("check", request % good, timeout=5) is None  # a stopped server runs nothing
+    assert server.spawn("check", [], {}, None, 2) is None  # a stopped server forks nothing
+    assert launch.run("check", request % good, 120, server=server) == ('{"error": null}\n', 0)
 
 
 def test_the_panels_summary_is_made_in_a_forked_child_as_it_is_made_here(study_file):
@@ -225,9 +232,9 @@ def test_the_panels_summary_is_made_in_a_forked_child_as_it_is_made_here(study_f
     server = ForkServer.start()  # asked at once: it forks the child between two of its preload's imports
     assert server is not None
     try:
-        out, code = server.run_job("summary", json.dumps(to_dict(cfg)), timeout=120)
+        out, code = launch.run("summary", json.dumps(to_dict(cfg)), 120, server=server)
         assert code == 0 and read_answer(out) == here
-        out, code = server.run_job("summary", json.dumps(to_dict(bad)), timeout=120)
+        out, code = launch.run("summary", json.dumps(to_dict(bad)), 120, server=server)
         with pytest.raises(DataError, match=r"column 'f0' \(data.features\) not found"):
             read_answer(out)
     finally:
@@ -257,7 +264,7 @@ def test_a_check_asked_at_once_is_forked_before_the_preload_ends(tmp_path, monke
     try:
         request = '{"n_features": 3, "lookback": 5, "jobs": [{"name": "preloaded:Net", "model": ' \
                   '{"name": "preloaded:Net"}, "fatal": true}]}'
-        out, code = server.run_job("check", request, timeout=120)
+        out, code = launch.run("check", request, 120, server=server)
     finally:
         server.stop()
     assert code == 0

@@ -225,12 +225,13 @@ def test_a_sweeps_summary_child_stopped_mid_build_removes_its_build(tmp_path):
     cfg = validate_config({"data": syn(tmp_path).model_dump(mode="json")}, "s.yaml")
     script = textwrap.dedent("""
         import os, signal, sys
+        from sweeper import child
         from sweeper.data import build
         from sweeper.study import summary
         def stop(*a, **k):
             os.kill(os.getpid(), signal.SIGTERM)  # after the features were written, before normalising
         build.normalize_inplace = stop
-        sys.exit(summary.main())
+        sys.exit(child.main(summary.main))  # as `python -m sweeper.study.summary` starts
     """)
     from sweeper.config import to_dict
 

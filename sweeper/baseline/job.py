@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from sweeper import child
 from sweeper import config as C
 from sweeper.baseline.fit import BaselineResult, fit_study
 from sweeper.baseline.state import ExitCode, State, mark
@@ -207,4 +208,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child.main(main))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import IO, Any
@@ -25,9 +24,9 @@ from typing import IO, Any
 import optuna
 
 from sweeper import config as C
+from sweeper import launch
 from sweeper.baseline import state
 from sweeper.baseline.state import State
-from sweeper.dispatch.forkserver import ForkedProc, ForkServer
 from sweeper.dispatch.handle import WorkerHandle
 from sweeper.dispatch.strategies import honours_turn
 from sweeper.errors import one_line
@@ -40,11 +39,11 @@ class BaselineJob:
     """The baseline subprocess of one driver, and the worker whose turn it takes."""
 
     def __init__(self, cfg: C.SweeperConfig, study: optuna.Study, lock: ClaimLock, ident: Identity,
-                 run_dir: Path, server: ForkServer | None = None) -> None:
+                 run_dir: Path, server: launch.Launcher | None = None) -> None:
         self.cfg, self.study, self.lock, self.ident, self.run_dir = cfg, study, lock, ident, run_dir
         self.server = server  # forks the job with its imports done (about 2.4 s less of the slot's time)
         self.tried = cfg.report.baseline is None  # one try per driver, none when it is off
-        self.proc: subprocess.Popen[bytes] | ForkedProc | None = None
+        self.proc: launch.Child | None = None
         self.worker: WorkerHandle | None = None
 
     @property
@@ -71,17 +70,14 @@ class BaselineJob:
 
     def _start(self, w: WorkerHandle) -> None:
         threads = max(1, int(w.slot.threads))
-        env = {**os.environ, **w.slot.env, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads),
-               "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **w.slot.env, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}
         log = baseline_log(self.run_dir, self.ident.host)
         log.parent.mkdir(parents=True, exist_ok=True)
         argv = ["--config", "-", "--run-dir", str(self.run_dir), "--threads", str(threads),
                 "--host", self.ident.host, "--driver", self.ident.driver_id]
         with log.open("ab") as out:  # the child keeps its own descriptor
-            forked = self.server.spawn_job("baseline", argv, env, out) if self.server is not None else None
-            self.proc = forked or subprocess.Popen([sys.executable, "-m", "sweeper.baseline.job", *argv],
-                                                   stdin=subprocess.PIPE, stdout=out, stderr=out, env=env,
-                                                   start_new_session=True)
+            self.proc = launch.start("baseline", argv, env, out=out.fileno(), err=out.fileno(),
+                                     server=self.server)
         _send(self.proc.stdin, C.to_dict(self.cfg))
         if honours_turn(self.cfg, w.slot):
             w.reserve()
@@ -101,11 +97,7 @@ class BaselineJob:
         """Ctrl-C or shutdown: the job is killed and recorded ``interrupted`` (claimable again)."""
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, 9)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        launch.kill(self.proc)
         self._release()
         self._settle(State.INTERRUPTED, state.STOPPED)
 

@@ -1,12 +1,12 @@
-"""The driver's side of the worker fork server (:mod:`sweeper.worker.forked`): start it once,
-as the sweep's checks begin, ask it for the user models' check, workers and the baseline job,
-hear their exits, and stop it.
+"""The driver's side of the worker fork server (:mod:`sweeper.worker.forked`), one of the two
+:class:`~sweeper.launch.Launcher` s (``sweeper.launch.start`` chooses): start it once, as the
+sweep's checks begin, ask it for children, hear their exits, and stop it.
 
 A worker forked from the server is READY in about 0.2 s instead of about 5 s, and holds about
 26 MB of private memory idle instead of about 287 MB (``docs/performance.md``). The driver is not
-its parent (the server is), so :class:`ForkedProc` stands in for the ``subprocess.Popen`` a
-:class:`~sweeper.dispatch.handle.WorkerHandle` would hold: ``pid``, ``stdin``, ``stdout``,
-``poll()``, ``wait(timeout)`` and ``returncode``, the exit code reported by the server.
+its parent (the server is), so :class:`ForkedProc` stands in for the ``subprocess.Popen`` a fresh
+interpreter's child would be: ``pid``, ``stdin``, ``stdout``, ``poll()``, ``wait(timeout)`` and
+``returncode``, the exit code reported by the server.
 
 One server serves every sweep of a process (:meth:`ForkServer.shared`): ``sweeper run`` runs one,
 but a notebook's second sweep, or a test session's hundredth, then skips the server's preload
@@ -16,27 +16,24 @@ of about 120 MB between sweeps; :func:`stop_shared` hands that back.
 
 The server is used wherever it starts: on Linux (``USE_FORK_SERVER``, an internal constant,
 not a config key: nothing a user sees changes but the start-up time). Anywhere it is off, fails
-to start or has died, a worker is started as before, ``python -m sweeper.worker.main``.
+to start or has died, a child starts as a fresh interpreter (:mod:`sweeper.launch`).
 """
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
-import selectors
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from typing import IO
 
+from sweeper.child import DRIVER_PID
+from sweeper.launch import SPAWN_WAIT_S
+
 USE_FORK_SERVER = sys.platform.startswith("linux")
-# the first worker's ask waits for the server's preload (about 5 s on a loaded 2-core box); a
-# summary's or a check's, for the import under way (worker.forked.serve)
-SPAWN_WAIT_S = 120.0
+SERVER = ("-m", "sweeper.worker.forked")  # how the server starts (tests/test_fork_safety.py: a probe's)
 _shared: ForkServer | None = None
 _shared_lock = threading.Lock()
 
@@ -55,14 +52,14 @@ class ForkServer:
 
     @classmethod
     def start(cls, log: IO[bytes] | None = None) -> ForkServer | None:
-        """The server, starting; None where it is off or cannot start (workers then start fresh)."""
+        """The server, starting; None where it is off or cannot start (children then start fresh)."""
         if not USE_FORK_SERVER:
             return None
         server = cls()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SWEEPER_DRIVER_PID": str(os.getpid())}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", DRIVER_PID: str(os.getpid())}
         try:
-            cmd = [sys.executable, "-m", "sweeper.worker.forked", str(theirs.fileno())]
+            cmd = [sys.executable, *SERVER, str(theirs.fileno())]
             server._proc = subprocess.Popen(
                 cmd, pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL,
@@ -113,51 +110,22 @@ class ForkServer:
                     self._codes[msg["req"]] = msg["code"]
                 self._cond.notify_all()
 
-    def spawn(self, env: dict[str, str], log: IO[bytes]) -> ForkedProc | None:
-        """Ask for a worker with this environment and slot log (its stdin the command pipe, its
-        stdout the event pipe); None when the server is gone."""
-        ev_r, ev_w = os.pipe()
-        proc = self._ask("worker", [], env, ev_w, log.fileno())
-        os.close(ev_w)  # the child holds its own copy now
+    def spawn(self, job: str, argv: list[str], env: dict[str, str], out: int | None,
+              err: int) -> ForkedProc | None:
+        """Ask for ``job`` (:meth:`sweeper.launch.Launcher.spawn`: its stdin a pipe, its stdout
+        ``out`` or a pipe back); None when the server is gone."""
+        if out is not None:
+            return self._ask(job, argv, env, out, err)
+        back, out = os.pipe()
+        try:
+            proc = self._ask(job, argv, env, out, err)
+        finally:
+            os.close(out)  # the child holds its own copy now
         if proc is None:
-            os.close(ev_r)
-            return None
-        proc.stdout = os.fdopen(ev_r, "rb", buffering=0)
+            os.close(back)
+        else:
+            proc.stdout = os.fdopen(back, "rb", buffering=0)
         return proc
-
-    def spawn_job(self, job: str, argv: list[str], env: dict[str, str], log: IO[bytes]) -> ForkedProc | None:
-        """Ask for ``job`` (``baseline``) with these arguments, environment and log (its stdout and
-        stderr; its stdin a pipe, :attr:`ForkedProc.stdin`); None when the server is gone."""
-        return self._ask(job, argv, env, log.fileno(), log.fileno())
-
-    def run_job(self, job: str, request: str, timeout: float, *,
-                grace: float = 0.0) -> tuple[str, int | None] | None:
-        """Run ``job`` to its end as ``subprocess.run(input=request, capture_output=True)`` would,
-        with this process's environment and folder: (its stdout; its exit code, or None when it
-        ran past ``timeout`` and was killed). Its stderr is dropped. None when the server is gone
-        before it forked the job (the caller then starts it some other way). Killed (past the
-        timeout, or this process interrupted), it gets SIGTERM and ``grace`` seconds to clean up
-        first where ``grace`` is given (the summary's child removes a half-built cache entry)."""
-        out_r, out_w = os.pipe()
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            proc = self._ask(job, [], dict(os.environ), out_w, null)
-        finally:
-            os.close(out_w)  # the child holds its own copies now
-            os.close(null)
-        code: int | None = None
-        try:
-            if proc is None or not _forked(proc):
-                return None
-            threading.Thread(target=_feed, args=(proc.stdin, request.encode()), daemon=True).start()
-            out, ended = _read_all(out_r, time.monotonic() + timeout)
-            if ended:  # it closed its stdout: it is exiting, and the server reports how
-                code = proc.wait(timeout=SPAWN_WAIT_S)
-            return out.decode(errors="replace"), code
-        finally:
-            os.close(out_r)
-            if proc is not None and code is None:  # past the timeout, or this process was interrupted
-                _kill_group(proc, grace)
 
     def _ask(self, job: str, argv: list[str], env: dict[str, str], out: int, err: int) -> ForkedProc | None:
         if not self.alive:
@@ -216,59 +184,8 @@ def stop_shared() -> None:
         server.stop()
 
 
-def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
-    assert pipe is not None
-    try:
-        with pipe:
-            pipe.write(data)
-    except (OSError, ValueError):
-        pass  # the child died before reading it all (its exit code says how), or was killed
-
-
-def _read_all(fd: int, deadline: float) -> tuple[bytes, bool]:
-    """What ``fd`` gives until its end or ``deadline``, and whether its end was reached."""
-    chunks: list[bytes] = []
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while (left := deadline - time.monotonic()) > 0:
-            if sel.select(left):
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    return b"".join(chunks), True
-                chunks.append(chunk)
-    return b"".join(chunks), False
-
-
-def _forked(proc: ForkedProc) -> bool:
-    """Whether the server forked it: waits for its answer (a worker's comes after the preload)."""
-    try:
-        proc.pid  # noqa: B018
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _kill_group(proc: ForkedProc, grace: float = 0.0) -> None:
-    try:
-        if proc._pid is not None:  # one not known to be forked yet finds its stdin closed, and ends
-            if grace > 0:
-                os.killpg(proc._pid, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=grace)
-            os.killpg(proc._pid, signal.SIGKILL)  # its process group: it called setsid
-            proc.wait(timeout=SPAWN_WAIT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        pass  # already gone
-    finally:
-        if proc.stdin is not None:
-            try:
-                proc.stdin.close()  # after the kill: a feeder blocked on a full pipe is freed first
-            except OSError:
-                pass
-
-
 class ForkedProc:
-    """A forked worker, with what the driver uses of a ``subprocess.Popen``."""
+    """A forked child, with what the driver uses of a ``subprocess.Popen`` (:class:`sweeper.launch.Child`)."""
 
     def __init__(self, server: ForkServer, req: int, stdin: IO[bytes], stdout: IO[bytes] | None) -> None:
         self._server, self._req = server, req
@@ -279,11 +196,11 @@ class ForkedProc:
 
     @property
     def pid(self) -> int:
-        """Its pid (and process group: it called setsid); waits for the server's answer."""
+        """Its pid (and process group: sweeper.child); waits for the server's answer."""
         if self._pid is None:
             pid = self._server.pid_of(self._req)
             if pid is None:
-                raise ProcessLookupError("the fork server did not start the worker")
+                raise ProcessLookupError("the fork server did not start the child")
             self._pid = pid
         return self._pid
 

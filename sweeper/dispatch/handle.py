@@ -3,7 +3,6 @@ of the trial it runs. Its state changes only through its own methods."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from sweeper import launch
 from sweeper.devices import Slot
-from sweeper.dispatch.forkserver import ForkedProc, ForkServer
 from sweeper.store.layout import slot_log
 from sweeper.worker import protocol
 
@@ -35,13 +34,13 @@ class WorkerHandle:
     """One long-lived worker process bound to a device slot."""
 
     def __init__(self, slot: Slot, init: dict[str, Any], run_dir: Path,
-                 server: ForkServer | None = None) -> None:
+                 server: launch.Launcher | None = None) -> None:
         self.slot = slot
-        self.server = server  # forks READY workers in ~0.2 s; without it (or once it is gone), Popen
+        self.server = server  # forks READY workers in ~0.2 s; without it (or once it is gone), fresh ones
         self.init = init
         # hosts may share the run folder: each writes its own slot logs
         self.log_path = slot_log(run_dir, init["driver"]["host"], slot.id)
-        self.proc: subprocess.Popen[bytes] | ForkedProc | None = None
+        self.proc: launch.Child | None = None
         self.ready = False
         self.was_ready = False
         self.early_exits = 0  # exits before ever becoming ready, in a row
@@ -51,16 +50,11 @@ class WorkerHandle:
         self._decoder = protocol.LineDecoder(self._malformed)
 
     def start(self) -> None:
-        env = {**os.environ, **self.slot.env, "PYTHONUNBUFFERED": "1"}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env["SWEEPER_DRIVER_PID"] = str(os.getpid())  # the worker checks this driver still lives
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
-            forked = self.server.spawn(env, log) if self.server is not None else None
-            # own session (the forked child calls setsid): a terminal Ctrl-C reaches only the
-            # driver, which relays it
-            self.proc = forked or subprocess.Popen([sys.executable, "-m", "sweeper.worker.main"],
-                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                                   env=env, start_new_session=True)
+            # its stdin the command pipe, its stdout the event pipe
+            self.proc = launch.start("worker", [], {**os.environ, **self.slot.env}, err=log.fileno(),
+                                     server=self.server)
         self.ready, self.was_ready, self.running = False, False, None
         self.stop_sent = False
         self._decoder = protocol.LineDecoder(self._malformed)
@@ -161,13 +155,8 @@ class WorkerHandle:
         return self._decoder.feed(chunk)
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if self.proc:
-            self.proc.wait()
+        if self.proc is not None:
+            launch.kill(self.proc)
 
     def request_close(self) -> None:
         """EOF on the worker's stdin: it stops at its next step and exits."""

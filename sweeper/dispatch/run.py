@@ -9,6 +9,7 @@ and always shuts its workers down.
 """
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
@@ -21,6 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper import config as C
+from sweeper import launch
 from sweeper.dispatch.driver import Driver
 from sweeper.dispatch.forkserver import ForkServer, stop_shared
 from sweeper.dispatch.plan import Plan
@@ -29,7 +31,6 @@ from sweeper.dispatch.telemetry import Telemetry
 from sweeper.dispatch.view import View
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
 from sweeper.interrupt import NEVER, StopToken
-from sweeper.models.check import ChildRun, python_child
 from sweeper.store import check_artifacts, claim_lock, open_storage, run_folder
 from sweeper.store.identity import Identity
 from sweeper.store.layout import devices_csv, run_dir
@@ -70,7 +71,8 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     summary = _summary(cfg, server)
     # a model's errors are config errors; the shapes a trial may sample but cannot build are notes.
     # With a server the built-in models are checked in its forked child too: no torch here
-    notes = check_study_models(cfg, len(summary.features), cfg.data.lookback, _check_child(server),
+    notes = check_study_models(cfg, len(summary.features), cfg.data.lookback,
+                               functools.partial(launch.run, "check", server=server),
                                builtins_in_child=server is not None)
     slots = plan_slots(cfg.devices) if devices else []
     url = cfg.study.resolved_storage
@@ -84,21 +86,13 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
 
 
 def _summary(cfg: C.SweeperConfig, server: ForkServer | None) -> PanelSummary:
-    """The panel's summary, made in a child forked from ``server`` (the driver then never
-    imports torch), else, or when that child gave no answer, in this process."""
+    """The panel's summary, made in a child where a fork server makes one cheap (the driver then
+    never imports torch), else, or when that child gave no answer, in this process."""
+    if server is None or not server.alive:
+        return summarize_panel(cfg)
     request = json.dumps(C.to_dict(cfg))
-    done = server.run_job("summary", request, SUMMARY_TIMEOUT_S, grace=SUMMARY_GRACE_S) if server else None
-    made = read_answer(done[0]) if done is not None else None
-    return made if made is not None else summarize_panel(cfg)
-
-
-def _check_child(server: ForkServer | None) -> ChildRun:
-    """How a user model's checking child runs: forked from the sweep's server (its imports are
-    done), else, or once the server is gone, as a fresh interpreter."""
-    def run(request: str, timeout: float) -> tuple[str, int | None]:
-        done = server.run_job("check", request, timeout) if server is not None else None
-        return done if done is not None else python_child(request, timeout)
-    return run
+    out, _ = launch.run("summary", request, SUMMARY_TIMEOUT_S, grace=SUMMARY_GRACE_S, server=server)
+    return read_answer(out) or summarize_panel(cfg)
 
 
 def _check_models(cfg: C.SweeperConfig) -> None:

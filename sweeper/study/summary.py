@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sweeper import child, errors
 from sweeper import config as C
-from sweeper import errors
 
 if TYPE_CHECKING:
     from sweeper.data.panel import Panel
@@ -80,12 +79,10 @@ def read_answer(out: str) -> PanelSummary | None:
 
 
 def main() -> int:
-    """The child: the study config as JSON on stdin, one answer line on stdout."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it ends this process
-    signal.signal(signal.SIGTERM, _exit_on_term)  # by SIGTERM first: a half-built cache entry is removed
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # nothing the data layer prints can land in the answer
-    sys.stdout = sys.stderr
+    """The child (:mod:`sweeper.child`): the study config as JSON on stdin, one answer line on
+    its answers stream, where nothing the data layer prints can land."""
+    signal.signal(signal.SIGTERM, _exit_on_term)  # a stopped one: its half-built cache entry is removed
+    answers = child.answers()
     cfg = C.validate_config(json.load(sys.stdin), "study config")  # as a worker reads it
     try:
         answer: dict[str, Any] = {"summary": dataclasses.asdict(summarize_panel(cfg))}
@@ -100,4 +97,4 @@ def _exit_on_term(signum: int, _frame: object) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child.main(main))

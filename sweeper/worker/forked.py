@@ -20,24 +20,26 @@ Started by the driver (:mod:`sweeper.dispatch.forkserver`) as ``python -m sweepe
 FD``: FD is its end of a ``SOCK_SEQPACKET`` socket pair. Each request is one message, a JSON
 object ``{"req", "env", "cwd", "job", "argv"}`` with three descriptors attached, the child's
 stdin, stdout and stderr (a worker's command pipe, its event pipe and its slot log; the baseline
-job's config pipe and its log twice); ``job`` names what the child runs (:data:`JOBS`) and
-``argv`` its arguments. The server answers ``{"req", "pid"}`` and, when that child exits,
-``{"exit": pid, "req", "code": c}`` (the code as ``subprocess`` spells it: negative for a signal).
+job's config pipe and its log twice); ``job`` names what the child runs
+(:data:`sweeper.child.JOBS`) and ``argv`` its arguments. The server answers ``{"req", "pid"}``
+and, when that child exits, ``{"exit": pid, "req", "code": c}`` (the code as ``subprocess``
+spells it: negative for a signal).
 
 What the server must never do: run a tensor op (OpenMP's thread pool does not survive a fork:
 a child's matmul hung), touch ``torch.cuda`` (even ``is_available()`` creates the driver's state;
 each child picks its own GPU through CUDA_VISIBLE_DEVICES), or set torch's thread counts (the
-child's ``TrialRunner`` sets them from OMP_NUM_THREADS). It has no threads, so forking it is safe.
+child's ``TrialRunner`` sets them from OMP_NUM_THREADS). It starts no thread, so forking it is safe
+(numpy's OpenBLAS pool and pyarrow's jemalloc keep a native one each, with fork handlers of their own).
+``tests/test_fork_safety.py`` checks each rule on a real server after its preload.
 
-Dying with the driver: the server sets a parent-death signal (its parent is the driver) and
-exits on EOF from the driver's socket (the driver kills it once its workers are shut down);
-each child sets one too (its parent is the server), and
-:func:`sweeper.worker.main._die_with_parent` checks that the driver is alive. A ``kill -9`` of
+Dying with the driver: the server and each child set themselves up as every child of the driver
+does (:func:`sweeper.child.set_up`: a parent-death signal, the driver's for the server, the
+server's for its children, which also check that the driver lives), and the server exits on EOF
+from the driver's socket (the driver kills it once its workers are shut down). A ``kill -9`` of
 the driver takes the server and every worker down with it.
 """
 from __future__ import annotations
 
-import ctypes
 import gc
 import importlib
 import json
@@ -46,7 +48,10 @@ import selectors
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
+
+from sweeper import child
 
 # what a worker imports before READY and at its first trial (alembic: ~0.3 s at the first
 # storage open). Never __main__ and never sweeper.dispatch: the children inherit every module
@@ -62,21 +67,10 @@ PRELOAD = (
     "sweeper.worker.main", "sweeper.worker.trial", "sweeper.validation.runner", "sweeper.validation.record",
     "lightgbm", "sweeper.baseline.job",  # lightgbm only loads its library: no OpenMP region runs here
 )
-# what a child may be: the module whose main() it runs, as `python -m MODULE ARGV` would
-JOBS = {"worker": "sweeper.worker.main", "baseline": "sweeper.baseline.job", "check": "sweeper.models.check",
-        "summary": "sweeper.study.summary"}
 # what is forked before the preload has ended (the rest is held until then, :func:`serve`)
 EARLY_JOBS = ("summary", "check")
-PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
 N_FDS = 3  # the worker's stdin, stdout and stderr
-
-
-def _pdeathsig() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
 
 
 def _import(name: str) -> None:
@@ -133,12 +127,13 @@ def _fork(ctl: socket.socket, req: dict[str, Any], fds: list[int], not_its: tupl
     among them those of the requests still waiting here (the other children's: a copy in this one
     would keep, say, a killed worker's event pipe from ever reaching its EOF at the driver)."""
     started_r, started_w = os.pipe()
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:
         signal.set_wakeup_fd(-1)  # before its pipe closes: a signal would write to a closed descriptor
         for fd in (*not_its, started_r):
             os.close(fd)
-        _child(req, fds, ctl, started_w)  # never returns
+        _child(req, fds, ctl, started_w, server)  # never returns
     for fd in (*fds, started_w):
         os.close(fd)
     # its EOF comes once the child has its own session (or has died): the pid the driver hears of
@@ -164,18 +159,12 @@ def _reap(ctl: socket.socket, children: dict[int, int]) -> None:
                 pass
 
 
-def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket, started: int) -> None:
-    """In the forked child: become what ``python -m MODULE ARGV`` would be (:data:`JOBS`)."""
+def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket, started: int, server: int) -> None:
+    """In the forked child: become what ``python -m MODULE ARGV`` would be (:data:`sweeper.child.JOBS`)."""
     code = 1
     try:
-        server = os.getppid()
-        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-        os.setsid()  # its own session and process group, as start_new_session=True gives: killpg reaches it
-        os.close(started)
-        _pdeathsig()
-        if os.getppid() != server:
-            os._exit(1)  # the server died while this child started
         ctl.close()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -185,7 +174,9 @@ def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket, started: int
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own streams
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
-        code = _become(req.get("job", "worker"), list(req.get("argv", [])))
+        child.set_up(server)  # its own session first: the server tells the driver its pid once it has one
+        os.close(started)
+        code = child.run(_main(req.get("job", "worker"), list(req.get("argv", []))))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - report it in the slot log, as a fresh interpreter would
@@ -200,19 +191,17 @@ def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket, started: int
             os._exit(code)
 
 
-def _become(job: str, argv: list[str]) -> int:
-    """Run ``job``'s main() as its ``__main__`` (preloaded: nothing to import)."""
-    module = importlib.import_module(JOBS[job])
+def _main(job: str, argv: list[str]) -> Callable[[], int | None]:
+    """``job``'s main() as its ``__main__`` with these arguments (preloaded: nothing to import)."""
+    module = importlib.import_module(child.JOBS[job])
     sys.modules["__main__"] = module  # what it is, as `python -m MODULE` names it
-    sys.argv = [module.__file__ or JOBS[job], *argv]
-    if job == "worker":
-        setattr(module, "FORKED", True)  # noqa: B010 - its parent is this server: it checks the driver lives
-    elif "OMP_NUM_THREADS" in os.environ:  # the worker sets torch's threads itself (TrialRunner)
+    sys.argv = [module.__file__ or child.JOBS[job], *argv]
+    if job != "worker" and "OMP_NUM_THREADS" in os.environ:  # the worker's TrialRunner sets its own
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # read at the server's import
-    code = module.main()
-    return code if isinstance(code, int) else 0
+    main: Callable[[], int | None] = module.main
+    return main
 
 
 def _environ(env: dict[str, str], cwd: str) -> None:
@@ -239,11 +228,7 @@ _STARTED_WITH = _python_path()
 
 
 def run(fd: int) -> int:
-    _pdeathsig()
-    expected = os.environ.get("SWEEPER_DRIVER_PID")
-    if expected and os.getppid() != int(expected):
-        return 1  # the driver died while this server started
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver relays Ctrl-C to its workers
+    child.set_up()  # a child of the driver too: it dies with it, and leaves Ctrl-C to it
     return serve(socket.socket(fileno=fd))
 
 

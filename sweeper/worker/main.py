@@ -1,54 +1,29 @@
 """The worker: a long-lived process per device slot that trains the trials the
 driver hands it, through the shared training core, and records them in the store.
 
-The driver starts it with ``python -m sweeper.worker.main`` and an environment
-that pins it to one GPU (CUDA_VISIBLE_DEVICES) or to CPU threads. It speaks the
-JSON lines of :mod:`sweeper.worker.protocol`: commands on stdin, events on a
-private copy of stdout (stdout itself is pointed at stderr, the slot log, so
-that stray prints cannot corrupt the protocol).
+The driver starts it (:mod:`sweeper.launch`: a fork of the fork server, or
+``python -m sweeper.worker.main``) with an environment that pins it to one GPU
+(CUDA_VISIBLE_DEVICES) or to CPU threads. It speaks the JSON lines of
+:mod:`sweeper.worker.protocol`: commands on stdin, events on the answers stream
+of :mod:`sweeper.child` (its own stdout, set aside: stdout itself is its slot log,
+so that stray prints cannot corrupt the protocol).
 
 The worker finishes its own trials (COMPLETE, PRUNED, or FAIL with a
 ``fail_reason``). After any failure it exits, so the next trial on the slot
-runs in a clean process. It dies with the driver (parent-death signal).
+runs in a clean process. It dies with the driver (:func:`sweeper.child.set_up`).
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 import threading
 from typing import Any, TextIO
 
+from sweeper import child
 from sweeper.errors import StopRequested
 from sweeper.interrupt import StopToken
 from sweeper.store import outage
-from sweeper.store.identity import pid_alive
 from sweeper.worker import protocol
-
-PR_SET_PDEATHSIG = 1
-FORKED = False  # set by the fork server's child (sweeper.worker.forked): its parent is the server
-
-
-def _die_with_parent() -> None:
-    """prctl(PR_SET_PDEATHSIG, SIGKILL): no orphan may keep holding a GPU.
-
-    The signal only covers a parent that dies after the call, so the driver is
-    checked once more afterwards: a driver that died while this process started
-    has already handed it to init, and it exits at once. A worker forked by the
-    fork server (:mod:`sweeper.worker.forked`) has the server for its parent, which
-    dies with the driver; so there the check is that the driver still lives (a
-    zombie does not), not who the parent is.
-    """
-    try:
-        # the running interpreter's own symbols include libc's, whatever its file is called
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: no parent-death signal
-        print("sweeper: no parent-death signal on this platform", file=sys.stderr, flush=True)
-    expected = os.environ.get("SWEEPER_DRIVER_PID")
-    if expected and os.getppid() != int(expected) and not (FORKED and pid_alive(int(expected))):
-        print(f"sweeper: the driver (pid {expected}) is gone; exiting", file=sys.stderr, flush=True)
-        os._exit(1)
 
 
 class Commands:
@@ -97,11 +72,7 @@ class Commands:
 
 
 def main() -> int:
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver relays Ctrl-C as 'stop'
-    protocol.set_channel(os.fdopen(os.dup(1), "w", buffering=1))
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    protocol.set_channel(child.answers())  # the driver relays Ctrl-C as 'stop' (sweeper.child)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # user models named by dotted path, like `python -m`
     commands = Commands(sys.stdin)
@@ -127,4 +98,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child.main(main))

@@ -1,0 +1,78 @@
+"""Every child of the driver sets itself up here, once, whichever way it started: forked by the
+worker fork server (:mod:`sweeper.worker.forked`, which is such a child too) or as a fresh
+``python -m MODULE`` (each job module's ``__main__``). How a child starts, on the driver's side,
+is :mod:`sweeper.launch`; this module is what the child runs, so it never starts a process.
+
+- Its own session and process group: the driver's ``killpg`` reaches it, and a terminal's Ctrl-C
+  reaches only the driver, which relays it (a worker stops at its next step) or ends the child.
+  A fresh interpreter has them before it runs a line (Popen's ``start_new_session``: a kill at
+  once cannot miss it); a fork makes them here, before the server tells the driver its pid.
+- Death with its parent: no orphan may keep holding a GPU.
+- The stdout prologue: its stdout is set aside as its answers (:func:`answers`: a worker's
+  events, a check's or a summary's answer lines) and stdout pointed at stderr, its log, so
+  that nothing it prints, a model's print or a C library's write, lands among its answers.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+# what a child may be: the module whose main() it runs, as `python -m MODULE ARGV` would
+JOBS = {"worker": "sweeper.worker.main", "baseline": "sweeper.baseline.job", "check": "sweeper.models.check",
+        "summary": "sweeper.study.summary"}
+DRIVER_PID = "SWEEPER_DRIVER_PID"  # in every child's environment (sweeper.launch)
+PR_SET_PDEATHSIG = 1
+_answers: TextIO | None = None
+
+
+def main(job: Callable[[], int | None]) -> int:
+    """A fresh interpreter's child (``python -m MODULE``): its parent is the driver."""
+    set_up()
+    return run(job)
+
+
+def set_up(parent: int | None = None) -> None:
+    """Its own session, Ctrl-C left to the driver, and death with ``parent`` (by default the
+    driver, :data:`DRIVER_PID`; a fork's is the server)."""
+    if os.getpgrp() != os.getpid():  # a group leader (Popen's new session, a shell's job) has one
+        os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with(parent)
+
+
+def run(job: Callable[[], int | None]) -> int:
+    """``job`` (a child's main) behind the stdout prologue; its exit code."""
+    global _answers
+    _answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    code = job()
+    return code if isinstance(code, int) else 0
+
+
+def answers() -> TextIO:
+    """The child's own stdout, set aside by :func:`run`: the one stream its answers go to."""
+    assert _answers is not None, "not a child: sweeper.child.run sets its answers aside"
+    return _answers
+
+
+def _die_with(parent: int | None) -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL). The signal covers only a parent that dies after the
+    call, so the parent is checked afterwards (one that died while this process started has
+    handed it to init), and so is the driver where the parent is the fork server (the server
+    dies with the driver by its own signal: a zombie driver has taken it along already)."""
+    try:
+        # the running interpreter's own symbols include libc's, whatever its file is called
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        print("sweeper: no parent-death signal on this platform", file=sys.stderr, flush=True)
+    driver = int(os.environ.get(DRIVER_PID) or 0)
+    parent = parent or driver
+    orphan = bool(parent) and os.getppid() != parent
+    if orphan or (driver and driver != parent and not os.path.exists(f"/proc/{driver}")):
+        print(f"sweeper: the driver (pid {driver}) is gone; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
