@@ -155,7 +155,10 @@ def test_validate_prints_the_folds_and_refuses_a_layout_that_cannot_fit(tmp_path
     assert ok.exit_code == 0, ok.output
     lines = [line.strip() for line in ok.output.splitlines() if line.strip().startswith(("fold", "test:"))]
     assert [line.split(":")[0] for line in lines] == ["fold 1", "fold 2", "fold 3", "test"]
-    assert "  runs: 3 per trial, in stacks of up to 3: model transformer: stacked natively" in ok.output
+    assert ("  runs: 3 per trial, in stacks of a size measured on the device at the study's first trial "
+            "(train.max_stack: auto, at most 3): model transformer: stacked natively") in ok.output
+    assert "  runs: 3 per trial, in stacks of up to 3: model transformer: stacked natively" in \
+        validate("train.max_stack=3").output
     assert "  runs: 3 per trial, in stacks of up to 1: one run after another (train.max_stack: 1)" in \
         validate("train.max_stack=1").output
     assert not (tmp_path / "runs").exists()  # validate writes nothing

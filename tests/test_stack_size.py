@@ -84,7 +84,7 @@ def _cfg(max_stack):
 
 def test_auto_is_the_default_and_a_number_pins_the_size():
     assert validate_config({"data": {"synthetic": {"assets": 2, "dates": 10}}}, "t").train.max_stack == "auto"
-    assert stacking.decided({}, _cfg(3)) == {"stack_size": 3, "stack_size_from": "train.max_stack"}
+    assert stacking.decided({}, _cfg(3).train.max_stack) == {"stack_size": 3, "stack_size_from": "train.max_stack"}
     with pytest.raises(Exception, match="max_stack"):
         _cfg(0)
 
@@ -121,13 +121,13 @@ def test_a_race_of_two_first_trials_ends_with_the_study_s_size():
 def test_a_study_created_before_auto_keeps_its_stacking(created, size):
     """A study created with a number (the old default 8) keeps it; one created before stacked runs
     trained its runs one at a time."""
-    assert stacking.decided({"config": {"train": created}}, _cfg("auto"))["stack_size"] == size
+    assert stacking.decided({"config": {"train": created}}, "auto")["stack_size"] == size
 
 
 def test_resuming_with_another_number_is_refused_and_auto_resumes_any_study():
     made = {"config": {"train": {"max_stack": "auto"}}, "stack_size": {"stack_size": 4, "stack_size_from": "measured"}}
-    assert stacking.drift(made, _cfg(2)) == "train.max_stack (4 -> 2)"
-    assert stacking.drift(made, _cfg(4)) is None
-    assert stacking.drift(made, _cfg("auto")) is None
-    assert stacking.drift({"config": {"train": {"max_stack": 8}}}, _cfg(1)) == "train.max_stack (8 -> 1)"
-    assert stacking.drift({"config": {"train": {"max_stack": "auto"}}}, _cfg(2)) is None  # nothing decided yet
+    assert stacking.drift(made, 2) == "train.max_stack (4 -> 2)"
+    assert stacking.drift(made, 4) is None
+    assert stacking.drift(made, "auto") is None
+    assert stacking.drift({"config": {"train": {"max_stack": 8}}}, 1) == "train.max_stack (8 -> 1)"
+    assert stacking.drift({"config": {"train": {"max_stack": "auto"}}}, 2) is None  # nothing decided yet

@@ -141,7 +141,8 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
     lanes = [build_lane(m, device) for m in members]
     stack = build_stack([m.cfg.model for m in members], len(members[0].panel.features),
                         members[0].panel.lookback, [lane.solo for lane in lanes]).to(device)
-    say(stack.plan)
+    if len(members) > 1:  # a lone run has nothing to say of stacking
+        say(stack.plan)
     dropout = stack.seed_members([m.cfg.train.seed for m in members], device)
     flat = FlatStack(stack)
     optimizer = StackedAdamW(flat, [m.cfg.train.lr for m in members],

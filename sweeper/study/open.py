@@ -95,7 +95,7 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
         raise ConfigDrift(f"study {study.study_name!r} was created to {study.direction.name.lower()}, "
                           "the study file asks otherwise")
     differ = C.drift(stored.get("config", {}), attrs["config"])
-    stacking = stack_drift(stored, C.validate_config(attrs["config"], "study config"))
+    stacking = stack_drift(stored, attrs["config"].get("train", {}).get("max_stack", "auto"))
     if stacking:  # train.max_stack is no drift key: auto resumes any study, a number must match
         differ.append(stacking)
     if stored.get("data_fingerprint") not in (None, attrs["data_fingerprint"]):

@@ -29,11 +29,12 @@ def _choice(size: int, source: str, rates: Mapping[str, Any] | None = None) -> C
     return out
 
 
-def decided(study_attrs: Mapping[str, Any], cfg: SweeperConfig) -> Choice | None:
-    """The study's stack size if it is decided: the config's number, the choice stored with the
-    study, or the number a study created before ``auto`` was created with; None: to be measured."""
-    if cfg.train.max_stack != "auto":
-        return _choice(cfg.train.max_stack, "train.max_stack")
+def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
+    """The study's stack size if it is decided: ``asked`` (``train.max_stack``) when a number, the
+    choice stored with the study, or the number a study created before ``auto`` was created with;
+    None: to be measured."""
+    if asked != "auto":
+        return _choice(int(asked), "train.max_stack")
     stored = study_attrs.get(STUDY_ATTR)
     if stored:
         return _choice(stored["stack_size"], "study", stored.get("stack_rates"))
@@ -49,7 +50,7 @@ def resolve(study: optuna.Study, cfg: SweeperConfig, measure: Callable[[], Choic
     """The size this study's trials stack by: decided already, or measured now and stored. Two
     trials measuring at once both store; each then uses what the study holds after its own write
     (the later write), so that at most the first trials of a race differ."""
-    known = decided(study.user_attrs, cfg)
+    known = decided(study.user_attrs, cfg.train.max_stack)
     if known is not None:
         return known
     choice = measure()
@@ -59,13 +60,10 @@ def resolve(study: optuna.Study, cfg: SweeperConfig, measure: Callable[[], Choic
     return {**stored, "stack_size_from": choice["stack_size_from"] if stored == choice else "study"}
 
 
-def drift(study_attrs: Mapping[str, Any], cfg: SweeperConfig) -> str | None:
-    """Why ``cfg``'s ``train.max_stack`` cannot resume this study (None: it can): a number other
+def drift(study_attrs: Mapping[str, Any], asked: int | str) -> str | None:
+    """Why ``asked`` (``train.max_stack``) cannot resume this study (None: it can): a number other
     than the size its trials stacked by would renumber the steps the pruner compares."""
-    if cfg.train.max_stack == "auto":
+    known = decided(study_attrs, "auto")
+    if asked == "auto" or known is None or known["stack_size"] == asked:
         return None
-    auto = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_stack": "auto"})})
-    known = decided(study_attrs, auto)
-    if known is None or known["stack_size"] == cfg.train.max_stack:
-        return None
-    return f"train.max_stack ({known['stack_size']!r} -> {cfg.train.max_stack!r})"
+    return f"train.max_stack ({known['stack_size']!r} -> {asked!r})"
