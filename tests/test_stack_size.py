@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import optuna
+import yaml
 import pytest
 import torch
 
@@ -131,3 +132,38 @@ def test_resuming_with_another_number_is_refused_and_auto_resumes_any_study():
     assert stacking.drift(made, "auto") is None
     assert stacking.drift({"config": {"train": {"max_stack": 8}}}, 1) == "train.max_stack (8 -> 1)"
     assert stacking.drift({"config": {"train": {"max_stack": "auto"}}}, 2) is None  # nothing decided yet
+
+
+@pytest.mark.slow
+def test_a_swept_study_measures_once_keeps_the_size_and_refuses_another_number_on_resume(study_file):
+    """auto: the first trial measures and stores the size, every trial stacks by it and says so
+    (its attributes, its config.yaml); a resume with another number is refused (the steps the
+    pruner compares would be renumbered), one with auto or the same number carries on."""
+    import json
+
+    from conftest import sweeper_cli
+
+    path = study_file({"study": {"n_trials": 2}, "validation": {"repeats": 2}, "devices": {"cpu_workers": 1}})
+    root = path.parent
+    sweeper_cli(root, "run", path.name)
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{root / 'runs' / 'tiny' / 'study.db'}")
+    stored = study.user_attrs["stack_size"]
+    assert stored["stack_size"] in (1, 2) and stored["stack_size_from"] == "measured"
+    assert set(stored["stack_rates"]) == {"1", "2"}
+    first, second = study.trials
+    assert first.user_attrs["stack_size_from"] == "measured" and second.user_attrs["stack_size_from"] == "study"
+    for trial in study.trials:
+        assert trial.user_attrs["stack_size"] == stored["stack_size"]
+        config = yaml.safe_load((root / "runs" / "tiny" / "trials" / str(trial.number) / "config.yaml").read_text())
+        assert config["train"]["max_stack"] == stored["stack_size"]
+    other = 3 - stored["stack_size"]
+    refused = sweeper_cli(root, "run", path.name, "--set", "study.n_trials=3", "--set", f"train.max_stack={other}", code=2)
+    assert f"train.max_stack ({stored['stack_size']} -> {other})" in refused.output
+    sweeper_cli(root, "run", path.name, "--set", "study.n_trials=3", "--set",
+                f"train.max_stack={stored['stack_size']}")
+    sweeper_cli(root, "run", path.name, "--set", "study.n_trials=4")
+    status = json.loads(sweeper_cli(root, "status", path.name, "--json").stdout)
+    assert status["finished"] == 4
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{root / 'runs' / 'tiny' / 'study.db'}")
+    assert [t.user_attrs["stack_size"] for t in study.trials] == [stored["stack_size"]] * 4
+    assert [t.user_attrs["stack_size_from"] for t in study.trials][2:] == ["train.max_stack", "study"]
