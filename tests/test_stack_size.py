@@ -156,6 +156,11 @@ def test_a_swept_study_measures_once_keeps_the_size_and_refuses_another_number_o
         assert trial.user_attrs["stack_size"] == stored["stack_size"]
         config = yaml.safe_load((root / "runs" / "tiny" / "trials" / str(trial.number) / "config.yaml").read_text())
         assert config["train"]["max_stack"] == stored["stack_size"]
+    best = json.loads(sweeper_cli(root, "best", path.name, "--json").stdout)
+    assert best["stack_size"] == stored["stack_size"] and best["stack_rates"] == stored["stack_rates"]
+    shown = ", ".join(f"{k}: {v:.0f}" for k, v in stored["stack_rates"].items())
+    assert f"runs stacked by {stored['stack_size']} ({best['stack_size_from']}; member-samples/s by stack size " \
+           f"{shown})" in sweeper_cli(root, "best", path.name).stdout
     other = 3 - stored["stack_size"]
     refused = sweeper_cli(root, "run", path.name, "--set", "study.n_trials=3", "--set", f"train.max_stack={other}", code=2)
     assert f"train.max_stack ({stored['stack_size']} -> {other})" in refused.output

@@ -79,6 +79,8 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
             console.print(f"  oracle {split} IC {oracle:.4f}{reached}")
     for line in fold_lines(best)[0 if scheme else 1:]:
         console.print("  " + line, highlight=False, soft_wrap=True)
+    if best.get("stack_size_from") not in (None, "one run per trial"):
+        console.print("  " + stack_line(best), highlight=False, soft_wrap=True)
     if "constraints" in best or best.get("infeasible"):
         console.print("  " + constraints_line(best), highlight=False, soft_wrap=True)
     for line in selection_lines(best.get("selection")):
@@ -103,6 +105,18 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
                       soft_wrap=True)
     else:
         console.print(f"  weights: {best['weights'] or '-'}")
+
+
+def stack_line(best: dict[str, Any]) -> str:
+    """How the trial's runs stacked: the size, where it came from, the rates it was measured at."""
+    rates = best.get("stack_rates") or {}
+    shown = ", ".join(f"{k}: {fmt_rate(v)}" for k, v in rates.items())
+    measured = f"; member-samples/s by stack size {shown}" if shown else ""
+    return f"runs stacked by {best['stack_size']} ({best['stack_size_from']}{measured})"
+
+
+def fmt_rate(value: float | None) -> str:
+    return "no room" if value is None else f"{value:.0f}"
 
 
 def validation_line(validation: dict[str, Any], metric: str, walk: bool) -> str:

@@ -33,6 +33,8 @@ from sweeper.worker.constraints import FIGURES
 
 BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
                 "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")
+# the trial's stack size, where it came from and the member-samples/s it was measured at
+STACK_KEYS = ("stack_size", "stack_size_from", "stack_rates")
 # a trial's fold figures, with folds or seed repeats (docs/inspect.md, "Walk-forward")
 FOLD_KEYS = (K.FOLD_VAL_IC, K.VAL_IC_SE, K.WORST_FOLD_VAL_IC, K.SEED_VAL_IC_SD, K.SEED_ENSEMBLE_VAL_IC,
              K.FOLD_SEED_ENSEMBLE_VAL_IC, K.FOLD_BEST_EPOCH, K.FOLDS_RUN)
@@ -132,6 +134,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         "weights": str(weights) if weights.exists() else None,
     }
     out.update(folds_report(study, cfg, best))
+    out.update({k: plain(ua[k]) for k in STACK_KEYS if k in ua})  # how its runs stacked, and why
     if retention.weights_removed(best, files):
         out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
     out.update(constraints_report(study, cfg, best))
