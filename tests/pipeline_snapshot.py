@@ -24,6 +24,16 @@ stored config (and ``config_hash``, the hash of a config that has it, with it), 
 stack size's attributes (issue 39: ``stack_size``, ``stack_size_from``, ``stack_rates``); the walk-forward study sets it to 1, so that its record still guards the path of
 one run after another exactly (stacking's own equivalence is tests/test_stacked_core.py's).
 
+Issue 39 laid a holdout trial out as the 1 x 1 case of every trial's layout, after the records:
+its one run keeps its files in ``runs/fold-1.seed-1/`` as any run does, and the trial takes its
+model's files from there, so the trial's own files keep their names and values. The holdout
+record is compared in that layout (:func:`one_run_layout`): the old names are mapped to the new
+ones (the run's folder holds copies of three of the trial's files, ``RUN_COPIES``, each compared
+with the record's trial-level file); the two files the record cannot have (the run's
+``result.json`` and its training's valid frame) are left out; and the columns that now name the
+run in ``metrics.csv`` rows and ``daily_ic_valid.csv`` (``fold``, ``repeat``: 1) are taken out.
+Every value compares exactly still.
+
 Taken out (they vary between two runs of the same code): wall times and throughput, memory
 peaks, pids, host names, driver ids, uuids (the study's and the artifact store's ids), the
 environment, and the text of log files (their lines carry times). Kept: every param, state,
@@ -224,17 +234,42 @@ ENSEMBLE_FILES = re.compile(r"(^|/)(daily_ic_test\.csv|predictions_test\.parquet
 STACKED_REDEFINED_COLUMNS = {"lr"}
 
 
+# a holdout trial's one run (issue 39, see the docstring): which of the trial's files its folder
+# holds a copy of, which of its files are new, and the columns that name it in the trial's tables
+ONE_RUN = "runs/fold-1.seed-1/"
+RUN_COPIES = ("daily_ic_valid.csv", "daily_ic_test.csv", "norm_stats.json")
+NEW_IN_ONE_RUN = re.compile(r"^trials/\d+/runs/fold-1\.seed-1/(result\.json|predictions_valid\.parquet)$")
+TRIAL_FILE = re.compile(r"^trials/\d+/[^/]+$")
+RUN_COLUMNS = {"fold", "repeat"}
+
+
+def one_run_layout(record: Any) -> Any:
+    """A holdout snapshot in the 1 x 1 layout (see the docstring): a record's trial files mapped
+    to their copies in ``runs/fold-1.seed-1/`` (a new snapshot has its own there), what no record
+    can have left out, and the run's columns taken out of the trial's tables."""
+    out = copy.deepcopy(record)
+    files = out["files"]
+    for name in [n for n in files if TRIAL_FILE.match(n)]:
+        folder, base = name.rsplit("/", 1)
+        if base in ("metrics.csv", "daily_ic_valid.csv") and "columns" in files[name]:
+            files[name] = _without_columns(files[name], RUN_COLUMNS)
+        if base in RUN_COPIES:
+            files.setdefault(f"{folder}/{ONE_RUN}{base}", files[name])
+    out["files"] = {name: v for name, v in files.items() if not NEW_IN_ONE_RUN.match(name)}
+    return out
+
+
 def comparable(record: Any, scheme: str) -> Any:
     """``record`` less what the seed ensemble redefined (``walk_forward``) or the one core redefined
-    (``walk_forward_stacked``); holdout's as it is."""
+    (``walk_forward_stacked``); holdout's in the 1 x 1 layout (:func:`one_run_layout`)."""
+    if scheme == "holdout":
+        return one_run_layout(record)
     if scheme == "walk_forward_stacked":
         out = copy.deepcopy(record)
         for name, content in out["files"].items():
             if name.endswith("metrics.csv"):
                 out["files"][name] = _without_columns(content, STACKED_REDEFINED_COLUMNS)
         return out
-    if scheme != "walk_forward":
-        return record
     out = _drop(record)
     out["files"] = {name: _drop(v) for name, v in record["files"].items() if not ENSEMBLE_FILES.search(name)}
     out["export"] = {"columns": [c for c in record["export"]["columns"] if c.split(".")[-1] not in ENSEMBLE_KEYS],

@@ -67,7 +67,8 @@ def test_a_recreated_study_on_new_data_trains_every_trial_from_scratch(study_fil
     assert checkpoint_epoch(aside / "trials/0/checkpoint.pt") == 3
     meta = checkpoint_meta("runs/tiny/trials/0/checkpoint.pt")
     assert meta["owner"] == {"study_uuid": second.user_attrs["study_uuid"], "trial": 0,
-                             "fingerprint": second.user_attrs["data_fingerprint"]}
+                             "fingerprint": second.user_attrs["data_fingerprint"],
+                             "fold": 1, "repeat": 1, "fold_dates": {}}  # a holdout trial's one run
     assert json.loads(Path("runs/tiny/owner.json").read_text())["study_uuid"] == second.user_attrs["study_uuid"]
 
 

@@ -5,6 +5,7 @@ walk-forward study (2 folds x 2 seeds as one stack of 4), each with a trial inte
 its first epoch's checkpoint, which ``resume`` must continue."""
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -132,8 +133,16 @@ def test_resume_continues_the_old_checkpoint_and_every_reader_takes_the_mixed_st
     assert retry.state.name in ("COMPLETE", "PRUNED")
     assert retry.user_attrs["resumed_from_epoch"] == want["checkpoint"]["epoch"]
     assert "resume_skipped" not in retry.user_attrs
-    log = (_trial_folder(root, name, retry.number) / "train.log").read_text()
+    folder = _trial_folder(root, name, retry.number)
+    log = (folder / "train.log").read_text()
     assert f"trials/{interrupted}/checkpoint.pt" in log and "starting fresh" not in log
+    with (folder / "metrics.csv").open() as fh:  # the old trial's rows, copied, name their run too
+        table = list(csv.reader(fh))
+    assert table[0][:3] == ["fold", "repeat", "epoch"] and {len(row) for row in table} == {len(table[0])}
+    assert len(table) > 1 + want["checkpoint"]["epoch"]
+    # the retry lays its runs out as every trial does today; the old trials stay as they were
+    assert (folder / "runs" / "fold-1.seed-1" / "result.json").exists()
+    assert not (_trial_folder(root, name, want["best"]) / "runs").exists() or name == "walk_forward"
     assert retry.params == want["trials"][-1]["params"]
     old_steps = study.trials[interrupted].intermediate_values
     assert {s: v for s, v in retry.intermediate_values.items() if s in old_steps} == old_steps

@@ -170,15 +170,15 @@ def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) ->
     (repeats > 1), ``fold_best_epoch``, ``folds_run``, the fold layout (the trial's, else the
     study's), the same for a ``study.metric`` other than val_ic, and ``test_model``: the run
     whose model scores test_ic and is in weights.pt (the grid's model run: ``fold``, ``repeat``
-    1-based as in ``runs/fold-<f>.seed-<r>/``, and its ``seed``). Empty for a study of one run
-    per trial, whose output stays as it was."""
-    grid = RunGrid.of(cfg)
-    if grid.single:
+    1-based as in ``runs/fold-<f>.seed-<r>/``, and its ``seed``). Empty for a trial that recorded
+    no fold figures (a trial of one run), whose output stays as it was."""
+    ua = trial.user_attrs
+    if K.FOLD_VAL_IC not in ua:
         return {}
+    grid = RunGrid.of(cfg)
     metric = cfg.study.metric
     extra = (K.fold_key(metric), K.se_key(metric), K.worst_key(metric)) if metric != "val_ic" else ()
     keys = FOLD_KEYS + extra
-    ua = trial.user_attrs
     out: dict[str, Any] = {"validation": validation_block(cfg)}
     out.update({k: plain(ua[k]) for k in keys if k in ua})
     if K.folded(study.user_attrs):
@@ -241,7 +241,9 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
         "devices": latest_telemetry(layout.devices_csv(folder)),
         "run_folder": {"path": str(folder), "bytes": retention.folder_size(folder)},
     }
-    if not RunGrid.of(cfg).single:  # a study of one run per trial: its status stays as it was
+    # a study of one run per trial (holdout, one seed) has no folds or seeds to show: its status
+    # stays as it was before either existed
+    if not RunGrid.of(cfg).single:
         report["validation"] = validation_block(cfg)
         report["metric"] = cfg.study.metric
         report[K.FOLD_DATES] = K.layout(study.user_attrs)

@@ -11,7 +11,7 @@
       artifacts/<id>              Optuna's artifact store (a folder store): copies of trial files
       trials/<number>/
         config.yaml               the trial's resolved config (its params applied)
-        metrics.csv               one row per epoch
+        metrics.csv               one row per epoch of each run, naming its fold and repeat
         train.log                 the training core's log lines
         weights.pt                the best epoch's state dict (with seed repeats: the first seed's)
         weights.seed-<r>.pt       with seed repeats, each other seed's of the model's fold: the
@@ -23,8 +23,10 @@
                                   repeats, the mean of the model fold's seeds)
         norm_stats.json           features and robust_zscore's train statistics (for new data)
         checkpoint.pt             the last end-of-epoch training state (core.checkpoint) of the
-                                  run in progress (with several runs: of its fold and seed)
-        runs/fold-<f>.seed-<r>/   several runs (folds, seeds): one finished training run's files
+                                  run (or stack of runs) in progress, its owner stamp naming them
+        runs/fold-<f>.seed-<r>/   one training run's files (folds, seeds; a holdout trial's one
+                                  run is fold-1.seed-1; a one-run trial of sweeper before issue 39
+                                  has no runs/, and its checkpoint and rows name no run: fold 1, seed 1)
           result.json             its metrics, best epoch and fold (sweeper.validation), written last
           daily_ic_valid.csv      per-date IC of its valid block
           predictions_valid.parquet  date, asset, pred, label of its valid block (seed ensembles)
@@ -95,8 +97,7 @@ def run_dir(cfg: SweeperConfig | StudyConfig) -> Path:
 
 @dataclass(frozen=True)
 class RunFiles:
-    """The files of one training run of a trial: ``runs/fold-<f>.seed-<r>/``, or the trial's own
-    folder when the trial makes one run (the names are the same)."""
+    """The files of one training run of a trial: ``runs/fold-<f>.seed-<r>/``."""
 
     folder: Path
 
@@ -223,17 +224,16 @@ class TrialFiles:
 
     @property
     def runs(self) -> Path:
-        """``runs/``: the finished training runs of a trial that makes several (folds, seeds)."""
+        """``runs/``: the trial's training runs (its folds and seeds; holdout's one run too)."""
         return self.folder / "runs"
 
     def run(self, fold: int, repeat: int) -> Path:
         """One finished run's folder; ``fold`` and ``repeat`` count from 1 (as ``validate`` prints)."""
         return self.runs / f"fold-{fold}.seed-{repeat}"
 
-    def run_files(self, fold: int, seed: int, single: bool = False) -> RunFiles:
-        """The files of run (``fold``, ``seed``), 0-based: ``runs/fold-<fold+1>.seed-<seed+1>/``,
-        or, for a trial of one run (``single``), the trial's own folder."""
-        return RunFiles(self.folder if single else self.run(fold + 1, seed + 1))
+    def run_files(self, fold: int, seed: int) -> RunFiles:
+        """The files of run (``fold``, ``seed``), 0-based: ``runs/fold-<fold+1>.seed-<seed+1>/``."""
+        return RunFiles(self.run(fold + 1, seed + 1))
 
     @property
     def refit(self) -> Path:

@@ -3,7 +3,7 @@
 
 - a retry's adoption: :meth:`TrialFolder.clear_stale`, :meth:`~TrialFolder.copy_runs_from`,
   :meth:`~TrialFolder.copy_checkpoint_from` (:mod:`sweeper.worker.adoption`);
-- a trial of several runs taking its model's files (:meth:`~TrialFolder.take_model`,
+- a trial taking its model's files from its runs (:meth:`~TrialFolder.take_model`,
   :mod:`sweeper.validation.record`);
 - ``study.keep``'s removals (:meth:`~TrialFolder.checkpoint_files` and the others, :func:`remove`,
   :mod:`sweeper.study.retention`), and which checkpoints are live (:class:`Liveness`);

@@ -7,12 +7,14 @@ step asks this value: the worker's hook and the runner, a retry's replay, ``stat
 ``predict``, ``refit`` and the report.
 
 Indices are 0-based here (``fold``, ``seed``) and epochs 1-based, as the core counts them; the
-files and the stored attributes say fold and seed 1-based (``runs/fold-<f>.seed-<r>/``).
+files and the stored attributes say fold and seed 1-based (``runs/fold-<f>.seed-<r>/``), every
+trial's, a holdout trial's one run too (``fold-1.seed-1``).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sweeper.config import SweeperConfig
 
@@ -60,7 +62,8 @@ class RunGrid:
 
     @property
     def single(self) -> bool:
-        """One run: the trial's files are that run's own, and its rows name no fold or seed."""
+        """One run (holdout, one seed): the trial's scores are that run's, with nothing to
+        aggregate over folds or seeds. Its files are laid out as every trial's."""
         return self.runs == 1
 
     @property
@@ -120,16 +123,20 @@ class RunGrid:
         return fold, seed, epoch + 1
 
     def columns(self, fold: int, seed: int) -> dict[str, int]:
-        """The columns that name a run in ``metrics.csv`` rows and epoch events, 1-based: none for
-        a single run (a holdout trial's rows are as they always were)."""
-        return {} if self.single else {"fold": fold + 1, "repeat": seed + 1}
+        """The columns that name a run in ``metrics.csv`` rows and epoch events, 1-based."""
+        return {"fold": fold + 1, "repeat": seed + 1}
 
-    def step_of_row(self, row: dict[str, str]) -> int:
-        """:meth:`step` of a ``metrics.csv`` row (its ``fold`` and ``repeat`` columns, if any)."""
-        epoch = int(float(row["epoch"]))
-        if row.get("fold") and row.get("repeat"):
-            return self.step(int(row["fold"]) - 1, int(row["repeat"]) - 1, epoch)
-        return epoch
+    def step_of_row(self, row: Mapping[str, Any]) -> int:
+        """:meth:`step` of a ``metrics.csv`` row: its epoch in the run it names (:func:`named_run`)."""
+        return self.step(*named_run(row), int(float(row["epoch"])))
+
+
+def named_run(names: Mapping[str, Any]) -> tuple[int, int]:
+    """(fold, seed), 0-based, of the run that a checkpoint's owner stamp or a ``metrics.csv`` row
+    names by its ``fold`` and ``repeat`` (1-based). One that names none was written by a trial of
+    one run before every trial had run folders (a holdout trial's, sweeper before issue 39): it is
+    that run's, fold 1 of seed 1, so a study's old trials are read and resumed as new ones are."""
+    return int(names.get("fold") or 1) - 1, int(names.get("repeat") or 1) - 1
 
 
 def seeded(cfg: SweeperConfig, seed: int) -> SweeperConfig:

@@ -6,7 +6,7 @@ scores and ``daily_ic_test.csv`` are the trial's. With seed repeats the model is
 ensemble of the last fold: its test scores, predictions and ``daily_ic_test.csv`` are the mean
 of the seeds' predictions', each seed's weights are kept, and each seed's own test ICs are
 attributes (``seed_test_ic``). ``daily_ic_valid.csv`` holds every fold's
-valid block (the mean over seeds), with its fold; a trial of one run keeps that run's own.
+valid block (the mean over seeds), with its fold (a holdout trial's: its one fold, 1).
 """
 from __future__ import annotations
 
@@ -57,10 +57,8 @@ def training_seconds(runs: list[TrainingRun], grid: RunGrid) -> float:
 
 
 def summary(out: R.TrialRuns, cfg: SweeperConfig) -> dict[str, Any]:
-    """``sweeper train --json``: one run's own metrics, or the trial's attributes with its
-    ``value`` (the objective) when it made several."""
-    if out.grid.single and out.model is not None:
-        return dict(out.model.metrics)
+    """``sweeper train --json``: the trial's attributes with its ``value`` (the objective; of one
+    run, its metrics and its ``study.metric``)."""
     value, attrs = attrs_of(out, cfg)
     return {"value": value, **attrs}
 
@@ -83,11 +81,6 @@ def first_seed_predictions(out: R.TrialRuns) -> dict[str, pd.DataFrame]:
 def write_files(out: R.TrialRuns, files: TrialFiles) -> None:
     """The trial's own files from its runs: daily_ic_valid.csv, and the model run's weights
     (moved: the run's folder keeps no second copy), norm_stats.json and daily_ic_test.csv."""
-    if out.grid.single:
-        if out.model is not None:  # one run: its own daily IC files, as they always were
-            for split, frame in out.model.daily.items():
-                frame.to_csv(files.daily_ic(split), index=False)
-        return
     with atomic_path(files.daily_ic("valid")) as tmp:
         daily_valid(out.daily).to_csv(tmp, index=False)
     TrialFolder.of(files).take_model(out.grid.members)

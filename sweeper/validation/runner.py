@@ -3,12 +3,12 @@
 A trial trains the runs of its :class:`~sweeper.validation.grid.RunGrid`, fold by fold, seed
 by seed (seed ``r`` trains with ``train.seed + r``), each through :func:`sweeper.core.train` on
 the fold's panel (:func:`sweeper.data.folds.fold_panel`, built once per fold). Without
-walk-forward folds the grid is one fold: the panel's own split. With one run (one fold of one seed) the
-trial's files are that run's, as they always were.
+walk-forward folds the grid is one fold: the panel's own split (holdout: one run of one seed).
 
-With several runs, a run that finished is recorded in its folder, ``runs/fold-<f>.seed-<r>/``,
-``result.json`` written last: a retry skips the runs that have one and continues the run in
-progress from the trial's checkpoint, whose owner stamp names its fold and repeat.
+A run that finished is recorded in its folder, ``runs/fold-<f>.seed-<r>/``, ``result.json``
+written last: a retry skips the runs that have one and continues the run in progress from the
+trial's checkpoint, whose owner stamp names its fold and repeat (one that names none is an older
+holdout trial's one run: :func:`~sweeper.validation.grid.named_run`).
 
 The trial stops early, leaving the later runs unrun, when a run is pruned (the hook reports at
 the grid's global step, so the study's pruner compares trials at the same fold, seed and epoch)
@@ -41,7 +41,7 @@ from sweeper.errors import StopReason
 from sweeper.plain import plain
 from sweeper.store.layout import SPLITS, RunFiles, TrialFiles
 from sweeper.validation import contract as K
-from sweeper.validation.grid import RunGrid, seeded
+from sweeper.validation.grid import RunGrid, named_run, seeded
 from sweeper.validation.scores import TrainingRun, ensemble_frame
 
 CUT_SHORT = (StopReason.PRUNED, StopReason.TIME)  # a run that ended so ends the trial's runs
@@ -79,31 +79,31 @@ class TrialRuns:
 
 
 class RunCheckpointer(FileCheckpointer):
-    """The trial's checkpoint, as seen by one run of several: it loads only a state its own run
+    """The trial's checkpoint, as seen by one run: it loads only a state its own run (or stack)
     saved (the file may hold the previous run's last epoch until this run saves its first)."""
 
     def load(self) -> dict | None:
         state = super().load()
         was = (state or {}).get("owner") or {}
         mine = self.owner or {}
-        if state is None or any(was.get(key) != mine.get(key) for key in ("fold", "repeat", "stack")):
+        if state is None or named_run(was) != named_run(mine) or was.get("stack") != mine.get("stack"):
             return None
         return state
 
 
 class RunStore:
-    """Where a trial's runs keep their files: with one run, the trial's own folder (no run
-    folder, nothing to skip on a retry); with several, ``runs/`` (finished runs are skipped)."""
+    """Where a trial's runs keep their files, ``runs/fold-<f>.seed-<r>/`` (a holdout trial's one
+    run too): a retry skips the finished ones."""
 
     def __init__(self, files: TrialFiles, stamp: dict[str, Any], grid: RunGrid) -> None:
         self.files, self.stamp, self.grid = files, stamp, grid
 
     def run(self, fold: int, repeat: int) -> RunFiles:
-        return self.files.run_files(fold, repeat, self.grid.single)
+        return self.files.run_files(fold, repeat)
 
     def finished(self, fold: int, repeat: int) -> TrainingRun | None:
         path = self.run(fold, repeat).result
-        if self.grid.single or not path.exists():
+        if not path.exists():
             return None
         raw = json.loads(path.read_text())
         metrics = {k: (math.nan if v is None else v) for k, v in raw["metrics"].items()}
@@ -127,8 +127,6 @@ class RunStore:
                      stack: list[tuple[int, int]] | None = None) -> FileCheckpointer:
         """The checkpoint of run (fold, repeat), or of the stack it leads (``stack``: its runs):
         the owner names the run, as a lone run's does, and a stack's its runs too (1-based)."""
-        if self.grid.single:  # the stamp names no run: a retry of a one-run trial continues it
-            return FileCheckpointer(self.files.checkpoint, self.stamp)
         owner = {**self.stamp, "fold": fold + 1, "repeat": repeat + 1, K.FOLD_DATES: dates}
         if stack is not None:
             owner["stack"] = [[f + 1, r + 1] for f, r in stack]
@@ -148,8 +146,6 @@ class RunStore:
                 torch.save(result.best_state, tmp)
             if panel.norm_stats is not None:  # new data (predict --data) is normalised with these
                 write_text(files.norm_stats, json.dumps(panel.norm_stats))
-        if self.grid.single:  # the trial's daily IC files are the run's own (written by record)
-            return
         _write_frames(frames or {"valid": result.predictions["valid"]}, files.predictions_of)
         with atomic_path(files.daily_ic("valid")) as tmp:
             result.daily["valid"].to_csv(tmp, index=False)
@@ -299,8 +295,7 @@ def _train_stack(trainer: Trainer, panels: dict[int, Panel], folds: list[Fold], 
     grid, members = out.grid, []
     for fold, seed in cells:
         cfg = seeded(trainer.cfg, seed)
-        if not grid.single:  # a trial of one run says nothing of folds and seeds, as it never did
-            _say_run(trainer, cfg, folds[fold], seed, out, out.spans[fold] if out.spans else {})
+        _say_run(trainer, cfg, folds[fold], seed, out, out.spans[fold] if out.spans else {})
         members.append(Member(cfg, _scored(grid, panels[fold], fold, seed)))
     trainer.hook.begin([grid.columns(fold, seed) for fold, seed in cells], offset)
     fold, seed = cells[0]

@@ -108,7 +108,7 @@ def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: i
     the model in weights.pt (the worker adds the model run's own). One run: only its figures."""
     attrs: dict[str, Any] = {key: _mean(fold_scores(runs, key)) for key in MEANED}
     grid = RunGrid.of(cfg)
-    if grid.single:
+    if grid.single:  # one run's figures are the trial's: nothing to aggregate over folds or seeds
         return attrs
     for key in dict.fromkeys(["val_ic", cfg.study.metric]):
         attrs.update(_fold_figures(runs, cfg, key, grid))

@@ -22,7 +22,7 @@ from sweeper.store import optuna_private as private
 from sweeper.store.layout import TrialFiles
 from sweeper.store.trial_folder import TrialFolder, resume_checkpoint
 from sweeper.validation.contract import FOLD_DATES, RESUMED_FROM_FOLD, RESUMED_RUNS, layout
-from sweeper.validation.grid import RunGrid, seeded
+from sweeper.validation.grid import RunGrid, named_run, seeded
 from sweeper.worker.hook import copy_csv_upto
 
 
@@ -37,9 +37,9 @@ def adopt(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.
 
     A retry continues from the checkpoint of the trial it resumes (``resume_from_trial``, or an
     older retry's ``resume_from``), found in this run folder, replaying the interrupted trial's
-    intermediate values up to that checkpoint's step exactly once; with several runs it also
-    copies the source's finished runs (``runs/``, skipped when it trains), and the checkpoint's
-    owner names the run in progress (fold, repeat) that it continues. One of another study,
+    intermediate values up to that checkpoint's step exactly once; it also copies the source's
+    finished runs (``runs/``, skipped when it trains), and the checkpoint's owner names the run
+    in progress (fold, repeat) that it continues. One of another study,
     dataset, trial, run or config is not continued: the trial starts fresh and says why
     (``resume_skipped``)."""
     folder, grid = TrialFolder.of(files), RunGrid.of(cfg)
@@ -49,14 +49,13 @@ def adopt(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.
     if source is None or meta is None:
         return
     was: dict[str, Any] = meta["owner"] if isinstance(meta.get("owner"), dict) else {}
+    fold, seed = named_run(was)  # an older holdout trial's stamp names no run: its one run's
     problem = foreign(meta, stamp, _lineage(study, frozen)) or _run_problem(was, study, grid)
-    seed = 0 if grid.single else int(was.get("repeat") or 1) - 1
     problem = problem or config_mismatch(meta["config"], seeded(cfg, seed))
     if problem:
         log(f"not resuming from {source}: {problem}; starting fresh")
         trial.set_user_attr("resume_skipped", problem)
         return
-    fold = 0 if grid.single else int(was["fold"]) - 1
     _continue(study, trial, frozen, folder, source, grid, (fold, seed, meta["epoch"]), log,
               len(was.get("stack") or []))
 
@@ -76,9 +75,6 @@ def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, fol
     if origin.metrics.exists():
         copy_csv_upto(origin.metrics, folder.files.metrics, step, grid)
     trial.set_user_attr("resumed_from_epoch", epoch)
-    if grid.single:
-        log(f"resuming from {source} at epoch {epoch}")
-        return
     trial.set_user_attr(RESUMED_FROM_FOLD, fold + 1)
     trial.set_user_attr(RESUMED_RUNS, len(done))
     line = _resume_line(grid, str(source), fold + 1, seed + 1, epoch, [(f + 1, s + 1) for f, s in done])
@@ -89,13 +85,8 @@ def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, fol
 
 
 def _run_problem(was: dict[str, Any], study: optuna.Study, grid: RunGrid) -> str | None:
-    """Why the checkpoint's run is not one of this trial's runs; None when it is (always for a
-    trial of one run, whose checkpoint names no run)."""
-    if grid.single:
-        return None
-    fold, repeat = was.get("fold"), was.get("repeat")
-    if not isinstance(fold, int) or not isinstance(repeat, int):
-        return "the checkpoint names no fold and seed (it was saved by a single-run trial)"
+    """Why the checkpoint's run is not one of this trial's runs; None when it is."""
+    fold, repeat = (n + 1 for n in named_run(was))
     if not (1 <= fold <= grid.folds and 1 <= repeat <= grid.repeats):
         return (f"the checkpoint holds fold {fold}, seed {repeat}; this trial has "
                 f"{grid.folds} folds of {grid.repeats} seeds")

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 
 from sweeper.interrupt import StopToken
-from sweeper.validation.grid import RunGrid
+from sweeper.validation.grid import RunGrid, named_run
 from sweeper.worker import protocol
 
 PROGRESS_EVERY_S = 5.0  # the most a progress event waits; shorter when study.stall_timeout is short
@@ -98,8 +98,9 @@ def append_csv(path: Path, row: dict[str, Any]) -> None:
 
 def copy_csv_upto(src: Path, dst: Path, step: int, grid: RunGrid) -> None:
     """The rows of ``src`` up to the grid's ``step``, appended to ``dst`` (a retry's replayed
-    history; a row's step is :meth:`RunGrid.step_of_row`)."""
+    history; a row's step is :meth:`RunGrid.step_of_row`), each naming its run as the retry's own
+    rows do (a row of an older one-run trial names none: :func:`~sweeper.validation.grid.named_run`)."""
     with src.open() as fh:
         rows = [r for r in csv.DictReader(fh) if grid.step_of_row(r) <= step]
     for row in rows:
-        append_csv(dst, row)
+        append_csv(dst, {**grid.columns(*named_run(row)), **row})

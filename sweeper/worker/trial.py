@@ -201,9 +201,10 @@ def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: fl
     # study.constraints: set on the RUNNING trial, before the tell, so samplers read them
     attrs.update(constraints.record_constraints(trial, cfg, record.first_seed_predictions(out)))
     if cut:
-        # a trial of several runs cut short has no objective (a partial mean never wins); one
-        # run's value is its own, which the driver shows beside the pruned trial
-        return TrialState.PRUNED, value if out.grid.single else None, attrs
+        # the driver shows a pruned trial's value beside it when every run has a score (the last
+        # one pruned, as a holdout trial's one run is); one cut short before its last runs has no
+        # objective (a partial mean never wins). The store keeps Optuna's last intermediate value.
+        return TrialState.PRUNED, value if out.cut_short is None else None, attrs
     convergence.report_scores(trial, record.terminator_scores(out, cfg))  # before the tell
     return TrialState.COMPLETE, value, attrs
 
