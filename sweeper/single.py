@@ -94,8 +94,13 @@ def _train_runs(cfg: C.SweeperConfig, panel: Panel, hook: TableHook, started: fl
     run's metrics, or with folds or seeds the trial's attributes with ``value`` (the objective)
     and the model run's test scores."""
     from sweeper.validation import record
-    from sweeper.validation.runner import Trainer, train_runs
+    from sweeper.validation.runner import Trainer, pin_stack_size, train_runs
 
-    out = train_runs(panel, Trainer(cfg, hook, started, log=lambda line: None))
-    return record.summary(out, cfg)
+    trainer, choice = pin_stack_size(panel, Trainer(cfg, hook, started, log=lambda line: None))
+    if choice["stack_size_from"] == "measured":
+        from sweeper.inspect.printing import stack_line
+
+        hook.console.print(stack_line(choice), highlight=False, soft_wrap=True)
+    out = train_runs(panel, trainer)
+    return {**record.summary(out, trainer.cfg), **choice}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import optuna
-import yaml
 import pytest
 import torch
+import yaml
 
 import sweeper.core.stack_size as S
 from sweeper.config import validate_config
@@ -36,27 +36,60 @@ def test_the_largest_size_that_beats_every_smaller_one_by_the_margin_is_chosen(r
     assert S.choose(rates) == size
 
 
-def test_the_choice_is_measured_on_real_steps_in_interleaved_rounds(monkeypatch):
-    """Every size is timed over WARMUP + TIMED steps of a real stack, ROUNDS times, interleaved,
-    and its best round kept; the log line and the trial's attributes carry the rates."""
+def test_the_choice_is_measured_on_real_steps():
+    """Real stacks of the trial's members time their steps: a rate for every size tried, the log
+    line and the trial's attributes carry them."""
     panel, cfg = toy_panel(), toy_config(epochs=1)
     members = [Member(seeded(cfg, s), panel) for s in range(4)]
-    timed: list[int] = []
-    real = S._rate
-
-    def rate(stack_members, device, memory):
-        timed.append(len(stack_members))
-        return real(stack_members, device, memory)
-    monkeypatch.setattr(S, "_rate", rate)
     lines: list[str] = []
     choice = S.measure(members, torch.device("cpu"), HostMemory(), [1, 2, 4], lines.append)
-    assert timed == [1, 2, 4] * S.ROUNDS
-    assert sorted(choice.rates) == [1, 2, 4] and all(r > 0 for r in choice.rates.values())
+    assert 1 in choice.rates and all(r > 0 for r in choice.rates.values())
     assert choice.size == S.choose(choice.rates) and choice.source == "measured"
     assert lines == [f"stack size {choice.size}: member-samples/s by stack size "
                      + ", ".join(f"{k}: {r:.0f}" for k, r in sorted(choice.rates.items())) + " (measured)"]
     assert choice.attrs()["stack_size"] == choice.size
-    assert set(choice.attrs()["stack_rates"]) == {"1", "2", "4"}
+    assert set(choice.attrs()["stack_rates"]) == {str(k) for k in choice.rates}
+
+
+@pytest.mark.parametrize(("rates", "timed", "size"), [
+    # each size pays: every size timed once, none near its threshold (1 x 1.1 = 110, 190 x 1.1 = 209)
+    ({1: [100], 2: [190], 4: [350]}, [(1, 0.0), (2, 110.0), (4, 209.0)], 4),
+    # 2 is clearly slower than 1: 4 is not tried (an LSTM on a CPU)
+    ({1: [100], 2: [60]}, [(1, 0.0), (2, 110.0)], 1),
+    # 2 and 4 are near their thresholds (105 of 110, 112 of 115.5): every size is timed again, the
+    # best round kept, and the thresholds follow the new bests (4 needs 116 x 1.1 = 127.6)
+    ({1: [100, 98], 2: [105, 116], 4: [112, 120]},
+     [(1, 0.0), (2, 110.0), (4, 115.5), (1, 0.0), (2, 110.0), (4, 127.6)], 2),
+])
+def test_sizes_are_tried_upwards_and_only_a_close_call_is_timed_again(monkeypatch, rates, timed, size):
+    asked: list[tuple[int, float]] = []
+    left = {k: list(v) for k, v in rates.items()}
+
+    def rate(members, device, memory, needed=0.0):
+        asked.append((len(members), round(needed, 1)))
+        return left[len(members)].pop(0)
+    monkeypatch.setattr(S, "_rate", rate)
+    choice = S.measure([Member(toy_config(), toy_panel())] * 4, torch.device("cpu"), HostMemory(), [1, 2, 4])
+    assert asked == timed and choice.size == size
+
+
+def test_a_size_well_short_of_its_threshold_stops_timing_after_one_step(monkeypatch):
+    steps: list[int] = []
+    from sweeper.core.step import StackStep
+
+    real = StackStep.until_it_fits
+
+    def counting(self, batch, micro, shrink, say):
+        steps.append(len(batch))
+        return real(self, batch, micro, shrink, say)
+    monkeypatch.setattr(StackStep, "until_it_fits", counting)
+    panel, cfg = toy_panel(), toy_config(epochs=1)
+    members = [Member(seeded(cfg, s), panel) for s in range(2)]
+    S._rate(members, torch.device("cpu"), HostMemory(), needed=1e12)  # no stack reaches a trillion
+    assert steps == [2] * (S.WARMUP_STEPS + 1)
+    steps.clear()
+    S._rate(members, torch.device("cpu"), HostMemory())
+    assert steps == [2] * (S.WARMUP_STEPS + S.TIMED_STEPS)
 
 
 def test_a_size_that_cannot_fit_is_not_chosen(monkeypatch):
@@ -162,7 +195,8 @@ def test_a_swept_study_measures_once_keeps_the_size_and_refuses_another_number_o
     assert f"runs stacked by {stored['stack_size']} ({best['stack_size_from']}; member-samples/s by stack size " \
            f"{shown})" in sweeper_cli(root, "best", path.name).stdout
     other = 3 - stored["stack_size"]
-    refused = sweeper_cli(root, "run", path.name, "--set", "study.n_trials=3", "--set", f"train.max_stack={other}", code=2)
+    refused = sweeper_cli(root, "run", path.name, "--set", "study.n_trials=3", "--set", f"train.max_stack={other}",
+                          code=2)
     assert f"train.max_stack ({stored['stack_size']} -> {other})" in refused.output
     sweeper_cli(root, "run", path.name, "--set", "study.n_trials=3", "--set",
                 f"train.max_stack={stored['stack_size']}")

@@ -13,24 +13,25 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from sweeper.config import TrainConfig
 from sweeper.core.device import TrialMemory
 from sweeper.core.hooks import NullCheckpointer, NullHook
 from sweeper.core.lanes import Member
-from sweeper.core.loop import prepare
-from sweeper.core.schedule import epoch_rows
+from sweeper.core.loop import Run, prepare
+from sweeper.core.schedule import Rows, epoch_rows
 from sweeper.errors import OutOfMemory
 
 # a larger stack must train this much faster per member-sample than the best smaller one: the
 # rates of two runs of the same size differ by a few percent on a quiet box, and a wrong choice
 # near the tie costs little either way
 MARGIN = 0.10
-WARMUP_STEPS, TIMED_STEPS, ROUNDS = 2, 6, 2
+WARMUP_STEPS, TIMED_STEPS, ROUNDS = 1, 5, 2
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,21 @@ def choose(rates: dict[int, float], margin: float = MARGIN) -> int:
 def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory,
             sizes: Sequence[int], say: Callable[[str], None] | None = None) -> StackChoice:
     """Time stacks of the first ``k`` of ``members`` for each ``k`` in ``sizes`` (their real steps:
-    gather, forward, backward, update) and choose among them; nothing of it is kept."""
+    gather, forward, backward, update) and choose among them; nothing of it is kept.
+
+    The measurement is kept cheap, as it costs training time: sizes go up until one is clearly
+    slower than the best so far (rates rise with the stack's size until the device is busy), a size
+    that falls well short of the rate it needs stops timing after one step, and only a size near
+    its threshold is timed again (the best of its rounds kept: load only slows a size down)."""
     rates: dict[int, float] = {}
-    for _ in range(ROUNDS):
+    for round_ in range(ROUNDS):
         for k in sizes:
-            rate = _rate(members[:k], device, memory)
-            # the best round (load only slows a size down); NaN: it never fitted
+            if round_ and not _near(rates, k):
+                continue
+            rate = _rate(members[:k], device, memory, _needed(rates, k))
             rates[k] = max((r for r in (rates.get(k, math.nan), rate) if not math.isnan(r)), default=math.nan)
+            if not round_ and not rates[k] >= max(rates.values()) * (1 - MARGIN):
+                break  # slower than a smaller stack (or no room): a larger one will not pay either
     choice = StackChoice(choose(rates), rates)
     if say is not None:
         shown = ", ".join(f"{k}: {r:.0f}" for k, r in sorted(rates.items()))
@@ -88,16 +97,31 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
     return choice
 
 
-def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory) -> float:
-    """Member-samples per second of a stack of ``members`` over TIMED_STEPS steps after a warm-up;
-    NaN when its batch probe finds no room."""
+def _needed(rates: dict[int, float], k: int) -> float:
+    """The rate size ``k`` must reach to be chosen over every smaller size measured (0: none)."""
+    smaller = [r for size, r in rates.items() if size < k and not math.isnan(r)]
+    return max(smaller, default=0.0) * (1 + MARGIN)
+
+
+def _near(rates: dict[int, float], k: int) -> bool:
+    """Whether size ``k``'s rate (or, for 1, any larger size's) is close enough to its threshold
+    that a round's noise could flip the choice."""
+    if k == 1:
+        return any(_near(rates, size) for size in rates if size > 1)
+    needed, rate = _needed(rates, k), rates.get(k, math.nan)
+    return needed > 0 and not math.isnan(rate) and 0.8 < rate / needed < 1.25
+
+
+def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory, needed: float = 0.0) -> float:
+    """Member-samples per second of a stack of ``members`` over up to TIMED_STEPS steps after a
+    warm-up; fewer once the rate so far is well short of ``needed``; NaN when its batch probe finds
+    no room."""
     try:
         run = prepare(members, device, NullCheckpointer(), memory, None, lambda line: None, NullHook())
     except OutOfMemory:
         return math.nan
     tc = members[0].cfg.train
-    batches = [epoch_rows(lane.batcher, tc.resolved_batch_order, run.plan.batch_size, lane.generator, None,
-                          lane.runs) for lane in run.lanes]
+    batches = _epochs(run, tc)
     micro, seen, began = run.micro, 0, 0.0
     for index in range(WARMUP_STEPS + TIMED_STEPS):
         if index == WARMUP_STEPS:
@@ -105,13 +129,21 @@ def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory) 
             began, seen = time.perf_counter(), 0
         batch = [next(rows, None) for rows in batches]
         if any(rows is None for rows in batch):  # an epoch shorter than the timing: start it again
-            batches = [epoch_rows(lane.batcher, tc.resolved_batch_order, run.plan.batch_size, lane.generator,
-                                  None, lane.runs) for lane in run.lanes]
+            batches = _epochs(run, tc)
             batch = [next(rows) for rows in batches]
         micro = run.step.until_it_fits(batch, micro, run.shrink, lambda line: None)
         seen += sum(len(rows.idx) for rows in batch if rows is not None)
+        if index >= WARMUP_STEPS:
+            _wait(run.step.flat.values)
+            if seen / (time.perf_counter() - began) < needed * 0.7:  # it will not get there
+                break
     _wait(run.step.flat.values)
     return seen / max(time.perf_counter() - began, 1e-9)
+
+
+def _epochs(run: Run, tc: TrainConfig) -> list[Iterator[Rows]]:
+    return [epoch_rows(lane.batcher, tc.resolved_batch_order, run.plan.batch_size, lane.generator, None,
+                       lane.runs) for lane in run.lanes]
 
 
 def _wait(values: torch.Tensor) -> None:
