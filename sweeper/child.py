@@ -1,16 +1,11 @@
-"""Every child of the driver sets itself up here, once, whichever way it started: forked by the
-worker fork server (:mod:`sweeper.worker.forked`, which is such a child too) or as a fresh
-``python -m MODULE`` (each job module's ``__main__``). How a child starts, on the driver's side,
-is :mod:`sweeper.launch`; this module is what the child runs, so it never starts a process.
+"""What every child of the driver does first, whichever way it started (:mod:`sweeper.launch`:
+forked by the fork server, which is such a child too, or a fresh ``python -m MODULE``):
 
-- Its own session and process group: the driver's ``killpg`` reaches it, and a terminal's Ctrl-C
-  reaches only the driver, which relays it (a worker stops at its next step) or ends the child.
-  A fresh interpreter has them before it runs a line (Popen's ``start_new_session``: a kill at
-  once cannot miss it); a fork makes them here, before the server tells the driver its pid.
-- Death with its parent: no orphan may keep holding a GPU.
-- The stdout prologue: its stdout is set aside as its answers (:func:`answers`: a worker's
-  events, a check's or a summary's answer lines) and stdout pointed at stderr, its log, so
-  that nothing it prints, a model's print or a C library's write, lands among its answers.
+- its own session and process group, so that the driver's ``killpg`` reaches it and a terminal's
+  Ctrl-C only the driver (a fresh interpreter has them from Popen, before it runs a line);
+- death with its parent, so that no orphan keeps holding a GPU;
+- the stdout prologue: its stdout set aside for its answers (:func:`answers`), and stdout pointed
+  at stderr, its log, so that nothing it prints (a model, a C library) lands among them.
 """
 from __future__ import annotations
 
@@ -61,10 +56,9 @@ def answers() -> TextIO:
 
 
 def _die_with(parent: int | None) -> None:
-    """prctl(PR_SET_PDEATHSIG, SIGKILL). The signal covers only a parent that dies after the
-    call, so the parent is checked afterwards (one that died while this process started has
-    handed it to init), and so is the driver where the parent is the fork server (the server
-    dies with the driver by its own signal: a zombie driver has taken it along already)."""
+    """prctl(PR_SET_PDEATHSIG, SIGKILL), which covers only a parent that dies after the call: so
+    the parent is checked afterwards, and the driver where the parent is the fork server (which
+    died with the driver, by its own signal, if the driver is a zombie)."""
     try:
         # the running interpreter's own symbols include libc's, whatever its file is called
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -73,6 +67,6 @@ def _die_with(parent: int | None) -> None:
     driver = int(os.environ.get(DRIVER_PID) or 0)
     parent = parent or driver
     orphan = bool(parent) and os.getppid() != parent
-    if orphan or (driver and driver != parent and not os.path.exists(f"/proc/{driver}")):
+    if orphan or (driver not in (0, parent) and not os.path.exists(f"/proc/{driver}")):
         print(f"sweeper: the driver (pid {driver}) is gone; exiting", file=sys.stderr, flush=True)
         os._exit(1)

@@ -37,10 +37,10 @@ def test_forked_children_report_their_exit_and_live_in_their_own_session(workdir
     try:
         with open(log_path, "ab") as log:
             env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid())}
-            eof = server.spawn("worker", [], env, None, log.fileno())
-            killed = server.spawn("worker", [], env, None, log.fileno())
-            dead = {**env, "SWEEPER_DRIVER_PID": str(os.getpid() + 1_000_000)}
-            gone = server.spawn("worker", [], dead, None, log.fileno())
+            eof = launch.start("worker", [], env, err=log.fileno(), server=server)
+            killed = launch.start("worker", [], env, err=log.fileno(), server=server)
+            dead = {**env, "SWEEPER_DRIVER_PID": str(os.getpid() + 1_000_000)}  # start() would set ours
+            gone = server.spawn("worker", [], dead, log.fileno(), log.fileno())
         assert isinstance(eof, ForkedProc) and isinstance(killed, ForkedProc) and isinstance(gone, ForkedProc)
         assert eof.stdin is not None and eof.stdout is not None
         eof.stdin.close()  # EOF before 'init': the worker's handshake exit
@@ -58,7 +58,7 @@ def test_forked_children_report_their_exit_and_live_in_their_own_session(workdir
         server.stop()
     assert "the driver (pid" in log_path.read_text()
     with open(os.devnull, "ab") as devnull:
-        assert server.spawn("worker", [], {}, None, devnull.fileno()) is None  # stopped: a fresh one starts
+        assert server.spawn("worker", [], {}, devnull.fileno(), 2) is None  # stopped: fresh ones start
 
 
 def test_a_worker_killed_beside_one_forked_with_it_reaches_its_eof(workdir):
@@ -72,7 +72,8 @@ def test_a_worker_killed_beside_one_forked_with_it_reaches_its_eof(workdir):
     try:
         with open(workdir / "slot.log", "ab") as log:
             env = {**os.environ, "SWEEPER_DRIVER_PID": str(os.getpid())}
-            first, second = (server.spawn("worker", [], env, None, log.fileno()) for _ in range(2))
+            first, second = (launch.start("worker", [], env, err=log.fileno(), server=server)
+                             for _ in range(2))
         assert isinstance(first, ForkedProc) and isinstance(second, ForkedProc)
         assert second.stdout is not None
         os.killpg(second.pid, signal.SIGKILL)
@@ -211,7 +212,7 @@ def test_a_job_run_to_its_end_answers_and_one_past_its_timeout_is_killed(tmp_pat
         assert not Path(f"/proc/{pid}").exists()  # killed, and reaped by the server
     finally:
         server.stop()
-    assert server.spawn("check", [], {}, None, 2) is None  # a stopped server forks nothing
+    assert server.spawn("check", [], {}, 2, 2) is None  # a stopped server forks nothing
     assert launch.run("check", request % good, 120, server=server) == ('{"error": null}\n', 0)
 
 

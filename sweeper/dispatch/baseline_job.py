@@ -19,7 +19,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import IO, Any
 
 import optuna
 
@@ -78,7 +77,7 @@ class BaselineJob:
         with log.open("ab") as out:  # the child keeps its own descriptor
             self.proc = launch.start("baseline", argv, env, out=out.fileno(), err=out.fileno(),
                                      server=self.server)
-        _send(self.proc.stdin, C.to_dict(self.cfg))
+        launch.feed(self.proc.stdin, json.dumps(C.to_dict(self.cfg)).encode())
         if honours_turn(self.cfg, w.slot):
             w.reserve()
             self.worker = w
@@ -116,9 +115,3 @@ class BaselineJob:
 
 def _say(line: str) -> None:
     print(f"sweeper: {line}", file=sys.stderr, flush=True)
-
-
-def _send(pipe: IO[bytes] | None, config: dict[str, Any]) -> None:
-    if pipe is not None:
-        with pipe:
-            pipe.write(json.dumps(config).encode())

@@ -1,26 +1,18 @@
 """The driver's side of the worker fork server (:mod:`sweeper.worker.forked`), one of the two
-:class:`~sweeper.launch.Launcher` s (``sweeper.launch.start`` chooses): start it once, as the
-sweep's checks begin, ask it for children, hear their exits, and stop it.
+launchers :func:`sweeper.launch.start` chooses from: start it once, as the sweep's checks begin,
+ask it for children, hear their exits (:class:`ForkedProc` stands in for the ``Popen`` of a child
+the driver is not the parent of), and stop it. It is used wherever it starts: on Linux
+(``USE_FORK_SERVER``, an internal constant: nothing a user sees changes but start-up times).
 
-A worker forked from the server is READY in about 0.2 s instead of about 5 s, and holds about
-26 MB of private memory idle instead of about 287 MB (``docs/performance.md``). The driver is not
-its parent (the server is), so :class:`ForkedProc` stands in for the ``subprocess.Popen`` a fresh
-interpreter's child would be: ``pid``, ``stdin``, ``stdout``, ``poll()``, ``wait(timeout)`` and
-``returncode``, the exit code reported by the server.
-
-One server serves every sweep of a process (:meth:`ForkServer.shared`): ``sweeper run`` runs one,
-but a notebook's second sweep, or a test session's hundredth, then skips the server's preload
-(about 3.4 s of CPU, on the first worker's path). A sweep that ends by an exception stops it (a
-straggler dies with it); the last one is stopped at the process's exit. It costs an idle process
-of about 120 MB between sweeps; :func:`stop_shared` hands that back.
-
-The server is used wherever it starts: on Linux (``USE_FORK_SERVER``, an internal constant,
-not a config key: nothing a user sees changes but the start-up time). Anywhere it is off, fails
-to start or has died, a child starts as a fresh interpreter (:mod:`sweeper.launch`).
+One server serves every sweep of a process (:meth:`ForkServer.shared`): a notebook's second sweep,
+or a test session's hundredth, skips its preload (about 3.4 s of CPU, on the first worker's path).
+A sweep that ends by an exception stops it (a straggler dies with it); the last one is stopped at
+the process's exit. It costs an idle process of about 120 MB between sweeps (:func:`stop_shared`).
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import socket
@@ -110,24 +102,8 @@ class ForkServer:
                     self._codes[msg["req"]] = msg["code"]
                 self._cond.notify_all()
 
-    def spawn(self, job: str, argv: list[str], env: dict[str, str], out: int | None,
-              err: int) -> ForkedProc | None:
-        """Ask for ``job`` (:meth:`sweeper.launch.Launcher.spawn`: its stdin a pipe, its stdout
-        ``out`` or a pipe back); None when the server is gone."""
-        if out is not None:
-            return self._ask(job, argv, env, out, err)
-        back, out = os.pipe()
-        try:
-            proc = self._ask(job, argv, env, out, err)
-        finally:
-            os.close(out)  # the child holds its own copy now
-        if proc is None:
-            os.close(back)
-        else:
-            proc.stdout = os.fdopen(back, "rb", buffering=0)
-        return proc
-
-    def _ask(self, job: str, argv: list[str], env: dict[str, str], out: int, err: int) -> ForkedProc | None:
+    def spawn(self, job: str, argv: list[str], env: dict[str, str], out: int, err: int) -> ForkedProc | None:
+        """Ask for ``job`` (:meth:`sweeper.launch.Launcher.spawn`); None when the server is gone."""
         if not self.alive:
             return None
         in_r, in_w = os.pipe()
@@ -143,7 +119,7 @@ class ForkServer:
             return None
         finally:
             os.close(in_r)  # the child holds its own copy now
-        return ForkedProc(self, req, os.fdopen(in_w, "wb"), None)
+        return ForkedProc(self, req, os.fdopen(in_w, "wb"))
 
     def pid_of(self, req: int) -> int | None:
         with self._cond:
@@ -163,10 +139,8 @@ class ForkServer:
         and while it still preloads it would read no EOF until the import under way ends (torch:
         seconds)."""
         if self._proc is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._proc.kill()
-            except OSError:
-                pass
             self._proc.wait()
         if self._sock is not None:
             self._sock.close()
@@ -187,10 +161,10 @@ def stop_shared() -> None:
 class ForkedProc:
     """A forked child, with what the driver uses of a ``subprocess.Popen`` (:class:`sweeper.launch.Child`)."""
 
-    def __init__(self, server: ForkServer, req: int, stdin: IO[bytes], stdout: IO[bytes] | None) -> None:
+    def __init__(self, server: ForkServer, req: int, stdin: IO[bytes]) -> None:
         self._server, self._req = server, req
         self.stdin: IO[bytes] | None = stdin
-        self.stdout: IO[bytes] | None = stdout
+        self.stdout: IO[bytes] | None = None  # a pipe back, where the launcher made one
         self._pid: int | None = None
         self.returncode: int | None = None
 

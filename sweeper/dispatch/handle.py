@@ -51,8 +51,7 @@ class WorkerHandle:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
-            # its stdin the command pipe, its stdout the event pipe
+        with open(self.log_path, "ab") as log:  # the child keeps its own; stdin, stdout: commands, events
             self.proc = launch.start("worker", [], {**os.environ, **self.slot.env}, err=log.fileno(),
                                      server=self.server)
         self.ready, self.was_ready, self.running = False, False, None
@@ -116,16 +115,13 @@ class WorkerHandle:
 
     def exited(self) -> int:
         """Its process ended (EOF): reap it, count an exit before it was ready; its exit code."""
-        code = self.wait()
+        assert self.proc is not None
+        code = self.proc.wait()
         self.close()
         self.running = None
         if not self.was_ready:
             self.early_exits += 1
         return code
-
-    def wait(self) -> int:
-        assert self.proc is not None
-        return self.proc.wait()
 
     @property
     def returncode(self) -> int | None:

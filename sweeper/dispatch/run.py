@@ -90,8 +90,8 @@ def _summary(cfg: C.SweeperConfig, server: ForkServer | None) -> PanelSummary:
     never imports torch), else, or when that child gave no answer, in this process."""
     if server is None or not server.alive:
         return summarize_panel(cfg)
-    request = json.dumps(C.to_dict(cfg))
-    out, _ = launch.run("summary", request, SUMMARY_TIMEOUT_S, grace=SUMMARY_GRACE_S, server=server)
+    out, _ = launch.run("summary", json.dumps(C.to_dict(cfg)), SUMMARY_TIMEOUT_S, grace=SUMMARY_GRACE_S,
+                        server=server)
     return read_answer(out) or summarize_panel(cfg)
 
 

@@ -79,8 +79,7 @@ def read_answer(out: str) -> PanelSummary | None:
 
 
 def main() -> int:
-    """The child (:mod:`sweeper.child`): the study config as JSON on stdin, one answer line on
-    its answers stream, where nothing the data layer prints can land."""
+    """The child (:mod:`sweeper.child`): the study config as JSON on stdin, one answer line out."""
     signal.signal(signal.SIGTERM, _exit_on_term)  # a stopped one: its half-built cache entry is removed
     answers = child.answers()
     cfg = C.validate_config(json.load(sys.stdin), "study config")  # as a worker reads it

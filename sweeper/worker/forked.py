@@ -1,42 +1,34 @@
-"""The worker fork server: one process per driver that imports what a worker needs once
-(torch, Optuna, SQLAlchemy and alembic, pandas, pyarrow, the worker's own
-modules, and LightGBM with the baseline job's modules), then forks a ready-to-run worker each
-time the driver asks for one, the study's baseline job (``python -m sweeper.baseline.job``,
-about 2.4 s of imports when started fresh) when it asks for that, and before the sweep starts
-the summary of its panel (``python -m sweeper.study.summary``) and the check of its models
-(``python -m sweeper.models.check``, 2-3 s of imports each): the driver itself never imports torch.
+"""The worker fork server: one process per driver that imports once what its children need
+(torch, Optuna, SQLAlchemy and alembic, pandas, pyarrow, LightGBM and sweeper's own modules),
+then forks each child the driver asks for (:data:`sweeper.child.JOBS`): a worker, the study's
+baseline job and, before the sweep starts, the summary of its panel and the check of its models,
+so that the driver itself never imports torch.
 
-Why: a fresh ``python -m sweeper.worker.main`` spends about 5 s (2-core box, loaded) before
-READY, almost all of it importing (torch alone 1.6-2 s). A fork of this
+Why: a fresh ``python -m sweeper.worker.main`` spends about 5 s (2-core box, loaded) before READY,
+almost all of it importing (torch alone 1.6-2 s; the other children 2-3 s each); a fork of this
 server is READY in about 0.2 s. The cost: the server itself (about 120 MB PSS, shared with its
 children) and, per idle worker, only about 26 MB of private memory (the copy-on-write pages it
-touched); a fresh worker holds about 287 MB of its own. ``gc.freeze()`` after each preloaded module
-keeps the children's garbage collector from touching (and so copying) the server's objects. The
-preload runs between requests, in :data:`PRELOAD`'s order, so the driver's first asks (the summary
-and the check, which need torch and the data layer only) wait for no more than those; workers and
-the baseline job are forked once it has ended, as before.
+touched) against a fresh worker's 287 MB. ``gc.freeze()`` after each preloaded module keeps the
+children's garbage collector from touching (and so copying) the server's objects. The preload
+runs between requests, in :data:`PRELOAD`'s order, so the driver's first asks (the summary and
+the check, which need torch and the data layer only) wait for no more than those; workers and
+the baseline job are forked once it has ended.
 
 Started by the driver (:mod:`sweeper.dispatch.forkserver`) as ``python -m sweeper.worker.forked
 FD``: FD is its end of a ``SOCK_SEQPACKET`` socket pair. Each request is one message, a JSON
-object ``{"req", "env", "cwd", "job", "argv"}`` with three descriptors attached, the child's
-stdin, stdout and stderr (a worker's command pipe, its event pipe and its slot log; the baseline
-job's config pipe and its log twice); ``job`` names what the child runs
-(:data:`sweeper.child.JOBS`) and ``argv`` its arguments. The server answers ``{"req", "pid"}``
-and, when that child exits, ``{"exit": pid, "req", "code": c}`` (the code as ``subprocess``
-spells it: negative for a signal).
+object ``{"req", "env", "cwd", "job", "argv"}`` (``job``: :data:`sweeper.child.JOBS`) with three
+descriptors attached, the child's stdin, stdout and stderr. The server answers ``{"req", "pid"}``
+and, when that child exits, ``{"exit": pid, "req", "code": c}`` (negative for a signal).
 
 What the server must never do: run a tensor op (OpenMP's thread pool does not survive a fork:
 a child's matmul hung), touch ``torch.cuda`` (even ``is_available()`` creates the driver's state;
 each child picks its own GPU through CUDA_VISIBLE_DEVICES), or set torch's thread counts (the
 child's ``TrialRunner`` sets them from OMP_NUM_THREADS). It starts no thread, so forking it is safe
-(numpy's OpenBLAS pool and pyarrow's jemalloc keep a native one each, with fork handlers of their own).
-``tests/test_fork_safety.py`` checks each rule on a real server after its preload.
+(numpy's OpenBLAS and pyarrow's jemalloc keep one each, with fork handlers of their own).
+``tests/test_fork_safety.py`` checks these rules on a real server after its preload.
 
-Dying with the driver: the server and each child set themselves up as every child of the driver
-does (:func:`sweeper.child.set_up`: a parent-death signal, the driver's for the server, the
-server's for its children, which also check that the driver lives), and the server exits on EOF
-from the driver's socket (the driver kills it once its workers are shut down). A ``kill -9`` of
-the driver takes the server and every worker down with it.
+The server and its children die with the driver (:func:`sweeper.child.set_up`), and the server
+exits on EOF from the driver's socket: a ``kill -9`` of the driver takes them all down with it.
 """
 from __future__ import annotations
 
@@ -172,8 +164,7 @@ def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket, started: int
         _environ(req["env"], req["cwd"])
         os.chdir(req["cwd"])
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own streams
-        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115 - stdout: child.run
         child.set_up(server)  # its own session first: the server tells the driver its pid once it has one
         os.close(started)
         code = child.run(_main(req.get("job", "worker"), list(req.get("argv", []))))
@@ -200,8 +191,7 @@ def _main(job: str, argv: list[str]) -> Callable[[], int | None]:
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # read at the server's import
-    main: Callable[[], int | None] = module.main
-    return main
+    return module.main
 
 
 def _environ(env: dict[str, str], cwd: str) -> None:

@@ -1,12 +1,10 @@
 """The worker: a long-lived process per device slot that trains the trials the
 driver hands it, through the shared training core, and records them in the store.
 
-The driver starts it (:mod:`sweeper.launch`: a fork of the fork server, or
-``python -m sweeper.worker.main``) with an environment that pins it to one GPU
-(CUDA_VISIBLE_DEVICES) or to CPU threads. It speaks the JSON lines of
-:mod:`sweeper.worker.protocol`: commands on stdin, events on the answers stream
-of :mod:`sweeper.child` (its own stdout, set aside: stdout itself is its slot log,
-so that stray prints cannot corrupt the protocol).
+The driver starts it (:mod:`sweeper.launch`) with an environment that pins it to
+one GPU (CUDA_VISIBLE_DEVICES) or to CPU threads. It speaks the JSON lines of
+:mod:`sweeper.worker.protocol`: commands on stdin, events on its answers stream
+(:func:`sweeper.child.answers`: stray prints go to the slot log, not among them).
 
 The worker finishes its own trials (COMPLETE, PRUNED, or FAIL with a
 ``fail_reason``). After any failure it exits, so the next trial on the slot
