@@ -25,8 +25,9 @@ class TableHook(NullHook):
     """Prints one row per epoch (to stderr when stdout carries JSON). The rest is NullHook's: one
     run shares its GPU with no other trial, so the probe's peak decides nothing, and nobody stops it."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, several: bool = False) -> None:
         self.console = console
+        self.several = several  # a trial of several runs: say which run an epoch row belongs to
         self.header = False
         self.runs: list[dict[str, int]] = [{}]
 
@@ -35,7 +36,7 @@ class TableHook(NullHook):
         begins: a line that says which, and a fresh header over its epochs."""
         self.runs = runs
         names = [f"{r['fold']}.{r['repeat']}" for r in runs if r]
-        if len(runs) == 1 and names:
+        if len(runs) == 1 and names and self.several:
             self.console.print(f"fold {runs[0]['fold']}, seed {runs[0]['repeat']}", highlight=False)
         elif len(runs) > 1:
             self.console.print(f"a stack of {len(runs)} runs trained as one (fold.seed): {', '.join(names)}",
@@ -74,7 +75,7 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     console.print(f"data: {panel.source}: {len(panel.dates)} dates x {len(panel.assets)} assets x "
                   f"{len(panel.features)} features; model {cfg.model.name}", highlight=False)
     with console.status("training...") if console.is_terminal else nullcontext():
-        m = _train_runs(cfg, panel, TableHook(console), started)
+        m = _train_runs(cfg, panel, TableHook(console, several=cfg.validation.runs > 1), started)
     if "fold_val_ic" in m:
         folds = " ".join(_cell(v) for v in m["fold_val_ic"])
         mean, se = _cell(m.get("val_ic")), _cell(m.get("val_ic_se"))

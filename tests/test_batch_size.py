@@ -181,7 +181,7 @@ def test_probing_with_real_training_steps_leaves_no_trace():
     assert torch.equal(step.flat.values, values)
     after = _optimizer_state(step)             # no optimizer state: no step counted, no moments
     assert all(torch.equal(after[k], moments[k]) for k in moments)
-    assert all(float(s["step"]) == 0 for s in step.optimizer.single.state.values())
+    assert all(float(s["step"]) == 0 for s in step.optimizer.torch_adamw.state.values())
     assert (float(step.scaler.scale_[0]), float(step.scaler.good[0])) == (1.0, 0.0)
     assert (lane.position, lane.seen, lane.steps.unread) == (0, 0, 0)
     assert torch.equal(torch.get_rng_state(), rng)

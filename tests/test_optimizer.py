@@ -154,7 +154,7 @@ def test_the_trial_optimizer_is_torchs_adamw_to_the_bit():
 
     ours, step = _ours()
     theirs, theirs_opt, _ = _theirs()
-    ours_opt = step.optimizer.single  # a stack of one steps torch's AdamW on the model's own tensors
+    ours_opt = step.optimizer.torch_adamw  # a stack of one steps torch's AdamW on the model's own tensors
     assert isinstance(ours_opt, torch.optim.AdamW) and ours_opt.defaults["fused"] is True
     for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
         assert torch.equal(a, b), name
@@ -188,9 +188,9 @@ def test_the_trial_optimizer_state_loads_both_ways_with_torchs():
     legacy = make_optimizer(model, LR, WD)
     legacy.load_state_dict(theirs_opt.state_dict())
     step = _stack_of_one(copy.deepcopy(model))  # the trial's: torch's AdamW over the flat buffers
-    ours_opt = step.optimizer.single
+    ours_opt = step.optimizer.torch_adamw
     ours_opt.load_state_dict(theirs_opt.state_dict())
-    flat = step.optimizer.adopt_single_state()  # as a lone run's checkpoint converts on load
+    flat = step.optimizer.adopt_torch_state()  # as a lone run's checkpoint converts on load
     back = _torchs(model)
     back.load_state_dict(ours_opt.state_dict())
     for p, mine, span in zip(params, step.flat.params, step.flat.spans, strict=True):

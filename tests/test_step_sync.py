@@ -224,7 +224,7 @@ def test_an_oom_in_the_update_can_be_redone_from_scratch(monkeypatch):
     reference = fresh()
     reference(_first_rows(reference, 16), 16)  # the same step, never interrupted
     step = fresh()
-    single = step.optimizer.single
+    single = step.optimizer.torch_adamw
     real_step = type(single).step
     calls = []
 

@@ -185,8 +185,9 @@ def _results(number):
 
 @pytest.mark.slow
 def test_walk_forward_sweep_with_repeats_stores_the_contract(study_file):
+    # a pinned stack size: the steps below count stacks of 8 (auto measures its own)
     path = study_file({"validation": {"scheme": "walk_forward", "folds": 3, "repeats": 3},
-                       "study": {"n_trials": 2}})
+                       "study": {"n_trials": 2}, "train": {"max_stack": 8}})
     study = _sweep(path)
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2

@@ -118,11 +118,11 @@ def _from_lone(state: dict, step: StackStep) -> dict:
     """A checkpoint of the lone loop (sweepers before the one core) as the stack of one's state:
     its weights and torch AdamW state re-laid into the flat buffers, its schedule's position, its
     GradScaler's scale."""
-    if len(step.lanes) != 1 or step.optimizer.single is None:
+    if len(step.lanes) != 1 or step.optimizer.torch_adamw is None:
         raise ValueError("the checkpoint is not this stack's")
     step.stack.load_member(0, state["model"])  # into the flat buffers: the parameters are views of them
-    step.optimizer.single.load_state_dict(state["optimizer"])
-    moments = step.optimizer.adopt_single_state()
+    step.optimizer.torch_adamw.load_state_dict(state["optimizer"])
+    moments = step.optimizer.adopt_torch_state()
     scaler = state.get("scaler") or {}
     lane = step.lanes[0]
     progress = {k: state[k] for k in ("best", "best_epoch", "best_state", "best_metrics", "bad_epochs",

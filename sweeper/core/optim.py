@@ -99,12 +99,12 @@ class StackedAdamW:
         self.steps = torch.zeros_like(self.lr)
         self.exp_avg = torch.zeros_like(flat.values)
         self.exp_avg_sq = torch.zeros_like(flat.values)
-        self.single = _torch_adamw(self) if len(self.base_lr) == 1 else None
+        self.torch_adamw = _torch_adamw(self) if len(self.base_lr) == 1 else None
 
     def set_factors(self, factors: Sequence[float]) -> None:
         """Each member's schedule multiplier for the next step (host floats, known without a sync)."""
-        if self.single is not None:  # LambdaLR's rule: base_lr * factor, a host float
-            for group in self.single.param_groups:
+        if self.torch_adamw is not None:  # LambdaLR's rule: base_lr * factor, a host float
+            for group in self.torch_adamw.param_groups:
                 group["lr"] = self.base_lr[0] * factors[0]
             return
         self.factor = on_device(list(factors), self.lr.device)
@@ -117,8 +117,8 @@ class StackedAdamW:
         """Clip and update the members with ``active`` (float [K], 1.0: may update) whose
         gradient norm is finite. Returns (the norms [K], each member's skip flag [K]: 1.0 where
         a non-finite gradient stopped its update). No host sync."""
-        if self.single is not None:
-            return self._step_single()
+        if self.torch_adamw is not None:
+            return self._step_one()
         beta1, beta2 = self.betas
         norms = self.member_norms()
         finite = torch.isfinite(norms)
@@ -139,10 +139,10 @@ class StackedAdamW:
         values.sub_(self.exp_avg / denom * _col(lr / (1 - beta1 ** done)))
         return norms, (1.0 - finite.float())
 
-    def _step_single(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step_one(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A stack of one: torch's clipping and AdamW on the member's own tensors (a lone member is
         always active: a stopped one ends the run)."""
-        assert self.single is not None
+        assert self.torch_adamw is not None
         params = self.flat.params
         if self.grad_clip:
             norm = nn.utils.clip_grad_norm_(params, self.grad_clip)
@@ -150,22 +150,22 @@ class StackedAdamW:
             norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         # norm x 0 is 0 when finite and NaN otherwise: a few small kernels, no read
         skipped = norm.mul(0).nan_to_num_(nan=1.0, posinf=1.0, neginf=1.0).to(torch.float32)
-        update_unless(self.single, skipped)
+        update_unless(self.torch_adamw, skipped)
         return norm.view(1), skipped.view(1)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        if self.single is not None:  # torch's AdamW counts the steps of a stack of one
-            self.steps = self.single.state[self.flat.params[0]]["step"].view(1).to(self.steps, copy=True)
+        if self.torch_adamw is not None:  # torch's AdamW counts the steps of a stack of one
+            self.steps = self.torch_adamw.state[self.flat.params[0]]["step"].view(1).to(self.steps, copy=True)
         return {"lr": self.lr, "weight_decay": self.weight_decay, "steps": self.steps,
                 "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
 
-    def adopt_single_state(self) -> dict[str, torch.Tensor]:
+    def adopt_torch_state(self) -> dict[str, torch.Tensor]:
         """After torch's ``load_state_dict`` on the stack of one's AdamW (a lone run's checkpoint):
         its moments copied into the flat buffers and its state pointed at them again; the flat state."""
-        assert self.single is not None
+        assert self.torch_adamw is not None
         with torch.no_grad():
             for p, span in zip(self.flat.params, self.flat.spans):
-                loaded = self.single.state[p]
+                loaded = self.torch_adamw.state[p]
                 for name, flat in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
                     view = flat[:, span].view(p.shape)
                     view.copy_(loaded[name])
@@ -175,9 +175,9 @@ class StackedAdamW:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for name in ("lr", "weight_decay", "steps", "exp_avg", "exp_avg_sq"):
             getattr(self, name).copy_(state[name])
-        if self.single is not None:
+        if self.torch_adamw is not None:
             for p in self.flat.params:
-                self.single.state[p]["step"].fill_(float(self.steps[0]))
+                self.torch_adamw.state[p]["step"].fill_(float(self.steps[0]))
 
 
 def _torch_adamw(opt: StackedAdamW) -> torch.optim.Optimizer:
