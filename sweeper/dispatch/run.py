@@ -9,7 +9,6 @@ and always shuts its workers down.
 """
 from __future__ import annotations
 
-import functools
 import json
 import signal
 import sys
@@ -72,7 +71,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     # a model's errors are config errors; the shapes a trial may sample but cannot build are notes.
     # With a server the built-in models are checked in its forked child too: no torch here
     notes = check_study_models(cfg, len(summary.features), cfg.data.lookback,
-                               functools.partial(launch.run, "check", server=server),
+                               lambda request, timeout: launch.run("check", request, timeout, server=server),
                                builtins_in_child=server is not None)
     slots = plan_slots(cfg.devices) if devices else []
     url = cfg.study.resolved_storage

@@ -36,8 +36,7 @@ ChildRun = Callable[[str, float], tuple[str, int | None]]
 
 
 def python_child(request: str, timeout: float) -> tuple[str, int | None]:
-    """The checking child where the caller has no fork server: a fresh interpreter, with this
-    process's environment and folder, as a worker's: it finds the model where a worker would."""
+    """The checking child, fresh (:mod:`sweeper.launch`), in this process's folder: where a worker looks."""
     from sweeper.launch import run  # the parent's code: the worker, which imports this module, never loads it
 
     return run("check", request, timeout)
