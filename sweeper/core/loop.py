@@ -112,10 +112,7 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
             break
         stop_reason, seconds = _train_epoch(run, epoch, hook, tc.resolved_batch_order, say)
         # ---- end of epoch: each member validates and keeps its best weights; the hook hears the stack
-        rows = _validate(run, epoch, seconds, hook.tick, fixed_epochs)
-        for row in rows:
-            if row is not None:
-                say(epoch_line(row, tc.epochs))
+        rows = _validate(run, epoch, seconds, hook.tick, fixed_epochs, say)
         # report first, then save: a checkpoint never holds an epoch the hook has not seen
         # (a kill in between re-runs and re-reports that epoch rather than losing its report)
         if hook.on_epoch(epoch, rows):
@@ -226,10 +223,11 @@ def _sync(lanes: list[Lane], patience: int, epoch: int) -> None:
         lane.position -= skipped
 
 
-def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None],
-              fixed_epochs: bool) -> list[dict | None]:
-    """Every member still training scored on its valid block (one stacked forward per batch);
-    each keeps its best epoch's weights and stops when its patience runs out. None: stopped."""
+def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fixed_epochs: bool,
+              say: Callable[[str], None]) -> list[dict | None]:
+    """Every member still training scored on its valid block (one stacked forward per batch) and
+    its line logged; each keeps its best epoch's weights and stops when its patience runs out.
+    None: stopped."""
     lanes, step, plan = run.lanes, run.step, run.plan
     live = [k for k, lane in enumerate(lanes) if not lane.stopped]
     preds = [] if fixed_epochs else stacked_predict_rows(step.forward, [lanes[k].valid for k in live],
@@ -247,6 +245,7 @@ def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None],
         if not fixed_epochs and lane.progress.bad_epochs >= lane.cfg.train.patience:
             lane.stopped = True  # masked from now on: it keeps its best epoch and changes no more
         rows[k] = metrics
+        say(epoch_line(metrics, lane.cfg.train.epochs))
     return rows
 
 

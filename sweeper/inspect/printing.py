@@ -89,22 +89,28 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
         console.print("  " + line, highlight=False, soft_wrap=True)
     for line in ic_time_lines(best):
         console.print("  " + line, highlight=False, soft_wrap=True)
-    if "portfolio" in best:
-        for line in portfolio_lines(best["portfolio"], best.get("portfolio_unavailable")):
-            console.print("  " + line, highlight=False, soft_wrap=True)
-        constant = best.get("constant_pred_dates") or {}
-        if any(constant.values()):
-            console.print("  constant predictions (scored IC 0): " + ", ".join(
-                f"{split} {n} dates" for split, n in constant.items()), highlight=False)
-    if "ensemble" in best:
-        for line in ensemble_lines(best["ensemble"], best.get("ensemble_unavailable")):
-            console.print("  " + line, highlight=False, soft_wrap=True)
+    for line in portfolio_and_ensemble_lines(best):
+        console.print("  " + line, highlight=False, soft_wrap=True)
     console.print("  params: " + ", ".join(f"{k}={v}" for k, v in best["params"].items()), soft_wrap=True)
     if best.get("weights_removed"):
         console.print(f"  weights: removed (study.keep); retrain: {best['retrain']}", highlight=False,
                       soft_wrap=True)
     else:
         console.print(f"  weights: {best['weights'] or '-'}")
+
+
+def portfolio_and_ensemble_lines(best: dict[str, Any]) -> list[str]:
+    """``best --portfolio``'s lines: the long-short view, constant predictions, the top-K ensemble."""
+    lines: list[str] = []
+    if "portfolio" in best:
+        lines += portfolio_lines(best["portfolio"], best.get("portfolio_unavailable"))
+        constant = best.get("constant_pred_dates") or {}
+        if any(constant.values()):
+            lines.append("constant predictions (scored IC 0): " + ", ".join(
+                f"{split} {n} dates" for split, n in constant.items()))
+    if "ensemble" in best:
+        lines += ensemble_lines(best["ensemble"], best.get("ensemble_unavailable"))
+    return lines
 
 
 def stack_line(best: dict[str, Any]) -> str:

@@ -122,21 +122,9 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         return None
     ua = best.user_attrs
     oracle = study.user_attrs.get("oracle_ic")
-    files = layout.trial_files(files_folder(cfg, study), best.number)
-    weights = files.weights
-    out = {
-        "trial": best.number,
-        "value": best.value,
-        "metric": cfg.study.metric,
-        "objective": objective_label(cfg.study.metric, cfg.validation),  # what "value" is
-        "params": best.params,
-        "metrics": {k: plain(ua.get(k)) for k in BEST_METRICS if k in ua},
-        "weights": str(weights) if weights.exists() else None,
-    }
+    out = _trial_report(study, cfg, best, study_file)
     out.update(folds_report(study, cfg, best))
     out.update({k: plain(ua[k]) for k in STACK_KEYS if k in ua})  # how its runs stacked, and why
-    if retention.weights_removed(best, files):
-        out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
     out.update(constraints_report(study, cfg, best))
     if oracle:
         out["oracle_val_ic"] = oracle.get("valid")
@@ -156,6 +144,25 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         frames = TrialFrames(cfg, study)
         out.update(portfolio_report(cfg, study, best, frames))
         out.update(ic_views.group_neutral_report(cfg, frames, best))
+    return out
+
+
+def _trial_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial,
+                  study_file: str | None) -> dict[str, Any]:
+    """The best trial's number, value, params, metrics and weights (or how to retrain them)."""
+    files = layout.trial_files(files_folder(cfg, study), best.number)
+    weights = files.weights
+    out = {
+        "trial": best.number,
+        "value": best.value,
+        "metric": cfg.study.metric,
+        "objective": objective_label(cfg.study.metric, cfg.validation),  # what "value" is
+        "params": best.params,
+        "metrics": {k: plain(best.user_attrs.get(k)) for k in BEST_METRICS if k in best.user_attrs},
+        "weights": str(weights) if weights.exists() else None,
+    }
+    if retention.weights_removed(best, files):
+        out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
     return out
 
 

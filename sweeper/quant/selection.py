@@ -195,29 +195,26 @@ def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
     series = _align(daily, best)
     lags = {k: lag_for_horizon(horizon.get(k, 1) if isinstance(horizon, Mapping) else horizon)
             for k in series}
-    n_trials = len(series)
     if fold_ics is None:
         null_ic = null_max_ic(list(series.values()), [lags[k] for k in series])
     else:
         null_ic = _fold_null_ic([fold_ics.get(k, []) for k in series])
-    sr_trials = [_sharpe(_finite(v)) for v in series.values()]
-    stats = deflated_sharpe(series[best], sr_trials, n_trials, null_ic=null_ic, lag=lags[best])
-    best_ic = _finite(series[best]).mean() if len(_finite(series[best])) else math.nan
     blocks = fold_blocks(folds) if fold_ics is not None and folds is not None else None
-    out: dict[str, int | float | str | None] = {
-        "n_trials": n_trials,
-        "expected_max_null_ic": null_ic,
-        "best_val_ic": float(best_ic),
-        "deflated_ic": stats["deflated_ic"],
-        "sr": stats["sr"],
-        "sr0": stats["sr0"],
-        "dsr": stats["dsr"],
-        "p_fluke": stats["p_fluke"],
-        "pbo": _study_pbo(series, best, blocks),
-    }
+    out = _daily_figures(series, best, null_ic, lags[best], blocks)
     if fold_ics is not None:
         out.update(_fold_figures(_finite(fold_ics.get(best, [])), null_ic, blocks))
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+def _daily_figures(series: dict[int, np.ndarray], best: int, null_ic: float, lag: int,
+                   blocks: list[np.ndarray] | None) -> dict[str, int | float | str | None]:
+    """The figures read from the daily ICs: the best's IC, its deflated IC and Sharpe, and PBO."""
+    sr_trials = [_sharpe(_finite(v)) for v in series.values()]
+    stats = deflated_sharpe(series[best], sr_trials, len(series), null_ic=null_ic, lag=lag)
+    best_ic = _finite(series[best]).mean() if len(_finite(series[best])) else math.nan
+    return {"n_trials": len(series), "expected_max_null_ic": null_ic, "best_val_ic": float(best_ic),
+            **{k: stats[k] for k in ("deflated_ic", "sr", "sr0", "dsr", "p_fluke")},
+            "pbo": _study_pbo(series, best, blocks)}
 
 
 def fold_standard_error(fold_ics: Sequence[float] | np.ndarray) -> float:
