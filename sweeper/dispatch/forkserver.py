@@ -12,7 +12,6 @@ the process's exit. It costs an idle process of about 120 MB between sweeps (:fu
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import socket
@@ -21,8 +20,8 @@ import sys
 import threading
 from typing import IO
 
+from sweeper import launch
 from sweeper.child import DRIVER_PID
-from sweeper.launch import SPAWN_WAIT_S
 
 USE_FORK_SERVER = sys.platform.startswith("linux")
 SERVER = ("-m", "sweeper.worker.forked")  # how the server starts (tests/test_fork_safety.py: a probe's)
@@ -123,7 +122,7 @@ class ForkServer:
 
     def pid_of(self, req: int) -> int | None:
         with self._cond:
-            self._cond.wait_for(lambda: req in self._pids or self._gone, timeout=SPAWN_WAIT_S)
+            self._cond.wait_for(lambda: req in self._pids or self._gone, timeout=launch.SPAWN_WAIT_S)
             return self._pids.get(req)
 
     def code_of(self, req: int, timeout: float | None) -> int | None:
@@ -139,9 +138,7 @@ class ForkServer:
         and while it still preloads it would read no EOF until the import under way ends (torch:
         seconds)."""
         if self._proc is not None:
-            with contextlib.suppress(OSError):
-                self._proc.kill()
-            self._proc.wait()
+            launch.kill(self._proc)
         if self._sock is not None:
             self._sock.close()
         with self._cond:
