@@ -38,7 +38,7 @@ class Child(Protocol):
 
 class Launcher(Protocol):
     def spawn(self, job: str, argv: list[str], env: dict[str, str], out: int, err: int) -> Child | None:
-        """``job`` started, its stdin a pipe, its stdout ``out``, its stderr ``err``; None where not."""
+        """``job`` started, its stdin a pipe, its stdout ``out``, its stderr ``err``; None where it cannot."""
 
 
 class Interpreter:
