@@ -181,8 +181,8 @@ def stack_of_one(cfg, panel, device: torch.device) -> StackStep:
     (``sweeper.core.loop.prepare``), its model seeded with ``train.seed``."""
     tc = cfg.train
     criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
-    lane = build_lane(Member(cfg, panel), device)
-    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [lane.solo]).to(device)
+    lane, solo = build_lane(Member(cfg, panel), device)
+    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [solo]).to(device)
     dropout = stack.seed_members([tc.seed], device)
     flat = FlatStack(stack)
     optimizer = StackedAdamW(flat, [tc.lr], [tc.weight_decay], tc.grad_clip)

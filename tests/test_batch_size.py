@@ -136,10 +136,8 @@ def _stack_step(cfg, panel, solo=None):
 
     tc, device = cfg.train, torch.device("cpu")
     criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
-    lane = build_lane(Member(cfg, panel), device)
-    if solo is not None:
-        lane.solo = solo
-    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [lane.solo]).to(device)
+    lane, own = build_lane(Member(cfg, panel), device)
+    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [own if solo is None else solo]).to(device)
     dropout = stack.seed_members([tc.seed], device)
     flat = FlatStack(stack)
     optimizer = StackedAdamW(flat, [tc.lr], [tc.weight_decay], tc.grad_clip)

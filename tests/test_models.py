@@ -6,7 +6,8 @@ import torch
 from sweeper.config import ModelConfig
 from sweeper.errors import ConfigError
 from sweeper.models import build_model, resolve_model_class
-from sweeper.models.transformer import TransformerModel, sinusoidal_positions
+from sweeper.models.stacked.base import StackedLinear
+from sweeper.models.stacked.transformer import StackedTransformer, sinusoidal_positions
 
 
 @pytest.mark.parametrize("cfg", [
@@ -26,15 +27,17 @@ def test_builtin_models_map_windows_to_one_prediction_per_row(cfg):
 
 
 def test_model_hyperparameters_reach_the_modules():
-    lstm = build_model(ModelConfig(name="lstm", hidden_size=12, num_layers=3, dropout=0.2), 4, 6)
-    assert (lstm.rnn.hidden_size, lstm.rnn.num_layers, lstm.rnn.dropout) == (12, 3, 0.2)
-    assert isinstance(build_model(ModelConfig(name="gru"), 4, 6).rnn, torch.nn.GRU)
-    tf = build_model(ModelConfig(name="transformer", d_model=24, nhead=3, num_layers=3, dim_feedforward=40), 4, 6)
+    # a built-in model is its stack of one member: the sizes are the stack's, K = 1 in front
+    lstm = build_model(ModelConfig(name="lstm", hidden_size=12, num_layers=3, dropout=0.2), 4, 6).stack
+    assert (lstm.rnn.hidden_size, lstm.rnn.num_layers, lstm.rnn.dropout.rates) == (12, 3, [0.2])
+    assert build_model(ModelConfig(name="gru"), 4, 6).stack.rnn.cell == "gru"
+    tf = build_model(ModelConfig(name="transformer", d_model=24, nhead=3, num_layers=3, dim_feedforward=40),
+                     4, 6).stack
     assert len(tf.encoder.layers) == 3
-    assert tf.encoder.layers[0].linear1.out_features == 40
-    assert tf.encoder.layers[0].self_attn.num_heads == 3
-    mlp = build_model(ModelConfig(name="mlp", hidden_size=10, num_layers=2), 4, 6)
-    assert [m.in_features for m in mlp.net if isinstance(m, torch.nn.Linear)] == [24, 10, 10]
+    assert tf.encoder.layers[0].linear1.weight.shape == (1, 40, 24)
+    assert tf.encoder.layers[0].self_attn.nhead == 3
+    mlp = build_model(ModelConfig(name="mlp", hidden_size=10, num_layers=2), 4, 6).stack
+    assert [m.weight.shape[-1] for m in mlp.net if isinstance(m, StackedLinear)] == [24, 10, 10]
 
 
 def test_sinusoidal_positions_follow_the_formula():
@@ -46,20 +49,24 @@ def test_sinusoidal_positions_follow_the_formula():
 
 def test_pooling_choice_changes_what_the_head_sees():
     torch.manual_seed(0)
-    last = TransformerModel(3, 5, d_model=8, nhead=2, dropout=0.0, pooling="last").eval()
-    mean = TransformerModel(3, 5, d_model=8, nhead=2, dropout=0.0, pooling="mean").eval()
+    last = StackedTransformer(2, 3, 5, d_model=8, nhead=2, dropout=(0.0,), pooling="last").eval()
+    mean = StackedTransformer(2, 3, 5, d_model=8, nhead=2, dropout=(0.0,), pooling="mean").eval()
     mean.load_state_dict(last.state_dict())
-    x = torch.randn(4, 5, 3)
+    x = torch.randn(2, 4, 5, 3)
     assert not torch.allclose(mean(x), last(x))
-    h = last.encoder(last.project(x) + last.positions)
-    torch.testing.assert_close(mean(x), mean.head(h.mean(dim=1)).squeeze(-1))
-    torch.testing.assert_close(last(x), last.head(h[:, -1]).squeeze(-1))
+    h = last.project(x) + last.positions.unsqueeze(1)
+    for layer in last.encoder.layers:
+        h = layer(h)
+    h = last.encoder.norm(h)
+    torch.testing.assert_close(mean(x), mean.head(h.mean(dim=2)).squeeze(-1))
+    torch.testing.assert_close(last(x), last.head(h[:, :, -1]).squeeze(-1))
 
 
 def test_gradient_checkpointing_gives_the_same_outputs_and_gradients():
     torch.manual_seed(0)
-    plain = TransformerModel(3, 6, d_model=8, nhead=2, num_layers=2, dropout=0.0)
-    ckpt = TransformerModel(3, 6, d_model=8, nhead=2, num_layers=2, dropout=0.0, gradient_checkpointing=True)
+    plain = build_model(ModelConfig(name="transformer", d_model=8, nhead=2, num_layers=2, dropout=0.0), 3, 6)
+    ckpt = build_model(ModelConfig(name="transformer", d_model=8, nhead=2, num_layers=2, dropout=0.0,
+                                   gradient_checkpointing=True), 3, 6)
     ckpt.load_state_dict(plain.state_dict())
     x = torch.randn(5, 6, 3)
     out_plain, out_ckpt = plain(x), ckpt(x)
@@ -78,7 +85,7 @@ def test_custom_dotted_path_gets_features_lookback_and_extra_keys():
 
 
 def test_resolve_model_class_knows_the_builtins():
-    assert resolve_model_class("transformer") is TransformerModel
+    assert resolve_model_class("transformer") is StackedTransformer
 
 
 def test_import_error_names_the_key_and_the_cause():

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import TINY, merge
 from sweeper.core.schedule import make_optimizer
-from sweeper.models.transformer import TransformerModel
+from reference_models import TransformerModel
 
 
 def _decayed_names(model, optimizer):
@@ -88,8 +88,8 @@ def _stack_of_one(model):
     from toy_panel import toy_config, toy_panel
 
     cfg, device = toy_config(lr=LR, weight_decay=WD, grad_clip=CLIP), torch.device("cpu")
-    lane = build_lane(Member(cfg, toy_panel(F=3, lookback=5)), device)
-    lane.solo, lane.factor = model, warmup
+    lane, _ = build_lane(Member(cfg, toy_panel(F=3, lookback=5)), device)
+    lane.factor = warmup
     stack = build_stack([cfg.model], 3, 5, [model]).to(device)
     dropout = stack.seed_members([cfg.train.seed], device)
     flat = FlatStack(stack)

@@ -19,7 +19,7 @@ def test_a_study_records_exactly_what_it_recorded_before_the_refactor(tmp_path, 
     record, exact = S.golden(scheme)
     want = S.comparable(record, scheme)
     got = S.comparable(json.loads(json.dumps(S.snapshot(tmp_path), sort_keys=True)), scheme)
-    assert S.diff(want, got, exact=exact) == []
+    assert S.check(scheme, want, got, exact) == []
 
 
 @pytest.mark.parametrize("scheme", ["holdout", "walk_forward"])
@@ -43,3 +43,14 @@ def test_a_cpu_without_its_own_record_is_compared_within_rounding_and_still_catc
         f"{changed['trials'][1]['params']['train.lr']}",
         f"/trials[2]/value: {intel['trials'][2]['value']} != {changed['trials'][2]['value']}",
     ]
+
+
+def test_the_stacked_record_holds_its_training_exactly_and_its_final_scores_within_rounding():
+    record, _ = S.golden("walk_forward_stacked")
+    want = S.comparable(record, "walk_forward_stacked")
+    got = json.loads(json.dumps(want))
+    got["trials"][0]["intermediate"]["1"] *= 1 + 1e-9  # training: caught however small
+    got["trials"][1]["value"] *= 1 + 1e-9  # a final score: rounding
+    got["trials"][2]["value"] *= 1.01  # a final score off by more than rounding: caught
+    lines = S.check("walk_forward_stacked", want, got, exact=True)
+    assert [line.split(":")[0] for line in lines] == ["/trials[2]/value", "/trials[0]/intermediate/1"]

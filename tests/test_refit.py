@@ -268,8 +268,8 @@ def test_batch_size_auto_is_probed_on_a_refit_panel(workdir):
     panel, _ = refit_panel(DataConfig(synthetic=SYNTH, lookback=LOOKBACK), None)
     # the stack of one that train sets up (sweeper.core.loop.prepare) for the refit's run
     tc, cpu = cfg.train, torch.device("cpu")
-    lane = build_lane(Member(cfg, panel), cpu)
-    stack = build_stack([cfg.model], len(panel.features), LOOKBACK, [lane.solo])
+    lane, solo = build_lane(Member(cfg, panel), cpu)
+    stack = build_stack([cfg.model], len(panel.features), LOOKBACK, [solo])
     flat = FlatStack(stack)
     optimizer = StackedAdamW(flat, [1e-3], [0.0], tc.grad_clip)
     fp32 = resolve_precision("fp32", cpu)

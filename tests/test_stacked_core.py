@@ -12,7 +12,7 @@ import torch
 from sweeper.core import Member, train, train_stack
 from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
 from sweeper.core.schedule import make_optimizer
-from sweeper.models.mlp import MLPModel
+from reference_models import MLPModel
 from sweeper.models.stacked.mlp import StackedMLP
 from sweeper.validation.grid import seeded
 from tests.toy_panel import toy_config, toy_panel
@@ -377,8 +377,10 @@ def test_validate_says_how_a_user_models_runs_stack(study_file, model, how):
 
 
 def _built(name: str):
+    """Three lone one-member models (as the lone loop trained them: tests/reference_models.py) and
+    the stack of their weights."""
+    from reference_models import RecurrentModel, TransformerModel
     from sweeper.config import ModelConfig
-    from sweeper.models import build_model
     from sweeper.models.stacked.build import build_stack
 
     fields = {"lstm": {"hidden_size": 8, "num_layers": 2}, "gru": {"hidden_size": 8, "num_layers": 2},
@@ -387,7 +389,8 @@ def _built(name: str):
     solos = []
     for seed in range(3):
         torch.manual_seed(seed)
-        solos.append(build_model(cfg, 3, 4))
+        solos.append(TransformerModel(3, 4, dropout=0.0, **fields) if name == "transformer"
+                     else RecurrentModel(3, 4, cell=name, dropout=0.0, **fields))
     return solos, build_stack([cfg] * 3, 3, 4, solos)
 
 

@@ -1,12 +1,15 @@
-"""The stacked LSTM/GRU against K one-member RecurrentModels: outputs, gradients, member
-state round trips, and members that never mix through dropout."""
+"""The stacked LSTM/GRU against K one-member RecurrentModels (the lone models as they were,
+tests/reference_models.py): outputs, gradients, member state round trips, and members that never
+mix through dropout; both recurrences of a stack of several (torch's kernel per member, the CPU's;
+batched, a GPU's)."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from sweeper.models.recurrent import RecurrentModel
+import sweeper.models.stacked.recurrent as recurrent
+from reference_models import RecurrentModel
 from sweeper.models.stacked.recurrent import StackedRecurrent
 
 K, B, L, N_FEATURES, HIDDEN = 3, 5, 7, 4, 6
@@ -25,11 +28,9 @@ def solos(cell: str, layers: int) -> list[RecurrentModel]:
     return models
 
 
-def stack_of(models: list[RecurrentModel], cell: str, layers: int,
-             per_member: bool | None = None) -> StackedRecurrent:
+def stack_of(models: list[RecurrentModel], cell: str, layers: int) -> StackedRecurrent:
     stack = StackedRecurrent(len(models), N_FEATURES, L, cell=cell, hidden_size=HIDDEN,
                              num_layers=layers, dropout=(0.0,))
-    stack.rnn.per_member = per_member  # both recurrences: torch's kernel per member, and batched
     for k, model in enumerate(models):
         stack.load_member(k, model.state_dict())
     return stack
@@ -51,9 +52,10 @@ def test_names_and_shapes_mirror_the_solo(cell: str, layers: int) -> None:
 
 
 @pytest.mark.parametrize(("cell", "layers", "per_member"), PATHS)
-def test_forward_matches_solos(cell: str, layers: int, per_member: bool) -> None:
+def test_forward_matches_solos(cell: str, layers: int, per_member: bool, monkeypatch) -> None:
+    monkeypatch.setattr(recurrent, "KERNEL_DEVICES", ("cpu",) if per_member else ())
     models = solos(cell, layers)
-    stack = stack_of(models, cell, layers, per_member)
+    stack = stack_of(models, cell, layers)
     x, _ = batch()
     out = stack(x)
     assert out.shape == (K, B)
@@ -62,9 +64,10 @@ def test_forward_matches_solos(cell: str, layers: int, per_member: bool) -> None
 
 
 @pytest.mark.parametrize(("cell", "layers", "per_member"), PATHS)
-def test_gradients_match_solos(cell: str, layers: int, per_member: bool) -> None:
+def test_gradients_match_solos(cell: str, layers: int, per_member: bool, monkeypatch) -> None:
+    monkeypatch.setattr(recurrent, "KERNEL_DEVICES", ("cpu",) if per_member else ())
     models = solos(cell, layers)
-    stack = stack_of(models, cell, layers, per_member)
+    stack = stack_of(models, cell, layers)
     x, y = batch()
     pred = stack(x)
     torch.stack([F.mse_loss(pred[k], y[k]) for k in range(K)]).sum().backward()

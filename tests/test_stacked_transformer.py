@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from sweeper.models.stacked.transformer import StackedSelfAttention, StackedTransformer
-from sweeper.models.transformer import TransformerModel
+from reference_models import TransformerModel
 
 K, B, L, N_FEATURES = 3, 4, 10, 5
 SHAPE = {"d_model": 16, "nhead": 2, "num_layers": 2, "dim_feedforward": 32}

@@ -156,12 +156,10 @@ def _stack_step(cfg, panel, solo, fp16: bool, members: int = 1):
     from sweeper.models.stacked.build import build_stack
 
     tc, device = cfg.train, torch.device("cpu")
-    lanes = [build_lane(Member(cfg, panel), device) for _ in range(members)]
-    if solo is not None:
-        (lane,) = lanes
-        lane.solo = solo
+    built = [build_lane(Member(cfg, panel), device) for _ in range(members)]
+    lanes, solos = [lane for lane, _ in built], [own for _, own in built]
     stack = build_stack([cfg.model] * members, len(panel.features), panel.lookback,
-                        [lane.solo for lane in lanes]).to(device)
+                        solos if solo is None else [solo]).to(device)
     dropout = stack.seed_members([tc.seed] * members, device)
     flat = FlatStack(stack)
     optimizer = StackedAdamW(flat, [tc.lr] * members, [tc.weight_decay] * members, tc.grad_clip)

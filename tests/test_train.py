@@ -210,8 +210,7 @@ def _stack_step(cfg, panel, solo) -> StackStep:
 
     tc, device = cfg.train, torch.device("cpu")
     criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
-    lane = build_lane(Member(cfg, panel), device)
-    lane.solo = solo
+    lane, _ = build_lane(Member(cfg, panel), device)
     stack = build_stack([cfg.model], len(panel.features), panel.lookback, [solo]).to(device)
     dropout = stack.seed_members([tc.seed], device)
     flat = FlatStack(stack)

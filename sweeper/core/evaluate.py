@@ -67,7 +67,12 @@ def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | s
     """Long frame ``date, asset, pred, label`` (label = raw) of one split. With the trial's
     best weights and ``train.eval_batch_size`` its IC is exactly the stored val_ic / test_ic."""
     batcher = Batcher(panel, split, torch.device(device))
-    pred = predict_rows(model, batcher, batch_size, tick).cpu().numpy()
+    return _frame(batcher, predict_rows(model, batcher, batch_size, tick))
+
+
+def _frame(batcher: Batcher, rows: torch.Tensor) -> pd.DataFrame:
+    """The long frame of a split's predictions in sample-index order."""
+    panel, pred = batcher.panel, rows.cpu().numpy()
     idx = batcher.index.cpu().numpy()
     t, i = idx[:, 0], idx[:, 1]
     label = panel.y_raw.cpu().numpy()[t, i] if len(t) else np.zeros(0, np.float32)
@@ -104,15 +109,19 @@ def _stacked_forward_all(stack: nn.Module, batchers: list[Batcher], batch_size: 
     was_training = stack.training
     stack.eval()
     out: list[list[torch.Tensor]] = [[] for _ in batchers]
-    longest = max(b.n_samples for b in batchers)
-    same = all(b.same_split(batchers[0]) for b in batchers)  # seeds of one fold: one gather for all
+    longest = max(batchers, key=lambda b: b.n_samples)  # it has rows in every batch
+    # seeds of one fold: one gather for all
+    same = all(b.same_split(longest) for b in batchers if b.n_samples)
     try:
-        for start in range(0, longest, batch_size):
-            width = min(batch_size, longest - start)
+        for start in range(0, longest.n_samples, batch_size):
+            width = min(batch_size, longest.n_samples - start)
             rows = [b.index[start:start + batch_size] for b in batchers]
             sizes = [len(r) for r in rows]
-            rows = [r if len(r) else b.index[:1] for r, b in zip(rows, batchers)]  # a member already done
-            pred = stack(gather_stack(batchers, rows, width, same_rows=same).x).float()
+            # a member done already (a shorter split, or a run not scored on test) reads the longest
+            # member's rows, and its output is dropped
+            feed = [b if size else longest for b, size in zip(batchers, sizes)]
+            rows = [r if size else longest.index[start:start + batch_size] for r, size in zip(rows, sizes)]
+            pred = stack(gather_stack(feed, rows, width, same_rows=same).x).float()
             for k, size in enumerate(sizes):
                 if size:
                     out[k].append(pred[k, :size])
@@ -125,16 +134,23 @@ def _stacked_forward_all(stack: nn.Module, batchers: list[Batcher], batch_size: 
 Frames = dict[str, pd.DataFrame]  # split -> a frame of it
 
 
-def final_scores(model: nn.Module, panel: Panel, device: torch.device, batch_size: int,
-                 tick: Tick = _no_tick) -> tuple[dict[str, float], Frames, Frames]:
-    """IC metrics, daily ICs and predictions of valid and test, from ``predict``'s frames."""
-    scores: dict[str, float] = {}
-    daily, predictions = {}, {}
+Scores = tuple[dict[str, float], Frames, Frames]  # IC metrics, daily ICs and predictions by split
+
+
+def final_scores(stack: nn.Module, panels: list[Panel], device: torch.device, batch_size: int,
+                 tick: Tick = _no_tick) -> list[Scores]:
+    """Each member's IC metrics, daily ICs and predictions of valid and test (member k on
+    ``panels[k]``; one stacked forward per batch), from the frames ``predict`` makes of them: for
+    a stack of one, with ``batch_size`` rows, exactly ``predict``'s."""
+    out: list[Scores] = [({}, {}, {}) for _ in panels]
     for split, p in SPLIT_PREFIX.items():
-        frame = predict(model, panel, split, device, batch_size, tick)
+        batchers = [Batcher(panel, split, device) for panel in panels]
+        for (scores, daily, predictions), batcher, rows in zip(
+                out, batchers, stacked_predict_rows(stack, batchers, batch_size, tick)):
+            frame = _frame(batcher, rows)
+            report = M.ic_report(frame)
+            scores.update({f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"],
+                           f"{p}_icir": report["icir"]})
+            daily[split], predictions[split] = M.daily_ic(frame), frame
         tick()
-        report = M.ic_report(frame)
-        scores.update({f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"],
-                       f"{p}_icir": report["icir"]})
-        daily[split], predictions[split] = M.daily_ic(frame), frame
-    return scores, daily, predictions
+    return out

@@ -37,7 +37,6 @@ class Lane:
     runs: DateRuns | None
     steps_per_epoch: int
     factor: Callable[[int], float]
-    solo: torch.nn.Module  # the one-member model that scores the member's best weights
     progress: Progress = field(default_factory=Progress)
     position: int = 0  # schedule steps taken (LambdaLR's last_epoch)
     stopped: bool = False
@@ -49,9 +48,9 @@ class Lane:
         self.steps, self.seen = EpochSteps(), 0
 
 
-def build_lane(member: Member, device: torch.device) -> Lane:
-    """The member's lane, its one-member model built as a lone run builds it: after seeding with the
-    member's seed, so its initial weights are its lone run's, draw for draw."""
+def build_lane(member: Member, device: torch.device) -> tuple[Lane, torch.nn.Module]:
+    """The member's lane, and its one-member model built after seeding with the member's seed, so
+    its initial weights are its lone run's, draw for draw (the stack takes them)."""
     cfg, tc = member.cfg, member.cfg.train
     seed_everything(tc.seed)
     panel = member.panel.to(device, cfg.data.device_share)
@@ -61,7 +60,7 @@ def build_lane(member: Member, device: torch.device) -> Lane:
     steps = count_steps(batcher, order, _capped(tc, [batcher]), tc.samples_per_epoch)
     return Lane(cfg, panel, batcher, Batcher(panel, "valid", device), torch.Generator().manual_seed(tc.seed),
                 DateRuns(batcher) if order == "cross_section" else None, steps,
-                lr_factor(tc.schedule, tc.warmup_frac, steps * tc.epochs), solo)
+                lr_factor(tc.schedule, tc.warmup_frac, steps * tc.epochs)), solo
 
 
 def lane_batch_size(tc: TrainConfig, lanes: Sequence[Lane]) -> int:

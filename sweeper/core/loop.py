@@ -33,7 +33,7 @@ from sweeper.config import SweeperConfig
 from sweeper.core.batch_plan import BatchPlan, shrink_micro
 from sweeper.core.checkpoint import check_same_config, restore_stack, stack_state
 from sweeper.core.device import TrialMemory, resolve_device, trial_memory
-from sweeper.core.evaluate import final_scores, split_scores, stacked_predict_rows
+from sweeper.core.evaluate import Scores, final_scores, split_scores, stacked_predict_rows
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
 from sweeper.core.lanes import Member, build_lane, lane_batch_size
 from sweeper.core.loss import resolve_loss
@@ -92,10 +92,9 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
                 memory: TrialMemory | None = None, fixed_epochs: bool = False) -> list[TrainResult]:
     """Train ``members`` (one model shape; ``train`` settings alike but the per-member ones) as one
     stack; early-stop each on its valid split; score valid and test with its best epoch's weights.
-    Raises NonFiniteLoss, OutOfMemory, Interrupted.
-
-    ``started`` (a ``time.monotonic()`` reading, default now) is when the run began: a sweep's
-    worker passes the trial's start, so that ``train.max_minutes`` also counts loading the data.
+    Raises NonFiniteLoss, OutOfMemory, Interrupted. ``started`` (a ``time.monotonic()`` reading,
+    default now) is when the run began: a sweep's worker passes the trial's start, so that
+    ``train.max_minutes`` also counts loading the data.
     ``memory``: what the memory is measured by (the batch probe, the peaks reported); by default
     the device's own (:func:`~sweeper.core.device.trial_memory`). ``checkpoint`` keeps the whole
     stack after every epoch and a retry continues it there. ``fixed_epochs`` (``sweeper refit``,
@@ -123,9 +122,10 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
             stop_reason = StopReason.TIME  # the time ran out while validating: no new epoch for one step
         if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
             checkpoint.save(stack_state(members[0].cfg, epoch, run.lanes, run.step, run.plan))
-    # ---- score valid and test with each member's best weights
-    finish = _fixed if fixed_epochs else _finish
-    return [finish(run, k, where, stop_reason, began, hook.tick, say) for k in range(len(run.lanes))]
+    # ---- score valid and test with each member's best weights (one stacked forward per batch)
+    if fixed_epochs:  # refit: the last epoch's weights, with no split to score them on
+        return [_fixed(run, k, stop_reason, began) for k in range(len(run.lanes))]
+    return _finish(run, where, stop_reason, began, hook.tick, say)
 
 
 def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpointer, memory: TrialMemory,
@@ -135,9 +135,10 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
     cfg, tc = members[0].cfg, members[0].cfg.train
     started = time.monotonic() if started is None else started
     criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
-    lanes = [build_lane(m, device) for m in members]
+    built = [build_lane(m, device) for m in members]
+    lanes = [lane for lane, _ in built]
     stack = build_stack([m.cfg.model for m in members], len(members[0].panel.features),
-                        members[0].panel.lookback, [lane.solo for lane in lanes]).to(device)
+                        members[0].panel.lookback, [solo for _, solo in built]).to(device)
     if len(members) > 1:  # a lone run has nothing to say of stacking
         say(stack.plan)
     dropout = stack.seed_members([m.cfg.train.seed for m in members], device)
@@ -249,27 +250,29 @@ def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fi
     return rows
 
 
-def _final_eval_batch(run: Run) -> int:
-    """The batch a member's final scoring runs (one member at a time): the whole evaluation batch,
-    or, where the probe sized the stack's, as many rows as the stack's evaluation held."""
-    tc, plan = run.lanes[0].cfg.train, run.plan
-    if len(run.lanes) == 1 or math.isnan(plan.peak_mem_mb):
-        return plan.eval_batch_size if len(run.lanes) == 1 else tc.eval_batch_size
-    return plan.eval_batch_size * len(run.lanes)
+def _finish(run: Run, device: torch.device, stop_reason: StopReason, began: float, tick: Callable[[], None],
+            say: Callable[[str], None]) -> list[TrainResult]:
+    """Each member's valid and test scores with its best weights: the stack holds every member's
+    best epoch, and one stacked forward per batch scores them all (for a stack of one, exactly
+    what ``predict`` computes)."""
+    stack, plan = run.step.stack, run.plan
+    for k, lane in enumerate(run.lanes):
+        stack.load_member(k, lane.progress.best_state)
+    scored = final_scores(stack, [lane.panel for lane in run.lanes], device, plan.eval_batch_size, tick)
+    return [_result(run, lane, scores, stop_reason, began, say) for lane, scores in zip(run.lanes, scored)]
 
 
-def _finish(run: Run, k: int, device: torch.device, stop_reason: StopReason, began: float,
-            tick: Callable[[], None], say: Callable[[str], None]) -> TrainResult:
-    """Member ``k``'s valid and test scores with its best weights, through the same path as ``predict``."""
-    lane, plan = run.lanes[k], run.plan
-    progress, eval_batch = lane.progress, _final_eval_batch(run)
-    lane.solo.load_state_dict(progress.best_state)
-    final, daily, predictions = final_scores(lane.solo, lane.panel, device, eval_batch, tick)
-    metrics: dict[str, float | str] = {**final}  # with the run's figures, and its precision's name
+def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason, began: float,
+            say: Callable[[str], None]) -> TrainResult:
+    """A member's result: its final scores, with the run's figures and its precision's name."""
+    plan, progress = run.plan, lane.progress
+    final, daily, predictions = scores
+    metrics: dict[str, float | str] = {**final}
     metrics.update(
         val_loss=progress.best_metrics.get("val_loss", math.nan), best_epoch=progress.best_epoch,
         epochs_run=progress.epoch, batch_size=plan.batch_size, micro_batch_size=run.micro,
-        accum_steps=math.ceil(plan.batch_size / run.micro), eval_batch_size=eval_batch,
+        accum_steps=math.ceil(plan.batch_size / run.micro),
+        eval_batch_size=plan.eval_batch_size * len(run.lanes),  # the rows of one stacked evaluation
         precision=run.precision.name, samples_per_s=mean([h["samples_per_s"] for h in progress.history]),
         peak_mem_mb=max([h["peak_mem_mb"] for h in progress.history], default=math.nan),
         probe_peak_mem_mb=plan.peak_mem_mb, duration_s=time.perf_counter() - began)
@@ -284,8 +287,7 @@ def _finish(run: Run, k: int, device: torch.device, stop_reason: StopReason, beg
                        stopped_by_hook=reason == StopReason.PRUNED, stop_reason=reason)
 
 
-def _fixed(run: Run, k: int, device: torch.device, stop_reason: StopReason, began: float,
-           tick: Callable[[], None], say: Callable[[str], None]) -> TrainResult:
+def _fixed(run: Run, k: int, stop_reason: StopReason, began: float) -> TrainResult:
     """Member ``k`` after ``fixed_epochs``: its last epoch's weights, with no split to score them on."""
     lane = run.lanes[k]
     metrics = {"epochs_run": lane.progress.epoch, "train_loss": lane.progress.history[-1]["train_loss"],

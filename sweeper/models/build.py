@@ -1,7 +1,8 @@
-"""``model.name`` -> an nn.Module mapping x[B, L, F] to predictions [B]."""
+"""``model.name`` -> an nn.Module mapping x[B, L, F] to predictions [B]: a built-in as its stack of
+one member (:class:`~sweeper.models.stacked.base.OneMember`), or a user's ``module:Class``."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -9,36 +10,30 @@ from torch import nn
 
 from sweeper.config import ModelConfig
 from sweeper.errors import ConfigError
-from sweeper.models.mlp import MLPModel
 from sweeper.models.paths import import_model_module, model_import_dirs
-from sweeper.models.recurrent import RecurrentModel
-from sweeper.models.transformer import TransformerModel
+from sweeper.models.stacked.base import OneMember, StackedModule
+from sweeper.models.stacked.mlp import StackedMLP
+from sweeper.models.stacked.recurrent import StackedRecurrent
+from sweeper.models.stacked.transformer import StackedTransformer
 
 
-def _transformer(m: ModelConfig, n_features: int, lookback: int) -> nn.Module:
-    return TransformerModel(n_features, lookback, d_model=m.d_model, nhead=m.nhead,
-                            num_layers=m.num_layers, dim_feedforward=m.dim_feedforward,
-                            dropout=m.dropout, positional=m.positional, pooling=m.pooling,
-                            gradient_checkpointing=m.gradient_checkpointing)
+def native(m: ModelConfig, k: int, n_features: int, lookback: int, rates: Sequence[float]) -> StackedModule:
+    """The built-in ``model.name`` as a stack of ``k`` members (dropout ``rates``, one per member
+    or one for all): every built-in is written once, with K as a dimension."""
+    if m.name == "mlp":
+        return StackedMLP(k, n_features, lookback, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                          dropout=rates)
+    if m.name in ("lstm", "gru"):
+        return StackedRecurrent(k, n_features, lookback, cell=m.name, hidden_size=m.hidden_size,
+                                num_layers=m.num_layers, dropout=rates)
+    return StackedTransformer(k, n_features, lookback, d_model=m.d_model, nhead=m.nhead,
+                              num_layers=m.num_layers, dim_feedforward=m.dim_feedforward, dropout=rates,
+                              positional=m.positional, pooling=m.pooling,
+                              gradient_checkpointing=m.gradient_checkpointing)
 
 
-def _recurrent(cell: str) -> Callable[[ModelConfig, int, int], nn.Module]:
-    def make(m: ModelConfig, n_features: int, lookback: int) -> nn.Module:
-        return RecurrentModel(n_features, lookback, cell=cell, hidden_size=m.hidden_size,
-                              num_layers=m.num_layers, dropout=m.dropout)
-    return make
-
-
-def _mlp(m: ModelConfig, n_features: int, lookback: int) -> nn.Module:
-    return MLPModel(n_features, lookback, hidden_size=m.hidden_size, num_layers=m.num_layers,
-                    dropout=m.dropout)
-
-
-BUILDERS: dict[str, Callable[[ModelConfig, int, int], nn.Module]] = {
-    "transformer": _transformer, "lstm": _recurrent("lstm"), "gru": _recurrent("gru"), "mlp": _mlp,
-}
 BUILTIN_CLASSES: dict[str, type[nn.Module]] = {
-    "transformer": TransformerModel, "lstm": RecurrentModel, "gru": RecurrentModel, "mlp": MLPModel,
+    "transformer": StackedTransformer, "lstm": StackedRecurrent, "gru": StackedRecurrent, "mlp": StackedMLP,
 }
 
 
@@ -73,8 +68,8 @@ def resolve_model_class(name: str) -> type:
 
 def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Module:
     """A fresh model for inputs [B, lookback, n_features]; custom models are shape-checked here."""
-    if not model_cfg.is_custom:
-        return BUILDERS[model_cfg.name](model_cfg, n_features, lookback)
+    if not model_cfg.is_custom:  # a stack of one member, seen as one model
+        return OneMember(native(model_cfg, 1, n_features, lookback, [model_cfg.dropout]))
     cls = resolve_model_class(model_cfg.name)
     kwargs: dict[str, Any] = model_cfg.custom_kwargs()
     try:

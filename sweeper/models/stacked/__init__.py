@@ -1,7 +1,11 @@
-"""Stacked models: K members of one shape as one module with a leading K dimension.
+"""Every model as a stack: K >= 1 members of one shape as one module with a leading K dimension
+(a run of one model is the stack of one).
 
-- :mod:`~sweeper.models.stacked.base`: the contract (one-member names), stacked linear and dropout;
+- :mod:`~sweeper.models.stacked.base`: the contract (one-member names), the member-wise linear,
+  dropout and flatten, a stack of one seen as one model (``OneMember``) and a user model's stack of
+  one (``SoloStack``);
 - :mod:`~sweeper.models.stacked.mlp`, :mod:`~sweeper.models.stacked.recurrent`,
-  :mod:`~sweeper.models.stacked.transformer`: the built-in models, stacked natively;
-- :mod:`~sweeper.models.stacked.build`: a stack from K one-member models, and which configs stack.
+  :mod:`~sweeper.models.stacked.transformer`: the built-in models, each written once;
+- :mod:`~sweeper.models.stacked.func`: a user's ``module:Class`` stacked through ``torch.func``;
+- :mod:`~sweeper.models.stacked.build`: a stack from K one-member models, and how a config stacks.
 """

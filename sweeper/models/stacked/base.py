@@ -2,21 +2,25 @@
 carry a leading K dimension (HFTA's fused models), and members never mix.
 
 A stacked model mirrors its one-member model's parameter names and shapes exactly, with K
-in front: ``member_state(k)`` is a state dict the one-member model loads as it is, and
+in front: ``member_state(k)`` is a state dict of the one-member names and shapes, and
 ``load_member(k, state)`` takes one. That is how a stack starts from K one-member models
 built with the members' seeds (the same initialisation as K separate runs, draw for draw),
-and how each member's best weights leave the stack as an ordinary trial's ``model.pt``.
+and how each member's best weights leave the stack as an ordinary trial's ``weights.pt``.
 
-Inputs are ``x[K, B, L, F]`` (member k's batch in row k) and outputs ``[K, B]``. Dropout
-draws each member's mask from that member's own generator (:meth:`StackedModule.seed_members`),
-so a member's masks do not depend on which other members share its stack.
+Inputs are ``x[K, B, L, F]`` (member k's batch in row k) and outputs ``[K, B]``. In a stack of
+several, dropout draws each member's mask from that member's own generator
+(:meth:`StackedModule.seed_members`), so a member's masks do not depend on which other members
+share its stack; a stack of one calls torch's own layers (``F.linear``, ``F.dropout`` from the
+generator its run seeded), so it computes what the one-member model computes, bit for bit.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -24,12 +28,16 @@ class StackedLinear(nn.Module):
     """K independent ``nn.Linear(in, out)``: ``weight[K, out, in]``, ``bias[K, out]``, one
     batched matmul (``baddbmm``) for all members. Inputs ``[K, ..., in]`` -> ``[K, ..., out]``."""
 
-    def __init__(self, members: int, in_features: int, out_features: int, bias: bool = True) -> None:
+    def __init__(self, members: int, in_features: int, out_features: int, bias: bool = True,
+                 init: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(members, out_features, in_features))
         self.bias = nn.Parameter(torch.empty(members, out_features)) if bias else None
-        # nn.Linear's initialisation per member (a stack is usually loaded from one-member models,
-        # but one built alone must start where K fresh nn.Linear would)
+        if not init:  # its model draws it in its own order (init_linear)
+            return
+        # nn.Linear's initialisation per member, and for a stack of one draw for draw nn.Linear's
+        # (a stack is usually loaded from one-member models, but one built alone must start where
+        # K fresh nn.Linear would)
         bound = 1 / math.sqrt(in_features) if in_features else 0.0
         with torch.no_grad():
             for k in range(members):
@@ -37,8 +45,18 @@ class StackedLinear(nn.Module):
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 
+    def init_member(self, k: int) -> None:
+        """Member ``k``'s weights drawn as ``nn.Linear.reset_parameters`` draws them."""
+        with torch.no_grad():
+            nn.init.kaiming_uniform_(self.weight[k], a=math.sqrt(5))
+            if self.bias is not None:
+                bound = 1 / math.sqrt(self.weight.shape[-1]) if self.weight.shape[-1] else 0.0
+                nn.init.uniform_(self.bias[k], -bound, bound)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, inner = x.shape[0], x.shape[1:-1]
+        if k == 1:  # a stack of one: nn.Linear's own kernel on the member's weights
+            return F.linear(x[0], self.weight[0], None if self.bias is None else self.bias[0]).unsqueeze(0)
         flat = x.reshape(k, -1, x.shape[-1])
         if self.bias is None:
             out = torch.bmm(flat, self.weight.transpose(1, 2))
@@ -51,21 +69,25 @@ class MemberDropout(nn.Module):
     """Dropout with each member's own rate ``p[k]`` and, once seeded, its own generator.
 
     Unseeded (a stack built outside a trial) it draws from the global generator like
-    ``nn.Dropout``. The rates are a buffer, not a parameter: a per-member hyperparameter,
-    so that members of one shape but different dropout can share a stack."""
+    ``nn.Dropout``; so does a stack of one, whose run seeded the global generator with its seed.
+    The rates are a buffer, not a parameter: a per-member hyperparameter, so that members of one
+    shape but different dropout can share a stack."""
 
     generators: list[torch.Generator] | None
     p: torch.Tensor
 
     def __init__(self, p: Sequence[float]) -> None:
         super().__init__()
-        self.register_buffer("p", torch.tensor([float(v) for v in p]), persistent=False)
+        self.rates = [float(v) for v in p]
+        self.register_buffer("p", torch.tensor(self.rates), persistent=False)
         self.any = any(v > 0 for v in p)
         self.generators = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or not self.any:
             return x
+        if len(self.rates) == 1:  # a stack of one: nn.Dropout's draw, from the generator its run seeded
+            return F.dropout(x, self.rates[0], True)
         if self.generators is None:
             draw = torch.rand(x.shape, device=x.device, dtype=x.dtype)
         else:
@@ -108,6 +130,8 @@ class StackedModule(nn.Module):
         """Give every member its own dropout generator, seeded with its run's seed."""
         if len(seeds) != self.members:
             raise ValueError(f"{len(seeds)} seeds for a stack of {self.members}")
+        if self.members == 1:  # the global generator, which the run seeds with its seed, is its own
+            return []
         generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
         for module in self.modules():
             if isinstance(module, MemberDropout):
@@ -148,3 +172,26 @@ class SoloStack(StackedModule):
     def no_weight_decay(self) -> set[str]:
         named = getattr(self.model, "no_weight_decay", None)
         return {f"model.{name}" for name in named()} if named is not None else set()
+
+
+class OneMember(nn.Module):
+    """A built-in model's stack of one used as one model: ``x[B, L, F]`` -> ``[B]``, and a state
+    dict of the one-member names and shapes (what a trial's ``weights.pt`` holds), so that
+    ``best``, ``predict``, ``refit`` and the ensembles load weights saved by any sweeper."""
+
+    def __init__(self, stack: StackedModule) -> None:
+        super().__init__()
+        self.stack = stack
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stack(x.unsqueeze(0))[0]
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        return {name: t[0] for name, t in self.stack.state_dict().items()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> Any:
+        self.stack.load_member(0, dict(state_dict))  # strict: load_member refuses other names
+
+    def no_weight_decay(self) -> set[str]:
+        return self.stack.no_weight_decay()

@@ -1,10 +1,10 @@
 """``model.name`` -> a stack of K members with one-member weights: the built-ins natively, a
 user's ``module:Class`` through ``torch.func`` (:mod:`sweeper.models.stacked.func`).
 
-A stack is built from K one-member models built as a lone run builds them (each after
+A stack is built from K one-member models (:func:`sweeper.models.build.build_model`, each after
 ``seed_everything`` with its member's seed), so every member starts exactly where its separate
-run would have started. :func:`stack_plan` says how a model config stacks, for the log and for
-``sweeper validate``.
+run would have started; a stack of one is its member's own. :func:`stack_plan` says how a model
+config stacks, for the log and for ``sweeper validate``.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from torch import nn
 
 from sweeper.config import ModelConfig
-from sweeper.models.stacked.base import StackedModule
+from sweeper.models.build import native
+from sweeper.models.stacked.base import OneMember, SoloStack, StackedModule
 
 # config fields that must agree across a stack's members: they set its shapes and layers
 SHAPE_FIELDS = ("name", "hidden_size", "num_layers", "d_model", "nhead", "dim_feedforward", "positional",
@@ -39,12 +40,9 @@ def build_stack(model_cfgs: Sequence[ModelConfig], n_features: int, lookback: in
     """The stack of ``members`` (one-member models of ``model_cfgs``, same shapes), holding their
     weights. Its ``plan`` says how it stacks (:func:`stack_plan`)."""
     first = model_cfgs[0]
-    if len(members) == 1:  # a lone run's own model: its own kernels, bit for bit
-        from sweeper.models.stacked.base import SoloStack
-
-        solo = SoloStack(members[0])
-        solo.plan = f"model {first.name}: one run"
-        return solo
+    if len(members) == 1:  # a run of one member: the member's own stack (a user model's own module)
+        one = members[0]
+        return one.stack if isinstance(one, OneMember) else SoloStack(one)
     mode, line = stack_plan(first, members, n_features, lookback)
     if first.is_custom:
         from sweeper.models.stacked.func import FuncStack
@@ -57,27 +55,8 @@ def build_stack(model_cfgs: Sequence[ModelConfig], n_features: int, lookback: in
         if differs:
             raise ValueError(f"members of one stack differ in {', '.join(differs)}")
     k, rates = len(model_cfgs), [m.dropout for m in model_cfgs]
-    stack = _native(first, k, n_features, lookback, rates)
+    stack = native(first, k, n_features, lookback, rates)
     stack.plan = line
     for index, member in enumerate(members):
         stack.load_member(index, member.state_dict())
     return stack
-
-
-def _native(m: ModelConfig, k: int, n_features: int, lookback: int, rates: list[float]) -> StackedModule:
-    if m.name == "mlp":
-        from sweeper.models.stacked.mlp import StackedMLP
-
-        return StackedMLP(k, n_features, lookback, hidden_size=m.hidden_size, num_layers=m.num_layers,
-                          dropout=rates)
-    if m.name in ("lstm", "gru"):
-        from sweeper.models.stacked.recurrent import StackedRecurrent
-
-        return StackedRecurrent(k, n_features, lookback, cell=m.name, hidden_size=m.hidden_size,
-                                num_layers=m.num_layers, dropout=rates)
-    from sweeper.models.stacked.transformer import StackedTransformer
-
-    return StackedTransformer(k, n_features, lookback, d_model=m.d_model, nhead=m.nhead,
-                              num_layers=m.num_layers, dim_feedforward=m.dim_feedforward, dropout=rates,
-                              positional=m.positional, pooling=m.pooling,
-                              gradient_checkpointing=m.gradient_checkpointing)

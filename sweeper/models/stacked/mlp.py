@@ -1,4 +1,6 @@
-"""The stacked MLP: K copies of :class:`~sweeper.models.mlp.MLPModel` with its parameter names."""
+"""The built-in MLP, written once with the member count K as a dimension: K >= 1 independent MLPs
+(``nn.Sequential`` names: ``net.1.weight`` ... K in front); a stack of one calls nn.Linear's and
+nn.Dropout's own kernels, bit for bit the one-member model the lone loop trained."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -17,7 +19,7 @@ class StackedMLP(StackedModule):
         super().__init__()
         self.members = members
         rates = list(dropout) * members if len(dropout) == 1 else list(dropout)
-        layers: list[nn.Module] = [StackedFlatten()]  # index for index as MLPModel.net
+        layers: list[nn.Module] = [StackedFlatten()]  # index for index as the one-member nn.Sequential
         width = n_features * lookback
         for _ in range(num_layers):
             layers += [StackedLinear(members, width, hidden_size), nn.GELU(), MemberDropout(rates)]

@@ -1,11 +1,15 @@
-"""The stacked LSTM/GRU: K copies of :class:`~sweeper.models.recurrent.RecurrentModel` with its
-parameter names (``rnn.weight_ih_l0`` ... ``head.bias``, K in front).
+"""The built-in LSTM and GRU, written once with the member count K as a dimension: K >= 1
+independent ``nn.LSTM``/``nn.GRU`` (batch-first, zero initial state) with a linear head, under the
+one-member names (``rnn.weight_ih_l0`` ... ``head.bias``, K in front).
 
-``nn.LSTM``/``nn.GRU`` take one set of weights, so the recurrence is written out here, batched
-over members: per layer, one batched matmul projects every time step's input at once, then one
-batched matmul per step applies the hidden weights for all members together. The gate order and
-equations are torch's (LSTM i, f, g, o; GRU r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn h
-+ b_hn))``), so a member's output is its one-member model's, up to float rounding.
+A stack of one is the one-member model: every layer through torch's own LSTM/GRU call, its
+inter-layer dropout inside the kernel, bit for bit what ``nn.LSTM`` computes. A stack of several
+on the CPU runs each member's layers through that kernel with its own weights (and its own
+dropout generator between layers); on a GPU the recurrence is written out, batched over members:
+per layer, one batched matmul projects every time step's input at once, then one batched matmul
+per step applies the hidden weights for all members together. The gate order and equations are
+torch's (LSTM i, f, g, o; GRU r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``), so a
+member's output is its one-member model's, up to float rounding.
 """
 from __future__ import annotations
 
@@ -18,6 +22,11 @@ from torch import nn
 from sweeper.models.stacked.base import MemberDropout, StackedLinear, StackedModule
 
 GATES = {"lstm": 4, "gru": 3}
+# where torch's fused LSTM/GRU kernel runs each member of a stack faster than the written-out
+# recurrence runs them batched: on the CPU (a 4-member LSTM stack's forward and backward: 110 ms
+# batched, 68 ms member by member through the kernel); on a GPU, where a small model's steps are
+# launch-bound, the batched recurrence serves all members per launch
+KERNEL_DEVICES = ("cpu",)
 
 
 class StackedRNN(nn.Module):
@@ -41,19 +50,11 @@ class StackedRNN(nn.Module):
                 self.register_parameter(f"{name}_l{layer}", param)
         # as nn.LSTM: dropout on each layer's output sequence except the top layer's
         self.dropout = MemberDropout(dropout)
-        # None: by device and cell. On the CPU torch's fused LSTM kernel (oneDNN) runs one member
-        # faster than the written-out recurrence runs it batched (a 4-member stack forward and
-        # backward: 110 ms batched, 68 ms member by member through the kernel), so there each
-        # member's LSTM layer goes through torch.lstm with its own weights; torch's CPU GRU has no
-        # such kernel (batched: 1.1x of the members one by one). On a GPU, where a small model's
-        # steps are launch-bound, the batched recurrence serves all members per launch
-        self.per_member: bool | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        per_member = self.per_member
-        if per_member is None:
-            per_member = x.device.type == "cpu" and self.cell == "lstm"
-        if per_member:
+        if x.shape[0] == 1:  # a stack of one: nn.LSTM's / nn.GRU's own call, every layer at once
+            return self._kernel_stack(x)
+        if x.device.type in KERNEL_DEVICES:
             seq = x  # [K, B, L, F], batch-first as torch's kernel takes it
             for layer in range(self.num_layers):
                 if layer:
@@ -67,11 +68,28 @@ class StackedRNN(nn.Module):
             seq = self._layer(seq, layer, last=layer == self.num_layers - 1)
         return seq
 
+    def _weights(self, layer: int) -> list[torch.Tensor]:
+        return [self.get_parameter(f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih",
+                                                                       "bias_hh")]
+
+    def _kernel_stack(self, x: torch.Tensor) -> torch.Tensor:
+        """The one member's every layer through torch's kernel, its inter-layer dropout inside it
+        (drawn from the global generator, as nn.LSTM's): ``[1, B, H]``, the top layer's last step."""
+        params = [w[0] for layer in range(self.num_layers) for w in self._weights(layer)]
+        zeros = x.new_zeros(self.num_layers, x.shape[1], self.hidden_size)
+        p = self.dropout.rates[0] if self.num_layers > 1 else 0.0
+        # (input, state, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+        flags = (True, self.num_layers, p, self.training, False, True)
+        if self.cell == "lstm":
+            out, _, _ = torch.lstm(x[0], (zeros, zeros), params, *flags)
+        else:
+            out, _ = torch.gru(x[0], zeros, params, *flags)
+        return out[:, -1].unsqueeze(0)
+
     def _kernel_layer(self, seq: torch.Tensor, layer: int, *, last: bool) -> torch.Tensor:
         """One layer over ``seq[K, B, L, in]``, member by member through torch's own kernel:
         ``[K, B, L, H]``, or the last step's ``[K, B, H]`` for the top layer."""
-        weights = [self.get_parameter(f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih",
-                                                                          "bias_hh")]
+        weights = self._weights(layer)
         zeros = seq.new_zeros(1, seq.shape[1], self.hidden_size)
         outs = []
         # (input, state, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first)
@@ -161,16 +179,10 @@ class StackedRecurrent(StackedModule):
         rates = list(dropout) * members if len(dropout) == 1 else list(dropout)
         if len(rates) != members:
             raise ValueError(f"{len(rates)} dropout rates for a stack of {members}")
-        # RecurrentModel passes no dropout to a single layer (torch would only warn)
+        # no dropout on a single layer's output (nn.LSTM would only warn)
         rates = rates if num_layers > 1 else [0.0] * members
         self.rnn = StackedRNN(members, n_features, hidden_size, num_layers, cell=cell, dropout=rates)
-        self.head = StackedLinear(members, hidden_size, 1)
-        # StackedLinear leaves its weights unset; nn.Linear's init for a 1-output layer
-        bound = 1.0 / math.sqrt(hidden_size)
-        with torch.no_grad():
-            self.head.weight.uniform_(-bound, bound)
-            if self.head.bias is not None:
-                self.head.bias.uniform_(-bound, bound)
+        self.head = StackedLinear(members, hidden_size, 1)  # nn.Linear's init, drawn after the RNN's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.rnn(x)).squeeze(-1)

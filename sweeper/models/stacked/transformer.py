@@ -1,27 +1,41 @@
-"""The stacked transformer: K copies of :class:`~sweeper.models.transformer.TransformerModel`
-with its parameter names (``encoder.layers.N.self_attn.in_proj_weight`` and so on, K in front).
+"""The built-in transformer, written once with the member count K as a dimension: K >= 1
+pre-norm encoders under ``nn.TransformerEncoder``'s names (``encoder.layers.N.self_attn.in_proj_weight``
+and so on, K in front): a linear projection plus positions, the encoder, pooling, a linear head.
 
-Every linear is one batched matmul over the members, layer norms normalise without affine and
-then apply each member's own scale and shift, and attention runs as one
+A stack of one is the one-member model: torch's own ``nn.TransformerEncoderLayer`` (its kernels,
+its eval fast path) runs on the member's weights, and the initial weights are drawn in its order.
+In a stack of several every linear is one batched matmul over the members, layer norms normalise
+without affine and then apply each member's own scale and shift, and attention runs as one
 ``scaled_dot_product_attention`` call over ``K * B`` sequences. Dropout sits where
-``nn.TransformerEncoderLayer`` puts it (attention weights, after the attention block, inside
-the feed-forward block, after it), with each member's own rate and generator.
+``nn.TransformerEncoderLayer`` puts it (attention weights, after the attention block, inside the
+feed-forward block, after it), with each member's own rate and generator.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from sweeper.models.stacked.base import MemberDropout, StackedLinear, StackedModule
-from sweeper.models.transformer import sinusoidal_positions
 
 # nn.TransformerEncoderLayer's and nn.LayerNorm's default epsilon
 LAYER_NORM_EPS = 1e-5
+
+
+def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
+    """The fixed sine/cosine table of "Attention is all you need", [length, d_model]."""
+    pos = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
+    return table
 
 
 def _stacked_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -48,6 +62,8 @@ class StackedLayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(members, d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:  # a stack of one: nn.LayerNorm's own call
+            return F.layer_norm(x[0], x.shape[-1:], self.weight[0], self.bias[0], self.eps).unsqueeze(0)
         # the normalisation itself has no parameters, so one call serves every member
         h = F.layer_norm(x, x.shape[-1:], eps=self.eps)
         return torch.addcmul(_member_view(self.bias, x), h, _member_view(self.weight, x))
@@ -64,7 +80,7 @@ class StackedSelfAttention(nn.Module):
         self.nhead = nhead
         self.in_proj_weight = nn.Parameter(torch.empty(members, 3 * d_model, d_model))
         self.in_proj_bias = nn.Parameter(torch.zeros(members, 3 * d_model))
-        self.out_proj = StackedLinear(members, d_model, d_model)
+        self.out_proj = StackedLinear(members, d_model, d_model, init=False)
         self.dropout = MemberDropout(rates)  # on the attention weights, as nn.MultiheadAttention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,15 +113,38 @@ class StackedEncoderLayer(nn.Module):
                  rates: Sequence[float]) -> None:
         super().__init__()
         self.self_attn = StackedSelfAttention(members, d_model, nhead, rates)
-        self.linear1 = StackedLinear(members, d_model, dim_feedforward)
+        self.linear1 = StackedLinear(members, d_model, dim_feedforward, init=False)
         self.dropout = MemberDropout(rates)
-        self.linear2 = StackedLinear(members, dim_feedforward, d_model)
+        self.linear2 = StackedLinear(members, dim_feedforward, d_model, init=False)
         self.norm1 = StackedLayerNorm(members, d_model)
         self.norm2 = StackedLayerNorm(members, d_model)
         self.dropout1 = MemberDropout(rates)
         self.dropout2 = MemberDropout(rates)
+        # a stack of one runs torch's own layer (its kernels, its eval fast path) on the member's
+        # weights: a template on the meta device, outside the module tree (it holds no tensor)
+        self._torch = [nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, rates[0],
+                                                  activation="gelu", batch_first=True, norm_first=True,
+                                                  device="meta")]
+
+    def init_member(self, k: int) -> None:
+        """Member ``k``'s weights drawn as ``nn.TransformerEncoderLayer`` draws them: the attention's
+        out-projection (nn.Linear's), its in-projection (xavier, zero biases), the feed-forward's."""
+        attn = self.self_attn
+        attn.out_proj.init_member(k)
+        with torch.no_grad():
+            nn.init.xavier_uniform_(attn.in_proj_weight[k])
+            attn.in_proj_bias[k].zero_()
+            assert attn.out_proj.bias is not None
+            attn.out_proj.bias[k].zero_()
+        self.linear1.init_member(k)
+        self.linear2.init_member(k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            template = self._torch[0]
+            template.train(self.training)
+            weights = {name: p[0] for name, p in self.named_parameters()}
+            return functional_call(template, weights, (x[0],)).unsqueeze(0)
         x = x + self.dropout1(self.self_attn(self.norm1(x)))
         return x + self.dropout2(self.linear2(self.dropout(F.gelu(self.linear1(self.norm2(x))))))
 
@@ -169,10 +208,10 @@ class StackedTransformer(StackedModule):
             raise ValueError(f"{len(dropout)} dropout rates for a stack of {members}")
         self.members = members
         rates = list(dropout) * members if len(dropout) == 1 else list(dropout)
-        self.project = StackedLinear(members, n_features, d_model)
+        self.project = StackedLinear(members, n_features, d_model, init=False)
         self.learned_positions = positional == "learned"
         if self.learned_positions:
-            self.positions = nn.Parameter(torch.randn(members, lookback, d_model) * 0.02)
+            self.positions = nn.Parameter(torch.empty(members, lookback, d_model))
         else:
             # fixed and equal for every member: one table, broadcast over K
             self.register_buffer("positions", sinusoidal_positions(lookback, d_model), persistent=False)
@@ -181,31 +220,26 @@ class StackedTransformer(StackedModule):
         self.encoder = StackedEncoder(layers, StackedLayerNorm(members, d_model))
         self.pooling = pooling
         self.gradient_checkpointing = gradient_checkpointing
-        self.head = StackedLinear(members, d_model, 1)
+        self.head = StackedLinear(members, d_model, 1, init=False)
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
-        """The one-member model's initialisation, drawn for the whole stack at once.
-
-        StackedLinear leaves its weights empty. The usual path loads K one-member models
-        instead (:meth:`load_member`); this makes a stack built on its own trainable too."""
-        with torch.no_grad():
-            for m in self.modules():
-                if isinstance(m, StackedLinear):
-                    # nn.Linear's kaiming_uniform_(a=sqrt(5)) and bias bound: both 1/sqrt(fan_in)
-                    bound = 1.0 / math.sqrt(m.weight.shape[-1])
-                    m.weight.uniform_(-bound, bound)
-                    if m.bias is not None:
-                        m.bias.uniform_(-bound, bound)
-            for m in self.modules():
-                if isinstance(m, StackedSelfAttention):
-                    # nn.MultiheadAttention: xavier_uniform_ in-projection, zero biases
-                    out_dim, in_dim = m.in_proj_weight.shape[1:]
-                    bound = math.sqrt(6.0 / (in_dim + out_dim))
-                    m.in_proj_weight.uniform_(-bound, bound)
-                    m.in_proj_bias.zero_()
-                    assert m.out_proj.bias is not None
-                    m.out_proj.bias.zero_()
+        """Each member's weights drawn as the one-member model drew them, in its order
+        (so a stack of one starts, draw for draw, where a lone run of the model started): the
+        projection, the position table, the encoder layer (nn.TransformerEncoder deep-copies one
+        layer into every layer), the head."""
+        first = cast(StackedEncoderLayer, self.encoder.layers[0])
+        for k in range(self.members):
+            self.project.init_member(k)
+            if self.learned_positions:
+                with torch.no_grad():
+                    self.positions[k] = torch.randn(self.positions.shape[1:]) * 0.02
+            first.init_member(k)
+            for layer in self.encoder.layers[1:]:
+                with torch.no_grad():
+                    for mine, theirs in zip(layer.parameters(), first.parameters()):
+                        mine[k] = theirs[k]
+            self.head.init_member(k)
 
     def no_weight_decay(self) -> set[str]:
         """The one-member model's exemption: the learned position table, when there is one."""
