@@ -373,7 +373,8 @@ def test_validate_says_how_a_user_models_runs_stack(study_file, model, how):
     done = CliRunner().invoke(main, ["validate", str(path)], catch_exceptions=False)
     assert done.exit_code == 0, done.output
     (line,) = [x for x in done.output.splitlines() if x.startswith("  runs:")]
-    assert line.startswith(f"  runs: 3 per trial, in stacks of up to 3: model.name '{model}': {how}")
+    assert line.startswith("  runs: 3 per trial, in stacks of a size measured on the device at the study's first "
+                           f"trial (train.max_stack: auto, at most 3): model.name '{model}': {how}")
 
 
 def _built(name: str):
