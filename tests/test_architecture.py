@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import optuna
@@ -218,3 +219,33 @@ def test_the_store_knows_no_run_grid():
     assert _layer("sweeper.store.trial_folder") < _layer("sweeper.validation.grid")
     store = set().union(*(_reachable(m) for m in MODULES if m.startswith("sweeper.store")))
     assert {m for m in store if m.startswith("sweeper.validation")} == set()
+
+
+def _package_maps(sources: dict[str, str]) -> dict[str, list[str]]:
+    """For each package (a module whose name is a folder's ``__init__``), the modules and
+    sub-packages right below it that its docstring, the package map, does not name in full
+    (``sweeper.core.loop``, as ``:mod:`~sweeper.core.loop``` spells it)."""
+    missing: dict[str, list[str]] = {}
+    for package, text in sources.items():
+        if not package.endswith("__init__"):
+            continue
+        name = package.removesuffix(".__init__")
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        below = sorted({m.removesuffix(".__init__") for m in sources
+                        if m.startswith(name + ".") and m != package
+                        and m.removesuffix(".__init__").count(".") == name.count(".") + 1})
+        absent = [m for m in below if not re.search(rf"\b{re.escape(m)}\b", doc)]
+        if absent:
+            missing[name] = absent
+    return missing
+
+
+def test_every_module_is_in_its_package_map():
+    """A package's docstring is its map: every module and sub-package below it is named there
+    (a new module without a line in its map fails here)."""
+    sources = {(".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts)): p.read_text()
+               for p in PACKAGE.rglob("*.py")}
+    assert _package_maps(sources) == {}
+    # the check can fail: a package whose map leaves out one of its two modules
+    fake = {"pkg.__init__": '"""The map: :mod:`~pkg.one`."""', "pkg.one": "", "pkg.two": ""}
+    assert _package_maps(fake) == {"pkg": ["pkg.two"]}

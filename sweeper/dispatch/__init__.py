@@ -11,6 +11,8 @@ processes, decide who runs what and when the sweep stops).
 - :mod:`~sweeper.dispatch.stopping`: whether the sweep stops, and why; the sweep's result and exit
   code;
 - :mod:`~sweeper.dispatch.handle`: one worker subprocess, its pipes and the trial it runs;
+- :mod:`~sweeper.dispatch.forkserver`: the driver's side of the worker fork server (one of the two
+  ways :mod:`sweeper.launch` starts a child);
 - :mod:`~sweeper.dispatch.claim`: counting the budget and asking for a trial, under the claim lock;
 - :mod:`~sweeper.dispatch.retries`: failing stale trials and queueing retries;
 - :mod:`~sweeper.dispatch.baseline_job`: the LightGBM baseline as a job on a free worker slot;

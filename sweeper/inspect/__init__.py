@@ -16,6 +16,8 @@
   walk-forward folds;
 - :mod:`~sweeper.inspect.longshort`: the long-short view and the top-K ensemble beside the best trial;
 - :mod:`~sweeper.inspect.ic_views`: IC by year and group-neutral IC of the best trial and the baseline;
+- :mod:`~sweeper.inspect.trials`: a stored trial read back without torch (its config, its files);
+- :mod:`~sweeper.inspect.frames`: the trials' stored prediction frames, for best and the report;
 - :mod:`~sweeper.inspect.trial_model`: a trial's model rebuilt and applied (the Predictor);
 - :mod:`~sweeper.inspect.predict`: ``sweeper predict``, a trial's weights applied to a split or a file;
 - :mod:`~sweeper.inspect.export`: ``sweeper export``, one row per trial to Parquet or CSV;

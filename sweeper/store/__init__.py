@@ -7,6 +7,9 @@ the artifact store, and the run folder's layout.
 - :mod:`~sweeper.store.locks`: the claim lock (flock or advisory lock), tried until a stop request;
 - :mod:`~sweeper.store.artifacts`: Optuna's artifact store (folder or S3);
 - :mod:`~sweeper.store.layout`: ``runs/<study>/trials/<n>/...``;
+- :mod:`~sweeper.store.trial_folder`: a trial's folder: everything that copies, moves or removes its
+  files (plain cells, no run grid);
+- :mod:`~sweeper.store.identity`: who runs a trial (host, driver, run) and whether it is alive;
 - :mod:`~sweeper.store.run_folder`: a run folder holds one study's files (``owner.json``);
 - :mod:`~sweeper.store.studies`: opening an existing study, its best trial;
 - :mod:`~sweeper.store.optuna_private`: the private Optuna APIs sweeper needs, with reasons.

@@ -3,6 +3,7 @@ neither :mod:`sweeper.dispatch` nor :mod:`sweeper.worker` (``tests/test_architec
 
 - :mod:`~sweeper.study.open`: creating or joining a study, refusing config drift;
 - :mod:`~sweeper.study.summary`: what the study records of its panel;
+- :mod:`~sweeper.study.stacking`: the study's stack size: pinned, or its first trial's measurement;
 - :mod:`~sweeper.study.samplers` and :mod:`~sweeper.study.space`: sampler and pruner from the
   config, ``search_space`` -> Optuna suggestions;
 - :mod:`~sweeper.study.warm_start`: the parameter sets a new study runs first;

@@ -3,6 +3,7 @@ training the trials it is handed. It never imports :mod:`sweeper.dispatch`
 (``tests/test_architecture.py`` checks it statically and in a real worker).
 
 - :mod:`~sweeper.worker.main`: the worker process's main loop and command reader;
+- :mod:`~sweeper.worker.forked`: the fork server: imports once what its children need, forks them;
 - :mod:`~sweeper.worker.trial`: one trial's life: attach, train its runs, record, finish;
 - :mod:`~sweeper.worker.hook`: the core's epoch hook that reports to Optuna and the driver;
 - :mod:`~sweeper.worker.heartbeat`: the trial's heartbeat thread;
