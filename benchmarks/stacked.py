@@ -8,7 +8,7 @@ on disk):
 - ``1x4``: holdout, ``validation.repeats: 4`` (one fold of four seeds);
 - ``4x2``: ``validation.scheme: walk_forward``, 4 folds of 2 seeds;
 
-each once with ``train.max_stack: 8`` (one stack) and once with ``train.max_stack: 1`` (today's
+each once with ``train.max_stack: 8`` (one stack, pinned) and once with ``train.max_stack: 1`` (today's
 path: the runs one after another). Like a sweep on a 2-core box, **two slots of one torch thread
 each** run at once: the stacked trial in one slot while the lone trial runs in the other, then
 the other way round, so both meet the same load. ``ratio`` is the median over pairs of stacked /
@@ -19,11 +19,14 @@ four seeds of the MLP train as one stack with every member scored on test; the s
 test IC (the IC of the mean of the four members' test predictions) against the mean of the four
 single-seed test ICs.
 
-**``sweeper train``** (``--cli``): the wall time of ``sweeper train <study> --set
-validation.repeats=4`` over that of ``repeats=1`` (a real process each, start-up included).
+**``sweeper train``** (``--cli``, or ``--cli-only`` for these figures alone): the wall time of
+``sweeper train <study> --set validation.repeats=4`` with the stack size measured (``train.max_stack:
+auto``, the default, its measurement included) over the same with ``train.max_stack: 1`` (the four
+runs one after another), a real process each, start-up included, in alternating pairs; and the
+size ``auto`` chose with the rates it chose on.
 
     python benchmarks/stacked.py [--models mlp,lstm,transformer] [--pairs 2] [--epochs 2]
-                                 [--samples 16384] [--quality-seeds 0,1,2] [--cli] [--smoke]
+                                 [--samples 16384] [--quality-seeds 0,1,2] [--cli | --cli-only] [--smoke]
 
 ``--smoke`` (well under a minute: a tiny panel, 1 epoch, the MLP) runs every path for the test
 suite. The last line is JSON: {"models": {name: {"1x4": {...}, "4x2": {...}}}, "quality": [...],
@@ -125,7 +128,8 @@ def _quality(seed: int, base: dict[str, Any]) -> dict[str, Any]:
             "single_test_ic": [round(v, 5) for v in singles], "ensemble_at_least_mean": ens_ic >= statistics.mean(singles)}
 
 
-def _cli(study: str, sets: list[str], repeats: int) -> float:
+def _cli(study: str, sets: list[str], repeats: int) -> tuple[float, dict[str, Any]]:
+    """``sweeper train`` of ``study`` (a real process, start-up included): its wall time and JSON."""
     args = [sys.executable, "-m", "sweeper.cli", "train", study, "--json", "--set", f"validation.repeats={repeats}"]
     for s in sets:
         args += ["--set", s]
@@ -134,7 +138,32 @@ def _cli(study: str, sets: list[str], repeats: int) -> float:
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
         raise RuntimeError(proc.stderr[-2000:])
-    return time.perf_counter() - began
+    return time.perf_counter() - began, json.loads(proc.stdout)
+
+
+def _cli_report(models: list[str], sets: list[str], pairs: int) -> dict[str, Any]:
+    """``repeats: 4`` with the stack size measured (``train.max_stack: auto``, the default) against
+    the same four runs one after another (``train.max_stack: 1``), in alternating pairs: the
+    median ratio of their wall times (the measurement's own cost included), and the size chosen."""
+    out: dict[str, Any] = {}
+    for model in models:
+        study, auto_s, lone_s, ratios, chosen = f"studies/{model}_ic.yaml", [], [], [], []
+        for i in range(pairs):
+            order = [("auto", sets), ("lone", [*sets, "train.max_stack=1"])]
+            times = {}
+            for name, extra in (order if i % 2 == 0 else order[::-1]):
+                times[name], result = _cli(study, extra, 4)
+                if name == "auto":
+                    chosen.append({k: result.get(k) for k in ("stack_size", "stack_rates")})
+            auto_s.append(times["auto"])
+            lone_s.append(times["lone"])
+            ratios.append(times["auto"] / times["lone"])
+        out[model] = {"auto_s": round(statistics.median(auto_s), 2), "lone_s": round(statistics.median(lone_s), 2),
+                      "ratio": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
+                      "chosen": chosen}
+        print(f"cli {model}: auto {out[model]['auto_s']} s, one by one {out[model]['lone_s']} s, "
+              f"ratio {out[model]['ratio']}, chose {[c['stack_size'] for c in chosen]}", file=sys.stderr, flush=True)
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -144,7 +173,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=16384, help="train.samples_per_epoch")
     parser.add_argument("--quality-seeds", default="0,1,2")
-    parser.add_argument("--cli", action="store_true", help="also time sweeper train, repeats 4 vs 1")
+    parser.add_argument("--cli", action="store_true",
+                        help="also time sweeper train, repeats 4: the measured stack size against one by one")
+    parser.add_argument("--cli-only", action="store_true", help="only the --cli figures")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     base: dict[str, Any] = {"train.epochs": args.epochs, "train.samples_per_epoch": args.samples,
@@ -155,18 +186,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base.update({**SMOKE_DATA, "train.epochs": 1, "train.samples_per_epoch": 1024})
         models, seeds, args.pairs = ["mlp"], [0], 1
     report: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "settings": base, "models": {}}
-    with ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn")) as pool:
-        for model in models:
-            report["models"][model] = _speed(pool, model, base, args.pairs)
-        report["quality"] = list(pool.map(_quality, seeds, [base] * len(seeds)))
+    args.cli = args.cli or args.cli_only
+    if not args.cli_only:
+        with ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn")) as pool:
+            for model in models:
+                report["models"][model] = _speed(pool, model, base, args.pairs)
+            report["quality"] = list(pool.map(_quality, seeds, [base] * len(seeds)))
     if args.cli:
         sets = [f"{k}={v}" for k, v in base.items() if not isinstance(v, dict) and v is not None]
-        report["cli"] = {}
-        for model in ("mlp", "transformer"):
-            study = f"studies/{model}_ic.yaml"
-            one, four = _cli(study, sets, 1), _cli(study, sets, 4)
-            report["cli"][model] = {"repeats_1_s": round(one, 2), "repeats_4_s": round(four, 2),
-                                    "ratio": round(four / one, 3)}
+        sets.append("train.max_minutes=null")
+        report["cli"] = _cli_report(models if not args.cli_only else args.models.split(","), sets, args.pairs)
     print(json.dumps(report))
     return report
 

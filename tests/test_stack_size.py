@@ -178,6 +178,9 @@ def test_a_swept_study_measures_once_keeps_the_size_and_refuses_another_number_o
 
     path = study_file({"study": {"n_trials": 2}, "validation": {"repeats": 2}, "devices": {"cpu_workers": 1}})
     root = path.parent
+    raw = yaml.safe_load(path.read_text())
+    raw["data"]["cache_dir"] = str(root / "host-cache")  # this test's own: nothing measured before
+    path.write_text(yaml.safe_dump(raw))
     sweeper_cli(root, "run", path.name)
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{root / 'runs' / 'tiny' / 'study.db'}")
     stored = study.user_attrs["stack_size"]
@@ -206,3 +209,28 @@ def test_a_swept_study_measures_once_keeps_the_size_and_refuses_another_number_o
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{root / 'runs' / 'tiny' / 'study.db'}")
     assert [t.user_attrs["stack_size"] for t in study.trials] == [stored["stack_size"]] * 4
     assert [t.user_attrs["stack_size_from"] for t in study.trials][2:] == ["train.max_stack", "study"]
+    # a new study of the same shape on this host takes the host's measurement: nothing is timed
+    raw["study"]["name"] = "tiny2"
+    raw["study"]["n_trials"] = 1
+    path.write_text(yaml.safe_dump(raw))
+    sweeper_cli(root, "run", path.name)
+    other = optuna.load_study(study_name="tiny2", storage=f"sqlite:///{root / 'runs' / 'tiny2' / 'study.db'}")
+    assert other.trials[0].user_attrs["stack_size"] == stored["stack_size"]
+    assert other.trials[0].user_attrs["stack_size_from"] == "cache"
+    assert other.user_attrs["stack_size"]["stack_rates"] == stored["stack_rates"]
+
+
+def test_a_measurement_is_kept_by_the_host_under_what_sets_the_speed(tmp_path):
+    cfg = toy_config(epochs=1)
+    cpu = torch.device("cpu")
+    key = S.cache_key(cfg, cpu, 3, 4)
+    assert key == S.cache_key(toy_config(epochs=5, lr=0.1), cpu, 3, 4)  # the epochs, the lr: not the speed
+    assert key != S.cache_key(toy_config(epochs=1, batch_size=128), cpu, 3, 4)
+    assert key != S.cache_key(toy_config({"name": "mlp", "hidden_size": 32, "dropout": 0.0}), cpu, 3, 4)
+    assert key != S.cache_key(cfg, cpu, 4, 4) and key != S.cache_key(cfg, cpu, 3, 2)
+    assert S.read_kept(tmp_path, key) is None
+    S.keep(tmp_path, key, {"stack_size": 2, "stack_size_from": "measured", "stack_rates": {"1": 5.0, "2": 9.0}})
+    assert S.read_kept(tmp_path, key) == {"stack_size": 2, "stack_size_from": "cache",
+                                         "stack_rates": {"1": 5.0, "2": 9.0}}
+    (tmp_path / f"{key}.json").write_text("{not json")
+    assert S.read_kept(tmp_path, key) is None  # a broken entry is measured again

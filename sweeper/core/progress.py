@@ -81,10 +81,6 @@ class EpochSteps:
         return self.loss_sum / self.updates if self.updates else math.nan
 
 
-def cpu_copy(state_dict: dict) -> dict:
-    return {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
-
-
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 

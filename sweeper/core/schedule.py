@@ -15,7 +15,6 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from sweeper.data import Batcher
 
@@ -107,14 +106,6 @@ def lr_factor(schedule: str, warmup_frac: float, total_steps: int) -> Callable[[
         done = min(1.0, (step - warmup) / max(1, total - warmup))
         return 0.5 * (1 + math.cos(math.pi * done))
     return factor
-
-
-def rewind(scheduler: LambdaLR, steps: int) -> None:
-    """Take back ``steps`` schedule steps: the loop advances the schedule at every step and
-    learns only at a sync point how many of them made no update."""
-    if steps:
-        scheduler.last_epoch -= steps + 1
-        scheduler.step()  # recomputes the learning rate at the corrected position
 
 
 def count_steps(batcher: Batcher, order: str, batch_size: int, limit: int | None) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sweeper.errors import DataError
-from sweeper.quant.ic import ICReport, daily_ic, ic_report
+from sweeper.quant.ic import ICReport, ic_report
 
 
 def _dated(daily: pd.DataFrame, col: str) -> pd.Series:
@@ -70,11 +70,6 @@ def demean_within(frame: pd.DataFrame, group: str = "group") -> pd.DataFrame:
         flat = (by[side].transform("min") == by[side].transform("max")).to_numpy()
         out[side] = np.where(flat, 0.0, out[side] - by[side].transform("mean"))
     return out[size >= 2].reset_index(drop=True)
-
-
-def group_neutral_daily(frame: pd.DataFrame, group: str = "group") -> pd.DataFrame:
-    """The daily IC (``date, ic, rank_ic``) of :func:`demean_within`'s frame."""
-    return daily_ic(demean_within(frame, group))
 
 
 def group_neutral_ic(frame: pd.DataFrame, group: str = "group") -> ICReport:

@@ -220,19 +220,27 @@ def pin_stack_size(panel: Panel, trainer: Trainer,
 
 def _measure_stack(panel: Panel, trainer: Trainer) -> Choice:
     """The stack size measured with the trial's seeds on its first fold's panel
-    (:func:`sweeper.core.stack_size.measure`)."""
+    (:func:`sweeper.core.stack_size.measure`), or the one this host measured before for the same
+    shape (kept in the panel cache's root)."""
     from sweeper.core import Member, resolve_device
+    from sweeper.core import stack_size as S
     from sweeper.core.device import trial_memory
-    from sweeper.core.stack_size import StackChoice, candidate_sizes, measure
+    from sweeper.data.cache import cache_root
 
     cfg, runs = trainer.cfg, trainer.cfg.validation.runs
     if runs == 1:  # nothing to stack
-        return StackChoice(1, source="one run per trial").attrs()
-    first = _fold_panel(trainer, panel, fold_layout(panel, cfg)[0])
+        return S.StackChoice(1, source="one run per trial").attrs()
     device = resolve_device(trainer.device)
+    folder, key = cache_root(cfg.data) / S.CACHE_DIR, S.cache_key(cfg, device, len(panel.features), runs)
+    kept = S.read_kept(folder, key)
+    if kept is not None:
+        return kept
+    first = _fold_panel(trainer, panel, fold_layout(panel, cfg)[0])
     members = [Member(seeded(cfg, seed), first) for seed in range(runs)]
     memory = trainer.memory or trial_memory(device)
-    return measure(members, device, memory, candidate_sizes(runs), trainer.log).attrs()
+    choice = S.measure(members, device, memory, S.candidate_sizes(runs), trainer.log).attrs()
+    S.keep(folder, key, choice)
+    return choice
 
 
 def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
