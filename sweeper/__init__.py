@@ -10,7 +10,7 @@ validated once) -> :mod:`sweeper.dispatch` (the driver) -> :mod:`sweeper.worker`
 modules at the top:
 
 - :mod:`~sweeper.cli`: the ``sweeper`` command line, a thin click shell;
-- :mod:`~sweeper.single`: ``sweeper train``, one trial's runs without a sweep;
+- :mod:`~sweeper.train_command`: ``sweeper train``, one trial's runs without a sweep;
 - :mod:`~sweeper.refit`: ``sweeper refit``, a trial retrained on every labelled date;
 - :mod:`~sweeper.launch` and :mod:`~sweeper.child`: how the driver starts a child, and what every
   child does first;

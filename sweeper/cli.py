@@ -193,7 +193,7 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
 @json_option
 def train_cmd(study: Path, sets: tuple[str, ...], as_json: bool) -> None:
     """Train once with the study's defaults (no sweep)."""
-    from sweeper.single import train_once
+    from sweeper.train_command import train_once
 
     metrics = train_once(_load(study, sets), quiet=as_json)
     if as_json:

@@ -185,7 +185,7 @@ LAYERS = [
     {"sweeper.validation"},
     {"sweeper.study"},
     {"sweeper.baseline", "sweeper.worker"},
-    {"sweeper.inspect", "sweeper.refit", "sweeper.single"},
+    {"sweeper.inspect", "sweeper.refit", "sweeper.train_command"},
     {"sweeper.dispatch"},
     {"sweeper.cli"},
 ]
