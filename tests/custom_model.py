@@ -91,3 +91,15 @@ class TinyLSTM(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.rnn(x)
         return self.head(out[:, -1]).squeeze(-1)
+
+
+class TinyDropout(nn.Module):
+    """Tiny with dropout on its input: a forward that draws random numbers in training."""
+
+    def __init__(self, n_features: int, lookback: int, p: float = 0.3) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(p)
+        self.linear = nn.Linear(n_features * lookback, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.dropout(x.flatten(1))).squeeze(-1)

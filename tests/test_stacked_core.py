@@ -316,6 +316,10 @@ class _Mem:
 
 @pytest.mark.parametrize(("model", "plan"), [
     ({"name": "custom_model:Tiny", "scale": 2.0}, "stacked, batched by torch.func.vmap"),
+    # dropout: each member draws from its own generator, where its lone run drew, so the masks and
+    # the weights are its lone run's (vmap could only draw from the global one)
+    ({"name": "custom_model:TinyDropout", "p": 0.3}, "stacked, one member's forward after another: its forward "
+                                                     "draws random numbers (dropout), each member from its own"),
     ({"name": "custom_model:TinyLSTM"}, "stacked, one member's forward after another: torch.func.vmap cannot run "
                                         "it (RuntimeError: Batching rule not implemented for aten::lstm"),
 ])

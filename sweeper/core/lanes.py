@@ -43,6 +43,9 @@ class Lane:
     rows: Iterator[Rows] | None = None
     steps: EpochSteps = field(default_factory=EpochSteps)
     seen: int = 0
+    # the global generator's state once the member's model was built: where its lone run's draws
+    # (dropout) would have started
+    rng: torch.Tensor = field(default_factory=torch.get_rng_state)
 
     def new_epoch(self) -> None:
         self.steps, self.seen = EpochSteps(), 0

@@ -141,7 +141,7 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
                         members[0].panel.lookback, [solo for _, solo in built]).to(device)
     if len(members) > 1:  # a lone run has nothing to say of stacking
         say(stack.plan)
-    dropout = stack.seed_members([m.cfg.train.seed for m in members], device)
+    dropout = stack.seed_members([m.cfg.train.seed for m in members], device, [lane.rng for lane in lanes])
     flat = FlatStack(stack)
     optimizer = StackedAdamW(flat, [m.cfg.train.lr for m in members],
                              [m.cfg.train.weight_decay for m in members], tc.grad_clip)

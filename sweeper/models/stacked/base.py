@@ -126,8 +126,11 @@ class StackedModule(nn.Module):
             for name, t in mine.items():
                 t[k].copy_(state[name])
 
-    def seed_members(self, seeds: Sequence[int], device: torch.device | str) -> list[torch.Generator]:
-        """Give every member its own dropout generator, seeded with its run's seed."""
+    def seed_members(self, seeds: Sequence[int], device: torch.device | str,
+                     states: Sequence[torch.Tensor] | None = None) -> list[torch.Generator]:
+        """Give every member its own dropout generator, seeded with its run's seed (``states``: see
+        :class:`~sweeper.models.stacked.func.FuncStack`'s, which starts them where the lone runs'
+        draws started)."""
         if len(seeds) != self.members:
             raise ValueError(f"{len(seeds)} seeds for a stack of {self.members}")
         if self.members == 1:  # the global generator, which the run seeds with its seed, is its own
@@ -166,8 +169,9 @@ class SoloStack(StackedModule):
     def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
 
-    def seed_members(self, seeds: Sequence[int], device: torch.device | str) -> list[torch.Generator]:
-        return []
+    def seed_members(self, seeds: Sequence[int], device: torch.device | str,
+                     states: Sequence[torch.Tensor] | None = None) -> list[torch.Generator]:
+        return []  # the global generator, which the run seeds with its seed, is its own
 
     def no_weight_decay(self) -> set[str]:
         named = getattr(self.model, "no_weight_decay", None)

@@ -10,14 +10,16 @@ member's forward runs in turn through ``functional_call`` with its own slice of 
 the stack still trains as one (one backward, one update) and members still never mix.
 :func:`stack_mode` says which a model gets, and why.
 
-Dropout under vmap draws each member's mask independently (``randomness="different"``) from the
-global generator, so a member's masks depend on its stack; the built-in stacks draw from each
-member's own generator.
+A model whose forward draws random numbers in training (dropout) runs one member's forward after
+another: vmap can only draw from the global generator, where each member must draw from its own
+(its run's: the generator its lone run would have drawn from, so a member's masks are its lone
+run's whatever shares its stack). Under vmap, randomness is an error.
 """
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -52,6 +54,18 @@ class FuncStack(StackedModule):
             self.register_buffer(_key(name), value.detach().clone())
         named = getattr(members[0], "no_weight_decay", None)
         self._exempt = {_key(n) for n in named()} if named is not None else set()
+        self.generators: list[torch.Generator] = []  # each member's own, once seeded
+
+    def seed_members(self, seeds: Sequence[int], device: torch.device | str,
+                     states: Sequence[torch.Tensor] | None = None) -> list[torch.Generator]:
+        """Each member's own generator, seeded with its run's seed; on the CPU set to ``states``
+        (the global generator's state after the member's one-member model was built: where its
+        lone run's dropout draws start)."""
+        self.generators = super().seed_members(seeds, device)
+        if states is not None and torch.device(device).type == "cpu":
+            for g, state in zip(self.generators, states):
+                g.set_state(state)
+        return self.generators
 
     def no_weight_decay(self) -> set[str]:
         return self._exempt
@@ -82,10 +96,30 @@ class FuncStack(StackedModule):
         if self.mode == VMAP:
             def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xk: torch.Tensor) -> torch.Tensor:
                 return functional_call(template, (p, b), (xk,))
-            return vmap(one, randomness="different")(params, buffers, x)
-        return torch.stack([functional_call(template, ({n: p[k] for n, p in params.items()},
-                                                       {n: b[k] for n, b in buffers.items()}), (x[k],))
-                            for k in range(self.members)])
+            return vmap(one, randomness="error")(params, buffers, x)
+        outs = []
+        for k in range(self.members):
+            with self._own_generator(k):
+                outs.append(functional_call(template, ({n: p[k] for n, p in params.items()},
+                                                       {n: b[k] for n, b in buffers.items()}), (x[k],)))
+        return torch.stack(outs)
+
+    @contextmanager
+    def _own_generator(self, k: int) -> Iterator[None]:
+        """Member ``k``'s forward draws from its own generator: swapped in for the global one of
+        its device, and back out with what the forward drew."""
+        if not self.generators or not self.training:
+            yield
+            return
+        g = self.generators[k]
+        cuda = g.device.type == "cuda"
+        saved = torch.cuda.get_rng_state(g.device) if cuda else torch.get_rng_state()
+        (torch.cuda.set_rng_state(g.get_state(), g.device) if cuda else torch.set_rng_state(g.get_state()))
+        try:
+            yield
+        finally:
+            g.set_state(torch.cuda.get_rng_state(g.device) if cuda else torch.get_rng_state())
+            torch.cuda.set_rng_state(saved, g.device) if cuda else torch.set_rng_state(saved)
 
 
 def stack_mode(members: Sequence[nn.Module], lookback: int, n_features: int) -> tuple[str, str]:
@@ -98,5 +132,7 @@ def stack_mode(members: Sequence[nn.Module], lookback: int, n_features: int) -> 
         probe(torch.zeros(2, 2, lookback, n_features)).sum().backward()
     except Exception as exc:  # noqa: BLE001 - whatever vmap refuses, the members run in turn
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if "randomness" in first:  # vmap draws from one generator, each member needs its own
+            return LOOP, "its forward draws random numbers (dropout), each member from its own generator"
         return LOOP, f"torch.func.vmap cannot run it ({type(exc).__name__}: {first[:160]})"
     return VMAP, "torch.func.vmap runs it"
