@@ -23,13 +23,16 @@ def test_epoch_lines_name_the_fold_and_seed_and_the_end_line_the_objective():
     view = PlainView(out)
     view.metric, view.objective = "val_ic", C.objective_label(
         "val_ic", C.ValidationConfig(scheme="walk_forward", aggregate="lcb"))
+    view.several = True  # what start() sets for a study of several runs per trial
     view.epoch(SLOT, 3, 2, {"fold": 2, "repeat": 1, "val_ic": 0.0312, "train_loss": 1.01,
                             "micro_batch_size": 256})
-    view.epoch(SLOT, 4, 1, {"val_ic": 0.02, "train_loss": 1.0, "micro_batch_size": 64})  # a holdout trial
     view.trial_ended(SLOT, 3, TrialState.COMPLETE, 0.0117, None)
+    # a holdout trial's one run: its rows name fold 1, seed 1 (the one layout), its lines do not
+    holdout = PlainView(out)
+    holdout.epoch(SLOT, 4, 1, {"fold": 1, "repeat": 1, "val_ic": 0.02, "train_loss": 1.0, "micro_batch_size": 64})
     assert _lines(out) == ["trial 3 fold 2 seed 1 epoch 2: val_ic=0.0312 loss=1.0100 mb=256",
-                           "trial 4 epoch 1: val_ic=0.0200 loss=1.0000 mb=64",
-                           "trial 3 complete: lcb(val_ic)=0.0117"]
+                           "trial 3 complete: lcb(val_ic)=0.0117",
+                           "trial 4 epoch 1: val_ic=0.0200 loss=1.0000 mb=64"]
 
 
 def test_the_objective_is_the_metric_unless_lcb():

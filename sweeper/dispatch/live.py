@@ -83,6 +83,7 @@ class PlainView(NullView):
         self.stream = stream or sys.stdout
         self.metric = "val_ic"
         self.objective = "val_ic"  # what a trial's value is called (objective_label)
+        self.several = False  # a trial of several runs: an epoch's line names its run
 
     def _say(self, line: str) -> None:
         self.stream.write(f"[{time.strftime('%H:%M:%S')}] {line}\n")
@@ -91,6 +92,7 @@ class PlainView(NullView):
     def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None:
         self.metric = cfg.study.metric
         self.objective = objective_label(cfg.study.metric, cfg.validation)
+        self.several = cfg.validation.runs > 1
         for line in start_lines(cfg, plan, study):
             self._say(line)
 
@@ -99,7 +101,7 @@ class PlainView(NullView):
         self._say(f"trial {number} started on {slot.label}: {shown}")
 
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
-        self._say(f"trial {number}{_run(metrics)} epoch {epoch}: "
+        self._say(f"trial {number}{_run(metrics, self.several)} epoch {epoch}: "
                   f"{self.metric}={fmt(metrics.get(self.metric))} loss={fmt(metrics.get('train_loss'))} "
                   f"mb={metrics.get('micro_batch_size', '-')}")
 
@@ -187,7 +189,7 @@ class RichView(PlainView):
         for label, r in self.slots.items():
             m = r["metrics"] if r else {}
             grid.add_row(label, "idle" if r is None else
-                         f"trial {r['number']}{_run(m)} epoch {fmt(r['epoch'], 'd')} "
+                         f"trial {r['number']}{_run(m, self.several)} epoch {fmt(r['epoch'], 'd')} "
                          f"{self.metric}={fmt(m.get(self.metric))} "
                          f"batch {m.get('micro_batch_size', '-')}x{m.get('accum_steps', '-')} "
                          f"mem {fmt(m.get('peak_mem_mb'), '.0f')} MB")
@@ -203,6 +205,7 @@ def default_view() -> NullView:
     return RichView() if sys.stdout.isatty() else PlainView()
 
 
-def _run(metrics: dict[str, Any]) -> str:
-    """`` fold 2 seed 1`` for an epoch of a trial of several runs (walk-forward folds, seed repeats)."""
-    return f" fold {metrics['fold']} seed {metrics.get('repeat', 1)}" if "fold" in metrics else ""
+def _run(metrics: dict[str, Any], several: bool) -> str:
+    """`` fold 2 seed 1`` for an epoch of a trial of several runs (walk-forward folds, seed repeats);
+    a trial's only run (its rows name fold 1, seed 1 too) needs no name."""
+    return f" fold {metrics['fold']} seed {metrics.get('repeat', 1)}" if several and "fold" in metrics else ""
