@@ -26,11 +26,14 @@ def test_epoch_lines_name_the_fold_and_seed_and_the_end_line_the_objective():
     view.several = True  # what start() sets for a study of several runs per trial
     view.epoch(SLOT, 3, 2, {"fold": 2, "repeat": 1, "val_ic": 0.0312, "train_loss": 1.01,
                             "micro_batch_size": 256})
+    view.epoch(SLOT, 5, 1, {"fold": 1, "repeat": 2, "val_ic": 0.01, "train_loss": 1.0, "micro_batch_size": 64,
+                            "stack": 4})  # a run that trains in a stack of 4 says so
     view.trial_ended(SLOT, 3, TrialState.COMPLETE, 0.0117, None)
     # a holdout trial's one run: its rows name fold 1, seed 1 (the one layout), its lines do not
     holdout = PlainView(out)
     holdout.epoch(SLOT, 4, 1, {"fold": 1, "repeat": 1, "val_ic": 0.02, "train_loss": 1.0, "micro_batch_size": 64})
     assert _lines(out) == ["trial 3 fold 2 seed 1 epoch 2: val_ic=0.0312 loss=1.0100 mb=256",
+                           "trial 5 fold 1 seed 2 (stack of 4) epoch 1: val_ic=0.0100 loss=1.0000 mb=64",
                            "trial 3 complete: lcb(val_ic)=0.0117",
                            "trial 4 epoch 1: val_ic=0.0200 loss=1.0000 mb=64"]
 

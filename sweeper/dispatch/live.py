@@ -206,6 +206,11 @@ def default_view() -> NullView:
 
 
 def _run(metrics: dict[str, Any], several: bool) -> str:
-    """`` fold 2 seed 1`` for an epoch of a trial of several runs (walk-forward folds, seed repeats);
-    a trial's only run (its rows name fold 1, seed 1 too) needs no name."""
-    return f" fold {metrics['fold']} seed {metrics.get('repeat', 1)}" if several and "fold" in metrics else ""
+    """`` fold 2 seed 1 (stack of 4)`` for an epoch of a trial of several runs (walk-forward folds,
+    seed repeats), with the size of the stack it trains in when it shares one; a trial's only run
+    (its rows name fold 1, seed 1 too) needs no name."""
+    if not several or "fold" not in metrics:
+        return ""
+    stack = int(metrics.get("stack") or 1)
+    shared = f" (stack of {stack})" if stack > 1 else ""
+    return f" fold {metrics['fold']} seed {metrics.get('repeat', 1)}{shared}"

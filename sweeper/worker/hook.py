@@ -61,10 +61,11 @@ class OptunaHook:
         return bool(finite) and self._report(sum(finite) / len(finite), epoch)
 
     def _record(self, columns: dict[str, int], epoch: int, metrics: dict[str, Any]) -> float | None:
-        """One run's epoch in metrics.csv and to the driver (with its fold and repeat, when there
-        are several runs: the driver's view says which run this is); its finite metric value."""
+        """One run's epoch in metrics.csv and to the driver (with its fold and repeat, and the size
+        of the stack it trains in: the driver's view says which run this is); its finite metric value."""
         append_csv(self.metrics_csv, {**columns, "epoch": epoch, **metrics})
-        protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch, metrics={**columns, **metrics})
+        protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch,
+                      metrics={**columns, **metrics, "stack": len(self.runs)})
         value = metrics.get(self.metric)
         return float(value) if value is not None and math.isfinite(value) else None
 
