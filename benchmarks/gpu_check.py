@@ -36,24 +36,22 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # overlap.py: trials at once
-from overlap import most_at_once  # noqa: E402
+from overlap import most_at_once
 from sweeper.config import validate_config
 from sweeper.core import Member, NullHook, train, train_stack
 from sweeper.core.batch_search import CudaMemory, attempt, find_micro_batch, release_memory
-from sweeper.core.lanes import build_lane
-from sweeper.core.loss import resolve_loss
-from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
 from sweeper.core.precision import native_bf16, resolve_precision
+from sweeper.core.loop import stack_step
 from sweeper.core.step import StackStep, _probe
 from sweeper.data import Batcher, load_panel
-from sweeper.models.stacked.build import build_stack
 
 MODELS = {
     "transformer": {"name": "transformer", "d_model": 64, "nhead": 4, "num_layers": 2, "dim_feedforward": 128},
@@ -178,16 +176,8 @@ def timed_steps(step: Callable[[int], None], size: int, steps: int, device: torc
 
 def stack_of_one(cfg, panel, device: torch.device) -> StackStep:
     """The step a run of ``cfg`` trains and probes with: the stack of one that ``train`` sets up
-    (``sweeper.core.loop.prepare``), its model seeded with ``train.seed``."""
-    tc = cfg.train
-    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
-    lane, solo = build_lane(Member(cfg, panel), device)
-    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [solo]).to(device)
-    dropout = stack.seed_members([tc.seed], device)
-    flat = FlatStack(stack)
-    optimizer = StackedAdamW(flat, [tc.lr], [tc.weight_decay], tc.grad_clip)
-    scaler = MemberScaler(1, device, precision.name == "fp16")
-    return StackStep(stack, stack, flat, optimizer, scaler, precision, criterion, [lane], dropout)
+    (``sweeper.core.loop.stack_step``), its model seeded with ``train.seed``."""
+    return stack_step([Member(cfg, panel)], device)
 
 
 def probe_vs_scan(panel, synthetic: dict, device: torch.device, leave_gib: float, deadline: float) -> dict:
@@ -341,7 +331,7 @@ class UtilSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "UtilSampler":
+    def __enter__(self) -> UtilSampler:
         self._thread.start()
         return self
 

@@ -125,24 +125,12 @@ def test_memory_is_released_after_the_exception_frames_are_gone(monkeypatch):
 
 
 def _stack_step(cfg, panel, solo=None):
-    """The stack of one that ``train`` sets up for ``cfg`` on ``panel`` (sweeper.core.loop.prepare, on
-    the CPU), its one-member model ``solo`` where given; returns its StackStep."""
-    from sweeper.core.lanes import Member, build_lane
-    from sweeper.core.loss import resolve_loss
-    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
-    from sweeper.core.precision import resolve_precision
-    from sweeper.core.step import StackStep
-    from sweeper.models.stacked.build import build_stack
+    """The stack of one that ``train`` sets up for ``cfg`` on ``panel`` (sweeper.core.loop.stack_step,
+    on the CPU), its one-member model ``solo`` where given; returns its StackStep."""
+    from sweeper.core import Member
+    from sweeper.core.loop import stack_step
 
-    tc, device = cfg.train, torch.device("cpu")
-    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
-    lane, own = build_lane(Member(cfg, panel), device)
-    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [own if solo is None else solo]).to(device)
-    dropout = stack.seed_members([tc.seed], device)
-    flat = FlatStack(stack)
-    optimizer = StackedAdamW(flat, [tc.lr], [tc.weight_decay], tc.grad_clip)
-    scaler = MemberScaler(1, device, precision.name == "fp16")
-    return StackStep(stack, stack, flat, optimizer, scaler, precision, criterion, [lane], dropout)
+    return stack_step([Member(cfg, panel)], torch.device("cpu"), None if solo is None else [solo])
 
 
 def _optimizer_state(step) -> dict[str, torch.Tensor]:

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from conftest import TINY, merge
-from sweeper.core.schedule import make_optimizer
 from reference_models import TransformerModel
+from sweeper.core.schedule import make_optimizer
 
 
 def _decayed_names(model, optimizer):
@@ -79,23 +79,14 @@ def _stack_of_one(model):
     lr ``LR``, weight decay ``WD``, clipping at ``CLIP``), its schedule ``warmup``. Returns the StackStep."""
     import torch
 
-    from sweeper.core.lanes import Member, build_lane
-    from sweeper.core.loss import resolve_loss
-    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
-    from sweeper.core.precision import resolve_precision
-    from sweeper.core.step import StackStep
-    from sweeper.models.stacked.build import build_stack
+    from sweeper.core import Member
+    from sweeper.core.loop import stack_step
     from toy_panel import toy_config, toy_panel
 
-    cfg, device = toy_config(lr=LR, weight_decay=WD, grad_clip=CLIP), torch.device("cpu")
-    lane, _ = build_lane(Member(cfg, toy_panel(F=3, lookback=5)), device)
-    lane.factor = warmup
-    stack = build_stack([cfg.model], 3, 5, [model]).to(device)
-    dropout = stack.seed_members([cfg.train.seed], device)
-    flat = FlatStack(stack)
-    optimizer = StackedAdamW(flat, [LR], [WD], CLIP)
-    return StackStep(stack, stack, flat, optimizer, MemberScaler(1, device, False),
-                     resolve_precision("fp32", device), resolve_loss("mse"), [lane], dropout)
+    cfg = toy_config(lr=LR, weight_decay=WD, grad_clip=CLIP, precision="fp32", loss="mse")
+    step = stack_step([Member(cfg, toy_panel(F=3, lookback=5))], torch.device("cpu"), [model])
+    step.lanes[0].factor = warmup
+    return step
 
 
 def _ours():

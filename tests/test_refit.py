@@ -257,24 +257,17 @@ class Roomy:
 
 def test_batch_size_auto_is_probed_on_a_refit_panel(workdir):
     from sweeper.config import validate_config
-    from sweeper.core.lanes import Member, build_lane, lane_batch_size
-    from sweeper.core.loss import resolve_loss
-    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
-    from sweeper.core.precision import resolve_precision
-    from sweeper.core.step import StackStep, plan_stack
-    from sweeper.models.stacked.build import build_stack
+    from sweeper.core import Member
+    from sweeper.core.lanes import lane_batch_size
+    from sweeper.core.loop import stack_step
+    from sweeper.core.step import plan_stack
 
     cfg = validate_config(merge(TINY, {"train": {"batch_size": "auto"}}), "tiny")
     panel, _ = refit_panel(DataConfig(synthetic=SYNTH, lookback=LOOKBACK), None)
-    # the stack of one that train sets up (sweeper.core.loop.prepare) for the refit's run
-    tc, cpu = cfg.train, torch.device("cpu")
-    lane, solo = build_lane(Member(cfg, panel), cpu)
-    stack = build_stack([cfg.model], len(panel.features), LOOKBACK, [solo])
-    flat = FlatStack(stack)
-    optimizer = StackedAdamW(flat, [1e-3], [0.0], tc.grad_clip)
-    fp32 = resolve_precision("fp32", cpu)
-    step = StackStep(stack, stack, flat, optimizer, MemberScaler(1, cpu, False), fp32, resolve_loss("mse"),
-                     [lane], stack.seed_members([tc.seed], cpu))
+    # the stack of one that train sets up (sweeper.core.loop.stack_step) for the refit's run
+    tc = cfg.train
+    step = stack_step([Member(cfg, panel)], torch.device("cpu"))
+    (lane,) = step.lanes
     plan = plan_stack(step, tc, lane_batch_size(tc, [lane]), Roomy(), 1)
     # every train row in one micro-batch; the empty valid and test splits probe no evaluation batch
     assert plan.batch_size == plan.micro_batch == lane.batcher.n_samples > 0

@@ -144,27 +144,18 @@ class LastRow(torch.nn.Module):
 
 
 def _stack_step(cfg, panel, solo, fp16: bool, members: int = 1):
-    """The stack that ``train`` sets up (sweeper.core.loop.prepare, on the CPU) for ``members`` runs
+    """The stack that ``train`` sets up (sweeper.core.loop.stack_step, on the CPU) for ``members`` runs
     of ``cfg``, a stack of one around the one-member model ``solo`` where given, its losses scaled
     per member when ``fp16`` (the fp16 path's scaler on the CPU, where autocast has no fp16: the
     precision stays fp32). Returns its StackStep."""
-    from sweeper.core.lanes import Member, build_lane
-    from sweeper.core.loss import resolve_loss
-    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
-    from sweeper.core.precision import resolve_precision
-    from sweeper.core.step import StackStep
-    from sweeper.models.stacked.build import build_stack
+    from sweeper.core import Member
+    from sweeper.core.loop import stack_step
+    from sweeper.core.optim import MemberScaler
 
-    tc, device = cfg.train, torch.device("cpu")
-    built = [build_lane(Member(cfg, panel), device) for _ in range(members)]
-    lanes, solos = [lane for lane, _ in built], [own for _, own in built]
-    stack = build_stack([cfg.model] * members, len(panel.features), panel.lookback,
-                        solos if solo is None else [solo]).to(device)
-    dropout = stack.seed_members([tc.seed] * members, device)
-    flat = FlatStack(stack)
-    optimizer = StackedAdamW(flat, [tc.lr] * members, [tc.weight_decay] * members, tc.grad_clip)
-    return StackStep(stack, stack, flat, optimizer, MemberScaler(members, device, fp16),
-                     resolve_precision("fp32", device), resolve_loss(tc.loss), lanes, dropout)
+    device = torch.device("cpu")
+    step = stack_step([Member(cfg, panel)] * members, device, None if solo is None else [solo])
+    step.scaler = MemberScaler(members, device, fp16)  # the fp16 path's scaler, autocast staying fp32
+    return step
 
 
 def _first_rows(step, n: int):

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from sweeper.core import FileCheckpointer, NullHook, predict, train
-from sweeper.core.loss import resolve_loss
 from sweeper.core.precision import resolve_precision
 from sweeper.core.schedule import Rows, lr_factor
 from sweeper.core.step import StackStep
@@ -202,21 +201,12 @@ def test_precision_resolution_on_cpu():
 
 
 def _stack_step(cfg, panel, solo) -> StackStep:
-    """The stack of one that ``train`` sets up for ``cfg`` (sweeper.core.loop.prepare, on the CPU)
+    """The stack of one that ``train`` sets up for ``cfg`` (sweeper.core.loop.stack_step, on the CPU)
     around the one-member model ``solo``."""
-    from sweeper.core.lanes import Member, build_lane
-    from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
-    from sweeper.models.stacked.build import build_stack
+    from sweeper.core import Member
+    from sweeper.core.loop import stack_step
 
-    tc, device = cfg.train, torch.device("cpu")
-    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
-    lane, _ = build_lane(Member(cfg, panel), device)
-    stack = build_stack([cfg.model], len(panel.features), panel.lookback, [solo]).to(device)
-    dropout = stack.seed_members([tc.seed], device)
-    flat = FlatStack(stack)
-    optimizer = StackedAdamW(flat, [tc.lr], [tc.weight_decay], tc.grad_clip)
-    scaler = MemberScaler(1, device, precision.name == "fp16")
-    return StackStep(stack, stack, flat, optimizer, scaler, precision, criterion, [lane], dropout)
+    return stack_step([Member(cfg, panel)], torch.device("cpu"), [solo])
 
 
 @pytest.mark.parametrize("loss_name", ["mse", "ic"])

@@ -45,7 +45,7 @@ class Lane:
     seen: int = 0
     # the global generator's state once the member's model was built: where its lone run's draws
     # (dropout) would have started
-    rng: torch.Tensor = field(default_factory=torch.get_rng_state)
+    rng: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
 
     def new_epoch(self) -> None:
         self.steps, self.seen = EpochSteps(), 0
@@ -63,7 +63,8 @@ def build_lane(member: Member, device: torch.device) -> tuple[Lane, torch.nn.Mod
     steps = count_steps(batcher, order, _capped(tc, [batcher]), tc.samples_per_epoch)
     return Lane(cfg, panel, batcher, Batcher(panel, "valid", device), torch.Generator().manual_seed(tc.seed),
                 DateRuns(batcher) if order == "cross_section" else None, steps,
-                lr_factor(tc.schedule, tc.warmup_frac, steps * tc.epochs)), solo
+                lr_factor(tc.schedule, tc.warmup_frac, steps * tc.epochs),
+                rng=torch.get_rng_state()), solo  # taken after the model's draws
 
 
 def lane_batch_size(tc: TrainConfig, lanes: Sequence[Lane]) -> int:

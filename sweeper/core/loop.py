@@ -52,7 +52,7 @@ from sweeper.models.stacked.build import build_stack
 SYNC_EVERY = 32
 NO_SCORES = dict.fromkeys(("val_loss", "val_ic", "val_rank_ic", "val_icir"), math.nan)
 
-__all__ = ["SYNC_EVERY", "Member", "TrainResult", "train", "train_stack"]
+__all__ = ["SYNC_EVERY", "Member", "TrainResult", "stack_step", "train", "train_stack"]
 
 
 @dataclass
@@ -134,21 +134,10 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
     plan (probed, or the checkpoint's), and the checkpoint's state if there is one."""
     cfg, tc = members[0].cfg, members[0].cfg.train
     started = time.monotonic() if started is None else started
-    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
-    built = [build_lane(m, device) for m in members]
-    lanes = [lane for lane, _ in built]
-    stack = build_stack([m.cfg.model for m in members], len(members[0].panel.features),
-                        members[0].panel.lookback, [solo for _, solo in built]).to(device)
+    step = stack_step(members, device)
+    lanes, criterion, precision = step.lanes, step.criterion, step.precision
     if len(members) > 1:  # a lone run has nothing to say of stacking
-        say(stack.plan)
-    dropout = stack.seed_members([m.cfg.train.seed for m in members], device, [lane.rng for lane in lanes])
-    flat = FlatStack(stack)
-    optimizer = StackedAdamW(flat, [m.cfg.train.lr for m in members],
-                             [m.cfg.train.weight_decay for m in members], tc.grad_clip)
-    scaler = MemberScaler(len(members), device, precision.name == "fp16")
-    # a compiled module is one (torch.compile returns the module's OptimizedModule)
-    forward = cast(torch.nn.Module, torch.compile(stack)) if tc.compile else stack
-    step = StackStep(stack, forward, flat, optimizer, scaler, precision, criterion, lanes, dropout)
+        say(step.stack.plan)
     date_rows = max(lane.runs.largest if lane.runs is not None and criterion.whole_dates else 1
                     for lane in lanes)
     state = checkpoint.load()
@@ -168,6 +157,28 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
     shrink = partial(shrink_micro, minimum=tc.min_micro_batch, batch_size=plan.batch_size,
                      date_rows=date_rows)
     return Run(lanes, step, plan, precision, memory, deadline, first, shrink, plan.micro_batch)
+
+
+def stack_step(members: Sequence[Member], device: torch.device,
+               models: Sequence[torch.nn.Module] | None = None) -> StackStep:
+    """The stack of ``members`` ready to step: each member's lane and one-member model (``models``:
+    one-member models of the members' config to stack instead), the stack of their weights, its
+    flat per-member AdamW, loss scales, precision and loss."""
+    tc = members[0].cfg.train
+    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
+    built = [build_lane(m, device) for m in members]
+    lanes = [lane for lane, _ in built]
+    solos = list(models) if models is not None else [solo for _, solo in built]
+    stack = build_stack([m.cfg.model for m in members], len(members[0].panel.features),
+                        members[0].panel.lookback, solos).to(device)
+    dropout = stack.seed_members([m.cfg.train.seed for m in members], device, [lane.rng for lane in lanes])
+    flat = FlatStack(stack)
+    optimizer = StackedAdamW(flat, [m.cfg.train.lr for m in members],
+                             [m.cfg.train.weight_decay for m in members], tc.grad_clip)
+    scaler = MemberScaler(len(members), device, precision.name == "fp16")
+    # a compiled module is one (torch.compile returns the module's OptimizedModule)
+    forward = cast(torch.nn.Module, torch.compile(stack)) if tc.compile else stack
+    return StackStep(stack, forward, flat, optimizer, scaler, precision, criterion, lanes, dropout)
 
 
 def _say_plan(say: Callable[[str], None], lanes: list[Lane], device: torch.device, plan: BatchPlan,
@@ -231,12 +242,12 @@ def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fi
     None: stopped."""
     lanes, step, plan = run.lanes, run.step, run.plan
     live = [k for k, lane in enumerate(lanes) if not lane.stopped]
-    preds = [] if fixed_epochs else stacked_predict_rows(step.forward, [lanes[k].valid for k in live],
-                                                         plan.eval_batch_size, tick)
+    preds: list[torch.Tensor | None] = [None] * len(live) if fixed_epochs else list(
+        stacked_predict_rows(step.forward, [lanes[k].valid for k in live], plan.eval_batch_size, tick))
     rows: list[dict | None] = [None] * len(lanes)
-    for k in live:
+    for k, pred in zip(live, preds):
         lane = lanes[k]
-        scores = NO_SCORES if fixed_epochs else split_scores(preds[live.index(k)], lane.valid, step.criterion)
+        scores = NO_SCORES if pred is None else split_scores(pred, lane.valid, step.criterion)
         metrics = {"epoch": epoch, "train_loss": lane.steps.mean_loss, **scores,
                    "samples_per_s": lane.seen / max(seconds, 1e-9), "peak_mem_mb": run.memory.peak_mb(),
                    "lr": lane.cfg.train.lr * lane.factor(lane.position), "micro_batch_size": run.micro,

@@ -142,7 +142,7 @@ def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory, 
             batch = [next(rows) for rows in batches]
         micro = run.step.until_it_fits(batch, micro, run.shrink, lambda line: None)
         seen += sum(len(rows.idx) for rows in batch if rows is not None)
-        if index >= WARMUP_STEPS:
+        if needed and index >= WARMUP_STEPS:  # a read per step only where the size may stop early
             _wait(run.step.flat.values)
             if seen / (time.perf_counter() - began) < needed * 0.7:  # it will not get there
                 break

@@ -137,8 +137,9 @@ def plan_stack(step: StackStep, tc: TrainConfig, cap: int, mem: MemoryReader | N
                                  steps=tc.probe_steps, minimum=minimum, why_minimum=why)
         micro = found.micro_batch
         # AdamW's state, made by the first step, is alive (and counted) while the evaluation is probed
-        longest = max(b.n_samples for b in _eval_batchers(step))
-        evals = find_micro_batch(_eval_probe(step), mem, start=min(eval_rows, longest),
+        batchers = _eval_batchers(step)
+        longest = max(b.n_samples for b in batchers)
+        evals = find_micro_batch(_eval_probe(step, batchers), mem, start=min(eval_rows, longest),
                                  cap=min(eval_rows, longest), margin=tc.memory_margin,
                                  steps=1) if longest else None  # a refit's panels: nothing to evaluate
     eval_batch = evals.micro_batch if evals else eval_rows
@@ -170,10 +171,9 @@ def _eval_batchers(step: StackStep) -> list[Batcher]:
                 key=lambda b: b.n_samples) for lane in step.lanes]
 
 
-def _eval_probe(step: StackStep) -> Callable[[int], None]:
-    """One stacked evaluation forward (fp32, eval mode, no autograd) of ``size`` rows per member,
-    as the evaluation runs it."""
-    batchers = _eval_batchers(step)
+def _eval_probe(step: StackStep, batchers: list[Batcher]) -> Callable[[int], None]:
+    """One stacked evaluation forward (fp32, eval mode, no autograd) of ``size`` rows per member on
+    ``batchers`` (each member's largest evaluated split), as the evaluation runs it."""
 
     def probe(size: int) -> None:
         stack = step.stack
