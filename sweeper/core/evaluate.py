@@ -15,6 +15,7 @@ from sweeper.core.batch_search import is_oom, release_memory
 from sweeper.core.loss import Loss
 from sweeper.data import Batcher, Panel
 from sweeper.data.batches import gather_stack
+from sweeper.models.stacked.base import SoloStack
 from sweeper.quant import ic as M
 
 SPLIT_PREFIX = {"valid": "val", "test": "test"}
@@ -27,9 +28,10 @@ def _no_tick() -> None:
 
 
 def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int, tick: Tick = _no_tick) -> torch.Tensor:
-    """Predictions [S] (fp32, eval mode) for the split's samples in sample-index order.
-    Out of memory halves the evaluation batch and starts over."""
-    return _halving(lambda size: _forward_all(model, batcher, size, tick), batch_size)
+    """Predictions [S] (fp32, eval mode) for the split's samples in sample-index order: the one
+    evaluation (:func:`stacked_predict_rows`) of ``model`` as a stack of one. Out of memory halves
+    the evaluation batch and starts over."""
+    return stacked_predict_rows(SoloStack(model), [batcher], batch_size, tick)[0]
 
 
 def _halving(forward_all: Callable[[int], T], batch_size: int) -> T:
@@ -46,20 +48,6 @@ def _halving(forward_all: Callable[[int], T], batch_size: int) -> T:
         if oom:
             release_memory()
             batch_size //= 2
-
-
-@torch.no_grad()
-def _forward_all(model: nn.Module, batcher: Batcher, batch_size: int, tick: Tick) -> torch.Tensor:
-    was_training = model.training
-    model.eval()
-    out = []
-    try:
-        for b in batcher.eval_batches(batch_size):
-            out.append(model(b.x).float())
-            tick()
-    finally:
-        model.train(was_training)
-    return torch.cat(out) if out else torch.zeros(0, device=batcher.device)
 
 
 def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | str,
