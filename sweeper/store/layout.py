@@ -61,13 +61,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sweeper.config import StudyConfig, SweeperConfig
 
 # the names of a trial's files (trials/<n>/) and of a run's (runs/fold-<f>.seed-<r>/)
 CONFIG, METRICS, LOG, CHECKPOINT = "config.yaml", "metrics.csv", "train.log", "checkpoint.pt"
 WEIGHTS, NORM_STATS = "weights.pt", "norm_stats.json"
-REFIT_RECORD = "refit.json"
 SPLITS = ("valid", "test")  # the splits a daily IC file and a predictions file are written for
 
 
@@ -81,9 +81,6 @@ def predictions_name(split: str) -> str:
     return f"predictions_{split}.parquet"
 
 
-RESULT, PREDICTIONS = "result.json", predictions_name("valid")
-
-
 # the trial files registered in the artifact store, so optuna-dashboard lists them
 ARTIFACTS = (CONFIG, METRICS, LOG, WEIGHTS, daily_ic_name("valid"), daily_ic_name("test"))
 
@@ -95,137 +92,71 @@ def run_dir(cfg: SweeperConfig | StudyConfig) -> Path:
     return Path(f"runs/{study.name}") if artifacts.startswith("s3://") else Path(artifacts)
 
 
-@dataclass(frozen=True)
-class RunFiles:
-    """The files of one training run of a trial: ``runs/fold-<f>.seed-<r>/``."""
+class _File:
+    """A named file of a files object's folder: ``files.weights`` is ``files.folder / "weights.pt"``."""
 
-    folder: Path
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-    @property
-    def result(self) -> Path:
-        """``result.json``: the run's metrics; written last, so a run with one has finished."""
-        return self.folder / RESULT
-
-    @property
-    def predictions(self) -> Path:
-        """``predictions_valid.parquet``: date, asset, pred of its valid block."""
-        return self.folder / PREDICTIONS
-
-    def daily_ic(self, split: str) -> Path:
-        """``daily_ic_valid.csv``; ``daily_ic_test.csv`` of the model run only."""
-        return self.folder / daily_ic_name(split)
-
-    def predictions_of(self, split: str) -> Path:
-        """``predictions_valid.parquet`` (:attr:`predictions`); ``predictions_test.parquet`` of the
-        model run only."""
-        return self.folder / predictions_name(split)
-
-    @property
-    def weights(self) -> Path:
-        return self.folder / WEIGHTS
-
-    @property
-    def norm_stats(self) -> Path:
-        return self.folder / NORM_STATS
-
-
-def member_weights(folder: Path, seed: int) -> Path:
-    """A seed ensemble's member ``seed`` (0-based) in ``folder``: ``weights.pt`` for the first,
-    ``weights.seed-<seed+1>.pt`` for the others."""
-    return folder / (WEIGHTS if seed == 0 else f"weights.seed-{seed + 1}.pt")
-
-
-def other_members(folder: Path) -> list[Path]:
-    """A seed ensemble's weights files in ``folder`` beyond the first seed's ``weights.pt``
-    (``weights.seed-2.pt``, ...), in seed order; none for a model of one seed."""
-    return sorted(folder.glob("weights.seed-*.pt"), key=lambda p: int(p.stem.split("-")[-1]))
+    def __get__(self, files: Any, owner: type) -> Path:
+        return files.folder / self.name
 
 
 @dataclass(frozen=True)
-class RefitFiles:
-    """``trials/<n>/refit/``: ``sweeper refit``'s production model (refit.json written last);
-    with seed repeats one weights file per seed, as the trial's own."""
-
+class _Folder:
     folder: Path
-
-    @property
-    def weights(self) -> Path:
-        return self.folder / WEIGHTS
-
-    def member_weights(self, seed: int) -> Path:
-        return member_weights(self.folder, seed)
-
-    def other_members(self) -> list[Path]:
-        return other_members(self.folder)
-
-    @property
-    def norm_stats(self) -> Path:
-        return self.folder / NORM_STATS
-
-    @property
-    def record(self) -> Path:
-        """``refit.json``: the trial, until, epochs, the dates it trained on."""
-        return self.folder / REFIT_RECORD
-
-    @property
-    def names(self) -> tuple[str, str, str]:
-        """The file names, in the order they are written (what ``sweeper refit`` prints)."""
-        return WEIGHTS, NORM_STATS, REFIT_RECORD
-
-
-@dataclass(frozen=True)
-class TrialFiles:
-    """The files of one trial (see the module docstring)."""
-
-    folder: Path
-
-    @property
-    def config(self) -> Path:
-        return self.folder / CONFIG
-
-    @property
-    def metrics(self) -> Path:
-        return self.folder / METRICS
-
-    @property
-    def log(self) -> Path:
-        return self.folder / LOG
-
-    @property
-    def weights(self) -> Path:
-        return self.folder / WEIGHTS
-
-    def member_weights(self, seed: int) -> Path:
-        """The weights of the model's seed ``seed`` (0-based; the seed ensemble of
-        ``validation.repeats``): see :func:`member_weights`."""
-        return member_weights(self.folder, seed)
-
-    def other_members(self) -> list[Path]:
-        """The other seeds' weights beside ``weights.pt`` (:func:`other_members`)."""
-        return other_members(self.folder)
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.folder / CHECKPOINT
-
-    @property
-    def norm_stats(self) -> Path:
-        """``norm_stats.json``: the features and what normalisation fitted on the train split."""
-        return self.folder / NORM_STATS
 
     def daily_ic(self, split: str) -> Path:
         """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
         return self.folder / daily_ic_name(split)
 
-    def predictions(self, split: str) -> Path:
-        """``predictions_valid.parquet`` / ``predictions_test.parquet``: the model's run's
-        ``date, asset, pred, label`` (raw label), as ``sweeper predict`` computes them."""
+
+class RunFiles(_Folder):
+    """The files of one training run of a trial: ``runs/fold-<f>.seed-<r>/`` (``daily_ic_test.csv``
+    and ``predictions_test.parquet`` of the model's runs only)."""
+
+    result = _File("result.json")  # written last: a run with one has finished
+    predictions = _File(predictions_name("valid"))
+    weights, norm_stats = _File(WEIGHTS), _File(NORM_STATS)
+
+    def predictions_of(self, split: str) -> Path:
         return self.folder / predictions_name(split)
 
-    @property
-    def runs(self) -> Path:
-        """``runs/``: the trial's training runs (its folds and seeds; holdout's one run too)."""
-        return self.folder / "runs"
+
+class _Model(_Folder):
+    """A model's files: with seed repeats, one weights file per seed."""
+
+    weights, norm_stats = _File(WEIGHTS), _File(NORM_STATS)
+
+    def member_weights(self, seed: int) -> Path:
+        """The weights of seed ``seed`` (0-based): ``weights.pt`` for the first,
+        ``weights.seed-<seed+1>.pt`` for the others."""
+        return self.folder / (WEIGHTS if seed == 0 else f"weights.seed-{seed + 1}.pt")
+
+    def other_members(self) -> list[Path]:
+        """The weights files beyond the first seed's ``weights.pt`` (``weights.seed-2.pt``, ...), in
+        seed order; none for a model of one seed."""
+        return sorted(self.folder.glob("weights.seed-*.pt"), key=lambda p: int(p.stem.split("-")[-1]))
+
+
+class RefitFiles(_Model):
+    """``trials/<n>/refit/``: ``sweeper refit``'s production model (refit.json written last)."""
+
+    record = _File("refit.json")
+    # the file names, in the order they are written (what ``sweeper refit`` prints)
+    names = (WEIGHTS, NORM_STATS, "refit.json")
+
+
+class TrialFiles(_Model):
+    """The files of one trial (see the module docstring)."""
+
+    config, metrics, log, checkpoint = _File(CONFIG), _File(METRICS), _File(LOG), _File(CHECKPOINT)
+    runs, refit = _File("runs"), _File("refit")
+
+    def predictions(self, split: str) -> Path:
+        """The model's run's ``date, asset, pred, label`` (raw label), as ``sweeper predict``
+        computes them."""
+        return self.folder / predictions_name(split)
 
     def run(self, fold: int, repeat: int) -> Path:
         """One finished run's folder; ``fold`` and ``repeat`` count from 1 (as ``validate`` prints)."""
@@ -236,21 +167,12 @@ class TrialFiles:
         return RunFiles(self.run(fold + 1, seed + 1))
 
     @property
-    def refit(self) -> Path:
-        """``refit/``: ``sweeper refit``'s production model of this trial."""
-        return self.folder / "refit"
-
-    @property
     def refit_files(self) -> RefitFiles:
         return RefitFiles(self.refit)
 
 
-def trials_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "trials"
-
-
 def trial_files(run_dir: str | Path, number: int) -> TrialFiles:
-    return TrialFiles(trials_dir(run_dir) / str(number))
+    return TrialFiles(Path(run_dir) / "trials" / str(number))
 
 
 def trial_of_checkpoint(path: str | Path) -> int | None:
@@ -262,27 +184,13 @@ def trial_of_checkpoint(path: str | Path) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class BaselineFiles:
+class BaselineFiles(_Folder):
     """The files of the study's LightGBM baseline (see the module docstring)."""
 
-    folder: Path
+    train_rows, model = _File("train_rows.parquet"), _File("model.txt")
 
     def predictions(self, split: str) -> Path:
-        """``predictions_valid.parquet`` / ``predictions_test.parquet``."""
         return self.folder / predictions_name(split)
-
-    def daily_ic(self, split: str) -> Path:
-        """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
-        return self.folder / f"daily_ic_{split}.csv"
-
-    @property
-    def train_rows(self) -> Path:
-        return self.folder / "train_rows.parquet"
-
-    @property
-    def model(self) -> Path:
-        return self.folder / "model.txt"
 
 
 def baseline_files(run_dir: str | Path) -> BaselineFiles:
@@ -290,12 +198,12 @@ def baseline_files(run_dir: str | Path) -> BaselineFiles:
 
 
 def slot_log(run_dir: str | Path, host: str, slot_id: int) -> Path:
-    return Path(run_dir) / "logs" / f"{_safe(host)}.slot-{slot_id}.log"
+    return logs_dir(run_dir) / f"{_safe(host)}.slot-{slot_id}.log"
 
 
 def baseline_log(run_dir: str | Path, host: str) -> Path:
     """The study's baseline job's stdout and stderr, on the host that ran it."""
-    return Path(run_dir) / "logs" / f"{_safe(host)}.baseline.log"
+    return logs_dir(run_dir) / f"{_safe(host)}.baseline.log"
 
 
 def _safe(host: str) -> str:
