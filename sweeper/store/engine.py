@@ -50,6 +50,8 @@ PG_MAX_OVERFLOW = 1
 # also frees an advisory lock held by a host that vanished from the network.
 PG_KEEPALIVE = {"idle": 30, "interval": 10, "count": 3}
 SCHEMA_LOCK = "sweeper:schema"
+NO_TABLES = ("the database holds no sweeper study (no Optuna tables): create one with `sweeper db init` "
+             "or `sweeper run`")
 
 # sweeper records heartbeats for ask/tell trials itself (Optuna only does inside
 # Study.optimize), so these warnings say nothing useful to a user
@@ -68,28 +70,16 @@ def engine_kwargs(url: str) -> dict[str, Any]:
     if is_sqlite(url):
         return {"connect_args": {"timeout": sqlite_busy_timeout_s()}}
     if is_postgres(url):
-        return {
-            "pool_pre_ping": True,
-            "pool_size": PG_POOL_SIZE,
-            "max_overflow": PG_MAX_OVERFLOW,
-            "pool_recycle": 1800,
-            "connect_args": pg_connect_args(),
-        }
+        return {"pool_pre_ping": True, "pool_size": PG_POOL_SIZE, "max_overflow": PG_MAX_OVERFLOW,
+                "pool_recycle": 1800, "connect_args": pg_connect_args()}
     return {"pool_pre_ping": True}
 
 
 def pg_connect_args() -> dict[str, Any]:
     """libpq settings: fail fast when the server is unreachable, notice a dead one,
     and name the host in ``pg_stat_activity``."""
-    host = host_id()
-    return {
-        "connect_timeout": 10,
-        "application_name": f"sweeper@{host}"[:63],
-        "keepalives": 1,
-        "keepalives_idle": PG_KEEPALIVE["idle"],
-        "keepalives_interval": PG_KEEPALIVE["interval"],
-        "keepalives_count": PG_KEEPALIVE["count"],
-    }
+    return {"connect_timeout": 10, "application_name": f"sweeper@{host_id()}"[:63], "keepalives": 1,
+            **{f"keepalives_{k}": v for k, v in PG_KEEPALIVE.items()}}
 
 
 def _tune_sqlite(engine: sqlalchemy.Engine) -> None:
@@ -123,9 +113,7 @@ PG_SESSION_SETTINGS = (
     # A startup option ("-c timezone=UTC") is not enough: libpq sends PGTZ as a
     # startup parameter too, and the server applies it last.
     "SET TIME ZONE 'UTC'",
-    f"SET tcp_keepalives_idle = {PG_KEEPALIVE['idle']}",
-    f"SET tcp_keepalives_interval = {PG_KEEPALIVE['interval']}",
-    f"SET tcp_keepalives_count = {PG_KEEPALIVE['count']}",
+    *(f"SET tcp_keepalives_{k} = {v}" for k, v in PG_KEEPALIVE.items()),
 )
 
 
@@ -244,13 +232,12 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
                  create: bool = True, outage_s: float | None = None, checked: bool = False) -> SweeperStorage:
     """A :class:`SweeperStorage` for ``url``; raises StorageError when it cannot be reached.
 
-    With ``create=False`` a database without Optuna's tables (or a SQLite file
-    that does not exist) is an error rather than being created: read-only
-    commands must not write. ``outage_s`` (``study.storage_outage_s``) is how long
-    calls ride out an outage of this store; None keeps the store's current limit
-    (300 s unless a caller set another). ``checked=True``: the driver that started this process
-    has checked the schema's version against this Optuna (RDBStorage's compatibility check reads
-    alembic's migration scripts: about 0.2 s of every worker's start), so it is not checked again.
+    With ``create=False`` a database without Optuna's tables (or a missing SQLite file) is an
+    error rather than being created: read-only commands must not write. ``outage_s``
+    (``study.storage_outage_s``): how long calls ride out an outage of this store (None: the
+    store's current limit). ``checked=True``: the driver that started this process checked the
+    schema's version against this Optuna, so it is not checked again (RDBStorage's check reads
+    alembic's migration scripts: about 0.2 s of every worker's start).
     """
     url = normalize_url(url)
     if is_sqlite(url):
@@ -300,8 +287,7 @@ def schema_guard(url: str, create: bool) -> Iterator[bool]:
     if not create:
         # never create_all outside the lock: it would race with a driver creating the tables
         if not _sqlite_schema_ready(path):
-            raise StorageError(f"storage {url}: the database holds no sweeper study (no Optuna tables): "
-                               "create one with `sweeper db init` or `sweeper run`")
+            raise StorageError(f"storage {url}: {NO_TABLES}")
         yield True
         return
     # the store's stop token: a worker told to stop (or a sweep's Ctrl-C) stops waiting for it
@@ -319,8 +305,7 @@ def _pg_schema_guard(url: str, create: bool) -> Iterator[bool]:
                 yield True
                 return
             if not create:
-                raise StorageError(f"storage {redact(url)}: the database holds no sweeper study "
-                                   "(no Optuna tables): create one with `sweeper db init` or `sweeper run`")
+                raise StorageError(f"storage {redact(url)}: {NO_TABLES}")
             key = advisory_key(SCHEMA_LOCK)
             acquire(lambda: bool(conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar()),
                     "the lock that guards creating the tables", outage.for_url(url).stop)

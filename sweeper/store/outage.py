@@ -106,22 +106,17 @@ def _transient_here(err: BaseException) -> bool:
     return False
 
 
-def policy(store: str) -> OutagePolicy:
-    """The process's policy for ``store`` (its printable URL): one per store, shared
-    by every storage object and thread that talks to it."""
+def for_url(url: str) -> OutagePolicy:
+    """The process's policy for the store ``url`` names: one per store, shared by every storage
+    object and thread that talks to it, keyed by its printable form (a SQLite file by its absolute
+    path, so that one process's studies in different folders never share an outage)."""
+    url = normalize_url(url)
+    path = sqlite_path(url) if is_sqlite(url) else None
+    store = f"sqlite:///{path.resolve()}" if path is not None else redact(url)
     with _registry_lock:
         if store not in _policies:
             _policies[store] = OutagePolicy(store)
         return _policies[store]
-
-
-def for_url(url: str) -> OutagePolicy:
-    """The policy of the store ``url`` names (keyed by its printable form; a SQLite
-    file by its absolute path, so that one process's studies in different folders
-    never share an outage)."""
-    url = normalize_url(url)
-    path = sqlite_path(url) if is_sqlite(url) else None
-    return policy(f"sqlite:///{path.resolve()}" if path is not None else redact(url))
 
 
 def watch(url: str, stop: StopToken) -> None:

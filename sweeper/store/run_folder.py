@@ -37,7 +37,7 @@ def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh
         return []
     lines = []
     if current is not None or (fresh and _holds_files(run_dir)):
-        lines += _move(run_dir, previous_dir(run_dir, current or UNKNOWN), "moved aside")
+        lines += _move(run_dir, previous_dir(run_dir, current or UNKNOWN))
     back = previous_dir(run_dir, study_uuid)
     if back.is_dir():
         lines += _restore(back, run_dir)
@@ -54,24 +54,19 @@ def _owner(run_dir: Path) -> str | None:
 
 
 def _holds_files(run_dir: Path) -> bool:
-    return any((run_dir / name).exists() and not _empty_dir(run_dir / name) for name in STUDY_OWNED)
+    """Whether any of the study's files or folders is here (an empty folder holds none)."""
+    paths = [run_dir / name for name in STUDY_OWNED]
+    return any(p.exists() and not (p.is_dir() and not any(p.iterdir())) for p in paths)
 
 
-def _empty_dir(path: Path) -> bool:
-    return path.is_dir() and not any(path.iterdir())
-
-
-def _move(run_dir: Path, target: Path, verb: str) -> list[str]:
-    moved = []
-    for name in STUDY_OWNED:
-        src = run_dir / name
-        if not src.exists():
-            continue
-        move(src, _free_name(target / name))
-        moved.append(name)
+def _move(run_dir: Path, target: Path) -> list[str]:
+    moved = [name for name in STUDY_OWNED if (run_dir / name).exists()]
+    for name in moved:
+        move(run_dir / name, _free_name(target / name))
     if not moved:
         return []
-    return [f"{run_dir} held another study's {', '.join(moved)} ({_who(target)}): {verb} to {target}"]
+    who = "no owner recorded" if target.name == UNKNOWN else f"study_uuid {target.name}"
+    return [f"{run_dir} held another study's {', '.join(moved)} ({who}): moved aside to {target}"]
 
 
 def _restore(back: Path, run_dir: Path) -> list[str]:
@@ -93,10 +88,6 @@ def _free_name(path: Path) -> Path:
         k += 1
         candidate = path.with_name(f"{path.name}.{k}")
     return candidate
-
-
-def _who(target: Path) -> str:
-    return "no owner recorded" if target.name == UNKNOWN else f"study_uuid {target.name}"
 
 
 def files_folder(cfg: SweeperConfig, study: optuna.Study) -> Path:

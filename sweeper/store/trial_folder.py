@@ -187,12 +187,9 @@ class Liveness:
     @classmethod
     def of(cls, run_dir: str | Path, trials: Iterable[FrozenTrial],
            due_retries: Iterable[tuple[FrozenTrial, Mapping[str, Any]]]) -> Liveness:
-        live = []
-        for t in trials:
-            if t.state in LIVE:
-                live += [trial_files(run_dir, t.number).checkpoint, resume_checkpoint(run_dir, t.user_attrs)]
-        for failed, attrs in due_retries:
-            live += [trial_files(run_dir, failed.number).checkpoint, resume_checkpoint(run_dir, attrs)]
+        needed = [(t, t.user_attrs) for t in trials if t.state in LIVE] + list(due_retries)
+        live = [path for t, attrs in needed
+                for path in (trial_files(run_dir, t.number).checkpoint, resume_checkpoint(run_dir, attrs))]
         return cls(frozenset(p.resolve() for p in live if p is not None))
 
     def keeps(self, folder: TrialFolder) -> bool:
