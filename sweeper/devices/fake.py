@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from sweeper.devices.nvml import GPU, NvmlProbe, read_nvml
 from sweeper.errors import DeviceError, OutOfMemory
@@ -53,8 +53,7 @@ def gpu_reader() -> Callable[[], NvmlProbe]:
 
 def read_fakes() -> NvmlProbe:
     count = _env_int(GPUS_ENV, os.environ[GPUS_ENV])
-    raw_busy = [part for part in os.environ.get(BUSY_ENV, "").split(",") if part.strip()]
-    busy = {_env_int(BUSY_ENV, part) for part in raw_busy}
+    busy = {_env_int(BUSY_ENV, part) for part in os.environ.get(BUSY_ENV, "").split(",") if part.strip()}
     raw_total = os.environ.get(GPU_MEMORY_ENV, "").strip()
     total = _env_int(GPU_MEMORY_ENV, raw_total) if raw_total else TOTAL_MB
     return NvmlProbe([_fake_gpu(k, k in busy, total) for k in range(count)], driver="fake", fake=True)
@@ -64,19 +63,10 @@ def _fake_gpu(index: int, busy: bool, total: int) -> GPU:
     # a fake GPU's memory is not used by the trials on it (they train on the CPU): packing
     # counts them by the peaks they report (SWEEPER_FAKE_TRIAL_MEMORY_MB)
     used = min(BUSY_MB, total) if busy else 0
-    return GPU(
-        index=index,
-        uuid=f"GPU-00000000-0000-4000-8000-{index:012d}",
-        name="Fake GPU",
-        total_mb=total,
-        free_mb=total - used,
-        used_mb=used,
-        util=100 if busy else 0,
-        processes=[{"pid": BUSY_PID, "used_mb": used}] if busy else [],
-        bf16=True,
-        capability=(9, 0),
-        slot_env={SLOT_ENV: "1"},
-    )
+    return GPU(index=index, uuid=f"GPU-00000000-0000-4000-8000-{index:012d}", name="Fake GPU",
+               total_mb=total, free_mb=total - used, used_mb=used, util=100 if busy else 0,
+               processes=[{"pid": BUSY_PID, "used_mb": used}] if busy else [], bf16=True,
+               capability=(9, 0), slot_env={SLOT_ENV: "1"})
 
 
 def _env_int(name: str, value: str) -> int:
@@ -123,23 +113,10 @@ def _env_seconds(name: str, default: float) -> float:
 # ------------------------------------------------------------------ a worker's trials
 
 
-class TrialDevice(Protocol):
-    """What a worker's trials train on: ``train(device=torch_device, memory=memory(allotted_mb))``."""
-
-    @property
-    def torch_device(self) -> str:
-        """``"cuda"`` or ``"cpu"``."""
-        ...
-
-    def memory(self, limit_mb: float | None) -> TrialMemory:
-        """What a trial allotted ``limit_mb`` of a shared GPU (None: all of it) is measured by."""
-        ...
-
-
-def trial_device() -> TrialDevice:
-    """The device of this worker's trials, asked once at its start: on a fake GPU's slot
-    (``SWEEPER_FAKE_GPU_SLOT``) the CPU, with the fake trial memory; else CUDA where torch
-    sees a GPU (the one its slot names), else the CPU."""
+def trial_device() -> RealDevice | FakeSlot:
+    """What this worker's trials train on (``train(device=torch_device, memory=memory(allotted_mb))``),
+    asked once at its start: on a fake GPU's slot (``SWEEPER_FAKE_GPU_SLOT``) the CPU, with the fake
+    trial memory; else CUDA where torch sees a GPU (the one its slot names), else the CPU."""
     if os.environ.get(SLOT_ENV):
         return FakeSlot()
     import torch  # a worker's: the processes that read GPUs through this module need no torch
@@ -149,9 +126,10 @@ def trial_device() -> TrialDevice:
 
 @dataclass(frozen=True)
 class RealDevice:
-    torch_device: str
+    torch_device: str  # "cuda" or "cpu"
 
     def memory(self, limit_mb: float | None) -> TrialMemory:
+        """What a trial allotted ``limit_mb`` of a shared GPU (None: all of it) is measured by."""
         import torch
 
         from sweeper.core.device import trial_memory

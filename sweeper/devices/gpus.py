@@ -39,18 +39,8 @@ def list_gpus() -> list[GPU]:
 def telemetry() -> list[TelemetrySample]:
     """One sample per GPU, for the sweep's GPU timeline. Empty without GPUs."""
     now = time.time()
-    return [
-        {
-            "time": now,
-            "index": g.index,
-            "uuid": g.uuid,
-            "util": g.util,
-            "mem_used_mb": g.used_mb,
-            "mem_total_mb": g.total_mb,
-            "n_procs": len(g.processes),
-        }
-        for g in list_gpus()
-    ]
+    return [{"time": now, "index": g.index, "uuid": g.uuid, "util": g.util, "mem_used_mb": g.used_mb,
+             "mem_total_mb": g.total_mb, "n_procs": len(g.processes)} for g in list_gpus()]
 
 
 def environment_summary() -> dict[str, Any]:
@@ -60,15 +50,10 @@ def environment_summary() -> dict[str, Any]:
     """
     torch_version, torch_cuda = _torch_build()
     found = probe()
-    return {
-        "python": platform.python_version(),
-        "torch": torch_version,
-        "torch_cuda": torch_cuda,
-        "driver": found.driver,
-        "fake_gpus": found.fake,
-        "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid, "total_mb": g.total_mb}
-                 for g in found.gpus],
-    }
+    return {"python": platform.python_version(), "torch": torch_version, "torch_cuda": torch_cuda,
+            "driver": found.driver, "fake_gpus": found.fake,
+            "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid, "total_mb": g.total_mb}
+                     for g in found.gpus]}
 
 
 def _torch_build() -> tuple[str | None, str | None]:

@@ -77,18 +77,11 @@ def _read_gpu(nvml: Any, index: int) -> GPU:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     total, free, used = _memory_mb(nvml, handle)
     capability = _optional(lambda: tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle)), None, nvml)
-    return GPU(
-        index=index,
-        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-        name=_text(nvml.nvmlDeviceGetName(handle)),
-        total_mb=total,
-        free_mb=free,
-        used_mb=used,
-        util=_optional(lambda: int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu), None, nvml),
-        processes=_optional(lambda: _processes(nvml, handle), [], nvml),
-        bf16=None if capability is None else capability >= (8, 0),
-        capability=capability,
-    )
+    return GPU(index=index, uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+               name=_text(nvml.nvmlDeviceGetName(handle)), total_mb=total, free_mb=free, used_mb=used,
+               util=_optional(lambda: int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu), None, nvml),
+               processes=_optional(lambda: _processes(nvml, handle), [], nvml),
+               bf16=None if capability is None else capability >= (8, 0), capability=capability)
 
 
 def _memory_mb(nvml: Any, handle: Any) -> tuple[int, int, int]:

@@ -144,7 +144,8 @@ def _select(found: NvmlProbe, wanted: list[int | str]) -> list[GPU]:
     for item in wanted:
         gpu = _lookup(found.gpus, item)
         if gpu is None:
-            raise DeviceError(f"devices.gpus: no GPU {_describe(item)}; {_available(found)}")
+            what = f"with index {item}" if str(item).strip().isdigit() else f"with UUID {item!r}"
+            raise DeviceError(f"devices.gpus: no GPU {what}; {_available(found)}")
         if gpu not in chosen:  # the same GPU by index and by UUID is still one GPU
             chosen.append(gpu)
     return chosen
@@ -156,10 +157,6 @@ def _lookup(gpus: list[GPU], item: int | str) -> GPU | None:
         return next((g for g in gpus if g.index == int(text)), None)
     key = text.lower() if text.lower().startswith("gpu-") else f"gpu-{text.lower()}"
     return next((g for g in gpus if g.uuid.lower() == key), None)
-
-
-def _describe(item: int | str) -> str:
-    return f"with index {item}" if str(item).strip().isdigit() else f"with UUID {item!r}"
 
 
 def _available(found: NvmlProbe) -> str:
@@ -176,17 +173,14 @@ def _skip_busy(gpus: list[GPU], busy_memory_mb: int) -> list[GPU]:
     busy: list[str] = []  # "GPU 1 (2 process(es))"
     for gpu in gpus:
         others = [p for p in gpu.processes if p["pid"] != mine]
-        reason = f"{len(others)} process(es)" if others else (
-            f"{gpu.used_mb} MB used" if gpu.used_mb > busy_memory_mb else None
-        )
+        reason = (f"{len(others)} process(es)" if others
+                  else f"{gpu.used_mb} MB used" if gpu.used_mb > busy_memory_mb else None)
         if reason is None:
             free.append(gpu)
         else:
             busy.append(f"GPU {gpu.index} ({reason})")
     if not free:
-        detail = ", ".join(busy)
-        raise DeviceError(
-            f"devices.skip_busy: every requested GPU is busy: {detail}; wait for them to free up, "
-            f"raise devices.busy_memory_mb (now {busy_memory_mb}), or set devices.skip_busy: false"
-        )
+        raise DeviceError(f"devices.skip_busy: every requested GPU is busy: {', '.join(busy)}; wait for "
+                          f"them to free up, raise devices.busy_memory_mb (now {busy_memory_mb}), or set "
+                          "devices.skip_busy: false")
     return free
