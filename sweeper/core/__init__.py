@@ -18,7 +18,7 @@ No Optuna, no store, no CLI: the sweep drives it through :class:`EpochHook` and
   the micro-batch after an OOM;
 - :mod:`~sweeper.core.batch_search`: the probe's search for the micro-batch that fits in free memory,
   OOM detection;
-- :mod:`~sweeper.core.precision`: ``train.precision`` to autocast dtype and gradient scaler;
+- :mod:`~sweeper.core.precision`: ``train.precision`` to autocast dtype;
 - :mod:`~sweeper.core.loss`: ``train.loss`` to the loss's value and how it splits a batch;
 - :mod:`~sweeper.core.schedule`: torch's AdamW, the learning-rate schedule, an epoch's batches;
 - :mod:`~sweeper.core.evaluate`: predictions, per-epoch validation scores, final scores;

@@ -1,12 +1,11 @@
 """Fit the micro-batch to free device memory (in the spirit of accelerate's
 ``find_executable_batch_size`` and Lightning's batch-size scaler).
 
-Rules from their bug trackers shape this module: one OOM predicate; probe with the
-real step (precision, optimizer state, evaluation); peaks counted from one base, taken
-before probing, so what outlives an attempt (AdamW's moments, created by the first
-step) is charged to every size; a cap and a margin; and recovery from an OOM *outside*
-the ``except`` block, so the exception's frames (and the tensors they reference) are
-gone before memory is released.
+Rules from their bug trackers shape this module: one OOM predicate; probe with the real step
+(precision, optimizer state, evaluation); peaks counted from one base taken before probing, so
+what outlives an attempt (AdamW's moments, made by the first step) is charged to every size; a
+cap and a margin; and recovery from an OOM *outside* the ``except`` block, once the exception's
+frames (and the tensors they reference) are gone.
 """
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ def release_memory() -> None:
 
 
 def attempt(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
-    """``(True, fn(*args))``, or ``(False, None)`` when it ran out of memory; any other
-    exception propagates. On return the exception is gone, so the caller can free what
-    its frames pinned (drop references, then :func:`release_memory`)."""
+    """``(True, fn(*args))``, or ``(False, None)`` when it ran out of memory; any other exception
+    propagates. On return the exception is gone, so the caller can free what its frames pinned."""
     try:
         return True, fn(*args)
     except Exception as exc:
@@ -63,10 +61,9 @@ class MemoryReader(Protocol):
 
 def available_bytes(free: int, total: int, reserved: int, allocated: int, fraction: float,
                     limit: int | None) -> int:
-    """What this process may still allocate: the driver's free bytes plus the blocks our
-    caching allocator holds unused; capped by a per-process memory fraction, and by
-    ``limit``, the allotment of a trial that shares its GPU (it covers all the trial
-    allocates, so what is allocated already counts against it)."""
+    """What this process may still allocate: the driver's free bytes plus the blocks our caching
+    allocator holds unused; capped by a per-process memory fraction, and by ``limit``, the
+    allotment of a trial that shares its GPU (what is allocated already counts against it)."""
     available = free + reserved - allocated
     if fraction < 1.0:  # set_per_process_memory_fraction binds before the driver does
         available = min(available, int(fraction * total) - allocated)
@@ -89,10 +86,8 @@ class CudaApi(Protocol):
 
 
 class CudaMemory:
-    """MemoryReader for one CUDA device. The free memory and the base allocation are read
-    once, at the first ``free_bytes()``, and every peak is counted from that base: what
-    outlives one probed size (AdamW's moments, made by the first step that fits) is
-    charged to every later size too. ``cuda`` is ``torch.cuda``, or a stand-in in tests."""
+    """MemoryReader for one CUDA device: the free memory and the base allocation are read once, at
+    the first ``free_bytes()``. ``cuda`` is ``torch.cuda``, or a stand-in in tests."""
 
     def __init__(self, device: torch.device, limit_mb: float | None = None,
                  cuda: CudaApi = torch.cuda) -> None:
@@ -144,13 +139,10 @@ def _measure(try_step: Callable[[int], None], mem: MemoryReader, size: int, step
 
 def find_micro_batch(try_step: Callable[[int], None], mem: MemoryReader, *, start: int, cap: int,
                      margin: float, steps: int, minimum: int = 1, why_minimum: str = "") -> ProbeResult:
-    """Largest micro-batch <= cap whose ``steps`` real steps run without OOM and peak
-    at most (1 - margin) x the free memory measured before probing.
-
-    Doubles from ``start`` until a size fails (or reaches ``cap``), then bisects
-    between the last fit and the first failure. Raises OutOfMemory when nothing
-    down to ``minimum`` fits (``why_minimum`` says why the minimum is what it is).
-    """
+    """Largest micro-batch <= cap whose ``steps`` real steps run without OOM and peak at most
+    (1 - margin) x the free memory: doubles from ``start`` until a size fails (or reaches ``cap``),
+    then bisects between the last fit and the first failure. Raises OutOfMemory when nothing down
+    to ``minimum`` fits (``why_minimum`` says why the minimum is what it is)."""
     free = mem.free_bytes()
     result = ProbeResult(0, [], free_bytes=free, budget_bytes=int((1.0 - margin) * free))
 

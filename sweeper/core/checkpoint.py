@@ -2,11 +2,10 @@
 and which run it may continue.
 
 A state holds tensors, numbers, strings, lists and dicts only, so it loads with
-``torch.load(weights_only=True)``. It is one file, replaced atomically at every
-save, and it names its own epoch and config: :func:`checkpoint_meta` reads them
-through a memory map without loading the tensors, so that a retry can replay
-exactly the intermediate values its checkpoint covers. (There is no sidecar
-file that could name another epoch than the checkpoint holds.)
+``torch.load(weights_only=True)``. It is one file, replaced atomically at every save, that names
+its own epoch and config (no sidecar file could name another epoch): :func:`checkpoint_meta`
+reads them through a memory map without loading the tensors, so that a retry can replay exactly
+the intermediate values its checkpoint covers.
 """
 from __future__ import annotations
 
@@ -26,6 +25,10 @@ from sweeper.core.lanes import Lane
 from sweeper.core.progress import Progress
 from sweeper.core.step import StackStep
 from sweeper.errors import ConfigError
+
+# what a checkpoint keeps of a run's Progress (a lone run's, or a stack member's)
+PROGRESS_KEYS = ("best", "best_epoch", "best_state", "best_metrics", "bad_epochs", "nonfinite_steps",
+                 "history")
 
 
 class FileCheckpointer:
@@ -84,7 +87,7 @@ def stack_state(cfg: SweeperConfig, epoch: int, lanes: list[Lane], step: StackSt
         "scaler": {"scale": step.scaler.scale_.cpu(), "good": step.scaler.good.cpu()},
         "rng": rng_state(lanes[0].generator),
         "members": [{"batches": lane.generator.get_state(), "dropout": gen, "position": lane.position,
-                     "stopped": lane.stopped, **progress_state(lane.progress)}
+                     "stopped": lane.stopped, **{k: getattr(lane.progress, k) for k in PROGRESS_KEYS}}
                     for lane, gen in zip(lanes, dropout)],
         "batch_size": plan.batch_size, "micro_batch_size": plan.micro_batch,
         "eval_batch_size": plan.eval_batch_size, "config": to_dict(cfg),
@@ -125,8 +128,7 @@ def _from_lone(state: dict, step: StackStep) -> dict:
     moments = step.optimizer.adopt_torch_state()
     scaler = state.get("scaler") or {}
     lane = step.lanes[0]
-    progress = {k: state[k] for k in ("best", "best_epoch", "best_state", "best_metrics", "bad_epochs",
-                                      "nonfinite_steps", "history")}
+    progress = {k: state[k] for k in PROGRESS_KEYS}
     stopped = int(state["bad_epochs"]) >= lane.cfg.train.patience
     return {**state, "values": step.flat.values.detach().clone(), "optimizer": moments,
             "scaler": {"scale": torch.tensor([float(scaler.get("scale", step.scaler.scale_[0]))]),
@@ -135,18 +137,10 @@ def _from_lone(state: dict, step: StackStep) -> dict:
                          "position": int(state["scheduler"]["last_epoch"]), "stopped": stopped, **progress}]}
 
 
-def progress_state(progress: Progress) -> dict:
-    """What a checkpoint keeps of a run's :class:`Progress` (a lone run's, or a stack member's)."""
-    return {"best": progress.best, "best_epoch": progress.best_epoch, "best_state": progress.best_state,
-            "best_metrics": progress.best_metrics, "bad_epochs": progress.bad_epochs,
-            "nonfinite_steps": progress.nonfinite_steps, "history": progress.history}
-
-
 def restore_progress(state: dict, progress: Progress, epoch: int) -> None:
-    progress.epoch, progress.best, progress.best_epoch = epoch, state["best"], state["best_epoch"]
-    progress.best_state, progress.best_metrics = state["best_state"], state["best_metrics"]
-    progress.bad_epochs, progress.nonfinite_steps = state["bad_epochs"], state["nonfinite_steps"]
-    progress.history = list(state["history"])
+    for key in PROGRESS_KEYS:
+        setattr(progress, key, state[key])
+    progress.epoch, progress.history = epoch, list(state["history"])
 
 
 def rng_state(generator: torch.Generator) -> dict:

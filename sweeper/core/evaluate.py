@@ -29,8 +29,7 @@ def _no_tick() -> None:
 
 def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int, tick: Tick = _no_tick) -> torch.Tensor:
     """Predictions [S] (fp32, eval mode) for the split's samples in sample-index order: the one
-    evaluation (:func:`stacked_predict_rows`) of ``model`` as a stack of one. Out of memory halves
-    the evaluation batch and starts over."""
+    evaluation (:func:`stacked_predict_rows`) of ``model`` as a stack of one."""
     return stacked_predict_rows(SoloStack(model), [batcher], batch_size, tick)[0]
 
 
@@ -38,16 +37,13 @@ def _halving(forward_all: Callable[[int], T], batch_size: int) -> T:
     """``forward_all(batch_size)``, started over at half the batch after each out-of-memory error
     (the memory is released outside the ``except``, where the traceback no longer pins it)."""
     while True:
-        oom = False
         try:
             return forward_all(batch_size)
         except Exception as exc:
             if not is_oom(exc) or batch_size == 1:
                 raise
-            oom = True
-        if oom:
-            release_memory()
-            batch_size //= 2
+        release_memory()
+        batch_size //= 2
 
 
 def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | str,
@@ -68,8 +64,8 @@ def _frame(batcher: Batcher, rows: torch.Tensor) -> pd.DataFrame:
 
 
 def split_scores(pred: torch.Tensor, batcher: Batcher, criterion: Loss) -> dict[str, float]:
-    """Per-epoch scores of a split's predictions in sample-index order: {val_loss, val_ic,
-    val_rank_ic, val_icir} (vectorised torch)."""
+    """Per-epoch scores of a split's predictions in sample-index order: {val_loss, val_ic, val_rank_ic,
+    val_icir}."""
     panel, split = batcher.panel, batcher.split
     start, stop = panel.splits[split]
     idx = batcher.index.to(pred.device)
@@ -120,8 +116,6 @@ def _stacked_forward_all(stack: nn.Module, batchers: list[Batcher], batch_size: 
 
 
 Frames = dict[str, pd.DataFrame]  # split -> a frame of it
-
-
 Scores = tuple[dict[str, float], Frames, Frames]  # IC metrics, daily ICs and predictions by split
 
 

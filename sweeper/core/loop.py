@@ -2,9 +2,8 @@
 
 Every run trains here, a lone run as a stack of one. Each step runs one forward and one backward
 of the stacked model (:mod:`sweeper.models.stacked`) over every member's own batch, then one
-per-member AdamW step (:mod:`sweeper.core.optim`). Each member keeps everything a run has: its
-fold's panel and normalisation, its seed (initialisation, dropout, batch order), its schedule,
-its own early stopping and best epoch, its valid scores; its result is its own
+per-member AdamW step (:mod:`sweeper.core.optim`). Each member keeps everything a run has (its
+fold's panel, its seed, schedule, early stopping, best epoch and scores) and gets its own
 :class:`TrainResult`. A stack of one calls the kernels of its model and of torch's AdamW, so it
 computes what a run of that model alone computes, bit for bit on the CPU.
 
@@ -12,8 +11,8 @@ A member that stops early is masked, not dropped: it stays in the stack (its sha
 step's arithmetic is spent) and makes no update, so the stack's shapes, its flat buffers and
 the probed micro-batch stay as they were. A member whose epoch has fewer batches than another's
 (a shorter walk-forward fold) is masked for the remaining steps of that epoch the same way.
-The stack ends when every member has stopped, when the hook prunes the trial (the mean of the
-members' values at an epoch, one value per epoch), or when ``train.max_minutes`` runs out.
+The stack ends when every member has stopped, when the hook prunes the trial, or when
+``train.max_minutes`` runs out.
 
 Read :func:`train_stack` top to bottom, as nanoGPT's train.py: set-up, the epochs, the scores.
 """
@@ -92,14 +91,12 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
                 memory: TrialMemory | None = None, fixed_epochs: bool = False) -> list[TrainResult]:
     """Train ``members`` (one model shape; ``train`` settings alike but the per-member ones) as one
     stack; early-stop each on its valid split; score valid and test with its best epoch's weights.
-    Raises NonFiniteLoss, OutOfMemory, Interrupted. ``started`` (a ``time.monotonic()`` reading,
-    default now) is when the run began: a sweep's worker passes the trial's start, so that
-    ``train.max_minutes`` also counts loading the data.
-    ``memory``: what the memory is measured by (the batch probe, the peaks reported); by default
-    the device's own (:func:`~sweeper.core.device.trial_memory`). ``checkpoint`` keeps the whole
-    stack after every epoch and a retry continues it there. ``fixed_epochs`` (``sweeper refit``,
-    on panels whose valid and test splits are empty): every epoch runs, nothing is validated or
-    scored, and each ``best_state`` holds the last epoch's weights."""
+    Raises NonFiniteLoss, OutOfMemory, Interrupted. ``started`` (``time.monotonic()``, default now):
+    a worker passes the trial's start, so that ``train.max_minutes`` also counts loading the data.
+    ``memory``: what the probe and the peaks measure (default the device's own). ``checkpoint``
+    keeps the stack after every epoch; a retry continues it there. ``fixed_epochs`` (``sweeper
+    refit``, empty valid and test splits): every epoch runs, nothing is scored, and each
+    ``best_state`` holds the last epoch's weights."""
     began = time.perf_counter()
     say = log or (lambda message: None)
     where = resolve_device(device)
@@ -130,8 +127,8 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
 
 def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpointer, memory: TrialMemory,
             started: float | None, say: Callable[[str], None], hook: EpochHook) -> Run:
-    """Each member's data and one-member model, the stack of their weights, its optimizer, its batch
-    plan (probed, or the checkpoint's), and the checkpoint's state if there is one."""
+    """The stack of ``members`` set up to train: its batch plan (probed, or the checkpoint's) and the
+    checkpoint's state if there is one."""
     cfg, tc = members[0].cfg, members[0].cfg.train
     started = time.monotonic() if started is None else started
     step = stack_step(members, device)
@@ -161,9 +158,8 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
 
 def stack_step(members: Sequence[Member], device: torch.device,
                models: Sequence[torch.nn.Module] | None = None) -> StackStep:
-    """The stack of ``members`` ready to step: each member's lane and one-member model (``models``:
-    one-member models of the members' config to stack instead), the stack of their weights, its
-    flat per-member AdamW, loss scales, precision and loss."""
+    """The stack of ``members`` ready to step: their lanes, the stack of their one-member models
+    (``models``: others of their config to stack instead), its per-member AdamW, scales and loss."""
     tc = members[0].cfg.train
     criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
     built = [build_lane(m, device) for m in members]
@@ -237,9 +233,8 @@ def _sync(lanes: list[Lane], patience: int, epoch: int) -> None:
 
 def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fixed_epochs: bool,
               say: Callable[[str], None]) -> list[dict | None]:
-    """Every member still training scored on its valid block (one stacked forward per batch) and
-    its line logged; each keeps its best epoch's weights and stops when its patience runs out.
-    None: stopped."""
+    """Each training member's valid scores (one stacked forward per batch), its line logged, its best
+    weights kept, stopped when its patience runs out; None for a stopped one."""
     lanes, step, plan = run.lanes, run.step, run.plan
     live = [k for k, lane in enumerate(lanes) if not lane.stopped]
     preds: list[torch.Tensor | None] = [None] * len(live) if fixed_epochs else list(
@@ -263,9 +258,8 @@ def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fi
 
 def _finish(run: Run, device: torch.device, stop_reason: StopReason, began: float, tick: Callable[[], None],
             say: Callable[[str], None]) -> list[TrainResult]:
-    """Each member's valid and test scores with its best weights: the stack holds every member's
-    best epoch, and one stacked forward per batch scores them all (for a stack of one, exactly
-    what ``predict`` computes)."""
+    """Each member's valid and test scores with its best weights, one stacked forward per batch
+    (for a stack of one, exactly what ``predict`` computes)."""
     stack, plan = run.step.stack, run.plan
     for k, lane in enumerate(run.lanes):
         stack.load_member(k, lane.progress.best_state)
@@ -275,7 +269,6 @@ def _finish(run: Run, device: torch.device, stop_reason: StopReason, began: floa
 
 def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason, began: float,
             say: Callable[[str], None]) -> TrainResult:
-    """A member's result: its final scores, with the run's figures and its precision's name."""
     plan, progress = run.plan, lane.progress
     final, daily, predictions = scores
     metrics: dict[str, float | str] = {**final}

@@ -1,21 +1,19 @@
 """The one optimizer of every run: AdamW over a stack of K members, gradient clipping and fp16
 loss scaling, each per member, in a handful of kernels whatever the number of parameters.
 
-The stack's parameters are views into one flat ``[K, N]`` buffer and their gradients views
-into another (:class:`FlatStack`), so a member's gradient norm is one row norm, and clipping,
-the moments and the update are a few ops on ``[K, N]``, where a per-parameter loop would
-launch hundreds of small kernels per step and lose what stacking gains.
+The stack's parameters are views into one flat ``[K, N]`` buffer and their gradients views into
+another (:class:`FlatStack`): a member's gradient norm is one row norm, and clipping, the moments
+and the update are a few ops on ``[K, N]`` (a per-parameter loop would launch hundreds of small
+kernels per step and lose what stacking gains).
 
-Members never mix (HFTA): each has its own gradient norm and clipping factor, its own
-learning rate, weight decay and schedule position, its own step count (Adam's bias
-correction), its own loss scale, and a mask: a member that has stopped, finished its epoch or
-produced a non-finite gradient makes no update at all (moments, step count and weights stay
-as they were), so a masked member costs its share of the arithmetic and changes nothing.
+Members never mix (HFTA): each has its own gradient norm and clipping, learning rate, weight
+decay, schedule position, step count (Adam's bias correction) and loss scale, and a mask: a
+member that has stopped, finished its epoch or produced a non-finite gradient makes no update
+(moments, step count and weights stay as they were).
 
-A stack of one runs torch's own AdamW (its fused kernel where it runs) and ``clip_grad_norm_``
-on the member's tensors, whose state lives in the same flat buffers: a run of one member is
-then, to the bit, the run torch's optimizer would make (a row norm and the flat update round
-differently from torch's per-tensor norms and fused kernel in the last bits).
+A stack of one runs torch's own AdamW (its fused kernel where it runs) and ``clip_grad_norm_`` on
+the member's tensors, whose state lives in the same flat buffers: to the bit the run torch's
+optimizer would make (a row norm and the flat update round differently in the last bits).
 """
 from __future__ import annotations
 
@@ -49,7 +47,7 @@ class FlatStack:
         self.values = torch.zeros(k, sum(sizes), device=first.device, dtype=first.dtype)
         self.grads = torch.zeros_like(self.values)
         exempt = model.no_weight_decay()
-        decay = torch.zeros(1, sum(sizes), device=first.device, dtype=first.dtype)
+        self.decay = torch.zeros(1, sum(sizes), device=first.device, dtype=first.dtype)
         self.spans: list[slice] = []
         self.decayed: list[bool] = []
         offset = 0
@@ -62,11 +60,10 @@ class FlatStack:
             owner._parameters[attr] = fresh  # the flat view replaces the module's own tensor
             decayed = p.dim() - model.member_dims >= 2 and name not in exempt
             if decayed:  # a matrix per member: AdamW decays it
-                decay[:, span] = 1.0
+                self.decay[:, span] = 1.0
             self.spans.append(span)
             self.decayed.append(decayed)
             offset += size
-        self.decay = decay
         self.params = [p for _, p in model.named_parameters() if p.requires_grad]
 
     def zero_grad(self) -> None:
@@ -83,8 +80,8 @@ def _col(v: torch.Tensor) -> torch.Tensor:
 
 
 class StackedAdamW:
-    """AdamW (decoupled weight decay on matrices only, as :func:`~sweeper.core.schedule.make_optimizer`)
-    over a :class:`FlatStack`, with per-member ``lr``, ``weight_decay`` and clipping."""
+    """AdamW (decoupled weight decay on matrices only) over a :class:`FlatStack`, with per-member
+    ``lr``, ``weight_decay`` and clipping."""
 
     def __init__(self, flat: FlatStack, lr: Sequence[float], weight_decay: Sequence[float],
                  grad_clip: float | None, betas: tuple[float, float] = (0.9, 0.999),
@@ -94,7 +91,7 @@ class StackedAdamW:
         self.base_lr = [float(v) for v in lr]
         self.base_weight_decay = [float(v) for v in weight_decay]  # host floats, as torch's groups hold them
         self.lr = torch.tensor(self.base_lr, device=dev)
-        self.weight_decay = torch.tensor([float(v) for v in weight_decay], device=dev)
+        self.weight_decay = torch.tensor(self.base_weight_decay, device=dev)
         self.factor = torch.ones_like(self.lr)  # the schedule's multiplier, set before each step
         self.steps = torch.zeros_like(self.lr)
         self.exp_avg = torch.zeros_like(flat.values)
@@ -109,10 +106,6 @@ class StackedAdamW:
             return
         self.factor = on_device(list(factors), self.lr.device)
 
-    def member_norms(self) -> torch.Tensor:
-        """Each member's total gradient norm [K] (fp32): ``clip_grad_norm_``'s, per row."""
-        return torch.linalg.vector_norm(self.flat.grads.float(), dim=1)
-
     def step(self, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Clip and update the members with ``active`` (float [K], 1.0: may update) whose
         gradient norm is finite. Returns (the norms [K], each member's skip flag [K]: 1.0 where
@@ -120,7 +113,7 @@ class StackedAdamW:
         if self.torch_adamw is not None:
             return self._step_one()
         beta1, beta2 = self.betas
-        norms = self.member_norms()
+        norms = torch.linalg.vector_norm(self.flat.grads.float(), dim=1)  # clip_grad_norm_'s, per row
         finite = torch.isfinite(norms)
         coef = torch.ones_like(norms)
         if self.grad_clip:  # torch's clip_grad_norm_: max_norm / (norm + 1e-6), at most 1

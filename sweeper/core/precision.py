@@ -1,4 +1,4 @@
-"""``train.precision`` -> autocast dtype and gradient scaler. AMP is a lookup, not a framework."""
+"""``train.precision`` -> autocast dtype. AMP is a lookup, not a framework."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
@@ -25,10 +25,6 @@ class Precision:
         if self.dtype is None:
             return nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
-
-    def scaler(self) -> torch.amp.GradScaler:
-        # only fp16 has too little exponent range to need loss scaling
-        return torch.amp.GradScaler("cuda", enabled=self.name == "fp16")
 
 
 def native_bf16(device: torch.device) -> bool:

@@ -29,15 +29,9 @@ class Rows(NamedTuple):
 
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW with weight decay on weight matrices only.
-
-    The usual exemption: biases, norms and position tables are not shrunk towards
-    zero. A position table is a matrix, so a model names such parameters in
-    ``no_weight_decay()`` (timm's convention; a custom model may define it too).
-
-    The fused kernel where it runs: one launch per step, and it can skip a step on a
-    device-side flag, which is what lets the loop skip non-finite steps without a host sync.
-    """
+    """AdamW with weight decay on weight matrices only: biases, norms and position tables are not
+    shrunk towards zero (a position table is a matrix, so a model names it in ``no_weight_decay()``,
+    timm's convention). The reference of :class:`~sweeper.core.optim.FlatStack`'s split."""
     named = getattr(model, "no_weight_decay", None)
     exempt = set(named()) if named is not None else set()
     decay: list[nn.Parameter] = []
@@ -50,43 +44,38 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.op
 
 def adamw(decay: list[nn.Parameter], other: list[nn.Parameter], lr: float,
           weight_decay: float) -> torch.optim.Optimizer:
-    """torch's AdamW with ``weight_decay`` on ``decay`` alone, fused where the kernel runs."""
+    """torch's AdamW with ``weight_decay`` on ``decay`` alone, fused where the kernel runs: one
+    launch per step, which can skip a step on a device-side flag (no host sync per step)."""
     params = decay + other
     fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
     return AdamW([g for g in groups if g["params"]], lr=lr, fused=fused or None)
 
 
-def _unguarded(method: Callable) -> Callable:
-    # torch's own method: each wrapper (the guard; the profiling hook torch.optim puts on a class
-    # whose optimizer was built) keeps what it wraps under __wrapped__ (functools.wraps)
-    return inspect.unwrap(method)
-
-
 class AdamW(torch.optim.AdamW):
     """torch's AdamW (the same class, kernels, state and ``state_dict``) without its guards
     against ``torch.compile`` tracing the optimizer.
 
-    Why: each guard imports ``torch._dynamo`` at its first call (``add_param_group``,
-    ``zero_grad``, ``state_dict`` and ``load_state_dict`` through ``torch._disable_dynamo``,
-    ``step`` through ``_use_grad_for_differentiable``), 1.8-2.6 s of CPU on a 2-core box: in
-    every process that trains, or in the worker fork server's preload. The guards only act
-    while dynamo traces a frame, and sweeper never traces its optimizer (``train.compile``
-    compiles the model alone). Outside tracing, each wrapper calls torch's method as it is,
-    and ``step``'s sets grad mode to ``defaults["differentiable"]`` (False here), which is
-    :func:`torch.no_grad`."""
+    Why: each guard (``torch._disable_dynamo``, ``step``'s ``_use_grad_for_differentiable``) imports
+    ``torch._dynamo`` at its first call, 1.8-2.6 s of CPU on a 2-core box, in every process that
+    trains or in the fork server's preload. The guards act only while dynamo traces a frame, and
+    sweeper never traces its optimizer (``train.compile`` compiles the model alone). Outside
+    tracing each wrapper calls torch's method as it is, and ``step``'s sets grad mode to
+    ``defaults["differentiable"]`` (False here), which is :func:`torch.no_grad`."""
 
-    add_param_group = _unguarded(torch.optim.Optimizer.add_param_group)
-    zero_grad = _unguarded(torch.optim.Optimizer.zero_grad)
-    state_dict = _unguarded(torch.optim.Optimizer.state_dict)
-    load_state_dict = _unguarded(torch.optim.Optimizer.load_state_dict)
+    # torch's own methods: each wrapper (the guard; the profiling hook torch.optim puts on a class
+    # whose optimizer was built) keeps what it wraps under __wrapped__ (functools.wraps)
+    add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+    state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         return _ADAM_STEP(self, closure)
 
 
-_ADAM_STEP = _unguarded(torch.optim.AdamW.step)
+_ADAM_STEP = inspect.unwrap(torch.optim.AdamW.step)
 
 
 def lr_factor(schedule: str, warmup_frac: float, total_steps: int) -> Callable[[int], float]:

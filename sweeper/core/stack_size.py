@@ -1,13 +1,12 @@
 """How many runs share a stack: measured on the device, not set.
 
-Stacking K runs trains them as one model: on a GPU a small model's step is launch-bound and K
-members cost little more than one, so stacking pays as far as memory allows; on a CPU the work
-grows with K and the gain depends on the model and the CPU (an MLP gains, an LSTM loses to
-torch's fused kernel run member by member). So the loop does not guess: :func:`measure` times
-real training steps (the trial's own config and data, each member with its own seed) at each
-candidate size, in interleaved rounds so that load from other processes hits every size alike,
-and :func:`choose` takes the largest size that beats every smaller one by :data:`MARGIN` in
-member-samples per second. A size whose batch probe finds no room (out of memory) is out.
+On a GPU a small model's step is launch-bound, so K members cost little more than one and
+stacking pays as far as memory allows; on a CPU the work grows with K and the gain depends on the
+model (an MLP gains, an LSTM loses to torch's fused kernel run member by member). So
+:func:`measure` times real training steps (the trial's config and data, each member with its own
+seed) at each candidate size, in interleaved rounds so that load from other processes hits every
+size alike, and :func:`choose` takes the largest size that beats every smaller one by
+:data:`MARGIN` in member-samples per second. A size whose batch probe finds no room is out.
 """
 from __future__ import annotations
 
@@ -45,9 +44,8 @@ CACHE_DIR, CACHE_VERSION = ".stack-sizes", 1
 
 @dataclass(frozen=True)
 class StackChoice:
-    """The stack size chosen, and the member-samples per second it was chosen on (by size; NaN:
-    the size did not fit). ``source``: ``measured``, ``train.max_stack`` (a number pins it) or
-    ``study`` (a choice stored with the study)."""
+    """The stack size chosen, and the member-samples per second by size it was chosen on (NaN: did
+    not fit). ``source``: ``measured``, ``train.max_stack`` (a number) or ``study`` (stored)."""
 
     size: int
     rates: dict[int, float] = field(default_factory=dict)
@@ -83,13 +81,13 @@ def choose(rates: dict[int, float], margin: float = MARGIN) -> int:
 
 def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory,
             sizes: Sequence[int], say: Callable[[str], None] | None = None) -> StackChoice:
-    """Time stacks of the first ``k`` of ``members`` for each ``k`` in ``sizes`` (their real steps:
-    gather, forward, backward, update) and choose among them; nothing of it is kept.
+    """Time stacks of the first ``k`` of ``members`` for each ``k`` in ``sizes`` (their real steps)
+    and choose among them; nothing of it is kept.
 
-    The measurement is kept cheap, as it costs training time: sizes go up until one is clearly
-    slower than the best so far (rates rise with the stack's size until the device is busy), a size
-    that falls well short of the rate it needs stops timing after one step, and only a size near
-    its threshold is timed again (the best of its rounds kept: load only slows a size down)."""
+    Kept cheap, as it costs training time: sizes go up until one is clearly slower than the best so
+    far (rates rise with the size until the device is busy), a size well short of the rate it needs
+    stops after one step, and only a size near its threshold is timed again (the best of its
+    rounds kept: load only slows a size down)."""
     rates: dict[int, float] = {}
     for round_ in range(ROUNDS):
         for k in sizes:

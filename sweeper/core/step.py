@@ -1,6 +1,5 @@
-"""One step of a stack (:mod:`sweeper.core.loop`): every member's batch gathered into one
-stacked batch, one forward and backward, one per-member update; and the batch probe that sizes
-the stack's micro-batch and evaluation batch with such steps.
+"""One step of a stack (:mod:`sweeper.core.loop`): every member's batch in one stacked forward and
+backward, one per-member update; and the probe that sizes the micro- and evaluation batch with it.
 
 Nothing here reads a value back from the device: whether a step was non-finite stays a
 device-side flag that the optimizer itself obeys, and the loop reads each member's loss and
@@ -100,10 +99,8 @@ class StackStep:
         for j in range(max(len(parts) for parts in splits)):
             parts = [parts[j] if j < len(parts) else None for parts in splits]
             # a member without a part here runs its own first row at weight 0 (size 0: no loss of its own)
-            present = [
-                part[0] if part is not None else lane.batcher.index[:1]
-                for lane, part in zip(self.lanes, parts)
-            ]
+            present = [part[0] if part is not None else lane.batcher.index[:1]
+                       for lane, part in zip(self.lanes, parts)]
             sizes = [len(part[0]) if part is not None else 0 for part in parts]
             got = gather_stack([lane.batcher for lane in self.lanes], present, max(sizes))
             weights = on_device([part[1] if part is not None else 0.0 for part in parts], self.device)
@@ -151,8 +148,8 @@ def plan_stack(step: StackStep, tc: TrainConfig, cap: int, mem: MemoryReader | N
 
 
 def _probe(step: StackStep, seed: int) -> Callable[[int], None]:
-    """A real stacked step (gather, precision, backward, clipping, AdamW update and its state) on
-    ``size`` random rows per member."""
+    """A real stacked step (gather, precision, backward, clipping, AdamW and its state) on ``size``
+    random rows per member."""
     generator = torch.Generator().manual_seed(seed + 1)
 
     def probe(size: int) -> None:
@@ -172,8 +169,7 @@ def _eval_batchers(step: StackStep) -> list[Batcher]:
 
 
 def _eval_probe(step: StackStep, batchers: list[Batcher]) -> Callable[[int], None]:
-    """One stacked evaluation forward (fp32, eval mode, no autograd) of ``size`` rows per member on
-    ``batchers`` (each member's largest evaluated split), as the evaluation runs it."""
+    """One stacked evaluation forward of ``size`` rows per member of ``batchers``, as evaluation runs it."""
 
     def probe(size: int) -> None:
         stack = step.stack

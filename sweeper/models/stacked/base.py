@@ -54,15 +54,20 @@ class StackedLinear(nn.Module):
                 nn.init.uniform_(self.bias[k], -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k, inner = x.shape[0], x.shape[1:-1]
-        if k == 1:  # a stack of one: nn.Linear's own kernel on the member's weights
+        if x.shape[0] == 1:  # a stack of one: nn.Linear's own kernel on the member's weights
             return F.linear(x[0], self.weight[0], None if self.bias is None else self.bias[0]).unsqueeze(0)
-        flat = x.reshape(k, -1, x.shape[-1])
-        if self.bias is None:
-            out = torch.bmm(flat, self.weight.transpose(1, 2))
-        else:
-            out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight.transpose(1, 2))
-        return out.reshape(k, *inner, self.weight.shape[1])
+        return stacked_affine(x, self.weight, self.bias)
+
+
+def stacked_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x[K, ..., in] @ weight[K, out, in]^T + bias[K, out]``: one batched matmul for all members."""
+    k, inner = x.shape[0], x.shape[1:-1]
+    flat = x.reshape(k, -1, x.shape[-1])
+    if bias is None:
+        out = torch.bmm(flat, weight.transpose(1, 2))
+    else:
+        out = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
+    return out.reshape(k, *inner, weight.shape[1])
 
 
 class MemberDropout(nn.Module):

@@ -53,62 +53,46 @@ class StackedRNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1:  # a stack of one: nn.LSTM's / nn.GRU's own call, every layer at once
-            return self._kernel_stack(x)
-        if x.device.type in KERNEL_DEVICES:
-            seq = x  # [K, B, L, F], batch-first as torch's kernel takes it
-            for layer in range(self.num_layers):
-                if layer:
-                    seq = self.dropout(seq)
-                seq = self._kernel_layer(seq, layer, last=layer == self.num_layers - 1)
-            return seq
-        seq = x.transpose(1, 2)  # [K, L, B, F]: a time step's rows are one contiguous block
+            # (its inter-layer dropout inside the kernel, drawn from the global generator, as nn.LSTM's)
+            params = [w[0] for layer in range(self.num_layers) for w in self._weights(layer)]
+            p = self.dropout.rates[0] if self.num_layers > 1 else 0.0
+            return self._kernel(x[0], params, self.num_layers, p)[:, -1].unsqueeze(0)
+        kernel = x.device.type in KERNEL_DEVICES
+        one_layer = self._kernel_layer if kernel else self._layer
+        # [K, B, L, F] is batch-first, as the kernel takes it; in [K, L, B, F] a time step's rows are
+        # one contiguous block
+        seq = x if kernel else x.transpose(1, 2)
         for layer in range(self.num_layers):
             if layer:
                 seq = self.dropout(seq)
-            seq = self._layer(seq, layer, last=layer == self.num_layers - 1)
+            seq = one_layer(seq, layer, last=layer == self.num_layers - 1)
         return seq
 
     def _weights(self, layer: int) -> list[torch.Tensor]:
         return [self.get_parameter(f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih",
                                                                        "bias_hh")]
 
-    def _kernel_stack(self, x: torch.Tensor) -> torch.Tensor:
-        """The one member's every layer through torch's kernel, its inter-layer dropout inside it
-        (drawn from the global generator, as nn.LSTM's): ``[1, B, H]``, the top layer's last step."""
-        params = [w[0] for layer in range(self.num_layers) for w in self._weights(layer)]
-        zeros = x.new_zeros(self.num_layers, x.shape[1], self.hidden_size)
-        p = self.dropout.rates[0] if self.num_layers > 1 else 0.0
+    def _kernel(self, seq: torch.Tensor, params: list[torch.Tensor], layers: int, p: float) -> torch.Tensor:
+        """torch's own LSTM/GRU kernel over one member's ``seq[B, L, in]`` (zero initial state)."""
+        zeros = seq.new_zeros(layers, seq.shape[0], self.hidden_size)
         # (input, state, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-        flags = (True, self.num_layers, p, self.training, False, True)
+        flags = (True, layers, p, self.training, False, True)
         if self.cell == "lstm":
-            out, _, _ = torch.lstm(x[0], (zeros, zeros), params, *flags)
-        else:
-            out, _ = torch.gru(x[0], zeros, params, *flags)
-        return out[:, -1].unsqueeze(0)
+            return torch.lstm(seq, (zeros, zeros), params, *flags)[0]
+        return torch.gru(seq, zeros, params, *flags)[0]
 
     def _kernel_layer(self, seq: torch.Tensor, layer: int, *, last: bool) -> torch.Tensor:
         """One layer over ``seq[K, B, L, in]``, member by member through torch's own kernel:
         ``[K, B, L, H]``, or the last step's ``[K, B, H]`` for the top layer."""
         weights = self._weights(layer)
-        zeros = seq.new_zeros(1, seq.shape[1], self.hidden_size)
-        outs = []
-        # (input, state, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-        flags = (True, 1, 0.0, self.training, False, True)
-        for k in range(seq.shape[0]):
-            params = [w[k] for w in weights]
-            if self.cell == "lstm":
-                out, _, _ = torch.lstm(seq[k], (zeros, zeros), params, *flags)
-            else:
-                out, _ = torch.gru(seq[k], zeros, params, *flags)
-            outs.append(out[:, -1] if last else out)
-        return torch.stack(outs)
+        outs = [self._kernel(seq[k], [w[k] for w in weights], 1, 0.0) for k in range(seq.shape[0])]
+        return torch.stack([out[:, -1] if last else out for out in outs])
 
     def _layer(self, seq: torch.Tensor, layer: int, *, last: bool) -> torch.Tensor:
         """One layer over ``seq[K, L, B, in]``: the output sequence ``[K, L, B, H]``, or only the
         last step's ``[K, B, H]`` for the top layer (the head reads nothing else)."""
         k, steps, batch = seq.shape[:3]
-        w_ih, w_hh, b_ih, b_hh = (self.get_parameter(f"{name}_l{layer}")
-                                  for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+        w_ih, w_hh, b_ih, b_hh = self._weights(layer)
         # the LSTM's biases sit outside the recurrence: fold both into the one big projection;
         # the GRU's b_hn is scaled by r, so its hidden bias stays with the per-step product
         proj_bias = b_ih + b_hh if self.cell == "lstm" else b_ih

@@ -22,7 +22,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-from sweeper.models.stacked.base import MemberDropout, StackedLinear, StackedModule
+from sweeper.models.stacked.base import MemberDropout, StackedLinear, StackedModule, stacked_affine
 
 # nn.TransformerEncoderLayer's and nn.LayerNorm's default epsilon
 LAYER_NORM_EPS = 1e-5
@@ -36,15 +36,6 @@ def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
     table[:, 0::2] = torch.sin(pos * freq)
     table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
     return table
-
-
-def _stacked_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x[K, ..., in] @ weight[K, out, in]^T + bias[K, out]``: StackedLinear's arithmetic for
-    attention's in-projection, whose parameters must keep nn.MultiheadAttention's flat names."""
-    k, inner = x.shape[0], x.shape[1:-1]
-    flat = x.reshape(k, -1, x.shape[-1])
-    out = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
-    return out.reshape(k, *inner, weight.shape[1])
 
 
 def _member_view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -86,7 +77,8 @@ class StackedSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, b, length, d = x.shape
         head_dim = d // self.nhead
-        qkv = _stacked_affine(x, self.in_proj_weight, self.in_proj_bias)
+        # StackedLinear's arithmetic: the in-projection keeps nn.MultiheadAttention's flat names
+        qkv = stacked_affine(x, self.in_proj_weight, self.in_proj_bias)
         # the 3d outputs are [q | k | v], each split into nhead contiguous heads, as in MHA
         q, key, v = qkv.view(k, b, length, 3, self.nhead, head_dim).permute(3, 0, 1, 4, 2, 5).unbind(0)
         if self.training and self.dropout.any:
