@@ -1,17 +1,14 @@
 """The study's LightGBM baseline as a job of the sweep (``report.baseline: lightgbm``, the
-default; docs/baseline.md): once per study, after the first trial of this driver ended on some
-slot, that slot takes no new trial while ``python -m sweeper.baseline.job`` runs with its
-threads, so the baseline takes the slot's turn and never delays a first trial
-(:meth:`WorkerHandle.reserve`). Packing, ``trials_per_gpu: auto``, takes no turns
-(:func:`sweeper.dispatch.strategies.honours_turn`): there the baseline runs on the CPU beside
-the GPU's trials.
+default; docs/baseline.md): after the first trial of this driver ended on some slot,
+``python -m sweeper.baseline.job`` runs there with the slot's threads, taking the slot's turn
+where the strategy says so (:func:`sweeper.dispatch.strategies.honours_turn`), so it never
+delays a first trial.
 
-Once per study, by the one claim rule of :mod:`sweeper.baseline.state` (under the claim lock; an
-interrupted run may be claimed again): a second host, or a resume, finds it taken and starts
-nothing. The job records ``done`` or ``failed`` itself; this driver settles only its own run: a
-job that died without a word is recorded ``failed``, one whose store was away or that Ctrl-C
-stopped ``interrupted`` (which the next sweep may claim again). Nothing here raises into the
-loop: the sweep goes on whatever the baseline does.
+Once per study, by the one claim rule of :mod:`sweeper.baseline.state`: a second host, or a
+resume, finds it taken and starts nothing. The job records ``done`` or ``failed`` itself; this
+driver settles only its own run: a job that died without a word is recorded ``failed``, one whose
+store was away or that Ctrl-C stopped ``interrupted`` (claimable again). Nothing here raises into
+the loop: the sweep goes on whatever the baseline does.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 of the trial it runs. Its state changes only through its own methods."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -25,10 +26,6 @@ class Running:
     started: float
     last_event: float = 0.0  # monotonic time of the worker's last event; the stall watchdog reads it
 
-    def __post_init__(self) -> None:
-        # the clock starts at dispatch: loading the data and the batch probe count as well
-        self.last_event = self.last_event or self.started
-
 
 class WorkerHandle:
     """One long-lived worker process bound to a device slot."""
@@ -46,7 +43,7 @@ class WorkerHandle:
         self.early_exits = 0  # exits before ever becoming ready, in a row
         self.running: Running | None = None
         self.stop_sent = False  # a worker is told to stop once, however many loop turns the drain takes
-        self._reserved = False  # its slot's turn is the study's baseline job's (reserve, release)
+        self.reserved = False  # its slot's turn is the study's baseline job's (reserve, release)
         self._decoder = protocol.LineDecoder(self._malformed)
 
     def start(self) -> None:
@@ -68,20 +65,14 @@ class WorkerHandle:
     def idle(self) -> bool:
         """The one definition of a free worker: ready for a trial, running none, and its turn not
         taken by the baseline job."""
-        return self.ready and self.running is None and not self._reserved
-
-    @property
-    def reserved(self) -> bool:
-        """Whether the baseline job holds its turn (:mod:`sweeper.dispatch.baseline_job`)."""
-        return self._reserved
+        return self.ready and self.running is None and not self.reserved
 
     def reserve(self) -> None:
-        """The baseline job takes its turn: it takes no trial until :meth:`release`."""
-        self._reserved = True
+        """The baseline job (:mod:`sweeper.dispatch.baseline_job`) takes its turn until :meth:`release`."""
+        self.reserved = True
 
     def release(self) -> None:
-        """The baseline job gives its turn back."""
-        self._reserved = False
+        self.reserved = False
 
     @property
     def stdout(self) -> IO[bytes]:
@@ -98,8 +89,10 @@ class WorkerHandle:
             self.running.last_event = time.monotonic()
 
     def assign(self, number: int, trial_id: int, **run: Any) -> None:
-        """Hand it a trial: the clock of its time limit and stall watchdog starts now."""
-        self.running = Running(number=number, trial_id=trial_id, started=time.monotonic())
+        """Hand it a trial: the clock of its time limit and stall watchdog starts now (loading the data
+        and the batch probe count as well)."""
+        now = time.monotonic()
+        self.running = Running(number=number, trial_id=trial_id, started=now, last_event=now)
         self.send({"op": protocol.RUN, "trial_id": trial_id, "number": number, **run})
 
     def trial_ended(self, failed: bool) -> None:
@@ -108,7 +101,7 @@ class WorkerHandle:
         self.ready = self.ready and not failed
 
     def drain(self) -> None:
-        """Tell it to stop its trial at the next step, once however many loop turns the drain takes."""
+        """Tell it (once) to stop its trial at the next step."""
         if not self.stop_sent:
             self.send({"op": protocol.STOP})
             self.stop_sent = True
@@ -130,12 +123,10 @@ class WorkerHandle:
     def send(self, msg: dict[str, Any]) -> None:
         if self.proc is None:
             return  # never started: nothing to tell
-        try:
+        with contextlib.suppress(OSError):  # the worker died; its EOF on stdout reports it
             assert self.proc.stdin is not None
             self.proc.stdin.write(protocol.encode(msg))
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # the worker died; its EOF on stdout reports it
 
     def _malformed(self, line: str) -> None:
         note = f"sweeper: skipped a malformed protocol line from the worker on {self.slot.label}: {line!r}"
@@ -157,14 +148,11 @@ class WorkerHandle:
     def request_close(self) -> None:
         """EOF on the worker's stdin: it stops at its next step and exits."""
         if self.proc and self.proc.poll() is None and self.proc.stdin is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.proc.stdin.close()
-            except OSError:
-                pass
 
     def close(self, deadline: float | None = None) -> None:
-        """Ask the worker to exit and wait for it until ``deadline`` (monotonic; 10 s
-        from now by default), then kill it."""
+        """Ask the worker to exit, wait until ``deadline`` (monotonic; default in 10 s), then kill it."""
         self.request_close()
         if self.proc and self.proc.poll() is None:
             timeout = 10.0 if deadline is None else max(0.0, deadline - time.monotonic())

@@ -187,12 +187,7 @@ def first_per_gpu(workers: list[WorkerHandle]) -> list[WorkerHandle]:
 
 def workers_by_gpu(workers: list[WorkerHandle]) -> tuple[dict[str, WorkerHandle], dict[str, WorkerHandle]]:
     """By GPU (UUID): an idle worker, and a worker not started yet, on GPUs with none free and
-    none starting, to start when room for a trial waits for a worker.
-
-    Packing takes only idle workers, as a slot's dispatch does (idle is the one definition of a
-    free worker); it gives the baseline job no worker's turn to take
-    (:attr:`~sweeper.dispatch.strategies.PackedDispatch.honours_turn`), so every ready worker
-    with no trial is idle here."""
+    none starting, to start when room for a trial waits for a worker."""
     idle: dict[str, WorkerHandle] = {}
     spare: dict[str, WorkerHandle] = {}
     busy = set()

@@ -19,8 +19,8 @@ from sweeper.study.retry_rule import retry_plan
 
 
 def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
-    """RUNNING trials of a driver on this host whose process is gone are certainly
-    stale: fail them now instead of waiting out the heartbeat grace period."""
+    """Fail now the RUNNING trials of a driver on this host whose process is gone (certainly stale)
+    instead of waiting out the heartbeat grace period."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         ua = t.user_attrs
         if (ua.get("host") != ident.host or ua.get("driver_id") == ident.driver_id or "driver_pid" not in ua
@@ -32,8 +32,7 @@ def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
 
 
 class _Suspects:
-    """Other drivers' RUNNING trials this process has seen stale, with when it first
-    saw each so (monotonic seconds), per study."""
+    """Other drivers' RUNNING trials this process has seen stale, and when it first saw each so."""
 
     def __init__(self) -> None:
         self.first_seen: dict[tuple[int, int], float] = {}
@@ -54,22 +53,19 @@ _suspects = _Suspects()
 
 
 def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
-    """Fail, as ``interrupted`` with the reason recorded first, the RUNNING trials of
-    other drivers whose heartbeat has stopped; Optuna's fail_stale_trials cannot
-    record a reason.
+    """Fail, as ``interrupted`` with the reason recorded first (Optuna's fail_stale_trials cannot
+    record one), the RUNNING trials of other drivers whose heartbeat has stopped.
 
-    A heartbeat older than the grace period may only mean the store was down (a
-    restart, a failover, a long lock) while the trial trained on. So a trial is
-    failed only when this driver sees it stale on two looks ``grace_period``
-    apart, and saw no storage error or recovery in between. A live worker's beat
-    is retried at least once an interval through an outage, so it is back within
-    that wait; a dead one is failed between two and about three grace periods
-    after its last beat. A driver never judges its own trials by heartbeat: it
-    watches their processes itself.
+    A heartbeat older than the grace period may only mean the store was down (a restart, a
+    failover, a long lock) while the trial trained on. So a trial is failed only when this driver
+    sees it stale on two looks ``grace_period`` apart with no storage error or recovery in between:
+    a live worker's beat is retried at least once an interval through an outage, so it is back
+    within that wait; a dead one is failed two to three grace periods after its last beat. A driver
+    never judges its own trials by heartbeat: it watches their processes itself.
 
-    RUNNING trials that never got a heartbeat, which Optuna never considers stale,
-    count too: under the claim lock such a trial can only be left by a driver that
-    died between ``ask`` and its first heartbeat (or a lost commit of ``ask``).
+    RUNNING trials that never got a heartbeat (which Optuna never considers stale) count too: under
+    the claim lock only a driver that died between ``ask`` and its first heartbeat (or a lost commit
+    of ``ask``) leaves one.
     """
     storage = private.backend(study)
     if storage.get_heartbeat_interval() is None:

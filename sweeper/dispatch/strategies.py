@@ -4,12 +4,11 @@
 - :class:`PackedDispatch`: trials packed on GPUs by their measured memory
   (``devices.trials_per_gpu: auto``), through a :class:`~sweeper.dispatch.packer.Packer`.
 
-The driver's loop calls the same methods on either (:func:`dispatch_for` picks one, once),
-so it has no packing branches. A strategy claims and starts trials through the driver's
-:class:`Launcher` methods and hears what the driver hears: trials read by a claim,
-memory measured, trials ended. Each says whether the study's baseline job takes a worker's turn
-(``honours_turn``, read through :func:`honours_turn`): a worker whose turn it took is not
-:attr:`~sweeper.dispatch.handle.WorkerHandle.idle`, and both strategies take only idle workers.
+The driver's loop calls the same methods on either (:func:`dispatch_for` picks one, once), so it
+has no packing branches. A strategy claims and starts trials through the driver's
+:class:`Launcher` and hears what the driver hears: trials read by a claim, memory measured, trials
+ended. Both take only :attr:`~sweeper.dispatch.handle.WorkerHandle.idle` workers; each says
+whether the study's baseline job takes a worker's turn (:func:`honours_turn`).
 """
 from __future__ import annotations
 
@@ -65,7 +64,7 @@ class SlotDispatch:
         if not d.claim_due():
             return
         for w in d.workers:
-            if w.idle:  # not one whose turn the baseline job holds (honours_turn)
+            if w.idle:
                 trial = d.claim()
                 if trial is None:
                     return
@@ -130,7 +129,6 @@ class PackedDispatch:
         held, self.held = self.held, None
         if held is not None:
             d.fail_unstarted(held.trial_id, why)
-
 
     def seen(self, trials: list[FrozenTrial]) -> None:
         self.packer.learn(trials)
