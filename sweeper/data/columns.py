@@ -57,14 +57,8 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
     Only the distinct values are parsed, then re-factorised, so two spellings of
     one day ("2020-01-02", "2020-01-02 00:00") become one date.
     """
-    if isinstance(values, pd.Categorical):  # text encoded by Arrow (parquet.read_keys): its distinct values
-        codes, uniques = values.codes, values.categories.to_numpy()
-    else:
-        codes, uniques = pd.factorize(np.asarray(values, dtype=object) if _is_text(values) else values)
-    if (codes < 0).any():
-        row = int(np.flatnonzero(codes < 0)[0])
-        raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no date "
-                        f"(e.g. row {row})")
+    plain = np.asarray(values, dtype=object) if _is_text(values) else values
+    codes, uniques = _factorize(plain, source, col, "date")
     parsed = _to_datetime(pd.Index(uniques))
     if getattr(parsed, "tz", None) is not None:
         parsed = parsed.tz_convert("UTC").tz_localize(None)
@@ -113,15 +107,21 @@ def _is_text(values: object) -> bool:
     return dtype is not None and (dtype == np.dtype(object) or pd.api.types.is_string_dtype(dtype))
 
 
-def factorize_assets(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
-    if isinstance(values, pd.Categorical):
+def _factorize(values: Keys, source: str, col: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Row codes into the distinct values; DataError for rows that have none (a null)."""
+    if isinstance(values, pd.Categorical):  # text encoded by Arrow (parquet.read_keys): its distinct values
         codes, uniques = values.codes, values.categories.to_numpy()
     else:
         codes, uniques = pd.factorize(values)
     if (codes < 0).any():
         row = int(np.flatnonzero(codes < 0)[0])
-        raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no asset id "
+        raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no {what} "
                         f"(e.g. row {row})")
+    return codes, uniques
+
+
+def factorize_assets(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
+    codes, uniques = _factorize(values, source, col, "asset id")
     names = np.asarray([str(u) for u in uniques], dtype=object)
     order = np.argsort(names, kind="stable")
     rank = np.empty_like(order)

@@ -20,10 +20,6 @@ from sweeper.errors import DataError
 _GLOB = set("*?[")
 
 
-def is_pattern(entry: str) -> bool:
-    return bool(_GLOB & set(entry))
-
-
 def select(candidates: list[str], columns: list[str], features: list[str] | None, exclude: list[str],
            where: str) -> list[str]:
     """Feature names from ``candidates`` (numeric, not date/asset/label) and ``columns`` (all).
@@ -32,7 +28,7 @@ def select(candidates: list[str], columns: list[str], features: list[str] | None
     """
     chosen: list[str] = []
     for entry in candidates if features is None else features:
-        if features is not None and is_pattern(entry):
+        if features is not None and _GLOB & set(entry):
             matched = [c for c in candidates if fnmatchcase(c, entry)]
             if not matched:
                 raise DataError(f"{where}: the pattern '{entry}' (data.features) matches no numeric column; "

@@ -91,6 +91,13 @@ def robust_apply(x: np.ndarray, valid: np.ndarray, median: np.ndarray, scale: np
     return np.where(valid, out, np.nan).astype(x.dtype, copy=False)
 
 
+def _none(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    return np.where(valid, x, np.nan).astype(x.dtype, copy=False)
+
+
+PER_DATE: dict[str, Method] = {"cs_zscore": cs_zscore, "cs_rank": cs_rank, "none": _none}
+
+
 def by_date_chunks(method: Method, x: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Apply a per-date ``method`` in chunks of dates (bounded temporaries)."""
     out = np.empty_like(x)
@@ -154,15 +161,11 @@ def normalize_inplace(x: np.ndarray, mask: np.ndarray, method: str, stats: NormS
     (perhaps a file-backed map in the panel cache) is the only full-size array.
     ``stats`` holds robust_zscore's fit (:func:`fit_stats`); other methods ignore it.
     """
-    if method == "cs_zscore":
-        fn: Method = cs_zscore
-    elif method == "cs_rank":
-        fn = cs_rank
-    elif method == "robust_zscore":
+    if method == "robust_zscore":
         median, scale = _fitted(stats)
-        fn = lambda xc, vc: robust_apply(xc, vc, median, scale)  # noqa: E731
-    elif method == "none":
-        fn = lambda xc, vc: np.where(vc, xc, np.nan)  # noqa: E731
+        fn: Method = lambda xc, vc: robust_apply(xc, vc, median, scale)  # noqa: E731
+    elif method in PER_DATE:
+        fn = PER_DATE[method]
     else:
         raise ValueError(f"unknown feature normalisation {method!r}; expected one of {FEATURE_NORMS}")
     # every method works per date (or per value), so the chunking never changes a bit
@@ -177,12 +180,7 @@ def normalize_label(y: torch.Tensor, mask: torch.Tensor, method: str) -> torch.T
     """[T, N] raw label -> training label; NaN where missing (those rows are no samples)."""
     col = y.numpy()[:, :, None]
     valid = (mask.numpy() & np.isfinite(y.numpy()))[:, :, None]
-    if method == "cs_rank":
-        out = by_date_chunks(cs_rank, col, valid)
-    elif method == "cs_zscore":
-        out = by_date_chunks(cs_zscore, col, valid)
-    elif method == "none":
-        out = np.where(valid, col, np.nan).astype(col.dtype)
-    else:
+    if method not in LABEL_NORMS:
         raise ValueError(f"unknown label normalisation {method!r}; expected one of {LABEL_NORMS}")
+    out = by_date_chunks(PER_DATE[method], col, valid)
     return torch.from_numpy(np.ascontiguousarray(out[:, :, 0]))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -47,24 +47,23 @@ def is_numeric(dtype: pa.DataType) -> bool:
 def select_features(schema: pa.Schema, cfg: DataConfig, path: Path) -> list[str]:
     """cfg.features (names or glob patterns; every numeric column but the date, asset and
     label when null) minus cfg.exclude (:mod:`sweeper.data.features`)."""
-    keys = [("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col), ("data.label", cfg.label)]
-    if cfg.group_col is not None:
-        keys.append(("data.group_col", cfg.group_col))
-    for key, name in keys:
-        _require(schema, name, key, path)
-    # the group column labels rows (group-neutral IC), it is never a feature
-    skip = {cfg.date_col, cfg.asset_col, cfg.label, *([cfg.group_col] if cfg.group_col else [])}
-    candidates = [f.name for f in schema if f.name not in skip and is_numeric(f.type)]
+    keys = {"data.date_col": cfg.date_col, "data.asset_col": cfg.asset_col, "data.label": cfg.label}
+    if cfg.group_col is not None:  # it labels rows (group-neutral IC), it is never a feature
+        keys["data.group_col"] = cfg.group_col
+    _require(schema, keys.items(), path)
+    candidates = [f.name for f in schema if f.name not in keys.values() and is_numeric(f.type)]
     if cfg.features is None and not candidates:
         raise DataError(f"{path}: no numeric feature columns besides '{cfg.date_col}', "
                         f"'{cfg.asset_col}' and '{cfg.label}' (data.features)")
     return select_columns(candidates, list(schema.names), cfg.features, cfg.exclude, str(path))
 
 
-def _require(schema: pa.Schema, name: str, key: str, path: Path) -> None:
-    if schema.get_field_index(name) < 0:
-        shown = ", ".join(schema.names[:20]) + (", ..." if len(schema.names) > 20 else "")
-        raise DataError(f"{path}: column '{name}' ({key}) not found; the file has columns: {shown}")
+def _require(schema: pa.Schema, keys: Iterable[tuple[str, str]], path: Path) -> None:
+    """DataError for the first column named by ``(key, column)`` that the file lacks."""
+    for key, name in keys:
+        if schema.get_field_index(name) < 0:
+            shown = ", ".join(schema.names[:20]) + (", ..." if len(schema.names) > 20 else "")
+            raise DataError(f"{path}: column '{name}' ({key}) not found; the file has columns: {shown}")
 
 
 def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: Path,
@@ -113,9 +112,8 @@ def read_groups(cfg: DataConfig) -> pd.DataFrame:
     if cfg.group_col is None:
         raise DataError(f"{path}: read_groups needs data.group_col")
     schema = read_schema(path)
-    for key, name in (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col),
-                      ("data.group_col", cfg.group_col)):
-        _require(schema, name, key, path)
+    _require(schema, (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col),
+                      ("data.group_col", cfg.group_col)), path)
     table = _table(path, [cfg.date_col, cfg.asset_col, cfg.group_col])
     d_code, dates = parse_dates(_keys(table.column(cfg.date_col)), str(path), cfg.date_col)
     a_code, assets = factorize_assets(_keys(table.column(cfg.asset_col)), str(path), cfg.asset_col)
@@ -150,21 +148,11 @@ def read_scoring_columns(path: Path, cfg: DataConfig, features: list[str]) -> Co
     """The columns of a file to score with a trained model: exactly ``features`` (the
     trial's), and the label when the file has one (NaN otherwise: live data has none)."""
     schema = read_schema(path)
-    for key, name in (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col)):
-        _require(schema, name, key, path)
-    for name in features:
-        _require(schema, name, "the trial's features", path)
-    has_label = schema.get_field_index(cfg.label) >= 0
-    check_types(schema, cfg, features, path, label=has_label)
-    return _read(path, cfg, features, label=has_label)
-
-
-def _read(path: Path, cfg: DataConfig, features: list[str], label: bool) -> Columns:
-    needed = list(dict.fromkeys([cfg.date_col, cfg.asset_col, *([cfg.label] if label else []), *features]))
-    try:
-        table = pq.read_table(path, columns=needed)
-    except (pa.ArrowException, OSError) as exc:
-        raise DataError(f"{path}: cannot read the Parquet data ({exc})") from None
+    _require(schema, [("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col),
+                      *(("the trial's features", name) for name in features)], path)
+    label = schema.get_field_index(cfg.label) >= 0
+    check_types(schema, cfg, features, path, label=label)
+    table = _table(path, [cfg.date_col, cfg.asset_col, *([cfg.label] if label else []), *features])
     matrix = np.empty((table.num_rows, len(features)), dtype=np.float32)
     for k, name in enumerate(features):
         matrix[:, k] = _floats(table.column(name))

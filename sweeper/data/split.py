@@ -33,14 +33,8 @@ def purge_gap(horizon: int, embargo: int) -> int:
     return horizon + embargo
 
 
-def split_dates(
-    dates: np.ndarray,
-    split: SplitConfig,
-    lookback: int,
-    horizon: int,
-    embargo: int,
-    where: str,
-) -> dict[str, tuple[int, int]]:
+def split_dates(dates: np.ndarray, split: SplitConfig, lookback: int, horizon: int, embargo: int,
+                where: str) -> dict[str, tuple[int, int]]:
     """``{"train"|"valid"|"test": (start, stop)}`` half-open target-date indices.
 
     ``where`` prefixes every error message (e.g. ``"data.parquet: column 'date'"``).
@@ -83,14 +77,8 @@ def min_budget(fractions: tuple[float, float, float]) -> int:
     return budget
 
 
-def fraction_splits(
-    n_dates: int,
-    fractions: tuple[float, float, float],
-    lookback: int,
-    gap: int,
-    where: str,
-    horizon_embargo: tuple[int, int] = (0, 0),
-) -> dict[str, tuple[int, int]]:
+def fraction_splits(n_dates: int, fractions: tuple[float, float, float], lookback: int, gap: int, where: str,
+                    horizon_embargo: tuple[int, int] = (0, 0)) -> dict[str, tuple[int, int]]:
     """Fractions are of the dates that can be targets: all dates minus the
     ``lookback - 1`` warm-up dates and the two purge gaps."""
     warmup = lookback - 1
@@ -111,13 +99,8 @@ def fraction_splits(
     return out
 
 
-def range_splits(
-    dates: np.ndarray,
-    ranges: tuple[tuple[str, str], ...],
-    lookback: int,
-    gap: int,
-    where: str,
-) -> dict[str, tuple[int, int]]:
+def range_splits(dates: np.ndarray, ranges: tuple[tuple[str, str], ...], lookback: int, gap: int,
+                 where: str) -> dict[str, tuple[int, int]]:
     """Explicit inclusive ``[start, end]`` date ranges; the purge trims the end
     of the earlier split, the warm-up trims the start of any split."""
     bounds = [_range_indices(dates, name, rng, where) for name, rng in zip(SPLITS, ranges)]

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from sweeper.atomic import atomic_path
 from sweeper.data.parquet import ORACLE_DAILY_KEY, ORACLE_KEY, daily_oracle_json
-from sweeper.data.split import SPLITS, fraction_splits, purge_gap
+from sweeper.data.split import fraction_splits, purge_gap
 from sweeper.errors import DataError
 from sweeper.quant.ic import grouped_pearson
 
@@ -157,7 +157,7 @@ def default_oracle(frame: pd.DataFrame, where: str) -> dict[str, float]:
     splits = fraction_splits(len(all_dates), DEFAULT_FRACTIONS, DEFAULT_LOOKBACK,
                              purge_gap(DEFAULT_HORIZON, DEFAULT_EMBARGO), f"{where}: column 'date'",
                              (DEFAULT_HORIZON, DEFAULT_EMBARGO))
-    return {name: oracle_ic(frame, all_dates, splits)[name] for name in SPLITS}
+    return oracle_ic(frame, all_dates, splits)
 
 
 def synthetic_frame(assets: int, dates: int, features: int,
