@@ -14,7 +14,7 @@ baseline's from its study attribute (:mod:`sweeper.baseline.job`).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -59,8 +59,7 @@ def comparison(attr: dict[str, Any], best_metrics: dict[str, Any],
     out["nw_lag"] = lag
     for split, p in SPLITS.items():
         mine, theirs = best_metrics.get(f"{p}_ic"), attr.get(f"{p}_ic")
-        ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (mine, theirs))
-        out[f"{p}_ic_diff"] = float(mine) - float(theirs) if ok else None  # type: ignore[arg-type]
+        out[f"{p}_ic_diff"] = float(mine) - float(theirs) if _finite(mine) and _finite(theirs) else None
         base, trial = _daily(attr, split), best_daily.get(split)
         paired = paired_t(*trial, *base, lag) if base is not None and trial is not None else \
             {"mean_diff": None, "t_stat": None, "n_dates": 0}
@@ -75,8 +74,11 @@ def fold_diff(mine: Any, theirs: Any) -> list[float | None] | None:
     """Best - baseline fold by fold; None unless both have one value per fold, as many folds."""
     if not isinstance(mine, list) or not isinstance(theirs, list) or len(mine) != len(theirs):
         return None
-    ok = [all(isinstance(v, (int, float)) and math.isfinite(v) for v in pair) for pair in zip(mine, theirs)]
-    return [float(a) - float(b) if good else None for a, b, good in zip(mine, theirs, ok)]
+    return [float(a) - float(b) if _finite(a) and _finite(b) else None for a, b in zip(mine, theirs)]
+
+
+def _finite(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def state_words(state: dict[str, Any] | None, attr: dict[str, Any] | None) -> str:

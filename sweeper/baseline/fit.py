@@ -26,6 +26,7 @@ import pandas as pd
 from sweeper.baseline.features import Design, design
 from sweeper.config import DataConfig, SweeperConfig
 from sweeper.config.long_sweeps import BaselineConfig
+from sweeper.core.evaluate import SPLIT_PREFIX
 from sweeper.data.folds import Fold, fold_layout, fold_panel
 from sweeper.data.panel import Panel
 from sweeper.quant import ic as M
@@ -36,7 +37,6 @@ QLIB_ALPHA158: dict[str, Any] = {
     "objective": "mse", "colsample_bytree": 0.8879, "learning_rate": 0.2, "subsample": 0.8789,
     "lambda_l1": 205.6999, "lambda_l2": 580.9768, "max_depth": 8, "num_leaves": 210,
 }
-SPLIT_PREFIX = {"valid": "val", "test": "test"}  # as the trials' metric names
 
 
 @dataclass

@@ -31,6 +31,7 @@ from sweeper import config as C
 from sweeper.baseline.fit import BaselineResult, fit_study
 from sweeper.baseline.state import ExitCode, State, mark
 from sweeper.errors import one_line
+from sweeper.plain import plain
 from sweeper.store import layout
 from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid
@@ -42,17 +43,10 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def _clean(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
-
-
 def _series(frame: Any) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {"date": [str(d)[:10] for d in frame["date"]],
-                                 "ic": [_clean(v) for v in frame["ic"]],
-                                 "rank_ic": [_clean(v) for v in frame["rank_ic"]]}
-    if "fold" in frame:  # walk-forward folds' valid blocks, as the trials' daily_ic_valid.csv
-        out["fold"] = [int(k) for k in frame["fold"]]
-    return out
+    out = {"date": [str(d)[:10] for d in frame["date"]]}
+    # "fold": walk-forward folds' valid blocks, as the trials' daily_ic_valid.csv
+    return out | {k: plain(frame[k].tolist()) for k in ("ic", "rank_ic", "fold") if k in frame}
 
 
 def fold_summary(folds: list[dict[str, Any]], spans: list[dict[str, list[str]]]) -> dict[str, Any]:
@@ -63,10 +57,10 @@ def fold_summary(folds: list[dict[str, Any]], spans: list[dict[str, list[str]]])
     ic = [f["val_ic"] for f in folds]
     finite = [v for v in ic if math.isfinite(v)]
     se = float(np.std(finite, ddof=1) / math.sqrt(len(finite))) if len(finite) >= 2 else math.nan
-    return {"folds": len(folds), "fold_val_ic": [_clean(v) for v in ic], "val_ic_se": _clean(se),
-            "worst_fold_val_ic": _clean(min(finite)) if finite else None,
-            "fold_val_rank_ic": [_clean(f["val_rank_ic"]) for f in folds],
-            "fold_val_icir": [_clean(f["val_icir"]) for f in folds],
+    return {"folds": len(folds), "fold_val_ic": plain(ic), "val_ic_se": plain(se),
+            "worst_fold_val_ic": plain(min(finite)) if finite else None,
+            "fold_val_rank_ic": plain([f["val_rank_ic"] for f in folds]),
+            "fold_val_icir": plain([f["val_icir"] for f in folds]),
             "fold_best_iteration": [f["best_iteration"] for f in folds],
             "fold_rows": [f["rows"] for f in folds], "fold_subsampled": [f["subsampled"] for f in folds],
             "fold_elapsed_s": [round(f["elapsed_s"], 3) for f in folds], K.FOLD_DATES: spans}
@@ -75,7 +69,7 @@ def fold_summary(folds: list[dict[str, Any]], spans: list[dict[str, list[str]]])
 def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int,
             spans: list[dict[str, list[str]]] | None = None) -> dict[str, Any]:
     """The ``baseline`` study attribute of ``result`` (``spans``: its walk-forward folds' dates)."""
-    out: dict[str, Any] = {k: _clean(v) for k, v in result.scores.items()}
+    out: dict[str, Any] = {k: plain(v) for k, v in result.scores.items()}
     if result.folds is not None:
         out.update(fold_summary(result.folds, spans or []))
     out.update(elapsed_s=round(result.elapsed_s, 3), lightgbm_version=result.lightgbm_version,
