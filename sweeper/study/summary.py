@@ -36,6 +36,9 @@ class PanelSummary:
     oracle_ic: dict[str, float] | None
     # walk-forward folds' [{"train": [first, last], "valid": [first, last]}] (empty: one fold)
     folds: list[dict[str, list[str]]] = field(default_factory=list)
+    # target dates per split and per fold's train and valid ({split: n}, [{"train": n, "valid": n}]): validate
+    n_dates: dict[str, int] = field(default_factory=dict)
+    fold_n_dates: list[dict[str, int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, panel: Panel, cfg: C.SweeperConfig | None = None) -> PanelSummary:
@@ -44,11 +47,13 @@ class PanelSummary:
         from sweeper.data.folds import fold_layout, fold_spans
         from sweeper.validation.grid import RunGrid
 
-        folds = []
-        if cfg is not None and RunGrid.of(cfg).folded:
-            folds = fold_spans(panel, fold_layout(panel, cfg))
+        layout = fold_layout(panel, cfg) if cfg is not None and RunGrid.of(cfg).folded else []
         return cls(source=panel.source, fingerprint=panel.fingerprint, features=list(panel.features),
-                   split_dates=panel.split_dates(), oracle_ic=panel.oracle_ic, folds=folds)
+                   split_dates=panel.split_dates(), oracle_ic=panel.oracle_ic,
+                   folds=fold_spans(panel, layout),
+                   n_dates={k: stop - start for k, (start, stop) in panel.splits.items()},
+                   fold_n_dates=[{"train": f.train[1] - f.train[0], "valid": f.valid[1] - f.valid[0]}
+                                 for f in layout])
 
 
 def summarize_panel(cfg: C.SweeperConfig) -> PanelSummary:
