@@ -1,17 +1,15 @@
 """Atomic file writes: the one way sweeper replaces a file.
 
-A reader (a retry adopting a checkpoint, the dashboard, a user's notebook) sees
-either the old file or the new one, never half of one: the content goes to a
-temporary file in the same folder (same file system, so the rename is atomic)
-and is renamed over the target only once it is complete. A failed write
-removes its temporary file and leaves the old file as it was.
-
-The file takes the mode a plain ``open()`` would give it (0666 less the umask), not
-mkstemp's 0600: on shared storage a colleague must be able to read a report.
+A reader (a retry adopting a checkpoint, the dashboard, a user's notebook) sees either the old
+file or the new one, never half of one: the content goes to a temporary file in the same folder
+(same file system, so the rename is atomic), renamed over the target once complete. A failed
+write removes its temporary file and leaves the old file as it was. The file takes the mode a
+plain ``open()`` would give it (0666 less the umask), not mkstemp's 0600: on shared storage a
+colleague must be able to read a report.
 
 A write that finds no space (ENOSPC) or no quota (EDQUOT) raises
-:class:`~sweeper.errors.DiskFull` naming the file; :func:`disk_full` and
-:func:`as_disk_full` are the same rule for writes that are not atomic (logs, CSVs).
+:class:`~sweeper.errors.DiskFull` naming the file; :func:`disk_full` and :func:`as_disk_full`
+are the same rule for writes that are not atomic (logs, CSVs).
 """
 from __future__ import annotations
 
@@ -73,9 +71,9 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def disk_full(exc: BaseException, path: str | Path | None = None) -> bool:
-    """Whether ``exc`` means the disk (or the quota) is full: a DiskFull, an ENOSPC or
-    EDQUOT anywhere on its cause/context chain, or, given the ``path`` being written, a
-    RuntimeError while that file system has (almost) no space left."""
+    """Whether ``exc`` means the disk (or the quota) is full: a DiskFull, an ENOSPC or EDQUOT on
+    its cause/context chain, or, given the ``path`` written, a RuntimeError while that file
+    system has (almost) no space left."""
     return isinstance(exc, DiskFull) or _no_space_errno(exc, path) is not None
 
 
@@ -94,8 +92,8 @@ def as_disk_full(exc: BaseException, path: str | Path) -> DiskFull | None:
 
 
 def current_umask() -> int:
-    """The process's umask, read without changing it where Linux says (another thread
-    creating a file meanwhile would otherwise get a 0o077 umask); else set and reset."""
+    """The process's umask, read without changing it where Linux says (another thread creating a
+    file meanwhile would otherwise get a 0o077 umask); else set and reset."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):

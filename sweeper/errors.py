@@ -1,15 +1,13 @@
 """Domain errors.
 
-``SweeperError`` and its subclasses are mistakes the user can fix (a bad study
-file, a missing column, an unreachable store). The CLI maps them to one message
-and exit code 2. ``TrialFailure`` subclasses end one trial, never the sweep;
-``reason`` is the trial's ``fail_reason`` user attribute (written through
-:func:`sweeper.study.ending.fail_attrs`, by its worker or its driver).
+``SweeperError`` and its subclasses are mistakes the user can fix (a bad study file, a missing
+column, an unreachable store): the CLI prints one message and exits 2. ``TrialFailure``
+subclasses end one trial, never the sweep; ``reason`` is the trial's ``fail_reason``.
 
-Two exceptions stop things, one per boundary: :class:`StopRequested` stops a process's
-work (a signal, or a worker's ``stop`` command, ends a wait or the set-up; the CLI exits
-128 + the signal), and :class:`Interrupted` stops one trial (its training loop saw the stop
-at a step boundary; the trial is recorded FAIL with ``fail_reason: interrupted``).
+Two exceptions stop things, one per boundary: :class:`StopRequested` stops a process's work (a
+signal, or a worker's ``stop`` command, ends a wait or the set-up; the CLI exits 128 + the
+signal), and :class:`Interrupted` stops one trial at a step boundary (recorded FAIL with
+``fail_reason: interrupted``).
 """
 from __future__ import annotations
 
@@ -51,10 +49,10 @@ class StorageOutage(Exception):
 
 
 class StopRequested(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM arrived while waiting (for the claim lock, the store), or during
-    set-up; the caller abandons the wait and drains. ``signum`` is the signal that asked.
-    A KeyboardInterrupt that knows its signal, so one ``except KeyboardInterrupt`` takes
-    Python's own Ctrl-C and ours alike; no error: a handler of ``Exception`` lets it through."""
+    """Ctrl-C or SIGTERM (``signum``) arrived while waiting (for the claim lock, the store) or
+    during set-up; the caller abandons the wait and drains. A KeyboardInterrupt, so that one
+    ``except KeyboardInterrupt`` takes Python's Ctrl-C and ours alike, and ``except Exception``
+    lets it through."""
 
     def __init__(self, signum: int = signal.SIGINT) -> None:
         super().__init__(f"stop requested ({signal.Signals(signum).name})")
@@ -103,14 +101,14 @@ class Interrupted(TrialFailure):
 
 
 class DiskFull(TrialFailure, OSError):
-    """A write found no space left (ENOSPC) or no quota (EDQUOT). It fails the trial as
-    ``disk`` and stops the sweep from starting more; the message names the folder."""
+    """A write found no space left (ENOSPC) or no quota (EDQUOT): the trial fails as ``disk`` and
+    the sweep starts no more."""
 
     reason = FailReason.DISK
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    """An error as one line, for a log line, a warning or a stored attribute: its type and
-    the first line of its message (a traceback stays in the log it was written to)."""
+    """An error as one line (a log line, a warning, a stored attribute): its type and the first
+    line of its message."""
     lines = f"{type(exc).__name__}: {exc}".splitlines()
     return (lines[0] if lines else type(exc).__name__)[:limit]

@@ -1,12 +1,11 @@
-"""The stop token: one sweep's request to stop, made by ``sweeper run`` and handed to
-everything that waits (the driver's loop, the claim lock, the store's outage policy, a
-worker's waits), so that Ctrl-C and SIGTERM work at any moment, not only between trials.
+"""The stop token: one sweep's request to stop, handed to everything that waits (the driver's
+loop, the claim lock, the store's outage policy, a worker's waits), so that Ctrl-C and SIGTERM
+work at any moment, not only between trials.
 
-In a driver the token is also the SIGINT/SIGTERM handler. During set-up (data, storage,
-the study) a signal ends the command at once, as Ctrl-C does any program; once the
-dispatch loop runs, the first signal asks for a drain (running trials stop at their next
-step) and the second for a kill. In a worker the driver's ``stop`` command or the end of
-its stdin requests the stop.
+In a driver the token is also the SIGINT/SIGTERM handler: during set-up a signal ends the command
+at once; once the dispatch loop runs, the first signal asks for a drain (running trials stop at
+their next step) and the second for a kill. In a worker the driver's ``stop`` command or the end
+of its stdin requests the stop.
 """
 from __future__ import annotations
 
@@ -20,13 +19,13 @@ POLL_S = 0.1  # how often a wait looks at the token
 
 
 class StopToken:
-    """Requested once by a signal or a command; counted, so that a second signal can
-    escalate. ``raise_at_once``: a signal raises StopRequested where the process is
-    (set-up, before the loop has anything to drain).
+    """Requested by a signal or a command; counted, so that a second signal can escalate.
+    ``raise_at_once``: a signal raises StopRequested where the process is (set-up, before the
+    loop has anything to drain).
 
-    Lock-free on purpose: the handler runs in the main thread between two bytecodes, maybe
-    inside a wait on this very token, so it must take no lock a wait may hold (a
-    ``threading.Event`` would deadlock there). Waits poll a plain flag instead."""
+    Lock-free on purpose: the handler runs in the main thread between two bytecodes, maybe inside
+    a wait on this very token, so it must take no lock a wait may hold (a ``threading.Event``
+    would deadlock there). Waits poll a plain flag instead."""
 
     def __init__(self) -> None:
         self._requested = False

@@ -1,6 +1,6 @@
 """How the driver starts a child, every kind (:data:`sweeper.child.JOBS`) alike, chosen in
 :func:`start`: the worker fork server (:class:`sweeper.dispatch.forkserver.ForkServer`: ready in
-about 0.1 s) while it lives, else a fresh interpreter (:class:`Interpreter`: seconds of imports).
+about 0.1 s) while it lives, else a fresh interpreter (seconds of imports).
 The child's side is :mod:`sweeper.child`; this is the parent's, which a worker never loads.
 """
 from __future__ import annotations
@@ -41,19 +41,6 @@ class Launcher(Protocol):
         """``job`` started, its stdin a pipe, its stdout ``out``, its stderr ``err``; None where it cannot."""
 
 
-class Interpreter:
-    """A fresh ``python -m MODULE ARGV``: it always starts."""
-
-    def spawn(self, job: str, argv: list[str], env: dict[str, str], out: int,
-              err: int) -> subprocess.Popen[bytes]:
-        # its own session before it runs a line of ours: a killpg at once cannot miss it
-        return subprocess.Popen([sys.executable, "-m", JOBS[job], *argv], stdin=subprocess.PIPE, stdout=out,
-                                stderr=err, env=env, start_new_session=True)
-
-
-INTERPRETER = Interpreter()
-
-
 def start(job: str, argv: list[str], env: Mapping[str, str], *, out: int | None = None, err: int,
           server: Launcher | None = None) -> Child:
     """``job`` started by the one choice: forked by ``server`` while it lives, else fresh; its
@@ -62,7 +49,10 @@ def start(job: str, argv: list[str], env: Mapping[str, str], *, out: int | None 
     env = {**env, "PYTHONUNBUFFERED": "1", DRIVER_PID: str(os.getpid())}
     back, theirs = os.pipe() if out is None else (None, out)
     forked = server.spawn(job, argv, env, theirs, err) if server is not None else None
-    child = forked or INTERPRETER.spawn(job, argv, env, theirs, err)
+    # else a fresh `python -m MODULE ARGV`, in its own session before it runs a line of ours: a
+    # killpg at once cannot miss it
+    child = forked or subprocess.Popen([sys.executable, "-m", JOBS[job], *argv], stdin=subprocess.PIPE,
+                                       stdout=theirs, stderr=err, env=env, start_new_session=True)
     if back is not None:
         os.close(theirs)  # the child holds its own copy now
         child.stdout = os.fdopen(back, "rb", buffering=0)

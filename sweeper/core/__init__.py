@@ -4,27 +4,21 @@ each scored on valid and test.
 No Optuna, no store, no CLI: the sweep drives it through :class:`EpochHook` and
 :class:`Checkpointer`. One concept per module:
 
-- :mod:`~sweeper.core.loop`: ``train_stack``, the top-to-bottom loop (``train``: a stack of one),
-  and ``TrainResult``;
+- :mod:`~sweeper.core.loop`: ``train_stack``, the top-to-bottom loop (``train``: a stack of one);
 - :mod:`~sweeper.core.lanes`: a stack's members, and what the loop keeps per member;
-- :mod:`~sweeper.core.step`: one optimizer step of the stack over micro-batches, and the probe that
-  plans its batch;
+- :mod:`~sweeper.core.step`: one optimizer step of the stack, and the probe that plans its batch;
 - :mod:`~sweeper.core.optim`: the flat per-member AdamW, clipping and loss scaling;
 - :mod:`~sweeper.core.stack_size`: the stack size measured on the device, and the rule that chooses it;
 - :mod:`~sweeper.core.hooks`: the hook and checkpointer protocols and their null objects;
-- :mod:`~sweeper.core.checkpoint`: the checkpoint format, its one file (which names its epoch),
-  resume checks;
-- :mod:`~sweeper.core.batch_plan`: the batch plan (batch, micro-batch, evaluation batch), halving
-  the micro-batch after an OOM;
-- :mod:`~sweeper.core.batch_search`: the probe's search for the micro-batch that fits in free memory,
-  OOM detection;
+- :mod:`~sweeper.core.checkpoint`: the checkpoint format, its one file, resume checks;
+- :mod:`~sweeper.core.batch_plan`: the batch plan, halving the micro-batch after an OOM;
+- :mod:`~sweeper.core.batch_search`: the search for the micro-batch that fits, OOM detection;
 - :mod:`~sweeper.core.precision`: ``train.precision`` to autocast dtype;
 - :mod:`~sweeper.core.loss`: ``train.loss`` to the loss's value and how it splits a batch;
 - :mod:`~sweeper.core.schedule`: torch's AdamW, the learning-rate schedule, an epoch's batches;
 - :mod:`~sweeper.core.evaluate`: predictions, per-epoch validation scores, final scores;
 - :mod:`~sweeper.core.progress`: what the loop carries from epoch to epoch;
-- :mod:`~sweeper.core.device`: device choice, seeding, and the memory a trial is measured by
-  (``train(memory=...)``: the batch probe's reader and the peaks reported).
+- :mod:`~sweeper.core.device`: device choice, seeding, and the memory a trial is measured by.
 """
 from __future__ import annotations
 

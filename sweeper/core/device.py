@@ -29,18 +29,16 @@ def seed_everything(seed: int) -> None:
 
 
 class TrialMemory(Protocol):
-    """The device memory the core measures a trial by, chosen once per trial as its precision is:
-    what the batch probe measures, the peak known before the first epoch, and each epoch's peak.
-    :func:`trial_memory` gives a device's own; a caller may hand ``train`` another."""
+    """The device memory a trial is measured by (the batch probe, the peak known before the first
+    epoch, each epoch's peak): :func:`trial_memory` gives a device's own; a caller may hand another."""
 
     def reader(self) -> MemoryReader | None:
         """What the batch probe measures against; None: nothing is probed (micro-batch = batch)."""
         ...
 
     def start_peak_mb(self, probed_mb: float) -> float:
-        """The peak reported before the first epoch (packing charges the trial by it from then
-        on), from what the probe measured (NaN: nothing was probed, on the CPU or on resuming).
-        May raise OutOfMemory, as a probe does, for a trial that cannot fit its allotment."""
+        """The peak reported before the first epoch (packing charges the trial by it), from what the
+        probe measured (NaN: nothing probed). May raise OutOfMemory, as a probe does."""
         ...
 
     def reset_peak(self) -> None:
@@ -74,8 +72,8 @@ class CudaTrialMemory:
 
 
 class HostMemory:
-    """The CPU's: nothing is probed (the host's allocator tells no free memory or peak to probe
-    against); a peak is the process's peak resident size, which cannot be reset."""
+    """The CPU's: nothing is probed (the host's allocator tells no free memory or peak); a peak is
+    the process's peak resident size, which cannot be reset."""
 
     def reader(self) -> None:
         return None
@@ -83,14 +81,12 @@ class HostMemory:
     def start_peak_mb(self, probed_mb: float) -> float:
         return probed_mb
 
-    def reset_peak(self) -> None:
-        return None
+    def reset_peak(self) -> None: ...
 
     def peak_mb(self) -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def trial_memory(device: torch.device, limit_mb: float | None = None) -> TrialMemory:
-    """The memory a trial on ``device`` is measured by: CUDA's, within its allotment ``limit_mb``
-    of a shared GPU when it has one; elsewhere the host's."""
+    """CUDA's memory within the trial's allotment ``limit_mb`` of a shared GPU; elsewhere the host's."""
     return CudaTrialMemory(device, limit_mb) if device.type == "cuda" else HostMemory()

@@ -34,8 +34,9 @@ class Checkpointer(Protocol):
 
 
 class NullHook:
-    def begin(self, runs: list[dict[str, int]], offset: int) -> None:
-        return None
+    def begin(self, runs: list[dict[str, int]], offset: int) -> None: ...
+    def tick(self) -> None: ...
+    def on_probe(self, peak_mb: float) -> None: ...
 
     def on_epoch(self, epoch: int, rows: list[dict | None]) -> bool:
         return False
@@ -43,16 +44,9 @@ class NullHook:
     def should_stop(self) -> bool:
         return False
 
-    def tick(self) -> None:
-        return None
-
-    def on_probe(self, peak_mb: float) -> None:
-        return None
-
 
 class NullCheckpointer:
-    def load(self) -> dict | None:
-        return None
+    def save(self, state: dict) -> None: ...
 
-    def save(self, state: dict) -> None:
+    def load(self) -> dict | None:
         return None

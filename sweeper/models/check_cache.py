@@ -1,24 +1,13 @@
 """The user-model check's cache: a child's clean answers, kept by the content they depend on.
 
-Checking a user's ``module:Class`` costs a child process that imports torch (seconds);
-``validate`` then ``run`` of an unchanged study would pay it every time. A check whose child
-answered every job, none fatally failed and none killed it, is written to
-``<panel cache root>/.model-checks/<key>.json``, where the key is a sha256 of
-
-- the jobs (each model section checked, fatal or not), ``n_features`` and ``lookback``;
-- the Python interpreter (its path and version) and the installed torch version (read from
-  the package metadata: the parent imports no torch for this);
-- every ``.py`` file directly in the folders a model is imported from (the study file's
-  folder, then the current folder: the user's modules and the helpers beside them) and the
-  packages there, each by its place in that search order and its name (not the folder's path:
-  the same files in another folder check the same), with its content's sha256;
-- the files of each model's top-level module as the child imports it: a module or package in
-  those folders, else one found on the Python path (``PYTHONPATH``, site-packages), by its path.
-
-Editing any of those files changes the key, so a changed file is always checked again; an
-mtime is never trusted. A failure (a fatal job's error, a child that died or hung) is never
-written: it is checked again, and so fails with the same message. A module with no file to hash
-(one an import hook provides, as an editable install's finder does) is never cached.
+Checking a user's ``module:Class`` costs a child process that imports torch (seconds); ``validate``
+then ``run`` of an unchanged study would pay it every time. A check whose child answered every job,
+none fatally failed and none killed it, is written to ``<panel cache root>/.model-checks/<key>.json``;
+the key (:func:`check_key`) hashes the jobs, the interpreter, torch's version and the content of
+every file a model may be imported from, each by its place in the search order (not its folder's
+path: the same files in another folder check the same). An mtime is never trusted, and a failure
+is never written: it is checked again, and so fails with the same message. A module with no file
+to hash (one an import hook provides, as an editable install's finder does) is never cached.
 
 Why the panel cache's root: it is this host's cache folder, which ``prepare`` may already write
 (the run folder it must not touch, and ``validate`` has none); the panel cache's eviction skips
@@ -69,7 +58,7 @@ def check_key(jobs: list[dict[str, Any]], n_features: int, lookback: int) -> str
         if found is None:
             return None
         files.update(found)
-    try:
+    try:  # from the package's metadata: the parent imports no torch for this
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = None

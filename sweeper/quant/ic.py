@@ -1,23 +1,18 @@
 """Cross-sectional IC metrics: daily Pearson IC and Spearman Rank IC, their means and ICIR.
 
-Conventions (Qlib's ``calc_ic``, see docs/domain): correlate prediction and raw label
-across assets on each date; a pair where either side is missing (NaN or +-inf) is
-dropped; a date with fewer than 2 pairs, or where the label is constant, has no
-correlation and is skipped. One departure from Qlib: a date where the *prediction* is
-constant (and the label is not) scores IC 0 and Rank IC 0, not "skipped", because a
-model that collapses to a constant has no skill that day; dropping the date would
-flatter it. Such dates are counted (``n_constant_dates``, and the ``constant_pred``
-column of :func:`daily_ic` with ``flag_constant=True``). ``ic`` is the mean of the daily ICs,
-``icir`` is their mean / std (ddof=1), not annualised.
+Conventions (Qlib's ``calc_ic``, see docs/data.md): correlate prediction and raw label across
+assets on each date; a pair where either side is missing (NaN or +-inf) is dropped; a date with
+fewer than 2 pairs, or a constant label, has no correlation and is skipped. One departure from
+Qlib: a date whose *prediction* is constant (and label not) scores IC 0 and Rank IC 0, because a
+model that collapses to a constant has no skill that day (dropping the date would flatter it);
+such dates are counted (``n_constant_dates``). ``ic`` is the mean of the daily ICs, ``icir``
+their mean / std (ddof=1), not annualised. A "constant" side means all its values are exactly
+equal: pandas tests the residuals after subtracting a floating-point mean, so a column of 0.1s
+gives it a spurious 0.0 where we give no correlation.
 
-Two implementations give the same numbers: a pandas one for notebooks and reports
-(:func:`ic_report`, :func:`daily_ic`) and a vectorised torch one for the training
-loop (:func:`daily_ic_torch`, :func:`ic_report_torch`), which runs on the tensors'
-own device. :func:`ic_loss` is a differentiable per-date Pearson loss.
-
-A "constant" side means all its values are exactly equal. pandas instead tests
-the residuals after subtracting a floating-point mean, so a column of 0.1s gives
-pandas a spurious 0.0 where we give no correlation.
+Two implementations give the same numbers: pandas for notebooks and reports (:func:`ic_report`,
+:func:`daily_ic`) and vectorised torch on the tensors' own device for the training loop
+(:func:`ic_report_torch`). :func:`ic_loss` is a differentiable per-date Pearson loss.
 """
 from __future__ import annotations
 
@@ -50,14 +45,10 @@ class ICReport(TypedDict):
 
 def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date",
              flag_constant: bool = False) -> pd.DataFrame:
-    """Per-date Pearson IC and Spearman Rank IC: columns ``date, ic, rank_ic`` (the daily IC
-    files' columns), plus ``constant_pred`` (1 on a date whose prediction was constant, else
-    0) with ``flag_constant``.
-
-    Dates without a correlation (fewer than 2 valid pairs, or a constant label) are absent;
-    a date with a constant prediction scores 0. Rows are sorted by date.
-    """
-    _check_columns(df, (pred, label, date))
+    """Per-date Pearson IC and Spearman Rank IC, sorted by date: columns ``date, ic, rank_ic`` (the
+    daily IC files'), plus ``constant_pred`` (1 on a date whose prediction was constant, else 0)
+    with ``flag_constant``. Dates without a correlation are absent."""
+    check_columns(df, (pred, label, date))
     x = pd.to_numeric(df[pred], errors="coerce").to_numpy(np.float64)
     y = pd.to_numeric(df[label], errors="coerce").to_numpy(np.float64)
     keep = np.isfinite(x) & np.isfinite(y) & df[date].notna().to_numpy()
@@ -80,23 +71,17 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
 def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label",
               date: str = "date") -> ICReport:
     """``{ic, rank_ic, icir, rank_icir, n_dates, n_constant_dates}`` of a long frame with one row
-    per (date, asset); ``n_constant_dates`` counts the dates scored 0 for a constant prediction.
-
-    >>> ic_report(predictions)            # doctest: +SKIP
-    {'ic': 0.031, 'rank_ic': 0.042, 'icir': 0.25, 'rank_icir': 0.33, 'n_dates': 480}
-    """
+    per (date, asset)."""
     daily = daily_ic(df, pred=pred, label=label, date=date, flag_constant=True)
     n_constant = int(daily["constant_pred"].sum())
     return _report(daily["ic"].to_numpy(), daily["rank_ic"].to_numpy(), n_constant)
 
 
-def _check_columns(df: pd.DataFrame, columns: tuple[str, ...]) -> None:
-    missing = [c for c in columns if c not in df.columns]
+def check_columns(df: pd.DataFrame, columns: tuple[str, ...], what: str = "IC") -> None:
+    missing = [repr(c) for c in columns if c not in df.columns]
     if missing:
-        raise DataError(
-            f"IC needs column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}; "
-            f"the frame has {', '.join(map(repr, map(str, df.columns)))}"
-        )
+        raise DataError(f"{what} needs the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                        f"the frame has {', '.join(map(repr, map(str, df.columns)))}")
 
 
 def grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int) -> np.ndarray:

@@ -14,16 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sweeper.errors import DataError
-from sweeper.quant.ic import ICReport, ic_report
+from sweeper.quant.ic import ICReport, check_columns, ic_report
 
 
 def _dated(daily: pd.DataFrame, col: str) -> pd.Series:
     """``col`` of a daily IC frame indexed by its parsed dates, NaN days dropped."""
-    for name in ("date", col):
-        if name not in daily.columns:
-            raise DataError(f"a daily IC frame needs the column {name!r}; it has "
-                            f"{', '.join(map(repr, map(str, daily.columns)))}")
+    check_columns(daily, ("date", col), "a daily IC frame")
     values = pd.Series(pd.to_numeric(daily[col], errors="coerce").to_numpy(np.float64),
                        index=pd.DatetimeIndex(pd.to_datetime(daily["date"])))
     return values[np.isfinite(values.to_numpy())]
@@ -53,10 +49,7 @@ def demean_within(frame: pd.DataFrame, group: str = "group") -> pd.DataFrame:
     (date, group). Rows without a group or a finite pred and label are dropped first, so
     the means are over the pairs the IC scores; a group of one asset on a date is dropped
     too: demeaned, it is 0 on both sides and would only add weight without information."""
-    for name in ("date", "pred", "label", group):
-        if name not in frame.columns:
-            raise DataError(f"group-neutral IC needs the column {name!r}; the frame has "
-                            f"{', '.join(map(repr, map(str, frame.columns)))}")
+    check_columns(frame, ("date", "pred", "label", group), "group-neutral IC")
     pred = pd.to_numeric(frame["pred"], errors="coerce").to_numpy(np.float64)
     label = pd.to_numeric(frame["label"], errors="coerce").to_numpy(np.float64)
     keep = np.isfinite(pred) & np.isfinite(label) & frame[group].notna().to_numpy()

@@ -1,24 +1,7 @@
-"""The long-short view of a prediction frame: quantile buckets, the top-minus-bottom
-return, its annualised return, Sharpe ratio, drawdown and the top bucket's turnover.
-
-Definitions (docs/inspect.md, "The long-short view"), on a long frame ``date, asset,
-pred, label`` such as ``sweeper predict`` writes, with ``h`` the label horizon and ``q``
-the number of buckets (``report.quantiles``):
-
-- **dates**: those with at least ``2q`` rows whose ``pred`` and ``label`` are both finite;
-  every h-th of them from the first, so the h-day labels of the dates used do not overlap
-  (h = 0 or 1: every date);
-- **buckets**: on each date, ``pred`` ranked with ``rank(method="first")`` (ties by row
-  order) and cut into q equal-count buckets with ``pd.qcut`` on the rank; bucket q-1 is
-  the top;
-- ``ls`` = mean label of the top bucket - mean label of the bottom bucket;
-- ``long_short_ann_return`` = mean(ls) * 252 / h;
-  ``long_short_sharpe`` = mean(ls) / std(ls, ddof=1) * sqrt(252 / h);
-  ``long_short_max_drawdown`` = the largest fall of the cumulative sum of ls (starting
-  from 0 before the first period) below its running peak, non-compounded, as a positive
-  number; ``top_turnover`` = the mean over consecutive used dates of
-  1 - |top_t & top_prev| / |top_t|; ``n_periods`` = the number of dates used;
-  ``bucket_mean_label`` = each bucket's mean label, averaged over the dates used.
+"""The long-short view of a prediction frame (``date, asset, pred, label``, as ``sweeper predict``
+writes it): quantile buckets, the top-minus-bottom return, its annualised return, Sharpe ratio,
+drawdown and the top bucket's turnover. Every definition is in docs/inspect.md ("The long-short
+view"), with ``h`` the label horizon and ``q`` the number of buckets (``report.quantiles``).
 
 Gross figures: equal weights, no costs, no borrow, labels as given.
 """
@@ -37,7 +20,7 @@ SUMMARY_KEYS = ("long_short_ann_return", "long_short_sharpe", "long_short_max_dr
 
 
 class LongShortSummary(TypedDict):
-    """:meth:`LongShort.summary`: the figures of the module docstring, None where undefined."""
+    """:meth:`LongShort.summary`: the figures of docs/inspect.md, None where undefined."""
 
     long_short_ann_return: float | None
     long_short_sharpe: float | None
@@ -61,7 +44,7 @@ class LongShort:
     quantiles: int
 
     def summary(self) -> LongShortSummary:
-        """The figures of the module docstring; None where undefined (JSON-safe)."""
+        """The figures of docs/inspect.md; None where undefined (JSON-safe)."""
         step = _step(self.horizon)
         mean = float(self.ls.mean()) if len(self.ls) else math.nan
         std = float(self.ls.std(ddof=1)) if len(self.ls) >= 2 else math.nan
@@ -80,7 +63,7 @@ class LongShort:
 
 def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5, *, pred: str = "pred",
                label: str = "label", date: str = "date", asset: str = "asset") -> LongShort:
-    """The long-short series of ``frame`` (see the module docstring for every definition)."""
+    """The long-short series of ``frame`` (docs/inspect.md has every definition)."""
     if quantiles < 2:
         raise ValueError(f"quantiles must be >= 2, got {quantiles}")
     rows = _usable_rows(frame, quantiles, horizon, pred, label, date)
