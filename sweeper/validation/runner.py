@@ -41,7 +41,7 @@ from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
 from sweeper.errors import StopReason
 from sweeper.plain import plain
-from sweeper.store.layout import SPLITS, RunFiles, TrialFiles
+from sweeper.store.layout import SPLITS, TrialFiles
 from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid, named_run, seeded
 from sweeper.validation.scores import TrainingRun, ensemble_frame
@@ -100,11 +100,8 @@ class RunStore:
     def __init__(self, files: TrialFiles, stamp: dict[str, Any], grid: RunGrid) -> None:
         self.files, self.stamp, self.grid = files, stamp, grid
 
-    def run(self, fold: int, repeat: int) -> RunFiles:
-        return self.files.run_files(fold, repeat)
-
     def finished(self, fold: int, repeat: int) -> TrainingRun | None:
-        path = self.run(fold, repeat).result
+        path = self.files.run_files(fold, repeat).result
         if not path.exists():
             return None
         raw = json.loads(path.read_text())
@@ -113,12 +110,12 @@ class RunStore:
                            str(raw.get("stop_reason", StopReason.EPOCHS)))
 
     def frames(self, fold: int, repeat: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-        run = self.run(fold, repeat)
+        run = self.files.run_files(fold, repeat)
         return pd.read_parquet(run.predictions), pd.read_csv(run.daily_ic("valid"), parse_dates=["date"])
 
     def member_frames(self, fold: int, repeat: int) -> dict[str, pd.DataFrame]:
         """A finished model seed's frames on valid and test, as it stored them."""
-        run = self.run(fold, repeat)
+        run = self.files.run_files(fold, repeat)
         return {split: pd.read_parquet(run.predictions_of(split)) for split in SPLITS}
 
     def save_predictions(self, frames: dict[str, pd.DataFrame]) -> None:
@@ -141,19 +138,18 @@ class RunStore:
         predictions on valid and test as ``predict`` computes them, which the ensemble (and a
         retry's) is made of, in place of the training's valid frame. ``result.json`` last: the
         run is finished."""
-        files = self.run(run.fold, run.repeat)
+        files = self.files.run_files(run.fold, run.repeat)
         files.folder.mkdir(parents=True, exist_ok=True)
-        if self.grid.is_model(run.fold, run.repeat):
+        model = self.grid.is_model(run.fold, run.repeat)
+        if model:
             with atomic_path(files.weights) as tmp:
                 torch.save(result.best_state, tmp)
             if panel.norm_stats is not None:  # new data (predict --data) is normalised with these
                 write_text(files.norm_stats, json.dumps(panel.norm_stats))
         _write_frames(frames or {"valid": result.predictions["valid"]}, files.predictions_of)
-        with atomic_path(files.daily_ic("valid")) as tmp:
-            result.daily["valid"].to_csv(tmp, index=False)
-        if self.grid.is_model(run.fold, run.repeat):
-            with atomic_path(files.daily_ic("test")) as tmp:
-                result.daily["test"].to_csv(tmp, index=False)
+        for split in SPLITS if model else ("valid",):
+            with atomic_path(files.daily_ic(split)) as tmp:
+                result.daily[split].to_csv(tmp, index=False)
         body = {"fold": run.fold + 1, "repeat": run.repeat + 1, "seed": run.seed,
                 "stop_reason": run.stop_reason, "metrics": {k: plain(v) for k, v in run.metrics.items()}}
         write_text(files.result, json.dumps(body, indent=1))
@@ -322,7 +318,10 @@ def _train_stack(trainer: Trainer, panels: dict[int, Panel], folds: list[Fold], 
 def _scored(grid: RunGrid, panel: Panel, fold: int, seed: int) -> Panel:
     # only the trial's model is scored on test: every other run's panel has an empty test split,
     # so no other run reads a test date at all (its closing line says test_ic nan)
-    return panel if grid.is_model(fold, seed) else _without_test(panel)
+    if grid.is_model(fold, seed):
+        return panel
+    start = panel.splits["test"][0]
+    return dataclasses.replace(panel, splits={**panel.splits, "test": (start, start)}, _cache={})
 
 
 def _keep(trainer: Trainer, out: TrialRuns, panel: Panel, fold: int, seed: int, cfg: SweeperConfig,
@@ -353,10 +352,3 @@ def _say_run(trainer: Trainer, cfg: SweeperConfig, fold: Fold, seed: int, out: T
     say(f"{where}, seed {seed + 1}/{cfg.validation.repeats} (train.seed {cfg.train.seed})"
         + (f": train {dates['train'][0]}..{dates['train'][1]}, valid {dates['valid'][0]}..{dates['valid'][1]}"
            if dates else ""))
-
-
-def _without_test(panel: Panel) -> Panel:
-    start = panel.splits["test"][0]
-    return dataclasses.replace(panel, splits={**panel.splits, "test": (start, start)}, _cache={})
-
-

@@ -141,9 +141,7 @@ def _fold_figures(runs: Sequence[TrainingRun], cfg: SweeperConfig, key: str, gri
 def daily_valid(frames: Mapping[tuple[int, int], pd.DataFrame]) -> pd.DataFrame:
     """``daily_ic_valid.csv`` of the trial: per valid date the mean over seeds of the runs' daily
     ic and rank_ic, with the fold (1-based); the blocks are disjoint, so each date appears once."""
-    parts = []
-    for (fold, _repeat), frame in frames.items():
-        parts.append(frame.assign(fold=fold + 1))
+    parts = [frame.assign(fold=fold + 1) for (fold, _repeat), frame in frames.items()]
     if not parts:
         return pd.DataFrame(columns=["date", "ic", "rank_ic", "fold"])
     both = pd.concat(parts, ignore_index=True)

@@ -77,11 +77,7 @@ def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, fol
     trial.set_user_attr("resumed_from_epoch", epoch)
     trial.set_user_attr(RESUMED_FROM_FOLD, fold + 1)
     trial.set_user_attr(RESUMED_RUNS, len(done))
-    line = _resume_line(grid, str(source), fold + 1, seed + 1, epoch, [(f + 1, s + 1) for f, s in done])
-    if stack > 1:  # the checkpoint is a stack's, led by that run
-        line = line.replace(f"resuming in {_where(grid, fold + 1, seed + 1)}",
-                            f"resuming the stack of {stack} runs led by {_where(grid, fold + 1, seed + 1)}")
-    log(line)
+    log(_resume_line(grid, str(source), fold + 1, seed + 1, epoch, [(f + 1, s + 1) for f, s in done], stack))
 
 
 def _run_problem(was: dict[str, Any], study: optuna.Study, grid: RunGrid) -> str | None:
@@ -98,8 +94,9 @@ def _run_problem(was: dict[str, Any], study: optuna.Study, grid: RunGrid) -> str
 
 
 def _resume_line(grid: RunGrid, source: str, fold: int, repeat: int, epoch: int,
-                 done: list[tuple[int, int]]) -> str:
-    """``resuming in fold 3 (seed 1) from ... at epoch 2; folds 1-2 done`` (1-based)."""
+                 done: list[tuple[int, int]], stack: int) -> str:
+    """``resuming in fold 3 (seed 1) from ... at epoch 2; folds 1-2 done`` (1-based; a stack's
+    checkpoint: ``resuming the stack of 4 runs led by ...``)."""
     folded = grid.folds > 1
     full = [f for f in range(1, grid.folds + 1) if all((f, r) in done for r in range(1, grid.repeats + 1))]
     finished = (f"folds {full[0]}-{full[-1]} done" if len(full) > 1 else f"fold {full[0]} done" if full
@@ -107,7 +104,8 @@ def _resume_line(grid: RunGrid, source: str, fold: int, repeat: int, epoch: int,
     where = _where(grid, fold, repeat)
     if (fold, repeat) in done:  # the checkpoint's run had finished: the next one starts fresh
         return f"resuming from {source} after {where}, which had finished; {finished}"
-    return f"resuming in {where} from {source} at epoch {epoch}; {finished}"
+    lead = f"the stack of {stack} runs led by" if stack > 1 else "in"
+    return f"resuming {lead} {where} from {source} at epoch {epoch}; {finished}"
 
 
 def _where(grid: RunGrid, fold: int, repeat: int) -> str:

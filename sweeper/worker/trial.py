@@ -107,13 +107,9 @@ class TrialRunner:
 
     def _stamp(self, trial: optuna.Trial, memory_limit_mb: float | None) -> None:
         # host, driver_id and driver_pid were written by the driver's claim, under its lock
-        attrs = {
-            "device": self.slot["label"],
-            "slot": self.slot["id"],
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "pid": os.getpid(),
-            "hostname": socket.gethostname(),
-        }
+        attrs = {"device": self.slot["label"], "slot": self.slot["id"],
+                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid(),
+                 "hostname": socket.gethostname()}
         if memory_limit_mb is not None:  # packed on a GPU (the driver writes gpu_shared_with)
             attrs["gpu_mem_allotted_mb"] = memory_limit_mb
         for key, value in attrs.items():
@@ -234,7 +230,6 @@ def _warner(number: int, log: _TrialLog) -> Callable[[str], None]:
         log(f"warning: {text}")
         protocol.emit(protocol.WARN, number=number, text=f"trial {number}: {text}")
     return warn
-
 
 
 def _release_device_memory() -> None:
