@@ -2,11 +2,9 @@
 Newey-West t-statistic of the daily IC difference (best - baseline) over the dates both were
 scored on (:mod:`sweeper.quant.hac`, lag ``horizon - 1`` as the selection figures use).
 
-Under walk-forward folds both sides are k folds on the same dates: the trial's ``val_ic`` and the
-baseline's are means over the same valid blocks (the baseline fits one booster per fold), so
-``val_ic_diff`` compares like with like, ``fold_val_ic_diff`` is the difference fold by fold,
-and the valid t-statistic runs over the dates of every block; the test split is the last
-fold's model's on both sides.
+Under walk-forward folds both sides' ``val_ic`` are means over the same valid blocks
+(:mod:`sweeper.baseline.fit`), so ``val_ic_diff`` compares like with like, ``fold_val_ic_diff``
+is the difference fold by fold, and the valid t-statistic runs over the dates of every block.
 
 Pure: the daily ICs come in as arrays (the inspect layer reads the trial's files), the
 baseline's from its study attribute (:mod:`sweeper.baseline.job`).

@@ -3,12 +3,10 @@ split's, then valid and test predicted and scored with the trials' IC functions
 (:func:`sweeper.quant.ic.ic_report` and :func:`~sweeper.quant.ic.daily_ic` of a long frame
 ``date, asset, pred, label`` with the raw label, as :func:`sweeper.core.evaluate.final_scores`).
 
-Under walk-forward folds (:func:`fit_study`) it fits one booster per fold
-(:func:`fit_folds`): on the fold's panel (:func:`sweeper.data.folds.fold_panel`: its train window,
-its valid block, features normalised with statistics of its train window), early-stopped on its
-valid block. The valid figures are the mean over folds of each fold's, as a trial's; the test
-figures, predictions and ``model.txt`` are the last fold's booster's, whose train window ends
-closest to the test split, as a trial's test IC is its last fold's model's.
+Under walk-forward folds it fits one booster per fold (:func:`fit_folds`), on the fold's panel
+(:func:`sweeper.data.folds.fold_panel`), early-stopped on its valid block. As a trial's, the
+valid figures are the mean over folds; the test figures, predictions and ``model.txt`` are the
+last fold's booster's, whose train window ends closest to the test split.
 
 The defaults are Qlib's LightGBM Alpha158 benchmark (examples/benchmarks/LightGBM/
 workflow_config_lightgbm_Alpha158.yaml, and LGBModel.fit's 1000 rounds with early stopping after
@@ -66,8 +64,8 @@ def lgb_params(cfg: BaselineConfig, threads: int, seed: int) -> dict[str, Any]:
 
 def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
         splits: tuple[str, ...] = ("valid", "test")) -> BaselineResult:
-    """Train, early-stop and score the baseline on ``panel`` (the study's normalised panel, or a
-    fold's), scored on ``splits`` (valid always: early stopping reads it)."""
+    """Train, early-stop and score the baseline on ``panel`` (the study's, or a fold's) on
+    ``splits`` (valid always: early stopping reads it)."""
     import lightgbm as lgb
 
     started = time.perf_counter()

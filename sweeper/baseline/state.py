@@ -70,17 +70,13 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def value(state: State, host: str, driver: str, error: str | None = None) -> dict[str, Any]:
-    """The stored form of ``state``, stamped now."""
-    out: dict[str, Any] = {"state": str(state), "host": host, "driver": driver, "at": _now()}
-    if error is not None:
-        out["error"] = error
-    return out
-
-
 def mark(study: optuna.Study, state: State, host: str, driver: str, error: str | None = None) -> None:
-    """Record ``state`` whatever was stored: the job's own transitions and ``sweeper baseline``'s."""
-    study.set_user_attr(ATTR, value(state, host, driver, error))
+    """Record ``state``, stamped now, whatever was stored: the job's own transitions and
+    ``sweeper baseline``'s."""
+    stored: dict[str, Any] = {"state": str(state), "host": host, "driver": driver, "at": _now()}
+    if error is not None:
+        stored["error"] = error
+    study.set_user_attr(ATTR, stored)
 
 
 def claim(study: optuna.Study, lock: ClaimLock, host: str, driver: str) -> bool:

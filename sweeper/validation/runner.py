@@ -1,20 +1,17 @@
 """Training one trial: the one loop over its run grid (docs/walk-forward.md).
 
-A trial trains the runs of its :class:`~sweeper.validation.grid.RunGrid`, fold by fold, seed
-by seed (seed ``r`` trains with ``train.seed + r``), in stacks of the study's stack size
-(:func:`pin_stack_size`), each stack through :func:`sweeper.core.train_stack` with every member
-on its fold's panel (:func:`sweeper.data.folds.fold_panel`, built once per fold). Without
-walk-forward folds the grid is one fold: the panel's own split (holdout: one run of one seed).
+A trial trains the runs of its :class:`~sweeper.validation.grid.RunGrid` in order (seed ``r``
+with ``train.seed + r``), in stacks of the study's stack size (:func:`pin_stack_size`), each
+through :func:`sweeper.core.train_stack` with every member on its fold's panel
+(:func:`sweeper.data.folds.fold_panel`, built once per fold).
 
-A run that finished is recorded in its folder, ``runs/fold-<f>.seed-<r>/``, ``result.json``
-written last: a retry skips the runs that have one and continues the run in progress from the
-trial's checkpoint, whose owner stamp names its fold and repeat (one that names none is an older
-holdout trial's one run: :func:`~sweeper.validation.grid.named_run`).
+A finished run is recorded in ``runs/fold-<f>.seed-<r>/``, ``result.json`` last: a retry skips
+the runs that have one and continues the run in progress from the trial's checkpoint, whose owner
+stamp names its fold and repeat (:func:`~sweeper.validation.grid.named_run`).
 
-The trial stops early, leaving the later runs unrun, when a stack is pruned (the hook reports
-the mean over its members at the grid's global step, so the study's pruner compares trials at
-the same stack and epoch)
-or when ``train.max_minutes``, counted from the trial's start across all runs, runs out.
+The trial stops early, leaving the later runs unrun, when a stack is pruned (the hook reports the
+mean over its members at the grid's global step, so the pruner compares trials at the same stack
+and epoch) or when ``train.max_minutes``, counted from the trial's start, runs out.
 """
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
 """The worker fork server: one process per driver that imports once what its children need
-(torch, Optuna, SQLAlchemy and alembic, pandas, pyarrow, LightGBM and sweeper's own modules),
-then forks each child the driver asks for (:data:`sweeper.child.JOBS`): a worker, the study's
-baseline job and, before the sweep starts, the summary of its panel and the check of its models,
-so that the driver itself never imports torch.
+(:data:`PRELOAD`), then forks each child the driver asks for (:data:`sweeper.child.JOBS`): a
+worker, the study's baseline job and, before the sweep starts, the summary of its panel and the
+check of its models, so that the driver itself never imports torch.
 
 Why: a fresh ``python -m sweeper.worker.main`` spends about 5 s (2-core box, loaded) before READY,
 almost all of it importing (torch alone 1.6-2 s; the other children 2-3 s each); a fork of this
 server is READY in about 0.2 s. The cost: the server itself (about 120 MB PSS, shared with its
 children) and, per idle worker, only about 26 MB of private memory (the copy-on-write pages it
-touched) against a fresh worker's 287 MB. ``gc.freeze()`` after each preloaded module keeps the
-children's garbage collector from touching (and so copying) the server's objects. The preload
-runs between requests, in :data:`PRELOAD`'s order, so the driver's first asks (the summary and
-the check, which need torch and the data layer only) wait for no more than those; workers and
-the baseline job are forked once it has ended.
+touched) against a fresh worker's 287 MB. The preload runs between requests (:func:`serve`).
 
 Started by the driver (:mod:`sweeper.dispatch.forkserver`) as ``python -m sweeper.worker.forked
 FD``: FD is its end of a ``SOCK_SEQPACKET`` socket pair. Each request is one message, a JSON
@@ -49,8 +44,7 @@ from sweeper import child
 # storage open). Never __main__ and never sweeper.dispatch: the children inherit every module
 # here, and a worker must not load the parent's code (tests/test_architecture.py).
 PRELOAD = (
-    # first what a sweep's first asks need (the panel's summary and the models' check, while
-    # the driver has imported no torch): the server serves a request between two imports
+    # first what a sweep's first asks need (the panel's summary and the models' check: EARLY_JOBS)
     "torch", "pandas", "pyarrow.parquet", "sweeper.study.summary", "sweeper.data.load", "sweeper.data.folds",
     "sweeper.models.check", "sweeper.models.build",
     "optuna", "sqlalchemy", "sqlalchemy.orm", "sqlalchemy.dialects.sqlite",
