@@ -1,11 +1,10 @@
-"""What every child of the driver does first, whichever way it started (:mod:`sweeper.launch`:
-forked by the fork server, which is such a child too, or a fresh ``python -m MODULE``):
+"""What every child of the driver does first, whichever way it started (:mod:`sweeper.launch`):
 
 - its own session and process group, so that the driver's ``killpg`` reaches it and a terminal's
   Ctrl-C only the driver (a fresh interpreter has them from Popen, before it runs a line);
 - death with its parent, so that no orphan keeps holding a GPU;
-- the stdout prologue: its stdout set aside for its answers (:func:`answers`), and stdout pointed
-  at stderr, its log, so that nothing it prints (a model, a C library) lands among them.
+- its stdout set aside for its answers (:func:`answers`) and pointed at stderr, its log, so that
+  nothing it prints (a model, a C library) lands among them.
 """
 from __future__ import annotations
 
@@ -56,9 +55,8 @@ def answers() -> TextIO:
 
 
 def _die_with(parent: int | None) -> None:
-    """prctl(PR_SET_PDEATHSIG, SIGKILL), which covers only a parent that dies after the call: so
-    the parent is checked afterwards, and the driver where the parent is the fork server (which
-    died with the driver, by its own signal, if the driver is a zombie)."""
+    """prctl(PR_SET_PDEATHSIG, SIGKILL), which covers only a parent that dies after the call: so the
+    parent is checked afterwards, and the driver where the parent is the fork server."""
     try:
         # the running interpreter's own symbols include libc's, whatever its file is called
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

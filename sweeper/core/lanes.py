@@ -1,6 +1,5 @@
-"""A stack's members as the loop keeps them: what a member is (its config and its fold's panel)
-and its lane, everything a run carries through the loop (its data, generators, schedule
-position, progress and this epoch's steps)."""
+"""A stack's members (a config and its fold's panel) and their lanes: everything a run carries
+through the loop (its data, generators, schedule position, progress and this epoch's steps)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
@@ -18,8 +17,7 @@ from sweeper.models import build_model
 
 @dataclass
 class Member:
-    """One run of a stack: its config (its own ``train.seed``, and any per-member setting) and its
-    fold's panel."""
+    """One run of a stack: its config (its own ``train.seed``, any per-member setting) and panel."""
 
     cfg: SweeperConfig
     panel: Panel
@@ -52,8 +50,8 @@ class Lane:
 
 
 def build_lane(member: Member, device: torch.device) -> tuple[Lane, torch.nn.Module]:
-    """The member's lane, and its one-member model built after seeding with the member's seed, so
-    its initial weights are its lone run's, draw for draw (the stack takes them)."""
+    """The member's lane, and its one-member model built after seeding with the member's seed (its
+    lone run's initial weights, draw for draw)."""
     cfg, tc = member.cfg, member.cfg.train
     seed_everything(tc.seed)
     panel = member.panel.to(device, cfg.data.device_share)

@@ -1,8 +1,6 @@
-"""``train.loss`` -> the :class:`Loss` a run trains and validates with, picked once, the way
-:mod:`~sweeper.core.precision` picks the precision.
-
-A loss is two rules that must agree: its value on a batch, and how a batch's rows split into
-micro-batches whose weighted losses add up to the loss of the whole batch.
+"""``train.loss`` -> the :class:`Loss` a run trains and validates with, picked once. A loss is two
+rules that must agree: its value on a batch, and how a batch's rows split into micro-batches whose
+weighted losses add up to the loss of the whole batch.
 """
 from __future__ import annotations
 
@@ -26,14 +24,12 @@ class Loss(ABC):
 
     @abstractmethod
     def __call__(self, pred: torch.Tensor, label: torch.Tensor, dates: torch.Tensor) -> torch.Tensor:
-        """The loss of ``pred`` [B] against ``label`` [B] on rows of dates ``dates`` [B], in fp32
-        whatever the autocast dtype of ``pred``."""
+        """The loss of ``pred`` [B] against ``label`` [B] on rows of dates ``dates`` [B], in fp32."""
 
     def stacked(self, pred: torch.Tensor, label: torch.Tensor, dates: torch.Tensor,
                 sizes: list[int]) -> torch.Tensor:
-        """Each member's loss [K] of a stack's predictions ``pred`` [K, b] (member k's first
-        ``sizes[k]`` rows are its own; a member of size 0 scores 0): the sum of these is what a
-        stack backwards, so no member's gradient sees another's rows."""
+        """Each member's loss [K] of a stack's ``pred`` [K, b] (member k's first ``sizes[k]`` rows are
+        its own; size 0 scores 0): the stack backwards their sum, so no member sees another's rows."""
         return torch.stack([self(pred[k, :n], label[k, :n], dates[k, :n]) if n else pred[k, :1].sum() * 0
                             for k, n in enumerate(sizes)])
 
@@ -78,11 +74,9 @@ class DailyIC(Loss):
         return M.ic_loss(pred.float(), label, dates)
 
     def _split(self, rows: Rows, micro: int) -> list[Part]:
-        """The loss averages over dates, so its micro-batches hold whole dates (a date larger
-        than ``micro`` is one micro-batch of its own) weighted by the share of the dates
-        ``ic_loss`` counts. A cross-sectional batch brings its date counts from the host; a
-        random-order batch is grouped by date here, which reads the counts back (one sync,
-        only when an IC batch is split)."""
+        """The loss averages over dates, so its micro-batches hold whole dates (a date larger than
+        ``micro`` is one of its own) weighted by the share of the dates ``ic_loss`` counts. A random-
+        order batch is grouped by date here, which reads the counts back (one sync, only then)."""
         idx, counts = rows.idx, rows.date_counts
         if counts is None:
             idx = idx[torch.argsort(idx[:, 0], stable=True)]

@@ -1,6 +1,5 @@
-"""What the loop carries from epoch to epoch: history, the best epoch and its weights,
-the patience and non-finite counters; what it learns of an epoch's steps at each host
-sync; plus the one-line epoch summary."""
+"""What the loop carries from epoch to epoch, what it learns of an epoch's steps at each host sync,
+and the one-line epoch summary."""
 from __future__ import annotations
 
 import math
@@ -12,7 +11,7 @@ import torch
 
 @dataclass
 class Progress:
-    """What the loop carries from epoch to epoch (and what a checkpoint restores)."""
+    """History, the best epoch and its weights, the patience and non-finite counters."""
 
     epoch: int = 0
     best: float | None = None
@@ -41,9 +40,8 @@ class Progress:
 
 @dataclass
 class EpochSteps:
-    """An epoch's training steps as the host learns them: each step leaves its loss and its
-    skip flag (1.0: no update, the loss or a gradient was non-finite) on the device, and
-    :meth:`sync` reads every pending pair in one transfer."""
+    """An epoch's steps as the host learns them: each leaves its loss and skip flag (1.0: no update,
+    something was non-finite) on the device; :meth:`sync` reads every pending pair in one transfer."""
 
     loss_sum: float = 0.0
     updates: int = 0
@@ -57,9 +55,9 @@ class EpochSteps:
         return len(self.pending) // 2
 
     def sync(self, progress: Progress, patience: int) -> tuple[int, bool]:
-        """Reads the pending steps (one device sync) in order: a finite one adds its loss and
-        resets ``progress.nonfinite_steps``, a non-finite one counts. Returns (steps that made
-        no update, whether ``patience`` consecutive non-finite steps were reached)."""
+        """Reads the pending steps in order: a finite one adds its loss and resets
+        ``progress.nonfinite_steps``, a non-finite one counts. Returns (steps that made no update,
+        whether ``patience`` consecutive non-finite steps were reached)."""
         if not self.pending:
             return 0, False
         values = torch.stack(self.pending).tolist()

@@ -189,8 +189,7 @@ def read_kept(folder: Path, key: str) -> dict[str, Any] | None:
 def keep(folder: Path, key: str, choice: dict[str, Any]) -> None:
     """Keep a measurement for this host's next run of the same shape; one that cannot be written
     is only measured again."""
-    with contextlib.suppress(OSError):
-        folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # (a DiskFull too)
         write_text(folder / f"{key}.json", json.dumps(choice))
 
 

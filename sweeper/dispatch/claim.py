@@ -1,5 +1,5 @@
-"""Claiming a trial: under the study's lock, fail stale trials, count the budget,
-ask Optuna, and make the trial this driver's before anyone else looks."""
+"""Claiming a trial: under the study's lock, fail stale trials, count the budget, ask Optuna, and
+make the trial this driver's before anyone else looks."""
 from __future__ import annotations
 
 import time
@@ -19,10 +19,9 @@ from sweeper.store.locks import ClaimLock
 from sweeper.study.ending import fail_trial
 from sweeper.study.space import suggest
 
-# WAITING trials are not counted: they are retries queued for the next free
-# slot, and ask() hands them out before sampling anything new, so counting them
-# would make a queued retry block itself. Every ask happens under the lock, so
-# the count can never overshoot.
+# WAITING trials are not counted: they are retries queued for the next free slot, and ask() hands
+# them out before sampling anything new, so counting them would make a queued retry block itself.
+# Every ask happens under the lock, so the count can never overshoot.
 BUDGET_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 MAX_LOST_CLAIMS = 3
 WAIT_POLL_S = 0.5
@@ -30,14 +29,10 @@ WAIT_POLL_S = 0.5
 
 def claim(study: optuna.Study, cfg: SweeperConfig, lock: ClaimLock, ident: Identity, run_dir: Path,
           seen: Callable[[list[FrozenTrial]], bool] | None = None) -> optuna.Trial | None:
-    """Under the lock, in order: fail stale trials, count the budget, ask, record
-    the first heartbeat and the host. None when the budget is used up, or when ``seen``
-    says to stop.
-
-    ``seen`` gets the trials read under the lock, so that a caller can show the
-    study's progress and judge it (study.patience_trials) without reading them again;
-    it returns whether to go on. Waits (the lock, the store
-    through an outage) end with StopRequested on Ctrl-C or SIGTERM."""
+    """Under the lock: fail stale trials, count the budget, ask, record the first heartbeat and the
+    host. None when the budget is used up, or when ``seen`` (given the trials read under the lock,
+    to show and judge the study's progress without reading them again) says to stop. Waits (the
+    lock, the store through an outage) end with StopRequested on Ctrl-C or SIGTERM."""
     with lock:
         for _ in range(MAX_LOST_CLAIMS):
             trials = reconcile(study, cfg.study, ident, run_dir)
@@ -72,9 +67,8 @@ def _make_ours(study: optuna.Study, trial: optuna.Trial, cfg: SweeperConfig, ide
 
 
 def _fail_claimed(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:
-    """FAIL a trial whose claim broke off: ``interrupted`` (re-run with its params) after
-    Ctrl-C, SIGTERM or an outage past the limit, else ``crash`` with the error. Best
-    effort: the store may be what broke."""
+    """FAIL a trial whose claim broke off: ``interrupted`` (re-run with its params) after Ctrl-C,
+    SIGTERM or an outage past the limit, else ``crash``. Best effort: the store may be what broke."""
     # (KeyboardInterrupt: a library caller's Ctrl-C, and a sweep's signals, a StopRequested)
     stopped = isinstance(exc, (KeyboardInterrupt, StorageOutage))
     reason = FailReason.INTERRUPTED if stopped else FailReason.CRASH
@@ -85,10 +79,9 @@ def _fail_claimed(study: optuna.Study, trial: optuna.Trial, exc: BaseException) 
 
 
 class ClaimSchedule:
-    """When the driver claims next: whenever it has room, except while the budget is held by
-    other drivers' RUNNING trials. Those may finish, or die and need re-running, so it looks
-    again each heartbeat interval, and at once when one of them ends (a cheap poll of RUNNING
-    trials every WAIT_POLL_S, instead of a full claim)."""
+    """When the driver claims next: whenever it has room, except while the budget is held by other
+    drivers' RUNNING trials, which may finish or die and need re-running: then each heartbeat
+    interval, and at once when one of them ends (a cheap poll every WAIT_POLL_S)."""
 
     def __init__(self, interval: float, foreign_running: Callable[[], set[int]]) -> None:
         self.interval = interval

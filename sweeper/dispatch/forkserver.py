@@ -1,13 +1,12 @@
 """The driver's side of the worker fork server (:mod:`sweeper.worker.forked`), one of the two
-launchers :func:`sweeper.launch.start` chooses from: start it once, as the sweep's checks begin,
-ask it for children, hear their exits (:class:`ForkedProc` stands in for the ``Popen`` of a child
-the driver is not the parent of), and stop it. It is used wherever it starts: on Linux
-(``USE_FORK_SERVER``, an internal constant: nothing a user sees changes but start-up times).
+launchers :func:`sweeper.launch.start` chooses from: start it, ask it for children, hear their
+exits (:class:`ForkedProc` stands in for the ``Popen`` of a child the driver is not the parent of),
+stop it. It is used wherever it starts: on Linux (``USE_FORK_SERVER``).
 
 One server serves every sweep of a process (:meth:`ForkServer.shared`): a notebook's second sweep,
-or a test session's hundredth, skips its preload (about 3.4 s of CPU, on the first worker's path).
-A sweep that ends by an exception stops it (a straggler dies with it); the last one is stopped at
-the process's exit. It costs an idle process of about 120 MB between sweeps (:func:`stop_shared`).
+or a test session's hundredth, skips its preload (about 3.4 s of CPU, on the first worker's path),
+for an idle process of about 120 MB between sweeps. A sweep that ends by an exception stops it (a
+straggler dies with it, :func:`stop_shared`); the last one is stopped at the process's exit.
 """
 from __future__ import annotations
 
@@ -66,8 +65,8 @@ class ForkServer:
 
     @classmethod
     def shared(cls) -> ForkServer | None:
-        """This process's server, started by its first sweep (or again, once the last one died or
-        was stopped); None where it is off or cannot start."""
+        """This process's server, started by its first sweep (again once the last one died or was
+        stopped); None where it is off or cannot start."""
         global _shared
         if not USE_FORK_SERVER:
             return None
@@ -133,10 +132,9 @@ class ForkServer:
             return self._codes.get(req)
 
     def stop(self) -> None:
-        """Kill it, at once: called after the driver has shut its workers down, it holds nothing
-        (a straggler dies with it, by its parent-death signal, as shutdown's kill would have it),
-        and while it still preloads it would read no EOF until the import under way ends (torch:
-        seconds)."""
+        """Kill it at once: after the driver has shut its workers down it holds nothing (a straggler
+        dies with it, by its parent-death signal), and while it still preloads it would read no EOF
+        until the import under way ends (torch: seconds)."""
         if self._proc is not None:
             launch.kill(self._proc)
         if self._sock is not None:

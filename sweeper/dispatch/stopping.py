@@ -1,9 +1,6 @@
-"""Parent: whether the sweep stops, and why; the one home of that decision.
-
-The driver tells :class:`StopRule` what happened (a trial ended, the budget is used up, a
-worker cannot start) and asks it whether to go on. Its :meth:`StopRule.ending` is what
-``sweeper run`` reports and what its exit code is made from
-(:attr:`SweepResult.exit_code`).
+"""Parent: whether the sweep stops, and why; the one home of that decision. The driver tells
+:class:`StopRule` what happened and asks it whether to go on; :meth:`StopRule.ending` is what
+``sweeper run`` reports and its exit code is made from (:attr:`SweepResult.exit_code`).
 """
 from __future__ import annotations
 
@@ -53,7 +50,7 @@ class TrialEnd:
     def counts_as_failure(self) -> bool | None:
         """For study.max_consecutive_failures: True counts, False resets the count, None (an
         interruption the driver saw) does neither. A config the model cannot take counts, though
-        PRUNED. A reported FAIL counts whatever its reason (one another host failed first, too)."""
+        PRUNED; a reported FAIL counts whatever its reason."""
         if self.reason == FailReason.INTERRUPTED and not self.reported:
             return None
         return self.failed or self.reason == FailReason.CONFIG
@@ -68,11 +65,9 @@ class Patience:
 
 
 def patience(trials: Iterable[FrozenTrial], maximize: bool, min_improvement: float) -> Patience:
-    """Over the finished trials (COMPLETE and PRUNED) in the order they finished, a COMPLETE
-    trial whose value beats the best so far by more than ``min_improvement`` is a new best and
-    resets the count; every other finished trial adds one. The best is the last new best (one
-    better by less than ``min_improvement`` is no new best). Computed from stored trials, so
-    every driver of the study counts the same."""
+    """Over the finished trials in the order they finished, a COMPLETE trial whose value beats the
+    best so far by more than ``min_improvement`` is a new best and resets the count; every other
+    adds one. From stored trials, so every driver of the study counts the same."""
     finished = sorted((t for t in trials if t.state in FINISHED and t.datetime_complete is not None),
                       key=lambda t: (t.datetime_complete, t.number))
     best: FrozenTrial | None = None
@@ -92,13 +87,10 @@ def _beats(value: float, best: float, maximize: bool, margin: float) -> bool:
 
 
 class StopRule:
-    """The sweep stops on a stop request, study.timeout, too many failures in a row,
-    workers that die before they are ready, a full disk, study.patience_trials,
-    study.stop_when_converged, or a used-up budget.
-
-    The driver tells it what happened (:meth:`trial_ended`, :meth:`seen`, :meth:`budget_used`,
-    :meth:`worker_broken`, and :meth:`clock` once per loop turn); each of those records the
-    reason it found, once, in :attr:`message`. :meth:`stopping` and :meth:`ending` only answer."""
+    """The sweep stops on a stop request, study.timeout, too many failures in a row, workers that
+    die before they are ready, a full disk, study.patience_trials, study.stop_when_converged, or a
+    used-up budget. What the driver tells it records the reason found first in :attr:`message`;
+    :meth:`stopping` and :meth:`ending` only answer."""
 
     def __init__(self, cfg: StudyConfig, stop: StopToken, run_dir: Path,
                  objective: str | None = None) -> None:
@@ -133,8 +125,7 @@ class StopRule:
                             f"(study.max_consecutive_failures); see {logs_dir(self.run_dir)}")
 
     def seen(self, trials: list[FrozenTrial]) -> None:
-        """The trials a claim read under the lock: study.patience_trials is counted on them,
-        and study.stop_when_converged judged."""
+        """The trials a claim read under the lock: study.patience_trials and stop_when_converged."""
         self._patience(trials)
         self._convergence(trials)
 
@@ -171,8 +162,7 @@ class StopRule:
             self.broken, self.message = True, message
 
     def clock(self, now: float | None = None) -> None:
-        """A turn of the driver's loop: study.timeout is judged on the clock (``now``, a
-        ``time.monotonic()`` reading), once it has passed for good."""
+        """A turn of the driver's loop: study.timeout judged on the clock (``now``: monotonic)."""
         timeout = self.cfg.timeout
         if self.timed_out or timeout is None:
             return
@@ -196,8 +186,7 @@ class StopRule:
         return self.stop.requested
 
     def stopping(self) -> bool:
-        """Whether to start no more trials (those running finish, or drain on a signal).
-        A query: it records nothing."""
+        """Whether to start no more trials (those running finish, or drain on a signal)."""
         return self._halted() or self.timed_out or self._too_many_failures() or self.exhausted
 
     def ending(self) -> Ending:

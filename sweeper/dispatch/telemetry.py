@@ -1,5 +1,4 @@
-"""GPU telemetry during a sweep: a thread that samples each GPU through NVML
-every few seconds into ``devices.csv`` (no CUDA context)."""
+"""GPU telemetry during a sweep."""
 from __future__ import annotations
 
 import csv

@@ -1,16 +1,13 @@
 """The driver's check that each model can be built, with user models in a child process.
 
-Importing, constructing and running a user's ``module:Class`` once is the only user code
-the driver runs. A model that kills the interpreter there (``os._exit``, a segfault, an
-abort in C++) must end the check with one clear error naming ``model.name``, not take
-the driver with it. Built-in models are ours, cheap and safe: they are built in-process.
+Importing, constructing and running a user's ``module:Class`` once is the only user code the
+driver runs. A model that kills the interpreter there (``os._exit``, a segfault, an abort in C++)
+must end the check with one clear error naming ``model.name``, not take the driver with it.
+Built-in models are ours, cheap and safe: they are built in-process.
 
-Parent: :func:`check_models`. Child: ``python -m sweeper.models.check``, which reads one
-JSON request on stdin and writes one JSON line per job as it finishes it, so that the
-job it died on is known. The child starts as every child of the driver does
-(:mod:`sweeper.launch`): ``sweeper run`` forks it from its worker fork server (:data:`ChildRun`),
-the same module and protocol without a fresh interpreter's 2-3 s of imports (torch) on a
-2-core box.
+Parent: :func:`check_models`. Child: ``python -m sweeper.models.check``, which reads one JSON
+request on stdin and writes one JSON line per job as it finishes it, so that the job it died on is
+known. It starts as every child of the driver does (:mod:`sweeper.launch`; :data:`ChildRun`).
 """
 from __future__ import annotations
 
@@ -44,9 +41,8 @@ def python_child(request: str, timeout: float) -> tuple[str, int | None]:
 
 @dataclass(frozen=True)
 class Job:
-    """One model to check: ``model`` (a model section) is built and run once; with
-    ``model=None`` the class named ``name`` is only imported. A failed ``fatal`` job
-    raises ConfigError; the others' failures are returned."""
+    """One model to check: ``model`` (a model section) is built and run once; with ``model=None``
+    the class ``name`` is only imported. A failed ``fatal`` job raises ConfigError."""
 
     name: str
     model: dict[str, Any] | None = None
@@ -62,14 +58,11 @@ def model_section(model: ModelConfig) -> dict[str, Any]:
 
 def check_models(jobs: list[Job], n_features: int, lookback: int, cache: Path | None = None,
                  child: ChildRun = python_child, *, builtins_in_child: bool = False) -> list[str | None]:
-    """Each job's error message, or None when it built. Raises ConfigError with the first
-    failed fatal job's message; jobs after it are then not checked.
-
-    With ``cache`` (a folder), the user models' answers are kept there by the content of
-    their files (:mod:`sweeper.models.check_cache`): an unchanged check starts no child.
-    ``child`` runs each checking child (a fresh interpreter unless the caller has a faster way);
-    ``builtins_in_child``: the built-in models go to a child too, ahead of the user models (they
-    are never cached: a child forked ready-made builds them in milliseconds)."""
+    """Each job's error message, or None when it built. Raises ConfigError with the first failed
+    fatal job's message (jobs after it are not checked). With ``cache`` (a folder), the user
+    models' answers are kept there (:mod:`sweeper.models.check_cache`): an unchanged check starts
+    no child. ``child`` runs each checking child; ``builtins_in_child``: the built-in models go to
+    a child too, ahead of the user models (never cached: a forked child builds them in ms)."""
     results: list[str | None] = [None] * len(jobs)
     pending, builtins = [], []
     for i, job in enumerate(jobs):
@@ -99,9 +92,8 @@ def check_models(jobs: list[Job], n_features: int, lookback: int, cache: Path | 
 
 def _check_children(jobs: list[Job], pending: list[int], results: list[str | None],
                     n_features: int, lookback: int, child: ChildRun) -> bool:
-    """The children's answers to the ``pending`` jobs into ``results``, from as many children
-    as it takes; True when every job was answered (none killed its child). Raises ConfigError
-    on a fatal failure."""
+    """The children's answers to the ``pending`` jobs into ``results``, from as many children as it
+    takes; True when none killed its child. Raises ConfigError on a fatal failure."""
     clean = True
     while pending:  # a job that kills the child is reported; the rest go to a fresh child
         answers, death = _run_child([jobs[i] for i in pending], n_features, lookback, child)
@@ -171,9 +163,8 @@ def runs_line(cfg: SweeperConfig, n_features: int) -> str:
 
 
 def stack_plan_line(model: ModelConfig, n_features: int, lookback: int) -> str:
-    """How the trial's runs of ``model`` stack (:func:`sweeper.models.stacked.build.stack_plan`):
-    a built-in's answer needs nothing built; a user model's is found by trying torch.func.vmap
-    on two of its members, in a child process like every other run of user code."""
+    """How the trial's runs of ``model`` stack (:func:`sweeper.models.stacked.build.stack_plan`); a
+    user model's answer tries torch.func.vmap on two members, in a child like all user code."""
     if not model.is_custom:
         return f"model {model.name}: stacked natively"
     lines, code = _ask_child({"n_features": n_features, "lookback": lookback, "plan": model_section(model)})
@@ -202,8 +193,7 @@ def _how(code: int) -> str:
 
 
 def main() -> int:
-    """The child (:mod:`sweeper.child`): answer each job of the request on stdin with one JSON
-    line on its answers stream (a model's own prints go to stderr)."""
+    """The child (:mod:`sweeper.child`): one JSON answer line per job of the request on stdin."""
     answers = sweeper.child.answers()
     request = json.load(sys.stdin)
     if "plan" in request:  # stack_plan_line's question

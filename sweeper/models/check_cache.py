@@ -103,8 +103,7 @@ def read(folder: Path, key: str, n_jobs: int) -> list[str | None] | None:
 
 def write(folder: Path, key: str, answers: list[str | None]) -> None:
     """Keep a clean check's answers; a cache that cannot be written is only a slower next check."""
-    with contextlib.suppress(OSError):
-        folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # (a DiskFull too)
         write_text(folder / f"{key}.json", json.dumps({"answers": answers}))
 
 

@@ -1,11 +1,8 @@
 """Where ``model.name: module:Class`` is found: beside the study file, then in the current folder.
 
 The CLI names the study file's folder in ``SWEEPER_MODEL_PATH`` while a command runs
-(:func:`model_search_path`); workers and the driver's check process inherit the variable and
-the working directory, so every process finds the same file, and no PYTHONPATH is needed.
-Folders named in the variable come first, so the study's folder wins over the current one.
-This search path is where a model's code is imported from; it has nothing to do with the run
-folder (``runs/<study>/``, :func:`sweeper.store.run_folder.files_folder`).
+(:func:`model_search_path`); workers and the check's child inherit the variable and the working
+directory, so every process finds the same file without PYTHONPATH, the study's folder first.
 """
 from __future__ import annotations
 
@@ -40,8 +37,7 @@ def model_import_dirs() -> list[str]:
 
 @contextmanager
 def model_search_path(study_file: str | Path) -> Iterator[None]:
-    """Put the study file's folder first in ``SWEEPER_MODEL_PATH`` (the folders ``module:Class``
-    is imported from) while the block runs."""
+    """Put the study file's folder first in ``SWEEPER_MODEL_PATH`` while the block runs."""
     before = os.environ.get(MODEL_PATH_ENV)
     folder = str(Path(study_file).resolve().parent)
     os.environ[MODEL_PATH_ENV] = os.pathsep.join([folder, *([before] if before else [])])
@@ -55,12 +51,9 @@ def model_search_path(study_file: str | Path) -> Iterator[None]:
 
 
 def import_model_module(module_name: str) -> ModuleType:
-    """Import ``module_name`` (``mynet`` or ``pkg.mynet``) as a study's model module.
-
-    Its top-level name is looked up in :func:`model_import_dirs` first; if none holds it,
-    it comes from the Python path (an installed package). Raises ImportError when a
-    different module of that name is already loaded, rather than use the wrong one.
-    """
+    """Import ``module_name`` (``mynet`` or ``pkg.mynet``) as a study's model module: its top-level
+    name from :func:`model_import_dirs` first, else from the Python path. Raises ImportError when a
+    different module of that name is already loaded, rather than use the wrong one."""
     top = module_name.partition(".")[0]
     folders = model_import_dirs()
     _put_first(folders)
@@ -103,8 +96,8 @@ def _module_file(module: ModuleType) -> str | None:
 
 
 def _forget(top: str, old_file: str) -> None:
-    """Drop another study's model module, its submodules, and the single-file modules
-    beside it (its helpers), so that this study's files of the same names are imported."""
+    """Drop another study's model module, its submodules and the single-file modules beside it (its
+    helpers), so that this study's files of the same names are imported."""
     folder = os.path.dirname(old_file)
     if os.path.basename(old_file) == "__init__.py":  # a package: its helpers sit beside its folder
         folder = os.path.dirname(folder)

@@ -1,9 +1,8 @@
 """Which models a study can build: its own, every ``model.name`` it may sample, and each
-combination of the categorical model choices in its search space.
-
-A combination the model cannot take (``nhead`` not dividing ``d_model``) would otherwise
-surface only when a trial samples it. Checked before the sweep, the invalid ones are
-named in one warning; a study none of whose shapes builds is refused.
+combination of the categorical model choices in its search space, checked before the sweep (a
+combination the model cannot take, ``nhead`` not dividing ``d_model``, would otherwise surface
+only when a trial samples it): the invalid ones are named in one warning; a study none of whose
+shapes builds is refused.
 """
 from __future__ import annotations
 
@@ -20,17 +19,16 @@ SHOWN = 8  # invalid shapes named in the warning; the rest are counted
 
 
 def shape_keys(cfg: C.SweeperConfig) -> list[str]:
-    """The search-space keys that may change what gets built: categorical ``model.*``
-    choices, except lists of fractions (a dropout rate builds like any other)."""
+    """The categorical ``model.*`` search-space keys, except lists of fractions (a dropout rate builds
+    like any other)."""
     return [key for key, spec in cfg.search_space.items()
             if key.startswith("model.") and spec.type == "categorical"
             and not all(isinstance(c, float) and not c.is_integer() for c in spec.choices or [])]
 
 
 def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[dict[str, Any]] | None:
-    """Every distinct set of model choices a trial can sample, in file order; None when
-    there are more than ``limit``. Keys whose ``when`` condition fails are left out, as
-    :func:`sweeper.study.space.suggest` leaves them out."""
+    """Every distinct set of model choices a trial can sample, in file order (keys whose ``when``
+    fails left out, as :func:`sweeper.study.space.suggest` does); None for more than ``limit``."""
     keys = shape_keys(cfg)
     choices = [cfg.search_space[k].choices or [] for k in keys]
     total = 1
@@ -67,13 +65,11 @@ def _met(cfg: C.SweeperConfig, when: dict[str, Any], chosen: dict[str, Any]) -> 
 
 def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,
                        child: ChildRun = python_child, *, builtins_in_child: bool = False) -> list[str]:
-    """Import every model the study names and build its own model (errors raise
-    ConfigError), then build each model shape its search space can sample. Returns the
-    lines to show (a warning naming the shapes that cannot be built, or a note that
-    there were too many to try); raises ConfigError when none of them builds. User models
-    are checked in a child (run by ``child``) once per content of their files (kept in the
-    panel cache's root); built-in ones in this process, or with ``builtins_in_child`` in a child
-    too (one whose caller forks it ready-made, so that this process need not import torch)."""
+    """Import every model the study names and build its own (errors raise ConfigError), then each
+    model shape its search space can sample. Returns the lines to show (a warning naming the
+    shapes that cannot be built, or a note that there were too many to try); raises ConfigError
+    when none builds. User models are checked in a child (:func:`check_models`), built-in ones here
+    or, with ``builtins_in_child``, in a child too (forked ready-made: this process needs no torch)."""
     cache = checks_folder(cfg.data)
     spec = cfg.search_space.get("model.name")
     names = sorted({str(c) for c in (spec.choices or [])} - {cfg.model.name}) if spec is not None else []

@@ -1,10 +1,9 @@
 """Ensembles of prediction frames: the mean of the members' per-date z-scored predictions.
 
-Models differ in scale (one predicts returns, another ranks), so each member's ``pred``
-is z-scored across the assets of each date first (std with ddof=1, as ``cs_zscore``);
-a date where a member predicts a constant, or has one row, contributes 0 for it. The
-ensemble's ``pred`` is the plain mean over the members, on the (date, asset) rows that
-every member predicted; ``label`` is carried over unchanged.
+Models differ in scale (one predicts returns, another ranks), so each member's ``pred`` is
+z-scored across each date's assets first (ddof=1, as ``cs_zscore``; 0 on a date where it is
+constant). The ensemble's ``pred`` is the plain mean over the members, on the (date, asset) rows
+that every member predicted; ``label`` is carried over unchanged.
 """
 from __future__ import annotations
 

@@ -1,17 +1,16 @@
 """Newey-West (HAC) standard errors of a mean, for daily series whose days overlap.
 
-An h-day label makes neighbouring labels share h-1 days of returns, so the daily ICs of a
-model whose predictions persist from day to day are autocorrelated up to lag h-1. The
-plain standard error std/sqrt(T) then understates the uncertainty of the mean IC by up to
-about sqrt(h). The Newey-West long-run variance with Bartlett weights and ``lag = h - 1``
-corrects for that:
+An h-day label makes neighbouring labels share h-1 days of returns, so the daily ICs of a model
+whose predictions persist are autocorrelated up to lag h-1, and std/sqrt(T) understates the
+uncertainty of the mean IC by up to about sqrt(h). The Newey-West long-run variance with Bartlett
+weights and ``lag = h - 1`` corrects for that:
 
     LRV = s^2 * (1 + 2 * sum_{k=1..lag} (1 - k/(lag+1)) * rho_k)
 
-where ``s^2`` is the variance with ddof=1 and ``rho_k`` the lag-k autocorrelation (sums over
-the T-k pairs, divided by T times the lag-0 moment, the usual biased estimate). With
-``lag = 0`` it is ``s^2``, so a 1-day label keeps the plain standard error exactly.
-NaN days are dropped first; the remaining days are taken as consecutive.
+where ``s^2`` is the variance with ddof=1 and ``rho_k`` the lag-k autocorrelation (sums over the
+T-k pairs over T times the lag-0 moment, the usual biased estimate). With ``lag = 0`` it is
+``s^2``: a 1-day label keeps the plain standard error. NaN days are dropped, the rest taken as
+consecutive.
 """
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ def lag_for_horizon(horizon: int) -> int:
 
 
 def variance_ratio(x: np.ndarray, lag: int) -> float:
-    """``LRV / s^2 = 1 + 2 sum w_k rho_k``, floored at 1: overlap can only widen the
-    standard error here (a negative autocorrelation is not taken as extra information).
-    NaN for fewer than 2 finite days or no spread."""
+    """``LRV / s^2 = 1 + 2 sum w_k rho_k``, floored at 1 (a negative autocorrelation is not taken as
+    extra information); NaN for fewer than 2 finite days or no spread."""
     v = _finite(x)
     if len(v) < 2:
         return math.nan

@@ -1,13 +1,10 @@
-"""IC through time and IC within groups: where in the calendar a model's IC came from, and
-how much of it survives taking out what a group (e.g. a sector) shares on each date.
+"""IC through time and IC within groups: where in the calendar a model's IC came from, and how
+much of it survives taking out what a group (e.g. a sector) shares on each date.
 
-* :func:`ic_by_year` / :func:`ic_by_month`: the mean of a daily IC frame (the columns of the
-  daily IC files, ``date, ic, rank_ic``) per calendar year, and per year and month. A day
-  without an IC (NaN) is left out of its mean, as :func:`sweeper.quant.ic.ic_report` does.
-* :func:`group_neutral_ic`: prediction and label demeaned within each (date, group), then
-  the same IC as everywhere (:func:`sweeper.quant.ic.ic_report`). A model that only ranks
-  groups has no spread left inside a group, so its group-neutral IC is ~0 however high its
-  raw IC is.
+* :func:`ic_by_year` / :func:`ic_by_month`: the mean of a daily IC frame (``date, ic, rank_ic``)
+  per calendar year, and per year and month; a day without an IC (NaN) is left out of its mean.
+* :func:`group_neutral_ic`: the IC of prediction and label demeaned within each (date, group). A
+  model that only ranks groups has no spread left inside one: its group-neutral IC is ~0.
 """
 from __future__ import annotations
 
@@ -45,10 +42,9 @@ def ic_by_month(daily: pd.DataFrame, col: str = "ic") -> pd.DataFrame:
 
 
 def demean_within(frame: pd.DataFrame, group: str = "group") -> pd.DataFrame:
-    """``date, asset, pred, label`` with pred and label minus their mean within each
-    (date, group). Rows without a group or a finite pred and label are dropped first, so
-    the means are over the pairs the IC scores; a group of one asset on a date is dropped
-    too: demeaned, it is 0 on both sides and would only add weight without information."""
+    """``date, group, pred, label`` with pred and label minus their mean within each (date, group),
+    over the pairs the IC scores (rows without a group or a finite pred and label dropped first); a
+    group of one asset on a date is dropped too: demeaned, it would add weight without information."""
     check_columns(frame, ("date", "pred", "label", group), "group-neutral IC")
     pred = pd.to_numeric(frame["pred"], errors="coerce").to_numpy(np.float64)
     label = pd.to_numeric(frame["label"], errors="coerce").to_numpy(np.float64)

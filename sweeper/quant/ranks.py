@@ -1,8 +1,6 @@
-"""Average ranks within each row, ties sharing their mean rank: the one ranking of the package.
-
-Normalisation (``cs_rank``) ranks dense numpy cross-sections; Rank IC ranks
-``[T, N]`` tensors on their own device. Both live here so a tie rule is
-decided once.
+"""Average ranks within each row, ties sharing their mean rank: the one ranking of the package
+(normalisation's ``cs_rank`` ranks numpy cross-sections, Rank IC ``[T, N]`` tensors on their
+device), so that a tie rule is decided once.
 """
 from __future__ import annotations
 
@@ -16,11 +14,9 @@ if TYPE_CHECKING:  # torch is imported where a function needs it: best and statu
 
 
 def average_ranks(v: np.ndarray) -> np.ndarray:
-    """0-based float32 ranks along the last axis, ties given their average rank.
-
-    Only rows with a tie among finite values take the slower tie-averaging
-    pass (the +inf that pads missing entries may tie: those ranks are discarded).
-    """
+    """0-based float32 ranks along the last axis, ties given their average rank. Only rows with a
+    tie among finite values take the slower tie-averaging pass (the +inf that pads missing entries
+    may tie: those ranks are discarded)."""
     shape, size = v.shape, v.shape[-1]
     v = v.reshape(-1, size)
     order = np.argsort(v, axis=-1)
@@ -51,10 +47,8 @@ def _tie_average(s: np.ndarray) -> np.ndarray:
 
 def average_ranks_torch(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """1-based ranks within each row among the valid entries; ties share their average rank.
-
-    Missing entries are sent to +inf so they sort last and never tie with a finite value;
-    the first and last position of each value's run come from searchsorted on the sorted row.
-    """
+    Missing entries are sent to +inf so they sort last and never tie with a finite value; the first
+    and last position of each value's run come from searchsorted on the sorted row."""
     import torch
     keyed = torch.where(valid, x, torch.tensor(math.inf, dtype=x.dtype, device=x.device))
     ordered, order = torch.sort(keyed, dim=1)

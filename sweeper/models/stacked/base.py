@@ -1,17 +1,15 @@
-"""What every stacked model is made of: a stack of K members is one module whose parameters
-carry a leading K dimension (HFTA's fused models), and members never mix.
+"""What every stacked model is made of: a stack of K members is one module whose parameters carry
+a leading K dimension (HFTA's fused models), and members never mix.
 
-A stacked model mirrors its one-member model's parameter names and shapes exactly, with K
-in front: ``member_state(k)`` is a state dict of the one-member names and shapes, and
-``load_member(k, state)`` takes one. That is how a stack starts from K one-member models
-built with the members' seeds (the same initialisation as K separate runs, draw for draw),
-and how each member's best weights leave the stack as an ordinary trial's ``weights.pt``.
+A stacked model mirrors its one-member model's parameter names and shapes, with K in front:
+``member_state(k)`` is a one-member state dict and ``load_member(k, state)`` takes one. So a stack
+starts from K one-member models built with the members' seeds (K separate runs' initialisation,
+draw for draw), and each member's best weights leave it as an ordinary trial's ``weights.pt``.
 
-Inputs are ``x[K, B, L, F]`` (member k's batch in row k) and outputs ``[K, B]``. In a stack of
-several, dropout draws each member's mask from that member's own generator
-(:meth:`StackedModule.seed_members`), so a member's masks do not depend on which other members
-share its stack; a stack of one calls torch's own layers (``F.linear``, ``F.dropout`` from the
-generator its run seeded), so it computes what the one-member model computes, bit for bit.
+Inputs are ``x[K, B, L, F]`` (member k's batch in row k), outputs ``[K, B]``. In a stack of
+several each member's dropout masks come from its own generator (:meth:`StackedModule.seed_members`),
+whatever shares its stack; a stack of one calls torch's own layers (``F.linear``, ``F.dropout`` from
+the generator its run seeded), so it computes what the one-member model computes, bit for bit.
 """
 from __future__ import annotations
 
@@ -71,12 +69,9 @@ def stacked_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 class MemberDropout(nn.Module):
-    """Dropout with each member's own rate ``p[k]`` and, once seeded, its own generator.
-
-    Unseeded (a stack built outside a trial) it draws from the global generator like
-    ``nn.Dropout``; so does a stack of one, whose run seeded the global generator with its seed.
-    The rates are a buffer, not a parameter: a per-member hyperparameter, so that members of one
-    shape but different dropout can share a stack."""
+    """Dropout with each member's own rate ``p[k]`` (a buffer: members of one shape but different
+    dropout share a stack) and, once seeded, its own generator. Unseeded (a stack built outside a
+    trial), and in a stack of one, it draws from the global generator like ``nn.Dropout``."""
 
     generators: list[torch.Generator] | None
     p: torch.Tensor
@@ -117,13 +112,17 @@ class StackedModule(nn.Module):
     plan: str = ""  # how it stacks, for the log (sweeper.models.stacked.build.stack_plan)
     member_dims: int = 1  # leading dimensions a parameter has for the members (K)
 
+    def stacked_state(self) -> dict[str, torch.Tensor]:
+        """Each one-member name's stacked tensor (K in front)."""
+        return self.state_dict()
+
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member ``k``'s weights as its one-member model's state dict (CPU copies)."""
-        return {name: t[k].detach().to("cpu", copy=True) for name, t in self.state_dict().items()}
+        return {name: t[k].detach().to("cpu", copy=True) for name, t in self.stacked_state().items()}
 
     def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
         """Set member ``k``'s weights from a one-member model's state dict (same names)."""
-        mine = self.state_dict()
+        mine = self.stacked_state()
         missing = sorted(set(mine) ^ set(state))
         if missing:
             raise KeyError(f"member state does not match the stack's parameters: {missing[:4]}")
@@ -152,11 +151,9 @@ class StackedModule(nn.Module):
 
 
 class SoloStack(StackedModule):
-    """A stack of one: the one-member model itself, so that a run of one member calls exactly
-    the kernels a lone run of that model calls (torch's fused LSTM, the transformer's eval fast
-    path, ``F.linear``), bit for bit. Its parameters carry no K dimension (``member_dims`` 0).
-    Dropout draws from the global generator, which the run seeds with the member's seed: a
-    stack of one member owns it."""
+    """A stack of one: the one-member model itself (a user's model, whose parameters carry no K
+    dimension: ``member_dims`` 0), calling exactly its kernels, bit for bit. Dropout draws from the
+    global generator, which the run seeds with the member's seed."""
 
     member_dims = 0
 
@@ -184,9 +181,8 @@ class SoloStack(StackedModule):
 
 
 class OneMember(nn.Module):
-    """A built-in model's stack of one used as one model: ``x[B, L, F]`` -> ``[B]``, and a state
-    dict of the one-member names and shapes (what a trial's ``weights.pt`` holds), so that
-    ``best``, ``predict``, ``refit`` and the ensembles load weights saved by any sweeper."""
+    """A built-in model's stack of one used as one model: ``x[B, L, F]`` -> ``[B]``, with a state dict
+    of the one-member names and shapes, so that every command loads weights saved by any sweeper."""
 
     def __init__(self, stack: StackedModule) -> None:
         super().__init__()

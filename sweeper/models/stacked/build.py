@@ -1,10 +1,7 @@
 """``model.name`` -> a stack of K members with one-member weights: the built-ins natively, a
-user's ``module:Class`` through ``torch.func`` (:mod:`sweeper.models.stacked.func`).
-
-A stack is built from K one-member models (:func:`sweeper.models.build.build_model`, each after
-``seed_everything`` with its member's seed), so every member starts exactly where its separate
-run would have started; a stack of one is its member's own. :func:`stack_plan` says how a model
-config stacks, for the log and for ``sweeper validate``.
+user's ``module:Class`` through ``torch.func`` (:mod:`sweeper.models.stacked.func`). A stack is
+built from K one-member models, each built after seeding with its member's seed, so every member
+starts exactly where its separate run would have started.
 """
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ SHAPE_FIELDS = ("name", "hidden_size", "num_layers", "d_model", "nhead", "dim_fe
 
 def stack_plan(model_cfg: ModelConfig, members: Sequence[nn.Module], n_features: int,
                lookback: int) -> tuple[str, str]:
-    """(mode, one line): how a stack of ``model_cfg`` trains: ``native`` (a built-in), or a user
-    model through torch.func, ``vmap`` or, where vmap cannot run it, ``loop`` (each member's
-    forward in turn; the line says what vmap refused)."""
+    """(mode, a line for the log and ``sweeper validate``): ``native`` (a built-in), or a user model's
+    ``vmap`` or, where vmap cannot run it, ``loop`` (the line says what vmap refused)."""
     if not model_cfg.is_custom:
         return "native", f"model {model_cfg.name}: stacked natively"
     from sweeper.models.stacked.func import VMAP, stack_mode
@@ -37,8 +33,8 @@ def stack_plan(model_cfg: ModelConfig, members: Sequence[nn.Module], n_features:
 
 def build_stack(model_cfgs: Sequence[ModelConfig], n_features: int, lookback: int,
                 members: Sequence[nn.Module]) -> StackedModule:
-    """The stack of ``members`` (one-member models of ``model_cfgs``, same shapes), holding their
-    weights. Its ``plan`` says how it stacks (:func:`stack_plan`)."""
+    """The stack of ``members`` (one-member models of ``model_cfgs``, same shapes) holding their
+    weights; its ``plan`` says how it stacks."""
     first = model_cfgs[0]
     if len(members) == 1:  # a run of one member: the member's own stack (a user model's own module)
         one = members[0]

@@ -1,19 +1,16 @@
 """Any model stacked through ``torch.func``: a user's ``module:Class`` as a stack of K members.
 
 The members' weights are stacked as a built-in stack's are (``[K, ...]`` parameters, one flat
-update in :mod:`sweeper.core.stack_optim`), under the one-member names with ``.`` spelt ``__``
-(a module's attribute names cannot hold a dot); ``member_state`` and ``load_member`` speak the
-one-member names. The forward is ``torch.func.vmap`` of ``functional_call`` over the members
-where vmap can run the model (one batched kernel per layer for all members); where it cannot
-(an op without a batching rule, ``nn.LSTM`` among them, or data-dependent control flow) each
-member's forward runs in turn through ``functional_call`` with its own slice of the weights, so
-the stack still trains as one (one backward, one update) and members still never mix.
-:func:`stack_mode` says which a model gets, and why.
+update), under the one-member names with ``.`` spelt ``__`` (an attribute name cannot hold a dot).
+The forward is ``torch.func.vmap`` of ``functional_call`` over the members where vmap can run the
+model (one batched kernel per layer); where it cannot (an op without a batching rule, ``nn.LSTM``
+among them, or data-dependent control flow) each member's forward runs in turn with its own slice
+of the weights, so the stack still trains as one and members still never mix. :func:`stack_mode`
+says which a model gets, and why.
 
-A model whose forward draws random numbers in training (dropout) runs one member's forward after
-another: vmap can only draw from the global generator, where each member must draw from its own
-(its run's: the generator its lone run would have drawn from, so a member's masks are its lone
-run's whatever shares its stack). Under vmap, randomness is an error.
+A forward that draws random numbers in training (dropout) runs member after member: vmap can only
+draw from the global generator, where each member must draw from its own (the one its lone run
+would have drawn from, whatever shares its stack). Under vmap, randomness is an error.
 """
 from __future__ import annotations
 
@@ -70,19 +67,9 @@ class FuncStack(StackedModule):
     def no_weight_decay(self) -> set[str]:
         return self._exempt
 
-    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+    def stacked_state(self) -> dict[str, torch.Tensor]:
         own = self.state_dict()
-        return {name: own[_key(name)][k].detach().to("cpu", copy=True) for name in self._state_names}
-
-    def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
-        mine = set(self._state_names)
-        if mine ^ set(state):
-            odd = sorted(mine ^ set(state))[:4]
-            raise KeyError(f"member state does not match the stack's parameters: {odd}")
-        own = self.state_dict()
-        with torch.no_grad():
-            for name in mine:
-                own[_key(name)][k].copy_(state[name])
+        return {name: own[_key(name)] for name in self._state_names}
 
     def _tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         own = dict(self.named_parameters())

@@ -1,6 +1,5 @@
 """The built-in MLP, written once with the member count K as a dimension: K >= 1 independent MLPs
-(``nn.Sequential`` names: ``net.1.weight`` ... K in front); a stack of one calls nn.Linear's and
-nn.Dropout's own kernels, bit for bit the one-member model the lone loop trained."""
+(``nn.Sequential`` names: ``net.1.weight`` ... K in front)."""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -2,14 +2,12 @@
 independent ``nn.LSTM``/``nn.GRU`` (batch-first, zero initial state) with a linear head, under the
 one-member names (``rnn.weight_ih_l0`` ... ``head.bias``, K in front).
 
-A stack of one is the one-member model: every layer through torch's own LSTM/GRU call, its
-inter-layer dropout inside the kernel, bit for bit what ``nn.LSTM`` computes. A stack of several
-on the CPU runs each member's layers through that kernel with its own weights (and its own
-dropout generator between layers); on a GPU the recurrence is written out, batched over members:
-per layer, one batched matmul projects every time step's input at once, then one batched matmul
-per step applies the hidden weights for all members together. The gate order and equations are
-torch's (LSTM i, f, g, o; GRU r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``), so a
-member's output is its one-member model's, up to float rounding.
+A stack of one is the one-member model: torch's own LSTM/GRU call, bit for bit. A stack of several
+on the CPU runs each member through that kernel with its own weights (and dropout generator between
+layers); on a GPU the recurrence is written out, batched over members: per layer one batched matmul
+projects every time step's input, then one per step applies the hidden weights. The gate order and
+equations are torch's (LSTM i, f, g, o; GRU r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn h +
+b_hn))``), so a member's output is its one-member model's, up to float rounding.
 """
 from __future__ import annotations
 
@@ -30,8 +28,8 @@ KERNEL_DEVICES = ("cpu",)
 
 
 class StackedRNN(nn.Module):
-    """K independent ``nn.LSTM``/``nn.GRU`` (``batch_first``, zero initial state) with their
-    parameter names. ``x[K, B, L, F]`` -> the top layer's last hidden state ``[K, B, H]``."""
+    """K independent ``nn.LSTM``/``nn.GRU`` under their parameter names: ``x[K, B, L, F]`` -> the top
+    layer's last hidden state ``[K, B, H]``."""
 
     def __init__(self, members: int, input_size: int, hidden_size: int, num_layers: int, *,
                  cell: str, dropout: Sequence[float]) -> None:
@@ -116,8 +114,8 @@ class StackedRNN(nn.Module):
 
     def _lstm_steps(self, xs: Sequence[torch.Tensor], w_hh_t: torch.Tensor, *,
                     keep: bool) -> list[torch.Tensor]:
-        """The LSTM recurrence over ``xs[t][K, B, 4H]`` (input projection plus both biases):
-        every step's ``h`` if ``keep``, else the last step's alone."""
+        """The LSTM recurrence over ``xs[t][K, B, 4H]`` (input projection plus both biases): every
+        step's ``h`` if ``keep``, else the last step's."""
         outs: list[torch.Tensor] = []
         h = c = None
         for t, x_t in enumerate(xs):
@@ -133,9 +131,8 @@ class StackedRNN(nn.Module):
 
     def _gru_steps(self, xs: Sequence[torch.Tensor], w_hh_t: torch.Tensor, b_hh: torch.Tensor, *,
                    keep: bool) -> list[torch.Tensor]:
-        """The GRU recurrence over ``xs[t][K, B, 3H]`` (input projection plus ``b_ih``), with
-        ``b_hh[K, 1, 3H]`` added to the hidden product: every step's ``h`` if ``keep``, else the
-        last step's alone."""
+        """The GRU recurrence over ``xs[t][K, B, 3H]`` (input projection plus ``b_ih``), ``b_hh[K, 1,
+        3H]`` added to the hidden product: every step's ``h`` if ``keep``, else the last step's."""
         hid = self.hidden_size
         outs: list[torch.Tensor] = []
         h = None

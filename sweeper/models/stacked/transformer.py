@@ -1,14 +1,12 @@
-"""The built-in transformer, written once with the member count K as a dimension: K >= 1
-pre-norm encoders under ``nn.TransformerEncoder``'s names (``encoder.layers.N.self_attn.in_proj_weight``
-and so on, K in front): a linear projection plus positions, the encoder, pooling, a linear head.
+"""The built-in transformer, written once with the member count K as a dimension: K >= 1 pre-norm
+encoders under ``nn.TransformerEncoder``'s names (``encoder.layers.N.self_attn.in_proj_weight`` ...,
+K in front): a linear projection plus positions, the encoder, pooling, a linear head.
 
-A stack of one is the one-member model: torch's own ``nn.TransformerEncoderLayer`` (its kernels,
-its eval fast path) runs on the member's weights, and the initial weights are drawn in its order.
-In a stack of several every linear is one batched matmul over the members, layer norms normalise
-without affine and then apply each member's own scale and shift, and attention runs as one
-``scaled_dot_product_attention`` call over ``K * B`` sequences. Dropout sits where
-``nn.TransformerEncoderLayer`` puts it (attention weights, after the attention block, inside the
-feed-forward block, after it), with each member's own rate and generator.
+A stack of one is the one-member model: torch's own ``nn.TransformerEncoderLayer`` (its kernels, its
+eval fast path) on the member's weights, drawn in its order. In a stack of several every linear is
+one batched matmul, layer norms normalise without affine and then apply each member's scale and
+shift, and attention is one ``scaled_dot_product_attention`` over ``K * B`` sequences. Dropout sits
+where ``nn.TransformerEncoderLayer`` puts it, with each member's own rate and generator.
 """
 from __future__ import annotations
 
@@ -90,8 +88,8 @@ class StackedSelfAttention(nn.Module):
         return self.out_proj(out.transpose(2, 3).reshape(k, b, length, d))
 
     def _attend_with_dropout(self, q: torch.Tensor, key: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Attention spelled out, ``[K, B, H, L, hd]`` in and out: SDPA takes one dropout rate
-        and the global generator, the members need their own rate and generator on the weights."""
+        """Attention spelled out, ``[K, B, H, L, hd]`` in and out: SDPA takes one dropout rate and the
+        global generator, the members need their own."""
         scores = torch.matmul(q, key.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
         weights = self.dropout(torch.softmax(scores, dim=-1))
         return torch.matmul(weights, v)
@@ -119,8 +117,7 @@ class StackedEncoderLayer(nn.Module):
                                                   device="meta")]
 
     def init_member(self, k: int) -> None:
-        """Member ``k``'s weights drawn as ``nn.TransformerEncoderLayer`` draws them: the attention's
-        out-projection (nn.Linear's), its in-projection (xavier, zero biases), the feed-forward's."""
+        """Member ``k``'s weights drawn as ``nn.TransformerEncoderLayer`` draws them."""
         attn = self.self_attn
         attn.out_proj.init_member(k)
         with torch.no_grad():
@@ -216,10 +213,9 @@ class StackedTransformer(StackedModule):
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
-        """Each member's weights drawn as the one-member model drew them, in its order
-        (so a stack of one starts, draw for draw, where a lone run of the model started): the
-        projection, the position table, the encoder layer (nn.TransformerEncoder deep-copies one
-        layer into every layer), the head."""
+        """Each member's weights drawn in the one-member model's order (a stack of one starts, draw for
+        draw, where a lone run started): the projection, the position table, the encoder layer
+        (nn.TransformerEncoder deep-copies one layer into every layer), the head."""
         first = cast(StackedEncoderLayer, self.encoder.layers[0])
         for k in range(self.members):
             self.project.init_member(k)
