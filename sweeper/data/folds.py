@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from sweeper.config import DataConfig, SplitConfig, SweeperConfig
@@ -101,9 +100,7 @@ def _too_small(cfg: SweeperConfig, span: int, gap: int, what: str) -> ConfigErro
 def fold_spans(panel: Panel, folds: list[Fold]) -> list[dict[str, list[str]]]:
     """``[{"train": [first, last], "valid": [first, last]}]``: ISO days of each fold's target dates
     (the ``fold_dates`` user attribute)."""
-    def days(span: tuple[int, int]) -> list[str]:
-        return [str(np.datetime_as_string(panel.dates[k], unit="D")) for k in (span[0], span[1] - 1)]
-    return [{"train": days(f.train), "valid": days(f.valid)} for f in folds]
+    return [{"train": panel.days(f.train), "valid": panel.days(f.valid)} for f in folds]
 
 
 def fold_panel(panel: Panel, fold: Fold, cfg: DataConfig) -> Panel:

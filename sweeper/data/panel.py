@@ -47,13 +47,16 @@ class Panel:
             self._cache[split] = idx
         return self._cache[split]
 
+    def days(self, span: tuple[int, int]) -> list[str]:
+        """``[first, last]`` of the ``[start, stop)`` date indices as ISO days (empty list: no date)."""
+        start, stop = span
+        if stop <= start:
+            return []
+        return [str(np.datetime_as_string(self.dates[k], unit="D")) for k in (start, stop - 1)]
+
     def split_dates(self) -> dict[str, list[str]]:
         """``{split: [first, last]}`` target dates as ISO days (empty list: no date)."""
-        out = {}
-        for name, (start, stop) in self.splits.items():
-            days = [str(np.datetime_as_string(self.dates[k], unit="D")) for k in (start, stop - 1)]
-            out[name] = days if stop > start else []
-        return out
+        return {name: self.days(span) for name, span in self.splits.items()}
 
     @property
     def nbytes(self) -> int:

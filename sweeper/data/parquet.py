@@ -45,8 +45,7 @@ def is_numeric(dtype: pa.DataType) -> bool:
 
 
 def select_features(schema: pa.Schema, cfg: DataConfig, path: Path) -> list[str]:
-    """cfg.features (names or glob patterns; every numeric column but the date, asset and
-    label when null) minus cfg.exclude (:mod:`sweeper.data.features`)."""
+    """The feature columns ``data.features`` and ``data.exclude`` select (:mod:`sweeper.data.features`)."""
     keys = {"data.date_col": cfg.date_col, "data.asset_col": cfg.asset_col, "data.label": cfg.label}
     if cfg.group_col is not None:  # it labels rows (group-neutral IC), it is never a feature
         keys["data.group_col"] = cfg.group_col

@@ -3,14 +3,9 @@
 A :class:`Slot`'s ``env`` is merged into the worker process's environment: a GPU
 slot sees exactly one GPU, named by UUID because CUDA's default device order can
 differ from NVML's; a CPU slot sees none. Thread counts split the machine's cores
-between slots so concurrent trials don't oversubscribe.
-
-A GPU may add to its slots' env (``GPU.slot_env``): a fake GPU's tell the worker to train
-on the CPU (:mod:`sweeper.devices.fake`).
-
-With ``trials_per_gpu: auto`` each GPU gets ``max_trials_per_gpu`` slots (8 unless set):
-the most trials packing may run on it at once. The driver starts their workers as
-packing needs them (:mod:`sweeper.dispatch.packer`).
+between slots so concurrent trials don't oversubscribe. A GPU may add to its slots' env
+(``GPU.slot_env``: a fake GPU's train on the CPU). With ``trials_per_gpu: auto`` the driver starts
+a GPU's workers as packing needs them (:mod:`sweeper.dispatch.packer`).
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """A trial's folder, and everything that copies, moves or removes its files: the one owner of
 ``trials/<n>/`` once :mod:`~sweeper.store.layout` has named the files.
 
-- a retry's adoption: :meth:`TrialFolder.clear_stale`, :meth:`~TrialFolder.copy_runs_from`,
-  :meth:`~TrialFolder.copy_checkpoint_from` (:mod:`sweeper.worker.adoption`);
-- a trial taking its model's files from its runs (:meth:`~TrialFolder.take_model`,
-  :mod:`sweeper.validation.record`);
-- ``study.keep``'s removals (:meth:`~TrialFolder.checkpoint_files` and the others, :func:`remove`,
-  :mod:`sweeper.study.retention`), and which checkpoints are live (:class:`Liveness`);
-- another study's files moved aside and back (:func:`move`, :mod:`sweeper.store.run_folder`).
+Its callers: a retry's adoption (:mod:`sweeper.worker.adoption`), a trial taking its model's
+files from its runs (:mod:`sweeper.validation.record`), ``study.keep`` (:mod:`sweeper.study.retention`)
+and another study's files moved aside and back (:mod:`sweeper.store.run_folder`).
 
 A retry names the trial it resumes by number (``resume_from_trial``); the checkpoint's path is
 worked out from the run folder at use time (:func:`resume_checkpoint`), so a study moved aside

@@ -38,10 +38,8 @@ def adopt(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.
     A retry continues from the checkpoint of the trial it resumes (``resume_from_trial``, or an
     older retry's ``resume_from``), found in this run folder, replaying the interrupted trial's
     intermediate values up to that checkpoint's step exactly once; it also copies the source's
-    finished runs (``runs/``, skipped when it trains), and the checkpoint's owner names the run
-    in progress (fold, repeat) that it continues. One of another study,
-    dataset, trial, run or config is not continued: the trial starts fresh and says why
-    (``resume_skipped``)."""
+    finished runs (``runs/``, skipped when it trains). One of another study, dataset, trial, run
+    or config is not continued: the trial starts fresh and says why (``resume_skipped``)."""
     folder, grid = TrialFolder.of(files), RunGrid.of(cfg)
     folder.clear_stale(log)
     source = resume_checkpoint(folder.run_dir, frozen.user_attrs)
