@@ -1,7 +1,6 @@
-"""The LightGBM baseline of a study (docs/baseline.md): a gradient-boosted model trained on
-exactly the study's train rows, features and label normalisation, early-stopped on its valid
-split and scored on valid and test with the trials' IC code, so ``sweeper best`` can say how
-much the sweep's best trial adds over it.
+"""The LightGBM baseline of a study (docs/baseline.md): a gradient-boosted model trained on exactly the
+study's train rows, features and label normalisation, early-stopped on its valid split and scored on valid
+and test with the trials' IC code, so ``sweeper best`` can say how much the sweep's best trial adds over it.
 
 - :mod:`~sweeper.baseline.features`: the design matrix of a split's rows (each row's features at
   its date plus ``baseline.lags`` earlier dates);

@@ -5,10 +5,9 @@ array the trials' windows are gathered from (missing values there are already 0,
 see them). A lag that reaches before the panel's first date is NaN (LightGBM's missing value);
 the study's pinned lookback makes that rare, since the train split starts at ``lookback - 1``.
 
-Too many train rows for ``baseline.max_rows``, or for a quarter of the memory available now
-(the design matrix, LightGBM's binned copy and the valid split's matrix side by side), keep every
-k-th train date (whole dates, so each kept date's cross-section is complete) and say so in
-:attr:`Design.subsampled`.
+Too many train rows for ``baseline.max_rows``, or for a quarter of the memory available now (the design
+matrix, LightGBM's binned copy and the valid split's matrix side by side), keep every k-th train date (whole
+dates, so each kept date's cross-section is complete) and say so in :attr:`Design.subsampled`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Running the baseline for a study: the panel through the data layer, the fit, the files of
-the run folder's ``baseline/`` (:class:`sweeper.store.layout.BaselineFiles`) and two study user
-attributes:
+"""Running the baseline for a study: the panel through the data layer, the fit, the files of the run
+folder's ``baseline/`` (:class:`sweeper.store.layout.BaselineFiles`) and two study user attributes:
 
 - ``baseline``: the result (val/test IC, Rank IC and ICIR, the daily ICs of both splits, elapsed
   time, LightGBM version, rows, whether the train rows were subsampled, best iteration, ...;

@@ -10,11 +10,10 @@ second; ``error`` on ``failed`` and ``interrupted``). The states and who moves b
                                         │ └──► interrupted   the sweep: Ctrl-C, or the store away
     any ──compute──► running                                 ``sweeper baseline``: asked for by name
 
-The one claim rule (:data:`CLAIMABLE`, :func:`claim`): a sweep takes the study's baseline only
-when the study has none yet or the last one was interrupted, under the claim lock, so of two
-drivers that ask at once one gets it and a resume never computes a done (or failed) one again.
-The sweep settles only its own run (:func:`settle`): a state another driver or the job itself
-wrote since is left as it is.
+The one claim rule (:data:`CLAIMABLE`, :func:`claim`): a sweep takes the study's baseline only when the
+study has none yet or the last one was interrupted, under the claim lock, so of two drivers that ask at once
+one gets it and a resume never computes a done (or failed) one again. The sweep settles only its own run
+(:func:`settle`): a state another driver or the job itself wrote since is left as it is.
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """Batches of windows gathered from the resident panel tensor.
 
-A sample (t, i) is the window X[t-lookback+1 .. t, i, :] with target y[t, i].
-A batch is one gather (``index_select`` on a GPU, a single-threaded
-``np.take`` on the host) of the [T*N, F] view of X at the flat row numbers
-(t + k) * N + i, so there is no per-sample Python. When X stays on the host while training runs on CUDA, each
-batch is gathered into pinned memory and copied with ``non_blocking=True``.
+A sample (t, i) is the window X[t-lookback+1 .. t, i, :] with target y[t, i]. A batch is one gather
+(``index_select`` on a GPU, a single-threaded ``np.take`` on the host) of the [T*N, F] view of X at the flat
+row numbers (t + k) * N + i, so there is no per-sample Python. When X stays on the host while training runs
+on CUDA, each batch is gathered into pinned memory and copied with ``non_blocking=True``.
 """
 from __future__ import annotations
 
@@ -87,10 +86,9 @@ class Batcher:
         if self._home.type != "cpu":
             out = torch.index_select(src, 0, rows)
             return out.to(self.device) if self._copy else out
-        # One thread on purpose: a 2-thread OpenMP gather runs ~10x slower when
-        # another process holds a core, and one thread already outruns any model.
-        # A CUDA-bound batch lands in pinned memory (the caching host allocator
-        # keeps the block until the async copy is done).
+        # One thread on purpose: a 2-thread OpenMP gather runs ~10x slower when another process holds a
+        # core, and one thread already outruns any model. A CUDA-bound batch lands in pinned memory (the
+        # caching host allocator keeps the block until the async copy is done).
         pinned = self.device.type == "cuda"
         out = torch.empty((len(rows), *src.shape[1:]), dtype=src.dtype, pin_memory=pinned)
         np.take(src.numpy(), rows.numpy(), axis=0, out=out.numpy(), mode="clip")

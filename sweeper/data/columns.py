@@ -1,9 +1,8 @@
 """A panel's long columns (one row per date and asset) and each row's place in the dense
 [dates, assets, columns] layout.
 
-Vectorised: dates are parsed once per distinct value and dates and assets are factorised
-to integer codes, with no per-row Python; :func:`sweeper.data.build.scatter` then puts the
-values where the codes say.
+Vectorised: dates are parsed once per distinct value and dates and assets are factorised to integer codes,
+with no per-row Python; :func:`sweeper.data.build.scatter` then puts the values where the codes say.
 """
 from __future__ import annotations
 

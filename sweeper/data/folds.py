@@ -1,12 +1,11 @@
 """Walk-forward folds: the one home of the fold layout and of each fold's panel.
 
-Under ``validation.scheme: walk_forward`` the target dates before the test split are cut
-into ``validation.folds`` valid blocks that march forward in time. The region runs from the
-first train target (``data.split``'s train start, after the lookback's warm-up) to the test
-split's start less the purge of ``horizon + embargo`` dates, so the last block ends where the
-test split's purge begins and no fold sees a test date. Fold ``i`` validates on block ``i``
-and trains on the targets before it, less the same purge, by the rule of
-:mod:`sweeper.data.split`: for every train target ``t`` and valid target ``u`` of a fold,
+Under ``validation.scheme: walk_forward`` the target dates before the test split are cut into
+``validation.folds`` valid blocks that march forward in time. The region runs from the first train target
+(``data.split``'s train start, after the lookback's warm-up) to the test split's start less the purge of
+``horizon + embargo`` dates, so the last block ends where the test split's purge begins and no fold sees a
+test date. Fold ``i`` validates on block ``i`` and trains on the targets before it, less the same purge, by
+the rule of :mod:`sweeper.data.split`: for every train target ``t`` and valid target ``u`` of a fold,
 ``t + horizon + embargo < u``.
 
 - ``window: expanding``: every fold trains from the first train target;

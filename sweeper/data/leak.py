@@ -1,17 +1,15 @@
 """The leak guard: a feature that correlates with the label on the same date is a future return.
 
-A label is a forward return, known only after the fact. A column such as another
-forward return, or the label with noise, correlates with it across the assets of each
-date far above what an honest feature reaches (typically below 0.1; a daily IC above
-about 0.3 on real equities almost always means leakage). Left in, it makes a model look
-brilliant in backtest and worthless live.
+A label is a forward return, known only after the fact. A column such as another forward return, or the
+label with noise, correlates with it across the assets of each date far above what an honest feature reaches
+(typically below 0.1; a daily IC above about 0.3 on real equities almost always means leakage). Left in, it
+makes a model look brilliant in backtest and worthless live.
 
-The check: for each feature, the Pearson correlation of the raw feature with the raw
-label across the assets of each train target date (rows present, both values finite,
-at least 3 of them), averaged over those dates. A feature whose absolute mean exceeds
-``data.max_feature_label_corr`` is refused with a DataError that names it, unless the
-excess is within the noise of so few rows (3 / sqrt(rows), e.g. 0.07 over 2,000 rows,
-0.004 over 500,000): a tiny panel's chance correlation is not a leak.
+The check: for each feature, the Pearson correlation of the raw feature with the raw label across the assets
+of each train target date (rows present, both values finite, at least 3 of them), averaged over those dates.
+A feature whose absolute mean exceeds ``data.max_feature_label_corr`` is refused with a DataError that names
+it, unless the excess is within the noise of so few rows (3 / sqrt(rows), e.g. 0.07 over 2,000 rows, 0.004
+over 500,000): a tiny panel's chance correlation is not a leak.
 """
 from __future__ import annotations
 

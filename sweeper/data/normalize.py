@@ -1,14 +1,12 @@
 """Feature and label normalisation on the dense [dates, assets, columns] layout.
 
-Cross-sectional methods (``cs_zscore``, ``cs_rank``) use only rows of the same
-date, so they cannot leak across time. ``robust_zscore`` fits a median and MAD
-per feature over the dates the train windows can see, and applies them
-everywhere (Qlib's RobustZScoreNorm). Only rows present in the mask and with a
-finite value enter any statistic.
+Cross-sectional methods (``cs_zscore``, ``cs_rank``) use only rows of the same date, so they cannot leak
+across time. ``robust_zscore`` fits a median and MAD per feature over the dates the train windows can see,
+and applies them everywhere (Qlib's RobustZScoreNorm). Only rows present in the mask and with a finite value
+enter any statistic.
 
-The work is done once, on the host, with numpy: it is single-threaded, so a
-busy machine cannot stall it the way it stalls torch's OpenMP threads, and
-numpy's argsort is several times faster than torch.sort here.
+The work is done once, on the host, with numpy: it is single-threaded, so a busy machine cannot stall it the
+way it stalls torch's OpenMP threads, and numpy's argsort is several times faster than torch.sort here.
 """
 from __future__ import annotations
 

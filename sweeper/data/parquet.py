@@ -91,9 +91,8 @@ def read_plan(cfg: DataConfig) -> tuple[Path, list[str], dict[bytes, bytes]]:
 
 
 def read_keys(path: Path, cfg: DataConfig, features: list[str]) -> Columns:
-    """The date, asset and label columns; ``features`` is an empty ``[R, 0]`` matrix, the
-    feature values come later in blocks (:func:`feature_blocks`) so they are never all
-    held twice."""
+    """The date, asset and label columns; ``features`` is an empty ``[R, 0]`` matrix, the feature values
+    come later in blocks (:func:`feature_blocks`) so they are never all held twice."""
     table = _table(path, [cfg.date_col, cfg.asset_col, cfg.label])
     return Columns(
         source=str(path), date_col=cfg.date_col, asset_col=cfg.asset_col, label_col=cfg.label,
@@ -122,9 +121,8 @@ def read_groups(cfg: DataConfig) -> pd.DataFrame:
 
 def feature_blocks(path: Path, features: list[str], rows: int,
                    budget: int = 64 << 20) -> Iterator[tuple[int, np.ndarray]]:
-    """``(first column, [R, C] float32)`` blocks of the feature columns, read ``C`` at a time
-    so that a block holds at most about ``budget`` bytes and an eighth of the features
-    (at least one column)."""
+    """``(first column, [R, C] float32)`` blocks of the feature columns, read ``C`` at a time so that a
+    block holds at most about ``budget`` bytes and an eighth of the features (at least one column)."""
     per = max(1, min(budget // max(4 * rows, 1), len(features) // 8))
     for k0 in range(0, len(features), per):
         names = features[k0:k0 + per]
@@ -246,10 +244,9 @@ def _fixed_oracle(raw: bytes | None) -> dict[str, float] | None:
 def file_fingerprint(path: str | Path, selection: Mapping[str, object], memo: Path | None = None) -> str:
     """sha256 of the file bytes (read in chunks) plus the column selection.
 
-    With ``memo`` (the panel cache's folder), the fingerprint of a file whose path,
-    inode, size and modification time (in ns) are unchanged is read back instead of
-    re-reading the file: every worker would otherwise hash a multi-GB panel before
-    its first step. Those are the signs ``make`` and ``rsync`` trust.
+    With ``memo`` (the panel cache's folder), the fingerprint of a file whose path, inode, size and
+    modification time (in ns) are unchanged is read back instead of re-reading the file: every worker would
+    otherwise hash a multi-GB panel before its first step. Those are the signs ``make`` and ``rsync`` trust.
     """
     path = Path(path)
     chosen = json.dumps(selection, sort_keys=True)

@@ -1,10 +1,9 @@
 """Time split of the target dates, with a purge gap between consecutive splits.
 
-A sample's target date ``t`` has a label covering dates ``(t, t + horizon]``.
-Between the last target date of one split and the first target date of the
-next, ``horizon + embargo`` dates are dropped, so for every pair of targets
-``t`` (earlier split) and ``u`` (later split): ``t + horizon + embargo < u``.
-The first ``lookback - 1`` dates are never targets (no full input window).
+A sample's target date ``t`` has a label covering dates ``(t, t + horizon]``. Between the last target date
+of one split and the first target date of the next, ``horizon + embargo`` dates are dropped, so for every
+pair of targets ``t`` (earlier split) and ``u`` (later split): ``t + horizon + embargo < u``. The first
+``lookback - 1`` dates are never targets (no full input window).
 """
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """A synthetic panel with a planted, learnable signal and a known oracle IC.
 
-Features are persistent AR(1) processes with student-t innovations. The label
-(a 2-day forward return, conceptually) is a per-date z-scored signal plus
-overlapping noise, mixed so the oracle daily IC (Pearson of the true signal vs
-the label, per date, averaged) is about ``TARGET_IC``. The signal needs the
-input window: ``tanh(mean of f0 over 10 dates) * sign(f1_t)`` plus
-``f2_t - f2_{t-5}``, each scaled to unit variance; it uses features up to t only.
+Features are persistent AR(1) processes with student-t innovations. The label (a 2-day forward return,
+conceptually) is a per-date z-scored signal plus overlapping noise, mixed so the oracle daily IC (Pearson of
+the true signal vs the label, per date, averaged) is about ``TARGET_IC``. The signal needs the input window:
+``tanh(mean of f0 over 10 dates) * sign(f1_t)`` plus ``f2_t - f2_{t-5}``, each scaled to unit variance; it
+uses features up to t only.
 """
 from __future__ import annotations
 
@@ -88,9 +87,8 @@ def signal_terms(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def planted_signal(x: np.ndarray) -> np.ndarray:
-    """[dates, assets] signal, burn-in dropped: both terms at unit variance. The
-    two scales are constants of the whole sample; per date, the signal depends
-    only on features up to that date."""
+    """[dates, assets] signal, burn-in dropped: both terms at unit variance. The two scales are constants of
+    the whole sample; per date, the signal depends only on features up to that date."""
     term1, term2 = signal_terms(x)
     return term1 / term1.std() + term2 / term2.std()
 

@@ -12,12 +12,11 @@ One GPU, as packing sees it (all in MB):
   processes hold beyond their peaks (CUDA contexts, the allocator's cache);
 - ``free = budget - others - our charges``.
 
-Another trial starts on a GPU only while its expected peak fits in ``free``. The expected
-peak is the largest measured peak of trials with the same ``model.*`` params; a trial of a
-shape never measured, or one that must have the GPU to itself (``exclusive``: a retry after
-an OOM while sharing), starts only on a GPU where none of ours runs. A GPU where none of
-ours runs always takes one trial, so a sweep never waits for memory that cannot free up,
-and that trial is given all that is free there.
+Another trial starts on a GPU only while its expected peak fits in ``free``. The expected peak is the
+largest measured peak of trials with the same ``model.*`` params; a trial of a shape never measured, or one
+that must have the GPU to itself (``exclusive``: a retry after an OOM while sharing), starts only on a GPU
+where none of ours runs. A GPU where none of ours runs always takes one trial, so a sweep never waits for
+memory that cannot free up, and that trial is given all that is free there.
 """
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """The worker slots a sweep runs on: one per concurrent trial.
 
-A :class:`Slot`'s ``env`` is merged into the worker process's environment: a GPU
-slot sees exactly one GPU, named by UUID because CUDA's default device order can
-differ from NVML's; a CPU slot sees none. Thread counts split the machine's cores
-between slots so concurrent trials don't oversubscribe. A GPU may add to its slots' env
-(``GPU.slot_env``: a fake GPU's train on the CPU). With ``trials_per_gpu: auto`` the driver starts
-a GPU's workers as packing needs them (:mod:`sweeper.dispatch.packer`).
+A :class:`Slot`'s ``env`` is merged into the worker process's environment: a GPU slot sees exactly one GPU,
+named by UUID because CUDA's default device order can differ from NVML's; a CPU slot sees none. Thread
+counts split the machine's cores between slots so concurrent trials don't oversubscribe. A GPU may add to
+its slots' env (``GPU.slot_env``: a fake GPU's train on the CPU). With ``trials_per_gpu: auto`` the driver
+starts a GPU's workers as packing needs them (:mod:`sweeper.dispatch.packer`).
 """
 from __future__ import annotations
 
@@ -36,10 +35,9 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
     ``gpus: auto`` takes every GPU found and falls back to CPU slots when there is none;
     ``gpus: none`` forces CPU slots; a list picks GPUs by NVML index or UUID.
 
-    ``skip_busy`` leaves out GPUs that someone else is using: another process holds a
-    compute context on it, or more than ``busy_memory_mb`` of its memory is in use
-    (memory catches users NVML can't list, such as processes in other containers).
-    The check is a snapshot at planning time; it doesn't reserve anything.
+    ``skip_busy`` leaves out GPUs that someone else is using: another process holds a compute context on it,
+    or more than ``busy_memory_mb`` of its memory is in use (memory catches users NVML can't list, such as
+    processes in other containers). The check is a snapshot at planning time; it doesn't reserve anything.
     """
     if cfg.gpus == "none":
         return cpu_slots(cfg.cpu_workers)
@@ -80,12 +78,11 @@ def gpu_slots(gpus: list[GPU], trials_per_gpu: int) -> list[Slot]:
 def cpu_slots(workers: int | str) -> list[Slot]:
     """CPU slots. ``auto`` runs one single-threaded trial per core (at most 8).
 
-    The small models of a sweep barely speed up with more intra-op threads, and on a
-    busy machine OpenMP threads that share cores can make a step many times slower
-    (measured: a small LSTM step went from 0.4 ms to 44 ms with 2 threads on a loaded
-    2-core box), so trials in parallel beat threads within a trial. Cores beyond 8
-    are shared out as threads, since every worker holds its own copy of the panel.
-    An explicit count above the core count still gets 1 thread each.
+    The small models of a sweep barely speed up with more intra-op threads, and on a busy machine OpenMP
+    threads that share cores can make a step many times slower (measured: a small LSTM step went from 0.4 ms
+    to 44 ms with 2 threads on a loaded 2-core box), so trials in parallel beat threads within a trial.
+    Cores beyond 8 are shared out as threads, since every worker holds its own copy of the panel. An
+    explicit count above the core count still gets 1 thread each.
     """
     cores = cpu_count()
     count = min(cores, 8) if workers == "auto" else int(workers)
@@ -111,11 +108,10 @@ def visible(gpus: list[GPU]) -> list[GPU]:
     """The GPUs that the driver's own CUDA_VISIBLE_DEVICES leaves it (Slurm and other
     schedulers set it to the job's allocation), in its order; all of them when unset.
 
-    NVML lists every GPU of the node whatever that variable says, so without this a
-    job holding 4 of 8 GPUs would start workers on the other jobs' GPUs. As CUDA does,
-    an integer is an index (NVML's PCI bus order, which matches CUDA's with
-    CUDA_DEVICE_ORDER=PCI_BUS_ID, as schedulers assume), a ``GPU-...`` entry matches a
-    UUID by prefix, and the list ends at the first entry that matches nothing.
+    NVML lists every GPU of the node whatever that variable says, so without this a job holding 4 of 8 GPUs
+    would start workers on the other jobs' GPUs. As CUDA does, an integer is an index (NVML's PCI bus order,
+    which matches CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID, as schedulers assume), a ``GPU-...`` entry
+    matches a UUID by prefix, and the list ends at the first entry that matches nothing.
     """
     raw = os.environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:

@@ -28,9 +28,8 @@ def artifact_store(location: str) -> FileSystemArtifactStore | Boto3ArtifactStor
 
 
 def check_artifacts(location: str) -> str | None:
-    """Pre-flight for ``study.artifacts``: the bucket of an ``s3://`` URL, once
-    boto3 is known to import (it is optional, so a missing one must be a clear
-    error here, not a crash in every worker)."""
+    """Pre-flight for ``study.artifacts``: the bucket of an ``s3://`` URL, once boto3 is known to import (it
+    is optional, so a missing one must be a clear error here, not a crash in every worker)."""
     if not location.startswith("s3://"):
         return None
     bucket, _, prefix = location[len("s3://"):].partition("/")

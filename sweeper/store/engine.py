@@ -1,20 +1,15 @@
-"""The Optuna storage engine: an RDBStorage tuned for many writers, whose calls
-ride out storage outages.
+"""The Optuna storage engine: an RDBStorage tuned for many writers, whose calls ride out storage outages.
 
-Optuna sets no SQLite pragmas, and a deferred SQLite transaction that reads and
-then writes fails at once with "database is locked" when another process wrote
-in between (WAL's BUSY_SNAPSHOT skips the busy handler). So every connection
-gets WAL and a busy timeout, and every transaction that writes starts with BEGIN
-IMMEDIATE, which waits for the write lock instead of failing. A change of a
-trial's state (a tell) commits with ``synchronous=FULL``, so a told trial, and
-everything written before it, survives a power loss. Transactions that only read begin
-deferred: under WAL they never wait for a writer, so the dashboard and
-``sweeper status`` do not queue behind a sweep. :class:`SweeperStorage` knows
-which is which by the Optuna method it runs. PostgreSQL gets small pools,
-pre-ping, TCP keepalives and sessions pinned to UTC, because Optuna's heartbeat
-column has no time zone. Creating Optuna's tables is serialised (an advisory
-lock on PostgreSQL, a file lock on SQLite) because RDBStorage's constructor
-races with itself on a fresh database.
+Optuna sets no SQLite pragmas, and a deferred SQLite transaction that reads and then writes fails at once
+with "database is locked" when another process wrote in between (WAL's BUSY_SNAPSHOT skips the busy
+handler). So every connection gets WAL and a busy timeout, and every transaction that writes starts with
+BEGIN IMMEDIATE, which waits for the write lock instead of failing. A change of a trial's state (a tell)
+commits with ``synchronous=FULL``, so a told trial, and everything written before it, survives a power loss.
+Transactions that only read begin deferred: under WAL they never wait for a writer, so the dashboard and
+``sweeper status`` do not queue behind a sweep. :class:`SweeperStorage` knows which is which by the Optuna
+method it runs. PostgreSQL gets small pools, pre-ping, TCP keepalives and sessions pinned to UTC, because
+Optuna's heartbeat column has no time zone. Creating Optuna's tables is serialised (an advisory lock on
+PostgreSQL, a file lock on SQLite) because RDBStorage's constructor races with itself on a fresh database.
 """
 from __future__ import annotations
 
@@ -165,9 +160,8 @@ WRITES = frozenset({
 
 class SweeperStorage(RDBStorage):
     """Optuna's RDBStorage whose every call rides out outages through the store's
-    :class:`~sweeper.store.outage.OutagePolicy`, and tells the SQLite "begin" hook
-    whether it only reads (deferred), writes (IMMEDIATE) or changes a trial's state
-    (IMMEDIATE, synced to disk at commit).
+    :class:`~sweeper.store.outage.OutagePolicy`, and tells the SQLite "begin" hook whether it only reads
+    (deferred), writes (IMMEDIATE) or changes a trial's state (IMMEDIATE, synced to disk at commit).
 
     A retried write whose first attempt did commit (the connection dropped before
     the reply) is harmless for upserts; a finished trial told again is recognised
@@ -232,12 +226,11 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
                  create: bool = True, outage_s: float | None = None, checked: bool = False) -> SweeperStorage:
     """A :class:`SweeperStorage` for ``url``; raises StorageError when it cannot be reached.
 
-    With ``create=False`` a database without Optuna's tables (or a missing SQLite file) is an
-    error rather than being created: read-only commands must not write. ``outage_s``
-    (``study.storage_outage_s``): how long calls ride out an outage of this store (None: the
-    store's current limit). ``checked=True``: the driver that started this process checked the
-    schema's version against this Optuna, so it is not checked again (RDBStorage's check reads
-    alembic's migration scripts: about 0.2 s of every worker's start).
+    With ``create=False`` a database without Optuna's tables (or a missing SQLite file) is an error rather
+    than being created: read-only commands must not write. ``outage_s`` (``study.storage_outage_s``): how
+    long calls ride out an outage of this store (None: the store's current limit). ``checked=True``: the
+    driver that started this process checked the schema's version against this Optuna, so it is not checked
+    again (RDBStorage's check reads alembic's migration scripts: about 0.2 s of every worker's start).
     """
     url = normalize_url(url)
     if is_sqlite(url):

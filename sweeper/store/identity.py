@@ -11,9 +11,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Identity:
-    """Who runs a trial: the host id, the driver's pid, a per-run driver id, and
-    the process table that pid belongs to (boot id and pid namespace), so that
-    only a driver that can see a pid ever judges it dead."""
+    """Who runs a trial: the host id, the driver's pid, a per-run driver id, and the process table that pid
+    belongs to (boot id and pid namespace), so that only a driver that can see a pid ever judges it dead."""
 
     host: str
     pid: int

@@ -1,20 +1,18 @@
 """Riding out storage outages: which errors mean "the store is away for now",
 and the one policy every storage call retries them through.
 
-A PostgreSQL restart or failover, a dropped connection, or a SQLite file locked
-past its busy timeout are transient: the same call succeeds once the store is
-back. Anything else (an integrity error, a finished trial, a bad query) is not,
-and is raised at once. Transient errors are retried with capped exponential
-backoff and jitter for up to ``study.storage_outage_s`` seconds from the first
-failure of the outage; then :class:`~sweeper.errors.StorageOutage` ends the
-process with one message, and a later ``sweeper run`` resumes.
+A PostgreSQL restart or failover, a dropped connection, or a SQLite file locked past its busy timeout are
+transient: the same call succeeds once the store is back. Anything else (an integrity error, a finished
+trial, a bad query) is not, and is raised at once. Transient errors are retried with capped exponential
+backoff and jitter for up to ``study.storage_outage_s`` seconds from the first failure of the outage; then
+:class:`~sweeper.errors.StorageOutage` ends the process with one message, and a later ``sweeper run``
+resumes.
 
-The outage is the store's, not one call's: every call and thread of a process
-that talks to a store shares its :class:`OutagePolicy`, so the limit counts from
-the first failure, and after one give-up the rest give up at once (a driver's
-shutdown must not wait out another outage per call). Waits poll the policy's stop
-token (:mod:`sweeper.interrupt`, handed over by the sweep that opened the store), so
-Ctrl-C works while the store is away.
+The outage is the store's, not one call's: every call and thread of a process that talks to a store shares
+its :class:`OutagePolicy`, so the limit counts from the first failure, and after one give-up the rest give
+up at once (a driver's shutdown must not wait out another outage per call). Waits poll the policy's stop
+token (:mod:`sweeper.interrupt`, handed over by the sweep that opened the store), so Ctrl-C works while the
+store is away.
 """
 from __future__ import annotations
 
@@ -52,13 +50,11 @@ _last_trouble = -math.inf
 def is_transient(exc: BaseException) -> bool:
     """True when ``exc`` (or what it wraps) says the store is unreachable for now.
 
-    Optuna wraps SQLAlchemy errors in ``StorageInternalError`` (its
-    ``_create_scoped_session``), SQLAlchemy wraps the driver's in ``DBAPIError``:
-    the chain of causes is walked to the driver's own error. A
-    ``PendingRollbackError`` is the aftermath of an earlier failure in the same
-    transaction, so it is judged by that failure: Optuna's ``_get_trials`` catches
-    an ``OperationalError`` (the connection died mid-query) to retry the query
-    without its IN clause, and that second query raises it.
+    Optuna wraps SQLAlchemy errors in ``StorageInternalError`` (its ``_create_scoped_session``), SQLAlchemy
+    wraps the driver's in ``DBAPIError``: the chain of causes is walked to the driver's own error. A
+    ``PendingRollbackError`` is the aftermath of an earlier failure in the same transaction, so it is judged
+    by that failure: Optuna's ``_get_trials`` catches an ``OperationalError`` (the connection died
+    mid-query) to retry the query without its IN clause, and that second query raises it.
     """
     seen = 0
     err: BaseException | None = exc
@@ -210,9 +206,8 @@ _retry_listeners: list[Callable[[], None]] = []
 
 
 def on_retry(listener: Callable[[], None]) -> Callable[[], None]:
-    """Call ``listener`` before each wait for the store (a worker tells its driver that
-    it lives, so that a trial waiting out an outage is not taken for a stalled one).
-    Returns the call that removes it."""
+    """Call ``listener`` before each wait for the store (a worker tells its driver that it lives, so that a
+    trial waiting out an outage is not taken for a stalled one). Returns the call that removes it."""
     _retry_listeners.append(listener)
     return lambda: _retry_listeners.remove(listener)
 

@@ -1,11 +1,10 @@
 """Parent: a run folder holds one study's files. The one home of that rule.
 
-``owner.json`` names the study the folder's ``trials/``, ``logs/`` and ``devices.csv`` belong
-to, by its ``study_uuid``. When a sweep starts on a folder that another study owns (a study of
-the same name in another storage, one re-created after its database was deleted, or a folder
-from before this rule with no owner and files a new study did not write) those files are moved
-to ``previous/<their uuid>/``, with one line saying where; nothing is overwritten. A study whose
-files were moved aside gets them back when it runs here again.
+``owner.json`` names the study the folder's ``trials/``, ``logs/`` and ``devices.csv`` belong to, by its
+``study_uuid``. When a sweep starts on a folder that another study owns (a study of the same name in another
+storage, one re-created after its database was deleted, or a folder from before this rule with no owner and
+files a new study did not write) those files are moved to ``previous/<their uuid>/``, with one line saying
+where; nothing is overwritten. A study whose files were moved aside gets them back when it runs here again.
 
 Other files stay: the SQLite database (it may be the other study's storage), the artifact
 store (its files are keyed by unique ids) and reports the user wrote.

@@ -1,10 +1,9 @@
 """The run grid: the one place that knows how a trial's training runs are laid out.
 
-A trial trains ``folds x repeats`` runs (fold-major: every seed of fold 1, then fold 2, ...),
-each of ``train.epochs`` epochs. A holdout trial is the degenerate grid: one fold of one seed
-(or of ``repeats`` seeds). Everything that steps through runs, numbers them or decodes a stored
-step asks this value: the worker's hook and the runner, a retry's replay, ``status``, ``best``,
-``predict``, ``refit`` and the report.
+A trial trains ``folds x repeats`` runs (fold-major: every seed of fold 1, then fold 2, ...), each of
+``train.epochs`` epochs. A holdout trial is the degenerate grid: one fold of one seed (or of ``repeats``
+seeds). Everything that steps through runs, numbers them or decodes a stored step asks this value: the
+worker's hook and the runner, a retry's replay, ``status``, ``best``, ``predict``, ``refit`` and the report.
 
 Indices are 0-based here (``fold``, ``seed``) and epochs 1-based, as the core counts them; the
 files and the stored attributes say fold and seed 1-based (``runs/fold-<f>.seed-<r>/``), every
@@ -107,11 +106,10 @@ class RunGrid:
         return self.folds - 1, self.repeats - 1
 
     def step(self, fold: int, seed: int, epoch: int) -> int:
-        """The intermediate value's step of a run's epoch: ``stack * epochs + epoch``, where
-        ``stack`` is the index of the run's stack (one value per epoch per stack: the mean over
-        its members); with one run per stack, ``(fold * repeats + seed) * epochs + epoch``, so
-        the pruner compares trials at the same fold, seed and epoch (under holdout with one
-        seed, the epoch itself)."""
+        """The intermediate value's step of a run's epoch: ``stack * epochs + epoch``, where ``stack`` is
+        the index of the run's stack (one value per epoch per stack: the mean over its members); with one
+        run per stack, ``(fold * repeats + seed) * epochs + epoch``, so the pruner compares trials at the
+        same fold, seed and epoch (under holdout with one seed, the epoch itself)."""
         return self.stack_of(fold, seed) * self.epochs + epoch
 
     def position(self, step: int) -> tuple[int, int, int]:

@@ -130,11 +130,10 @@ class RunStore:
 
     def save(self, run: TrainingRun, result: TrainResult, panel: Panel,
              frames: dict[str, pd.DataFrame] | None = None) -> None:
-        """The run's files; the model run's weights, normalisation and daily test IC too (the
-        worker moves them into the trial's folder). ``frames``: a seed of the ensemble's
-        predictions on valid and test as ``predict`` computes them, which the ensemble (and a
-        retry's) is made of, in place of the training's valid frame. ``result.json`` last: the
-        run is finished."""
+        """The run's files; the model run's weights, normalisation and daily test IC too (the worker moves
+        them into the trial's folder). ``frames``: a seed of the ensemble's predictions on valid and test as
+        ``predict`` computes them, which the ensemble (and a retry's) is made of, in place of the training's
+        valid frame. ``result.json`` last: the run is finished."""
         files = self.files.run_files(run.fold, run.repeat)
         files.folder.mkdir(parents=True, exist_ok=True)
         model = self.grid.is_model(run.fold, run.repeat)
@@ -160,12 +159,11 @@ def _write_frames(frames: dict[str, pd.DataFrame], path_of: Callable[[str], Path
 
 def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel,
                  device: torch.device | str | None) -> dict[str, pd.DataFrame]:
-    """The model's predictions on valid and test exactly as ``sweeper predict`` computes them
-    from its weights (:class:`sweeper.inspect.trial_model.Predictor`): the best weights in a
-    fresh model, every present row (an unknown label NaN,
-    :func:`~sweeper.data.scoring.own_scoring_panel`), in batches of ``train.eval_batch_size``.
-    The training's own frames (``result.predictions``) hold only the labelled rows, in batches
-    of the probed eval batch."""
+    """The model's predictions on valid and test exactly as ``sweeper predict`` computes them from its
+    weights (:class:`sweeper.inspect.trial_model.Predictor`): the best weights in a fresh model, every
+    present row (an unknown label NaN, :func:`~sweeper.data.scoring.own_scoring_panel`), in batches of
+    ``train.eval_batch_size``. The training's own frames (``result.predictions``) hold only the labelled
+    rows, in batches of the probed eval batch."""
     from sweeper.core import predict, resolve_device
     from sweeper.data.scoring import own_scoring_panel
     from sweeper.models import build_model

@@ -1,21 +1,17 @@
 """The driver <-> worker protocol: JSON lines over the worker's pipes.
 
-Driver -> worker (the worker's stdin), one object per line with an ``op``:
-``init`` (config, storage, study, run_dir, artifacts, driver, slot), ``run``
-(trial_id, number; with ``trials_per_gpu: auto`` also memory_limit_mb, the trial's
-allotment of its GPU in MB) and ``stop``.
+Driver -> worker (the worker's stdin), one object per line with an ``op``: ``init`` (config, storage, study,
+run_dir, artifacts, driver, slot), ``run`` (trial_id, number; with ``trials_per_gpu: auto`` also
+memory_limit_mb, the trial's allotment of its GPU in MB) and ``stop``.
 
-Worker -> driver (a private copy of the worker's stdout; the stdout file
-descriptor itself is pointed at the slot log so that a stray print cannot
-corrupt the stream), one object per line with an ``ev``: ``ready`` (pid,
-threads), ``start`` (number, params), ``progress`` (number, steps: training
-steps so far; sent at most every few seconds while steps or evaluation batches
-go on, for the driver's stall watchdog), ``epoch`` (number, epoch, metrics),
-``warn`` (text: one line about something that went wrong without ending the
-trial, such as a failed heartbeat or artifact upload), ``memory`` (number,
-peak_mb: the device memory the trial was measured to need, sent when its batch
-probe has measured it, for packing trials on a GPU) and ``end`` (number, state,
-value, reason, metrics).
+Worker -> driver (a private copy of the worker's stdout; the stdout file descriptor itself is pointed at the
+slot log so that a stray print cannot corrupt the stream), one object per line with an ``ev``: ``ready``
+(pid, threads), ``start`` (number, params), ``progress`` (number, steps: training steps so far; sent at most
+every few seconds while steps or evaluation batches go on, for the driver's stall watchdog), ``epoch``
+(number, epoch, metrics), ``warn`` (text: one line about something that went wrong without ending the trial,
+such as a failed heartbeat or artifact upload), ``memory`` (number, peak_mb: the device memory the trial was
+measured to need, sent when its batch probe has measured it, for packing trials on a GPU) and ``end``
+(number, state, value, reason, metrics).
 
 Both sides import this module, and only this one, to speak to each other.
 """
@@ -87,10 +83,9 @@ def set_channel(stream: TextIO) -> None:
 def emit(event: str, **fields: Any) -> None:
     """Send one event to the driver (from the worker process), one whole line at a time.
 
-    A closed pipe means the driver is gone (killed: this process's parent-death signal may come
-    a moment later). The worker exits at once, as that signal would have it, with one line in
-    its slot log: the trial stays RUNNING, and the stale-trial rule fails it as interrupted, not
-    this worker with a traceback."""
+    A closed pipe means the driver is gone (killed: this process's parent-death signal may come a moment
+    later). The worker exits at once, as that signal would have it, with one line in its slot log: the trial
+    stays RUNNING, and the stale-trial rule fails it as interrupted, not this worker with a traceback."""
     line = json.dumps({"ev": event, **fields}, default=_json_default) + "\n"
     with _lock:
         channel = _channel or sys.stdout
