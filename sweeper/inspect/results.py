@@ -24,6 +24,7 @@ from sweeper.inspect import ic_views
 from sweeper.plain import plain
 from sweeper.quant.oracle import oracle_fractions
 from sweeper.store import layout
+from sweeper.store import optuna_private as private
 from sweeper.store.run_folder import files_folder
 from sweeper.store.studies import FINISHED, best_trial, n_infeasible
 from sweeper.study import retention
@@ -228,8 +229,9 @@ def constraints_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTria
 
 
 def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | None = None) -> dict[str, Any]:
-    """Counts by state, the best trial, the running trials, the devices' last samples, and
-    ``run_folder``: the run folder's ``path`` and the ``bytes`` of every file under it. With
+    """Counts by state, the best trial, the running trials (:func:`running`), the devices' last
+    samples, and ``run_folder``: the run folder's ``path`` and the ``bytes`` of every file under it.
+    With stale running trials: ``stale`` (their numbers), ``grace_period`` and ``reap``. With
     folds or seed repeats: ``validation`` (the scheme block), the study's fold layout and,
     per running trial, the ``fold``, ``seed`` and ``epoch`` it is in."""
     trials = study.get_trials(deepcopy=False)
@@ -242,12 +244,16 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
         "counts": counts,
         "fail_reasons": _fail_reasons(trials),
         "best": best_report(study, cfg, study_file=study_file),
-        "running": _running(trials),
+        "running": running(study, trials, cfg.study.grace_period),
         "baseline_state": study.user_attrs.get("baseline_state"),
         "baseline_done": "baseline" in study.user_attrs,
         "devices": latest_telemetry(layout.devices_csv(folder)),
         "run_folder": {"path": str(folder), "bytes": retention.folder_size(folder)},
     }
+    stale = [row["trial"] for row in report["running"] if row["stale"]]
+    if stale:  # their driver or host died: the next sweep fails them as interrupted and retries them
+        report.update(stale=stale, grace_period=cfg.study.grace_period,
+                      reap=f"sweeper run {study_file or 'STUDY'}")
     # a study of one run per trial (holdout, one seed) has no folds or seeds to show: its status
     # stays as it was before either existed
     if not RunGrid.of(cfg).single:
@@ -272,13 +278,21 @@ def run_position(step: int | None, cfg: SweeperConfig, params: dict[str, Any],
     return {"fold": fold + 1, "seed": seed + 1, "epoch": epoch}
 
 
-def _running(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
-    return [
-        {"trial": t.number, "device": t.user_attrs.get("device"), "host": t.user_attrs.get("host"),
-         "epoch": max(t.intermediate_values) if t.intermediate_values else None,
-         "params": t.params, "stack_size": t.user_attrs.get("stack_size")}
-        for t in trials if t.state == TrialState.RUNNING
-    ]
+def running(study: optuna.Study, trials: list[FrozenTrial], grace: float) -> list[dict[str, Any]]:
+    """The RUNNING trials, each with ``heartbeat_age_s`` (by the store's clock; None before its
+    first beat) and ``stale``: no beat for longer than ``grace`` (``study.grace_period``), the rule by
+    which a sweep fails another driver's trials (:func:`sweeper.dispatch.retries.fail_stale`)."""
+    live = [t for t in trials if t.state == TrialState.RUNNING]
+    ages = private.heartbeat_ages(private.backend(study), private.study_id(study)) if live else {}
+    rows = []
+    for t in live:
+        age = ages.get(private.trial_id(t))
+        ua = t.user_attrs
+        rows.append({"trial": t.number, "device": ua.get("device"), "host": ua.get("host"),
+                     "epoch": max(t.intermediate_values) if t.intermediate_values else None,
+                     "params": t.params, "stack_size": ua.get("stack_size"),
+                     "heartbeat_age_s": age, "stale": age is not None and age > grace})
+    return rows
 
 
 def _fail_reasons(trials: list[FrozenTrial]) -> dict[str, int]:

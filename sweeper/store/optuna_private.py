@@ -73,6 +73,24 @@ def running_without_heartbeat(storage: optuna.storages.BaseStorage, study_id: in
         return [row[0] for row in conn.execute(query)]
 
 
+def heartbeat_ages(storage: optuna.storages.BaseStorage, study_id: int) -> dict[int, float]:
+    """Seconds since each RUNNING trial's last heartbeat (trial id -> age), by the database's
+    clock, which stamps the beats and which Optuna's stale check reads; ``status`` shows them.
+
+    Optuna has no public reader of heartbeats; its ORM models are the only way to ask.
+    """
+    from optuna.storages._rdb import models
+
+    rdb: Any = getattr(storage, "_backend", storage)  # a study wraps its RDBStorage in a cache
+    trials, beats = models.TrialModel.__table__, models.TrialHeartbeatModel.__table__
+    query = (sqlalchemy.select(beats.c.trial_id, beats.c.heartbeat)
+             .join(trials, beats.c.trial_id == trials.c.trial_id)
+             .where(trials.c.study_id == study_id, trials.c.state == TrialState.RUNNING))
+    with rdb.engine.connect() as conn:
+        now = conn.execute(sqlalchemy.select(sqlalchemy.func.now())).scalar_one().replace(tzinfo=None)
+        return {row[0]: (now - row[1].replace(tzinfo=None)).total_seconds() for row in conn.execute(query)}
+
+
 class _TrialsQueryFallbackNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Caught an error from sqlalchemy")

@@ -1,0 +1,127 @@
+"""Issue 42, daily use without surprises, items 2-6 from the outside: ``predict`` says which
+weights scored and refuses to fall back silently from a refit to train-split weights; a figure
+of ``best``, ``--json`` and the report says which dates it covers where its neighbour covers
+others; ``status`` tells a dead trial from a running one; ``validate`` shows the split under
+every scheme; and the smaller things (params' precision, figure 7's legend, too little history).
+
+One walk-forward sweep (3 trials of the TINY study, 3 folds) for the module, through the CLI
+in this process; a test that writes (a refit) works on its own copy of the study's folder.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from conftest import TINY, backdate_heartbeat, merge, sweeper_cli, swept_study
+from sweeper.config import load_config
+from sweeper.data import synthetic_frame
+from sweeper.store import open_storage
+from sweeper.store import optuna_private as private
+
+SYNTH = TINY["data"]["synthetic"]
+LOOKBACK = TINY["data"]["lookback"]
+WALK = merge(TINY, {"study": {"n_trials": 3}, "validation": {"scheme": "walk_forward", "folds": 3}})
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> Path:
+    return swept_study(tmp_path_factory.mktemp("daily_use"), WALK)
+
+
+@pytest.fixture
+def here(swept, tmp_path) -> Path:
+    """A copy of the swept study's folder, for a test that writes in it."""
+    return Path(shutil.copytree(swept, tmp_path / "study"))
+
+
+def stored(root: Path) -> optuna.Study:
+    cfg = load_config(root / "study.yaml")
+    return optuna.load_study(study_name=cfg.study.name, storage=open_storage(cfg.study.resolved_storage))
+
+
+def cli(root: Path, *args: str, code: int = 0) -> str:
+    return sweeper_cli(root, *args, code=code).output
+
+
+def new_dates(root: Path, dates: int) -> str:
+    """new.parquet: the last ``dates`` dates of a longer synthetic panel, after the study's, with
+    ``lookback - 1`` dates of history before them and no label (what a live day looks like);
+    returns the first date to score."""
+    frame, _ = synthetic_frame(SYNTH["assets"], SYNTH["dates"] + 40, SYNTH["features"], SYNTH["seed"])
+    days = sorted(frame["date"].unique())
+    keep = frame[frame["date"] >= days[-dates - (LOOKBACK - 1)]].drop(columns=["label"])
+    keep.to_parquet(root / "new.parquet", index=False)
+    return str(days[-dates])[:10]
+
+
+def span(dates: list[str]) -> str:
+    return " to ".join(dates)
+
+
+# ------------------------------------------------------------- 4. status tells the dead from the running
+
+def test_status_marks_a_trial_whose_heartbeat_stopped_as_stale(tmp_path, monkeypatch):
+    """Two RUNNING trials of a real SQLite study, one of whose heartbeat is older than the grace."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(merge(TINY, {"study": {"grace_period": 4}})))
+    cfg = load_config(tmp_path / "study.yaml")
+    storage = open_storage(cfg.study.resolved_storage, heartbeat_interval=1, grace_period=4)
+    study = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
+    dead, alive = study.ask(), study.ask()
+    for trial in (dead, alive):
+        storage.record_heartbeat(private.trial_id(trial))
+    backdate_heartbeat(storage, private.trial_id(dead), 75)
+
+    report = json.loads(cli(tmp_path, "status", "study.yaml", "--json"))
+    rows = {r["trial"]: r for r in report["running"]}
+    assert rows[dead.number]["stale"] and not rows[alive.number]["stale"]
+    assert 75 <= rows[dead.number]["heartbeat_age_s"] < 100 and rows[alive.number]["heartbeat_age_s"] < 4
+    assert report["stale"] == [dead.number] and report["reap"] == "sweeper run study.yaml"
+    text = cli(tmp_path, "status", "study.yaml")
+    age = rows[dead.number]["heartbeat_age_s"]
+    assert "STALE" in text and " ago " in text
+    line = next(x for x in text.splitlines() if x.startswith("stale: "))
+    assert line.startswith(f"stale: trial {dead.number} (no heartbeat for ")
+    assert int(line.split("(no heartbeat for ")[1].split(" s)")[0]) in range(int(age) - 2, int(age) + 20)
+    assert line.endswith(", longer than study.grace_period (4 s): its driver or host is gone. "
+                         "`sweeper run study.yaml` fails such a trial as interrupted and runs it again")
+
+
+# ------------------------------------------------------------- 4. a driver killed with SIGKILL
+
+@pytest.mark.slow
+def test_status_marks_the_trials_of_a_driver_killed_with_sigkill_stale(study_file):
+    from test_resume import SLOW, _start, _wait_for_checkpointed_running
+
+    path = study_file(SLOW, replace=("model",))  # heartbeat 1 s, grace 3 s
+    proc = _start(path)
+    try:
+        _, running = _wait_for_checkpointed_running(path)
+        live = json.loads(cli(path.parent, "status", path.name, "--json"))
+        assert live["running"] and not any(r["stale"] for r in live["running"]) and "stale" not in live
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    numbers = sorted(t.number for t in running)
+    deadline, report = time.monotonic() + 30, {}
+    while time.monotonic() < deadline and report.get("stale") != numbers:
+        time.sleep(0.5)
+        report = json.loads(cli(path.parent, "status", path.name, "--json"))
+    assert report.get("stale") == numbers, report.get("running")
+    assert all(r["heartbeat_age_s"] > 3 for r in report["running"])
+    text = cli(path.parent, "status", path.name)
+    assert f"stale: trial {numbers[0]} (no heartbeat for " in text
+    assert f"`sweeper run {path.name}` fails such a trial as interrupted and runs it again" in text
+    # status only reads: the trials stay RUNNING until a sweep reaps them
+    assert sorted(t.number for t in stored(path.parent).get_trials(states=(TrialState.RUNNING,))) == numbers
