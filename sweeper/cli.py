@@ -171,14 +171,13 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
     """Check config, data, storage and devices without training, and without touching the
     study or the run folder (with data.cache the panel cache entry is built, as a run would)."""
     from sweeper.dispatch.run import prepare
+    from sweeper.inspect.printing import split_lines
 
     plan = prepare(_load(study, sets), storage)
     click.echo(f"{study}: ok")
     click.echo(f"  data: {plan.panel.source} ({plan.panel.fingerprint[:12]})")
-    for k, fold in enumerate(plan.panel.folds, 1):
-        click.echo(f"  fold {k}: train {' to '.join(fold['train'])}, valid {' to '.join(fold['valid'])}")
-    if plan.panel.folds:
-        click.echo(f"  test: {' to '.join(plan.panel.split_dates['test'])}")
+    for line in split_lines(plan.panel, plan.cfg.data):
+        click.echo("  " + line)
     click.echo(f"  storage: {plan.storage_url}")
     click.echo("  slots: " + ", ".join(s.label for s in plan.slots))
     if plan.cfg.validation.runs > 1:

@@ -96,6 +96,38 @@ def test_status_marks_a_trial_whose_heartbeat_stopped_as_stale(tmp_path, monkeyp
                          "`sweeper run study.yaml` fails such a trial as interrupted and runs it again")
 
 
+# ------------------------------------------------------------- 5. validate shows the split
+
+@pytest.mark.parametrize("scheme", ["holdout", "walk_forward"])
+def test_validate_shows_the_split_under_every_scheme(tmp_path, monkeypatch, scheme):
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+    from sweeper.data import load_panel
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(merge(TINY, {"validation": {"scheme": scheme, "folds": 3}})))
+    done = CliRunner().invoke(main, ["validate", "study.yaml"], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    days = pd.Series(load_panel(load_config(tmp_path / "study.yaml").data).dates)
+
+    def dates(first: str, last: str) -> str:  # the count, from the panel's own dates
+        return f"{first} to {last} ({int(days.between(pd.Timestamp(first), pd.Timestamp(last)).sum())} dates)"
+    assert lines[2:4] == ["  features: 3 (f00, f01, f02)",
+                          "  purge: 2 dates dropped before each valid block and before test (horizon 2 + embargo 0: "
+                          "no label reaches into the next split); lookback 5"]
+    if scheme == "holdout":
+        assert lines[4:7] == [f"  train: {dates('2010-01-08', '2010-05-14')}",
+                              f"  valid: {dates('2010-05-19', '2010-06-30')}",
+                              f"  test: {dates('2010-07-05', '2010-08-13')}"]
+        assert "(91 dates)" in lines[4]
+    else:
+        fold = f"  fold 1: train {dates('2010-01-08', '2010-02-22')}, valid {dates('2010-02-25', '2010-04-07')}"
+        assert lines[4] == fold and lines[6].startswith("  fold 3: train 2010-01-08 to 2010-05-17 (92 dates)")
+        assert lines[7] == f"  test: {dates('2010-07-05', '2010-08-13')}"
+
+
 # ------------------------------------------------------------- 4. a driver killed with SIGKILL
 
 @pytest.mark.slow

@@ -72,25 +72,12 @@ def available_bytes(free: int, total: int, reserved: int, allocated: int, fracti
     return int(max(available, 0))
 
 
-class CudaApi(Protocol):
-    """The calls of ``torch.cuda`` that :class:`CudaMemory` makes."""
-
-    def current_device(self) -> int: ...
-    def mem_get_info(self, device: torch.device) -> tuple[int, int]: ...
-    def memory_allocated(self, device: torch.device) -> int: ...
-    def memory_reserved(self, device: torch.device) -> int: ...
-    def get_per_process_memory_fraction(self, device: torch.device) -> float: ...
-    def synchronize(self, device: torch.device) -> None: ...
-    def reset_peak_memory_stats(self, device: torch.device) -> None: ...
-    def max_memory_allocated(self, device: torch.device) -> int: ...
-
-
 class CudaMemory:
     """MemoryReader for one CUDA device: the free memory and the base allocation are read once, at
     the first ``free_bytes()``. ``cuda`` is ``torch.cuda``, or a stand-in in tests."""
 
     def __init__(self, device: torch.device, limit_mb: float | None = None,
-                 cuda: CudaApi = torch.cuda) -> None:
+                 cuda: Any = torch.cuda) -> None:
         if device.index is None:  # some torch.cuda calls insist on an index
             device = torch.device("cuda", cuda.current_device())
         self.device, self.cuda = device, cuda

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -19,7 +18,6 @@ from sweeper.models.stacked.base import SoloStack
 from sweeper.quant import ic as M
 
 SPLIT_PREFIX = {"valid": "val", "test": "test"}
-T = TypeVar("T")
 Tick = Callable[[], None]  # called once per evaluated batch: scoring is progress too
 
 
@@ -31,19 +29,6 @@ def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int, tick: Tick
     """Predictions [S] (fp32, eval mode) for the split's samples in sample-index order: the one
     evaluation (:func:`stacked_predict_rows`) of ``model`` as a stack of one."""
     return stacked_predict_rows(SoloStack(model), [batcher], batch_size, tick)[0]
-
-
-def _halving(forward_all: Callable[[int], T], batch_size: int) -> T:
-    """``forward_all(batch_size)``, started over at half the batch after each out-of-memory error
-    (the memory is released outside the ``except``, where the traceback no longer pins it)."""
-    while True:
-        try:
-            return forward_all(batch_size)
-        except Exception as exc:
-            if not is_oom(exc) or batch_size == 1:
-                raise
-        release_memory()
-        batch_size //= 2
 
 
 def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | str,
@@ -84,7 +69,14 @@ def stacked_predict_rows(stack: nn.Module, batchers: list[Batcher], batch_size: 
     """:func:`predict_rows` of every member of a stack at once (member k on ``batchers[k]``): one
     stacked forward per batch of ``batch_size`` rows per member, a shorter member padded with its
     own rows. Out of memory halves the batch and starts over."""
-    return _halving(lambda size: _stacked_forward_all(stack, batchers, size, tick), batch_size)
+    while True:
+        try:
+            return _stacked_forward_all(stack, batchers, batch_size, tick)
+        except Exception as exc:
+            if not is_oom(exc) or batch_size == 1:
+                raise
+        release_memory()  # outside the except: the traceback no longer pins what it held
+        batch_size //= 2
 
 
 @torch.no_grad()

@@ -7,10 +7,9 @@ fold's panel, its seed, schedule, early stopping, best epoch and scores) and get
 :class:`TrainResult`. A stack of one calls the kernels of its model and of torch's AdamW, so it
 computes what a run of that model alone computes, bit for bit on the CPU.
 
-A member that stops early is masked, not dropped: it stays in the stack (its share of each
-step's arithmetic is spent) and makes no update, so the stack's shapes, its flat buffers and
-the probed micro-batch stay as they were. A member whose epoch has fewer batches than another's
-(a shorter walk-forward fold) is masked for the remaining steps of that epoch the same way.
+A member that stops early, or whose epoch has fewer batches (a shorter walk-forward fold), is
+masked, not dropped: it stays in the stack and makes no update, so the stack's shapes, its flat
+buffers and the probed micro-batch stay as they were.
 The stack ends when every member has stopped, when the hook prunes the trial, or when
 ``train.max_minutes`` runs out.
 

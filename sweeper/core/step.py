@@ -134,7 +134,9 @@ def plan_stack(step: StackStep, tc: TrainConfig, cap: int, mem: MemoryReader | N
                                  steps=tc.probe_steps, minimum=minimum, why_minimum=why)
         micro = found.micro_batch
         # AdamW's state, made by the first step, is alive (and counted) while the evaluation is probed
-        batchers = _eval_batchers(step)
+        # each member's largest evaluated split: what the loop and the final scoring run
+        batchers = [max((Batcher(lane.panel, split, lane.batcher.device) for split in EVAL_SPLITS),
+                        key=lambda b: b.n_samples) for lane in step.lanes]
         longest = max(b.n_samples for b in batchers)
         evals = find_micro_batch(_eval_probe(step, batchers), mem, start=min(eval_rows, longest),
                                  cap=min(eval_rows, longest), margin=tc.memory_margin,
@@ -160,12 +162,6 @@ def _probe(step: StackStep, seed: int) -> Callable[[int], None]:
         step(rows, size)
         step.flat.zero_grad()  # as the loop frees them to evaluate
     return probe
-
-
-def _eval_batchers(step: StackStep) -> list[Batcher]:
-    """Each member's largest evaluated split: what the loop and the final scoring run."""
-    return [max((Batcher(lane.panel, split, lane.batcher.device) for split in EVAL_SPLITS),
-                key=lambda b: b.n_samples) for lane in step.lanes]
 
 
 def _eval_probe(step: StackStep, batchers: list[Batcher]) -> Callable[[int], None]:

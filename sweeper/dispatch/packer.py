@@ -1,15 +1,13 @@
 """Parent: packing trials on GPUs by their measured memory (``devices.trials_per_gpu: auto``).
 
-The driver asks :class:`Packer` whether some GPU has room for another trial before it
-claims one (:meth:`Packer.gate`), and where the claimed trial goes, with how much memory
-(:meth:`Packer.place`); it tells the packer what its trials report (the probe's peak, each
-epoch's peak) and when they end. The arithmetic is :mod:`sweeper.devices.room`; this
-module holds the state: NVML's last reading, our running trials' charges, and the peaks
-measured per model shape.
+The driver asks :class:`Packer` whether some GPU has room before it claims a trial
+(:meth:`Packer.gate`), and where the claimed trial goes, with how much memory (:meth:`Packer.place`);
+it tells the packer what its trials report (the probe's peak, each epoch's peak) and when they end.
+The arithmetic is :mod:`sweeper.devices.room`; this module holds the state: NVML's last reading,
+our running trials' charges, and the peaks measured per model shape.
 
-A claimed trial that fits no GPU yet (a shape bigger than the room left, or one that must
-have a GPU to itself) is *held*: the driver claims nothing else and starts it once room
-frees up, and keeps its heartbeat meanwhile so other hosts do not judge it dead.
+A claimed trial that fits no GPU yet (too big for the room left, or needing a GPU to itself) is
+*held*: the driver claims nothing else, keeps its heartbeat, and starts it once room frees up.
 """
 from __future__ import annotations
 

@@ -74,16 +74,12 @@ def patience(trials: Iterable[FrozenTrial], maximize: bool, min_improvement: flo
     best_value, count = math.nan, 0
     for t in finished:
         value = t.value if t.state == TrialState.COMPLETE else None
-        if value is not None and math.isfinite(value) and (
-                best is None or _beats(value, best_value, maximize, min_improvement)):
+        if value is not None and math.isfinite(value) and (best is None or (
+                value > best_value + min_improvement if maximize else value < best_value - min_improvement)):
             best, best_value, count = t, value, 0
         else:
             count += 1
     return Patience(count, best)
-
-
-def _beats(value: float, best: float, maximize: bool, margin: float) -> bool:
-    return value > best + margin if maximize else value < best - margin
 
 
 class StopRule:

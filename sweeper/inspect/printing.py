@@ -10,6 +10,9 @@ from sweeper.validation import contract as K
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from sweeper.config import DataConfig
+    from sweeper.study.summary import PanelSummary
+
 
 def fmt(value: object, spec: str = ".4f") -> str:
     """``value`` formatted with ``spec``; ``-`` for None and non-finite floats."""
@@ -199,6 +202,28 @@ def fold_lines(best: dict[str, Any]) -> list[str]:
     lines.append(f"test IC: the last fold's model (fold {model.get('fold')}, {seed})" if walk
                  else f"test IC: the first seed's model ({seed})")
     return lines
+
+
+def split_lines(panel: PanelSummary, data: DataConfig) -> list[str]:
+    """``validate``'s lines on the study's split, under every scheme: the features, the purge, and
+    each split's (or walk-forward fold's) target dates with how many there are."""
+    from sweeper.data.split import purge_gap, split_widths
+
+    lookback, horizon, embargo = split_widths(data)  # the widest the search space allows
+
+    def span(dates: list[str], count: int | None) -> str:
+        return f"{' to '.join(dates) or '-'} ({fmt(count, 'd')} dates)"
+    names = ", ".join(panel.features[:8]) + (f", ... ({len(panel.features) - 8} more)"
+                                             if len(panel.features) > 8 else "")
+    lines = [f"features: {len(panel.features)} ({names})",
+             f"purge: {purge_gap(horizon, embargo)} dates dropped before each valid block and before test "
+             f"(horizon {horizon} + embargo {embargo}: no label reaches into the next split); "
+             f"lookback {lookback}"]
+    counts = panel.fold_n_dates or [{}] * len(panel.folds)
+    lines += [f"fold {k}: train {span(f['train'], n.get('train'))}, valid {span(f['valid'], n.get('valid'))}"
+              for k, (f, n) in enumerate(zip(panel.folds, counts), 1)]
+    splits = ("test",) if panel.folds else ("train", "valid", "test")
+    return lines + [f"{s}: {span(panel.split_dates.get(s, []), panel.n_dates.get(s))}" for s in splits]
 
 
 def constraints_line(best: dict[str, Any]) -> str:

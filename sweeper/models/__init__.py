@@ -1,7 +1,6 @@
 """Models: ``build_model(model_cfg, n_features, lookback)`` -> module mapping x[B, L, F] to [B].
 
-- :mod:`~sweeper.models.build`: ``model.name`` -> nn.Module, built-ins (each its stack of one) or
-  ``module:Class``;
+- :mod:`~sweeper.models.build`: ``model.name`` -> nn.Module, a built-in or ``module:Class``;
 - :mod:`~sweeper.models.stacked`: every built-in model, written once with K members as a dimension;
 - :mod:`~sweeper.models.paths`: where a ``module:Class`` is found (the study's folder first);
 - :mod:`~sweeper.models.check`: the driver's build check, user models in a child process;

@@ -27,12 +27,7 @@ _LOADED: dict[str, str] = {}
 def model_import_dirs() -> list[str]:
     """The folders searched first, best first: ``SWEEPER_MODEL_PATH``, then the current folder."""
     named = [p for p in os.environ.get(MODEL_PATH_ENV, "").split(os.pathsep) if p]
-    folders: list[str] = []
-    for folder in [*named, os.getcwd()]:
-        folder = os.path.abspath(folder)
-        if folder not in folders:
-            folders.append(folder)
-    return folders
+    return list(dict.fromkeys(os.path.abspath(folder) for folder in [*named, os.getcwd()]))
 
 
 @contextmanager

@@ -55,7 +55,8 @@ class LongShort:
             "long_short_max_drawdown": _clean(max_drawdown(self.ls)),
             "top_turnover": _clean(float(self.turnover.mean()) if len(self.turnover) else math.nan),
             "n_periods": len(self.ls),
-            "bucket_mean_label": [_clean(float(v)) for v in _column_means(self.buckets)],
+            "bucket_mean_label": [_clean(float(v)) for v in (self.buckets.mean(axis=0) if len(self.buckets)
+                                                               else np.full(self.quantiles, np.nan))],
             "quantiles": self.quantiles,
             "horizon": self.horizon,
         }
@@ -135,10 +136,6 @@ def max_drawdown(ls: np.ndarray) -> float:
 
 def _step(horizon: int) -> int:
     return max(int(horizon), 1)
-
-
-def _column_means(m: np.ndarray) -> np.ndarray:
-    return m.mean(axis=0) if len(m) else np.full(m.shape[1], np.nan)
 
 
 def _clean(value: float) -> float | None:

@@ -98,13 +98,6 @@ class MemberDropout(nn.Module):
         return x * mask
 
 
-class StackedFlatten(nn.Module):
-    """``nn.Flatten`` of each member's batch: ``[K, B, L, F]`` -> ``[K, B, L*F]``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.flatten(2)
-
-
 class StackedModule(nn.Module):
     """A stack of ``members`` models with one-member parameter names (see the module's doc)."""
 
@@ -170,10 +163,6 @@ class SoloStack(StackedModule):
 
     def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
-
-    def seed_members(self, seeds: Sequence[int], device: torch.device | str,
-                     states: Sequence[torch.Tensor] | None = None) -> list[torch.Generator]:
-        return []  # the global generator, which the run seeds with its seed, is its own
 
     def no_weight_decay(self) -> set[str]:
         named = getattr(self.model, "no_weight_decay", None)

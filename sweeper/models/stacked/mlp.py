@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from sweeper.models.stacked.base import MemberDropout, StackedFlatten, StackedLinear, StackedModule
+from sweeper.models.stacked.base import MemberDropout, StackedLinear, StackedModule
 
 
 class StackedMLP(StackedModule):
@@ -18,7 +18,8 @@ class StackedMLP(StackedModule):
         super().__init__()
         self.members = members
         rates = list(dropout) * members if len(dropout) == 1 else list(dropout)
-        layers: list[nn.Module] = [StackedFlatten()]  # index for index as the one-member nn.Sequential
+        # each member's [B, L, F] flattened: index for index as the one-member nn.Sequential
+        layers: list[nn.Module] = [nn.Flatten(2)]
         width = n_features * lookback
         for _ in range(num_layers):
             layers += [StackedLinear(members, width, hidden_size), nn.GELU(), MemberDropout(rates)]
