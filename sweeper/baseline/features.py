@@ -85,14 +85,10 @@ def design(panel: Panel, split: str, lags: int, max_rows: int | None = None) -> 
         t, i = t[keep], i[keep]
         if subsampled is not None:
             subsampled = {**subsampled, "limit": limit, "by": by}
-    out = np.empty((len(t), F * (lags + 1)), dtype=np.float32)
+    out = np.full((len(t), F * (lags + 1)), np.nan, dtype=np.float32)
     for k in range(lags + 1):
-        earlier = t - k
-        inside = earlier >= 0
-        block = np.full((len(t), F), np.nan, dtype=np.float32)
-        block[inside] = X[earlier[inside], i[inside]]
-        out[:, k * F:(k + 1) * F] = block
-        del block
+        inside = t >= k  # a lag before the panel's first date stays NaN
+        out[inside, k * F:(k + 1) * F] = X[t[inside] - k, i[inside]]
     y = panel.y.cpu().numpy()[t, i]
     y_raw = panel.y_raw.cpu().numpy()[t, i]
     return Design(t=t, i=i, X=out, y=y, y_raw=y_raw, names=column_names(list(panel.features), lags),

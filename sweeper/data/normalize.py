@@ -131,11 +131,7 @@ def _fitted(stats: NormStats | None) -> tuple[np.ndarray, np.ndarray]:
     """robust_zscore's fitted (median, scale) as float64 arrays, NaN where a feature had no value."""
     median, scale = (stats.get("median"), stats.get("scale")) if stats is not None else (None, None)
     assert median is not None and scale is not None, "robust_zscore needs fitted statistics"
-    return _floats(median), _floats(scale)
-
-
-def _floats(values: list[float | None]) -> np.ndarray:
-    return np.array([np.nan if a is None else a for a in values], dtype=np.float64)
+    return np.array(median, dtype=np.float64), np.array(scale, dtype=np.float64)  # None -> NaN
 
 
 def normalize_features(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int],

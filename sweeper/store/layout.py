@@ -107,7 +107,6 @@ class _Folder:
     folder: Path
 
     def daily_ic(self, split: str) -> Path:
-        """``daily_ic_valid.csv`` / ``daily_ic_test.csv`` (columns date, ic, rank_ic)."""
         return self.folder / daily_ic_name(split)
 
 

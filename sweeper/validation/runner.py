@@ -111,12 +111,10 @@ class RunStore:
         return pd.read_parquet(run.predictions), pd.read_csv(run.daily_ic("valid"), parse_dates=["date"])
 
     def member_frames(self, fold: int, repeat: int) -> dict[str, pd.DataFrame]:
-        """A finished model seed's frames on valid and test, as it stored them."""
         run = self.files.run_files(fold, repeat)
         return {split: pd.read_parquet(run.predictions_of(split)) for split in SPLITS}
 
     def save_predictions(self, frames: dict[str, pd.DataFrame]) -> None:
-        """The model's ``predictions_<split>.parquet``, straight into the trial's folder."""
         _write_frames(frames, self.files.predictions)
 
     def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]],
