@@ -64,8 +64,10 @@ GOLDEN = TESTS / "golden"
 VOLATILE = {"duration_s", "driver_id", "driver_pid", "pid", "pid_ns", "hostname", "host", "peak_mem_mb",
             "samples_per_s", "study_uuid", "environment", "sweeper_version", "probe_peak_mem_mb",
             "datetime_start", "datetime_complete", "heartbeat", "started_at"}
-# config keys added after the records, and the hash of a config that holds them (see the docstring)
-NEWER = {"max_stack", "train.max_stack", "config_hash", "stack_size", "stack_size_from", "stack_rates"}
+# keys added after the records: config keys and the hash of a config that holds them (see the docstring),
+# and best --json's scored_on and its ensemble's alone (issue 42: which dates each figure covers)
+NEWER = {"max_stack", "train.max_stack", "config_hash", "stack_size", "stack_size_from", "stack_rates",
+         "scored_on", "alone"}
 NEWER_KEY_LINE = re.compile(r"^  max_stack: .*\n", re.MULTILINE)  # train.max_stack in a config.yaml
 VOLATILE_FILES = {"study.db", "study.db.lock", "owner.json", "devices.csv"}
 

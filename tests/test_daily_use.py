@@ -44,8 +44,7 @@ def here(swept, tmp_path) -> Path:
 
 
 def stored(root: Path) -> optuna.Study:
-    cfg = load_config(root / "study.yaml")
-    return optuna.load_study(study_name=cfg.study.name, storage=open_storage(cfg.study.resolved_storage))
+    return optuna.load_study(study_name="tiny", storage=open_storage(f"sqlite:///{root}/runs/tiny/study.db"))
 
 
 def cli(root: Path, *args: str, code: int = 0) -> str:
@@ -65,6 +64,67 @@ def new_dates(root: Path, dates: int) -> str:
 
 def span(dates: list[str]) -> str:
     return " to ".join(dates)
+
+
+# ------------------------------------------------------------- 3. every figure says its dates
+
+@pytest.mark.slow
+def test_best_says_which_dates_each_figure_covers(swept):
+    study = stored(swept)
+    folds, split = study.user_attrs["fold_dates"], study.user_attrs["split_dates"]
+    best = json.loads(cli(swept, "best", "study.yaml", "--json"))
+    every = {"over": "all folds", "dates": [folds[0]["valid"][0], folds[-1]["valid"][1]]}
+    last, test = {"over": "last fold", "dates": folds[-1]["valid"]}, {"over": "test", "dates": split["test"]}
+    assert best["scored_on"] == {"metrics": {"valid": every, "test": test},
+                                 "portfolio": {"valid": last, "test": test},
+                                 "ensemble": {"valid": last, "test": test}}
+    # the ensemble beside its best member on the same rows: the last fold's valid block, and test
+    ens, trial = best["ensemble"], study.best_trial
+    alone = ens["alone"]
+    assert alone["trial"] == trial.number == ens["trials"][0]
+    assert alone["valid"]["ic"] == pytest.approx(trial.user_attrs["fold_val_ic"][-1], abs=1e-6)
+    assert alone["test"]["ic"] == pytest.approx(trial.user_attrs["test_ic"], abs=1e-6)
+    assert alone["valid"]["n_dates"] == ens["valid"]["n_dates"] and alone["test"]["n_dates"] == ens["test"]["n_dates"]
+    assert trial.user_attrs["val_ic"] != pytest.approx(alone["valid"]["ic"])  # the mean over folds: other dates
+
+    lines = cli(swept, "best", "study.yaml").splitlines()
+    m = best["metrics"]
+    assert lines[1] == (f"  valid: ic {m['val_ic']:.4f}  rank_ic {m['val_rank_ic']:.4f}  icir {m['val_icir']:.4f}  "
+                        f"(mean over every fold's valid block, {span(every['dates'])})")
+    assert lines[2] == f"  test:  ic {m['test_ic']:.4f}  rank_ic {m['test_rank_ic']:.4f}  icir {m['test_icir']:.4f}"
+    assert ("  long-short, q=5 buckets, dates 2 apart (gross: equal weights, no costs); valid: the last fold's "
+            f"valid block, {span(last['dates'])}:") in lines
+    at = next(k for k, line in enumerate(lines) if line.startswith("  top3 ensemble (trials "))
+    assert lines[at + 1:at + 3] == [
+        f"    valid dates: the last fold's valid block, {span(last['dates'])}",
+        f"    trial {trial.number} alone on the same dates: valid ic {alone['valid']['ic']:.4f}  rank_ic "
+        f"{alone['valid']['rank_ic']:.4f}  test ic {alone['test']['ic']:.4f}  rank_ic {alone['test']['rank_ic']:.4f}"]
+    # item 6: params at 4 significant digits on the screen, every digit in --json
+    assert f"  params: train.lr={trial.params['train.lr']:.4g}" in lines
+    assert best["params"] == trial.params
+
+
+@pytest.mark.slow
+def test_the_report_labels_its_dates_and_keeps_figure_7s_right_axis_clear(swept, tmp_path):
+    from test_report import figures_of
+
+    cli(swept, "report", "study.yaml", "-o", str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    figures = figures_of(page)
+    last = stored(swept).user_attrs["fold_dates"][-1]["valid"]
+    said = f"; valid: the last fold's valid block, {span(last)}"
+    for name in ("buckets", "longshort"):
+        assert figures[name]["layout"]["title"]["text"].endswith(said), name
+    assert figures["overfit"]["layout"]["xaxis"]["title"]["text"] == "validation IC (mean over the folds)"
+    daily = figures["daily"]
+    assert [t["name"] for t in daily["data"]] == ["daily IC (valid, every fold)", "cumulative IC (valid, every fold)",
+                                                  "daily IC (test)", "cumulative IC (test)"]
+    # the legend under the plot, not over the right axis; the right margin holds its labels and title
+    layout = daily["layout"]
+    assert layout["yaxis2"]["side"] == "right"
+    assert layout["legend"]["orientation"] == "h" and layout["legend"]["y"] < 0
+    assert layout["margin"]["r"] >= 70 and layout["margin"]["b"] >= 100
+    assert "(mean over folds)" in page
 
 
 # ------------------------------------------------------------- 4. status tells the dead from the running

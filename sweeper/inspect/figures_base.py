@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 
 STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#ff7f0e", "FAIL": "#d62728", "RUNNING": "#2ca02c",
                 "WAITING": "#7f7f7f"}
-LAYOUT = {"height": 420, "margin": {"l": 60, "r": 30, "t": 60, "b": 50}}
+MARGIN = {"l": 60, "r": 30, "t": 60, "b": 50}
+LAYOUT: dict[str, Any] = {"height": 420, "margin": MARGIN}
+# a figure with a right-hand axis: its labels and title need a right margin, and the legend, which
+# plotly puts over that margin, goes under the plot so that it hides neither
+TWO_AXES = {**LAYOUT, "margin": {**MARGIN, "r": 70, "b": 100},
+            "legend": {"orientation": "h", "x": 0, "y": -0.2, "yanchor": "top"}}
 
 
 @dataclass

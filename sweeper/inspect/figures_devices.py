@@ -10,7 +10,7 @@ from typing import Any
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.inspect.figures_base import LAYOUT, STATE_COLORS, StudyData
+from sweeper.inspect.figures_base import LAYOUT, STATE_COLORS, TWO_AXES, StudyData
 
 IDLE_GAP = timedelta(minutes=5)  # no trial running for longer than this: the sweep was stopped
 Spans = dict[str, list[tuple[datetime, datetime, FrozenTrial]]]  # slot -> (start, end, trial)
@@ -136,7 +136,7 @@ def telemetry_figure(path: Path) -> go.Figure | None:
         traces.append(go.Scatter(x=when, y=[_number(r.get("mem_used_mb")) for r in mine], yaxis="y2",
                                  name=f"GPU {index} memory MB", line={"dash": "dot"}))
     fig = go.Figure(traces)
-    fig.update_layout(**LAYOUT, title="GPU telemetry (devices.csv)", xaxis={"type": "date"},
+    fig.update_layout(**TWO_AXES, title="GPU telemetry (devices.csv)", xaxis={"type": "date"},
                       yaxis={"title": "utilisation %", "range": [0, 100]},
                       yaxis2={"title": "memory MB", "overlaying": "y", "side": "right"},
                       meta={"samples": len(rows)})

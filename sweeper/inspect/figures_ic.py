@@ -7,9 +7,10 @@ import numpy as np
 import plotly.graph_objects as go
 from optuna.trial import TrialState
 
-from sweeper.inspect.figures_base import LAYOUT, StudyData, empty, finite
+from sweeper.inspect.figures_base import LAYOUT, TWO_AXES, StudyData, empty, finite
 from sweeper.inspect.results import read_daily
 from sweeper.store.layout import trial_files
+from sweeper.validation import contract as K
 
 
 def overfit_figure(data: StudyData) -> go.Figure:
@@ -34,7 +35,9 @@ def overfit_figure(data: StudyData) -> go.Figure:
     title = f"{len(val)} complete trials; mean test - valid {float((test - val).mean()):+.4f}"
     title += f"; correlation {corr:.2f}" if corr is not None else ""
     fig = go.Figure(traces)
-    fig.update_layout(**LAYOUT, title=title, xaxis_title="validation IC", yaxis_title="test IC",
+    # under walk-forward a trial's val_ic is the mean over its folds; its test_ic, the last fold's model
+    valid = "validation IC (mean over the folds)" if K.folded(data.study.user_attrs) else "validation IC"
+    fig.update_layout(**LAYOUT, title=title, xaxis_title=valid, yaxis_title="test IC",
                       meta={"complete": len(val), "correlation": corr})
     return fig
 
@@ -45,20 +48,23 @@ def daily_figure(data: StudyData) -> go.Figure:
     files = trial_files(data.run_dir, data.best.number)
     traces, days = [], {}
     colors = {"valid": "#1f77b4", "test": "#ff7f0e"}
+    folds = K.folded(data.study.user_attrs)  # the daily file holds every fold's valid block
     for split in ("valid", "test"):
         daily = read_daily(files.daily_ic(split))
         if daily is None:
             continue
         days[split] = len(daily["ic"])
         dates = daily["date"].tolist() if "date" in daily else list(range(len(daily["ic"])))
-        traces.append(go.Bar(x=dates, y=daily["ic"], name=f"daily IC ({split})", marker_color=colors[split],
+        named = f"{split}, every fold" if folds and split == "valid" else split
+        traces.append(go.Bar(x=dates, y=daily["ic"], name=f"daily IC ({named})", marker_color=colors[split],
                              opacity=0.45))
-        traces.append(go.Scatter(x=dates, y=np.nancumsum(daily["ic"]), name=f"cumulative IC ({split})",
+        traces.append(go.Scatter(x=dates, y=np.nancumsum(daily["ic"]), name=f"cumulative IC ({named})",
                                  yaxis="y2", line={"color": colors[split], "width": 2}))
     if not traces:
         return empty(f"trial {data.best.number} has no daily IC files in {files.folder.parent}")
     fig = go.Figure(traces)
-    fig.update_layout(**LAYOUT, title=f"trial {data.best.number}: daily IC (bars) and cumulative IC (lines)",
+    title = f"trial {data.best.number}: daily IC (bars) and cumulative IC (lines)"
+    fig.update_layout(**TWO_AXES, title=title,
                       xaxis={"type": "date"}, yaxis={"title": "daily IC"}, bargap=0,
                       yaxis2={"title": "cumulative IC", "overlaying": "y", "side": "right"},
                       meta={"trial": data.best.number, "days": days})

@@ -71,7 +71,7 @@ def ic_time_figure(data: StudyData) -> go.Figure:
                             "ic_by_year": {split: {str(y): v for y, v in ic_by_year(frame).items()}
                                            for split, frame in panels["best"].items()}}
     meta.update(data.group_neutral)
-    height = max(int(LAYOUT["height"]), len(panels) * (120 + ROW_HEIGHT * years))  # type: ignore[call-overload]
+    height = max(int(LAYOUT["height"]), len(panels) * (120 + ROW_HEIGHT * years))
     fig.update_layout(**{**LAYOUT, "height": height}, meta=meta,
                       title=f"mean daily IC by year and month (trial {data.best.number}"
                       + (" and the LightGBM baseline)" if "baseline" in panels else ")"),

@@ -59,20 +59,24 @@ def portfolio_report(cfg: SweeperConfig, study: optuna.Study, best: FrozenTrial,
 
 def ensemble_report(cfg: SweeperConfig, study: optuna.Study, predictor: TrialFrames,
                     k: int = ENSEMBLE_K) -> dict[str, Any]:
-    """The top-``k`` ensemble's IC and long-short figures on valid and test.
+    """The top-``k`` ensemble's IC and long-short figures on valid and test, and ``alone``: its
+    best member's IC on the same rows (under walk-forward both are the last fold's valid block,
+    not the dates of the best trial's val_ic, the mean over every fold's).
 
     The horizon of the long-short step is the longest of the members' (a study that tunes
     ``data.horizon`` has one label, whose overlap the widest setting describes best)."""
     members = top_trials(study, k)
     horizon = max(predictor.config(t).data.horizon for t in members)
-    out: dict[str, Any] = {"k": k, "trials": [t.number for t in members], "portfolio": {}}
+    out: dict[str, Any] = {"k": k, "trials": [t.number for t in members], "portfolio": {},
+                           "alone": {"trial": members[0].number}}
     for split in SCORED:
         frame = ensemble([predictor.frame(t, split) for t in members])
-        report = ic_report(frame)
-        out[split] = {key: _clean(value) for key, value in report.items() if key in IC_KEYS}
+        out[split] = _ics(frame)
+        out["alone"][split] = _ics(predictor.frame(members[0], split))
         out["portfolio"][split] = long_short(frame, horizon, cfg.report.quantiles).summary()
     return out
 
 
-def _clean(value: object) -> object:
-    return None if isinstance(value, float) and value != value else value
+def _ics(frame: Any) -> dict[str, Any]:
+    return {key: None if isinstance(value, float) and value != value else value
+            for key, value in ic_report(frame).items() if key in IC_KEYS}

@@ -87,12 +87,10 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
     from rich.console import Console
 
     console = console or Console()
-    m = best["metrics"]
     objective = best.get("objective", best["metric"])  # lcb(val_ic) under validation.aggregate: lcb
     console.print(f"best: trial {best['trial']}  {objective}={fmt(best['value'])}")
-    for label, key in (("valid:", "val"), ("test: ", "test")):
-        console.print(f"  {label} ic {fmt(m.get(f'{key}_ic'))}  rank_ic {fmt(m.get(f'{key}_rank_ic'))}  "
-                      f"icir {fmt(m.get(f'{key}_icir'))}")
+    for line in metric_lines(best):
+        console.print("  " + line, highlight=False, soft_wrap=True)
     for split, key in (("valid", "val"), ("test", "test")):
         oracle, frac = best.get(f"oracle_{key}_ic"), best.get(f"{key}_ic_oracle_fraction")
         if oracle:
@@ -112,7 +110,9 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
         console.print("  " + line, highlight=False, soft_wrap=True)
     for line in portfolio_and_ensemble_lines(best):
         console.print("  " + line, highlight=False, soft_wrap=True)
-    console.print("  params: " + ", ".join(f"{k}={v}" for k, v in best["params"].items()), soft_wrap=True)
+    # 4 significant digits: a sampled lr's 17 digits say nothing (best --json keeps them all)
+    console.print("  params: " + ", ".join(f"{k}={fmt(v, '.4g') if isinstance(v, float) else v}"
+                                           for k, v in best["params"].items()), soft_wrap=True)
     if best.get("weights_removed"):
         console.print(f"  weights: removed (study.keep); retrain: {best['retrain']}", highlight=False,
                       soft_wrap=True)
@@ -120,17 +120,41 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
         console.print(f"  weights: {best['weights'] or '-'}")
 
 
+def metric_lines(best: dict[str, Any]) -> list[str]:
+    """The best trial's valid and test IC; under walk-forward the valid figures say their dates
+    (the mean over every fold's block: not the dates of the long-short view and the ensemble)."""
+    m, said = best["metrics"], scope_words(_scope(best, "metrics"))
+    return [f"{label} ic {fmt(m.get(f'{key}_ic'))}  rank_ic {fmt(m.get(f'{key}_rank_ic'))}  "
+            f"icir {fmt(m.get(f'{key}_icir'))}" + (f"  ({said})" if said and key == "val" else "")
+            for label, key in (("valid:", "val"), ("test: ", "test"))]
+
+
+def _scope(best: dict[str, Any], block: str) -> dict[str, Any] | None:
+    return ((best.get("scored_on") or {}).get(block) or {}).get("valid")
+
+
+def scope_words(scope: dict[str, Any] | None) -> str:
+    """The dates of a valid figure (a ``scored_on`` entry) in words where they are not the valid
+    split's, which needs no label: under walk-forward, every fold's block or the last fold's."""
+    if not scope or scope.get("over") not in ("all folds", "last fold"):
+        return ""
+    every = scope["over"] == "all folds"
+    what = "mean over every fold's valid block" if every else "the last fold's valid block"
+    return f"{what}, {' to '.join(scope.get('dates') or []) or 'dates -'}"
+
+
 def portfolio_and_ensemble_lines(best: dict[str, Any]) -> list[str]:
     """``best --portfolio``'s lines: the long-short view, constant predictions, the top-K ensemble."""
     lines: list[str] = []
     if "portfolio" in best:
-        lines += portfolio_lines(best["portfolio"], best.get("portfolio_unavailable"))
+        lines += portfolio_lines(best["portfolio"], best.get("portfolio_unavailable"),
+                                 _scope(best, "portfolio"))
         constant = best.get("constant_pred_dates") or {}
         if any(constant.values()):
             lines.append("constant predictions (scored IC 0): " + ", ".join(
                 f"{split} {n} dates" for split, n in constant.items()))
     if "ensemble" in best:
-        lines += ensemble_lines(best["ensemble"], best.get("ensemble_unavailable"))
+        lines += ensemble_lines(best["ensemble"], best.get("ensemble_unavailable"), _scope(best, "ensemble"))
     return lines
 
 
@@ -296,14 +320,17 @@ def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = N
     return lines
 
 
-def portfolio_lines(portfolio: dict[str, Any] | None, why: str | None = None) -> list[str]:
-    """The long-short figures of valid and test in words (``sweeper best`` and the report)."""
+def portfolio_lines(portfolio: dict[str, Any] | None, why: str | None = None,
+                    scope: dict[str, Any] | None = None) -> list[str]:
+    """The long-short figures of valid and test in words (``sweeper best`` and the report);
+    ``scope``: the dates of the valid figures (a ``scored_on`` entry), said where they differ."""
     if not portfolio:
         return [f"long-short: - ({why or 'not computed'})"]
     first = next(iter(portfolio.values()))
     apart = max(first.get("horizon") or 1, 1)
+    said = scope_words(scope)
     lines = [f"long-short, q={first.get('quantiles')} buckets, dates {apart} apart "
-             "(gross: equal weights, no costs):"]
+             "(gross: equal weights, no costs)" + (f"; valid: {said}:" if said else ":")]
     for split, p in portfolio.items():
         lines.append(f"  {split + ':':<6} ann. return {fmt(p.get('long_short_ann_return'), '.1%')}  "
                      f"Sharpe {fmt(p.get('long_short_sharpe'), '.2f')}  "
@@ -312,12 +339,20 @@ def portfolio_lines(portfolio: dict[str, Any] | None, why: str | None = None) ->
     return lines
 
 
-def ensemble_lines(ens: dict[str, Any] | None, why: str | None = None) -> list[str]:
-    """The top-K ensemble beside the best trial."""
+def ensemble_lines(ens: dict[str, Any] | None, why: str | None = None,
+                   scope: dict[str, Any] | None = None) -> list[str]:
+    """The top-K ensemble beside the best trial, and its best member alone on the same dates
+    (``scope``: those of the valid figures, said where they are not the valid split's)."""
     if not ens:
         return [f"ensemble: - ({why or 'not computed'})"]
-    trials = ", ".join(map(str, ens["trials"]))
-    lines = [f"top{ens['k']} ensemble (trials {trials}): valid ic {fmt(ens['valid'].get('ic'))}  "
-             f"rank_ic {fmt(ens['valid'].get('rank_ic'))}  test ic {fmt(ens['test'].get('ic'))}  "
-             f"rank_ic {fmt(ens['test'].get('rank_ic'))}"]
+    lines = [f"top{ens['k']} ensemble (trials {', '.join(map(str, ens['trials']))}): {_ic_pair(ens)}"]
+    said, alone = scope_words(scope), ens.get("alone")
+    lines += [f"  valid dates: {said}"] if said else []
+    if alone:  # a best --json from before has none
+        lines.append(f"  trial {alone['trial']} alone on the same dates: {_ic_pair(alone)}")
     return lines + ["  " + line for line in portfolio_lines(ens.get("portfolio"))[1:]]
+
+
+def _ic_pair(ics: dict[str, Any]) -> str:
+    return (f"valid ic {fmt(ics['valid'].get('ic'))}  rank_ic {fmt(ics['valid'].get('rank_ic'))}  "
+            f"test ic {fmt(ics['test'].get('ic'))}  rank_ic {fmt(ics['test'].get('rank_ic'))}")

@@ -176,7 +176,8 @@ def _header(data: StudyData, oracle: dict[str, float] | None) -> list[str]:
         line = f"best: trial {data.best.number}, {data.metric} {data.best.value:.4f}"
         for split, key in (("valid", "val_ic"), ("test", "test_ic")):
             if finite(ua.get(key)):
-                line += f", {split} IC {ua[key]:.4f}"
+                mean = " (mean over folds)" if key == "val_ic" and folded(data) else ""
+                line += f", {split} IC {ua[key]:.4f}{mean}"
                 if oracle and oracle.get(split):
                     line += f" ({ua[key] / oracle[split]:.0%} of the oracle {oracle[split]:.4f})"
         folds = [v for v in ua.get("fold_val_ic") or [] if finite(v)]
@@ -218,7 +219,7 @@ def _notes(name: str, fig: go.Figure) -> list[str]:
             "first, so betting on whole groups scores 0."]
     if name == "buckets" and "valid" in meta:
         splits = {k: meta[k] for k in ("valid", "test") if k in meta}
-        return [line.strip() for line in portfolio_lines(splits)] + [
+        return [line.strip() for line in portfolio_lines(splits, scope=meta["scored_on"]["valid"])] + [
             "Dates: those with at least 2q assets, every h-th of them, so the h-day labels do not overlap. "
             "Buckets: q equal-count buckets of the prediction's rank. Long-short = mean label of the top "
             "bucket - mean label of the bottom one; annualised with 252/h. Gross: equal weights, no costs."]

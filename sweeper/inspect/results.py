@@ -125,6 +125,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     oracle = study.user_attrs.get("oracle_ic")
     out = _trial_report(study, cfg, best, study_file)
     out.update(folds_report(study, cfg, best))
+    out["scored_on"] = scored_on(study.user_attrs, portfolio)  # which dates each figure covers
     out.update({k: plain(ua[k]) for k in STACK_KEYS if k in ua})  # how its runs stacked, and why
     out.update(constraints_report(study, cfg, best))
     if oracle:
@@ -164,6 +165,28 @@ def _trial_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial,
     }
     if retention.weights_removed(best, files):
         out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
+    return out
+
+
+def model_dates(study_attrs: dict[str, Any]) -> dict[str, list[str]]:
+    """``{split: [first, last]}`` of the trials' model run, which ``weights.pt``, the stored
+    predictions and ``predict`` are of: its train and valid are the last fold's under walk-forward."""
+    folds = K.layout(study_attrs)
+    return {**(study_attrs.get("split_dates") or {}), **(folds[-1] if folds else {})}
+
+
+def scored_on(study_attrs: dict[str, Any], portfolio: bool) -> dict[str, Any]:
+    """``best --json``'s ``scored_on``: for each block (``metrics``; with ``portfolio``, the
+    ``portfolio`` and the ``ensemble``) the dates of its valid and test figures: ``over`` (``valid``:
+    the valid split; under walk-forward ``all folds``, the mean over every fold's valid block, or
+    ``last fold``, the model run's block; ``test``) and ``dates`` ([first, last])."""
+    folds, model = K.layout(study_attrs), model_dates(study_attrs)
+    test = {"over": "test", "dates": model.get("test")}
+    own = {"over": "last fold" if folds else "valid", "dates": model.get("valid")}
+    mean = {"over": "all folds", "dates": [folds[0]["valid"][0], folds[-1]["valid"][-1]]} if folds else own
+    out = {"metrics": {"valid": mean, "test": test}}
+    if portfolio:
+        out.update(portfolio={"valid": own, "test": test}, ensemble={"valid": own, "test": test})
     return out
 
 
