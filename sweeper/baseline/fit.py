@@ -99,8 +99,7 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
 
 
 def fit_study(panel: Panel, cfg: SweeperConfig, threads: int = 1, seed: int = 0) -> BaselineResult:
-    """The study's baseline on its panel: one fit per fold of the study's run grid (one fold:
-    the panel's own split)."""
+    """The study's baseline: one fit per fold of its run grid (one fold: the panel's own split)."""
     if not RunGrid.of(cfg).folded:
         return fit(panel, cfg.baseline, threads=threads, seed=seed)
     return fit_folds(panel, fold_layout(panel, cfg), cfg.data, cfg.baseline, threads=threads, seed=seed)

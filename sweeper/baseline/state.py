@@ -70,8 +70,7 @@ def _now() -> str:
 
 
 def mark(study: optuna.Study, state: State, host: str, driver: str, error: str | None = None) -> None:
-    """Record ``state``, stamped now, whatever was stored: the job's own transitions and
-    ``sweeper baseline``'s."""
+    """Record ``state``, stamped now, whatever was stored: the job's transitions, ``sweeper baseline``'s."""
     stored: dict[str, Any] = {"state": str(state), "host": host, "driver": driver, "at": _now()}
     if error is not None:
         stored["error"] = error

@@ -54,8 +54,7 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
 
 
 def slots_per_gpu(cfg: DevicesConfig) -> int:
-    """Worker slots per GPU: ``trials_per_gpu``, or with ``auto`` the most trials packing may
-    run on one GPU at once."""
+    """Worker slots per GPU: ``trials_per_gpu``; ``auto``: the most trials packing may run on one GPU."""
     if cfg.trials_per_gpu == "auto":
         return cfg.max_trials_per_gpu or AUTO_MAX_TRIALS_PER_GPU
     return int(cfg.trials_per_gpu)

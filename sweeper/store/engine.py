@@ -56,8 +56,7 @@ private.quiet_trials_query_fallback()
 
 
 def sqlite_busy_timeout_s() -> float:
-    """How long a SQLite write waits for the lock before "database is locked" (read when a
-    connection opens)."""
+    """How long a SQLite write waits for the lock before "database is locked" (read per connection)."""
     return fake.sqlite_busy_timeout_s(SQLITE_BUSY_TIMEOUT_S)
 
 
@@ -136,8 +135,7 @@ def prepare_sqlite_file(url: str) -> None:
         conn.close()
 
 
-# What the storage call running on this thread does (READ, WRITE or DURABLE): the
-# SQLite "begin" hook reads it.
+# What the storage call running on this thread does (READ, WRITE or DURABLE), for the "begin" hook
 _txn = threading.local()
 READ, WRITE, DURABLE = "read", "write", "durable"
 

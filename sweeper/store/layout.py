@@ -153,8 +153,7 @@ class TrialFiles(_Model):
     runs, refit = _File("runs"), _File("refit")
 
     def predictions(self, split: str) -> Path:
-        """The model's run's ``date, asset, pred, label`` (raw label), as ``sweeper predict``
-        computes them."""
+        """The model's ``date, asset, pred, label`` (raw label), as ``sweeper predict`` computes them."""
         return self.folder / predictions_name(split)
 
     def run(self, fold: int, repeat: int) -> Path:

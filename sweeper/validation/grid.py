@@ -113,8 +113,7 @@ class RunGrid:
         return self.stack_of(fold, seed) * self.epochs + epoch
 
     def position(self, step: int) -> tuple[int, int, int]:
-        """(fold, seed, epoch) of a stored step: the inverse of :meth:`step` (for a stack's
-        step, its first run's)."""
+        """(fold, seed, epoch) of a stored step: the inverse of :meth:`step` (a stack's: its first run's)."""
         self._known()
         stack, epoch = divmod(max(int(step), 1) - 1, max(self.epochs, 1))
         fold, seed = divmod(stack * self.stack, self.repeats)

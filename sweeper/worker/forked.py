@@ -202,8 +202,7 @@ def _environ(env: dict[str, str], cwd: str) -> None:
 
 
 def _python_path() -> set[str]:
-    """What the server's start put on sys.path ahead of the interpreter's own: its folder and
-    its PYTHONPATH."""
+    """What the server's start put on sys.path before the interpreter's own: its folder, its PYTHONPATH."""
     folder = set() if sys.flags.safe_path else {sys.path[0]}
     return {*folder, *(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)}
 

@@ -29,8 +29,7 @@ class Heartbeat:
                                         name="heartbeat")
 
     def _beat(self, storage: Any, trial_id: int, interval: float) -> None:
-        # beat at once: the driver's first heartbeat was recorded at claim time,
-        # and the grace period runs from there
+        # beat at once: the driver recorded the first heartbeat at claim time; the grace runs from there
         failing: str | None = None
         misses = 0
         while True:
