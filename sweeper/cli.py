@@ -306,33 +306,29 @@ def report_cmd(study: Path, storage: str | None, out: Path) -> None:
               help="Another Parquet file with the study's columns (the label may be missing); "
                    "a trial's refit, when it has one, scores it.")
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+@click.option("--allow-unrefit", is_flag=True,
+              help="With --data: score with the best trial's own weights though another trial has a refit.")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="preds.parquet (or .csv): columns date, asset, pred, label.")
 def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None, start: str | None,
-                end: str | None, data: Path | None, device: str | None, out: Path) -> None:
+                end: str | None, data: Path | None, device: str | None, allow_unrefit: bool,
+                out: Path) -> None:
     """Apply a trial's best weights (or the top-K ensemble) to a split, a date range or --data."""
     from sweeper.inspect.export import write_table
     from sweeper.inspect.predict import predict_trial
-    from sweeper.quant.ic import ic_report
     from sweeper.store.studies import load_existing
 
     cfg = _load(study)
     result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data,
-                           device=device, start=start, end=end, study_file=str(study))
+                           device=device, start=start, end=end, study_file=str(study),
+                           allow_unrefit=allow_unrefit)
     write_table(result.frame, out)
-    for note in result.notes:
+    for note in [result.weights, *result.notes]:
         click.echo(f"note: {note}", err=True)
     if result.same_data is False:
         click.echo("warning: the data differs from the data the study was run on (fingerprint changed)",
                    err=True)
-    ic = ic_report(result.frame)
-    dates = result.frame["date"]
-    span = f"{str(dates.min())[:10]} to {str(dates.max())[:10]}" if len(dates) else "no dates"
-    constant = ic["n_constant_dates"]
-    click.echo(f"wrote {out}: {result.label}, split {result.split} of {result.source} ({span}), "
-               f"{len(result.frame)} rows, IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} "
-               f"over {ic['n_dates']} dates"
-               + (f" ({constant} with a constant prediction, scored 0)" if constant else ""))
+    click.echo(result.written(out))
 
 
 @main.command("refit")

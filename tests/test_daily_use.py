@@ -66,6 +66,63 @@ def span(dates: list[str]) -> str:
     return " to ".join(dates)
 
 
+# ------------------------------------------------------------- 2. predict never silently downgrades
+
+@pytest.mark.slow
+def test_predict_refuses_an_unrefit_best_while_another_trial_has_a_refit(here):
+    """The refit trial was the best when it was refit; then another trial became the best (here:
+    the refit is of the second-best trial, which is the same state of the study)."""
+    study = stored(here)
+    best = study.best_trial.number
+    other = next(t.number for t in study.trials if t.number != best)
+    cli(here, "refit", "study.yaml", "--trial", str(other))
+    record = json.loads((here / f"runs/tiny/trials/{other}/refit/refit.json").read_text())
+    start = new_dates(here, 20)
+    train = study.user_attrs["fold_dates"][-1]["train"]  # the model run's: the last fold's
+
+    refused = cli(here, "predict", "study.yaml", "--data", "new.parquet", "--start", start, "-o", "p.parquet",
+                  code=2)
+    assert refused == (
+        f"Error: the best trial, {best}, has no refit, but trial {other} has one (trained to {record['until']}): "
+        f"trial {best}'s own weights saw only its train window ({span(train)}). Refit it (`sweeper refit "
+        f"study.yaml`), use trial {other}'s refit (--trial {other}), or pass --allow-unrefit to score with "
+        f"trial {best}'s own weights\n")
+    assert not (here / "p.parquet").exists()
+
+    # the old behaviour, asked for: the best's own weights, and the dates they saw
+    out = cli(here, "predict", "study.yaml", "--data", "new.parquet", "--start", start, "--allow-unrefit",
+              "-o", "p.parquet")
+    valid = study.user_attrs["fold_dates"][-1]["valid"]
+    assert (f"note: using trial {best}'s own weights, trained on the last fold's train window ({span(train)}), "
+            f"early-stopped on its valid block ({span(valid)})\n") in out
+    frame = pd.read_parquet(here / "p.parquet")
+    last = str(frame["date"].max())[:10]
+    # live dates: no label yet, so no IC line (it used to say `IC nan ... over 0 dates`)
+    assert out.endswith(f"wrote p.parquet: trial {best}, split all of new.parquet ({start} to {last}), "
+                        f"{len(frame)} rows, no label yet: no IC\n")
+
+    out = cli(here, "predict", "study.yaml", "--data", "new.parquet", "--start", start, "--trial", str(other),
+              "-o", "p.parquet")
+    assert (f"note: using the refit of trial {other}, trained to {record['until']} (target dates "
+            f"{record['first_target']} to {record['last_target']})\n") in out
+    cli(here, "refit", "study.yaml")  # a fresh refit of the best: nothing to refuse
+    out = cli(here, "predict", "study.yaml", "--data", "new.parquet", "--start", start, "-o", "p.parquet")
+    assert f"note: using the refit of trial {best}, trained to {record['until']}" in out
+
+
+@pytest.mark.slow
+def test_too_little_history_says_how_many_dates_are_needed_and_there_are(swept, tmp_path):
+    frame, _ = synthetic_frame(SYNTH["assets"], SYNTH["dates"] + 40, SYNTH["features"], SYNTH["seed"])
+    days = sorted(frame["date"].unique())[-3:]
+    frame[frame["date"] >= days[0]].to_parquet(tmp_path / "short.parquet", index=False)
+    best = stored(swept).best_trial.number
+    out = cli(swept, "predict", "study.yaml", "--data", str(tmp_path / "short.parquet"), "--split", "all",
+              "-o", str(tmp_path / "p.parquet"), code=2)
+    assert out == (f"Error: {tmp_path / 'short.parquet'}: no rows to predict in the all split (trial {best}, "
+                   f"lookback {LOOKBACK}: a row needs {LOOKBACK} dates, its own and the {LOOKBACK - 1} before it; "
+                   f"the data has 3, {str(days[0])[:10]} to {str(days[-1])[:10]})\n")
+
+
 # ------------------------------------------------------------- 3. every figure says its dates
 
 @pytest.mark.slow

@@ -27,16 +27,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pandas as pd
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig
 from sweeper.errors import ConfigError, StudyNotFound
-from sweeper.inspect.trial_model import SPLITS, Predictor, load_weights
+from sweeper.inspect.results import model_dates
+from sweeper.inspect.trial_model import SPLITS, Predictor, load_weights, read_refit
 from sweeper.inspect.trials import top_trials, trial_config
+from sweeper.store.layout import trial_files
 from sweeper.store.studies import best_trial
+from sweeper.validation import contract as K
 
 __all__ = ["SPLITS", "Prediction", "Predictor", "load_weights", "parse_trial", "pick_trial",
            "predict_trial", "top_trials", "trial_config"]
@@ -53,12 +57,29 @@ class Prediction:
     same_data: bool | None    # the study's data fingerprint matches (None: --data, or unknown)
     notes: list[str] = field(default_factory=list)
     refits: dict[int, str] = field(default_factory=dict)  # trial -> trained to, of each refit used
+    weights: str = ""  # which weights scored, and the dates they saw (weights_line)
 
     @property
     def label(self) -> str:
         if isinstance(self.trial, list):
             return f"top{len(self.trial)} ensemble of trials {', '.join(map(str, self.trial))}"
         return f"trial {self.trial}"
+
+    def written(self, out: Path) -> str:
+        """``predict``'s last line: what it wrote and, where the rows have labels, their IC (live
+        predictions, of dates whose label is not known yet, have nothing to be scored against)."""
+        from sweeper.quant.ic import ic_report
+
+        dates = self.frame["date"]
+        span = f"{str(dates.min())[:10]} to {str(dates.max())[:10]}" if len(dates) else "no dates"
+        head = f"wrote {out}: {self.label}, split {self.split} of {self.source} ({span}), " \
+               f"{len(self.frame)} rows"
+        if not self.frame["label"].notna().any():
+            return head + ", no label yet: no IC"
+        ic = ic_report(self.frame)
+        constant = ic["n_constant_dates"]
+        return (head + f", IC {ic['ic']:.4f}, rank IC {ic['rank_ic']:.4f} over {ic['n_dates']} dates"
+                + (f" ({constant} with a constant prediction, scored 0)" if constant else ""))
 
 
 def parse_trial(which: str | int) -> int | str:
@@ -96,11 +117,12 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
 
 def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best",
                   split: str | None = None, data: str | Path | None = None, device: str | None = None,
-                  start: str | None = None, end: str | None = None,
-                  predictor: Predictor | None = None, study_file: str | None = None) -> Prediction:
+                  start: str | None = None, end: str | None = None, predictor: Predictor | None = None,
+                  study_file: str | None = None, allow_unrefit: bool = False) -> Prediction:
     """Predictions of ``trial`` (number, "best" or "topK") on ``split`` of the study's data,
     or of ``data``. ``study_file`` is named in the retrain command of a trial whose weights
-    study.keep removed.
+    study.keep removed, and in the refit command of :func:`refuse_unrefit`, which ``allow_unrefit``
+    turns off.
 
     ``split`` None: ``all`` with ``start``/``end``, or where ``data`` is scored by a refit (a
     refit has trained on the study's valid and test dates: new data is what it is for), else
@@ -111,39 +133,85 @@ def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int =
         raise ConfigError(f"--split: expected one of {', '.join(SPLITS)}, got {split!r}")
     parsed = parse_trial(trial)
     top_k = int(parsed[3:]) if isinstance(parsed, str) and parsed != "best" else None
-    is_ensemble = top_k is not None
     members = top_trials(study, top_k) if top_k is not None else [pick_trial(study, parsed)]
     predictor = predictor or Predictor(cfg, study, device, study_file)
+    if data is not None and parsed == "best" and not allow_unrefit:
+        refuse_unrefit(study, members[0], predictor, study_file)
     if split is None:
         refit = data is not None and any(predictor.has_refit(t) for t in members)
         split = "all" if start or end or refit else "valid"
     frames = [predictor.frame(t, split, data=data, start=start, end=end) for t in members]
-    if data is None:
-        own = predictor.own_panel(predictor.config(members[0]))
-        source, stored = own.source, study.user_attrs.get("data_fingerprint")
-        same = None if stored is None else stored == own.fingerprint
-    else:
-        source, same = str(data), None
+    source, same = _source(study, predictor, members[0], data)
     used = {t.number: predictor.refits[t.number] for t in members if t.number in predictor.refits}
-    notes = list(predictor.notes) + refit_notes(members, used)
+    notes = list(predictor.notes)
     refitted = [str(t.number) for t in members if data is None and predictor.has_refit(t)]
     if refitted:  # scoring the dates a refit trained on would be leakage
         notes.append(f"trial {', '.join(refitted)} has a refit: the study's own dates are scored with "
                      "the trial's own weights (the refit trained on them); --data scores new dates with it")
-    return Prediction(frame=ensemble(frames) if is_ensemble else frames[0],
-                      trial=[t.number for t in members] if is_ensemble else members[0].number,
-                      split=split, source=source, same_data=same, notes=notes, refits=used)
+    return Prediction(frame=ensemble(frames) if top_k else frames[0],
+                      trial=[t.number for t in members] if top_k else members[0].number, split=split,
+                      source=source, same_data=same, notes=notes,
+                      refits={n: str(r.get("until")) for n, r in used.items()},
+                      weights=weights_line(study.user_attrs, members, used))
 
 
-def refit_notes(members: list[FrozenTrial], used: dict[int, str]) -> list[str]:
-    """The line that says which refits scored ``--data``: none, one trial's, or how many members'."""
-    if not used:
-        return []
-    if len(members) == 1:
-        number = members[0].number
-        return [f"using the refit of trial {number}, trained to {used[number]}"]
-    whose = ", ".join(f"trial {n} trained to {day}" for n, day in used.items())
+def _source(study: optuna.Study, predictor: Predictor, trial: FrozenTrial,
+            data: str | Path | None) -> tuple[str, bool | None]:
+    """The data predicted, and whether it is the data the study was run on (None: unknown)."""
+    if data is not None:
+        return str(data), None
+    own = predictor.own_panel(predictor.config(trial))
+    stored = study.user_attrs.get("data_fingerprint")
+    return own.source, None if stored is None else stored == own.fingerprint
+
+
+def refuse_unrefit(study: optuna.Study, best: FrozenTrial, predictor: Predictor,
+                   study_file: str | None) -> None:
+    """New dates scored by the best trial, which has no refit, while another trial has one (it was
+    the best when it was refit): the best's weights have seen only its train window, so scoring
+    with them would silently use a weaker model than the one refit. A ConfigError that names the
+    refit and the ways on (refit the best, ``--trial N``, ``--allow-unrefit``)."""
+    if predictor.has_refit(best):
+        return
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    refits = {t.number: read_refit(trial_files(predictor.run_dir, t.number)) for t in done}
+    found = {n: r for n, r in refits.items() if r is not None}
+    if not found:
+        return
+    n, record = next(iter(found.items()))
+    seen = " to ".join(model_dates(study.user_attrs).get("train") or []) or "-"
+    raise ConfigError(
+        f"the best trial, {best.number}, has no refit, but trial {n} has one (trained to "
+        f"{record.get('until')}): trial {best.number}'s own weights saw only its train window ({seen}). "
+        f"Refit it (`sweeper refit {study_file or 'STUDY'}`), use trial {n}'s refit (--trial {n}), "
+        f"or pass --allow-unrefit to score with trial {best.number}'s own weights")
+
+
+def own_weights(study_attrs: dict[str, Any]) -> str:
+    """The dates a trial's own weights saw, in words: the model run's train window, and the valid
+    block that early-stopped it (under walk-forward, the last fold's)."""
+    dates = model_dates(study_attrs)
+    span = {k: " to ".join(dates.get(k) or []) or "dates -" for k in ("train", "valid")}
+    if K.folded(study_attrs):
+        return (f"trained on the last fold's train window ({span['train']}), early-stopped on its valid "
+                f"block ({span['valid']})")
+    return f"trained on the train split ({span['train']}), early-stopped on the valid split ({span['valid']})"
+
+
+def weights_line(study_attrs: dict[str, Any], members: list[FrozenTrial],
+                 used: dict[int, dict[str, Any]]) -> str:
+    """Which weights scored and the dates they saw: each refit used (the last date whose labels it
+    read, and its target dates) and the trials' own weights (:func:`own_weights`)."""
     own = [str(t.number) for t in members if t.number not in used]
+    if len(members) == 1:
+        record = used.get(members[0].number)
+        return (f"using trial {own[0]}'s own weights, {own_weights(study_attrs)}" if record is None else
+                f"using the refit of trial {members[0].number}, trained to {record.get('until')} "
+                f"(target dates {record.get('first_target')} to {record.get('last_target')})")
+    if not used:
+        return f"using the own weights of trials {', '.join(own)}, {own_weights(study_attrs)}"
+    whose = ", ".join(f"trial {n} trained to {r.get('until')}" for n, r in used.items())
     rest = "" if not own else (f"; trial {own[0]} uses its own weights" if len(own) == 1
                                else f"; trials {', '.join(own)} use their own weights")
-    return [f"using the refits of {len(used)} of the {len(members)} trials ({whose}){rest}"]
+    return f"using the refits of {len(used)} of the {len(members)} trials ({whose}){rest}" \
+           + (f", {own_weights(study_attrs)}" if own else "")

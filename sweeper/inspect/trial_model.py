@@ -15,7 +15,7 @@ that file has them re-fitted on the study's train split, and the notes say so).
 
 A trial with a refit (``sweeper refit``: ``trials/<n>/refit/``, complete once its
 ``refit.json`` is written) has ``--data`` scored with the refit's weights and statistics
-instead, and :attr:`Predictor.refits` says which trials did. The study's own splits are
+instead, and :attr:`Predictor.refits` holds the record of each refit used. The study's own splits are
 always scored with the trial's own weights: a refit has trained on its valid and test dates.
 """
 from __future__ import annotations
@@ -107,6 +107,20 @@ def restrict(panel: Panel, split: str, start: str | None, end: str | None) -> tu
     return dataclasses.replace(panel, splits=splits, _cache={}), RANGE
 
 
+def no_rows(panel: Panel, split: str, name: str, trial: int, lookback: int,
+            span: tuple[str | None, str | None]) -> str:
+    """Why ``split`` (``name``: it or its --start/--end range) of ``panel`` has no row to predict:
+    how many dates a row needs, and how many the data has."""
+    between = f" between {span[0] or 'the start'} and {span[1] or 'the end'}" if name == RANGE else ""
+    days = [str(day)[:10] for day in panel.dates[[0, -1]]] if len(panel.dates) else []
+    first, stop = panel.splits[name]
+    held = "" if len(panel.dates) < lookback else \
+        f"; the {'range' if between else 'split'} holds {stop - first} of them"
+    return (f"{panel.source}: no rows to predict in the {split} split{between} (trial {trial}, lookback "
+            f"{lookback}: a row needs {lookback} dates, its own and the {lookback - 1} before it; the data "
+            f"has {len(panel.dates)}{', ' + ' to '.join(days) if days else ''}{held})")
+
+
 class Predictor:
     """Predictions of the study's trials, with the panels they share loaded once."""
 
@@ -117,7 +131,7 @@ class Predictor:
         self.run_dir = files_folder(cfg, study)  # this study's files, wherever another study put them
         self._device_name = device
         self.notes: list[str] = []
-        self.refits: dict[int, str] = {}  # trial -> the date its refit was trained to, for each refit used
+        self.refits: dict[int, dict[str, Any]] = {}  # trial -> its refit's record, for each refit used
         self._panels = PanelMemo()
         self._frames: dict[tuple, pd.DataFrame] = {}
 
@@ -155,12 +169,10 @@ class Predictor:
             panel = self._new_panel(tcfg, stats, trial, Path(data))
         panel, name = restrict(panel, split, start, end)
         if len(panel.sample_index(name)) == 0:
-            between = f" between {start or 'the start'} and {end or 'the end'}" if name == RANGE else ""
-            raise DataError(f"{panel.source}: no rows to predict in the {split} split{between}"
-                            f" (trial {trial.number}, lookback {tcfg.data.lookback})")
+            raise DataError(no_rows(panel, split, name, trial.number, tcfg.data.lookback, (start, end)))
         device = resolve_device(self._device_name)
         if refit:
-            self.refits[trial.number] = str(refit.get("until"))
+            self.refits[trial.number] = refit
         on_device = panel.to(device, tcfg.data.device_share)
         frames = []
         for weights in members:
