@@ -1,9 +1,8 @@
-"""The baseline's design matrix: for a split's rows exactly (the trials' sample index: dates in
-the split, row present, finite training label), each row's features at its date followed by
-those of ``lags`` earlier dates, read from the same normalised ``[dates, assets, features]``
-array the trials' windows are gathered from (missing values there are already 0, as the trials
-see them). A lag that reaches before the panel's first date is NaN (LightGBM's missing value);
-the study's pinned lookback makes that rare, since the train split starts at ``lookback - 1``.
+"""The baseline's design matrix: for a split's rows exactly (the trials' sample index: dates in the split,
+row present, finite training label), each row's features at its date, then at ``lags`` earlier dates, read
+from the normalised ``[dates, assets, features]`` array the trials' windows are gathered from (missing
+values already 0, as the trials see them). A lag before the panel's first date is NaN (LightGBM's missing
+value); the study's pinned lookback makes that rare, since the train split starts at ``lookback - 1``.
 
 Too many train rows for ``baseline.max_rows``, or for a quarter of the memory available now (the design
 matrix, LightGBM's binned copy and the valid split's matrix side by side), keep every k-th train date (whole

@@ -88,9 +88,8 @@ def claim(study: optuna.Study, lock: ClaimLock, host: str, driver: str) -> bool:
 
 
 def settle(study: optuna.Study, state: State, host: str, driver: str, error: str) -> bool:
-    """The sweep ends its own run as ``state``: only while the stored state is ``running`` by
-    ``driver`` (the job may have recorded its end first, or another driver claimed it since).
-    True when it was recorded."""
+    """The sweep ends its own run as ``state``: only while the stored state is ``running`` by ``driver``
+    (the job may have recorded its end first, or another driver claimed it). True when recorded."""
     now = read(study) or {}
     if now.get("state") != State.RUNNING or now.get("driver") != driver:
         return False

@@ -2,22 +2,20 @@
 
 Under ``validation.scheme: walk_forward`` the target dates before the test split are cut into
 ``validation.folds`` valid blocks that march forward in time. The region runs from the first train target
-(``data.split``'s train start, after the lookback's warm-up) to the test split's start less the purge of
-``horizon + embargo`` dates, so the last block ends where the test split's purge begins and no fold sees a
-test date. Fold ``i`` validates on block ``i`` and trains on the targets before it, less the same purge, by
-the rule of :mod:`sweeper.data.split`: for every train target ``t`` and valid target ``u`` of a fold,
-``t + horizon + embargo < u``.
+(``data.split``'s train start) to the test split's start less the purge of ``horizon + embargo`` dates, so
+the last block ends where the test split's purge begins and no fold sees a test date. Fold ``i`` validates
+on block ``i`` and trains on the targets before it, less the same purge (:mod:`sweeper.data.split`'s rule:
+for every train target ``t`` and valid target ``u``, ``t + horizon + embargo < u``).
 
 - ``window: expanding``: every fold trains from the first train target;
 - ``window: rolling``: on the last ``validation.train_dates`` targets before the purge (by
   default as many as the first fold has, so every fold trains on as many dates).
 
-Blocks hold ``validation.valid_dates`` targets each; by default the region less one purge is
-cut into ``folds + 1`` equal parts, the first of which is the first fold's train window (as
-scikit-learn's ``TimeSeriesSplit``). A layout that cannot fit (a train window shorter than
-:data:`MIN_TRAIN_DATES` or the lookback, a block shorter than :data:`MIN_VALID_DATES`) is a
-ConfigError naming the keys. The layout depends only on the panel's dates and the pinned
-split widths, so every trial of a study is judged on the same folds.
+Blocks hold ``validation.valid_dates`` targets each; by default the region less one purge is cut into
+``folds + 1`` equal parts, the first being the first fold's train window (as scikit-learn's
+``TimeSeriesSplit``). A layout that cannot fit (a train window shorter than :data:`MIN_TRAIN_DATES` or the
+lookback, a block shorter than :data:`MIN_VALID_DATES`) is a ConfigError naming the keys. The layout depends
+only on the panel's dates and the pinned split widths: every trial of a study is judged on the same folds.
 
 Under ``holdout`` the layout is one fold: the panel's own train and valid splits.
 """

@@ -53,10 +53,9 @@ def _daily_corr(x: np.ndarray, y: np.ndarray, present: np.ndarray) -> tuple[np.n
 
 def judge_leaks(corr: np.ndarray, rows: np.ndarray, threshold: float, names: list[str], source: str,
                 label_col: str) -> None:
-    """The verdict on :func:`mean_daily_corr`'s figures: a DataError naming the feature most
-    correlated with the label, if any is above ``threshold`` by more than the noise of its rows
-    (see the module docstring). Kept apart so that a cached panel, which stores the figures,
-    is judged against the current ``data.max_feature_label_corr``."""
+    """The verdict on :func:`mean_daily_corr`'s figures: a DataError naming the feature most correlated with
+    the label, if any is above ``threshold`` by more than the noise of its rows. Kept apart so that a cached
+    panel, which stores the figures, is judged against the current ``data.max_feature_label_corr``."""
     corr, rows = np.asarray(corr, dtype=np.float64), np.asarray(rows, dtype=np.float64)
     with np.errstate(divide="ignore"):
         noise = 3.0 / np.sqrt(rows)

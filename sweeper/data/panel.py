@@ -66,9 +66,8 @@ class Panel:
         return tensors + samples
 
     def to(self, device: torch.device | str, share: float) -> Panel:
-        """Move to ``device`` when the panel fits in ``share`` of its free memory;
-        otherwise stay on the host in pinned memory (batches then copy
-        non_blocking). On the CPU this is a no-op and nothing is queried."""
+        """Move to ``device`` when the panel fits in ``share`` of its free memory; else stay on the host in
+        pinned memory (batches then copy non_blocking). On the CPU a no-op that queries nothing."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())

@@ -94,9 +94,8 @@ def planted_signal(x: np.ndarray) -> np.ndarray:
 
 
 def forward_label(rng: np.random.Generator, signal: np.ndarray) -> np.ndarray:
-    """Raw label: ``TARGET_IC`` of the per-date z-scored signal plus the sum of
-    the next two daily shocks (so neighbouring labels overlap); NaN on the last
-    ``LABEL_HORIZON`` dates, whose return is not known yet."""
+    """Raw label: ``TARGET_IC`` of the per-date z-scored signal plus the sum of the next two daily shocks
+    (neighbouring labels overlap); NaN on the last ``LABEL_HORIZON`` dates, whose return is not yet known."""
     dates, assets = signal.shape
     z = (signal - signal.mean(1, keepdims=True)) / signal.std(1, keepdims=True)
     daily = rng.standard_t(NOISE_DOF, size=(dates + LABEL_HORIZON, assets))
@@ -167,10 +166,9 @@ def synthetic_frame(assets: int, dates: int, features: int,
 
 
 def write_synthetic(path: str | Path, assets: int, dates: int, features: int, seed: int) -> dict[str, float]:
-    """Write the synthetic panel to ``path`` atomically; returns the oracle IC dict (default
-    split), which is also stored in the file metadata under ``b"sweeper.oracle_ic"``. The
-    oracle's daily IC goes under ``b"sweeper.oracle_daily_ic"``, so that ``load_panel``
-    gives the oracle of whatever split the study uses."""
+    """Write the synthetic panel to ``path`` atomically; returns the oracle IC dict (default split), also
+    stored in the file metadata under ``b"sweeper.oracle_ic"``. The oracle's daily IC goes under
+    ``b"sweeper.oracle_daily_ic"``, so ``load_panel`` gives the oracle of whatever split the study uses."""
     path = Path(path)
     check_params(assets, dates, features, str(path))
     if not path.parent.is_dir():

@@ -1,7 +1,6 @@
-"""The room on a GPU for another trial, and the memory that trial is allotted, when trials
-are packed on GPUs by their measured memory (``devices.trials_per_gpu: auto``): the arithmetic
-alone, with no I/O. The driver's :mod:`sweeper.dispatch.packer` feeds it NVML readings and the
-peaks its trials report, and acts on its answers.
+"""The room on a GPU for another trial, and the memory that trial is allotted, when trials are packed on
+GPUs by their measured memory (``devices.trials_per_gpu: auto``): the arithmetic alone, no I/O. The driver's
+:mod:`sweeper.dispatch.packer` feeds it NVML readings and its trials' peaks, and acts on its answers.
 
 One GPU, as packing sees it (all in MB):
 

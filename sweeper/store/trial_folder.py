@@ -144,9 +144,8 @@ def move(src: Path, dst: Path) -> None:
 # ---------------------------------------------------------------- what a retry resumes
 
 def resumes(attrs: Mapping[str, Any]) -> int | str | None:
-    """What a retry (its user attrs) resumes: the trial's number (``resume_from_trial``, or read
-    from an older retry's ``resume_from`` path), or such a path that names no trial folder; None
-    when it resumes nothing."""
+    """What a retry (its user attrs) resumes: the trial's number (``resume_from_trial``, or read from an
+    older retry's ``resume_from`` path), or such a path naming no trial folder; None for nothing."""
     number = attrs.get(RESUME_FROM_TRIAL)
     if number is not None:
         return int(number)

@@ -1,9 +1,8 @@
 """Training one trial: the one loop over its run grid (docs/walk-forward.md).
 
-A trial trains the runs of its :class:`~sweeper.validation.grid.RunGrid` in order (seed ``r``
-with ``train.seed + r``), in stacks of the study's stack size (:func:`pin_stack_size`), each
-through :func:`sweeper.core.train_stack` with every member on its fold's panel
-(:func:`sweeper.data.folds.fold_panel`, built once per fold).
+A trial trains the runs of its :class:`~sweeper.validation.grid.RunGrid` in order (seed ``r`` with
+``train.seed + r``), in stacks of the study's stack size (:func:`pin_stack_size`), each through
+:func:`sweeper.core.train_stack`, every member on its fold's panel (built once per fold).
 
 A finished run is recorded in ``runs/fold-<f>.seed-<r>/``, ``result.json`` last: a retry skips
 the runs that have one and continues the run in progress from the trial's checkpoint, whose owner

@@ -189,10 +189,9 @@ def _main(job: str, argv: list[str]) -> Callable[[], int | None]:
 
 
 def _environ(env: dict[str, str], cwd: str) -> None:
-    """The request's environment, before anything starts torch's threads or CUDA, and its
-    sys.path as ``python -m`` in ``cwd`` with its PYTHONPATH would have it: the server serves
-    every sweep of its driver's process, each with its own folder and PYTHONPATH, so the ones it
-    was started with (:data:`_STARTED_WITH`) go."""
+    """The request's environment, before anything starts torch's threads or CUDA, and its sys.path as
+    ``python -m`` in ``cwd`` with its PYTHONPATH would have it: the server serves every sweep of its
+    driver's process, each with its own folder and PYTHONPATH, so the server's (:data:`_STARTED_WITH`) go."""
     os.environ.clear()
     os.environ.update(env)
     theirs = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
