@@ -10,10 +10,9 @@ from typing import Protocol
 
 
 class EpochHook(Protocol):
-    # once before a stack's first epoch (every run trains in a stack, of one or more): for each
-    # member, the columns that name its run in a trial of several runs ({"fold": 2, "repeat": 1},
-    # 1-based; {} for a trial's only run), and ``offset``, the steps the trial's earlier stacks
-    # reported, so that a hook that reports steps keeps them increasing across stacks
+    # once before a stack's first epoch: for each member, the columns that name its run in a trial
+    # of several ({"fold": 2, "repeat": 1}, 1-based; {} for a trial's only run), and ``offset``, the
+    # steps the trial's earlier stacks reported (so that reported steps keep increasing)
     def begin(self, runs: list[dict[str, int]], offset: int) -> None: ...
     # once per epoch: each member's metrics (None: that member has stopped). True: stop (pruned).
     # A hook that reports to a pruner reports one value per epoch for the stack
@@ -22,9 +21,8 @@ class EpochHook(Protocol):
     # called per batch of validation and final scoring: the run is alive although it makes no
     # step (a sweep's stall watchdog counts it as progress)
     def tick(self) -> None: ...
-    # once, before epoch 1, when the stack's device peak is known before it trains (a batch probe
-    # ran on CUDA, or the trial's memory model knows it, as a fake GPU's does): in MB, a sweep
-    # packs trials on a GPU by it
+    # once, before epoch 1, when the stack's device peak (MB) is known before it trains (a probe ran
+    # on CUDA, or a fake GPU's memory model knows it): a sweep packs trials on a GPU by it
     def on_probe(self, peak_mb: float) -> None: ...
 
 

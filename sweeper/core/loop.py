@@ -50,8 +50,6 @@ from sweeper.models.stacked.build import build_stack
 SYNC_EVERY = 32
 NO_SCORES = dict.fromkeys(("val_loss", "val_ic", "val_rank_ic", "val_icir"), math.nan)
 
-__all__ = ["SYNC_EVERY", "Member", "TrainResult", "stack_step", "train", "train_stack"]
-
 
 @dataclass
 class TrainResult:

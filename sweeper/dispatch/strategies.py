@@ -106,7 +106,8 @@ class PackedDispatch:
         if self.held is None:
             if self.packer.gate(idle) is None:
                 # no room where a worker is free: start a worker where there is room
-                _spawn_on(d, spare, self.packer.gate(spare))
+                if (gpu := self.packer.gate(spare)) is not None:
+                    d.spawn(spare[gpu])
                 return False
             trial = d.claim()
             if trial is None:
@@ -115,8 +116,8 @@ class PackedDispatch:
         placement = self.packer.place(self.held, idle)
         if placement is None:
             self.packer.beat(self.held, self.heartbeat_interval)
-            spot = self.packer.place(self.held, spare)
-            _spawn_on(d, spare, spot.gpu if spot is not None else None)
+            if (spot := self.packer.place(self.held, spare)) is not None:
+                d.spawn(spare[spot.gpu])
             return False
         held, self.held = self.held, None
         self.packer.start(held, placement)
@@ -138,11 +139,6 @@ class PackedDispatch:
 
     def ended(self, end: TrialEnd) -> None:
         self.packer.ended(end.number, end.state, end.metrics)
-
-
-def _spawn_on(d: Launcher, spare: dict[str, WorkerHandle], gpu: str | None) -> None:
-    if gpu is not None:
-        d.spawn(spare[gpu])
 
 
 def packs(cfg: SweeperConfig, slots: Sequence[Slot]) -> bool:
