@@ -1,11 +1,10 @@
 """Atomic file writes: the one way sweeper replaces a file.
 
-A reader (a retry adopting a checkpoint, the dashboard, a user's notebook) sees either the old
-file or the new one, never half of one: the content goes to a temporary file in the same folder
-(same file system, so the rename is atomic), renamed over the target once complete. A failed
-write removes its temporary file and leaves the old file as it was. The file takes the mode a
-plain ``open()`` would give it (0666 less the umask), not mkstemp's 0600: on shared storage a
-colleague must be able to read a report.
+A reader (a retry adopting a checkpoint, the dashboard, a user's notebook) sees either the old file or the
+new one, never half of one: the content goes to a temporary file in the same folder (same file system, so
+the rename is atomic), renamed over the target once complete. A failed write removes its temporary file and
+leaves the old file as it was. The file takes the mode a plain ``open()`` would give it (0666 less the
+umask), not mkstemp's 0600: on shared storage a colleague must be able to read a report.
 
 A write that finds no space (ENOSPC) or no quota (EDQUOT) raises
 :class:`~sweeper.errors.DiskFull` naming the file; :func:`disk_full` and :func:`as_disk_full`

@@ -4,10 +4,9 @@
 column, an unreachable store): the CLI prints one message and exits 2. ``TrialFailure``
 subclasses end one trial, never the sweep; ``reason`` is the trial's ``fail_reason``.
 
-Two exceptions stop things, one per boundary: :class:`StopRequested` stops a process's work (a
-signal, or a worker's ``stop`` command, ends a wait or the set-up; the CLI exits 128 + the
-signal), and :class:`Interrupted` stops one trial at a step boundary (recorded FAIL with
-``fail_reason: interrupted``).
+Two exceptions stop things, one per boundary: :class:`StopRequested` stops a process's work (a signal, or a
+worker's ``stop`` command, ends a wait or the set-up; the CLI exits 128 + the signal), and
+:class:`Interrupted` stops one trial at a step boundary (recorded FAIL with ``fail_reason: interrupted``).
 """
 from __future__ import annotations
 
@@ -49,10 +48,9 @@ class StorageOutage(Exception):
 
 
 class StopRequested(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM (``signum``) arrived while waiting (for the claim lock, the store) or
-    during set-up; the caller abandons the wait and drains. A KeyboardInterrupt, so that one
-    ``except KeyboardInterrupt`` takes Python's Ctrl-C and ours alike, and ``except Exception``
-    lets it through."""
+    """Ctrl-C or SIGTERM (``signum``) arrived while waiting (for the claim lock, the store) or during
+    set-up; the caller abandons the wait and drains. A KeyboardInterrupt, so that one ``except
+    KeyboardInterrupt`` takes Python's Ctrl-C and ours alike, and ``except Exception`` lets it through."""
 
     def __init__(self, signum: int = signal.SIGINT) -> None:
         super().__init__(f"stop requested ({signal.Signals(signum).name})")

@@ -2,10 +2,9 @@
 loop, the claim lock, the store's outage policy, a worker's waits), so that Ctrl-C and SIGTERM
 work at any moment, not only between trials.
 
-In a driver the token is also the SIGINT/SIGTERM handler: during set-up a signal ends the command
-at once; once the dispatch loop runs, the first signal asks for a drain (running trials stop at
-their next step) and the second for a kill. In a worker the driver's ``stop`` command or the end
-of its stdin requests the stop.
+In a driver the token is also the SIGINT/SIGTERM handler: during set-up a signal ends the command at once;
+once the dispatch loop runs, the first signal asks for a drain (running trials stop at their next step) and
+the second for a kill. In a worker the driver's ``stop`` command or the end of its stdin requests the stop.
 """
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ POLL_S = 0.1  # how often a wait looks at the token
 
 
 class StopToken:
-    """Requested by a signal or a command; counted, so that a second signal can escalate.
-    ``raise_at_once``: a signal raises StopRequested where the process is (set-up, before the
-    loop has anything to drain).
+    """Requested by a signal or a command; counted, so that a second signal can escalate. ``raise_at_once``:
+    a signal raises StopRequested where the process is (set-up, before the loop has anything to drain).
 
     Lock-free on purpose: the handler runs in the main thread between two bytecodes, maybe inside
     a wait on this very token, so it must take no lock a wait may hold (a ``threading.Event``

@@ -1,11 +1,10 @@
 """Fit the micro-batch to free device memory (in the spirit of accelerate's
 ``find_executable_batch_size`` and Lightning's batch-size scaler).
 
-Rules from their bug trackers shape this module: one OOM predicate; probe with the real step
-(precision, optimizer state, evaluation); peaks counted from one base taken before probing, so
-what outlives an attempt (AdamW's moments, made by the first step) is charged to every size; a
-cap and a margin; and recovery from an OOM *outside* the ``except`` block, once the exception's
-frames (and the tensors they reference) are gone.
+Rules from their bug trackers shape this module: one OOM predicate; probe with the real step (precision,
+optimizer state, evaluation); peaks counted from one base taken before probing, so what outlives an attempt
+(AdamW's moments, made by the first step) is charged to every size; a cap and a margin; and recovery from an
+OOM *outside* the ``except`` block, once the exception's frames (and the tensors they reference) are gone.
 """
 from __future__ import annotations
 

@@ -118,9 +118,8 @@ def restore_stack(state: dict, step: StackStep) -> int:
 
 
 def _from_lone(state: dict, step: StackStep) -> dict:
-    """A checkpoint of the lone loop (sweepers before the one core) as the stack of one's state:
-    its weights and torch AdamW state re-laid into the flat buffers, its schedule's position, its
-    GradScaler's scale."""
+    """A checkpoint of the lone loop (sweepers before the one core) as the stack of one's state: its weights
+    and torch AdamW state re-laid into the flat buffers, its schedule's position, its GradScaler's scale."""
     if len(step.lanes) != 1 or step.optimizer.torch_adamw is None:
         raise ValueError("the checkpoint is not this stack's")
     step.stack.load_member(0, state["model"])  # into the flat buffers: the parameters are views of them

@@ -7,11 +7,10 @@ fold's panel, its seed, schedule, early stopping, best epoch and scores) and get
 :class:`TrainResult`. A stack of one calls the kernels of its model and of torch's AdamW, so it
 computes what a run of that model alone computes, bit for bit on the CPU.
 
-A member that stops early, or whose epoch has fewer batches (a shorter walk-forward fold), is
-masked, not dropped: it stays in the stack and makes no update, so the stack's shapes, its flat
-buffers and the probed micro-batch stay as they were.
-The stack ends when every member has stopped, when the hook prunes the trial, or when
-``train.max_minutes`` runs out.
+A member that stops early, or whose epoch has fewer batches (a shorter walk-forward fold), is masked, not
+dropped: it stays in the stack and makes no update, so the stack's shapes, its flat buffers and the probed
+micro-batch stay as they were. The stack ends when every member has stopped, when the hook prunes the trial,
+or when ``train.max_minutes`` runs out.
 
 Read :func:`train_stack` top to bottom, as nanoGPT's train.py: set-up, the epochs, the scores.
 """
@@ -86,14 +85,13 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
                 hook: EpochHook = NullHook(), checkpoint: Checkpointer = NullCheckpointer(),
                 log: Callable[[str], None] | None = None, started: float | None = None,
                 memory: TrialMemory | None = None, fixed_epochs: bool = False) -> list[TrainResult]:
-    """Train ``members`` (one model shape; ``train`` settings alike but the per-member ones) as one
-    stack; early-stop each on its valid split; score valid and test with its best epoch's weights.
-    Raises NonFiniteLoss, OutOfMemory, Interrupted. ``started`` (``time.monotonic()``, default now):
-    a worker passes the trial's start, so that ``train.max_minutes`` also counts loading the data.
-    ``memory``: what the probe and the peaks measure (default the device's own). ``checkpoint``
-    keeps the stack after every epoch; a retry continues it there. ``fixed_epochs`` (``sweeper
-    refit``, empty valid and test splits): every epoch runs, nothing is scored, and each
-    ``best_state`` holds the last epoch's weights."""
+    """Train ``members`` (one model shape; ``train`` settings alike but the per-member ones) as one stack;
+    early-stop each on its valid split; score valid and test with its best epoch's weights. Raises
+    NonFiniteLoss, OutOfMemory, Interrupted. ``started`` (``time.monotonic()``, default now): a worker
+    passes the trial's start, so that ``train.max_minutes`` also counts loading the data. ``memory``: what
+    the probe and the peaks measure (default the device's own). ``checkpoint`` keeps the stack after every
+    epoch; a retry continues it there. ``fixed_epochs`` (``sweeper refit``, empty valid and test splits):
+    every epoch runs, nothing is scored, and each ``best_state`` holds the last epoch's weights."""
     began = time.perf_counter()
     say = log or (lambda message: None)
     where = resolve_device(device)

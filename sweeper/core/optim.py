@@ -192,10 +192,9 @@ def _torch_adamw(opt: StackedAdamW) -> torch.optim.Optimizer:
 def update_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
     """``optimizer.step()`` unless the device flag ``skip`` (float32 1.0) is set, without reading it.
 
-    torch's fused AdamW skips a step on the device when its ``found_inf`` is set (steps,
-    moments and weights untouched): the GradScaler hands it the flag through the
-    ``found_inf`` / ``grad_scale`` attributes, and so do we. Other optimizers read the
-    flag on the host (a sync per step)."""
+    torch's fused AdamW skips a step on the device when its ``found_inf`` is set (steps, moments and weights
+    untouched): the GradScaler hands it the flag through the ``found_inf`` / ``grad_scale`` attributes, and
+    so do we. Other optimizers read the flag on the host (a sync per step)."""
     if not all(group.get("fused") for group in optimizer.param_groups):
         if not bool(skip):
             optimizer.step()

@@ -120,9 +120,8 @@ def _near(rates: dict[int, float], k: int) -> bool:
 
 
 def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory, needed: float = 0.0) -> float:
-    """Member-samples per second of a stack of ``members`` over up to TIMED_STEPS steps after a
-    warm-up; fewer once the rate so far is well short of ``needed``; NaN when its batch probe finds
-    no room."""
+    """Member-samples per second of a stack of ``members`` over up to TIMED_STEPS steps after a warm-up;
+    fewer once the rate so far is well short of ``needed``; NaN when its batch probe finds no room."""
     try:
         run = prepare(members, device, NullCheckpointer(), memory, None, lambda line: None, NullHook())
     except OutOfMemory:

@@ -1,8 +1,7 @@
-"""The study's LightGBM baseline as a job of the sweep (``report.baseline: lightgbm``, the
-default; docs/baseline.md): after the first trial of this driver ended on some slot,
-``python -m sweeper.baseline.job`` runs there with the slot's threads, taking the slot's turn
-where the strategy says so (:func:`sweeper.dispatch.strategies.honours_turn`), so it never
-delays a first trial.
+"""The study's LightGBM baseline as a job of the sweep (``report.baseline: lightgbm``, the default;
+docs/baseline.md): after the first trial of this driver ended on some slot, ``python -m
+sweeper.baseline.job`` runs there with the slot's threads, taking the slot's turn where the strategy says so
+(:func:`sweeper.dispatch.strategies.honours_turn`), so it never delays a first trial.
 
 Once per study, by the one claim rule of :mod:`sweeper.baseline.state`: a second host, or a
 resume, finds it taken and starts nothing. The job records ``done`` or ``failed`` itself; this

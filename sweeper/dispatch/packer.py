@@ -103,9 +103,8 @@ class Packer:
     # ---- what it answers
 
     def gate(self, gpus: Iterable[str]) -> str | None:
-        """Of ``gpus`` (those with a worker free), one where some trial could start now: a claim
-        is worth making. The smallest measured shape stands for the next trial, whose params
-        are not sampled yet."""
+        """Of ``gpus`` (those with a worker free), one where some trial could start now: a claim is worth
+        making. The smallest measured shape stands for the next trial, whose params are not sampled yet."""
         return choose(self._rooms(gpus), min(self.peaks.values(), default=None), self.policy)
 
     def hold(self, trial: optuna.Trial) -> Held:
@@ -122,9 +121,8 @@ class Packer:
         return Placement(gpu, round(allotment_mb(rooms[gpu], need, self.policy), 1), len(rooms[gpu].charges))
 
     def start(self, held: Held, placement: Placement) -> None:
-        """``held`` started on its GPU: each of the ``shared_with`` trials there now shares it with as
-        many. Only the driver writes ``gpu_shared_with`` (a worker's first write could land after a
-        raise)."""
+        """``held`` started on its GPU: each of the ``shared_with`` trials there now shares it with as many.
+        Only the driver writes ``gpu_shared_with`` (a worker's first write could land after a raise)."""
         for other in self.running.values():
             if other.gpu == placement.gpu and other.shared_with < placement.shared_with:
                 other.shared_with = placement.shared_with

@@ -86,10 +86,9 @@ def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
 
 def reconcile(study: optuna.Study, cfg: StudyConfig, ident: Identity,
               run_dir: Path | None = None) -> list[FrozenTrial]:
-    """Fail stale RUNNING trials (dead drivers) and enqueue every due retry, each naming the
-    trial whose checkpoint in ``run_dir`` (default: the study's run folder, which a sweep has
-    taken for the study) it resumes. Call under the claim lock. Returns the trials as they stand
-    after the failing."""
+    """Fail stale RUNNING trials (dead drivers) and enqueue every due retry, each naming the trial whose
+    checkpoint in ``run_dir`` (default: the study's run folder, which a sweep has taken for the study) it
+    resumes. Call under the claim lock. Returns the trials as they stand after the failing."""
     fail_dead_local(study, ident)
     fail_stale(study, cfg, ident)
     trials = study.get_trials(deepcopy=False)

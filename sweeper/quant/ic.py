@@ -1,14 +1,13 @@
 """Cross-sectional IC metrics: daily Pearson IC and Spearman Rank IC, their means and ICIR.
 
-Conventions (Qlib's ``calc_ic``, see docs/data.md): correlate prediction and raw label across
-assets on each date; a pair where either side is missing (NaN or +-inf) is dropped; a date with
-fewer than 2 pairs, or a constant label, has no correlation and is skipped. One departure from
-Qlib: a date whose *prediction* is constant (and label not) scores IC 0 and Rank IC 0, because a
-model that collapses to a constant has no skill that day (dropping the date would flatter it);
-such dates are counted (``n_constant_dates``). ``ic`` is the mean of the daily ICs, ``icir``
-their mean / std (ddof=1), not annualised. A "constant" side means all its values are exactly
-equal: pandas tests the residuals after subtracting a floating-point mean, so a column of 0.1s
-gives it a spurious 0.0 where we give no correlation.
+Conventions (Qlib's ``calc_ic``, see docs/data.md): correlate prediction and raw label across assets on each
+date; a pair where either side is missing (NaN or +-inf) is dropped; a date with fewer than 2 pairs, or a
+constant label, has no correlation and is skipped. One departure from Qlib: a date whose *prediction* is
+constant (and label not) scores IC 0 and Rank IC 0, because a model that collapses to a constant has no
+skill that day (dropping the date would flatter it); such dates are counted (``n_constant_dates``). ``ic``
+is the mean of the daily ICs, ``icir`` their mean / std (ddof=1), not annualised. A "constant" side means
+all its values are exactly equal: pandas tests the residuals after subtracting a floating-point mean, so a
+column of 0.1s gives it a spurious 0.0 where we give no correlation.
 
 Two implementations give the same numbers: pandas for notebooks and reports (:func:`ic_report`,
 :func:`daily_ic`) and vectorised torch on the tensors' own device for the training loop
@@ -146,9 +145,8 @@ def _mean_ir(series: np.ndarray) -> tuple[float, float]:
 def daily_ic_torch(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-date (Pearson, Spearman) of ``[T, N]`` tensors, as float64 ``[T]`` on their device.
 
-    A NaN or inf in either tensor marks the pair missing. Dates with fewer than 2 pairs
-    or a constant label are NaN; a constant prediction scores 0. Fully vectorised: no
-    per-date Python loop, no host copy.
+    A NaN or inf in either tensor marks the pair missing. Dates with fewer than 2 pairs or a constant label
+    are NaN; a constant prediction scores 0. Fully vectorised: no per-date Python loop, no host copy.
     """
     import torch
     x, y, valid = _pairs(pred, label)

@@ -1,12 +1,11 @@
 """Any model stacked through ``torch.func``: a user's ``module:Class`` as a stack of K members.
 
-The members' weights are stacked as a built-in stack's are (``[K, ...]`` parameters, one flat
-update), under the one-member names with ``.`` spelt ``__`` (an attribute name cannot hold a dot).
-The forward is ``torch.func.vmap`` of ``functional_call`` over the members where vmap can run the
-model (one batched kernel per layer); where it cannot (an op without a batching rule, ``nn.LSTM``
-among them, or data-dependent control flow) each member's forward runs in turn with its own slice
-of the weights, so the stack still trains as one and members still never mix. :func:`stack_mode`
-says which a model gets, and why.
+The members' weights are stacked as a built-in stack's are (``[K, ...]`` parameters, one flat update), under
+the one-member names with ``.`` spelt ``__`` (an attribute name cannot hold a dot). The forward is
+``torch.func.vmap`` of ``functional_call`` over the members where vmap can run the model (one batched kernel
+per layer); where it cannot (an op without a batching rule, ``nn.LSTM`` among them, or data-dependent
+control flow) each member's forward runs in turn with its own slice of the weights, so the stack still
+trains as one and members still never mix. :func:`stack_mode` says which a model gets, and why.
 
 A forward that draws random numbers in training (dropout) runs member after member: vmap can only
 draw from the global generator, where each member must draw from its own (the one its lone run
