@@ -8,6 +8,7 @@ that waits for a lock another driver holds.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -142,12 +143,8 @@ class AdvisoryLock:
             conn.close()
 
 
-class NullLock:
-    def __enter__(self) -> NullLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+class NullLock(contextlib.nullcontext[None]):
+    """No lock: an in-memory SQLite store, or a database other than SQLite and PostgreSQL."""
 
 
 ClaimLock = FileLock | AdvisoryLock | NullLock
