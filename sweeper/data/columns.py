@@ -65,11 +65,8 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
     if bad.any():
         sample = uniques[int(np.flatnonzero(bad)[0])]
         sample = sample.item() if isinstance(sample, np.generic) else sample
-        raise DataError(
-            f"{source}: column '{col}': cannot parse {int(bad.sum())} distinct date value(s), "
-            f"e.g. {sample!r}; expected dates, timestamps, ISO date strings "
-            "or YYYYMMDD integers"
-        )
+        raise DataError(f"{source}: column '{col}': cannot parse {int(bad.sum())} distinct date value(s), "
+                        f"e.g. {sample!r}; expected dates, timestamps, ISO date strings or YYYYMMDD integers")
     remap, dates = pd.factorize(parsed.astype("datetime64[ns]"), sort=True)
     return remap[codes], np.asarray(dates, dtype="datetime64[ns]")
 
@@ -138,7 +135,6 @@ def check_unique(d_code: np.ndarray, a_code: np.ndarray, dates: np.ndarray, asse
     if dup.any():
         first = int(np.flatnonzero(dup)[0])
         day = np.datetime_as_string(dates[d_code[first]], unit="D")
-        raise DataError(
-            f"{cols.source}: columns '{cols.date_col}', '{cols.asset_col}': {int(dup.sum())} duplicated "
-            f"(date, asset) rows, e.g. ({day}, {assets[a_code[first]]}); expected one row per date and asset"
-        )
+        raise DataError(f"{cols.source}: columns '{cols.date_col}', '{cols.asset_col}': {int(dup.sum())} "
+                        f"duplicated (date, asset) rows, e.g. ({day}, {assets[a_code[first]]}); expected one "
+                        "row per date and asset")

@@ -66,10 +66,8 @@ def judge_leaks(corr: np.ndarray, rows: np.ndarray, threshold: float, names: lis
     others = [f"'{names[j]}' ({corr[j]:+.2f})" for j in np.argsort(-np.abs(np.nan_to_num(corr)))
               if j != k and excess[j] > 0]
     more = f"; also {', '.join(others[:5])}" if others else ""
-    raise DataError(
-        f"{source}: feature column '{names[k]}' has a same-date correlation of "
-        f"{corr[k]:+.2f} with the label '{label_col}' on the train split (mean over its dates, "
-        f"{int(rows[k])} rows), above data.max_feature_label_corr {threshold:g}{more}. A feature that close "
-        f"to the label is usually a future return: drop it with data.exclude, or raise "
-        f"data.max_feature_label_corr"
-    )
+    raise DataError(f"{source}: feature column '{names[k]}' has a same-date correlation of {corr[k]:+.2f} "
+                    f"with the label '{label_col}' on the train split (mean over its dates, {int(rows[k])} "
+                    f"rows), above data.max_feature_label_corr {threshold:g}{more}. A feature that close to "
+                    f"the label is usually a future return: drop it with data.exclude, or raise "
+                    f"data.max_feature_label_corr")

@@ -94,12 +94,10 @@ def read_keys(path: Path, cfg: DataConfig, features: list[str]) -> Columns:
     """The date, asset and label columns; ``features`` is an empty ``[R, 0]`` matrix, the feature values
     come later in blocks (:func:`feature_blocks`) so they are never all held twice."""
     table = _table(path, [cfg.date_col, cfg.asset_col, cfg.label])
-    return Columns(
-        source=str(path), date_col=cfg.date_col, asset_col=cfg.asset_col, label_col=cfg.label,
-        dates=_keys(table.column(cfg.date_col)), assets=_keys(table.column(cfg.asset_col)),
-        features=np.empty((table.num_rows, 0), dtype=np.float32), label=_floats(table.column(cfg.label)),
-        feature_names=features,
-    )
+    return Columns(source=str(path), date_col=cfg.date_col, asset_col=cfg.asset_col, label_col=cfg.label,
+                   dates=_keys(table.column(cfg.date_col)), assets=_keys(table.column(cfg.asset_col)),
+                   features=np.empty((table.num_rows, 0), dtype=np.float32),
+                   label=_floats(table.column(cfg.label)), feature_names=features)
 
 
 def read_groups(cfg: DataConfig) -> pd.DataFrame:
@@ -154,11 +152,9 @@ def read_scoring_columns(path: Path, cfg: DataConfig, features: list[str]) -> Co
     for k, name in enumerate(features):
         matrix[:, k] = _floats(table.column(name))
     y = _floats(table.column(cfg.label)) if label else np.full(table.num_rows, np.nan, dtype=np.float32)
-    return Columns(
-        source=str(path), date_col=cfg.date_col, asset_col=cfg.asset_col, label_col=cfg.label,
-        dates=_values(table.column(cfg.date_col)), assets=_values(table.column(cfg.asset_col)),
-        features=matrix, label=y, feature_names=features,
-    )
+    return Columns(source=str(path), date_col=cfg.date_col, asset_col=cfg.asset_col, label_col=cfg.label,
+                   dates=_values(table.column(cfg.date_col)), assets=_values(table.column(cfg.asset_col)),
+                   features=matrix, label=y, feature_names=features)
 
 
 def _floats(col: pa.ChunkedArray) -> np.ndarray:

@@ -86,10 +86,9 @@ def fraction_splits(n_dates: int, fractions: tuple[float, float, float], lookbac
     if min(sizes) < 1:
         need = warmup + 2 * gap + min_budget(fractions)
         h, e = horizon_embargo
-        raise DataError(
-            f"{where}: {n_dates} dates are too few: lookback {lookback}, horizon {h}, embargo {e} "
-            f"and splits {fractions[0]:g}/{fractions[1]:g}/{fractions[2]:g} need at least {need} dates"
-        )
+        raise DataError(f"{where}: {n_dates} dates are too few: lookback {lookback}, horizon {h}, "
+                        f"embargo {e} and splits {fractions[0]:g}/{fractions[1]:g}/{fractions[2]:g} need at "
+                        f"least {need} dates")
     out: dict[str, tuple[int, int]] = {}
     start = warmup
     for name, size in zip(SPLITS, sizes):
@@ -105,10 +104,9 @@ def range_splits(dates: np.ndarray, ranges: tuple[tuple[str, str], ...], lookbac
     bounds = [_range_indices(dates, name, rng, where) for name, rng in zip(SPLITS, ranges)]
     for k in range(2):
         if bounds[k][1] > bounds[k + 1][0]:
-            raise DataError(
-                f"{where}: data.split.{SPLITS[k]} {list(ranges[k])} overlaps or comes after "
-                f"data.split.{SPLITS[k + 1]} {list(ranges[k + 1])}; give the ranges in time order"
-            )
+            raise DataError(f"{where}: data.split.{SPLITS[k]} {list(ranges[k])} overlaps or comes after "
+                            f"data.split.{SPLITS[k + 1]} {list(ranges[k + 1])}; give the ranges in time "
+                            "order")
     out: dict[str, tuple[int, int]] = {}
     for k, name in enumerate(SPLITS):
         start, stop = bounds[k]
@@ -116,10 +114,9 @@ def range_splits(dates: np.ndarray, ranges: tuple[tuple[str, str], ...], lookbac
         if k < 2:
             stop = min(stop, bounds[k + 1][0] - gap)
         if stop <= start:
-            raise DataError(
-                f"{where}: data.split.{name} {list(ranges[k])} has no target dates left after the "
-                f"{lookback - 1} warm-up dates of the lookback window and the purge gap of {gap} dates"
-            )
+            raise DataError(f"{where}: data.split.{name} {list(ranges[k])} has no target dates left after "
+                            f"the {lookback - 1} warm-up dates of the lookback window and the purge gap of "
+                            f"{gap} dates")
         out[name] = (start, stop)
     return out
 
@@ -133,8 +130,6 @@ def _range_indices(dates: np.ndarray, name: str, rng: tuple[str, str], where: st
     stop = int(np.searchsorted(dates, hi, side="right"))
     if stop <= start:
         first, last = (str(np.datetime_as_string(d, unit="D")) for d in (dates[0], dates[-1]))
-        raise DataError(
-            f"{where}: data.split.{name} range {list(rng)} selects no dates "
-            f"(the file has {len(dates)} dates from {first} to {last})"
-        )
+        raise DataError(f"{where}: data.split.{name} range {list(rng)} selects no dates "
+                        f"(the file has {len(dates)} dates from {first} to {last})")
     return start, stop

@@ -239,11 +239,9 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
             prepare_sqlite_file(url)
     try:
         with quiet_optuna(), schema_guard(url, create) as ready:
-            storage = SweeperStorage(
-                url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
-                skip_compatibility_check=checked and ready,
-                heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-            )
+            storage = SweeperStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
+                                     skip_compatibility_check=checked and ready,
+                                     heartbeat_interval=heartbeat_interval, grace_period=grace_period)
     except StorageError:
         raise
     except Exception as exc:  # noqa: BLE001 - any driver error means "unreachable"
