@@ -3,7 +3,6 @@ parallel coordinates and learning curves."""
 from __future__ import annotations
 
 import html
-import math
 import warnings
 from typing import Any
 
@@ -13,10 +12,11 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.inspect.figures_base import LAYOUT, STATE_COLORS, StudyData, empty
+from sweeper.store.studies import scored
 
 
 def _objective_points(data: StudyData) -> tuple[np.ndarray, np.ndarray]:
-    done = [t for t in data.finished(TrialState.COMPLETE) if t.value is not None and math.isfinite(t.value)]
+    done = scored(data.trials)
     return (np.array([t.number for t in done], dtype=np.int64),
             np.array([t.value for t in done], dtype=np.float64))
 
@@ -56,7 +56,7 @@ def importance_figure(data: StudyData) -> go.Figure:
 
 
 def parallel_figure(data: StudyData) -> go.Figure:
-    done = [t for t in data.finished(TrialState.COMPLETE) if t.value is not None and math.isfinite(t.value)]
+    done = scored(data.trials)
     if not done:
         return empty("no complete trial yet")
     shared = [p for p in done[0].params if all(p in t.params for t in done)]

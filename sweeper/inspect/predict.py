@@ -171,14 +171,11 @@ def refuse_unrefit(study: optuna.Study, best: FrozenTrial, predictor: Predictor,
     the best when it was refit): the best's weights have seen only its train window, so scoring
     with them would silently use a weaker model than the one refit. A ConfigError that names the
     refit and the ways on (refit the best, ``--trial N``, ``--allow-unrefit``)."""
-    if predictor.has_refit(best):
-        return
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    refits = {t.number: read_refit(trial_files(predictor.run_dir, t.number)) for t in done}
-    found = {n: r for n, r in refits.items() if r is not None}
-    if not found:
+    found = [(t.number, r) for t in done if (r := read_refit(trial_files(predictor.run_dir, t.number)))]
+    if predictor.has_refit(best) or not found:
         return
-    n, record = next(iter(found.items()))
+    n, record = found[0]
     seen = " to ".join(model_dates(study.user_attrs).get("train") or []) or "-"
     raise ConfigError(
         f"the best trial, {best.number}, has no refit, but trial {n} has one (trained to "
@@ -191,11 +188,10 @@ def own_weights(study_attrs: dict[str, Any]) -> str:
     """The dates a trial's own weights saw, in words: the model run's train window, and the valid
     block that early-stopped it (under walk-forward, the last fold's)."""
     dates = model_dates(study_attrs)
-    span = {k: " to ".join(dates.get(k) or []) or "dates -" for k in ("train", "valid")}
-    if K.folded(study_attrs):
-        return (f"trained on the last fold's train window ({span['train']}), early-stopped on its valid "
-                f"block ({span['valid']})")
-    return f"trained on the train split ({span['train']}), early-stopped on the valid split ({span['valid']})"
+    train, valid = (" to ".join(dates.get(k) or []) or "dates -" for k in ("train", "valid"))
+    window, block = (("the last fold's train window", "its valid block") if K.folded(study_attrs)
+                     else ("the train split", "the valid split"))
+    return f"trained on {window} ({train}), early-stopped on {block} ({valid})"
 
 
 def weights_line(study_attrs: dict[str, Any], members: list[FrozenTrial],

@@ -89,35 +89,23 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
     console = console or Console()
     objective = best.get("objective", best["metric"])  # lcb(val_ic) under validation.aggregate: lcb
     console.print(f"best: trial {best['trial']}  {objective}={fmt(best['value'])}")
-    for line in metric_lines(best):
-        console.print("  " + line, highlight=False, soft_wrap=True)
+    lines = metric_lines(best)
     for split, key in (("valid", "val"), ("test", "test")):
         oracle, frac = best.get(f"oracle_{key}_ic"), best.get(f"{key}_ic_oracle_fraction")
         if oracle:
-            reached = f": {frac:.0%} reached" if frac is not None else ""
-            console.print(f"  oracle {split} IC {oracle:.4f}{reached}")
-    for line in fold_lines(best)[0 if scheme else 1:]:
-        console.print("  " + line, highlight=False, soft_wrap=True)
-    if best.get("stack_size_from") not in (None, "one run per trial"):
-        console.print("  " + stack_line(best), highlight=False, soft_wrap=True)
-    if "constraints" in best or best.get("infeasible"):
-        console.print("  " + constraints_line(best), highlight=False, soft_wrap=True)
-    for line in selection_lines(best.get("selection")):
-        console.print("  " + line, highlight=False, soft_wrap=True)
-    for line in baseline_lines(best.get("baseline"), best.get("baseline_state")):
-        console.print("  " + line, highlight=False, soft_wrap=True)
-    for line in ic_time_lines(best):
-        console.print("  " + line, highlight=False, soft_wrap=True)
-    for line in portfolio_and_ensemble_lines(best):
-        console.print("  " + line, highlight=False, soft_wrap=True)
+            lines.append(f"oracle {split} IC {oracle:.4f}{'' if frac is None else f': {frac:.0%} reached'}")
+    lines += fold_lines(best)[0 if scheme else 1:]
+    lines += [stack_line(best)] if best.get("stack_size_from") not in (None, "one run per trial") else []
+    lines += [constraints_line(best)] if "constraints" in best or best.get("infeasible") else []
+    lines += selection_lines(best.get("selection")) + baseline_lines(best.get("baseline"),
+                                                                     best.get("baseline_state"))
+    lines += ic_time_lines(best) + portfolio_and_ensemble_lines(best)
     # 4 significant digits: a sampled lr's 17 digits say nothing (best --json keeps them all)
-    console.print("  params: " + ", ".join(f"{k}={fmt(v, '.4g') if isinstance(v, float) else v}"
-                                           for k, v in best["params"].items()), soft_wrap=True)
-    if best.get("weights_removed"):
-        console.print(f"  weights: removed (study.keep); retrain: {best['retrain']}", highlight=False,
-                      soft_wrap=True)
-    else:
-        console.print(f"  weights: {best['weights'] or '-'}")
+    lines.append("params: " + ", ".join(f"{k}={fmt(v, '.4g') if isinstance(v, float) else v}"
+                                        for k, v in best["params"].items()))
+    removed = best.get("weights_removed") and f"removed (study.keep); retrain: {best['retrain']}"
+    for line in [*lines, f"weights: {removed or best['weights'] or '-'}"]:
+        console.print("  " + line, highlight=False, soft_wrap=True)
 
 
 def metric_lines(best: dict[str, Any]) -> list[str]:

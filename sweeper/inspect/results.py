@@ -190,11 +190,6 @@ def scored_on(study_attrs: dict[str, Any], portfolio: bool) -> dict[str, Any]:
     return out
 
 
-def validation_block(cfg: SweeperConfig) -> dict[str, Any]:
-    """The study's ``validation`` section, as ``best --json`` and ``status --json`` show it."""
-    return cfg.validation.model_dump()
-
-
 def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) -> dict[str, Any]:
     """``best --json``'s fold keys: ``validation`` (the scheme block), ``fold_val_ic``,
     ``val_ic_se``, ``worst_fold_val_ic``, ``seed_val_ic_sd`` and ``seed_ensemble_val_ic``
@@ -210,7 +205,7 @@ def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) ->
     metric = cfg.study.metric
     extra = (K.fold_key(metric), K.se_key(metric), K.worst_key(metric)) if metric != "val_ic" else ()
     keys = FOLD_KEYS + extra
-    out: dict[str, Any] = {"validation": validation_block(cfg)}
+    out: dict[str, Any] = {"validation": cfg.validation.model_dump()}
     out.update({k: plain(ua[k]) for k in keys if k in ua})
     if K.folded(study.user_attrs):
         out[K.FOLD_DATES] = K.layout(ua) or K.layout(study.user_attrs)
@@ -280,7 +275,7 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
     # a study of one run per trial (holdout, one seed) has no folds or seeds to show: its status
     # stays as it was before either existed
     if not RunGrid.of(cfg).single:
-        report["validation"] = validation_block(cfg)
+        report["validation"] = cfg.validation.model_dump()
         report["metric"] = cfg.study.metric
         report[K.FOLD_DATES] = K.layout(study.user_attrs)
         for row in report["running"]:  # with several runs the step runs on across folds and seeds

@@ -64,7 +64,7 @@ def null_max_ic(daily_ics: list[np.ndarray], lags: list[int] | None = None) -> f
     >= 2 finite days give an SE. NaN if none does.
     """
     lags = lags if lags is not None else [0] * len(daily_ics)
-    errors = [se for se in (_standard_error(d, lag) for d, lag in zip(daily_ics, lags)) if math.isfinite(se)]
+    errors = [se for se in map(hac_standard_error, daily_ics, lags) if math.isfinite(se)]
     if not errors:
         return math.nan
     return float(np.median(errors)) * expected_max(len(daily_ics))
@@ -92,7 +92,7 @@ def deflated_sharpe(
     sr = _sharpe(x)
     sr0 = _null_sharpe(_finite(sr_trials), n_trials)
     if null_ic is None:
-        null_ic = _standard_error(x, lag) * expected_max(n_trials)
+        null_ic = hac_standard_error(x, lag) * expected_max(n_trials)
     mean_ic = float(x.mean()) if len(x) else math.nan
     dsr = _probabilistic_sharpe(x, sr, sr0, effective_days(x, lag))
     return {"sr": sr, "sr0": sr0, "dsr": dsr, "p_fluke": 1 - dsr, "deflated_ic": mean_ic - null_ic}
@@ -291,6 +291,3 @@ def _sharpe(x: np.ndarray) -> float:
     # a spread at rounding level (three days of 0.1 don't average to exactly 0.1) is no spread
     return mean / std if std > 1e-10 * abs(mean) else math.nan
 
-
-def _standard_error(daily: np.ndarray, lag: int = 0) -> float:
-    return hac_standard_error(daily, lag)
