@@ -122,9 +122,10 @@ def final_scores(stack: nn.Module, panels: list[Panel], device: torch.device, ba
         for (scores, daily, predictions), batcher, rows in zip(
                 out, batchers, stacked_predict_rows(stack, batchers, batch_size, tick)):
             frame = _frame(batcher, rows)
-            report = M.ic_report(frame)
+            flagged = M.daily_ic(frame, flag_constant=True)
+            report = M.report_of(flagged)
             scores.update({f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"],
                            f"{p}_icir": report["icir"]})
-            daily[split], predictions[split] = M.daily_ic(frame), frame
+            daily[split], predictions[split] = flagged.drop(columns="constant_pred"), frame
         tick()
     return out

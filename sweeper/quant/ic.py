@@ -57,9 +57,10 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     n_groups = len(uniques)
     rx = pd.Series(x).groupby(codes).rank(method="average").to_numpy(np.float64)
     ry = pd.Series(y).groupby(codes).rank(method="average").to_numpy(np.float64)
-    constant = _constant_prediction(codes, x, y, n_groups)
-    ic = np.where(constant, 0.0, grouped_pearson(codes, x, y, n_groups))
-    rank_ic = np.where(constant, 0.0, grouped_pearson(codes, rx, ry, n_groups))
+    varies = _varies_by_group(codes, x, y, n_groups)  # ranks vary where the values do: one test for both
+    constant = (np.bincount(codes, minlength=n_groups) >= 2) & ~varies[0] & varies[1]  # they score 0
+    ic = np.where(constant, 0.0, grouped_pearson(codes, x, y, n_groups, varies))
+    rank_ic = np.where(constant, 0.0, grouped_pearson(codes, rx, ry, n_groups, varies))
     ok = np.isfinite(ic) & np.isfinite(rank_ic)
     out = pd.DataFrame({"date": uniques[ok], "ic": ic[ok], "rank_ic": rank_ic[ok]})
     if flag_constant:
@@ -71,9 +72,13 @@ def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label",
               date: str = "date") -> ICReport:
     """``{ic, rank_ic, icir, rank_icir, n_dates, n_constant_dates}`` of a long frame with one row
     per (date, asset)."""
-    daily = daily_ic(df, pred=pred, label=label, date=date, flag_constant=True)
-    n_constant = int(daily["constant_pred"].sum())
-    return _report(daily["ic"].to_numpy(), daily["rank_ic"].to_numpy(), n_constant)
+    return report_of(daily_ic(df, pred=pred, label=label, date=date, flag_constant=True))
+
+
+def report_of(daily: pd.DataFrame) -> ICReport:
+    """:func:`ic_report` of a frame's ``daily_ic(..., flag_constant=True)``, for a caller that keeps
+    the daily ICs too (so they are computed once)."""
+    return _report(daily["ic"].to_numpy(), daily["rank_ic"].to_numpy(), int(daily["constant_pred"].sum()))
 
 
 def check_columns(df: pd.DataFrame, columns: tuple[str, ...], what: str = "IC") -> None:
@@ -83,9 +88,11 @@ def check_columns(df: pd.DataFrame, columns: tuple[str, ...], what: str = "IC") 
                         f"the frame has {', '.join(map(repr, map(str, df.columns)))}")
 
 
-def grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int) -> np.ndarray:
+def grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int,
+                    varies: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Pearson correlation per group code of finite ``x`` and ``y``; NaN for groups with < 2 rows
-    or a constant side. The one numpy Pearson of the package (the synthetic oracle uses it too)."""
+    or a constant side (``varies``: whether each side varies per group, where known). The one numpy
+    Pearson of the package (the synthetic oracle uses it too)."""
     n = np.bincount(codes, minlength=n_groups).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         dx = x - (np.bincount(codes, x, n_groups) / n)[codes]
@@ -94,7 +101,7 @@ def grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: i
         sxx = np.bincount(codes, dx * dx, n_groups)
         syy = np.bincount(codes, dy * dy, n_groups)
         corr = np.clip(sxy / np.sqrt(sxx * syy), -1.0, 1.0)
-    x_varies, y_varies = _varies_by_group(codes, x, y, n_groups)
+    x_varies, y_varies = varies or _varies_by_group(codes, x, y, n_groups)
     return np.where((n >= 2) & x_varies & y_varies, corr, np.nan)
 
 
@@ -104,13 +111,6 @@ def _varies_by_group(codes: np.ndarray, x: np.ndarray, y: np.ndarray,
     frame = pd.DataFrame({"x": x, "y": y}).groupby(codes)
     lo, hi = frame.min().reindex(range(n_groups)), frame.max().reindex(range(n_groups))
     return (hi["x"] > lo["x"]).to_numpy(), (hi["y"] > lo["y"]).to_numpy()
-
-
-def _constant_prediction(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: int) -> np.ndarray:
-    """Groups with >= 2 pairs, a varying label and a constant prediction: they score 0."""
-    n = np.bincount(codes, minlength=n_groups)
-    x_varies, y_varies = _varies_by_group(codes, x, y, n_groups)
-    return (n >= 2) & ~x_varies & y_varies
 
 
 def _report(ic: np.ndarray, rank_ic: np.ndarray, n_constant: int = 0) -> ICReport:
