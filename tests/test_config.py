@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from sweeper import config as C
 from sweeper.errors import ConfigError
@@ -158,3 +159,64 @@ def test_a_study_from_before_the_validation_section_is_holdout_and_changing_it_i
                                   "validation.scheme ('holdout' -> 'walk_forward')"]
     repeats = to_dict(C.validate_config({**base, "validation": {"repeats": 2}}, "s.yaml"))
     assert drift(current, repeats) == ["validation.repeats (1 -> 2)"]
+
+
+def test_a_misspelt_builtin_model_gets_a_did_you_mean(tmp_path, monkeypatch):
+    expected = ("unknown model 'transformr': expected one of transformer, lstm, gru, mlp or a dotted path "
+                "'package.module:Class'; did you mean 'transformer'?")
+    assert _err(_with(model={"name": "transformr"})) == f"s.yaml: model: {expected}"
+    assert _err(_with(model={"name": "resnet"})).endswith("or a dotted path 'package.module:Class'")  # none close
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    space = {"model.name": {"type": "categorical", "choices": ["lstm", "transformr"]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(_with(search_space=space)))
+    result = CliRunner().invoke(main, ["validate", "s.yaml"])
+    assert (result.exit_code, result.output) == (2, f"Error: search_space.model.name: {expected}\n")
+
+
+def _paths(cfg: C.SweeperConfig) -> tuple:
+    assert cfg.study.warm_start is not None
+    return (cfg.study.resolved_storage, cfg.study.resolved_artifacts, cfg.study.warm_start.storage,
+            cfg.data.path, cfg.data.cache_dir)
+
+
+def test_relative_paths_are_taken_from_the_study_files_folder(tmp_path, monkeypatch):
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    raw = {"study": {"name": "t", "storage": "sqlite:///my.db", "warm_start": {"study": "o", "storage":
+                                                                              "sqlite:///w.db"}},
+           "data": {"path": "d.parquet", "cache_dir": "cache"}}
+    (tmp_path / "exp/s.yaml").write_text(yaml.safe_dump(raw))
+    data = (f"{tmp_path}/exp/d.parquet", f"{tmp_path}/exp/cache")  # absolute: config.yaml records them
+    monkeypatch.chdir(tmp_path)
+    assert _paths(C.load_config("exp/s.yaml")) == ("sqlite:///exp/my.db", "exp/runs/t", "sqlite:///exp/w.db", *data)
+    cfg = C.load_config("exp/s.yaml", ["study.storage=null", "data.cache_dir=/c"])  # --set: as if in the file
+    assert (cfg.study.resolved_storage, cfg.data.cache_dir) == ("sqlite:///exp/runs/t/study.db", "/c")
+    assert C.with_overrides(cfg, {"train.lr": 0.01}, "p").study.resolved_storage == "sqlite:///exp/runs/t/study.db"
+    monkeypatch.chdir(tmp_path / "exp")
+    assert _paths(C.load_config("s.yaml")) == ("sqlite:///my.db", "runs/t", "sqlite:///w.db", *data)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert _paths(C.load_config(tmp_path / "exp/s.yaml")) == (
+        f"sqlite:///{tmp_path}/exp/my.db", f"{tmp_path}/exp/runs/t", f"sqlite:///{tmp_path}/exp/w.db", *data)
+    assert C.validate_config(raw, "s").study.resolved_artifacts == "runs/t"  # no study file: the current folder
+
+
+def test_a_study_made_before_the_anchor_is_used_where_it_is(tmp_path, monkeypatch, capsys):
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp/s.yaml").write_text(yaml.safe_dump({"study": {"name": "t"}, "data": {"path": "d.parquet"}}))
+    (tmp_path / "runs/t").mkdir(parents=True)
+    (tmp_path / "runs/t/study.db").write_bytes(b"")  # where an older sweeper run from tmp_path put it
+    (tmp_path / "d.parquet").write_bytes(b"")  # its data.path found in the current folder first
+    monkeypatch.chdir(tmp_path)
+    cfg = C.load_config("exp/s.yaml")
+    assert (cfg.study.resolved_storage, cfg.data.path) == ("sqlite:///runs/t/study.db", f"{tmp_path}/d.parquet")
+    assert capsys.readouterr().err == (
+        "sweeper: study 't' is used where an older sweeper put it, relative to the current folder (runs/t); "
+        "to keep it beside exp/s.yaml, as a new study is, move runs/t to exp/runs/t while no sweep runs\n")
+    (tmp_path / "exp/runs/t").mkdir(parents=True)
+    (tmp_path / "exp/runs/t/study.db").write_bytes(b"")  # one beside the study file wins, silently
+    assert C.load_config("exp/s.yaml").study.resolved_storage == "sqlite:///exp/runs/t/study.db"
+    assert capsys.readouterr().err == ""

@@ -141,7 +141,7 @@ def test_validate_db_init_and_train_from_another_folder(folders):
 
     done = _cli(other, "db", "init", str(path), env=decoy)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "study 'study' in sqlite:///runs/study/study.db: created"
+    assert done.stdout.strip() == f"study 'study' in sqlite:///{proj}/runs/study/study.db: created"  # beside it
 
     done = _cli(other, "train", str(path), "--json", env=decoy)
     assert done.returncode == 0, done.stderr
@@ -178,7 +178,7 @@ def test_run_from_its_own_folder_and_from_another_then_predict(folders):
     path = _study(proj, "away.yaml")
     done = _cli(other, "run", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert _states(other, "away") == ["COMPLETE", "COMPLETE"]
+    assert _states(proj, "away") == ["COMPLETE", "COMPLETE"]  # beside the study file, wherever it ran from
 
     done = _cli(other, "predict", str(path), "-o", "preds.csv")
     assert done.returncode == 0, done.stderr

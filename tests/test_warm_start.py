@@ -100,12 +100,13 @@ def test_start_from_config_is_left_out_when_a_warm_start_set_equals_it(study_fil
 
 def test_trial_0_of_transformer_ic_is_the_study_files_own_values(workdir):
     path = REPO / "studies" / "transformer_ic.yaml"
-    tiny = {"study.storage": "sqlite:///t.db", "study.n_trials": 1, "data.synthetic.assets": 40,
-            "data.synthetic.dates": 150, "train.epochs": 1, "train.samples_per_epoch": 512,
-            "devices.gpus": "none", "devices.cpu_workers": 1}
+    # the study file's relative paths (--set's too) are taken from its folder: here, this test's
+    tiny = {"study.storage": f"sqlite:///{workdir}/t.db", "study.artifacts": f"{workdir}/runs",
+            "study.n_trials": 1, "data.synthetic.assets": 40, "data.synthetic.dates": 150, "train.epochs": 1,
+            "train.samples_per_epoch": 512, "devices.gpus": "none", "devices.cpu_workers": 1}
     sets = [a for key, value in tiny.items() for a in ("--set", f"{key}={value}")]
     _sweeper("run", path, *sets)
-    (trial,) = _trials(path, "sqlite:///t.db")
+    (trial,) = _trials(path, f"sqlite:///{workdir}/t.db")
     raw = yaml.safe_load(path.read_text())
     own = {key: raw[key.split(".")[0]][key.split(".")[1]] for key in raw["search_space"]}
     assert trial.params == own == {"train.lr": 0.003, "model.d_model": 32, "model.dropout": 0.0,

@@ -2,6 +2,7 @@
 
 - :mod:`~sweeper.config.schema`: the sections and their fields;
 - :mod:`~sweeper.config.load`: reading a study file, ``--set`` overrides, error messages;
+- :mod:`~sweeper.config.anchor`: the study file's relative paths, taken from its folder;
 - :mod:`~sweeper.config.dotted`: dotted names, the JSON form that studies store, the hash;
 - :mod:`~sweeper.config.drift`: which keys differ from a stored config;
 - :mod:`~sweeper.config.validation`: the ``validation`` section (holdout, walk-forward folds, seeds);
@@ -30,6 +31,7 @@ from sweeper.config.schema import (
     SweeperConfig,
     SyntheticConfig,
     TrainConfig,
+    unknown_model,
 )
 from sweeper.config.validation import ValidationConfig, objective_label
 
@@ -64,6 +66,7 @@ __all__ = [
     "read_yaml",
     "set_dotted",
     "to_dict",
+    "unknown_model",
     "validate_config",
     "with_overrides",
 ]

@@ -13,8 +13,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from sweeper.config.anchor import anchored
 from sweeper.config.dotted import set_dotted
-from sweeper.config.schema import DataConfig, SweeperConfig
+from sweeper.config.schema import SweeperConfig
 from sweeper.errors import ConfigError
 
 
@@ -109,24 +110,16 @@ def with_overrides(cfg: SweeperConfig, overrides: dict[str, Any], source: str) -
     raw = copy.deepcopy(raw)
     for key, value in overrides.items():
         set_dotted(raw, key, value)
-    return validate_config(raw, source)
+    out = validate_config(raw, source)
+    return out.model_copy(update={"study": out.study.located(cfg.study.root)})
 
 
 def load_config(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> SweeperConfig:
-    """Read, override and validate a study file. Raises ConfigError only."""
+    """Read, override and validate a study file, its relative paths taken from its folder
+    (:mod:`sweeper.config.anchor`). Raises ConfigError only."""
     raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections (study, data, model, ...)")
     for key, value in parse_sets(sets).items():
         set_dotted(raw, key, value)
-    cfg = validate_config(raw, str(path))
-    return cfg.model_copy(update={"data": _resolve_data_path(cfg.data, Path(path))})
-
-
-def _resolve_data_path(data: DataConfig, study_file: Path) -> DataConfig:
-    # a relative data.path is taken relative to the working directory when it
-    # exists there, else relative to the study file (so `sweeper run x/y.yaml` works anywhere)
-    if data.path is None or Path(data.path).is_absolute() or Path(data.path).exists():
-        return data
-    beside = study_file.parent / data.path
-    return data.model_copy(update={"path": str(beside)}) if beside.exists() else data
+    return anchored(validate_config(raw, str(path)), path)

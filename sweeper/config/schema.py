@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import os
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from sweeper.config.long_sweeps import BaselineConfig, Bound, KeepConfig, WarmStartConfig
 from sweeper.config.validation import ValidationConfig
@@ -68,6 +69,9 @@ class StudyConfig(_Strict):
     # stop when Optuna's Terminator judges that no further trial can beat the noise that the
     # folds (or seed repeats) measure (sweeper.study.convergence; needs validation.runs >= 2)
     stop_when_converged: bool = False
+    # the study file's folder, which the default run folder and storage lie in ('': the current
+    # folder): set by sweeper.config.anchor; not a field, so the stored config is what the file says
+    _root: str = PrivateAttr("")
 
     @field_validator("name")
     @classmethod
@@ -91,13 +95,23 @@ class StudyConfig(_Strict):
             return self.direction
         return "minimize" if self.metric == "val_loss" else "maximize"
 
+    def located(self, root: str) -> StudyConfig:
+        """This section with its default run folder in ``root`` (the study file's folder)."""
+        out = self.model_copy()
+        out._root = root
+        return out
+
+    @property
+    def root(self) -> str:
+        return self._root
+
     @property
     def resolved_storage(self) -> str:
-        return self.storage or f"sqlite:///runs/{self.name}/study.db"
+        return self.storage or f"sqlite:///{os.path.join(self._root, 'runs', self.name)}/study.db"
 
     @property
     def resolved_artifacts(self) -> str:
-        return self.artifacts or f"runs/{self.name}"
+        return self.artifacts or os.path.join(self._root, "runs", self.name)
 
 
 class SyntheticConfig(_Strict):
@@ -198,10 +212,7 @@ class ModelConfig(BaseModel):
         if ":" in self.name:
             return self
         if self.name not in BUILTIN_MODELS:
-            raise ValueError(
-                f"unknown model {self.name!r}: expected one of {', '.join(BUILTIN_MODELS)} "
-                "or a dotted path 'package.module:Class'"
-            )
+            raise ValueError(unknown_model(self.name))
         extra = sorted(self.model_extra or {})
         if extra:
             raise ValueError(_unknown_key_message(f"model.{extra[0]}", extra[0], type(self).model_fields,
@@ -402,6 +413,14 @@ def _check_space_key(cfg: SweeperConfig, key: str, where: str) -> None:
     head = field.split(".")[0]
     if head not in fields:
         raise ValueError(f"{where}: " + _unknown_key_message(key, head, fields, prefix=f"{section}."))
+
+
+def unknown_model(name: str) -> str:
+    """What a model name that is neither a built-in nor ``module:Class`` is told (config, search space)."""
+    close = difflib.get_close_matches(name.lower(), BUILTIN_MODELS, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (f"unknown model {name!r}: expected one of {', '.join(BUILTIN_MODELS)} or a dotted path "
+            f"'package.module:Class'{hint}")
 
 
 def _unknown_key_message(dotted: str, key: str, fields: Iterable[str], prefix: str = "") -> str:

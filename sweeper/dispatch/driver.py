@@ -72,7 +72,9 @@ class Driver:
         self.dispatch = dispatch_for(cfg, slots, study)
         self.schedule = ClaimSchedule(cfg.study.heartbeat_interval, self._foreign_running)
         self.warnings = Warnings(view)
-        self.baseline = BaselineJob(cfg, study, lock, ident, run_dir, server)
+        # the baseline job reads its storage from its config: the one this sweep resolved
+        located = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
+        self.baseline = BaselineJob(located, study, lock, ident, run_dir, server)
 
     # layer 2: the loop
     def loop(self) -> None:

@@ -30,7 +30,7 @@ from sweeper.dispatch.telemetry import Telemetry
 from sweeper.dispatch.view import View
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
 from sweeper.interrupt import NEVER, StopToken
-from sweeper.store import check_artifacts, claim_lock, open_storage, run_folder
+from sweeper.store import check_artifacts, claim_lock, open_storage, redact, run_folder
 from sweeper.store.identity import Identity
 from sweeper.store.layout import devices_csv, run_dir
 from sweeper.store.locks import ClaimLock
@@ -99,7 +99,7 @@ def _check_models(cfg: C.SweeperConfig) -> None:
     spec = cfg.search_space.get("model.name")
     for name in sorted({str(c) for c in (spec.choices or [])} if spec is not None else ()):
         if name not in C.BUILTIN_MODELS and ":" not in name:
-            raise ConfigError(f"search_space.model.name: unknown model {name!r}")
+            raise ConfigError(f"search_space.model.name: {C.unknown_model(name)}")
 
 
 def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "",
@@ -137,8 +137,6 @@ def init_db(cfg: C.SweeperConfig, storage_url: str | None = None) -> InitResult:
     """``sweeper db init``: create Optuna's tables and the study, with its config and
     data fingerprint, once, before any host runs. Idempotent; refuses a study
     file that differs from the one the study was created with."""
-    from sweeper.store import redact
-
     plan = prepare(cfg, storage_url, devices=False)
     study, _lock, created = _attach(plan, force=False, must_exist=False)
     return InitResult(study=plan.cfg.study.name, storage=redact(plan.storage_url), created=created,
@@ -199,8 +197,11 @@ def _set_up(plan: Plan, stop: StopToken, force: bool, must_exist: bool,
             ) -> tuple[optuna.Study, ClaimLock, Identity]:
     watch(plan.storage_url, stop)  # the store's waits through an outage end on Ctrl-C
     ident = Identity.current()
-    study, lock, _created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id,
-                                    stop=stop)
+    study, lock, created = _attach(plan, force=force, must_exist=must_exist, driver_id=ident.driver_id,
+                                   stop=stop)
+    if created:  # paths are relative to the study file's folder (sweeper.config.anchor): say where
+        print(f"created study {plan.cfg.study.name!r} in {redact(plan.storage_url)}, its files in "
+              f"{plan.run_dir}", file=sys.stderr, flush=True)
     _take_run_folder(plan, study, lock)
     room = retention.space_warning(plan.run_dir, study.get_trials(deepcopy=False), plan.cfg.study.n_trials)
     if room:
@@ -210,8 +211,6 @@ def _set_up(plan: Plan, stop: StopToken, force: bool, must_exist: bool,
 
 def _take_run_folder(plan: Plan, study: optuna.Study, lock: ClaimLock) -> None:
     """The run folder holds this study's files; another study's are moved aside (run_folder)."""
-    from sweeper.store import redact
-
     with lock:  # two drivers of one study never move files at once
         started = any(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False))
         lines = run_folder.take(plan.run_dir, plan.cfg.study.name, study.user_attrs["study_uuid"],

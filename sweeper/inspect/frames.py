@@ -52,7 +52,7 @@ class TrialFrames:
         return self._predictor
 
     def config(self, trial: FrozenTrial) -> SweeperConfig:
-        return trial_config(trial_files(self.run_dir, trial.number))
+        return trial_config(trial_files(self.run_dir, trial.number), self.cfg)
 
     def frame(self, trial: FrozenTrial, split: str) -> pd.DataFrame:
         """The trial's frame of ``split`` (``valid`` or ``test``)."""

@@ -136,7 +136,7 @@ class Predictor:
         self._frames: dict[tuple, pd.DataFrame] = {}
 
     def config(self, trial: FrozenTrial) -> SweeperConfig:
-        return trial_config(trial_files(self.run_dir, trial.number))
+        return trial_config(trial_files(self.run_dir, trial.number), self.cfg)
 
     def has_refit(self, trial: FrozenTrial) -> bool:
         return read_refit(trial_files(self.run_dir, trial.number)) is not None
@@ -155,7 +155,7 @@ class Predictor:
         from sweeper.models import build_model
 
         files = trial_files(self.run_dir, trial.number)
-        tcfg = trial_config(files)
+        tcfg = trial_config(files, self.cfg)
         refit = read_refit(files) if data is not None else None  # the study's own dates: its own weights
         # a missing file fails before any data is read; with seed repeats, every seed's weights
         # (the trial's model is the mean of their predictions)

@@ -12,9 +12,12 @@ from sweeper.store.layout import TrialFiles
 from sweeper.store.studies import ranked
 
 
-def trial_config(files: TrialFiles) -> SweeperConfig:
-    """The trial's resolved config. A trial written before the split was pinned per study
-    (no ``data.split.lookback``) used its own lookback, horizon and embargo: keep them."""
+def trial_config(files: TrialFiles, study: SweeperConfig | None = None) -> SweeperConfig:
+    """The trial's resolved config, its data file where the study file ``study`` says it is now
+    (a study file read from another folder, or a folder moved, names the same data by another
+    path; the data's fingerprint says whether it is the same). A trial written before the split
+    was pinned per study (no ``data.split.lookback``) used its own lookback, horizon and embargo:
+    keep them."""
     path = files.config
     if not path.exists():
         raise DataError(f"{path}: missing; the trial's resolved config is written when it starts")
@@ -24,7 +27,11 @@ def trial_config(files: TrialFiles) -> SweeperConfig:
         raw = {**raw, "search_space": {}}  # its search space would widen the split it never had
         data["split"] = {**(data.get("split") or {}), "lookback": data.get("lookback", 20),
                          "horizon": data.get("horizon", 2), "embargo": data.get("embargo", 0)}
-    return validate_config(raw, str(path))
+    cfg = validate_config(raw, str(path))
+    if study is None or cfg.data.path is None or study.data.path is None:
+        return cfg
+    where = {"path": study.data.path, "cache_dir": study.data.cache_dir}
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update=where)})
 
 
 def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
