@@ -187,6 +187,8 @@ def test_dashboard_api_shows_trials_curves_attributes_and_artifacts(live):
             break
         time.sleep(0.5)
     assert detail["name"] == "live" and detail["has_intermediate_values"] is True
+    # the axes and the value column name the study's metric, not "Objective 0" (issue 42)
+    assert live["study"].metric_names == ["val_ic"] and detail["objective_names"] == ["val_ic"]
     assert sorted(t["number"] for t in detail["trials"]) == sorted(stored)
     for trial in detail["trials"]:
         t = stored[trial["number"]]
@@ -221,6 +223,7 @@ def test_browser_renders_the_study_page(live, tmp_path):
     assert f"live (id={live['study_id']})" in text  # the study page, rendered by the React app
     assert f"Best Trial (number={best.number})" in text
     assert str(best.value) in text
+    assert "Objective 0" not in text  # the study names its metric (Study.set_metric_names): val_ic
     for number in range(8):  # the intermediate-values plot's legend names every trial
         assert f"trial #{number}" in text
 
@@ -280,7 +283,9 @@ def test_predict_refuses_what_it_cannot_do(inside):
 
 def _expected_table(study: optuna.Study) -> pd.DataFrame:
     df = study.trials_dataframe(multi_index=False)
+    assert study.metric_names == ["val_ic"]  # Optuna names the value's column after it: export says value
     renamed = {c: c.replace("params_", "params.", 1).replace("user_attrs_", "user_attrs.", 1) for c in df.columns}
+    renamed["value_val_ic"] = "value"
     df = df.rename(columns=renamed)
     df["duration_s"] = df.pop("duration").dt.total_seconds()
     columns = ["number", "state", "value", "datetime_start", "datetime_complete", "duration_s"]

@@ -70,6 +70,7 @@ def test_every_command_finds_the_one_study_from_any_folder(tmp_path):
     assert "created study" not in out.stderr and "older sweeper" not in out.stderr
     assert len(optuna.load_study(study_name="tiny", storage=stored._storage).trials) == 3
     assert not (elsewhere / "runs").exists()
+    assert stored.metric_names == ["val_ic"]  # optuna-dashboard's axes name the metric (issue 42)
 
     moved = shutil.move(study.parent, tmp_path / "moved")  # the whole folder moved: its data with it
     stored = optuna.load_study(study_name="tiny", storage=f"sqlite:///{moved}/runs/tiny/study.db")

@@ -39,7 +39,9 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     if raw.empty:
         return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("value", "duration_s") else "object")
                              for c in FIXED})
-    frame = pd.DataFrame({".".join(p for p in col if p): raw[col] for col in raw.columns})
+    # the value's column is ("value", the study's metric name) once the study names its metric
+    frame = pd.DataFrame({"value" if col[0] == "value" else ".".join(p for p in col if p): raw[col]
+                          for col in raw.columns})
     frame["duration_s"] = frame.pop("duration").dt.total_seconds()
     names = [str(c) for c in frame.columns]  # the dotted names made just above
     params = sorted(c for c in names if c.startswith("params."))

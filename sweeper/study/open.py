@@ -3,6 +3,7 @@ the refusal to resume one whose study file has drifted."""
 from __future__ import annotations
 
 import uuid
+import warnings
 from typing import Any
 
 import optuna
@@ -74,6 +75,9 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
                 study.set_user_attr(key, value)
         else:
             _join(study, attrs, force)
+        if study.metric_names is None:  # optuna-dashboard's axis and trials_dataframe's column name it
+            with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
+                study.set_metric_names([C.objective_label(cfg.study.metric, cfg.validation)])
         # after the drift check: a study refused is left untouched
         queue.apply(study, new=created and not n_trials)
     if not created:
