@@ -4,6 +4,7 @@ relative to the current folder) is still found there, with a notice."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -56,7 +57,11 @@ def _reads(cwd: Path, study: Path | str, stored: optuna.Study, folder: str, noti
 def test_every_command_finds_the_one_study_from_any_folder(tmp_path):
     study = _study(tmp_path / "exp")
     out = sweeper_cli(tmp_path, "run", "exp/study.yaml")
-    assert "created study 'tiny' in sqlite:///exp/runs/tiny/study.db, its files in exp/runs/tiny" in out.stderr
+    assert out.stderr.splitlines()[:2] == [
+        "enqueued 1 parameter set ahead of the sampler's: the study file's own values (config)",
+        "created study 'tiny' in sqlite:///exp/runs/tiny/study.db, its files in exp/runs/tiny"]
+    # one host's SQLite study: its budget, plainly (a shared one's counts across hosts, names this one)
+    assert re.search(r"\] budget reached: study\.n_trials=2 trials are finished\n", out.stdout)
     assert (tmp_path / "exp/runs/tiny/study.db").is_file() and not (tmp_path / "runs").exists()
     stored = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path}/exp/runs/tiny/study.db")
     assert stored.user_attrs["config"]["data"]["path"] == str(study.parent / "panel.parquet")

@@ -47,7 +47,7 @@ def test_warm_start_runs_the_sources_best_first_once(study_file):
     b = study_file({"study": {"name": "b", "n_trials": 4, "warm_start": warm}}, name="b.yaml")
     out = _sweeper("run", b)
     assert f"enqueued 4 parameter sets ahead of the sampler's: a#{best[0].number}, a#{best[1].number}, " \
-           f"a#{best[2].number}, config" in out
+           f"a#{best[2].number}, the study file's own values (config)\n" in out
     trials = _trials(b)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
     assert [t.params for t in trials[:3]] == [t.params for t in best]
@@ -92,7 +92,7 @@ def test_start_from_config_is_left_out_when_a_warm_start_set_equals_it(study_fil
     warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 1}
     b = study_file({"study": {"name": "b", "n_trials": 2, "warm_start": warm}, "train": {"lr": 0.002}})
     out = _sweeper("run", b)
-    assert "enqueued 1 parameter sets ahead of the sampler's: src#1" in out
+    assert "enqueued 1 parameter set ahead of the sampler's: src#1\n" in out
     trials = _trials(b)
     assert trials[0].params == {"train.lr": 0.002} and trials[0].user_attrs[MARK] == "src#1"
     assert MARK not in trials[1].user_attrs
@@ -169,7 +169,7 @@ def test_db_init_applies_the_warm_start_once(study_file):
     warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 2}
     path = study_file({"study": {"name": "b", "warm_start": warm}})
     out = _cli("db", "init", path, code=0)
-    assert "enqueued 2 parameter sets ahead of the sampler's: src#1, config" in out
+    assert "enqueued 2 parameter sets ahead of the sampler's: src#1, the study file's own values (config)\n" in out
     assert "enqueued" not in _cli("db", "init", path, code=0)  # already there: nothing enqueued again
     trials = _trials(path)
     # the top 2 are trials 1 and 2; nothing of trial 2 fits this space

@@ -37,6 +37,7 @@ from sweeper.interrupt import StopToken
 from sweeper.store.identity import Identity
 from sweeper.store.locks import ClaimLock
 from sweeper.store.studies import FINISHED, best_in
+from sweeper.store.urls import is_sqlite
 from sweeper.study.ending import fail_trial
 from sweeper.worker import protocol
 
@@ -60,7 +61,7 @@ class Driver:
                  run_dir: Path, artifacts: str, view: View, ident: Identity, lock: ClaimLock,
                  stop: StopToken | None = None, server: ForkServer | None = None) -> None:
         self.cfg, self.study, self.view, self.ident, self.lock = cfg, study, view, ident, lock
-        self.run_dir = run_dir
+        self.run_dir, self.storage_url = run_dir, storage_url
         init = {"config": C.to_dict(cfg), "storage": storage_url, "study": cfg.study.name,
                 "run_dir": str(run_dir), "artifacts": artifacts,
                 "driver": {"host": ident.host, "pid": ident.pid, "driver_id": ident.driver_id}}
@@ -120,10 +121,14 @@ class Driver:
             return None
         self.schedule.clear()
         done = not any(w.running for w in self.workers)
-        self.rule.budget_used(
-            f"budget reached: study.n_trials={self.cfg.study.n_trials} trials are finished (counted across "
-            f"every host); nothing left for {self.ident.host} to run" if done else None)
+        self.rule.budget_used(self._budget_line() if done else None)
         return None
+
+    def _budget_line(self) -> str:
+        line = f"budget reached: study.n_trials={self.cfg.study.n_trials} trials are finished"
+        if is_sqlite(self.storage_url):  # a file on this host: this driver's (and its neighbours') trials
+            return line
+        return f"{line} (counted across every host); nothing left for {self.ident.host} to run"
 
     def start(self, w: WorkerHandle, trial_id: int, number: int, params: dict[str, Any], **run: Any) -> None:
         w.assign(number, trial_id, **run)

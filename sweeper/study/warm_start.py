@@ -29,6 +29,7 @@ from sweeper.store.studies import ranked
 from sweeper.study.space import condition_met, ordered
 
 WARM_START_FROM = "warm_start_from"  # the user attribute that marks an enqueued trial
+CONFIG_SET = "the study file's own values (config)"  # what the mark "config" stands for, printed
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ class Queue:
         for s in sets:
             study.enqueue_trial(s.params, user_attrs={WARM_START_FROM: s.source})
         if sets:
-            print(f"enqueued {len(sets)} parameter sets ahead of the sampler's: "
-                  + ", ".join(s.source for s in sets), file=sys.stderr, flush=True)
+            named = (CONFIG_SET if s.source == "config" else s.source for s in sets)
+            print(f"enqueued {len(sets)} parameter set{'s' if len(sets) > 1 else ''} ahead of the sampler's: "
+                  + ", ".join(named), file=sys.stderr, flush=True)
 
 
 class _Outside(ValueError):
