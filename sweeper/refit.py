@@ -74,9 +74,12 @@ class Refit:
 
     def lines(self) -> list[str]:
         r = self.record
+        seeds = r.get("seeds") or [r["seed"]]  # a seed ensemble's refit trains every seed
+        trained = (f"seed {seeds[0]}" if len(seeds) == 1
+                   else f"{len(seeds)} seeds ({', '.join(map(str, seeds))})")
         said = [f"refit trial {r['trial']}: {r['epochs']} epochs ({r['epochs_from']}) on {r['target_dates']} "
                 f"target dates {r['first_target']} to {r['last_target']} ({r['rows']} rows), labels known "
-                f"by {r['until']}; seed {r['seed']}, {r['device']}, {r['duration_s']:.1f} s"]
+                f"by {r['until']}; {trained}, {r['device']}, {r['duration_s']:.1f} s"]
         old = self.replaced
         again = (f"; it replaced the refit trained to {old.get('until')} ({old.get('created', '?')[:19]})"
                  if old else "")

@@ -27,7 +27,7 @@ from sweeper.config import DataConfig
 from sweeper.core import train
 from sweeper.data import synth, write_synthetic
 from sweeper.errors import ConfigError
-from sweeper.refit import refit_epochs, refit_panel
+from sweeper.refit import Refit, refit_epochs, refit_panel
 from sweeper.store import open_storage
 
 SYNTH = {"assets": 24, "dates": 160, "features": 3, "seed": 1}
@@ -89,6 +89,7 @@ def test_refit_then_predict_new_dates(study):
     assert record["trial"] == best.number and record["until"] == str(dates[-1])[:10]
     assert record["epochs"] == best.user_attrs["best_epoch"] and record["seed"] == 0
     assert f"refit trial {best.number}: {record['epochs']} epochs" in out and "replaced" not in out
+    assert f"labels known by {record['until']}; seed 0, cpu, " in out
     assert record["first_target"] == str(dates[LOOKBACK - 1])[:10]
 
     new = future_file("new.parquet")  # only dates after the panel's: the first lookback - 1 are history
@@ -274,15 +275,26 @@ def test_batch_size_auto_is_probed_on_a_refit_panel(workdir):
     assert plan.eval_batch_size == cfg.train.eval_batch_size and plan.note.startswith("probed micro-batch")
 
 
+def test_the_refit_line_names_every_seed_it_trained():
+    record = {"trial": 3, "epochs": 2, "epochs_from": "its best epoch", "target_dates": 90, "rows": 2000,
+              "first_target": "2010-01-08", "last_target": "2010-05-14", "until": "2010-05-18", "seed": 0,
+              "seeds": [0, 1, 2, 3], "device": "cpu", "duration_s": 4.04}
+    head = ("refit trial 3: 2 epochs (its best epoch) on 90 target dates 2010-01-08 to 2010-05-14 (2000 rows), "
+            "labels known by 2010-05-18; ")
+    assert Refit(record, Path("r"), None).lines()[0] == head + "4 seeds (0, 1, 2, 3), cpu, 4.0 s"
+    assert Refit({**record, "seeds": [0]}, Path("r"), None).lines()[0] == head + "seed 0, cpu, 4.0 s"
+
+
 @pytest.mark.slow
 def test_a_seed_ensemble_refits_every_seed_and_predicts_with_their_mean(study_file):
     """validation.repeats 2: the refit trains both seeds (one weights file each) and ``predict
     --data`` scores new dates with the mean of their predictions."""
     path = study_file({"study": {"n_trials": 1}, "validation": {"repeats": 2}})
     cli("run", str(path))
-    cli("refit", str(path))
+    out = cli("refit", str(path))
     folder = Path("runs/tiny/trials/0/refit")
     record = json.loads((folder / "refit.json").read_text())
+    assert f"labels known by {record['until']}; 2 seeds (0, 1), cpu, " in out  # each seed trained, each named
     assert record["seeds"] == [0, 1] and sorted(p.name for p in folder.glob("weights*.pt")) == [
         "weights.pt", "weights.seed-2.pt"]
     write_synthetic("new.parquet", **SYNTH)
