@@ -42,3 +42,17 @@ def test_the_objective_is_the_metric_unless_lcb():
     assert C.objective_label("val_rank_ic", C.ValidationConfig()) == "val_rank_ic"
     assert C.objective_label("val_ic", C.ValidationConfig(scheme="walk_forward")) == "val_ic"
     assert C.objective_label("val_loss", C.ValidationConfig(repeats=2, aggregate="lcb")) == "lcb(val_loss)"
+
+
+def test_the_live_eta_is_estimated_from_epochs_before_the_first_trial_ends():
+    from sweeper.dispatch.live import RichView
+
+    view = RichView()
+    view.started, view.n_trials, view.run_epochs_per_trial = 100.0, 4, 6  # e.g. 2 folds x 3 epochs
+    assert view.eta(now=160.0) == "ETA -"  # nothing trained yet: nothing to go by
+    for _ in range(3):
+        view.epoch(SLOT, 0, 1, {"val_ic": 0.01})
+    # 3 run epochs in 60 s; 4 trials x 6 - 3 = 21 left at that pace: 420 s
+    assert view.eta(now=160.0) == "ETA ~7.0 min (from the epochs so far)"
+    view.trial_ended(SLOT, 0, TrialState.COMPLETE, 0.01, None)  # then the finished trials' pace
+    assert view.eta(now=220.0) == "ETA 6.0 min"  # 3 left at 120 s each

@@ -136,6 +136,7 @@ class RichView(PlainView):
         self.done = self.done0 = 0
         self.best: FrozenTrial | None = None
         self.slots: dict[str, dict[str, Any] | None] = {}
+        self.run_epochs = self.run_epochs_per_trial = 0  # what the ETA reads before a trial has ended
 
     def _say(self, line: str) -> None:
         self.console.print(line, highlight=False)
@@ -146,6 +147,7 @@ class RichView(PlainView):
         super().start(cfg, plan, study)
         self.started = time.monotonic()
         self.n_trials = cfg.study.n_trials
+        self.run_epochs_per_trial = cfg.validation.runs * cfg.train.epochs
         finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         self.done = self.done0 = len(finished)
         self.slots = {s.label: None for s in plan.slots}
@@ -160,6 +162,7 @@ class RichView(PlainView):
 
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
         self.slots[slot.label] = {"number": number, "epoch": epoch, "metrics": metrics}
+        self.run_epochs += 1  # one event per run's epoch (each member of a stack sends its own)
 
     def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
                     reason: str | None) -> None:
@@ -179,11 +182,8 @@ class RichView(PlainView):
         from rich.table import Table
 
         n, done = self.n_trials, self.done
-        new = done - self.done0
-        per_trial = (time.monotonic() - self.started) / new if new > 0 else None
-        eta = f"ETA {max(n - done, 0) * per_trial / 60:.1f} min" if per_trial else "ETA -"
         grid = Table.grid(padding=(0, 2))
-        grid.add_row(ProgressBar(total=n, completed=done, width=40), f"{done}/{n} trials  {eta}")
+        grid.add_row(ProgressBar(total=n, completed=done, width=40), f"{done}/{n} trials  {self.eta()}")
         if self.best is not None:
             grid.add_row("best", f"trial {self.best.number}: {self.objective}={fmt(self.best.value)}")
         for label, r in self.slots.items():
@@ -194,6 +194,19 @@ class RichView(PlainView):
                          f"batch {m.get('micro_batch_size', '-')}x{m.get('accum_steps', '-')} "
                          f"mem {fmt(m.get('peak_mem_mb'), '.0f')} MB")
         return grid
+
+    def eta(self, now: float | None = None) -> str:
+        """The time left at the pace of the trials finished here; before the first ends, at the
+        pace of the run epochs trained so far, each trial counted at all its epochs (so an
+        early stop or a pruned trial makes it end sooner)."""
+        elapsed = (time.monotonic() if now is None else now) - self.started
+        left, new = max(self.n_trials - self.done, 0), self.done - self.done0
+        if new > 0:
+            return f"ETA {left * elapsed / new / 60:.1f} min"
+        if not self.run_epochs:
+            return "ETA -"
+        epochs_left = max(left * self.run_epochs_per_trial - self.run_epochs, 0)
+        return f"ETA ~{epochs_left * elapsed / self.run_epochs / 60:.1f} min (from the epochs so far)"
 
     def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None:
         if self.live is not None:
