@@ -1,6 +1,6 @@
 """``sweeper report``: one self-contained HTML page about a study.
 
-Eight plotly figures, built with ``plotly.graph_objects`` from one read of the
+The plotly figures, built with ``plotly.graph_objects`` from one read of the
 study (optuna.visualization re-reads the trials per plot and draws one trace per
 trial, which is far too slow at 500 trials):
 
@@ -19,15 +19,10 @@ trial, which is far too slow at 500 trials):
 11. ``ic_time``: its mean daily IC by year and month (and the baseline's), with
     the group-neutral IC when ``data.group_col`` is set
 12. ``baseline``: the cumulative daily IC of the best trial and of the LightGBM baseline
-    (:mod:`sweeper.inspect.figures_baseline`)
 13. ``folds`` (walk-forward studies only, like ``telemetry`` with GPUs): the val IC per fold of
-    the top 10 trials (:mod:`sweeper.inspect.figures_folds`, which also draws figure 8 under
-    walk-forward: standard errors from the fold ICs)
+    the top 10 trials (under walk-forward figure 8 takes its standard errors from the fold ICs)
 
-Figures 1-4 are in :mod:`~sweeper.inspect.figures_search`, 5 in
-:mod:`~sweeper.inspect.figures_devices`, 6-8 in :mod:`~sweeper.inspect.figures_ic`,
-9-10 in :mod:`~sweeper.inspect.figures_portfolio`, 11 in :mod:`~sweeper.inspect.figures_time`;
-the data they share in :mod:`~sweeper.inspect.figures_base`. This module loads
+Each figure's module is in the package map (:mod:`sweeper.inspect`). This module loads
 the study and lays out the page.
 
 plotly.js is inlined once, so the file works offline. Each figure's JSON sits in
@@ -91,29 +86,24 @@ def load(study: optuna.Study, run_dir: str | Path, metric: str,
                      daily_valid=valid_daily_ics(trials, run_dir))
     if cfg is not None:
         data.horizons = trial_horizons(trials, cfg)
-        _load_long_short(data, cfg)
-        _load_group_neutral(data, cfg)
+        _load_best_views(data, cfg)
     return data
 
 
-def _load_group_neutral(data: StudyData, cfg: SweeperConfig) -> None:
+def _load_best_views(data: StudyData, cfg: SweeperConfig) -> None:
+    """The best trial's long-short view and group-neutral IC, from one read of its frames."""
     from sweeper.inspect.frames import TrialFrames
     from sweeper.inspect.ic_views import group_neutral_report
-
-    if data.best is not None and cfg.data.group_col is not None:
-        data.group_neutral = group_neutral_report(cfg, TrialFrames(cfg, data.study), data.best)
-
-
-def _load_long_short(data: StudyData, cfg: SweeperConfig) -> None:
-    from sweeper.inspect.frames import TrialFrames
     from sweeper.inspect.longshort import best_long_short
 
     if data.best is None:
         return
+    frames = TrialFrames(cfg, data.study)
     try:
-        data.long_short = best_long_short(cfg, TrialFrames(cfg, data.study), data.best)
+        data.long_short = best_long_short(cfg, frames, data.best)
     except SweeperError as exc:
         data.long_short_note = str(exc)
+    data.group_neutral = group_neutral_report(cfg, frames, data.best)  # {} without data.group_col
 
 
 def build_figures(data: StudyData) -> dict[str, go.Figure]:
