@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from sweeper.errors import SweeperError
+from sweeper.plain import plain
 from sweeper.quant.ic_time import group_neutral_ic, ic_by_year
-from sweeper.store.layout import baseline_files, trial_files
+from sweeper.store.layout import BaselineFiles, TrialFiles, baseline_files, trial_files
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -35,25 +36,23 @@ def read_daily_frame(path: Path) -> pd.DataFrame | None:
     it is not one (a damaged file must not cost ``status`` or ``best`` the rest of the view)."""
     try:
         frame = pd.read_csv(path)
-    except FileNotFoundError:
-        return None
-    except (ValueError, UnicodeDecodeError):  # pandas' ParserError and EmptyDataError are ValueErrors
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):  # ParserError, EmptyDataError: ValueErrors
         return None
     return frame if {"date", "ic"} <= set(frame.columns) else None
 
 
-def trial_daily_frames(run_dir: str | Path, number: int) -> dict[str, pd.DataFrame]:
-    """``{split: daily IC frame}`` of a trial, for the splits whose file exists."""
-    files = trial_files(run_dir, number)
+def _daily_frames(files: TrialFiles | BaselineFiles) -> dict[str, pd.DataFrame]:
+    """``{split: daily IC frame}`` of a trial's (or the baseline's) files, for the splits that have one."""
     frames = {split: read_daily_frame(files.daily_ic(split)) for split in SPLITS}
     return {split: frame for split, frame in frames.items() if frame is not None}
+
+
+def trial_daily_frames(run_dir: str | Path, number: int) -> dict[str, pd.DataFrame]:
+    return _daily_frames(trial_files(run_dir, number))
 
 
 def baseline_daily_frames(run_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """``{split: daily IC frame}`` of the baseline, for the splits whose file exists."""
-    files = baseline_files(run_dir)
-    frames = {split: read_daily_frame(files.daily_ic(split)) for split in SPLITS}
-    return {split: frame for split, frame in frames.items() if frame is not None}
+    return _daily_frames(baseline_files(run_dir))
 
 
 def ic_by_year_report(run_dir: str | Path, number: int) -> dict[str, dict[str, float]]:
@@ -83,11 +82,7 @@ def group_neutral_report(cfg: SweeperConfig, predictor: TrialFrames, best: Froze
         out = {}
         for split in SPLITS:
             report = group_neutral_ic(with_groups(predictor.frame(best, split), groups))
-            out[split] = {key: _clean(report[key]) for key in GROUP_KEYS}  # type: ignore[literal-required]
+            out[split] = {key: plain(report[key]) for key in GROUP_KEYS}  # type: ignore[literal-required]
     except SweeperError as exc:
         return {"group_neutral": None, "group_neutral_unavailable": str(exc)}
     return {"group_neutral": out, "group_col": cfg.data.group_col}
-
-
-def _clean(value: object) -> object:
-    return None if isinstance(value, float) and value != value else value

@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial
 from sweeper.config import SweeperConfig
 from sweeper.errors import SweeperError
 from sweeper.inspect.frames import TrialFrames, top_trials
+from sweeper.plain import plain
 from sweeper.quant.ensemble import ensemble
 from sweeper.quant.ic import ic_report
 from sweeper.quant.portfolio import LongShort, long_short
@@ -78,5 +79,4 @@ def ensemble_report(cfg: SweeperConfig, study: optuna.Study, predictor: TrialFra
 
 
 def _ics(frame: Any) -> dict[str, Any]:
-    return {key: None if isinstance(value, float) and value != value else value
-            for key, value in ic_report(frame).items() if key in IC_KEYS}
+    return {key: plain(value) for key, value in ic_report(frame).items() if key in IC_KEYS}
