@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#ff7f0e", "FAIL": "#d62728", "RUNNING": "#2ca02c",
                 "WAITING": "#7f7f7f"}
+SPLIT_COLORS = {"valid": "#1f77b4", "test": "#ff7f0e"}
 MARGIN = {"l": 60, "r": 30, "t": 60, "b": 50}
 LAYOUT: dict[str, Any] = {"height": 420, "margin": MARGIN}
 # a figure with a right-hand axis: its labels and title need a right margin, and the legend, which

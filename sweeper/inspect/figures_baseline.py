@@ -8,11 +8,9 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from sweeper.inspect.figures_base import LAYOUT, StudyData, empty
+from sweeper.inspect.figures_base import LAYOUT, SPLIT_COLORS, StudyData, empty
 from sweeper.inspect.results import read_daily
 from sweeper.store.layout import trial_files
-
-COLORS = {"valid": "#1f77b4", "test": "#ff7f0e"}
 
 
 def _baseline_series(attr: dict[str, Any], split: str) -> tuple[list[str], np.ndarray] | None:
@@ -29,15 +27,15 @@ def baseline_figure(data: StudyData) -> go.Figure:
         return empty("no LightGBM baseline yet (sweeper baseline STUDY, or report.baseline in a sweep)")
     traces = []
     files = trial_files(data.run_dir, data.best.number) if data.best is not None else None
-    for split in ("valid", "test"):
+    for split, color in SPLIT_COLORS.items():
         base = _baseline_series(attr, split)
         if base is not None:
             traces.append(go.Scatter(x=base[0], y=np.nancumsum(base[1]), name=f"baseline ({split})",
-                                     line={"color": COLORS[split], "dash": "dash"}))
+                                     line={"color": color, "dash": "dash"}))
         daily = read_daily(files.daily_ic(split)) if files is not None else None
         if daily is not None and data.best is not None:
             dates = daily["date"].tolist() if "date" in daily else list(range(len(daily["ic"])))
-            traces.append(go.Scatter(x=dates, y=np.nancumsum(daily["ic"]), line={"color": COLORS[split]},
+            traces.append(go.Scatter(x=dates, y=np.nancumsum(daily["ic"]), line={"color": color},
                                      name=f"trial {data.best.number} ({split})"))
     fig = go.Figure(traces)
     title = "cumulative daily IC: best trial (solid) and LightGBM baseline (dashed)"

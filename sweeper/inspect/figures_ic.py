@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from optuna.trial import TrialState
 
-from sweeper.inspect.figures_base import LAYOUT, TWO_AXES, StudyData, empty, finite
+from sweeper.inspect.figures_base import LAYOUT, SPLIT_COLORS, TWO_AXES, StudyData, empty, finite
 from sweeper.inspect.results import read_daily
 from sweeper.store.layout import trial_files
 from sweeper.validation import contract as K
@@ -47,19 +47,18 @@ def daily_figure(data: StudyData) -> go.Figure:
         return empty("no complete trial yet")
     files = trial_files(data.run_dir, data.best.number)
     traces, days = [], {}
-    colors = {"valid": "#1f77b4", "test": "#ff7f0e"}
     folds = K.folded(data.study.user_attrs)  # the daily file holds every fold's valid block
-    for split in ("valid", "test"):
+    for split, color in SPLIT_COLORS.items():
         daily = read_daily(files.daily_ic(split))
         if daily is None:
             continue
         days[split] = len(daily["ic"])
         dates = daily["date"].tolist() if "date" in daily else list(range(len(daily["ic"])))
         named = f"{split}, every fold" if folds and split == "valid" else split
-        traces.append(go.Bar(x=dates, y=daily["ic"], name=f"daily IC ({named})", marker_color=colors[split],
+        traces.append(go.Bar(x=dates, y=daily["ic"], name=f"daily IC ({named})", marker_color=color,
                              opacity=0.45))
         traces.append(go.Scatter(x=dates, y=np.nancumsum(daily["ic"]), name=f"cumulative IC ({named})",
-                                 yaxis="y2", line={"color": colors[split], "width": 2}))
+                                 yaxis="y2", line={"color": color, "width": 2}))
     if not traces:
         return empty(f"trial {data.best.number} has no daily IC files in {files.folder.parent}")
     fig = go.Figure(traces)

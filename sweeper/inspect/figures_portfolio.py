@@ -9,12 +9,10 @@ import numpy as np
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial
 
-from sweeper.inspect.figures_base import LAYOUT, StudyData, empty
+from sweeper.inspect.figures_base import LAYOUT, SPLIT_COLORS, StudyData, empty
 from sweeper.inspect.printing import scope_words
 from sweeper.inspect.results import scored_on
 from sweeper.quant.portfolio import LongShort
-
-COLORS = {"valid": "#1f77b4", "test": "#ff7f0e"}
 
 
 def _unavailable(data: StudyData) -> go.Figure:
@@ -44,8 +42,8 @@ def buckets_figure(data: StudyData) -> go.Figure:
     meta = _meta(data, data.best, data.long_short)
     q = meta["quantiles"]
     names = [f"{k + 1}" + (" (low)" if k == 0 else " (high)" if k == q - 1 else "") for k in range(q)]
-    traces = [go.Bar(x=names, y=meta[split]["bucket_mean_label"], name=split, marker_color=COLORS[split])
-              for split in data.long_short]
+    traces = [go.Bar(x=names, y=meta[split]["bucket_mean_label"], name=split,
+                     marker_color=SPLIT_COLORS[split]) for split in data.long_short]
     fig = go.Figure(traces)
     fig.update_layout(**LAYOUT, barmode="group", meta=meta,
                       title=f"trial {data.best.number}: mean label per prediction bucket "
@@ -63,7 +61,7 @@ def longshort_figure(data: StudyData) -> go.Figure:
     for split, view in data.long_short.items():
         dates = [str(d)[:10] for d in view.dates]
         traces.append(go.Scatter(x=dates, y=np.cumsum(view.ls), mode="lines", name=f"{split}",
-                                 line={"color": COLORS[split], "width": 2}))
+                                 line={"color": SPLIT_COLORS[split], "width": 2}))
     title = (f"trial {data.best.number}: cumulative long-short return (top - bottom bucket, gross)"
              + _valid_dates(meta))
     fig = go.Figure(traces)

@@ -15,14 +15,10 @@ from sweeper.inspect.figures_base import LAYOUT, STATE_COLORS, StudyData, empty
 from sweeper.store.studies import scored
 
 
-def _objective_points(data: StudyData) -> tuple[np.ndarray, np.ndarray]:
-    done = scored(data.trials)
-    return (np.array([t.number for t in done], dtype=np.int64),
-            np.array([t.value for t in done], dtype=np.float64))
-
-
 def history_figure(data: StudyData) -> go.Figure:
-    numbers, values = _objective_points(data)
+    done = scored(data.trials)
+    numbers = np.array([t.number for t in done], dtype=np.int64)
+    values = np.array([t.value for t in done], dtype=np.float64)
     best = (np.maximum if data.maximize else np.minimum).accumulate(values) if len(values) else values
     fig = go.Figure([
         go.Scatter(x=numbers, y=values, mode="markers", name=data.metric, marker={"size": 6, "opacity": 0.7}),
