@@ -40,11 +40,8 @@ def doctor() -> DoctorReport:
     ]
     for gpu in found.gpus:
         rows += _gpu_rows(gpu)
-    rows += [
-        ("optuna", _package_version("optuna")),
-        ("SQLite", sqlite3.sqlite_version),
-        ("optuna-dashboard", _package_version("optuna-dashboard")),
-    ]
+    rows += [("optuna", _package_version("optuna")), ("SQLite", sqlite3.sqlite_version),
+             ("optuna-dashboard", _package_version("optuna-dashboard"))]
     available = bool(torch.cuda.is_available())
     rows.append(("torch.cuda.is_available()", str(available)))
     verdict, code = _verdict(found, torch.version.cuda, available)
@@ -59,10 +56,8 @@ def _driver(found: NvmlProbe) -> str:
 
 def _gpu_rows(gpu: GPU) -> list[tuple[str, str]]:
     tag = f"GPU {gpu.index}"
-    procs = ", ".join(
-        f"pid {p['pid']} ({p['used_mb']} MB)" if p.get("used_mb") is not None else f"pid {p['pid']}"
-        for p in gpu.processes
-    )
+    procs = ", ".join(f"pid {p['pid']}" + (f" ({p['used_mb']} MB)" if p.get("used_mb") is not None else "")
+                      for p in gpu.processes)
     if gpu.bf16 is None:
         bf16 = "unknown"
     else:
@@ -87,11 +82,8 @@ def _verdict(found: NvmlProbe, torch_cuda: str | None, available: bool) -> tuple
     if torch_cuda is None:
         return f"{gpus} found but this torch is a CPU-only build: install a CUDA build of torch", 1
     if not available:
-        return (
-            f"{gpus} found but torch.cuda.is_available() is False: the driver "
-            f"({found.driver or 'unknown'}) may be too old for torch's CUDA {torch_cuda}",
-            1,
-        )
+        return (f"{gpus} found but torch.cuda.is_available() is False: the driver "
+                f"({found.driver or 'unknown'}) may be too old for torch's CUDA {torch_cuda}", 1)
     busy = [str(g.index) for g in found.gpus if g.processes]
     note = f" ({len(busy)} in use by other processes: GPU {', '.join(busy)})" if busy else ""
     return f"ok: {gpus} ready for GPU slots{note}", 0

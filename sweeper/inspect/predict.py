@@ -36,14 +36,13 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import SweeperConfig
 from sweeper.errors import ConfigError, StudyNotFound
 from sweeper.inspect.results import model_dates
-from sweeper.inspect.trial_model import SPLITS, Predictor, load_weights, read_refit
-from sweeper.inspect.trials import top_trials, trial_config
+from sweeper.inspect.trial_model import SPLITS, Predictor, read_refit
+from sweeper.inspect.trials import top_trials
 from sweeper.store.layout import trial_files
 from sweeper.store.studies import best_trial
 from sweeper.validation import contract as K
 
-__all__ = ["SPLITS", "Prediction", "Predictor", "load_weights", "parse_trial", "pick_trial",
-           "predict_trial", "top_trials", "trial_config"]
+__all__ = ["Prediction", "parse_trial", "pick_trial", "predict_trial", "top_trials"]
 
 _TOP = re.compile(r"top(\d+)$")
 

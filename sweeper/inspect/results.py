@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -314,12 +315,8 @@ def running(study: optuna.Study, trials: list[FrozenTrial], grace: float) -> lis
 
 
 def _fail_reasons(trials: list[FrozenTrial]) -> dict[str, int]:
-    failed: dict[str, int] = {}
-    for t in trials:
-        if t.state == TrialState.FAIL:
-            reason = t.user_attrs.get("fail_reason", "unknown")
-            failed[reason] = failed.get(reason, 0) + 1
-    return failed
+    return dict(Counter(t.user_attrs.get("fail_reason", "unknown")
+                        for t in trials if t.state == TrialState.FAIL))
 
 
 def latest_telemetry(path: Path) -> list[dict[str, Any]]:
