@@ -27,7 +27,10 @@ def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
     root = folder_of(study_file)
     moves = _old_places(cfg.study, root)
     if moves:
-        _notice(cfg.study.name, study_file, moves)
+        where, how = ", ".join(old for old, _ in moves), " and ".join(f"{a} to {b}" for a, b in moves)
+        print(f"sweeper: study {cfg.study.name!r} is used where an older sweeper put it, relative to the "
+              f"current folder ({where}); to keep it beside {study_file}, as a new study is, move {how} "
+              "while no sweep runs", file=sys.stderr, flush=True)
         root = ""
     data = cfg.data.model_copy(update={
         "path": cfg.data.path and os.path.abspath(_data_path(cfg.data.path, root, study_file)),
@@ -91,9 +94,3 @@ def _old_places(study: StudyConfig, root: str) -> list[tuple[str, str]]:
         places.append(db)
     return [(p, os.path.join(root, p)) for p in places]
 
-
-def _notice(name: str, study_file: str | Path, moves: list[tuple[str, str]]) -> None:
-    print(f"sweeper: study {name!r} is used where an older sweeper put it, relative to the current folder "
-          f"({', '.join(old for old, _ in moves)}); to keep it beside {study_file}, as a new study is, move "
-          + " and ".join(f"{old} to {new}" for old, new in moves) + " while no sweep runs",
-          file=sys.stderr, flush=True)

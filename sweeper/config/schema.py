@@ -102,10 +102,6 @@ class StudyConfig(_Strict):
         return out
 
     @property
-    def root(self) -> str:
-        return self._root
-
-    @property
     def resolved_storage(self) -> str:
         return self.storage or f"sqlite:///{os.path.join(self._root, 'runs', self.name)}/study.db"
 
