@@ -314,4 +314,4 @@ def test_validate_accepts_yyyymmdd_integer_dates(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sweeper.cli", "validate", "s.yaml"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "s.yaml: ok" in out.stdout and "data: ashare.parquet" in out.stdout
+    assert "s.yaml: ok" in out.stdout and f"data: {tmp_path / 'ashare.parquet'} (" in out.stdout  # as stored
