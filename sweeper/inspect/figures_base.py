@@ -12,6 +12,8 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 
+from sweeper.validation import contract as K
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -49,6 +51,11 @@ class StudyData:
 
     def finished(self, *states: TrialState) -> list[FrozenTrial]:
         return [t for t in self.trials if t.state in states]
+
+    @property
+    def folded(self) -> bool:
+        """The study validates on walk-forward folds (:func:`sweeper.validation.contract.folded`)."""
+        return K.folded(self.study.user_attrs)
 
 
 def finite(value: object) -> bool:

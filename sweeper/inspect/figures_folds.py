@@ -19,11 +19,6 @@ from sweeper.validation import contract as K
 TOP = 10  # trials drawn in figure 13: more lines than this are a tangle
 
 
-def folded(data: StudyData) -> bool:
-    """The study validates on walk-forward folds (:func:`sweeper.validation.contract.folded`)."""
-    return K.folded(data.study.user_attrs)
-
-
 def fold_labels(spans: list[dict[str, list[str]]], n: int) -> list[str]:
     """The x labels of ``n`` folds: ``fold k`` and its valid block's first and last target date."""
     labels = []

@@ -10,7 +10,6 @@ from optuna.trial import TrialState
 from sweeper.inspect.figures_base import LAYOUT, SPLIT_COLORS, TWO_AXES, StudyData, empty, finite
 from sweeper.inspect.results import read_daily
 from sweeper.store.layout import trial_files
-from sweeper.validation import contract as K
 
 
 def overfit_figure(data: StudyData) -> go.Figure:
@@ -36,7 +35,7 @@ def overfit_figure(data: StudyData) -> go.Figure:
     title += f"; correlation {corr:.2f}" if corr is not None else ""
     fig = go.Figure(traces)
     # under walk-forward a trial's val_ic is the mean over its folds; its test_ic, the last fold's model
-    valid = "validation IC (mean over the folds)" if K.folded(data.study.user_attrs) else "validation IC"
+    valid = "validation IC (mean over the folds)" if data.folded else "validation IC"
     fig.update_layout(**LAYOUT, title=title, xaxis_title=valid, yaxis_title="test IC",
                       meta={"complete": len(val), "correlation": corr})
     return fig
@@ -47,7 +46,7 @@ def daily_figure(data: StudyData) -> go.Figure:
         return empty("no complete trial yet")
     files = trial_files(data.run_dir, data.best.number)
     traces, days = [], {}
-    folds = K.folded(data.study.user_attrs)  # the daily file holds every fold's valid block
+    folds = data.folded  # the daily file holds every fold's valid block
     for split, color in SPLIT_COLORS.items():
         daily = read_daily(files.daily_ic(split))
         if daily is None:

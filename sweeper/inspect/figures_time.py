@@ -24,31 +24,26 @@ MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", 
 ROW_HEIGHT = 28  # pixels per year row, so a long split stays readable
 
 
-def month_heatmap(daily: pd.DataFrame, name: str) -> tuple[go.Heatmap, pd.DataFrame]:
+def month_heatmap(daily: pd.DataFrame, name: str) -> tuple[go.Heatmap, dict[str, list[float | None]]]:
     """The heatmap trace of any daily IC frame (``date, ic, ...``: a trial's, the baseline's)
-    and the year x month table it draws."""
+    and the year x month table it draws (``{year: [12 means, None for a month without a day]}``)."""
     table = ic_by_month(daily)
-    z = [[None if math.isnan(v) else v for v in row] for row in table.to_numpy().tolist()]
-    text = [["" if v is None else f"{v:.3f}" for v in row] for row in z]
-    trace = go.Heatmap(z=z, x=list(MONTHS), y=[str(y) for y in table.index], text=text,
+    rows = {str(y): [None if math.isnan(v) else v for v in row]
+            for y, row in zip(table.index, table.to_numpy().tolist())}
+    text = [["" if v is None else f"{v:.3f}" for v in row] for row in rows.values()]
+    trace = go.Heatmap(z=list(rows.values()), x=list(MONTHS), y=list(rows), text=text,
                        texttemplate="%{text}", coloraxis="coloraxis", name=name,
                        hovertemplate=name + " %{y} %{x}: mean daily IC %{z:.4f}<extra></extra>")
-    return trace, table
-
-
-def _panels(data: StudyData) -> dict[str, dict[str, pd.DataFrame]]:
-    assert data.best is not None
-    panels = {"best": trial_daily_frames(data.run_dir, data.best.number)}
-    baseline = baseline_daily_frames(data.run_dir)
-    if baseline:
-        panels["baseline"] = baseline
-    return panels
+    return trace, rows
 
 
 def ic_time_figure(data: StudyData) -> go.Figure:
     if data.best is None:
         return empty("no complete trial yet")
-    panels = _panels(data)
+    panels = {"best": trial_daily_frames(data.run_dir, data.best.number)}
+    baseline = baseline_daily_frames(data.run_dir)
+    if baseline:
+        panels["baseline"] = baseline
     if not panels["best"]:
         return empty(f"trial {data.best.number} has no daily IC files in {data.run_dir / 'trials'}")
     who = {"best": f"trial {data.best.number}", "baseline": "LightGBM baseline"}
@@ -62,11 +57,9 @@ def ic_time_figure(data: StudyData) -> go.Figure:
         for col, split in enumerate(SPLITS, start=1):
             if split not in frames:
                 continue
-            trace, table = month_heatmap(frames[split], f"{who[kind]} {split}")
+            trace, months[kind][split] = month_heatmap(frames[split], f"{who[kind]} {split}")
             fig.add_trace(trace, row=row, col=col)
-            months[kind][split] = {str(y): [None if math.isnan(v) else v for v in table.loc[y].tolist()]
-                                   for y in table.index}
-            years = max(years, len(table))
+            years = max(years, len(months[kind][split]))
     meta: dict[str, Any] = {"trial": data.best.number, "months": months,
                             "ic_by_year": {split: {str(y): v for y, v in ic_by_year(frame).items()}
                                            for split, frame in panels["best"].items()}}

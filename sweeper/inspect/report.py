@@ -46,7 +46,7 @@ from sweeper.errors import SweeperError
 from sweeper.inspect.figures_base import StudyData, finite
 from sweeper.inspect.figures_baseline import baseline_figure
 from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, utilisation
-from sweeper.inspect.figures_folds import fold_selection_figure, folded, folds_figure
+from sweeper.inspect.figures_folds import fold_selection_figure, folds_figure
 from sweeper.inspect.figures_ic import daily_figure, overfit_figure, selection_figure
 from sweeper.inspect.figures_portfolio import buckets_figure, longshort_figure
 from sweeper.inspect.figures_search import curves_figure, history_figure, importance_figure, parallel_figure
@@ -114,12 +114,12 @@ def build_figures(data: StudyData) -> dict[str, go.Figure]:
         "parallel": parallel_figure(data), "curves": curves_figure(data),
         "timeline": timeline_figure(data), "overfit": overfit_figure(data),
         "daily": daily_figure(data),
-        "selection": fold_selection_figure(data) if folded(data) else selection_figure(data),
+        "selection": fold_selection_figure(data) if data.folded else selection_figure(data),
         "buckets": buckets_figure(data), "longshort": longshort_figure(data),
         "ic_time": ic_time_figure(data),
         "baseline": baseline_figure(data),
     }
-    if folded(data):  # a study of one fold: its page stays as it was
+    if data.folded:  # a study of one fold: its page stays as it was
         figures["folds"] = folds_figure(data)
     telemetry = telemetry_figure(layout.devices_csv(data.run_dir))
     if telemetry is not None:
@@ -166,12 +166,12 @@ def _header(data: StudyData, oracle: dict[str, float] | None) -> list[str]:
         line = f"best: trial {data.best.number}, {data.metric} {data.best.value:.4f}"
         for split, key in (("valid", "val_ic"), ("test", "test_ic")):
             if finite(ua.get(key)):
-                mean = " (mean over folds)" if key == "val_ic" and folded(data) else ""
+                mean = " (mean over folds)" if key == "val_ic" and data.folded else ""
                 line += f", {split} IC {ua[key]:.4f}{mean}"
                 if oracle and oracle.get(split):
                     line += f" ({ua[key] / oracle[split]:.0%} of the oracle {oracle[split]:.4f})"
         folds = [v for v in ua.get("fold_val_ic") or [] if finite(v)]
-        if folded(data) and folds:  # the valid IC above is their mean
+        if data.folded and folds:  # the valid IC above is their mean
             se = f" (se {ua['val_ic_se']:.4f})" if finite(ua.get("val_ic_se")) else ""
             line += f"; valid IC per fold {', '.join(f'{v:.4f}' for v in folds)}{se}"
         lines.append(line)
