@@ -2,13 +2,10 @@
 
 Both are computed from the frames ``sweeper predict`` writes: ``portfolio`` is
 :func:`sweeper.quant.portfolio.long_short` of ``predict --trial best --split valid|test``,
-and ``ensemble`` scores ``predict --trial top3``. Each trial's frames are the predictions its
-worker stored (``trials/<n>/predictions_<split>.parquet``: no data load, no model, no torch),
-or for a trial without them (a study swept before they were stored) the
-:class:`~sweeper.inspect.trial_model.Predictor`'s, from its weights and the study's data
-(:class:`~sweeper.inspect.frames.TrialFrames`). ``sweeper best`` and ``sweeper report`` compute
-them and ``sweeper status`` does not. When they cannot be computed (no weights, data gone),
-the reason is given instead.
+and ``ensemble`` scores ``predict --trial top3``. The frames are read by
+:class:`~sweeper.inspect.frames.TrialFrames` (stored predictions, else the model run again).
+``sweeper best`` and ``sweeper report`` compute them and ``sweeper status`` does not. When
+they cannot be computed (no weights, data gone), the reason is given instead.
 """
 from __future__ import annotations
 

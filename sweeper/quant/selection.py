@@ -4,14 +4,9 @@ With N trials and no real signal, the best validation score is still high by cha
 The statistics here treat each trial's daily validation IC series as its "returns"
 (see docs/domain, "Choosing the best of many trials inflates the result"). An h-day label
 makes neighbouring daily ICs overlap, so every standard error is Newey-West with lag h-1
-(:mod:`sweeper.quant.hac`), and trials are lined up by date, not by position:
-
-- :func:`expected_max`: E[max of N iid N(0,1)], Bailey & Lopez de Prado's approximation.
-- :func:`null_max_ic`: the mean IC the best of N signal-free trials reaches by chance.
-- :func:`deflated_sharpe`: the Deflated Sharpe Ratio of the best trial's daily ICs.
-- :func:`pbo`: the Probability of Backtest Overfitting by combinatorially symmetric
-  cross-validation (CSCV).
-- :func:`selection_summary`: all of the above for a finished study.
+(:mod:`sweeper.quant.hac`), and trials are lined up by date, not by position.
+:func:`selection_summary` gives all the figures for a finished study: :func:`null_max_ic`,
+:func:`deflated_sharpe` and :func:`pbo` (Probability of Backtest Overfitting, CSCV).
 
 Under walk-forward folds a trial's daily validation ICs are its folds' valid
 blocks end to end, each block scored by that fold's model. :func:`selection_summary` then
@@ -64,16 +59,17 @@ def null_max_ic(daily_ics: list[np.ndarray], lags: list[int] | None = None) -> f
     >= 2 finite days give an SE. NaN if none does.
     """
     lags = lags if lags is not None else [0] * len(daily_ics)
-    errors = [se for se in map(hac_standard_error, daily_ics, lags) if math.isfinite(se)]
-    if not errors:
-        return math.nan
-    return float(np.median(errors)) * expected_max(len(daily_ics))
+    return _null_ic(list(map(hac_standard_error, daily_ics, lags)))
 
 
-def deflated_sharpe(
-    daily_best: np.ndarray, sr_trials: list[float], n_trials: int, *, null_ic: float | None = None,
-    lag: int = 0,
-) -> dict[str, float]:
+def _null_ic(errors: list[float]) -> float:
+    """The median of the trials' finite standard errors times E[max_N], N = every trial (NaN: none)."""
+    finite = [se for se in errors if math.isfinite(se)]
+    return float(np.median(finite)) * expected_max(len(errors)) if finite else math.nan
+
+
+def deflated_sharpe(daily_best: np.ndarray, sr_trials: list[float], n_trials: int, *,
+                    null_ic: float | None = None, lag: int = 0) -> dict[str, float]:
     """Deflated Sharpe Ratio of the selected trial's daily ICs (Bailey & Lopez de Prado 2014).
 
     DSR = Phi((SR - SR0) sqrt(T'-1) / sqrt(1 - g3 SR + (g4-1)/4 SR^2)), SR0 = sd(sr_trials) E[max_N],
@@ -198,7 +194,7 @@ def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
     if fold_ics is None:
         null_ic = null_max_ic(list(series.values()), [lags[k] for k in series])
     else:
-        null_ic = _fold_null_ic([fold_ics.get(k, []) for k in series])
+        null_ic = _null_ic([fold_standard_error(fold_ics.get(k, [])) for k in series])
     blocks = fold_blocks(folds) if fold_ics is not None and folds is not None else None
     out = _daily_figures(series, best, null_ic, lags[best], blocks)
     if fold_ics is not None:
@@ -238,12 +234,6 @@ def fold_blocks(folds: np.ndarray, max_blocks: int = 16) -> list[np.ndarray] | N
     if not fits:
         return None
     return [part for r in rows for part in np.array_split(r, max(fits))]
-
-
-def _fold_null_ic(fold_ics: list[Sequence[float]]) -> float:
-    """The median of the trials' fold standard errors times E[max_N] (N = every trial)."""
-    errors = [se for se in map(fold_standard_error, fold_ics) if math.isfinite(se)]
-    return float(np.median(errors)) * expected_max(len(fold_ics)) if errors else math.nan
 
 
 def _fold_figures(best_folds: np.ndarray, null_ic: float,
