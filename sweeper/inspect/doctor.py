@@ -31,13 +31,9 @@ def doctor() -> DoctorReport:
     import torch
 
     found = probe()
-    rows = [
-        ("python", f"{platform.python_version()} ({sys.executable})"),
-        ("sweeper", __version__),
-        ("torch", torch.__version__),
-        ("torch CUDA build", torch.version.cuda or "none (CPU-only build)"),
-        ("NVIDIA driver", _driver(found)),
-    ]
+    rows = [("python", f"{platform.python_version()} ({sys.executable})"), ("sweeper", __version__),
+            ("torch", torch.__version__), ("torch CUDA build", torch.version.cuda or "none (CPU-only build)"),
+            ("NVIDIA driver", _driver(found))]
     for gpu in found.gpus:
         rows += _gpu_rows(gpu)
     rows += [("optuna", _package_version("optuna")), ("SQLite", sqlite3.sqlite_version),
@@ -63,13 +59,10 @@ def _gpu_rows(gpu: GPU) -> list[tuple[str, str]]:
     else:
         cc = f" (compute capability {gpu.capability[0]}.{gpu.capability[1]})" if gpu.capability else ""
         bf16 = ("yes" if gpu.bf16 else "no, fp16 autocast only") + cc
-    return [
-        (tag, f"{gpu.name} {gpu.uuid}"),
-        (f"{tag} memory", f"{gpu.free_mb} MB free of {gpu.total_mb} MB ({gpu.used_mb} MB used)"),
-        (f"{tag} utilisation", "n/a" if gpu.util is None else f"{gpu.util}%"),
-        (f"{tag} processes", procs or "none"),
-        (f"{tag} bf16", bf16),
-    ]
+    return [(tag, f"{gpu.name} {gpu.uuid}"),
+            (f"{tag} memory", f"{gpu.free_mb} MB free of {gpu.total_mb} MB ({gpu.used_mb} MB used)"),
+            (f"{tag} utilisation", "n/a" if gpu.util is None else f"{gpu.util}%"),
+            (f"{tag} processes", procs or "none"), (f"{tag} bf16", bf16)]
 
 
 def _verdict(found: NvmlProbe, torch_cuda: str | None, available: bool) -> tuple[str, int]:

@@ -20,11 +20,10 @@ def history_figure(data: StudyData) -> go.Figure:
     numbers = np.array([t.number for t in done], dtype=np.int64)
     values = np.array([t.value for t in done], dtype=np.float64)
     best = (np.maximum if data.maximize else np.minimum).accumulate(values) if len(values) else values
-    fig = go.Figure([
-        go.Scatter(x=numbers, y=values, mode="markers", name=data.metric, marker={"size": 6, "opacity": 0.7}),
-        go.Scatter(x=numbers, y=best, mode="lines", name="best so far",
-                   line={"shape": "hv", "color": "#d62728"}),
-    ])
+    fig = go.Figure([go.Scatter(x=numbers, y=values, mode="markers", name=data.metric,
+                                marker={"size": 6, "opacity": 0.7}),
+                     go.Scatter(x=numbers, y=best, mode="lines", name="best so far",
+                                line={"shape": "hv", "color": "#d62728"})])
     fig.update_layout(**LAYOUT, title=f"{data.metric} of {len(values)} complete trials",
                       xaxis_title="trial", yaxis_title=data.metric, meta={"complete": len(values)})
     return fig

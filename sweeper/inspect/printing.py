@@ -148,14 +148,10 @@ def portfolio_and_ensemble_lines(best: dict[str, Any]) -> list[str]:
 
 def stack_line(best: dict[str, Any]) -> str:
     """How the trial's runs stacked: the size, where it came from, the rates it was measured at."""
-    rates = best.get("stack_rates") or {}
-    shown = ", ".join(f"{k}: {fmt_rate(v)}" for k, v in rates.items())
+    rates = best.get("stack_rates") or {}  # None: that size did not fit
+    shown = ", ".join(f"{k}: {'no room' if v is None else f'{v:.0f}'}" for k, v in rates.items())
     measured = f"; member-samples/s by stack size {shown}" if shown else ""
     return f"runs stacked by {best['stack_size']} ({best['stack_size_from']}{measured})"
-
-
-def fmt_rate(value: float | None) -> str:
-    return "no room" if value is None else f"{value:.0f}"
 
 
 def validation_line(validation: dict[str, Any], metric: str, walk: bool) -> str:
@@ -254,12 +250,10 @@ def selection_lines(sel: dict[str, Any] | None) -> list[str]:
     """The selection-bias figures in words (``sweeper best``, ``status`` and the report)."""
     if not sel:
         return ["selection bias: - (the best trial has no daily IC file)"]
-    lines = [
-        f"selection bias over {sel['n_trials']} trials: no-signal best val IC "
-        f"{fmt(sel.get('expected_max_null_ic'))}",
-        f"  deflated val IC {fmt(sel.get('deflated_ic'))}  P(fluke) {fmt(sel.get('p_fluke'), '.1%')}  "
-        f"PBO {fmt(sel.get('pbo'), '.2f')}",
-    ]
+    lines = [f"selection bias over {sel['n_trials']} trials: no-signal best val IC "
+             f"{fmt(sel.get('expected_max_null_ic'))}",
+             f"  deflated val IC {fmt(sel.get('deflated_ic'))}  P(fluke) {fmt(sel.get('p_fluke'), '.1%')}  "
+             f"PBO {fmt(sel.get('pbo'), '.2f')}"]
     if sel.get("se_from") == "folds":
         blocks = "the folds" if sel.get("pbo_blocks") == "folds" else "the dates"
         lines.append(f"  standard errors from the fold ICs (best: se {fmt(sel.get('best_val_ic_se'))} over "
