@@ -207,17 +207,13 @@ def train_cmd(study: Path, sets: tuple[str, ...], as_json: bool) -> None:
 @json_option
 def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """Counts by state, the best trial, and the running trials."""
+    from sweeper.inspect.printing import print_status
     from sweeper.inspect.results import status_report
     from sweeper.store.studies import load_existing
 
     cfg = _load(study)
     report = status_report(load_existing(cfg, storage), cfg, study_file=str(study))
-    if as_json:
-        _echo_json(report)
-        return
-    from sweeper.inspect.printing import print_status
-
-    print_status(report)
+    (_echo_json if as_json else print_status)(report)
 
 
 @main.command("best")
@@ -226,6 +222,7 @@ def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 @json_option
 def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """The best trial's params, valid and test metrics, long-short view, top-3 ensemble and weight file."""
+    from sweeper.inspect.printing import print_best
     from sweeper.inspect.results import best_report
     from sweeper.store.studies import load_existing
 
@@ -234,12 +231,7 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     if report is None:
         feasible = " feasible" if cfg.study.constraints else ""  # study.constraints: the rest are not ranked
         raise UserError(f"study {cfg.study.name!r} has no completed{feasible} trial yet")
-    if as_json:
-        _echo_json(report)
-        return
-    from sweeper.inspect.printing import print_best
-
-    print_best(report)
+    (_echo_json if as_json else print_best)(report)
 
 
 @main.command("baseline")
