@@ -130,9 +130,8 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     out.update({k: plain(ua[k]) for k in STACK_KEYS if k in ua})  # how its runs stacked, and why
     out.update(constraints_report(study, cfg, best))
     if oracle:
-        out["oracle_val_ic"] = oracle.get("valid")
-        out["oracle_test_ic"] = oracle.get("test")
-        out.update(oracle_fractions(ua, oracle))
+        out.update(oracle_val_ic=oracle.get("valid"), oracle_test_ic=oracle.get("test"),
+                   **oracle_fractions(ua, oracle))
     trials = study.get_trials(deepcopy=False)
     folder = files_folder(cfg, study)  # this study's files, wherever another study put them
     out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg))
@@ -155,15 +154,11 @@ def _trial_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial,
     """The best trial's number, value, params, metrics and weights (or how to retrain them)."""
     files = layout.trial_files(files_folder(cfg, study), best.number)
     weights = files.weights
-    out = {
-        "trial": best.number,
-        "value": best.value,
-        "metric": cfg.study.metric,
-        "objective": objective_label(cfg.study.metric, cfg.validation),  # what "value" is
-        "params": best.params,
-        "metrics": {k: plain(best.user_attrs.get(k)) for k in BEST_METRICS if k in best.user_attrs},
-        "weights": str(weights) if weights.exists() else None,
-    }
+    out = {"trial": best.number, "value": best.value, "metric": cfg.study.metric,
+           "objective": objective_label(cfg.study.metric, cfg.validation),  # what "value" is
+           "params": best.params,
+           "metrics": {k: plain(best.user_attrs.get(k)) for k in BEST_METRICS if k in best.user_attrs},
+           "weights": str(weights) if weights.exists() else None}
     if retention.weights_removed(best, files):
         out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
     return out
@@ -205,9 +200,8 @@ def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) ->
     grid = RunGrid.of(cfg)
     metric = cfg.study.metric
     extra = (K.fold_key(metric), K.se_key(metric), K.worst_key(metric)) if metric != "val_ic" else ()
-    keys = FOLD_KEYS + extra
-    out: dict[str, Any] = {"validation": cfg.validation.model_dump()}
-    out.update({k: plain(ua[k]) for k in keys if k in ua})
+    out: dict[str, Any] = {"validation": cfg.validation.model_dump(),
+                           **{k: plain(ua[k]) for k in FOLD_KEYS + extra if k in ua}}
     if K.folded(study.user_attrs):
         out[K.FOLD_DATES] = K.layout(ua) or K.layout(study.user_attrs)
     fold, seed = grid.model_run
@@ -257,18 +251,14 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
     counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
     folder = layout.run_dir(cfg)
     report: dict[str, Any] = {
-        "study": cfg.study.name,
-        "n_trials": cfg.study.n_trials,
-        "finished": counts["COMPLETE"] + counts["PRUNED"],
-        "counts": counts,
-        "fail_reasons": _fail_reasons(trials),
-        "best": best_report(study, cfg, study_file=study_file),
+        "study": cfg.study.name, "n_trials": cfg.study.n_trials,
+        "finished": counts["COMPLETE"] + counts["PRUNED"], "counts": counts,
+        "fail_reasons": _fail_reasons(trials), "best": best_report(study, cfg, study_file=study_file),
         "running": running(study, trials, cfg.study.grace_period),
         "baseline_state": study.user_attrs.get("baseline_state"),
         "baseline_done": "baseline" in study.user_attrs,
         "devices": latest_telemetry(layout.devices_csv(folder)),
-        "run_folder": {"path": str(folder), "bytes": retention.folder_size(folder)},
-    }
+        "run_folder": {"path": str(folder), "bytes": retention.folder_size(folder)}}
     stale = [row["trial"] for row in report["running"] if row["stale"]]
     if stale:  # their driver or host died: the next sweep fails them as interrupted and retries them
         report.update(stale=stale, grace_period=cfg.study.grace_period,
