@@ -16,21 +16,15 @@ IDLE_GAP = timedelta(minutes=5)  # no trial running for longer than this: the sw
 Spans = dict[str, list[tuple[datetime, datetime, FrozenTrial]]]  # slot -> (start, end, trial)
 
 
-def _slot(t: FrozenTrial, hosts: int) -> str | None:
-    device = t.user_attrs.get("device")
-    if device is None:
-        return None
-    return f"{t.user_attrs.get('host')}/{device}" if hosts > 1 else str(device)
-
-
 def _spans(data: StudyData) -> Spans:
     """Slot -> (start, end, trial), for every trial that started on a known slot."""
     hosts = len({t.user_attrs.get("host") for t in data.trials if "device" in t.user_attrs})
     spans: Spans = {}
     for t in data.trials:
-        slot = _slot(t, hosts)
-        if slot is None or t.datetime_start is None:
+        device = t.user_attrs.get("device")
+        if device is None or t.datetime_start is None:
             continue
+        slot = f"{t.user_attrs.get('host')}/{device}" if hosts > 1 else str(device)
         end = t.datetime_complete or (data.now if t.state == TrialState.RUNNING else None)
         if end is not None:
             spans.setdefault(slot, []).append((t.datetime_start, max(end, t.datetime_start), t))
