@@ -5,7 +5,6 @@ Every problem becomes one :class:`ConfigError` naming the file and the dotted ke
 from __future__ import annotations
 
 import copy
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from pydantic_core import ErrorDetails
 
 from sweeper.config.anchor import anchored
 from sweeper.config.dotted import set_dotted
-from sweeper.config.schema import SweeperConfig
+from sweeper.config.schema import SweeperConfig, unknown_key
 from sweeper.errors import ConfigError
 
 
@@ -42,12 +41,9 @@ def _format_error(err: ErrorDetails) -> str:
     loc = tuple(err["loc"])
     key = _dotted(loc)
     if err["type"] == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        fields = getattr(parent, "model_fields", {})
-        close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.5)
         prefix = _dotted(loc[:-1])
-        hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else ""
-        return f"unknown key '{key}'{hint}"
+        fields = getattr(_model_at(loc[:-1]), "model_fields", {})
+        return unknown_key(key, str(loc[-1]), fields, prefix + "." if prefix else "")
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {got!r})"

@@ -26,6 +26,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
 
+def _one_or_auto(v: int | str) -> int | str:  # the validator of every count that can be 'auto'
+    if isinstance(v, int) and v < 1:
+        raise ValueError("must be >= 1 or 'auto'")
+    return v
+
+
 class SamplerConfig(_Strict):
     name: Literal["tpe", "random", "cmaes", "gp", "qmc"] = "tpe"
     seed: int | None = None
@@ -211,7 +217,7 @@ class ModelConfig(BaseModel):
             raise ValueError(unknown_model(self.name))
         extra = sorted(self.model_extra or {})
         if extra:
-            raise ValueError(_unknown_key_message(f"model.{extra[0]}", extra[0], type(self).model_fields,
+            raise ValueError(unknown_key(f"model.{extra[0]}", extra[0], type(self).model_fields,
                                                   "model."))
         if self.name == "transformer" and self.d_model % self.nhead:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead})")
@@ -256,12 +262,7 @@ class TrainConfig(_Strict):
     # auto: the size measured on the device for the study's first trial, kept with the study
     max_stack: int | Literal["auto"] = "auto"
 
-    @field_validator("batch_size", "max_stack")
-    @classmethod
-    def _positive(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be >= 1 or 'auto'")
-        return v
+    _positive = field_validator("batch_size", "max_stack")(_one_or_auto)
 
     @property
     def resolved_batch_order(self) -> str:
@@ -283,12 +284,7 @@ class DevicesConfig(_Strict):
     busy_memory_mb: int = Field(1024, ge=0)
     cpu_workers: Literal["auto"] | int = "auto"
 
-    @field_validator("cpu_workers", "trials_per_gpu")
-    @classmethod
-    def _workers(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be >= 1 or 'auto'")
-        return v
+    _workers = field_validator("cpu_workers", "trials_per_gpu")(_one_or_auto)
 
 
 class ParamSpec(_Strict):
@@ -408,7 +404,7 @@ def _check_space_key(cfg: SweeperConfig, key: str, where: str) -> None:
     fields = type(getattr(cfg, section)).model_fields
     head = field.split(".")[0]
     if head not in fields:
-        raise ValueError(f"{where}: " + _unknown_key_message(key, head, fields, prefix=f"{section}."))
+        raise ValueError(f"{where}: " + unknown_key(key, head, fields, prefix=f"{section}."))
 
 
 def unknown_model(name: str) -> str:
@@ -419,7 +415,8 @@ def unknown_model(name: str) -> str:
             f"'package.module:Class'{hint}")
 
 
-def _unknown_key_message(dotted: str, key: str, fields: Iterable[str], prefix: str = "") -> str:
+def unknown_key(dotted: str, key: str, fields: Iterable[str], prefix: str = "") -> str:
+    """What an unknown key ``dotted`` (whose last part, ``key``, is not one of ``fields``) is told."""
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
     hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
     return f"unknown key '{dotted}'{hint}"
