@@ -1,8 +1,6 @@
-"""What the driver shows while it runs: a rich live view on a terminal, plain
-log lines otherwise, nothing in library use. Each implements
-:class:`sweeper.dispatch.view.View`: the driver calls the same methods on each
-(null-object style), so it has no branches for output, and each view is fed by
-those calls alone: it never polls the study.
+"""What the driver shows while it runs: a rich live view on a terminal, plain log lines
+otherwise, nothing in library use. Each is a :class:`sweeper.dispatch.view.View` (null-object
+style: the driver has no branches for output, and a view never polls the study).
 """
 from __future__ import annotations
 
@@ -17,6 +15,7 @@ from sweeper.config import SweeperConfig, objective_label
 from sweeper.devices import Slot
 from sweeper.dispatch.plan import Plan
 from sweeper.dispatch.stopping import SweepResult
+from sweeper.dispatch.view import View
 from sweeper.inspect.printing import fmt
 from sweeper.quant.oracle import oracle_fractions
 
@@ -62,18 +61,8 @@ def start_lines(cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> list[str
     ]
 
 
-class NullView:
-    """Shows nothing: library use and tests."""
-
-    def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None: ...
-    def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None: ...
-    def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
-    def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
-                    reason: str | None) -> None: ...
-    def progress(self, finished: int, best: FrozenTrial | None) -> None: ...
-    def warn(self, slot: Slot, text: str) -> None: ...
-    def tick(self) -> None: ...
-    def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None: ...
+class NullView(View):
+    """Shows nothing (every call is the protocol's empty body): library use and tests."""
 
 
 class PlainView(NullView):

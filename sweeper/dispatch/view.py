@@ -1,6 +1,7 @@
 """Parent: what the driver shows while it runs goes through a :class:`View`. The views
 themselves (a rich live panel, plain log lines, nothing) live in :mod:`sweeper.dispatch.live`;
-each is fed by these calls alone and never polls the study."""
+each is fed by these calls alone and never polls the study. Every call does nothing here, so a
+view overrides only what it shows (``NullView`` is this protocol as it is)."""
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -15,12 +16,12 @@ from sweeper.dispatch.stopping import SweepResult
 
 
 class View(Protocol):
-    def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None: ...
-    def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None: ...
-    def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None: ...
+    def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None: return
+    def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None: return
+    def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None: return
     def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
-                    reason: str | None) -> None: ...
-    def progress(self, finished: int, best: FrozenTrial | None) -> None: ...  # as the last claim read it
-    def warn(self, slot: Slot, text: str) -> None: ...  # a worker's problem that did not end its trial
-    def tick(self) -> None: ...  # once per loop turn: redraw, if it is time
-    def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None: ...
+                    reason: str | None) -> None: return
+    def progress(self, finished: int, best: FrozenTrial | None) -> None: return  # as the last claim read it
+    def warn(self, slot: Slot, text: str) -> None: return  # a worker's problem that did not end its trial
+    def tick(self) -> None: return  # once per loop turn: redraw, if it is time
+    def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None: return
