@@ -15,9 +15,8 @@ WARN_REPEAT_S = 60.0  # an identical warning from one slot is shown at most this
 
 
 class Warnings:
-    """Worker warnings through the view; the same line from the same slot at most once per
-    ``WARN_REPEAT_S`` (a store outage would otherwise repeat it every heartbeat), with a count
-    of the repeats it held back."""
+    """The same line from the same slot at most once per ``WARN_REPEAT_S``, with a count of the
+    repeats it held back."""
 
     def __init__(self, view: View) -> None:
         self.view = view

@@ -65,7 +65,6 @@ def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None =
 
 
 def _state_dict(path: Path) -> dict[str, Any]:
-    """A weights file's state dict, its tensors on the CPU."""
     import torch  # here, not at the top: a report of a study without weights never needs torch
 
     return torch.load(path, map_location="cpu", weights_only=True)

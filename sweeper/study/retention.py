@@ -57,7 +57,6 @@ class Freed:
         verb = "would free" if self.dry_run else "freed"
         return f"{verb} {human_bytes(self.bytes)} in {len(self.files)} files"
 
-
     def lines(self, limit: int = 40) -> list[str]:
         """What ``sweeper gc`` prints: in a dry run each file with its size (past ``limit``
         files, a count of the rest), then the total."""

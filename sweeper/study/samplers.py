@@ -6,6 +6,7 @@ needs the same pruner to answer ``trial.should_prune()``.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import optuna
 
@@ -21,17 +22,11 @@ def build_sampler(cfg: SamplerConfig, seed: int | None = None) -> optuna.sampler
     samplers read them from the stored trials. Their ``constraints_func`` (deprecated in 5.0)
     would not run anyway: Optuna calls it in the process that tells, the worker, whose study has
     the default sampler, not this one."""
-    opts = dict(cfg.options)
-    seed = cfg.seed if seed is None else seed
-    if cfg.name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, **opts)  # constant_liar=True is Optuna 5's default
-    if cfg.name == "random":
-        return optuna.samplers.RandomSampler(seed=seed, **opts)
-    if cfg.name == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=seed, **opts)
-    if cfg.name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, **opts)
-    return optuna.samplers.QMCSampler(seed=seed, **opts)
+    kinds: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
+        "tpe": optuna.samplers.TPESampler,  # constant_liar=True is Optuna 5's default
+        "random": optuna.samplers.RandomSampler, "cmaes": optuna.samplers.CmaEsSampler,
+        "gp": optuna.samplers.GPSampler, "qmc": optuna.samplers.QMCSampler}
+    return kinds[cfg.name](seed=cfg.seed if seed is None else seed, **cfg.options)
 
 
 def driver_seed(seed: int | None, n_trials: int, driver_id: str) -> int | None:
