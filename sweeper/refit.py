@@ -226,12 +226,11 @@ def refit_window(dates: np.ndarray, data: C.DataConfig, until: np.datetime64 | N
         earliest = first + MIN_TARGET_DATES - 1 + gap
         hint = f"; the earliest --until is {_iso(dates[earliest])}" if earliest < len(dates) else ""
         asked = "the data's last date" if until is None else _iso(until)
-        raise ConfigError(
-            f"--until {asked}: {max(stop - first, 0)} target dates from "
-            f"{_iso(dates[min(first, len(dates) - 1)])} with a label known by then, too few: a refit "
-            f"needs at least {MIN_TARGET_DATES} after the lookback's warm-up of {lookback - 1} dates "
-            f"(data.split.lookback) and before the purge of {gap} (data.split.horizon + "
-            f"data.split.embargo){hint}")
+        raise ConfigError(f"--until {asked}: {max(stop - first, 0)} target dates from "
+                          f"{_iso(dates[min(first, len(dates) - 1)])} with a label known by then, too few: "
+                          f"a refit needs at least {MIN_TARGET_DATES} after the lookback's warm-up of "
+                          f"{lookback - 1} dates (data.split.lookback) and before the purge of {gap} "
+                          f"(data.split.horizon + data.split.embargo){hint}")
     return Window(first, stop, last)
 
 

@@ -62,13 +62,11 @@ def entry_key(fingerprint: str, cfg: DataConfig) -> str:
     """sha256 of the data fingerprint and the config keys that shape the arrays."""
     from sweeper.data.split import split_widths
 
-    shape = {
-        "version": CACHE_VERSION, "data": fingerprint, "feature_norm": cfg.feature_norm,
-        "label_norm": cfg.label_norm, "split": cfg.split.model_dump(mode="json"),
-        "widths": list(split_widths(cfg)),
-        # only robust_zscore's fit depends on the lookback (the dates train windows can see)
-        "fit_lookback": cfg.lookback if cfg.feature_norm == "robust_zscore" else None,
-    }
+    shape = {"version": CACHE_VERSION, "data": fingerprint, "feature_norm": cfg.feature_norm,
+             "label_norm": cfg.label_norm, "split": cfg.split.model_dump(mode="json"),
+             "widths": list(split_widths(cfg)),
+             # only robust_zscore's fit depends on the lookback (the dates train windows can see)
+             "fit_lookback": cfg.lookback if cfg.feature_norm == "robust_zscore" else None}
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -132,12 +132,10 @@ def _synthetic_recipe(cfg: DataConfig) -> Recipe:
 
     def columns() -> tuple[Columns, Blocks, OracleFn]:
         frame = synth.generate(params.assets, params.dates, params.features, params.seed)
-        keys = Columns(
-            source=source, date_col="date", asset_col="asset", label_col="label",
-            dates=frame["date"].to_numpy("datetime64[ns]"), assets=frame["asset"].to_numpy(object),
-            features=np.empty((len(frame), 0), dtype=np.float32), label=frame["label"].to_numpy(np.float32),
-            feature_names=chosen,
-        )
+        keys = Columns(source=source, date_col="date", asset_col="asset", label_col="label",
+                       dates=frame["date"].to_numpy("datetime64[ns]"), assets=frame["asset"].to_numpy(object),
+                       features=np.empty((len(frame), 0), dtype=np.float32),
+                       label=frame["label"].to_numpy(np.float32), feature_names=chosen)
         blocks = ((k, frame[chosen[k:k + 8]].to_numpy(np.float32)) for k in range(0, len(chosen), 8))
         return keys, blocks, lambda dates, splits: synth.oracle_ic(frame, dates, splits)
 

@@ -51,14 +51,10 @@ def start_lines(cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> list[str
 
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
     study_file = plan.study_file
-    return [
-        f"study {cfg.study.name!r}: {done}/{cfg.study.n_trials} finished, optimising {cfg.study.metric} "
-        f"({cfg.study.resolved_direction})",
-        f"storage: {redact(plan.storage_url)}",
-        f"data: {plan.panel.source}",
-        "slots: " + ", ".join(s.label for s in plan.slots),
-        f"dashboard: sweeper dashboard {study_file}",
-    ]
+    return [f"study {cfg.study.name!r}: {done}/{cfg.study.n_trials} finished, optimising {cfg.study.metric} "
+            f"({cfg.study.resolved_direction})", f"storage: {redact(plan.storage_url)}",
+            f"data: {plan.panel.source}", "slots: " + ", ".join(s.label for s in plan.slots),
+            f"dashboard: sweeper dashboard {study_file}"]
 
 
 class NullView(View):

@@ -32,9 +32,8 @@ def native(m: ModelConfig, k: int, n_features: int, lookback: int, rates: Sequen
                               gradient_checkpointing=m.gradient_checkpointing)
 
 
-BUILTIN_CLASSES: dict[str, type[nn.Module]] = {
-    "transformer": StackedTransformer, "lstm": StackedRecurrent, "gru": StackedRecurrent, "mlp": StackedMLP,
-}
+BUILTIN_CLASSES: dict[str, type[nn.Module]] = {"transformer": StackedTransformer, "lstm": StackedRecurrent,
+                                               "gru": StackedRecurrent, "mlp": StackedMLP}
 
 
 def resolve_model_class(name: str) -> type:

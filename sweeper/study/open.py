@@ -30,20 +30,11 @@ def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str
     the study's identity, stored once when it is created: a study of the same name in another
     storage, or one re-created after its database was deleted, has another (a checkpoint and a
     run folder say which study they belong to by it)."""
-    return {
-        "study_uuid": uuid.uuid4().hex,
-        "config": C.to_dict(cfg),
-        "config_hash": C.config_hash(cfg),
-        "sweeper_version": __version__,
-        "environment": environment,
-        "data_fingerprint": panel.fingerprint,
-        "split_dates": panel.split_dates,
-        K.FOLD_DATES: panel.folds,
-        "split_widths": {k: getattr(cfg.data.split, k) for k in ("lookback", "horizon", "embargo")},
-        "features": panel.features,
-        "oracle_ic": panel.oracle_ic,
-        "data_source": panel.source,
-    }
+    return {"study_uuid": uuid.uuid4().hex, "config": C.to_dict(cfg), "config_hash": C.config_hash(cfg),
+            "sweeper_version": __version__, "environment": environment, "data_fingerprint": panel.fingerprint,
+            "split_dates": panel.split_dates, K.FOLD_DATES: panel.folds,
+            "split_widths": {k: getattr(cfg.data.split, k) for k in ("lookback", "horizon", "embargo")},
+            "features": panel.features, "oracle_ic": panel.oracle_ic, "data_source": panel.source}
 
 
 def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str, Any],
@@ -107,7 +98,6 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
                       f" the data file {attrs['config']['data'].get('path')} is not the data this study "
                       "was run on")
     if differ and not force:
-        raise ConfigDrift(
-            f"study {study.study_name!r} was created with a different config; these keys differ: "
-            + "; ".join(differ) + ". Revert them, use a new study.name, or pass --force to resume anyway."
-        )
+        raise ConfigDrift(f"study {study.study_name!r} was created with a different config; these keys "
+                          f"differ: {'; '.join(differ)}. Revert them, use a new study.name, or pass --force "
+                          "to resume anyway.")
