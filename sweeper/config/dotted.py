@@ -16,14 +16,12 @@ from sweeper.config.schema import SweeperConfig
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node = raw
-    parts = key.split(".")
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
+    *parents, last = key.split(".")
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
 
 
 def to_dict(cfg: SweeperConfig) -> dict[str, Any]:

@@ -6,6 +6,7 @@ continues the run that wrote it (:data:`CHECKPOINT_SECTIONS`).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from pydantic import ValidationError
@@ -41,12 +42,6 @@ def drift(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     The stored config is read through today's schema first, so that a key added by a
     newer sweeper (absent from a study created before it) counts only if the study
     file sets it to something other than its default."""
-    stored = _with_defaults(stored)
+    with contextlib.suppress(ValidationError):  # a key this version no longer knows: compare as stored
+        stored = to_dict(SweeperConfig.model_validate(stored))
     return [f"{k} ({a!r} -> {b!r})" for k, a, b in differing_keys(stored, current, STUDY_SECTIONS)]
-
-
-def _with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return to_dict(SweeperConfig.model_validate(stored))
-    except ValidationError:  # a key this version no longer knows: compare as stored
-        return stored

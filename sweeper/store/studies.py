@@ -35,8 +35,7 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
 
 def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
     """The best COMPLETE trial with a finite value among ``trials``, or None."""
-    order = ranked(trials, maximize)
-    return order[0] if order else None
+    return next(iter(ranked(trials, maximize)), None)
 
 
 def ranked(trials: list[FrozenTrial], maximize: bool) -> list[FrozenTrial]:

@@ -29,9 +29,8 @@ def ordered(space: dict[str, ParamSpec]) -> list[str]:
         ready = [k for k, s in pending.items() if all(c not in pending for c in (s.when or {}))]
         if not ready:  # a cycle: fall back to file order, conditions read defaults
             ready = list(pending)
-        for key in ready:
-            done.append(key)
-            del pending[key]
+        done += ready
+        pending = {k: s for k, s in pending.items() if k not in ready}
     return done
 
 
@@ -40,9 +39,8 @@ def suggest(trial: optuna.Trial, cfg: SweeperConfig) -> dict[str, Any]:
     chosen: dict[str, Any] = {}
     for key in ordered(cfg.search_space):
         spec = cfg.search_space[key]
-        if not condition_met(spec, cfg, chosen):
-            continue
-        chosen[key] = _suggest_one(trial, key, spec)
+        if condition_met(spec, cfg, chosen):
+            chosen[key] = _suggest_one(trial, key, spec)
     return chosen
 
 
