@@ -1,8 +1,5 @@
-"""``load_panel``: a DataConfig -> a validated, normalised, split Panel.
-
-The split is computed with the study's pinned lookback, horizon and embargo
-(``data.split.*``, the widest any trial can sample), so every trial of a study has the
-same target dates; the leak guard (:mod:`sweeper.data.leak`) runs on the train split.
+"""``load_panel``: a DataConfig -> a validated, normalised, split Panel (split with the study's
+pinned widths, ``data.split.*``); the leak guard (:mod:`sweeper.data.leak`) runs on the train split.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""``sweeper run`` / ``resume`` / ``validate`` / ``db init``: every check before
-the study is touched, then the sweep itself with its cleanup in ``finally``.
-
-:func:`prepare` validates config names, data, devices and storage and writes nothing to
-the study or the run folder (with ``data.cache: true`` loading the data builds, or evicts,
-panel cache entries: that is the cache's job); :func:`run` makes the sweep's stop token,
-attaches to the study under the claim lock, starts the :class:`~sweeper.dispatch.driver.Driver`
-and always shuts its workers down.
+"""``sweeper run`` / ``resume`` / ``validate`` / ``db init``: every check before the study is
+touched (:func:`prepare`; with ``data.cache: true`` loading the data builds, or evicts, panel
+cache entries: that is the cache's job), then the sweep itself (:func:`run`, which always shuts
+the :class:`~sweeper.dispatch.driver.Driver`'s workers down).
 """
 from __future__ import annotations
 
@@ -68,8 +64,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     build_pruner(cfg.study.pruner)
     _check_models(cfg)
     summary = _summary(cfg, server)
-    # a model's errors are config errors; the shapes a trial may sample but cannot build are notes.
-    # With a server the built-in models are checked in its forked child too: no torch here
+    # a model's errors are config errors; the shapes a trial may sample but cannot build are notes
     notes = check_study_models(cfg, len(summary.features), cfg.data.lookback,
                                lambda request, timeout: launch.run("check", request, timeout, server=server),
                                builtins_in_child=server is not None)

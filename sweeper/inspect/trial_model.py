@@ -1,10 +1,6 @@
 """A trial's model, rebuilt and applied: its resolved config, its weights, the panel it
 scores and the normalisation statistics that panel needs.
 
-:class:`Predictor` keeps what several predictions share (the study's panel for each data
-config, each trial's frames), so ``sweeper best`` scores the best trial and the top-3
-ensemble on valid and test with one load of the data.
-
 The study's own data is loaded with the trial's data config, exactly as the trial was
 trained (same split, same normalisation), and predicted through
 :func:`sweeper.core.predict` with the trial's ``train.eval_batch_size``: the IC of the
@@ -121,7 +117,9 @@ def no_rows(panel: Panel, split: str, name: str, trial: int, lookback: int,
 
 
 class Predictor:
-    """Predictions of the study's trials, with the panels they share loaded once."""
+    """Predictions of the study's trials, with what they share (the study's panel for each data
+    config, each trial's frames) made once: ``sweeper best`` scores the best trial and the top-3
+    ensemble on valid and test with one load of the data."""
 
     def __init__(self, cfg: SweeperConfig, study: optuna.Study, device: str | None = None,
                  study_file: str | None = None) -> None:

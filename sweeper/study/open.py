@@ -24,12 +24,10 @@ NOTHING_QUEUED = Queue()
 
 def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str, Any]) -> dict[str, Any]:
     """The study's attributes. ``split_dates`` (``{split: [first, last]}`` target dates) are
-    fixed for the whole study: the split uses the widest lookback, horizon and embargo the
-    search space allows (``data.split.*``), so every trial is scored on these dates.
-    ``features`` are the columns the study's data selection resolved to. ``study_uuid`` is
-    the study's identity, stored once when it is created: a study of the same name in another
-    storage, or one re-created after its database was deleted, has another (a checkpoint and a
-    run folder say which study they belong to by it)."""
+    fixed for the whole study (``data.split.*``). ``features`` are the columns the study's data
+    selection resolved to. ``study_uuid`` is the study's identity, stored once when it is
+    created: a study of the same name in another storage, or one re-created after its database
+    was deleted, has another (a checkpoint and a run folder say which study they belong to by it)."""
     return {"study_uuid": uuid.uuid4().hex, "config": C.to_dict(cfg), "config_hash": C.config_hash(cfg),
             "sweeper_version": __version__, "environment": environment, "data_fingerprint": panel.fingerprint,
             "split_dates": panel.split_dates, K.FOLD_DATES: panel.folds,

@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PanelSummary:
-    """What the study records of the panel: it is fixed for the whole study (the split uses
-    the widest lookback, horizon and embargo the search space allows, ``data.split.*``)."""
+    """What the study records of the panel, fixed for the whole study (``data.split.*``)."""
 
     source: str
     fingerprint: str
