@@ -49,8 +49,8 @@ class Queue:
     notes: tuple[str, ...] = ()
 
     def apply(self, study: optuna.Study, new: bool) -> None:
-        """Enqueue (``first`` only when ``new``: the study was created by this open and holds no
-        trial yet); call under the claim lock, so that no driver samples a trial before them."""
+        """Enqueue (``first`` only when ``new``, a study this open created with no trial yet); call
+        under the claim lock, so that no driver samples a trial before them."""
         sets = (self.first if new else ()) + self.always
         for note in self.notes if new else ():
             print(note, file=sys.stderr, flush=True)
@@ -116,10 +116,8 @@ def config_set(cfg: C.SweeperConfig) -> tuple[StartSet | None, list[str]]:
     return (StartSet(params, "config") if params else None), notes
 
 
-def _source_study(cfg: C.SweeperConfig) -> optuna.Study:
-    warm = cfg.study.warm_start
-    assert warm is not None
-    url = warm.storage or cfg.study.resolved_storage
+def _source_study(warm: C.WarmStartConfig, own_storage: str) -> optuna.Study:
+    url = warm.storage or own_storage
     try:
         storage = open_storage(url, create=False)
     except StorageError as exc:
@@ -138,7 +136,7 @@ def warm_start_sets(cfg: C.SweeperConfig) -> tuple[list[StartSet], list[str]]:
     missing, or has no COMPLETE trial."""
     warm = cfg.study.warm_start
     assert warm is not None
-    source = _source_study(cfg)
+    source = _source_study(warm, cfg.study.resolved_storage)
     best = ranked(source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
                   source.direction == optuna.study.StudyDirection.MAXIMIZE)[:warm.top_k]
     if not best:
@@ -217,10 +215,8 @@ def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Que
     one of them, at most ``study.n_trials`` of them (a note says how many were left out). An
     existing study's source study is not read: a warm start is applied once, when it is created."""
     always = tuple(s for path in enqueue for s in read_enqueue_file(path, cfg))
-    warm: list[StartSet] = []
-    notes: list[str] = []
-    if cfg.study.warm_start is not None and not _has_study(cfg):
-        warm, notes = warm_start_sets(cfg)
+    new_warm = cfg.study.warm_start is not None and not _has_study(cfg)
+    warm, notes = warm_start_sets(cfg) if new_warm else ([], [])
     first = list(warm)
     if cfg.study.start_from_config:
         own, own_notes = config_set(cfg)
