@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 KEPT = ("checkpoints", "weights", "predictions")
 
 
-class KeepConfig(BaseModel):
+class KeepConfig(BaseModel, extra="forbid"):
     """What survives a finished trial (applied as trials finish, and by ``sweeper gc``).
 
     - ``checkpoints``: ``none`` (the default: a finished trial's ``checkpoint.pt`` is removed;
@@ -25,8 +25,6 @@ class KeepConfig(BaseModel):
 
     ``keep: all`` keeps everything; ``weights: {top_k: 3}`` is ``weights: top_k`` with ``k: 3``.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoints: Literal["none", "top_k", "all"] = "none"
     weights: Literal["top_k", "all"] = "all"
@@ -60,11 +58,9 @@ class KeepConfig(BaseModel):
         return all(getattr(self, key) == "all" for key in KEPT)
 
 
-class WarmStartConfig(BaseModel):
+class WarmStartConfig(BaseModel, extra="forbid"):
     """``study.warm_start``: enqueue the ``top_k`` best parameter sets of another study
     (best first) into a new study, before the sampler's own trials."""
-
-    model_config = ConfigDict(extra="forbid")
 
     study: str
     storage: str | None = None  # null: this study's storage
@@ -74,10 +70,8 @@ class WarmStartConfig(BaseModel):
 CONSTRAINED = ("top_turnover", "long_short_sharpe")  # valid-split figures a trial is judged on
 
 
-class Bound(BaseModel):
+class Bound(BaseModel, extra="forbid"):
     """``{max: X}`` and/or ``{min: X}``: the feasible range of one valid-split figure."""
-
-    model_config = ConfigDict(extra="forbid")
 
     min: float | None = None
     max: float | None = None
@@ -91,13 +85,11 @@ class Bound(BaseModel):
         return self
 
 
-class BaselineConfig(BaseModel):
+class BaselineConfig(BaseModel, extra="forbid"):
     """``baseline``: the LightGBM model trained on the study's own dates and features
     (``sweeper baseline``). ``lags``: each date's features plus those of this many earlier
     dates. ``params``: LightGBM parameters over the defaults (Qlib's Alpha158 configuration,
     docs/baseline.md). ``max_rows``: a panel with more train rows is subsampled by dates."""
-
-    model_config = ConfigDict(extra="forbid")
 
     lags: int = Field(0, ge=0)
     params: dict[str, Any] = Field(default_factory=dict)

@@ -192,11 +192,9 @@ class DataConfig(_Strict):
         return self
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(BaseModel, extra="allow"):
     """Built-in models take the named fields; a ``package.module:Class`` model
     takes every key the user set except ``name`` as constructor kwargs."""
-
-    model_config = ConfigDict(extra="allow")
 
     name: str = "transformer"
     d_model: int = Field(64, ge=1)

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 
-class ValidationConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ValidationConfig(BaseModel, extra="forbid"):
     scheme: Literal["holdout", "walk_forward"] = "holdout"
     folds: int = Field(4, ge=2)
     window: Literal["expanding", "rolling"] = "expanding"

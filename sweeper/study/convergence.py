@@ -25,8 +25,7 @@ def report_scores(trial: optuna.Trial, scores: list[float]) -> None:
         return
     from optuna.terminator import report_cross_validation_scores
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # the module's deprecation: see the docstring
+    with warnings.catch_warnings(action="ignore", category=FutureWarning):  # see the module docstring
         report_cross_validation_scores(trial, [float(s) for s in scores])
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,8 +82,7 @@ def human_bytes(n: float) -> str:
 
 
 def top_k(trials: list[FrozenTrial], k: int, maximize: bool) -> list[FrozenTrial]:
-    """The ``k`` best COMPLETE trials with a finite value, best first, in the order of
-    ``sweeper best`` and ``predict --trial topK`` (``store.studies.ranked``)."""
+    """The first ``k`` of :func:`~sweeper.store.studies.ranked`: the top of ``sweeper best``."""
     return ranked(trials, maximize)[:k]
 
 
@@ -195,8 +195,6 @@ def space_warning(run_dir: str | Path, trials: list[FrozenTrial], n_trials: int)
     """One warning line when the free space on the run folder's disk holds fewer trials than
     the budget has left, by the median footprint of the finished trials (as ``study.keep``
     left them); None when it holds enough, or nothing has finished to estimate from."""
-    import shutil
-
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     left = n_trials - len(finished)
     sizes = [trial_bytes(run_dir, t) for t in finished]
