@@ -104,11 +104,7 @@ class PlainView(NullView):
 
 
 class RichView(PlainView):
-    """A live panel: overall progress with ETA, the best so far, one line per slot.
-
-    Fed only by the driver's events (trial started, epoch, ended, and the study
-    progress each claim read): drawing it never queries the study.
-    """
+    """A live panel: overall progress with ETA, the best so far, one line per slot."""
 
     def __init__(self) -> None:
         super().__init__()

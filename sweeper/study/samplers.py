@@ -32,12 +32,10 @@ def build_sampler(cfg: SamplerConfig, seed: int | None = None) -> optuna.sampler
 def driver_seed(seed: int | None, n_trials: int, driver_id: str) -> int | None:
     """The sampler seed of a driver that joins or resumes a study.
 
-    A sampler seeded alike draws the same start-up params: a resumed study would
-    repeat the params it already tried, and two hosts would repeat each other's.
-    Mixing in the trials already in the study and the driver's own id makes each
-    driver's stream its own, while ``seed`` still decides it (None stays None:
-    an unseeded sampler is already unique).
-    """
+    A sampler seeded alike draws the same start-up params: a resumed study would repeat the
+    params it already tried, and two hosts would repeat each other's. Mixing in the trials
+    already in the study and the driver's own id makes each driver's stream its own, while
+    ``seed`` still decides it (None stays None: an unseeded sampler is already unique)."""
     if seed is None:
         return None
     digest = hashlib.sha256(f"{seed}:{n_trials}:{driver_id}".encode()).digest()
