@@ -52,8 +52,7 @@ TIMEOUT_GRACE_MIN_S = 120.0  # tests that drill the hard kill shorten it through
 
 def timeout_grace_s(max_minutes: float) -> float:
     """Seconds past ``train.max_minutes`` before the driver kills a trial (fail_reason timeout)."""
-    floor = fake.timeout_grace_floor_s(TIMEOUT_GRACE_MIN_S)
-    return max(TIMEOUT_GRACE_FRACTION * max_minutes * 60, floor)
+    return max(TIMEOUT_GRACE_FRACTION * max_minutes * 60, fake.timeout_grace_floor_s(TIMEOUT_GRACE_MIN_S))
 
 
 class Driver:
@@ -285,8 +284,7 @@ def _guarded(action: Callable[[], object], w: WorkerHandle) -> None:
         action()
     except StorageOutage:
         pass  # reported once, at the CLI boundary
-    # (a StopRequested goes through: a store that is away makes _fail give up by itself, and a
-    # signal during the shutdown cuts it short, as it always did)
+    # (a StopRequested goes through: a store that is away makes _fail give up, a signal cuts it short)
     except Exception as exc:  # noqa: BLE001 - shutdown goes on for the other workers
         print(f"sweeper: stopping the worker on {w.slot.label} failed: {one_line(exc)}", file=sys.stderr,
               flush=True)

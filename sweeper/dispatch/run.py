@@ -241,7 +241,5 @@ def summarize(study: optuna.Study, driver: Driver) -> SweepResult:
     except StopRequested:  # stopped while the store is away: no counts to show
         return SweepResult(counts={}, best=None, ending=ending, signum=signum,
                            message="the store did not answer; the summary is left out")
-    counts = {s.name: 0 for s in TrialState}
-    for t in trials:
-        counts[t.state.name] += 1
+    counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
     return SweepResult(counts=counts, best=best, ending=ending, signum=signum, message=message)
