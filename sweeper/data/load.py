@@ -103,7 +103,6 @@ class PanelMemo:
         return self._panels[text]
 
     def load(self, cfg: DataConfig) -> Panel:
-        """:func:`load_panel` of ``cfg``, once per config."""
         return self.get(cfg.model_dump(mode="json"), lambda: load_panel(cfg))
 
 

@@ -93,7 +93,6 @@ def _missing(value: object) -> bool:
 
 
 def write_table(frame: pd.DataFrame, out: str | Path) -> None:
-    """Parquet or CSV by the file's suffix, written to a temp file then renamed."""
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
