@@ -11,15 +11,12 @@
 """
 from __future__ import annotations
 
-from sweeper.config.dotted import config_hash, config_value, flatten, set_dotted, to_dict
+from sweeper.config.dotted import config_hash, config_value, flatten, to_dict
 from sweeper.config.drift import drift
-from sweeper.config.load import load_config, parse_sets, read_yaml, validate_config, with_overrides
-from sweeper.config.long_sweeps import BaselineConfig, Bound, KeepConfig, WarmStartConfig
+from sweeper.config.load import load_config, read_yaml, validate_config, with_overrides
+from sweeper.config.long_sweeps import BaselineConfig, KeepConfig, WarmStartConfig
 from sweeper.config.schema import (
     BUILTIN_MODELS,
-    METRICS,
-    PRUNERS,
-    SAMPLERS,
     DataConfig,
     DevicesConfig,
     ModelConfig,
@@ -36,9 +33,9 @@ from sweeper.config.schema import (
 from sweeper.config.validation import ValidationConfig, objective_label
 
 __all__ = [
-    "BUILTIN_MODELS", "METRICS", "PRUNERS", "SAMPLERS", "BaselineConfig", "Bound", "DataConfig",
-    "DevicesConfig", "KeepConfig", "ModelConfig", "ParamSpec", "PrunerConfig", "SamplerConfig", "SplitConfig",
-    "StudyConfig", "SweeperConfig", "SyntheticConfig", "TrainConfig", "ValidationConfig", "WarmStartConfig",
-    "config_hash", "config_value", "drift", "flatten", "load_config", "objective_label", "parse_sets",
-    "read_yaml", "set_dotted", "to_dict", "unknown_model", "validate_config", "with_overrides",
+    "BUILTIN_MODELS", "BaselineConfig", "DataConfig", "DevicesConfig", "KeepConfig", "ModelConfig",
+    "ParamSpec", "PrunerConfig", "SamplerConfig", "SplitConfig", "StudyConfig", "SweeperConfig",
+    "SyntheticConfig", "TrainConfig", "ValidationConfig", "WarmStartConfig", "config_hash", "config_value",
+    "drift", "flatten", "load_config", "objective_label", "read_yaml", "to_dict", "unknown_model",
+    "validate_config", "with_overrides",
 ]

@@ -17,9 +17,6 @@ from sweeper.config.long_sweeps import BaselineConfig, Bound, KeepConfig, WarmSt
 from sweeper.config.validation import ValidationConfig
 
 BUILTIN_MODELS = ("transformer", "lstm", "gru", "mlp")
-METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss")
-SAMPLERS = ("tpe", "random", "cmaes", "gp", "qmc")
-PRUNERS = ("median", "percentile", "asha", "hyperband", "wilcoxon", "none")
 
 
 class _Strict(BaseModel):
