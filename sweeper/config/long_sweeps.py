@@ -67,9 +67,6 @@ class WarmStartConfig(BaseModel, extra="forbid"):
     top_k: int = Field(5, ge=1)
 
 
-CONSTRAINED = ("top_turnover", "long_short_sharpe")  # valid-split figures a trial is judged on
-
-
 class Bound(BaseModel, extra="forbid"):
     """``{max: X}`` and/or ``{min: X}``: the feasible range of one valid-split figure."""
 
