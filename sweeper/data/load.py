@@ -122,7 +122,8 @@ def _synthetic_recipe(cfg: DataConfig) -> Recipe:
         raise DataError(f"data.group_col {cfg.group_col!r}: the synthetic panel (data.synthetic) has no "
                         "group column; set data.path to a Parquet file that has one")
     source = synth.describe(params.assets, params.dates, params.features, params.seed)
-    chosen = _synthetic_features(cfg, synth.feature_names(params.features), source)
+    names = synth.feature_names(params.features)
+    chosen = select_columns(names, ["date", "asset", *names, "label"], cfg.features, cfg.exclude, source)
     blob = json.dumps({"synthetic": params.model_dump(), "generator": synth.GENERATOR_VERSION,
                        "features": chosen}, sort_keys=True)
 
@@ -136,7 +137,3 @@ def _synthetic_recipe(cfg: DataConfig) -> Recipe:
         return keys, blocks, lambda dates, splits: synth.oracle_ic(frame, dates, splits)
 
     return Recipe(cfg, source, "label", hashlib.sha256(blob.encode()).hexdigest(), columns)
-
-
-def _synthetic_features(cfg: DataConfig, names: list[str], source: str) -> list[str]:
-    return select_columns(names, ["date", "asset", *names, "label"], cfg.features, cfg.exclude, source)
