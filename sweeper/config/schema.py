@@ -334,7 +334,7 @@ class SweeperConfig(_Strict):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
     @model_validator(mode="after")
-    def _scores_to_spread(self) -> SweeperConfig:
+    def _objective_scoreable(self) -> SweeperConfig:
         # the standard error that lcb and the Terminator read needs two scores per trial
         if self.validation.runs < 2:
             for key, on in (("validation.aggregate: lcb", self.validation.aggregate == "lcb"),
@@ -342,10 +342,6 @@ class SweeperConfig(_Strict):
                 if on:
                     raise ValueError(f"{key} needs at least two scores per trial: set "
                                      "validation.scheme: walk_forward, or validation.repeats >= 2")
-        return self
-
-    @model_validator(mode="after")
-    def _ensemble_metric(self) -> SweeperConfig:
         # a seed ensemble is scored by the IC of its mean prediction: a loss has no ensemble figure
         if self.validation.aggregate == "ensemble" and self.study.metric not in ENSEMBLE_METRICS:
             raise ValueError(f"validation.aggregate: ensemble scores the seed ensemble's "
