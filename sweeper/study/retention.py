@@ -32,7 +32,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.config import KeepConfig, StudyConfig, SweeperConfig
+from sweeper.config import StudyConfig, SweeperConfig
 from sweeper.errors import one_line
 from sweeper.store.layout import TrialFiles, artifact_copy, trial_files
 from sweeper.store.studies import ranked
@@ -103,7 +103,8 @@ def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path
             continue  # never a running or waiting trial's files
         folder = TrialFolder(Path(run_dir), t.number)
         drop, runs = [], []
-        if _drops_checkpoint(keep, t.number in top, folder, live):
+        kept = keep.checkpoints == "all" or (keep.checkpoints == "top_k" and t.number in top)
+        if not kept and not live.keeps(folder):
             drop.append(folder.files.checkpoint)
             runs = folder.checkpoint_files()[1:]  # the runs' weights it left for its retry
         if keep.weights == "top_k" and t.number not in top:
@@ -112,12 +113,6 @@ def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path
             drop += folder.prediction_files()
         out += [p for p in drop + runs if p.is_file()] + _artifact_copies(t, run_dir, {p.name for p in drop})
     return out
-
-
-def _drops_checkpoint(keep: KeepConfig, in_top: bool, folder: TrialFolder, live: Liveness) -> bool:
-    if keep.checkpoints == "all" or (keep.checkpoints == "top_k" and in_top):
-        return False
-    return not live.keeps(folder)
 
 
 def _artifact_copies(trial: FrozenTrial, run_dir: str | Path, names: set[str] | None) -> list[Path]:
