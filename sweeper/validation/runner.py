@@ -154,23 +154,35 @@ def _write_frames(frames: dict[str, pd.DataFrame], path_of: Callable[[str], Path
             frame.to_parquet(tmp, index=False)
 
 
-def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel,
-                 device: torch.device | str | None) -> dict[str, pd.DataFrame]:
+def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel, device: torch.device | str | None,
+                 alone: bool = False) -> dict[str, pd.DataFrame]:
     """The model's predictions on valid and test exactly as ``sweeper predict`` computes them from its
     weights (:class:`sweeper.inspect.trial_model.Predictor`): the best weights in a fresh model, every
     present row (an unknown label NaN, :func:`~sweeper.data.scoring.own_scoring_panel`), in batches of
     ``train.eval_batch_size``. The training's own frames (``result.predictions``) hold only the labelled
-    rows, in batches of the probed eval batch."""
+    rows, in batches of the probed eval batch; where a run trained ``alone`` (a stack of one, whose
+    final scoring calls a fresh model's kernels) scored the same rows in the same batches, its frame
+    is those very bits, and the split is not scored again (valid, as a rule: its labels are known)."""
     from sweeper.core import predict, resolve_device
+    from sweeper.data import Batcher
     from sweeper.data.scoring import own_scoring_panel
     from sweeper.models import build_model
 
-    model = build_model(cfg.model, len(panel.features), cfg.data.lookback)
-    model.load_state_dict(result.best_state)
     where = resolve_device(device)
-    scoring = own_scoring_panel(panel.to(where, cfg.data.device_share))
-    return {split: predict(model.to(where), scoring, split, where, cfg.train.eval_batch_size)
-            for split in SPLITS}
+    on_device = panel.to(where, cfg.data.device_share)
+    scoring = own_scoring_panel(on_device)
+    same_batches = alone and result.metrics.get("eval_batch_size") == cfg.train.eval_batch_size
+    frames, model = {}, None
+    for split in SPLITS:
+        if same_batches and torch.equal(Batcher(on_device, split, where).index,
+                                        Batcher(scoring, split, where).index):
+            frames[split] = result.predictions[split]
+            continue
+        if model is None:
+            model = build_model(cfg.model, len(panel.features), cfg.data.lookback)
+            model.load_state_dict(result.best_state)
+        frames[split] = predict(model.to(where), scoring, split, where, cfg.train.eval_batch_size)
+    return frames
 
 
 @dataclass
@@ -303,7 +315,7 @@ def _train_stack(trainer: Trainer, panels: dict[int, Panel], folds: list[Fold], 
                                 if trainer.store is not None else NullCheckpointer())
     results = train_stack(members, device=trainer.device, hook=trainer.hook, checkpoint=checkpoint,
                           log=trainer.log, started=trainer.started, memory=trainer.memory)
-    return [_keep(trainer, out, panels[fold], fold, seed, member.cfg, result)
+    return [_keep(trainer, out, panels[fold], fold, seed, member.cfg, result, alone=len(cells) == 1)
             for (fold, seed), member, result in zip(cells, members, results)]
 
 
@@ -317,7 +329,7 @@ def _scored(grid: RunGrid, panel: Panel, fold: int, seed: int) -> Panel:
 
 
 def _keep(trainer: Trainer, out: TrialRuns, panel: Panel, fold: int, seed: int, cfg: SweeperConfig,
-          result: TrainResult) -> TrainingRun:
+          result: TrainResult, alone: bool) -> TrainingRun:
     """A finished run's record: its scores (test scores for the model run only) and its files."""
     grid, store = out.grid, trainer.store
     is_model = grid.is_model(fold, seed)
@@ -325,10 +337,11 @@ def _keep(trainer: Trainer, out: TrialRuns, panel: Panel, fold: int, seed: int, 
     run = TrainingRun(fold, seed, cfg.train.seed, metrics, result.stop_reason)
     frames = None
     if is_model and grid.ensemble:  # a seed of the ensemble: its frames, for the mean of them
-        frames = model_frames(cfg, result, panel, trainer.device) if store is not None else result.predictions
+        frames = (model_frames(cfg, result, panel, trainer.device, alone) if store is not None
+                  else result.predictions)
         out.members[seed] = frames
     elif is_model and store is not None:  # what sweeper best reads; before result.json (finished)
-        store.save_predictions(model_frames(cfg, result, panel, trainer.device))
+        store.save_predictions(model_frames(cfg, result, panel, trainer.device, alone))
     if store is not None:
         store.save(run, result, panel, frames)
     out.add(run, result.predictions["valid"], result.daily["valid"])
