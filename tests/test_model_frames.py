@@ -1,6 +1,6 @@
-"""A trial's stored predictions (issue 41's fixed cost): a run trained alone whose final scoring
-saw the same rows in the same batches as ``sweeper predict`` would is not scored again for that
-split; its frame is the same bits."""
+"""A trial's end scores no split twice where the bits would be the same (issue 41's fixed cost):
+the stored predictions of a run trained alone whose final scoring saw the same rows in the same
+batches as ``sweeper predict`` would, and a stack of one's final valid scores."""
 from __future__ import annotations
 
 import pandas as pd
@@ -42,3 +42,32 @@ def test_another_eval_batch_than_the_trials_scores_again(trained, monkeypatch):
     monkeypatch.setattr(core, "predict", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     model_frames(cfg, other, panel, "cpu", alone=True)
     assert calls == ["valid", "test"]
+
+
+@pytest.mark.parametrize("members,predicted", [(1, ["test"]), (2, ["valid", "test"])])
+def test_a_stack_of_one_scores_valid_with_its_best_epochs_own_predictions(monkeypatch, members, predicted):
+    """Its best epoch's validation ran the final scoring's forward on the same rows in the same
+    batches: the final scoring takes those predictions (the golden records hold the bits); a stack
+    of several validated a changing set of live members, so it predicts valid again."""
+    import sweeper.core.evaluate as evaluate
+    from sweeper.core import Member, train_stack
+    from sweeper.validation.grid import seeded
+
+    real, calls = evaluate.stacked_predict_rows, []
+
+    def spy(stack, batchers, *args, **kwargs):
+        calls.append(batchers[0].split)
+        return real(stack, batchers, *args, **kwargs)
+    monkeypatch.setattr(evaluate, "stacked_predict_rows", spy)
+    cfg, panel = toy_config(epochs=2), toy_panel()
+    results = train_stack([Member(seeded(cfg, s), panel) for s in range(members)], device="cpu")
+    assert calls == predicted
+    if members == 1:  # what predict computes from the best weights, to the bit
+        from sweeper.core import predict
+        from sweeper.models import build_model
+
+        (result,) = results
+        model = build_model(cfg.model, len(panel.features), cfg.data.lookback)
+        model.load_state_dict(result.best_state)
+        again = predict(model, panel, "valid", "cpu", int(result.metrics["eval_batch_size"]))
+        pd.testing.assert_frame_equal(result.predictions["valid"], again, check_exact=True)

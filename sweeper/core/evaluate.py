@@ -112,15 +112,18 @@ Scores = tuple[dict[str, float], Frames, Frames]  # IC metrics, daily ICs and pr
 
 
 def final_scores(stack: nn.Module, panels: list[Panel], device: torch.device, batch_size: int,
-                 tick: Tick = _no_tick) -> list[Scores]:
+                 tick: Tick = _no_tick, valid: list[torch.Tensor | None] | None = None) -> list[Scores]:
     """Each member's IC metrics, daily ICs and predictions of valid and test (member k on
     ``panels[k]``; one stacked forward per batch), from the frames ``predict`` makes of them: for
-    a stack of one, with ``batch_size`` rows, exactly ``predict``'s."""
+    a stack of one, with ``batch_size`` rows, exactly ``predict``'s. ``valid``: each member's valid
+    predictions where known already (all of them, or valid is predicted)."""
     out: list[Scores] = [({}, {}, {}) for _ in panels]
     for split, p in SPLIT_PREFIX.items():
         batchers = [Batcher(panel, split, device) for panel in panels]
+        known = [v for v in valid or [] if v is not None] if split == "valid" else []
+        known = known if len(known) == len(panels) else []
         for (scores, daily, predictions), batcher, rows in zip(
-                out, batchers, stacked_predict_rows(stack, batchers, batch_size, tick)):
+                out, batchers, known or stacked_predict_rows(stack, batchers, batch_size, tick)):
             frame = _frame(batcher, rows)
             flagged = M.daily_ic(frame, flag_constant=True)
             report = M.report_of(flagged)

@@ -44,6 +44,7 @@ class Lane:
     # the global generator's state once the member's model was built: where its lone run's draws
     # (dropout) would have started
     rng: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
+    best_valid: torch.Tensor | None = None  # its best epoch's valid predictions (see loop._validate)
 
     def new_epoch(self) -> None:
         self.steps, self.seen = EpochSteps(), 0

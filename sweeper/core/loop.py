@@ -244,6 +244,8 @@ def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fi
                    "accum_steps": math.ceil(plan.batch_size / run.micro)}
         weights = partial(step.stack.member_state, k)
         lane.progress.record(epoch, metrics, lane.cfg.train.early_stop_metric, weights)
+        if lane.progress.best_epoch == epoch:  # what its final scoring would predict on valid (_finish)
+            lane.best_valid = pred
         if not fixed_epochs and lane.progress.bad_epochs >= lane.cfg.train.patience:
             lane.stopped = True  # masked from now on: it keeps its best epoch and changes no more
         rows[k] = metrics
@@ -258,7 +260,12 @@ def _finish(run: Run, device: torch.device, stop_reason: StopReason, began: floa
     stack, plan = run.step.stack, run.plan
     for k, lane in enumerate(run.lanes):
         stack.load_member(k, lane.progress.best_state)
-    scored = final_scores(stack, [lane.panel for lane in run.lanes], device, plan.eval_batch_size, tick)
+    # a stack of one validated its best epoch through the final scoring's own forward, rows and batch:
+    # those predictions are the final scoring's on valid, to the bit, and valid is not run again
+    same = len(run.lanes) == 1 and run.step.forward is stack
+    valid = [lane.best_valid for lane in run.lanes] if same else None
+    scored = final_scores(stack, [lane.panel for lane in run.lanes], device, plan.eval_batch_size, tick,
+                          valid)
     return [_result(run, lane, scores, stop_reason, began, say) for lane, scores in zip(run.lanes, scored)]
 
 
