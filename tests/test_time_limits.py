@@ -44,8 +44,9 @@ def test_the_deadline_counts_from_the_given_start_and_evaluation_ticks():
     assert (result.stop_reason, result.metrics["epochs_run"], hook.steps) == ("time", 1, 1)
     assert math.isfinite(result.metrics["test_ic"])
     # eval batch 256 over 310 valid and 341 test windows: 2 batches each. The epoch's validation (2),
-    # then valid and test for the final scores (2 each, plus one tick per split once predicted)
-    assert hook.ticks == 2 + 2 * (2 + 1)
+    # then the final scores: valid from that validation (a stack of one's best epoch: no batch), test
+    # (2), and one tick per split once scored
+    assert hook.ticks == 2 + (0 + 1) + (2 + 1)
 
 
 def test_the_grace_is_a_fifth_of_the_limit_and_at_least_two_minutes(monkeypatch):
