@@ -112,16 +112,15 @@ Scores = tuple[dict[str, float], Frames, Frames]  # IC metrics, daily ICs and pr
 
 
 def final_scores(stack: nn.Module, panels: list[Panel], device: torch.device, batch_size: int,
-                 tick: Tick = _no_tick, valid: list[torch.Tensor | None] | None = None) -> list[Scores]:
+                 tick: Tick = _no_tick, valid: list[torch.Tensor] | None = None) -> list[Scores]:
     """Each member's IC metrics, daily ICs and predictions of valid and test (member k on
     ``panels[k]``; one stacked forward per batch), from the frames ``predict`` makes of them: for
-    a stack of one, with ``batch_size`` rows, exactly ``predict``'s. ``valid``: each member's valid
-    predictions where known already (all of them, or valid is predicted)."""
+    a stack of one, with ``batch_size`` rows, exactly ``predict``'s. ``valid``: every member's valid
+    predictions, known already (valid is then not predicted)."""
     out: list[Scores] = [({}, {}, {}) for _ in panels]
     for split, p in SPLIT_PREFIX.items():
         batchers = [Batcher(panel, split, device) for panel in panels]
-        known = [v for v in valid or [] if v is not None] if split == "valid" else []
-        known = known if len(known) == len(panels) else []
+        known = valid if split == "valid" else None
         for (scores, daily, predictions), batcher, rows in zip(
                 out, batchers, known or stacked_predict_rows(stack, batchers, batch_size, tick)):
             frame = _frame(batcher, rows)

@@ -262,8 +262,8 @@ def _finish(run: Run, device: torch.device, stop_reason: StopReason, began: floa
         stack.load_member(k, lane.progress.best_state)
     # a stack of one validated its best epoch through the final scoring's own forward, rows and batch:
     # those predictions are the final scoring's on valid, to the bit, and valid is not run again
-    same = len(run.lanes) == 1 and run.step.forward is stack
-    valid = [lane.best_valid for lane in run.lanes] if same else None
+    known = [lane.best_valid for lane in run.lanes if lane.best_valid is not None]
+    valid = known if len(run.lanes) == len(known) == 1 and run.step.forward is stack else None
     scored = final_scores(stack, [lane.panel for lane in run.lanes], device, plan.eval_batch_size, tick,
                           valid)
     return [_result(run, lane, scores, stop_reason, began, say) for lane, scores in zip(run.lanes, scored)]
