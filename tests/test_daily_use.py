@@ -274,3 +274,14 @@ def test_status_marks_the_trials_of_a_driver_killed_with_sigkill_stale(study_fil
     assert f"`sweeper run {path.name}` fails such a trial as interrupted and runs it again" in text
     # status only reads: the trials stay RUNNING until a sweep reaps them
     assert sorted(t.number for t in stored(path.parent).get_trials(states=(TrialState.RUNNING,))) == numbers
+
+
+def test_the_budget_line_of_one_sqlite_driver_counts_its_trials_in_words():
+    from types import SimpleNamespace
+
+    from sweeper.dispatch.driver import Driver
+
+    driver = SimpleNamespace(cfg=SimpleNamespace(study=SimpleNamespace(n_trials=1)), storage_url="sqlite:///x.db")
+    assert Driver._budget_line(driver) == "budget reached: study.n_trials=1 trial is finished"
+    driver.cfg.study.n_trials = 3
+    assert Driver._budget_line(driver) == "budget reached: study.n_trials=3 trials are finished"

@@ -8,6 +8,8 @@ import pytest
 
 import sweeper.core as core
 from sweeper.core import train
+from sweeper.data.scoring import own_scoring_panel
+from sweeper.models import build_model
 from sweeper.validation.runner import model_frames
 from tests.toy_panel import toy_config, toy_panel
 
@@ -29,9 +31,12 @@ def test_only_a_split_whose_rows_or_batches_differ_is_scored_again(trained, monk
     monkeypatch.setattr(core, "predict", predict)
     frames = model_frames(cfg, result, panel, "cpu", alone)
     assert calls == scored  # test holds the last dates, whose labels are unknown: more rows than scored
-    monkeypatch.setattr(core, "predict", real)
-    for split, frame in model_frames(cfg, result, panel, "cpu").items():
-        pd.testing.assert_frame_equal(frames[split], frame, check_exact=True)
+    # every frame, reused or not, is what predict computes from the best weights on the scoring panel
+    model = build_model(cfg.model, len(panel.features), cfg.data.lookback)
+    model.load_state_dict(result.best_state)
+    for split, frame in frames.items():
+        again = real(model, own_scoring_panel(panel), split, "cpu", cfg.train.eval_batch_size)
+        pd.testing.assert_frame_equal(frame, again, check_exact=True)
 
 
 def test_another_eval_batch_than_the_trials_scores_again(trained, monkeypatch):

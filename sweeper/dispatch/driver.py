@@ -124,7 +124,8 @@ class Driver:
         return None
 
     def _budget_line(self) -> str:
-        line = f"budget reached: study.n_trials={self.cfg.study.n_trials} trials are finished"
+        n = self.cfg.study.n_trials
+        line = f"budget reached: study.n_trials={n} {'trial is' if n == 1 else 'trials are'} finished"
         if is_sqlite(self.storage_url):  # a file on this host: this driver's (and its neighbours') trials
             return line
         return f"{line} (counted across every host); nothing left for {self.ident.host} to run"

@@ -170,11 +170,13 @@ def refuse_unrefit(study: optuna.Study, best: FrozenTrial, predictor: Predictor,
     the best when it was refit): the best's weights have seen only its train window, so scoring
     with them would silently use a weaker model than the one refit. A ConfigError that names the
     refit and the ways on (refit the best, ``--trial N``, ``--allow-unrefit``)."""
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    found = [(t.number, r) for t in done if (r := read_refit(trial_files(predictor.run_dir, t.number)))]
-    if predictor.has_refit(best) or not found:
+    if predictor.has_refit(best):
         return
-    n, record = found[0]
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    refits = ((t.number, read_refit(trial_files(predictor.run_dir, t.number))) for t in done)
+    n, record = next(((number, r) for number, r in refits if r), (None, None))
+    if record is None:
+        return
     seen = " to ".join(model_dates(study.user_attrs).get("train") or []) or "-"
     raise ConfigError(
         f"the best trial, {best.number}, has no refit, but trial {n} has one (trained to "
