@@ -158,6 +158,12 @@ class _Recorder:
     def on_probe(self, peak_mb):
         return None
 
+    def members_to_stop(self):
+        return ()
+
+    def member_failed(self, k):
+        return None
+
 
 def test_a_walk_forward_trial_stacks_its_folds_and_seeds_and_scores_as_one_by_one(study_file, tmp_path):
     """3 folds x 2 seeds (train windows of different lengths) in stacks of 4 and 2, against the

@@ -75,8 +75,8 @@ def test_checkpoint_state_is_plain_and_loads_weights_only(tmp_path):
     assert set(state) == {"epoch", "kind", "values", "optimizer", "scaler", "rng", "members", "batch_size",
                           "micro_batch_size", "eval_batch_size", "config"}
     (member,) = state["members"]
-    assert set(member) == {"batches", "dropout", "position", "stopped", "best", "best_epoch", "best_state",
-                           "best_metrics", "bad_epochs", "nonfinite_steps", "history"}
+    assert set(member) == {"batches", "dropout", "position", "stopped", "reason", "best", "best_epoch",
+                           "best_state", "best_metrics", "bad_epochs", "nonfinite_steps", "history"}
     assert set(state["optimizer"]) == {"lr", "weight_decay", "steps", "exp_avg", "exp_avg_sq"}
     assert set(state["rng"]) == {"torch", "cuda", "numpy", "python", "batches"}
     assert state["config"]["train"]["epochs"] == 1

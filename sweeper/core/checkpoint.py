@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from sweeper.core.batch_plan import BatchPlan
 from sweeper.core.lanes import Lane
 from sweeper.core.progress import Progress
 from sweeper.core.step import StackStep
-from sweeper.errors import ConfigError
+from sweeper.errors import ConfigError, StopReason
 
 # what a checkpoint keeps of a run's Progress (a lone run's, or a stack member's)
 PROGRESS_KEYS = ("best", "best_epoch", "best_state", "best_metrics", "bad_epochs", "nonfinite_steps",
@@ -87,11 +88,29 @@ def stack_state(cfg: SweeperConfig, epoch: int, lanes: list[Lane], step: StackSt
         "scaler": {"scale": step.scaler.scale_.cpu(), "good": step.scaler.good.cpu()},
         "rng": rng_state(lanes[0].generator),
         "members": [{"batches": lane.generator.get_state(), "dropout": gen, "position": lane.position,
-                     "stopped": lane.stopped, **{k: getattr(lane.progress, k) for k in PROGRESS_KEYS}}
+                     "stopped": lane.stopped, "reason": lane.reason or "",
+                     **{k: getattr(lane.progress, k) for k in PROGRESS_KEYS}}
                     for lane, gen in zip(lanes, dropout)],
         "batch_size": plan.batch_size, "micro_batch_size": plan.micro_batch,
         "eval_batch_size": plan.eval_batch_size, "config": to_dict(cfg),
     }
+
+
+def member_states(state: dict, which: Sequence[int], cfg: SweeperConfig) -> dict:
+    """The members ``which`` of a :func:`stack_state`, as a stack of them alone (trained under ``cfg``)
+    saves it: a population's trial keeps its own checkpoint, and its retry continues it without the
+    others (its rows of the flat buffers, moments, scales and its members' own states)."""
+    rows = torch.tensor(list(which), dtype=torch.long)
+    members = [state["members"][k] for k in which]
+    rng = state["rng"]
+    if len(members) == 1 and members[0]["dropout"] is not None and members[0]["dropout"].numel():
+        # alone it draws its dropout from the global generator (on the CPU: the same state's format)
+        rng, members = {**rng, "torch": members[0]["dropout"]}, [{**members[0], "dropout": None}]
+    share = len(state["members"]) // len(members)  # the stack's evaluation rows, shared by fewer
+    return {**state, "values": state["values"][rows],
+            "optimizer": {k: v[rows] for k, v in state["optimizer"].items()},
+            "scaler": {k: v[rows] for k, v in state["scaler"].items()}, "rng": rng, "members": members,
+            "eval_batch_size": state["eval_batch_size"] * share, "config": to_dict(cfg)}
 
 
 def restore_stack(state: dict, step: StackStep) -> int:
@@ -113,6 +132,7 @@ def restore_stack(state: dict, step: StackStep) -> int:
         if step.dropout:
             step.dropout[k].set_state(saved["dropout"].cpu())  # a generator's state is a CPU tensor
         lane.position, lane.stopped = int(saved["position"]), bool(saved["stopped"])
+        lane.reason = StopReason(saved["reason"]) if saved.get("reason") else None
         restore_progress(saved, lane.progress, int(state["epoch"]))
     return int(state["epoch"])
 

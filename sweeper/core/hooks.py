@@ -6,6 +6,7 @@ hook that needs only some of them subclasses :class:`NullHook` and keeps its no-
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 
@@ -24,6 +25,12 @@ class EpochHook(Protocol):
     # once, before epoch 1, when the stack's device peak (MB) is known before it trains (a probe ran
     # on CUDA, or a fake GPU's memory model knows it): a sweep packs trials on a GPU by it
     def on_probe(self, peak_mb: float) -> None: ...
+    # after each on_epoch that did not stop the stack: the members to stop now (pruned: a population
+    # stack's members of one trial, sweeper.validation.population); the others train on
+    def members_to_stop(self) -> Collection[int]: ...
+    # member ``k``'s loss or gradients stayed non-finite past train.nonfinite_patience: the members
+    # that stop with it (its trial's), the others training on; None: the stack ends (NonFiniteLoss)
+    def member_failed(self, k: int) -> Collection[int] | None: ...
 
 
 class Checkpointer(Protocol):
@@ -35,6 +42,12 @@ class NullHook:
     def begin(self, runs: list[dict[str, int]], offset: int) -> None: ...
     def tick(self) -> None: ...
     def on_probe(self, peak_mb: float) -> None: ...
+
+    def members_to_stop(self) -> Collection[int]:
+        return ()
+
+    def member_failed(self, k: int) -> Collection[int] | None:
+        return None
 
     def on_epoch(self, epoch: int, rows: list[dict | None]) -> bool:
         return False

@@ -12,6 +12,7 @@ from sweeper.core.device import seed_everything
 from sweeper.core.progress import EpochSteps, Progress
 from sweeper.core.schedule import DateRuns, Rows, count_steps, lr_factor
 from sweeper.data import Batcher, Panel
+from sweeper.errors import StopReason
 from sweeper.models import build_model
 
 
@@ -38,6 +39,10 @@ class Lane:
     progress: Progress = field(default_factory=Progress)
     position: int = 0  # schedule steps taken (LambdaLR's last_epoch)
     stopped: bool = False
+    # why it stopped before the stack ended, where that is not its patience (early stopping): its own
+    # train.epochs ran out, its trial was pruned (a population), or it failed (``failure`` says how)
+    reason: StopReason | None = None
+    failure: str | None = None
     rows: Iterator[Rows] | None = None
     steps: EpochSteps = field(default_factory=EpochSteps)
     seen: int = 0

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -59,6 +59,7 @@ class TrainResult:
     predictions: dict[str, pd.DataFrame]
     stopped_by_hook: bool = False
     stop_reason: StopReason = StopReason.EPOCHS   # EPOCHS | EARLY_STOP | PRUNED | TIME
+    failure: str | None = None  # NonFiniteLoss's message: the member failed (a population's, see _sync)
 
 
 def train(cfg: SweeperConfig, panel: Panel, **kwargs: Any) -> TrainResult:
@@ -96,9 +97,10 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
     say = log or (lambda message: None)
     where = resolve_device(device)
     run = prepare(members, where, checkpoint, memory or trial_memory(where), started, say, hook)
-    tc = members[0].cfg.train
-    stop_reason = StopReason.EARLY_STOP if all(lane.stopped for lane in run.lanes) else StopReason.EPOCHS
-    for epoch in range(run.first_epoch, tc.epochs + 1):
+    tc, lanes = members[0].cfg.train, run.lanes
+    epochs = max(m.cfg.train.epochs for m in members)  # a member with fewer stops when they are done
+    stop_reason = StopReason.EARLY_STOP if all(lane.stopped for lane in lanes) else StopReason.EPOCHS
+    for epoch in range(run.first_epoch, epochs + 1):
         if stop_reason != StopReason.EPOCHS:
             break
         stop_reason, seconds = _train_epoch(run, epoch, hook, tc.resolved_batch_order, say)
@@ -106,18 +108,31 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
         rows = _validate(run, epoch, seconds, hook.tick, fixed_epochs, say)
         # report first, then save: a checkpoint never holds an epoch the hook has not seen
         # (a kill in between re-runs and re-reports that epoch rather than losing its report)
-        if hook.on_epoch(epoch, rows):
-            stop_reason = StopReason.PRUNED
-        elif all(lane.stopped for lane in run.lanes):
-            stop_reason = StopReason.EARLY_STOP
-        elif stop_reason == StopReason.EPOCHS and epoch < tc.epochs and time.monotonic() > run.deadline:
-            stop_reason = StopReason.TIME  # the time ran out while validating: no new epoch for one step
+        stop_reason = _judge(run, epoch, epochs, hook.on_epoch(epoch, rows), hook, stop_reason)
         if not isinstance(checkpoint, NullCheckpointer):  # spare the CPU copies when nobody keeps them
             checkpoint.save(stack_state(members[0].cfg, epoch, run.lanes, run.step, run.plan))
     # ---- score valid and test with each member's best weights (one stacked forward per batch)
     if fixed_epochs:  # refit: the last epoch's weights, with no split to score them on
         return [_fixed(run, k, stop_reason, began) for k in range(len(run.lanes))]
     return _finish(run, where, stop_reason, began, hook.tick, say)
+
+
+def _judge(run: Run, epoch: int, epochs: int, pruned: bool, hook: EpochHook,
+           reason: StopReason) -> StopReason:
+    """Whether the stack goes on after ``epoch``: pruned, every member stopped, or out of time; the
+    members the hook stops alone (a population's pruned trial) and those whose own epochs are done
+    are masked."""
+    lanes = run.lanes
+    if pruned:
+        return StopReason.PRUNED
+    _stop(lanes, hook.members_to_stop(), StopReason.PRUNED)
+    done = [k for k, lane in enumerate(lanes) if lane.cfg.train.epochs == epoch < epochs]
+    _stop(lanes, done, StopReason.EPOCHS)
+    if all(lane.stopped for lane in lanes):
+        return StopReason.EARLY_STOP
+    if reason == StopReason.EPOCHS and epoch < epochs and time.monotonic() > run.deadline:
+        return StopReason.TIME  # the time ran out while validating: no new epoch for one step
+    return reason
 
 
 def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpointer, memory: TrialMemory,
@@ -204,26 +219,42 @@ def _train_epoch(run: Run, epoch: int, hook: EpochHook, order: str,
                               f"the last checkpoint holds epoch {epoch - 1}")
         micro = run.step.until_it_fits(batch, micro, run.shrink, say)
         if max(lane.steps.unread for lane in lanes) >= SYNC_EVERY:
-            _sync(lanes, tc.nonfinite_patience, epoch)
+            _sync(lanes, hook, epoch)
         if time.monotonic() > run.deadline:
             reason = StopReason.TIME
             break
-    _sync(lanes, tc.nonfinite_patience, epoch)  # waits for the epoch's last step
+    _sync(lanes, hook, epoch)  # waits for the epoch's last step
     run.micro = micro
     run.step.flat.zero_grad()  # validation needs no gradients: their memory is free for it
     return reason, time.perf_counter() - began
 
 
-def _sync(lanes: list[Lane], patience: int, epoch: int) -> None:
+def _sync(lanes: list[Lane], hook: EpochHook, epoch: int) -> None:
     """Each member's pending steps read back (non-finite patience judged per member) and its
-    schedule taken back by the steps that made no update (the schedule ran ahead by that many)."""
+    schedule taken back by the steps that made no update (the schedule ran ahead by that many). A
+    member past its patience ends the stack (NonFiniteLoss), or where the hook says (a population's
+    member) stops with its trial's members, the others training on."""
     for index, lane in enumerate(lanes):
-        skipped, exhausted = lane.steps.sync(lane.progress, patience)
-        if exhausted:
-            member = f"stack member {index + 1}, " if len(lanes) > 1 else ""
-            raise NonFiniteLoss(f"loss or gradients non-finite for {lane.progress.nonfinite_steps} "
-                                f"consecutive steps ({member}epoch {epoch}, train.lr={lane.cfg.train.lr:g})")
+        skipped, exhausted = lane.steps.sync(lane.progress, lane.cfg.train.nonfinite_patience)
         lane.position -= skipped
+        if not exhausted:
+            continue
+        member = f"stack member {index + 1}, " if len(lanes) > 1 else ""
+        error = NonFiniteLoss(f"loss or gradients non-finite for {lane.progress.nonfinite_steps} "
+                              f"consecutive steps ({member}epoch {epoch}, train.lr={lane.cfg.train.lr:g})")
+        others = hook.member_failed(index)
+        if others is None:
+            raise error
+        lane.failure = str(error)
+        _stop(lanes, [index, *others], StopReason.EARLY_STOP)
+
+
+def _stop(lanes: list[Lane], which: Collection[int], reason: StopReason) -> None:
+    """Members masked from now on, mid-epoch too (they make no more steps), and why."""
+    for k in which:
+        lane = lanes[k]
+        lane.stopped, lane.rows = True, None
+        lane.reason = lane.reason or reason
 
 
 def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fixed_epochs: bool,
@@ -285,12 +316,13 @@ def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason, began
     if lane.panel.oracle_ic:
         oracle = lane.panel.oracle_ic
         metrics.update(oracle_val_ic=oracle["valid"], oracle_test_ic=oracle["test"])
-    reason = StopReason.EARLY_STOP if lane.stopped and stop_reason == StopReason.EPOCHS else stop_reason
+    reason = lane.reason or (StopReason.EARLY_STOP if lane.stopped and stop_reason == StopReason.EPOCHS
+                             else stop_reason)
     seed = f"train.seed {lane.cfg.train.seed}, " if len(run.lanes) > 1 else ""
     say(f"done ({reason}): {seed}best epoch {progress.best_epoch}, val_ic {metrics['val_ic']:.4f}, "
         f"test_ic {metrics['test_ic']:.4f}")
     return TrainResult(metrics, progress.history, progress.best_state, daily, predictions,
-                       stopped_by_hook=reason == StopReason.PRUNED, stop_reason=reason)
+                       stopped_by_hook=reason == StopReason.PRUNED, stop_reason=reason, failure=lane.failure)
 
 
 def _fixed(run: Run, k: int, stop_reason: StopReason, began: float) -> TrainResult:

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ class TrialRuns:
     daily: dict[tuple[int, int], pd.DataFrame] = field(default_factory=dict)
     model: TrainResult | None = None  # the model run's result, when it trained in this process
     cut_short: StopReason | None = None  # pruned | time: the later runs were not run
+    failure: str | None = None  # a run's loss went non-finite in a population: the trial fails (alone)
     # with seed repeats: each model seed's frames {split: date, asset, pred, label}, and the seed
     # ensemble's (the mean of its seeds' predictions), which is the trial's model
     members: dict[int, dict[str, pd.DataFrame]] = field(default_factory=dict)
@@ -246,43 +247,80 @@ def _measure_stack(panel: Panel, trainer: Trainer) -> Choice:
 def train_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
     """Train (or, for a retry, find finished) every run of the trial's grid, fold by fold: in
     stacks of the trial's stack size (:meth:`RunGrid.stacks`; ``auto``: measured first)."""
-    trainer = pin_stack_size(panel, trainer)[0]
-    cfg, store, grid = trainer.cfg, trainer.store, RunGrid.of(trainer.cfg)
-    folds = fold_layout(panel, cfg)
-    out = TrialRuns(grid, folds, fold_spans(panel, folds) if grid.folded else [])
-    deadline = trainer.started + cfg.train.max_minutes * 60 if cfg.train.max_minutes else math.inf
+    return train_population(panel, [trainer])[0]
+
+
+def train_population(panel: Panel, trainers: Sequence[Trainer]) -> list[TrialRuns]:
+    """Every run of several trials of one shape (a population, :mod:`sweeper.validation.population`;
+    one trial: its own runs), each trial's ``i``-th stack beside the others' as one stack, so that
+    every trial steps, reports and is pruned as it would alone. A trial cut short (pruned, out of
+    time) or failed (``TrialRuns.failure``) leaves the population; the others go on."""
+    trainers = [pin_stack_size(panel, t)[0] for t in trainers]
+    outs = [_trial_runs(panel, t) for t in trainers]
+    live = list(range(len(trainers)))
     panels: dict[int, Panel] = {}
-    for cells in grid.stacks():
-        todo = []
-        for fold, seed in cells:
-            done = store.finished(fold, seed) if store is not None else None
-            if done is not None and store is not None:
-                out.add(done, *store.frames(fold, seed))
-                if grid.ensemble and grid.is_model(fold, seed):
-                    out.members[seed] = store.member_frames(fold, seed)
-            else:
-                todo.append((fold, seed))
-        if not todo:
+    for index, _ in enumerate(outs[0].grid.stacks()):  # one shape: every trial's grid is the same
+        parts = []
+        for t in list(live):
+            todo = _unfinished(trainers[t], outs[t], outs[t].grid.stacks()[index])
+            if todo and outs[t].runs and time.monotonic() > _deadline(trainers[t]):
+                # no run starts past the budget (its one step would score nothing); the first
+                # always starts, so a trial is never without a score
+                outs[t].cut_short = StopReason.TIME
+                live.remove(t)
+            elif todo:
+                parts.append((t, todo))
+        if parts:
+            _fold_panels(trainers[0], panel, outs[0].folds, parts, panels)
+            for t in _train_stack([(trainers[t], outs[t], todo) for t, todo in parts], panels, index):
+                live.remove(parts[t][0])
+    for t in live:
+        _ensemble(trainers[t], outs[t])
+    return outs
+
+
+def _trial_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
+    cfg, grid = trainer.cfg, RunGrid.of(trainer.cfg)
+    folds = fold_layout(panel, cfg)
+    return TrialRuns(grid, folds, fold_spans(panel, folds) if grid.folded else [])
+
+
+def _deadline(trainer: Trainer) -> float:
+    minutes = trainer.cfg.train.max_minutes
+    return trainer.started + minutes * 60 if minutes else math.inf
+
+
+def _unfinished(trainer: Trainer, out: TrialRuns, cells: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The runs of ``cells`` still to train; a retry's finished ones are added to ``out`` as they are."""
+    store, todo = trainer.store, []
+    for fold, seed in cells:
+        done = store.finished(fold, seed) if store is not None else None
+        if done is None or store is None:
+            todo.append((fold, seed))
             continue
-        if out.runs and time.monotonic() > deadline:
-            # no run starts past the budget (its one step would score nothing); the first
-            # always starts, so a trial is never without a score
-            out.cut_short = StopReason.TIME
-            return out
+        out.add(done, *store.frames(fold, seed))
+        if out.grid.ensemble and out.grid.is_model(fold, seed):
+            out.members[seed] = store.member_frames(fold, seed)
+    return todo
+
+
+def _fold_panels(trainer: Trainer, panel: Panel, folds: list[Fold],
+                 parts: list[tuple[int, list[tuple[int, int]]]], panels: dict[int, Panel]) -> None:
+    for _, todo in parts:
         for fold, _ in todo:
             if fold not in panels:
                 panels[fold] = _fold_panel(trainer, panel, folds[fold])
                 trainer.hook.tick()  # building a fold's panel is progress, for the stall watchdog
-        runs = _train_stack(trainer, panels, folds, todo, grid.step(*todo[0], 0), out)
-        if any(run.stop_reason in CUT_SHORT for run in runs) and cells[-1] != grid.last:
-            out.cut_short = StopReason(next(r.stop_reason for r in runs if r.stop_reason in CUT_SHORT))
-            return out
+
+
+def _ensemble(trainer: Trainer, out: TrialRuns) -> None:
+    """With every seed of the model's fold run, the seed ensemble: the trial's model."""
+    grid, store = out.grid, trainer.store
     if grid.ensemble and len(out.members) == grid.repeats:
         out.ensemble = {split: ensemble_frame([out.members[r][split] for r in range(grid.repeats)])
                         for split in SPLITS}
         if store is not None:  # what sweeper best reads: the trial's model is the ensemble
             store.save_predictions(out.ensemble)
-    return out
 
 
 def _fold_panel(trainer: Trainer, panel: Panel, fold: Fold) -> Panel:
@@ -296,27 +334,61 @@ def _fold_panel(trainer: Trainer, panel: Panel, fold: Fold) -> Panel:
     return trainer.panels.get(key, lambda: fold_panel(panel, fold, data))
 
 
-def _train_stack(trainer: Trainer, panels: dict[int, Panel], folds: list[Fold], cells: list[tuple[int, int]],
-                 offset: int, out: TrialRuns) -> list[TrainingRun]:
-    """The runs of ``cells`` trained as one stack (:func:`sweeper.core.train_stack`; one run is a
-    stack of one); each is then kept as its own run."""
+Part = tuple[Trainer, TrialRuns, list[tuple[int, int]]]  # a trial's runs in one stack
+
+
+def _train_stack(parts: list[Part], panels: dict[int, Panel], index: int) -> list[int]:
+    """The runs of ``parts`` (each trial's runs in the stack ``index``) trained as one stack
+    (:func:`sweeper.core.train_stack`; one run is a stack of one); each is then kept as its own run.
+    Returns the parts whose trial ends here: cut short (pruned, out of time) or failed."""
     from sweeper.core import Member, train_stack
 
-    grid, members = out.grid, []
-    for fold, seed in cells:
-        cfg = seeded(trainer.cfg, seed)
-        _say_run(trainer, cfg, folds[fold], seed, out, out.spans[fold] if out.spans else {})
-        members.append(Member(cfg, _scored(grid, panels[fold], fold, seed)))
-    trainer.hook.begin([grid.columns(fold, seed) for fold, seed in cells], offset)
-    fold, seed = cells[0]
-    dates = out.spans[fold] if out.spans else {}
-    stacked = cells if len(cells) > 1 else None  # a stack of one is stamped as the run it is
-    checkpoint: Checkpointer = (trainer.store.checkpointer(fold, seed, dates, stacked)
-                                if trainer.store is not None else NullCheckpointer())
-    results = train_stack(members, device=trainer.device, hook=trainer.hook, checkpoint=checkpoint,
-                          log=trainer.log, started=trainer.started, memory=trainer.memory)
-    return [_keep(trainer, out, panels[fold], fold, seed, member.cfg, result, alone=len(cells) == 1)
-            for (fold, seed), member, result in zip(cells, members, results)]
+    members = []
+    for trainer, out, cells in parts:
+        for fold, seed in cells:
+            cfg = seeded(trainer.cfg, seed)
+            _say_run(trainer, cfg, out.folds[fold], seed, out, out.spans[fold] if out.spans else {})
+            members.append(Member(cfg, _scored(out.grid, panels[fold], fold, seed)))
+        trainer.hook.begin([out.grid.columns(f, r) for f, r in cells], out.grid.step(*cells[0], 0))
+    hook, checkpoint = _stack_hook(parts)
+    lead = parts[0][0]
+    results = iter(train_stack(members, device=lead.device, hook=hook, checkpoint=checkpoint, log=lead.log,
+                               started=lead.started, memory=lead.memory))
+    ended = []
+    for t, (trainer, out, cells) in enumerate(parts):
+        mine = [next(results) for _ in cells]
+        failed = next((r.failure for r in mine if r.failure), None)
+        if failed is not None:
+            out.failure = failed
+            ended.append(t)
+            continue
+        runs = [_keep(trainer, out, panels[fold], fold, seed, seeded(trainer.cfg, seed), result,
+                      alone=len(members) == 1) for (fold, seed), result in zip(cells, mine)]
+        cut = next((r.stop_reason for r in runs if r.stop_reason in CUT_SHORT), None)
+        if cut is not None and cells[-1] != out.grid.last:  # the trial's later runs are not run
+            out.cut_short = StopReason(cut)
+            ended.append(t)
+    return ended
+
+
+def _stack_hook(parts: list[Part]) -> tuple[EpochHook, Checkpointer]:
+    """One trial's own hook and checkpoint (stamped with its runs: a stack of one as the run it is);
+    a population's, which speak to each trial's (:mod:`sweeper.validation.population`)."""
+    from sweeper.validation.population import PopulationCheckpointer, PopulationHook, owners
+
+    checkpoints: list[Checkpointer] = []
+    for trainer, out, cells in parts:
+        fold, seed = cells[0]
+        dates = out.spans[fold] if out.spans else {}
+        stacked = cells if len(cells) > 1 else None
+        checkpoints.append(trainer.store.checkpointer(fold, seed, dates, stacked)
+                           if trainer.store is not None else NullCheckpointer())
+    if len(parts) == 1:
+        return parts[0][0].hook, checkpoints[0]
+    members = owners([len(cells) for _, _, cells in parts])
+    hook = PopulationHook([trainer.hook for trainer, _, _ in parts], members)
+    return hook, PopulationCheckpointer([(ks, c, seeded(trainer.cfg, cells[0][1]))
+                                         for ks, c, (trainer, _, cells) in zip(members, checkpoints, parts)])
 
 
 def _scored(grid: RunGrid, panel: Panel, fold: int, seed: int) -> Panel:

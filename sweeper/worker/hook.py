@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 
+from sweeper.core.hooks import NullHook
 from sweeper.interrupt import StopToken
 from sweeper.validation.grid import RunGrid, named_run
 from sweeper.worker import protocol
@@ -24,7 +25,7 @@ def progress_interval(stall_timeout: float | None) -> float:
     return PROGRESS_EVERY_S if stall_timeout is None else min(PROGRESS_EVERY_S, stall_timeout / 4)
 
 
-class OptunaHook:
+class OptunaHook(NullHook):
     """Reports the objective each epoch, prunes, logs metrics.csv, and tells the driver."""
 
     def __init__(self, trial: optuna.Trial, metric: str, number: int, metrics_csv: Path,

@@ -1,0 +1,91 @@
+"""A population: several trials of one shape trained as one stack (issue 40), each still its own trial.
+
+The runner (:func:`sweeper.validation.runner.train_population`) lays the trials' runs side by side in
+one stack, trial after trial, and hands the core these two objects in place of one trial's hook and
+checkpointer:
+
+- :class:`PopulationHook` tells each trial's own hook about its own members only (its metrics, its
+  intermediate value, its pruning decision), and stops a trial's members alone when its hook prunes
+  it or one of them fails (the others train on);
+- :class:`PopulationCheckpointer` saves each trial's members as that trial's own checkpoint, the
+  state a stack of them alone saves, so that a retry continues it alone or beside other trials.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from sweeper.config import SweeperConfig
+from sweeper.core.checkpoint import member_states
+from sweeper.core.hooks import Checkpointer, EpochHook
+
+
+def owners(sizes: Sequence[int]) -> list[list[int]]:
+    """Each trial's member indices in the stack, given how many members each trial has there."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+class PopulationHook:
+    """The core's hook for a stack of several trials' runs (``hooks[t]``: trial ``t``'s own, whose
+    members are ``members[t]``, consecutive)."""
+
+    def __init__(self, hooks: Sequence[EpochHook], members: Sequence[list[int]]) -> None:
+        self.hooks, self.members = list(hooks), [list(m) for m in members]
+        self.pruned: set[int] = set()  # trials whose hook pruned them
+        self.failed: set[int] = set()  # trials one of whose members failed
+        self._stop: list[int] = []
+
+    def _live(self) -> list[int]:
+        return [t for t in range(len(self.hooks)) if t not in self.pruned | self.failed]
+
+    def begin(self, runs: list[dict[str, int]], offset: int) -> None:
+        """Nothing: the runner begins each trial's hook with its own runs and offset."""
+
+    def on_epoch(self, epoch: int, rows: list[dict[str, Any] | None]) -> bool:
+        for t in self._live():
+            mine = [rows[k] for k in self.members[t]]
+            if any(row is not None for row in mine) and self.hooks[t].on_epoch(epoch, mine):
+                self.pruned.add(t)
+                self._stop += self.members[t]
+        return not self._live()
+
+    def members_to_stop(self) -> Collection[int]:
+        stop, self._stop = self._stop, []
+        return stop
+
+    def member_failed(self, k: int) -> Collection[int] | None:
+        t = next(t for t, ks in enumerate(self.members) if k in ks)
+        self.failed.add(t)
+        return self.members[t]
+
+    def should_stop(self) -> bool:
+        # every hook counts the step (its trial's progress events); the stop token is the worker's
+        stops = [hook.should_stop() for hook in self.hooks]
+        return any(stops)
+
+    def tick(self) -> None:
+        for hook in self.hooks:
+            hook.tick()
+
+    def on_probe(self, peak_mb: float) -> None:
+        for hook in self.hooks:
+            hook.on_probe(peak_mb)
+
+
+class PopulationCheckpointer:
+    """Each trial's members saved through that trial's own checkpointer, as a stack of them alone;
+    a population starts fresh (its trials are new: a retry runs alone), so it loads nothing."""
+
+    def __init__(self, parts: Sequence[tuple[list[int], Checkpointer, SweeperConfig]]) -> None:
+        self.parts = list(parts)
+
+    def load(self) -> dict | None:
+        return None
+
+    def save(self, state: dict) -> None:
+        for which, checkpointer, cfg in self.parts:
+            checkpointer.save(member_states(state, which, cfg))
