@@ -56,26 +56,10 @@ def stale_trial_ids(storage: HeartbeatStorage, study_id: int) -> list[int]:
     return storage._get_stale_trial_ids(study_id)
 
 
-def running_without_heartbeat(storage: optuna.storages.BaseStorage, study_id: int) -> list[int]:
-    """Ids of the study's RUNNING trials that have no heartbeat row at all.
-
-    Optuna never considers these stale; its ORM models are the only way to ask.
-    """
-    from optuna.storages._rdb import models
-
-    rdb: Any = getattr(storage, "_backend", storage)  # a study wraps its RDBStorage in a cache
-    trials, beats = models.TrialModel.__table__, models.TrialHeartbeatModel.__table__
-    query = (sqlalchemy.select(trials.c.trial_id)
-             .outerjoin(beats, beats.c.trial_id == trials.c.trial_id)
-             .where(trials.c.study_id == study_id, trials.c.state == TrialState.RUNNING,
-                    beats.c.trial_id.is_(None)))
-    with rdb.engine.connect() as conn:
-        return [row[0] for row in conn.execute(query)]
-
-
-def heartbeat_ages(storage: optuna.storages.BaseStorage, study_id: int) -> dict[int, float]:
-    """Seconds since each RUNNING trial's last heartbeat (trial id -> age), by the database's
-    clock, which stamps the beats and which Optuna's stale check reads; ``status`` shows them.
+def heartbeat_ages(storage: optuna.storages.BaseStorage, study_id: int) -> dict[int, float | None]:
+    """Seconds since each RUNNING trial's last heartbeat (trial id -> age; None: it has no heartbeat
+    row at all), by the database's clock, which stamps the beats and which Optuna's stale check
+    reads; ``status`` shows them.
 
     Optuna has no public reader of heartbeats; its ORM models are the only way to ask.
     """
@@ -83,12 +67,19 @@ def heartbeat_ages(storage: optuna.storages.BaseStorage, study_id: int) -> dict[
 
     rdb: Any = getattr(storage, "_backend", storage)  # a study wraps its RDBStorage in a cache
     trials, beats = models.TrialModel.__table__, models.TrialHeartbeatModel.__table__
-    query = (sqlalchemy.select(beats.c.trial_id, beats.c.heartbeat)
-             .join(trials, beats.c.trial_id == trials.c.trial_id)
+    query = (sqlalchemy.select(trials.c.trial_id, beats.c.heartbeat)
+             .outerjoin(beats, beats.c.trial_id == trials.c.trial_id)
              .where(trials.c.study_id == study_id, trials.c.state == TrialState.RUNNING))
     with rdb.engine.connect() as conn:
         now = conn.execute(sqlalchemy.select(sqlalchemy.func.now())).scalar_one().replace(tzinfo=None)
-        return {row[0]: (now - row[1].replace(tzinfo=None)).total_seconds() for row in conn.execute(query)}
+        return {trial: None if beat is None else (now - beat.replace(tzinfo=None)).total_seconds()
+                for trial, beat in conn.execute(query)}
+
+
+def running_without_heartbeat(storage: optuna.storages.BaseStorage, study_id: int) -> list[int]:
+    """Ids of the study's RUNNING trials that have no heartbeat row at all: Optuna never considers
+    these stale."""
+    return [trial for trial, age in heartbeat_ages(storage, study_id).items() if age is None]
 
 
 class _TrialsQueryFallbackNoise(logging.Filter):
