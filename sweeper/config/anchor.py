@@ -50,18 +50,19 @@ def folder_of(study_file: str | Path) -> str:
     return "" if rel == "." else folder if rel.split(os.sep)[0] == ".." else rel
 
 
-def sqlite_file(url: str) -> str | None:
-    """The relative file a SQLite URL names; None for an absolute one, memory or another engine."""
+def sqlite_path(url: str) -> Path | None:
+    """The database file a SQLite URL names (None for memory or another engine). Here, not in
+    :mod:`sweeper.store.urls`: the store reads it too, and the config may not import the store."""
     if not url.startswith("sqlite"):
         return None
     path = sqlalchemy.engine.make_url(url).database
-    return path if path and path != ":memory:" and not os.path.isabs(path) else None
+    return Path(path) if path and path != ":memory:" else None
 
 
 def sqlite_at(url: str, root: str) -> str:
     """``url`` with its relative SQLite file taken from ``root``; any other URL as it is."""
-    path = sqlite_file(url)
-    if not root or path is None:
+    path = sqlite_path(url)
+    if not root or path is None or path.is_absolute():
         return url
     return sqlalchemy.engine.make_url(url).set(database=os.path.join(root, path)).render_as_string(False)
 
@@ -85,12 +86,13 @@ def _old_places(study: StudyConfig, root: str) -> list[tuple[str, str]]:
     default = os.path.join("runs", study.name)
     run = study.artifacts if study.artifacts and "://" not in study.artifacts else default
     local = not os.path.isabs(os.path.expanduser(run))
-    db = sqlite_file(study.storage or f"sqlite:///{default}/study.db")
+    path = sqlite_path(study.storage or f"sqlite:///{default}/study.db")
+    db = str(path) if path is not None and not path.is_absolute() else None
     mark = db or (os.path.join(run, "owner.json") if local else None)
     if not root or mark is None or not os.path.exists(mark) or os.path.exists(os.path.join(root, mark)):
         return []
     places = [run] if local and os.path.exists(run) else []
-    if db and not (places and db.startswith(run + os.sep)):  # the default storage moves with its folder
+    if db and not (places and Path(db).is_relative_to(run)):  # the default storage moves with its folder
         places.append(db)
     return [(p, os.path.join(root, p)) for p in places]
 

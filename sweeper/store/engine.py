@@ -28,13 +28,14 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from sqlalchemy import event
 
+from sweeper.config.anchor import sqlite_path
 from sweeper.devices import fake
 from sweeper.errors import StorageError
 from sweeper.store import optuna_private as private
 from sweeper.store import outage
 from sweeper.store.identity import host_id
 from sweeper.store.locks import FileLock, acquire, advisory_key
-from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, redact, sqlite_path
+from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, redact
 
 SQLITE_BUSY_TIMEOUT_S = 60.0  # the outage tests shorten it through sweeper.devices.fake
 # A driver uses two connections (its sessions and the claim lock), a worker two
@@ -231,12 +232,11 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     again (RDBStorage's check reads alembic's migration scripts: about 0.2 s of every worker's start).
     """
     url = normalize_url(url)
-    if is_sqlite(url):
-        path = sqlite_path(url)
-        if path is not None and not path.exists() and not create:
-            raise StorageError(f"storage {url}: no such database file {path}")
-        if create:
-            prepare_sqlite_file(url)
+    path = sqlite_path(url)
+    if path is not None and not path.exists() and not create:
+        raise StorageError(f"storage {url}: no such database file {path}")
+    if create:
+        prepare_sqlite_file(url)
     try:
         with quiet_optuna(), schema_guard(url, create) as ready:
             storage = SweeperStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
@@ -269,7 +269,7 @@ def schema_guard(url: str, create: bool) -> Iterator[bool]:
         with _pg_schema_guard(url, create) as ready:
             yield ready
         return
-    path = sqlite_path(url) if is_sqlite(url) else None
+    path = sqlite_path(url)
     if path is None:
         yield False
         return

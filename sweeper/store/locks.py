@@ -21,9 +21,10 @@ from typing import Any
 import optuna
 import sqlalchemy
 
+from sweeper.config.anchor import sqlite_path
 from sweeper.interrupt import NEVER, StopToken
 from sweeper.store import outage
-from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, sqlite_path
+from sweeper.store.urls import is_postgres, normalize_url
 
 LOCK_POLL_S = 0.1
 LOCK_NOTICE_S = 3.0  # a claim takes milliseconds: a longer wait is worth a line
@@ -155,9 +156,9 @@ def claim_lock(storage: optuna.storages.RDBStorage, url: str, study_name: str,
     """The lock under which a driver counts the budget and asks for a trial; a wait for it
     gives up when ``stop`` is requested."""
     url = normalize_url(url)
-    if is_sqlite(url):
-        path = sqlite_path(url)
-        return FileLock(path.with_name(path.name + ".lock"), stop) if path else NullLock()
+    path = sqlite_path(url)
+    if path is not None:
+        return FileLock(path.with_name(path.name + ".lock"), stop)
     if is_postgres(url):
         return AdvisoryLock(storage.engine, f"sweeper:{study_name}", policy=outage.for_url(url), stop=stop)
     return NullLock()

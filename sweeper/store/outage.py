@@ -27,9 +27,10 @@ from typing import TypeVar
 
 import sqlalchemy
 
+from sweeper.config.anchor import sqlite_path
 from sweeper.errors import StorageOutage
 from sweeper.interrupt import NEVER, StopToken
-from sweeper.store.urls import is_sqlite, normalize_url, redact, sqlite_path
+from sweeper.store.urls import normalize_url, redact
 
 T = TypeVar("T")
 
@@ -107,7 +108,7 @@ def for_url(url: str) -> OutagePolicy:
     object and thread that talks to it, keyed by its printable form (a SQLite file by its absolute
     path, so that one process's studies in different folders never share an outage)."""
     url = normalize_url(url)
-    path = sqlite_path(url) if is_sqlite(url) else None
+    path = sqlite_path(url)
     store = f"sqlite:///{path.resolve()}" if path is not None else redact(url)
     with _registry_lock:
         if store not in _policies:

@@ -1,8 +1,6 @@
-"""Storage URLs: which engine a URL names, where a SQLite file lives, and the
-form that is safe to print (no password)."""
+"""Storage URLs: which engine a URL names, and the form that is safe to print (no password). Where a
+SQLite file lives is :func:`sweeper.config.anchor.sqlite_path` (the study file's anchor needs it too)."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import sqlalchemy
 
@@ -13,12 +11,6 @@ def is_sqlite(url: str) -> bool:
 
 def is_postgres(url: str) -> bool:
     return url.startswith("postgresql")
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URL (None for in-memory)."""
-    path = sqlalchemy.engine.make_url(url).database
-    return Path(path) if path and path != ":memory:" else None
 
 
 def normalize_url(url: str) -> str:
