@@ -72,9 +72,14 @@ class StudyConfig(_Strict):
     # stop when Optuna's Terminator judges that no further trial can beat the noise that the
     # folds (or seed repeats) measure (sweeper.study.convergence; needs validation.runs >= 2)
     stop_when_converged: bool = False
+    # how many trials of one shape train as one stack (a population, docs/populations.md): 1 each
+    # trial alone; auto: as many as the stack size measured on the first trial's device pays for
+    population: int | Literal["auto"] = 1
     # the study file's folder, which the default run folder and storage lie in ('': the current
     # folder): set by sweeper.config.anchor; not a field, so the stored config is what the file says
     _root: str = PrivateAttr("")
+
+    _population = field_validator("population")(_one_or_auto)
 
     @field_validator("name")
     @classmethod

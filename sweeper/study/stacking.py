@@ -20,13 +20,54 @@ from sweeper.config import SweeperConfig
 
 STUDY_ATTR = "stack_size"
 Choice = dict[str, Any]  # StackChoice.attrs(): stack_size, stack_size_from, stack_rates (no torch here)
+POPULATION_CAP = 8  # study.population: auto asks for at most this many trials at once
+# The search-space keys that members of one stack may differ in: what the core keeps per member (its
+# AdamW's lr and weight decay, seed, schedule, early stopping, epochs, non-finite patience) and a built-in
+# model's dropout rate (sweeper.models.stacked). Every other key sets the shape: the members' tensors
+# (model sizes, precision) or the data each step sees (batch size, lookback, features, the folds).
+PER_MEMBER = frozenset({"train.lr", "train.weight_decay", "train.seed", "train.schedule", "train.warmup_frac",
+                        "train.patience", "train.early_stop_metric", "train.epochs",
+                        "train.nonfinite_patience"})
+BUILTIN_PER_MEMBER = frozenset({"model.dropout"})  # a user's model's dropout is its template's: shared
 
 
-def _choice(size: int, source: str, rates: Mapping[str, Any] | None = None) -> Choice:
+def _choice(size: int, source: str, rates: Mapping[str, Any] | None = None, population: int = 1) -> Choice:
     out: Choice = {"stack_size": int(size), "stack_size_from": source}
     if rates:
         out["stack_rates"] = dict(rates)
+    if population > 1:
+        out["population"] = int(population)
     return out
+
+
+def member_keys(cfg: SweeperConfig) -> tuple[list[str], list[str]]:
+    """The study's search-space keys that each member of a population draws for itself, and those that
+    set the population's shape (drawn once, for all of its trials)."""
+    from sweeper.config import BUILTIN_MODELS
+
+    names = cfg.search_space["model.name"].choices if "model.name" in cfg.search_space else [cfg.model.name]
+    builtin = all(str(name) in BUILTIN_MODELS for name in names or [])
+    own = PER_MEMBER | (BUILTIN_PER_MEMBER if builtin else frozenset())
+    keys = list(cfg.search_space)
+    return [k for k in keys if k in own], [k for k in keys if k not in own]
+
+
+def shape_of(params: Mapping[str, Any], cfg: SweeperConfig) -> dict[str, Any]:
+    """The params of a trial that set its population's shape."""
+    shape = set(member_keys(cfg)[1])
+    return {k: v for k, v in params.items() if k in shape}
+
+
+def population(study_attrs: Mapping[str, Any], cfg: SweeperConfig) -> int:
+    """How many trials the driver asks for at once: ``study.population`` when a number; ``auto``: what
+    the study's first trial measured (1 until it has)."""
+    asked, stack = cfg.study.population, cfg.train.max_stack
+    if asked != "auto":
+        return int(asked)
+    if stack != "auto":  # a stack size set in the file: as many trials as fill it
+        return max(1, stack // cfg.validation.runs)
+    stored = study_attrs.get(STUDY_ATTR) or {}
+    return int(stored.get("population", 1))
 
 
 def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
@@ -37,7 +78,7 @@ def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
         return _choice(int(asked), "train.max_stack")
     stored = study_attrs.get(STUDY_ATTR)
     if stored:
-        return _choice(stored["stack_size"], "study", stored.get("stack_rates"))
+        return _choice(stored["stack_size"], "study", stored.get("stack_rates"), stored.get("population", 1))
     created = study_attrs.get("config", {}).get("train", {})
     if created and created.get("max_stack", "auto") != "auto":
         return _choice(created["max_stack"], "study")

@@ -206,40 +206,48 @@ Choice = dict[str, Any]  # the stack size chosen: StackChoice.attrs()
 
 
 def pin_stack_size(panel: Panel, trainer: Trainer,
-                   decide: Callable[[Callable[[], Choice]], Choice] = lambda measure: measure()
-                   ) -> tuple[Trainer, Choice]:
+                   decide: Callable[[Callable[[], Choice]], Choice] = lambda measure: measure(),
+                   trials: int = 1) -> tuple[Trainer, Choice]:
     """``trainer`` with ``train.max_stack`` pinned to the trial's stack size, and the choice: a number
     as it is; ``auto``: ``decide(measure)`` (a sweep's study keeps the first trial's measurement,
-    :func:`sweeper.study.stacking.resolve`; by default the measurement itself)."""
+    :func:`sweeper.study.stacking.resolve`; by default the measurement itself). ``trials``: up to how
+    many trials of this shape may share a stack (``study.population: auto``): the measurement then
+    also says how many do (the choice's ``population``)."""
     cfg = trainer.cfg
     if cfg.train.max_stack != "auto":
         return trainer, {"stack_size": cfg.train.max_stack, "stack_size_from": "train.max_stack"}
-    choice = decide(lambda: _measure_stack(panel, trainer))
+    choice = decide(lambda: _measure_stack(panel, trainer, trials))
     train = cfg.train.model_copy(update={"max_stack": int(choice["stack_size"])})
     return dataclasses.replace(trainer, cfg=cfg.model_copy(update={"train": train})), choice
 
 
-def _measure_stack(panel: Panel, trainer: Trainer) -> Choice:
+def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
     """The stack size measured with the trial's seeds on its first fold's panel
-    (:func:`sweeper.core.stack_size.measure`), or the one this host measured before for the same
-    shape (kept in the panel cache's root)."""
+    (:func:`sweeper.core.stack_size.measure`; up to ``trials`` trials' runs, seeds standing for the
+    other trials), or the one this host measured before for the same shape (kept in the panel
+    cache's root). A size above the trial's runs is a population: that many trials' stacks in one."""
     from sweeper.core import Member, resolve_device
     from sweeper.core import stack_size as S
     from sweeper.core.device import trial_memory
     from sweeper.data.cache import cache_root
 
     cfg, runs = trainer.cfg, trainer.cfg.validation.runs
-    if runs == 1:  # nothing to stack
+    if runs * trials == 1:  # nothing to stack
         return S.StackChoice(1, source="one run per trial").attrs()
     device = resolve_device(trainer.device)
-    folder, key = cache_root(cfg.data) / S.CACHE_DIR, S.cache_key(cfg, device, len(panel.features), runs)
+    folder = cache_root(cfg.data) / S.CACHE_DIR
+    key = S.cache_key(cfg, device, len(panel.features), runs * trials)
     kept = S.read_kept(folder, key)
     if kept is not None:
         return kept
     first = _fold_panel(trainer, panel, fold_layout(panel, cfg)[0])
-    members = [Member(seeded(cfg, seed), first) for seed in range(runs)]
+    members = [Member(seeded(cfg, seed), first) for seed in range(runs * trials)]
     memory = trainer.memory or trial_memory(device)
-    choice = S.measure(members, device, memory, S.candidate_sizes(runs), trainer.log).attrs()
+    measured = S.measure(members, device, memory, S.candidate_sizes(runs * trials), trainer.log)
+    own = S.choose({k: r for k, r in measured.rates.items() if k <= runs})  # the trial's own runs
+    choice = {**measured.attrs(), "stack_size": own}
+    if measured.size > runs:
+        choice["population"] = measured.size // own
     S.keep(folder, key, choice)
     return choice
 

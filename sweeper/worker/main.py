@@ -87,7 +87,9 @@ def main() -> int:
         if msg.get("op") != protocol.RUN:
             continue
         try:
-            ok = runner.run(msg["trial_id"], msg["number"], memory_limit_mb=msg.get("memory_limit_mb"))
+            # a population's trials come as "trials" ([trial_id, number] pairs), one trial as its own
+            trials = msg.get("trials") or [[msg["trial_id"], msg["number"]]]
+            ok = runner.run([(int(i), int(n)) for i, n in trials], memory_limit_mb=msg.get("memory_limit_mb"))
         except StopRequested:  # stopped while the store was away: the trial stays RUNNING; a rerun runs it
             break
         if not ok or commands.stop.requested:

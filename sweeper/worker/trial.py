@@ -6,13 +6,15 @@ also registered in Optuna's artifact store so optuna-dashboard lists it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,15 @@ from sweeper import config as C
 from sweeper.atomic import as_disk_full, disk_full
 from sweeper.data.load import PanelMemo
 from sweeper.devices.fake import trial_device
-from sweeper.errors import ConfigError, FailReason, Interrupted, SweeperError, TrialFailure, one_line
+from sweeper.errors import (
+    ConfigError,
+    FailReason,
+    Interrupted,
+    NonFiniteLoss,
+    SweeperError,
+    TrialFailure,
+    one_line,
+)
 from sweeper.interrupt import StopToken
 from sweeper.plain import plain
 from sweeper.store import artifact_store, open_storage
@@ -41,7 +51,7 @@ from sweeper.worker.heartbeat import Heartbeat
 from sweeper.worker.hook import OptunaHook, progress_interval
 
 if TYPE_CHECKING:
-    from sweeper.validation.runner import TrialRuns
+    from sweeper.validation.runner import Trainer, TrialRuns
 
 
 class TrialRunner:
@@ -70,32 +80,34 @@ class TrialRunner:
         self.panels = PanelMemo(keep=1 + (grid.folds if grid.folded else 0))
         self.memory_limit_mb: float | None = None  # the running trial's allotment of a shared GPU
 
-    def run(self, trial_id: int, number: int, *, memory_limit_mb: float | None = None) -> bool:
-        """Train one trial to a finished state; False when the worker must be replaced.
+    def run(self, trials: Sequence[tuple[int, int]], *, memory_limit_mb: float | None = None) -> bool:
+        """Train ``trials`` ((trial_id, number) pairs: one trial, or a population of one shape trained
+        as one stack) each to a finished state; False when the worker must be replaced.
 
         ``memory_limit_mb``: the trial's allotment of a GPU it shares (``trials_per_gpu: auto``),
         which its batch probe plans within."""
         started = time.monotonic()  # train.max_minutes counts from here, loading the data included
         self.memory_limit_mb = memory_limit_mb
+        opened = [self._open(trial_id, number) for trial_id, number in trials]
+        numbers = [o.number for o in opened]
+        with contextlib.ExitStack() as beats:
+            for o in opened:
+                beats.enter_context(Heartbeat(self.storage, o.trial_id, self.cfg.study.heartbeat_interval,
+                                              warn=o.warn))
+                self._stamp(o.trial, memory_limit_mb, numbers)
+                protocol.emit(protocol.START, number=o.number, params=o.frozen.params)
+            self._train(opened, started)
+            # still beating: recording results must not look like a dead host to the others
+            ok = [self._taken(o.trial, o.number) if o.outcome is None else self._finish(o) for o in opened]
+        _release_device_memory()
+        return all(ok)
+
+    def _open(self, trial_id: int, number: int) -> _Open:
         files = trial_files(self.run_dir, number)
         files.folder.mkdir(parents=True, exist_ok=True)
-        trial = optuna.Trial(self.study, trial_id)
-        frozen = self.storage.get_trial(trial_id)
         log = _TrialLog(files.log)
-        warn = _warner(number, log)
-        with Heartbeat(self.storage, trial_id, self.cfg.study.heartbeat_interval, warn=warn):
-            self._stamp(trial, memory_limit_mb)
-            protocol.emit(protocol.START, number=number, params=frozen.params)
-            try:
-                state, value, attrs = self._train(trial, frozen, files, log, started)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                return self._taken(trial, number)
-            except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
-                state, value, attrs = _failed(as_disk_full(exc, files.folder) or exc, log)
-            # still beating: recording results must not look like a dead host to the others
-            ok = self._finish(trial, number, state, value, attrs, files, warn)
-        _release_device_memory()
-        return ok
+        return _Open(optuna.Trial(self.study, trial_id), self.storage.get_trial(trial_id), files, log,
+                     _warner(number, log))
 
     def _keep(self, warn: Callable[[str], None]) -> None:
         """study.keep, as each trial finishes: here in the worker, off the driver's dispatch path."""
@@ -104,48 +116,93 @@ class TrialRunner:
         except Exception as exc:  # noqa: BLE001 - the trial is recorded; a clean-up left over is gc's
             warn(f"study.keep clean-up skipped ({one_line(exc)}); `sweeper gc` applies it later")
 
-    def _stamp(self, trial: optuna.Trial, memory_limit_mb: float | None) -> None:
+    def _stamp(self, trial: optuna.Trial, memory_limit_mb: float | None, population: list[int]) -> None:
         # host, driver_id and driver_pid were written by the driver's claim, under its lock
-        attrs = {"device": self.slot["label"], "slot": self.slot["id"],
-                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid(),
-                 "hostname": socket.gethostname()}
+        attrs: dict[str, Any] = {"device": self.slot["label"], "slot": self.slot["id"],
+                                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                                 "pid": os.getpid(), "hostname": socket.gethostname()}
         if memory_limit_mb is not None:  # packed on a GPU (the driver writes gpu_shared_with)
             attrs["gpu_mem_allotted_mb"] = memory_limit_mb
+        if len(population) > 1:  # the trials that trained as one stack with it, itself included
+            attrs["population"] = population
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
 
-    def _train(self, trial: optuna.Trial, frozen: FrozenTrial, files: TrialFiles, log: _TrialLog,
-               started: float) -> tuple[TrialState, float | None, dict[str, Any]]:
-        """The trial's runs (its folds and seeds; one run without either), one value."""
-        from sweeper.validation import record
-        from sweeper.validation.runner import RunStore, Trainer, pin_stack_size, train_runs
+    def _train(self, opened: list[_Open], started: float) -> None:
+        """Each trial's runs (its folds and seeds; one run without either), the trials of a population
+        side by side in one stack; each trial's outcome set on it (none: another driver took it)."""
+        from sweeper.validation.runner import train_population
 
+        ready = []
+        for o in opened:
+            trainer = self._attempt(o, functools.partial(self._prepare, o, started))
+            if trainer is not None:
+                ready.append((o, trainer))
+        if not ready:
+            return
+        try:
+            outs = train_population(self.panels.load(ready[0][1].cfg.data), [t for _, t in ready])
+        except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
+            for o, _ in ready:  # the stack's error (Ctrl-C, out of memory, a crash) is every trial's
+                o.outcome = _failed(as_disk_full(exc, o.files.folder) or exc, o.log)
+            return
+        for (o, trainer), out in zip(ready, outs):
+            self._attempt(o, functools.partial(self._judge, o, trainer, out))
+
+    def _attempt(self, o: _Open, step: Callable[[], Any]) -> Any:
+        """``step()`` of trial ``o``; where it raises, the trial's outcome says how (None returned)."""
+        try:
+            return step()
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another driver finished it first: no outcome of ours (see _taken)
+        except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
+            o.outcome = _failed(as_disk_full(exc, o.files.folder) or exc, o.log)
+        return None
+
+    def _prepare(self, o: _Open, started: float) -> Trainer:
+        """The trial's config, hook, data, stack size and checkpoint: what its runs train with."""
+        from sweeper.validation.runner import RunStore, Trainer, pin_stack_size
+
+        trial, frozen, files = o.trial, o.frozen, o.files
         # a sampled combination the model's config refuses raises ConfigError here or in train()
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
         files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
-        hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop,
-                          progress_interval(self.cfg.study.stall_timeout))
+        o.hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop,
+                            progress_interval(self.cfg.study.stall_timeout))
         panel = self.panels.load(cfg.data)
-        hook.tick()  # the data is loaded: progress, for the stall watchdog
-        trainer = Trainer(cfg, hook, started, self.device, log, self.device_kind.memory(self.memory_limit_mb),
-                          None, self.panels)
+        o.hook.tick()  # the data is loaded: progress, for the stall watchdog
+        trainer = Trainer(cfg, o.hook, started, self.device, o.log,
+                          self.device_kind.memory(self.memory_limit_mb), None, self.panels)
         # every trial of the study stacks alike: the study keeps the size its first trial measured
-        trainer, choice = pin_stack_size(panel, trainer, functools.partial(stacking.resolve, self.study, cfg))
+        trials = stacking.POPULATION_CAP if cfg.study.population == "auto" else 1
+        trainer, choice = pin_stack_size(panel, trainer, functools.partial(stacking.resolve, self.study, cfg),
+                                         trials)
         cfg = trainer.cfg
         for key, value in choice.items():
             trial.set_user_attr(key, value)
         files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))  # with the stack size
         # the checkpoint says whose it is: only this trial's retries may continue it
         stamp = adoption.owner(self.study_uuid, frozen.number, panel.fingerprint)
-        adoption.adopt(self.study, trial, frozen, cfg, files, stamp, log)
+        adoption.adopt(self.study, trial, frozen, cfg, files, stamp, o.log)
         trainer.store = RunStore(files, stamp, RunGrid.of(cfg))
-        out = train_runs(panel, trainer)
-        record.write_files(out, files)
-        value, attrs = record.attrs_of(out, cfg)
-        return _judged(trial, cfg, out, value, attrs, pruned=hook.pruned)
+        return trainer
 
-    def _finish(self, trial: optuna.Trial, number: int, state: TrialState, value: float | None,
-                attrs: dict[str, Any], files: TrialFiles, warn: Callable[[str], None]) -> bool:
+    def _judge(self, o: _Open, trainer: Trainer, out: TrialRuns) -> None:
+        """The trial's files, value and attributes, and how it ends (a population's failed member fails
+        its own trial only)."""
+        from sweeper.validation import record
+
+        if out.failure is not None:
+            raise NonFiniteLoss(out.failure)
+        record.write_files(out, o.files)
+        value, attrs = record.attrs_of(out, trainer.cfg)
+        pruned = o.hook is not None and o.hook.pruned
+        o.outcome = _judged(o.trial, trainer.cfg, out, value, attrs, pruned=pruned)
+
+    def _finish(self, o: _Open) -> bool:
+        assert o.outcome is not None
+        trial, number, files, warn = o.trial, o.number, o.files, o.warn
+        state, value, attrs = o.outcome
         stored = {key: plain(val) for key, val in attrs.items()}
         if not end_trial(self.study, trial, state, stored, value,
                          recorded=lambda: self._register_artifacts(trial, files, warn)):
@@ -182,6 +239,27 @@ class TrialRunner:
         if failed:
             warn(f"artifact upload failed for {', '.join(failed)} ({first}); "
                  f"the files stay in {files.folder}")
+
+
+@dataclass
+class _Open:
+    """One trial of a worker's run, from its claim to its end."""
+
+    trial: optuna.Trial
+    frozen: FrozenTrial
+    files: TrialFiles
+    log: _TrialLog
+    warn: Callable[[str], None]
+    hook: OptunaHook | None = None
+    outcome: tuple[TrialState, float | None, dict[str, Any]] | None = None  # None: another driver took it
+
+    @property
+    def number(self) -> int:
+        return self.frozen.number
+
+    @property
+    def trial_id(self) -> int:
+        return private.trial_id(self.trial)
 
 
 def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: float,
