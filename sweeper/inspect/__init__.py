@@ -12,8 +12,7 @@
 - :mod:`~sweeper.inspect.figures_portfolio`: report figures 9-10 (bucket means, cumulative long-short);
 - :mod:`~sweeper.inspect.figures_time`: report figure 11 (mean daily IC by year and month);
 - :mod:`~sweeper.inspect.figures_baseline`: report figure 12 (the best trial against the LightGBM baseline);
-- :mod:`~sweeper.inspect.figures_folds`: report figure 13 (fold ICs of the top trials) and figure 8 under
-  walk-forward folds;
+- :mod:`~sweeper.inspect.figures_folds`: report figure 13 (fold ICs of the top trials);
 - :mod:`~sweeper.inspect.longshort`: the long-short view and the top-K ensemble beside the best trial;
 - :mod:`~sweeper.inspect.ic_views`: IC by year and group-neutral IC of the best trial and the baseline;
 - :mod:`~sweeper.inspect.trials`: a stored trial read back without torch (its config, its files);

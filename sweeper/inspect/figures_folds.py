@@ -1,5 +1,5 @@
-"""Report figure 13 and the walk-forward form of figure 8: the top trials' fold ICs, and the
-selection bias with standard errors from the fold ICs (:mod:`sweeper.quant.selection`).
+"""Report figure 13: the top trials' fold ICs (figure 8, the selection bias, takes its standard
+errors from them under walk-forward: :mod:`sweeper.inspect.figures_ic`).
 
 Under walk-forward folds a trial's objective is the mean of its fold ICs (``fold_val_ic``),
 and how they spread is what says whether the winner is good on every period or lucky on one.
@@ -7,12 +7,9 @@ A study of one fold has none, and its report no figure 13.
 """
 from __future__ import annotations
 
-import numpy as np
 import plotly.graph_objects as go
 
 from sweeper.inspect.figures_base import LAYOUT, StudyData, empty, finite
-from sweeper.inspect.figures_ic import selection_histogram
-from sweeper.inspect.results import selection_report
 from sweeper.store.studies import ranked
 from sweeper.validation import contract as K
 
@@ -54,17 +51,3 @@ def folds_figure(data: StudyData) -> go.Figure:
                             "value": {str(t.number): t.value for t in top}})
     return fig
 
-
-def fold_selection_figure(data: StudyData) -> go.Figure:
-    """Figure 8 under walk-forward folds: a histogram of the trials' mean fold IC (their objective's
-    mean) with the no-signal best, the best and the deflated IC marked, all from
-    :func:`sweeper.inspect.results.selection_report` (standard errors from the fold ICs, PBO
-    along the folds); ``layout.meta.selection`` is that summary."""
-    if data.best is None or data.best.number not in data.daily_valid:
-        return empty("selection bias unavailable: the best trial has no daily_ic_valid.csv")
-    summary = selection_report(data.study, data.run_dir, data.best, data.trials, data.horizons)
-    if summary is None:
-        return empty("selection bias unavailable: the best trial has no daily_ic_valid.csv")
-    means = [float(np.mean(ics)) for t in data.trials if t.number in data.daily_valid
-             for ics in [[v for v in t.user_attrs.get("fold_val_ic") or [] if finite(v)]] if ics]
-    return selection_histogram(means, summary, "mean fold validation IC")

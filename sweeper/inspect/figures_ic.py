@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from optuna.trial import TrialState
 
 from sweeper.inspect.figures_base import LAYOUT, SPLIT_COLORS, TWO_AXES, StudyData, empty, finite
-from sweeper.inspect.results import read_daily
+from sweeper.inspect.results import read_daily, selection_report
 from sweeper.store.layout import trial_files
 
 
@@ -70,20 +70,21 @@ def daily_figure(data: StudyData) -> go.Figure:
 
 
 def selection_figure(data: StudyData) -> go.Figure:
-    """Histogram of the trials' mean validation IC with the signal-free bar, the best
-    and the deflated IC marked; ``layout.meta`` is selection_summary itself."""
-    from sweeper.quant.selection import selection_summary
-
-    if data.best is None or data.best.number not in data.daily_valid:
+    """Histogram of the trials' mean validation IC (under walk-forward, of their fold ICs: their
+    objective's mean) with the no-signal best, the best and the deflated IC marked, all from
+    :func:`sweeper.inspect.results.selection_report` (under walk-forward, standard errors from the
+    fold ICs and PBO along the folds); ``layout.meta.selection`` is that summary."""
+    summary = None if data.best is None else selection_report(
+        data.study, data.run_dir, data.best, data.trials, data.horizons, data.daily_valid)
+    if summary is None:
         return empty("selection bias unavailable: the best trial has no daily_ic_valid.csv")
-    summary = selection_summary(data.daily_valid, data.best.number, data.horizons)
-    means = [float(np.nanmean(v)) for v in data.daily_valid.values() if np.isfinite(v).any()]
-    return selection_histogram(means, summary, "mean daily validation IC")
-
-
-def selection_histogram(means: list[float], summary: dict, xaxis_title: str) -> go.Figure:
-    """Figure 8's drawing: the trials' ``means`` with the no-signal best, the best and the
-    deflated IC of ``summary`` (a selection summary, kept as ``layout.meta.selection``) marked."""
+    if data.folded:
+        folds = ([v for v in t.user_attrs.get("fold_val_ic") or [] if finite(v)]
+                 for t in data.trials if t.number in data.daily_valid)
+        means, axis = [float(np.mean(ics)) for ics in folds if ics], "mean fold validation IC"
+    else:
+        means = [float(np.nanmean(v)) for v in data.daily_valid.values() if np.isfinite(v).any()]
+        axis = "mean daily validation IC"
     fig = go.Figure(go.Histogram(x=means, nbinsx=min(40, max(5, len(means) // 3)), name="trials",
                                  marker_color="#9ecae1"))
     marks = [("expected_max_null_ic", "no-signal best", "#d62728"), ("best_val_ic", "best", "#1f77b4"),
@@ -94,6 +95,6 @@ def selection_histogram(means: list[float], summary: dict, xaxis_title: str) -> 
                           annotation={"text": f"{label} {summary[key]:.4f}", "textangle": -90})
     p = summary.get("p_fluke")
     fig.update_layout(**LAYOUT, title=f"{summary['n_trials']} trials; P(best IC is a fluke) "
-                      + (f"{p:.1%}" if p is not None else "-"), xaxis_title=xaxis_title,
+                      + (f"{p:.1%}" if p is not None else "-"), xaxis_title=axis,
                       yaxis_title="trials", meta={"selection": summary})
     return fig

@@ -35,9 +35,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig
 from sweeper.errors import ConfigError, StudyNotFound
-from sweeper.inspect.results import model_dates
 from sweeper.inspect.trial_model import SPLITS, Predictor, read_refit
-from sweeper.inspect.trials import top_trials
+from sweeper.inspect.trials import model_dates, top_trials
 from sweeper.store.layout import trial_files
 from sweeper.store.studies import best_trial
 from sweeper.validation import contract as K

@@ -46,7 +46,7 @@ from sweeper.errors import SweeperError
 from sweeper.inspect.figures_base import StudyData, finite
 from sweeper.inspect.figures_baseline import baseline_figure
 from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, utilisation
-from sweeper.inspect.figures_folds import fold_selection_figure, folds_figure
+from sweeper.inspect.figures_folds import folds_figure
 from sweeper.inspect.figures_ic import daily_figure, overfit_figure, selection_figure
 from sweeper.inspect.figures_portfolio import buckets_figure, longshort_figure
 from sweeper.inspect.figures_search import curves_figure, history_figure, importance_figure, parallel_figure
@@ -114,7 +114,7 @@ def build_figures(data: StudyData) -> dict[str, go.Figure]:
         "parallel": parallel_figure(data), "curves": curves_figure(data),
         "timeline": timeline_figure(data), "overfit": overfit_figure(data),
         "daily": daily_figure(data),
-        "selection": fold_selection_figure(data) if data.folded else selection_figure(data),
+        "selection": selection_figure(data),
         "buckets": buckets_figure(data), "longshort": longshort_figure(data),
         "ic_time": ic_time_figure(data),
         "baseline": baseline_figure(data),

@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import SweeperConfig, objective_label
 from sweeper.inspect import ic_views
+from sweeper.inspect.trials import model_dates
 from sweeper.plain import plain
 from sweeper.quant.oracle import oracle_fractions
 from sweeper.store import layout
@@ -85,22 +86,17 @@ def trial_horizons(trials: list[FrozenTrial], cfg: SweeperConfig) -> dict[int, i
     return {t.number: int(t.params.get("data.horizon", cfg.data.horizon)) for t in trials}
 
 
-def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial | None = None,
-                     trials: list[FrozenTrial] | None = None, horizons: dict[int, int] | int = 1,
+def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial, trials: list[FrozenTrial],
+                     horizons: dict[int, int] | int, daily: dict[int, pd.Series],
                      ) -> dict[str, int | float | str | None] | None:
-    """:func:`sweeper.quant.selection.selection_summary` of the study's daily validation ICs:
-    n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr, p_fluke, pbo, with the
-    Newey-West lag of each trial's label ``horizons``. Under walk-forward folds
-    (:func:`~sweeper.validation.contract.folded`) the standard errors come from each trial's
+    """:func:`sweeper.quant.selection.selection_summary` of the trials' ``daily`` validation ICs
+    (:func:`valid_daily_ics`): n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr,
+    p_fluke, pbo, with the Newey-West lag of each trial's label ``horizons``. Under walk-forward
+    folds (:func:`~sweeper.validation.contract.folded`) the standard errors come from each trial's
     ``fold_val_ic`` and PBO's blocks follow the best trial's ``fold`` column. None when the best trial has no
     daily IC file (e.g. its run folder is elsewhere)."""
     from sweeper.quant.selection import selection_summary
 
-    best = best or best_trial(study)
-    trials = trials if trials is not None else study.get_trials(deepcopy=False)
-    if best is None:
-        return None
-    daily = valid_daily_ics(trials, run_dir)
     if best.number not in daily:
         return None
     if not K.folded(study.user_attrs):  # one fold (or a study from before folds)
@@ -134,7 +130,8 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
                    **oracle_fractions(ua, oracle))
     trials = study.get_trials(deepcopy=False)
     folder = files_folder(cfg, study)  # this study's files, wherever another study put them
-    out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg))
+    out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg),
+                                        valid_daily_ics(trials, folder))
     out["ic_by_year"] = ic_views.ic_by_year_report(folder, best.number)
     out["baseline"] = baseline_report(study, cfg, best)
     out["baseline_state"] = study.user_attrs.get("baseline_state")
@@ -162,13 +159,6 @@ def _trial_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial,
     if retention.weights_removed(best, files):
         out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
     return out
-
-
-def model_dates(study_attrs: dict[str, Any]) -> dict[str, list[str]]:
-    """``{split: [first, last]}`` of the trials' model run, which ``weights.pt``, the stored
-    predictions and ``predict`` are of: its train and valid are the last fold's under walk-forward."""
-    folds = K.layout(study_attrs)
-    return {**(study_attrs.get("split_dates") or {}), **(folds[-1] if folds else {})}
 
 
 def scored_on(study_attrs: dict[str, Any], portfolio: bool) -> dict[str, Any]:

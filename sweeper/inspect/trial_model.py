@@ -32,11 +32,10 @@ from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
 from sweeper.data.scoring import own_scoring_panel
 from sweeper.errors import DataError, SweeperError
-from sweeper.inspect.trials import trial_config
+from sweeper.inspect.trials import model_dates, trial_config
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
 from sweeper.study.retention import no_model, retrain_command, weights_removed
-from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid
 from sweeper.validation.scores import ensemble_frame
 
@@ -215,10 +214,7 @@ class Predictor:
         Both come from what the study kept (``kept``, the ``split_dates`` attribute) when it
         kept them, else from the study's data loaded as the trial was."""
         saved: NormStats | None = json.loads(kept.read_text()) if kept.exists() else None
-        split_dates: dict[str, list[str]] | None = self.study.user_attrs.get("split_dates")
-        folds = K.layout(self.study.user_attrs)
-        if split_dates and folds:  # walk-forward: the model's own train and valid (see own_panel)
-            split_dates = {**split_dates, **folds[RunGrid.of(tcfg).model_run[0]]}
+        split_dates = model_dates(self.study.user_attrs)  # walk-forward: the model run's fold (own_panel)
         if saved is not None and split_dates:
             return saved, split_dates
         try:

@@ -1,6 +1,9 @@
-"""A stored trial read back without torch: its resolved config (``trials/<n>/config.yaml``) and
-the order of the study's top trials (``best``, ``predict --trial topK``, the ensemble)."""
+"""A stored trial read back without torch: its resolved config (``trials/<n>/config.yaml``), the
+order of the study's top trials (``best``, ``predict --trial topK``, the ensemble) and the dates
+its model run saw."""
 from __future__ import annotations
+
+from typing import Any
 
 import optuna
 import yaml
@@ -10,6 +13,7 @@ from sweeper.config import SweeperConfig, validate_config
 from sweeper.errors import DataError, StudyNotFound
 from sweeper.store.layout import TrialFiles
 from sweeper.store.studies import ranked
+from sweeper.validation import contract as K
 
 
 def trial_config(files: TrialFiles, study: SweeperConfig | None = None) -> SweeperConfig:
@@ -42,3 +46,10 @@ def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
         raise StudyNotFound(f"study {study.study_name!r} has {len(order)} completed trials; "
                             f"top{k} needs {k}")
     return order[:k]
+
+
+def model_dates(study_attrs: dict[str, Any]) -> dict[str, list[str]]:
+    """``{split: [first, last]}`` of the trials' model run, which ``weights.pt``, the stored
+    predictions and ``predict`` are of: its train and valid are the last fold's under walk-forward."""
+    folds = K.layout(study_attrs)
+    return {**(study_attrs.get("split_dates") or {}), **(folds[-1] if folds else {})}
