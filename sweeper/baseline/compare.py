@@ -39,7 +39,8 @@ def paired_t(dates_a: np.ndarray, ic_a: np.ndarray, dates_b: np.ndarray, ic_b: n
     return {"mean_diff": float(diff.mean()), "t_stat": t, "n_dates": len(diff)}
 
 
-def _daily(attr: dict[str, Any], split: str) -> tuple[np.ndarray, np.ndarray] | None:
+def baseline_daily(attr: dict[str, Any], split: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The baseline's daily ICs of ``split`` from its study attribute: ``(dates, ics)``, NaN for none."""
     series = (attr.get("daily") or {}).get(split)
     if not series:
         return None
@@ -58,7 +59,7 @@ def comparison(attr: dict[str, Any], best_metrics: dict[str, Any],
     for split, p in SPLITS.items():
         mine, theirs = best_metrics.get(f"{p}_ic"), attr.get(f"{p}_ic")
         out[f"{p}_ic_diff"] = float(mine) - float(theirs) if _finite(mine) and _finite(theirs) else None
-        base, trial = _daily(attr, split), best_daily.get(split)
+        base, trial = baseline_daily(attr, split), best_daily.get(split)
         paired = paired_t(*trial, *base, lag) if base is not None and trial is not None else \
             {"mean_diff": None, "t_stat": None, "n_dates": 0}
         out[f"{p}_t_stat"], out[f"{p}_shared_dates"] = paired["t_stat"], paired["n_dates"]

@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import optuna
 
 from sweeper import child
@@ -31,6 +30,7 @@ from sweeper.baseline.fit import BaselineResult, fit_study
 from sweeper.baseline.state import ExitCode, State, mark
 from sweeper.errors import one_line
 from sweeper.plain import plain
+from sweeper.quant.selection import fold_standard_error
 from sweeper.store import layout
 from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid
@@ -55,8 +55,7 @@ def fold_summary(folds: list[dict[str, Any]], spans: list[dict[str, list[str]]])
     ``fold_rows``, ``fold_subsampled``, ``fold_elapsed_s``, the fold layout and ``folds`` (k)."""
     ic = [f["val_ic"] for f in folds]
     finite = [v for v in ic if math.isfinite(v)]
-    se = float(np.std(finite, ddof=1) / math.sqrt(len(finite))) if len(finite) >= 2 else math.nan
-    return {"folds": len(folds), "fold_val_ic": plain(ic), "val_ic_se": plain(se),
+    return {"folds": len(folds), "fold_val_ic": plain(ic), "val_ic_se": plain(fold_standard_error(ic)),
             "worst_fold_val_ic": plain(min(finite)) if finite else None,
             "fold_val_rank_ic": plain([f["val_rank_ic"] for f in folds]),
             "fold_val_icir": plain([f["val_icir"] for f in folds]),

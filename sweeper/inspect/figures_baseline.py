@@ -2,22 +2,13 @@
 (:mod:`sweeper.baseline`), valid and test, on the dates each was scored on."""
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numpy as np
 import plotly.graph_objects as go
 
+from sweeper.baseline.compare import baseline_daily
 from sweeper.inspect.figures_base import LAYOUT, SPLIT_COLORS, StudyData, empty
 from sweeper.inspect.results import read_daily
 from sweeper.store.layout import trial_files
-
-
-def _baseline_series(attr: dict[str, Any], split: str) -> tuple[list[str], np.ndarray] | None:
-    series = (attr.get("daily") or {}).get(split)
-    if not series:
-        return None
-    return list(series["date"]), np.array([math.nan if v is None else v for v in series["ic"]], np.float64)
 
 
 def baseline_figure(data: StudyData) -> go.Figure:
@@ -28,7 +19,7 @@ def baseline_figure(data: StudyData) -> go.Figure:
     traces = []
     files = trial_files(data.run_dir, data.best.number) if data.best is not None else None
     for split, color in SPLIT_COLORS.items():
-        base = _baseline_series(attr, split)
+        base = baseline_daily(attr, split)
         if base is not None:
             traces.append(go.Scatter(x=base[0], y=np.nancumsum(base[1]), name=f"baseline ({split})",
                                      line={"color": color, "dash": "dash"}))
