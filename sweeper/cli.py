@@ -180,6 +180,10 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
         click.echo("  " + line)
     click.echo(f"  storage: {plan.storage_url}")
     click.echo("  slots: " + ", ".join(s.label for s in plan.slots))
+    if plan.cfg.search_space:
+        from sweeper.study.stacking import population_line
+
+        click.echo(f"  populations: {population_line(plan.cfg)}")
     if plan.cfg.validation.runs > 1:
         from sweeper.models.check import runs_line
 

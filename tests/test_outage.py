@@ -280,7 +280,7 @@ def test_a_stale_trial_is_failed_only_on_a_second_look_a_grace_period_later(stud
 
     dead = foreign()
     silent(dead)
-    mine = claim(study, cfg, lock, me, workdir / "runs")
+    (mine,) = claim(study, cfg, lock, me, workdir / "runs")
     assert state(dead) == TrialState.RUNNING  # first look: suspected only
     stale_check_later(2.1)
     silent(mine)

@@ -67,14 +67,15 @@ def test_failing_a_trial_another_process_finished_is_a_no_op(setup, workdir, mon
     driver = _driver(cfg, study, workdir)
     trial = study.ask()
     study.tell(trial, 0.25)  # finished elsewhere first
-    run = Running(number=trial.number, trial_id=private.trial_id(trial), started=0.0)
-    driver._fail(run.trial_id, FailReason.CRASH, "worker exited with code -9")
+    run = Running({trial.number: private.trial_id(trial)}, started=0.0)
+    (trial_id,) = run.trials.values()
+    driver._fail(trial_id, FailReason.CRASH, "worker exited with code -9")
     # the race proper: the state read says RUNNING, the write finds it finished
     storage = private.backend(study)
-    stale = copy.deepcopy(storage.get_trial(run.trial_id))
+    stale = copy.deepcopy(storage.get_trial(trial_id))
     stale.state = TrialState.RUNNING
     monkeypatch.setattr(storage, "get_trial", lambda trial_id: stale)
-    driver._fail(run.trial_id, FailReason.TIMEOUT, "trial exceeded train.max_minutes=1")
+    driver._fail(trial_id, FailReason.TIMEOUT, "trial exceeded train.max_minutes=1")
     monkeypatch.undo()
     [done] = study.get_trials()
     assert (done.state, done.value, done.user_attrs) == (TrialState.COMPLETE, 0.25, {})

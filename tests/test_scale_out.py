@@ -64,12 +64,12 @@ def test_a_retry_claimed_by_another_host_carries_that_hosts_identity(study_file,
     study = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
     lock = claim_lock(storage, cfg.study.resolved_storage, "tiny")
     monkeypatch.setenv("SWEEPER_HOST_ID", "a")
-    first = claim(study, cfg, lock, Identity.current(), Path("runs/tiny"))
+    (first,) = claim(study, cfg, lock, Identity.current(), Path("runs/tiny"))
     study._storage.set_trial_user_attr(first._trial_id, "fail_reason", "interrupted")
     study._storage.set_trial_state_values(first._trial_id, state=TrialState.FAIL)
     monkeypatch.setenv("SWEEPER_HOST_ID", "b")
     other = Identity.current()
-    retry = claim(study, cfg, lock, other, Path("runs/tiny"))
+    (retry,) = claim(study, cfg, lock, other, Path("runs/tiny"))
     got = study.trials[retry.number].user_attrs
     assert got["retry_of"] == first.number and study.trials[retry.number].params == first.params
     assert {k: got[k] for k in other.attrs()} == other.attrs()

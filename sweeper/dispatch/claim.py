@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -18,6 +19,7 @@ from sweeper.store.layout import trial_files
 from sweeper.store.locks import ClaimLock
 from sweeper.study.ending import fail_trial
 from sweeper.study.space import suggest
+from sweeper.study.stacking import shape_of
 
 # WAITING trials are not counted: they are retries queued for the next free slot, and ask() hands
 # them out before sampling anything new, so counting them would make a queued retry block itself.
@@ -28,32 +30,66 @@ WAIT_POLL_S = 0.5
 
 
 def claim(study: optuna.Study, cfg: SweeperConfig, lock: ClaimLock, ident: Identity, run_dir: Path,
-          seen: Callable[[list[FrozenTrial]], bool] | None = None) -> optuna.Trial | None:
+          seen: Callable[[list[FrozenTrial]], bool] | None = None, size: int = 1) -> list[optuna.Trial]:
     """Under the lock: fail stale trials, count the budget, ask, record the first heartbeat and the
-    host. None when the budget is used up, or when ``seen`` (given the trials read under the lock,
-    to show and judge the study's progress without reading them again) says to stop. Waits (the
-    lock, the store through an outage) end with StopRequested on Ctrl-C or SIGTERM."""
+    host. ``size`` > 1: a population, up to ``size`` trials of the first one's shape (within the
+    budget, and only when no queued trial waits: a retry or an enqueued one runs alone). Empty when
+    the budget is used up, or when ``seen`` (given the trials read under the lock, to show and judge
+    the study's progress without reading them again) says to stop. Waits (the lock, the store
+    through an outage) end with StopRequested on Ctrl-C or SIGTERM."""
     with lock:
         for _ in range(MAX_LOST_CLAIMS):
             trials = reconcile(study, cfg.study, ident, run_dir)
             if seen is not None and not seen(trials):
-                return None
-            if sum(t.state in BUDGET_STATES for t in trials) >= cfg.study.n_trials:
-                return None
-            trial = study.ask()
-            try:
-                _make_ours(study, trial, cfg, ident, run_dir)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                # another driver failed it as an orphan while this claim waited out an
-                # outage (the lock's session died with the server): it is re-queued; count again
+                return []
+            left = cfg.study.n_trials - sum(t.state in BUDGET_STATES for t in trials)
+            if left <= 0:
+                return []
+            if size > 1 and study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                size = 1
+            first = _ask(study, cfg, ident, run_dir)
+            if first is None:
                 continue
-            except BaseException as exc:
-                # a RUNNING trial with no worker would hold the budget until its heartbeat lapses
-                _fail_claimed(study, trial, exc)
-                raise
-            return trial
+            return [first, *_followers(study, cfg, ident, run_dir, first, min(size, left) - 1)]
     raise RuntimeError(f"{MAX_LOST_CLAIMS} claims in a row were failed by other drivers "
                        "before they were made")
+
+
+def _ask(study: optuna.Study, cfg: SweeperConfig, ident: Identity, run_dir: Path,
+         params: dict[str, Any] | None = None) -> optuna.Trial | None:
+    """A new trial of ours (``params``: enqueued first, the sampler drawing the rest); None when
+    another driver failed it before it was made ours."""
+    if params is not None:
+        study.enqueue_trial(params)
+    trial = study.ask()
+    try:
+        _make_ours(study, trial, cfg, ident, run_dir)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # another driver failed it as an orphan while this claim waited out an
+        # outage (the lock's session died with the server): it is re-queued; count again
+        return None
+    except BaseException as exc:
+        # a RUNNING trial with no worker would hold the budget until its heartbeat lapses
+        _fail_claimed(study, trial, exc)
+        raise
+    return trial
+
+
+def _followers(study: optuna.Study, cfg: SweeperConfig, ident: Identity, run_dir: Path,
+               first: optuna.Trial, n: int) -> list[optuna.Trial]:
+    """``n`` more trials of ``first``'s shape: its shape params enqueued, the sampler drawing each
+    one's per-member params (study.stacking.member_keys) as it draws any trial's."""
+    shape, out = shape_of(first.params, cfg), []
+    for _ in range(n):
+        trial = _ask(study, cfg, ident, run_dir, shape)
+        if trial is None:
+            break
+        if shape_of(trial.params, cfg) != shape:  # not the one enqueued: it runs alone, as a retry
+            fail_trial(study, private.trial_id(trial), FailReason.INTERRUPTED,
+                       "claimed for a population of another shape")
+            break
+        out.append(trial)
+    return out
 
 
 def _make_ours(study: optuna.Study, trial: optuna.Trial, cfg: SweeperConfig, ident: Identity,

@@ -38,6 +38,7 @@ from sweeper.store.identity import Identity
 from sweeper.store.locks import ClaimLock
 from sweeper.store.studies import FINISHED, best_in
 from sweeper.store.urls import is_sqlite
+from sweeper.study import stacking
 from sweeper.study.ending import fail_trial
 from sweeper.worker import protocol
 
@@ -75,6 +76,7 @@ class Driver:
         # the baseline job reads its storage from its config: the one this sweep resolved
         located = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
         self.baseline = BaselineJob(located, study, lock, ident, run_dir, server)
+        self.populations = cfg.study.population != 1  # whether a claim reads the study's population size
 
     # layer 2: the loop
     def loop(self) -> None:
@@ -106,22 +108,24 @@ class Driver:
             return  # Ctrl-C came while waiting for the lock or the store: the loop drains next
 
     # layer 3: what a dispatch strategy asks for (sweeper.dispatch.strategies.Launcher)
-    def claim(self) -> optuna.Trial | None:
-        """Claim a trial under the lock; None when there is none to start now."""
-        trial = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen)
-        if trial is not None:
+    def claim(self, population: bool = False) -> list[optuna.Trial]:
+        """Claim a trial under the lock (``population``: as many of one shape as the study's population
+        size, :func:`sweeper.study.stacking.population`); empty when there is none to start now."""
+        size = stacking.population(self.study.user_attrs, self.cfg) if population and self.populations else 1
+        trials = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen, size=size)
+        if trials:
             self.schedule.clear()
-            return trial
+            return trials
         if self.rule.stopping():
-            return None  # the trials it read say the study is done (the stop rule holds why)
+            return []  # the trials it read say the study is done (the stop rule holds why)
         foreign = self._foreign_running()
         if foreign:  # the budget is held by other drivers' trials: look again instead of leaving
             self.schedule.wait_on(foreign)
-            return None
+            return []
         self.schedule.clear()
         done = not any(w.running for w in self.workers)
         self.rule.budget_used(self._budget_line() if done else None)
-        return None
+        return []
 
     def _budget_line(self) -> str:
         n = self.cfg.study.n_trials
@@ -130,9 +134,12 @@ class Driver:
             return line
         return f"{line} (counted across every host); nothing left for {self.ident.host} to run"
 
-    def start(self, w: WorkerHandle, trial_id: int, number: int, params: dict[str, Any], **run: Any) -> None:
-        w.assign(number, trial_id, **run)
-        self.view.trial_started(w.slot, number, params)
+    def start(self, w: WorkerHandle, trials: list[tuple[int, int, dict[str, Any]]], **run: Any) -> None:
+        """Hand ``w`` its trials ((trial_id, number, params): one, or a population trained as one stack)."""
+        w.assign([(trial_id, number) for trial_id, number, _ in trials], **run)
+        for _, number, params in trials:
+            self.view.trial_started(w.slot, number, params)
+        self.view.population(w.slot, [number for _, number, _ in trials])
 
     def spawn(self, w: WorkerHandle) -> None:
         w.start()
@@ -179,12 +186,12 @@ class Driver:
             return
         elif kind == protocol.EPOCH:
             self.view.epoch(w.slot, ev["number"], ev["epoch"], ev["metrics"])
-            self.dispatch.measured(run.number, ev["metrics"].get("peak_mem_mb"))
+            self.dispatch.measured(ev["number"], ev["metrics"].get("peak_mem_mb"))
         elif kind == protocol.MEMORY:
-            self.dispatch.measured(run.number, ev.get("peak_mb"))
-        elif kind == protocol.END and ev.get("number") == run.number:
+            self.dispatch.measured(ev["number"], ev.get("peak_mb"))
+        elif kind == protocol.END and ev.get("number") in run.trials:
             # (an END read after the driver killed the trial is stale: the trial is failed already)
-            self._ended(w, TrialEnd(run.number, TrialState[ev["state"]], ev.get("value"), ev.get("reason"),
+            self._ended(w, TrialEnd(ev["number"], TrialState[ev["state"]], ev.get("value"), ev.get("reason"),
                                     ev.get("metrics") or {}, reported=True))
 
     def _ended(self, w: WorkerHandle, end: TrialEnd) -> None:
@@ -192,7 +199,7 @@ class Driver:
         self.dispatch.ended(end)
         self.rule.trial_ended(end)
         self.view.trial_ended(w.slot, end.number, end.state, end.value, end.reason)
-        w.trial_ended(end.failed)
+        w.trial_ended(end.number, end.failed)
         self.baseline.trial_ended(w)
 
     def _worker_exited(self, w: WorkerHandle) -> None:
@@ -215,9 +222,11 @@ class Driver:
 
     def _failed(self, w: WorkerHandle, run: Running, reason: FailReason, error: str,
                 code: int | None) -> None:
-        """A trial of ours failed on the driver's side (its worker died, or was killed)."""
-        self._fail(run.trial_id, reason, error, code)
-        self._ended(w, TrialEnd(run.number, TrialState.FAIL, reason=reason))
+        """The trials of ours on ``w`` failed on the driver's side (its worker died, or was killed): every
+        trial of a population (they trained as one process's stack)."""
+        for number, trial_id in list(run.trials.items()):
+            self._fail(trial_id, reason, error, code)
+            self._ended(w, TrialEnd(number, TrialState.FAIL, reason=reason))
 
     def _fail(self, trial_id: int, reason: FailReason, error: str, code: int | None = None) -> None:
         """FAIL a trial this driver ran, recording why; a no-op when it has finished
@@ -274,9 +283,8 @@ class Driver:
         deadline = time.monotonic() + CLOSE_WAIT_S
         for w in self.workers:
             _guarded(partial(w.close, deadline), w)
-            if w.running is not None:
-                fail = partial(self._fail, w.running.trial_id, FailReason.INTERRUPTED, "driver shut down")
-                _guarded(fail, w)
+            for trial_id in (w.running.trials.values() if w.running is not None else ()):
+                _guarded(partial(self._fail, trial_id, FailReason.INTERRUPTED, "driver shut down"), w)
         self.sel.close()
 
 

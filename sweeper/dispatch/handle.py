@@ -19,10 +19,9 @@ from sweeper.worker import protocol
 
 @dataclass
 class Running:
-    """The trial a worker is on, as the driver tracks it."""
+    """The trials a worker is on (one, or a population trained as one stack), as the driver tracks them."""
 
-    number: int
-    trial_id: int
+    trials: dict[int, int]  # number -> trial_id, of those not ended yet
     started: float
     last_event: float = 0.0  # monotonic time of the worker's last event; the stall watchdog reads it
 
@@ -88,16 +87,22 @@ class WorkerHandle:
         if self.running is not None:
             self.running.last_event = time.monotonic()
 
-    def assign(self, number: int, trial_id: int, **run: Any) -> None:
-        """Hand it a trial: the clock of its time limit and stall watchdog starts now (loading the data
-        and the batch probe count as well)."""
+    def assign(self, trials: list[tuple[int, int]], **run: Any) -> None:
+        """Hand it trials ((trial_id, number): one, or a population): the clock of their time limit and
+        stall watchdog starts now (loading the data and the batch probe count as well)."""
         now = time.monotonic()
-        self.running = Running(number=number, trial_id=trial_id, started=now, last_event=now)
-        self.send({"op": protocol.RUN, "trial_id": trial_id, "number": number, **run})
+        self.running = Running({number: trial_id for trial_id, number in trials}, started=now, last_event=now)
+        (trial_id, number), more = trials[0], len(trials) > 1
+        self.send({"op": protocol.RUN, "trial_id": trial_id, "number": number, **run,
+                   **({"trials": [list(t) for t in trials]} if more else {})})
 
-    def trial_ended(self, failed: bool) -> None:
-        """After a failure the worker exits (its replacement comes on EOF), so it is not ready."""
-        self.running = None
+    def trial_ended(self, number: int, failed: bool) -> None:
+        """One of its trials ended; after a failure the worker exits once its others have ended (its
+        replacement comes on EOF), so it is not ready."""
+        if self.running is not None:
+            self.running.trials.pop(number, None)
+            if not self.running.trials:
+                self.running = None
         self.ready = self.ready and not failed
 
     def drain(self) -> None:

@@ -85,6 +85,12 @@ class PlainView(NullView):
         shown = " ".join(f"{k}={fmt(v, '.4g')}" for k, v in params.items())
         self._say(f"trial {number} started on {slot.label}: {shown}")
 
+    def population(self, slot: Slot, numbers: list[int]) -> None:
+        if len(numbers) < 2:
+            return
+        shown = ", ".join(map(str, numbers))
+        self._say(f"trials {shown} train as one stack on {slot.label} (study.population)")
+
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
         self._say(f"trial {number}{_run(metrics, self.several)} epoch {epoch}: "
                   f"{self.metric}={fmt(metrics.get(self.metric))} loss={fmt(metrics.get('train_loss'))} "
@@ -139,15 +145,21 @@ class RichView(PlainView):
         self.done, self.best = finished, best
 
     def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None:
-        self.slots[slot.label] = {"number": number, "epoch": None, "metrics": {}}
+        row = self.slots.get(slot.label)
+        shared = row["numbers"] if row else []  # a population's trials start on one slot together
+        self.slots[slot.label] = {"number": number, "numbers": [*shared, number], "epoch": None,
+                                  "metrics": {}}
 
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
-        self.slots[slot.label] = {"number": number, "epoch": epoch, "metrics": metrics}
+        row = self.slots.get(slot.label) or {"numbers": [number]}
+        self.slots[slot.label] = {**row, "number": number, "epoch": epoch, "metrics": metrics}
         self.run_epochs += 1  # one event per run's epoch (each member of a stack sends its own)
 
     def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
                     reason: str | None) -> None:
-        self.slots[slot.label] = None
+        row = self.slots.get(slot.label)
+        left = [n for n in (row["numbers"] if row else []) if n != number]
+        self.slots[slot.label] = {**row, "numbers": left} if row and left else None
         if state in (TrialState.COMPLETE, TrialState.PRUNED):
             self.done += 1
 
@@ -170,7 +182,7 @@ class RichView(PlainView):
         for label, r in self.slots.items():
             m = r["metrics"] if r else {}
             grid.add_row(label, "idle" if r is None else
-                         f"trial {r['number']}{_run(m, self.several)} epoch {fmt(r['epoch'], 'd')} "
+                         f"{_trials(r)}{_run(m, self.several)} epoch {fmt(r['epoch'], 'd')} "
                          f"{self.metric}={fmt(m.get(self.metric))} "
                          f"batch {m.get('micro_batch_size', '-')}x{m.get('accum_steps', '-')} "
                          f"mem {fmt(m.get('peak_mem_mb'), '.0f')} MB")
@@ -197,6 +209,14 @@ class RichView(PlainView):
 
 def default_view() -> NullView:
     return RichView() if sys.stdout.isatty() else PlainView()
+
+
+def _trials(row: dict[str, Any]) -> str:
+    """``trial 7``, or a population's ``trials 4+5+6+7`` (one stack) with the trial last heard first."""
+    numbers = row.get("numbers") or [row["number"]]
+    if len(numbers) == 1:
+        return f"trial {numbers[0]}"
+    return f"trials {row['number']}+" + "+".join(str(n) for n in numbers if n != row["number"])
 
 
 def _run(metrics: dict[str, Any], several: bool) -> str:

@@ -32,9 +32,8 @@ class Launcher(Protocol):
     workers: list[WorkerHandle]
 
     def claim_due(self) -> bool: ...
-    def claim(self) -> optuna.Trial | None: ...
-    def start(self, w: WorkerHandle, trial_id: int, number: int, params: dict[str, Any],
-              **run: Any) -> None: ...
+    def claim(self, population: bool = False) -> list[optuna.Trial]: ...
+    def start(self, w: WorkerHandle, trials: list[tuple[int, int, dict[str, Any]]], **run: Any) -> None: ...
     def spawn(self, w: WorkerHandle) -> None: ...
     def fail_unstarted(self, trial_id: int, why: str) -> None: ...
 
@@ -65,10 +64,10 @@ class SlotDispatch:
             return
         for w in d.workers:
             if w.idle:
-                trial = d.claim()
-                if trial is None:
+                trials = d.claim(population=True)
+                if not trials:
                     return
-                d.start(w, private.trial_id(trial), trial.number, trial.params)
+                d.start(w, [(private.trial_id(t), t.number, t.params) for t in trials])
 
     # null behaviour: nothing held, nothing measured
     def release_held(self, d: Launcher, why: str) -> None: ...
@@ -109,10 +108,10 @@ class PackedDispatch:
                 if (gpu := self.packer.gate(spare)) is not None:
                     d.spawn(spare[gpu])
                 return False
-            trial = d.claim()
-            if trial is None:
+            trials = d.claim()  # one at a time: each is placed by its own measured memory
+            if not trials:
                 return False
-            self.held = self.packer.hold(trial)
+            self.held = self.packer.hold(trials[0])
         placement = self.packer.place(self.held, idle)
         if placement is None:
             self.packer.beat(self.held, self.heartbeat_interval)
@@ -121,7 +120,7 @@ class PackedDispatch:
             return False
         held, self.held = self.held, None
         self.packer.start(held, placement)
-        d.start(idle[placement.gpu], held.trial_id, held.number, held.params,
+        d.start(idle[placement.gpu], [(held.trial_id, held.number, held.params)],
                 memory_limit_mb=placement.allotted_mb)
         return True
 

@@ -18,6 +18,7 @@ from sweeper.dispatch.stopping import SweepResult
 class View(Protocol):
     def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None: return
     def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None: return
+    def population(self, slot: Slot, numbers: list[int]) -> None: return  # the trials just started, one stack
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None: return
     def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
                     reason: str | None) -> None: return

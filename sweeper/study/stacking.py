@@ -52,6 +52,17 @@ def member_keys(cfg: SweeperConfig) -> tuple[list[str], list[str]]:
     return [k for k in keys if k in own], [k for k in keys if k not in own]
 
 
+def population_line(cfg: SweeperConfig) -> str:
+    """What ``sweeper validate`` says of populations: their size and which params each trial draws."""
+    own, shape = member_keys(cfg)
+    asked = cfg.study.population
+    size = ("one trial at a time (study.population: 1)" if asked == 1 else
+            f"up to {POPULATION_CAP} trials per stack, as measured on the first trial" if asked == "auto"
+            else f"{asked} trials per stack")
+    return (f"{size}; per member: {', '.join(own) or '-'}; "
+            f"shape (one value per population): {', '.join(shape) or '-'}")
+
+
 def shape_of(params: Mapping[str, Any], cfg: SweeperConfig) -> dict[str, Any]:
     """The params of a trial that set its population's shape."""
     shape = set(member_keys(cfg)[1])
