@@ -14,6 +14,7 @@ keeps the plain standard error. NaN days are dropped, the rest taken as consecut
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,7 +27,7 @@ def lag_for_horizon(horizon: int) -> int:
 def variance_ratio(x: np.ndarray, lag: int) -> float:
     """``LRV / s^2 = 1 + 2 sum w_k rho_k``, floored at 1 (a negative autocorrelation is not taken as
     extra information); NaN for fewer than 2 finite days or no spread."""
-    v = _finite(x)
+    v = finite(x)
     if len(v) < 2:
         return math.nan
     centred = v - v.mean()
@@ -42,7 +43,7 @@ def variance_ratio(x: np.ndarray, lag: int) -> float:
 
 def hac_standard_error(x: np.ndarray, lag: int) -> float:
     """Newey-West standard error of the mean of ``x``: ``sqrt(s^2 * ratio / T)``."""
-    v = _finite(x)
+    v = finite(x)
     ratio = variance_ratio(v, lag)
     if not math.isfinite(ratio):
         return float(np.std(v, ddof=1)) / math.sqrt(len(v)) if len(v) >= 2 else math.nan
@@ -51,11 +52,12 @@ def hac_standard_error(x: np.ndarray, lag: int) -> float:
 
 def effective_days(x: np.ndarray, lag: int) -> float:
     """How many independent days the series is worth: ``T / ratio`` (T itself with lag 0)."""
-    v = _finite(x)
+    v = finite(x)
     ratio = variance_ratio(v, lag)
     return len(v) / ratio if math.isfinite(ratio) else float(len(v))
 
 
-def _finite(x: np.ndarray) -> np.ndarray:
+def finite(x: np.ndarray | Sequence[float]) -> np.ndarray:
+    """The finite values of ``x``, flattened, as float64."""
     v = np.asarray(x, dtype=np.float64).ravel()
     return v[np.isfinite(v)]

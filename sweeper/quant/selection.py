@@ -27,7 +27,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from sweeper.quant.hac import effective_days, hac_standard_error, lag_for_horizon
+from sweeper.quant.hac import effective_days, finite, hac_standard_error, lag_for_horizon
 
 EULER_GAMMA = 0.5772156649015329
 _NORMAL = NormalDist()
@@ -84,9 +84,9 @@ def deflated_sharpe(daily_best: np.ndarray, sr_trials: list[float], n_trials: in
     Undefined values are NaN: fewer than 3 days, no spread, or ``n_trials`` > 1 with
     fewer than 2 finite ``sr_trials``. With ``n_trials == 1`` SR0 is 0 (nothing was selected).
     """
-    x = _finite(daily_best)
+    x = finite(daily_best)
     sr = _sharpe(x)
-    sr0 = _null_sharpe(_finite(sr_trials), n_trials)
+    sr0 = _null_sharpe(finite(sr_trials), n_trials)
     if null_ic is None:
         null_ic = hac_standard_error(x, lag) * expected_max(n_trials)
     mean_ic = float(x.mean()) if len(x) else math.nan
@@ -198,16 +198,16 @@ def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
     blocks = fold_blocks(folds) if fold_ics is not None and folds is not None else None
     out = _daily_figures(series, best, null_ic, lags[best], blocks)
     if fold_ics is not None:
-        out.update(_fold_figures(_finite(fold_ics.get(best, [])), null_ic, blocks))
+        out.update(_fold_figures(finite(fold_ics.get(best, [])), null_ic, blocks))
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
 def _daily_figures(series: dict[int, np.ndarray], best: int, null_ic: float, lag: int,
                    blocks: list[np.ndarray] | None) -> dict[str, int | float | str | None]:
     """The figures read from the daily ICs: the best's IC, its deflated IC and Sharpe, and PBO."""
-    sr_trials = [_sharpe(_finite(v)) for v in series.values()]
+    sr_trials = [_sharpe(finite(v)) for v in series.values()]
     stats = deflated_sharpe(series[best], sr_trials, len(series), null_ic=null_ic, lag=lag)
-    best_ic = _finite(series[best]).mean() if len(_finite(series[best])) else math.nan
+    best_ic = finite(series[best]).mean() if len(finite(series[best])) else math.nan
     return {"n_trials": len(series), "expected_max_null_ic": null_ic, "best_val_ic": float(best_ic),
             **{k: stats[k] for k in ("deflated_ic", "sr", "sr0", "dsr", "p_fluke")},
             "pbo": _study_pbo(series, best, blocks)}
@@ -215,7 +215,7 @@ def _daily_figures(series: dict[int, np.ndarray], best: int, null_ic: float, lag
 
 def fold_standard_error(fold_ics: Sequence[float] | np.ndarray) -> float:
     """std(ddof=1) / sqrt(k) of a trial's k finite fold ICs (its ``val_ic_se``); NaN for k < 2."""
-    x = _finite(fold_ics)
+    x = finite(fold_ics)
     return float(np.std(x, ddof=1)) / math.sqrt(len(x)) if len(x) >= 2 else math.nan
 
 
@@ -267,11 +267,6 @@ def _study_pbo(series: dict[int, np.ndarray], best: int,
     if len(columns) < 2 or n_blocks < 4:
         return None
     return pbo(np.column_stack(columns), n_blocks=n_blocks, blocks=blocks)
-
-
-def _finite(values: np.ndarray | Sequence[float]) -> np.ndarray:
-    x = np.asarray(values, dtype=np.float64).ravel()
-    return x[np.isfinite(x)]
 
 
 def _sharpe(x: np.ndarray) -> float:
