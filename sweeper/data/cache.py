@@ -82,7 +82,8 @@ def cached(cfg: DataConfig, fingerprint: str, make: Callable[[Alloc], Built]) ->
         with _locked(root, key, fcntl.LOCK_EX):
             built = open_entry(entry)  # another process may have built it while we waited
             if built is None:
-                _discard(entry)
+                if entry.exists():  # incomplete: out of the way of the rebuild
+                    _trash(entry)
                 _write(entry, make)
                 built = open_entry(entry)
                 assert built is not None, f"{entry}: the entry just written does not open"
@@ -169,12 +170,17 @@ def evict(root: Path, max_bytes: float, keep: str = "") -> list[str]:
 def _remove(root: Path, entry: Path) -> bool:
     try:
         with _locked(root, entry.name, fcntl.LOCK_EX | fcntl.LOCK_NB):
-            trash = root / f"{_TRASH}{entry.name}-{uuid.uuid4().hex[:8]}"
-            os.rename(entry, trash)  # gone in one step; the files go after
+            _trash(entry)
     except (BlockingIOError, OSError):
         return False  # being opened or built right now: next time
-    shutil.rmtree(trash, ignore_errors=True)
     return True
+
+
+def _trash(entry: Path) -> None:
+    """Remove an entry (under its exclusive lock): gone in one step, its files after."""
+    trash = entry.parent / f"{_TRASH}{entry.name}-{uuid.uuid4().hex[:8]}"
+    os.rename(entry, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _remove_debris(root: Path, tmp: Path) -> None:
@@ -197,11 +203,3 @@ def _locked(root: Path, key: str, how: int) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _discard(entry: Path) -> None:
-    """An incomplete entry (under the exclusive lock): out of the way of the rebuild."""
-    if entry.exists():
-        trash = entry.parent / f"{_TRASH}{entry.name}-{uuid.uuid4().hex[:8]}"
-        os.rename(entry, trash)
-        shutil.rmtree(trash, ignore_errors=True)

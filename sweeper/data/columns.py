@@ -72,7 +72,7 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
 
 
 def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
-    if _is_number(uniques):
+    if pd.api.types.is_integer_dtype(uniques.dtype) or pd.api.types.is_float_dtype(uniques.dtype):
         return _yyyymmdd(uniques)
     if not _is_text(uniques):
         return pd.DatetimeIndex(pd.to_datetime(uniques, errors="coerce"))
@@ -91,11 +91,6 @@ def _yyyymmdd(uniques: pd.Index) -> pd.DatetimeIndex:
     whole = np.isfinite(values) & (values == np.floor(values)) & (values >= 1e7) & (values < 1e8)
     text = np.where(whole, np.where(whole, values, 0).astype(np.int64).astype(str), "")
     return pd.DatetimeIndex(pd.to_datetime(pd.Index(text), errors="coerce", format="%Y%m%d"))
-
-
-def _is_number(values: object) -> bool:
-    dtype = getattr(values, "dtype", None)
-    return dtype is not None and (pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype))
 
 
 def _is_text(values: object) -> bool:

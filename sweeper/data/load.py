@@ -63,7 +63,11 @@ def load_panel(cfg: DataConfig) -> Panel:
         panel = to_panel(built, cfg, how.fingerprint, how.source, str(entry))
     else:
         panel = to_panel(how.make(in_memory), cfg, how.fingerprint, how.source)
-    _check_samples(panel, how.label_col)
+    for name in SPLITS:
+        if len(panel.sample_index(name)) == 0:
+            first, last = panel.days(panel.splits[name])
+            raise DataError(f"{panel.source}: column '{how.label_col}': no usable rows in the {name} split "
+                            f"({first} to {last}): no present row has a finite label")
     return panel
 
 
@@ -104,15 +108,6 @@ class PanelMemo:
 
     def load(self, cfg: DataConfig) -> Panel:
         return self.get(cfg.model_dump(mode="json"), lambda: load_panel(cfg))
-
-
-def _check_samples(panel: Panel, label_col: str) -> None:
-    for name in SPLITS:
-        if len(panel.sample_index(name)) == 0:
-            a, b = panel.splits[name]
-            first, last = (np.datetime_as_string(panel.dates[k], unit="D") for k in (a, b - 1))
-            raise DataError(f"{panel.source}: column '{label_col}': no usable rows in the {name} split "
-                            f"({first} to {last}): no present row has a finite label")
 
 
 def _synthetic_recipe(cfg: DataConfig) -> Recipe:

@@ -84,16 +84,8 @@ def _robust_columns(x: np.ndarray, valid_of: Callable[[int], np.ndarray]) -> tup
     return median, scale
 
 
-def robust_apply(x: np.ndarray, valid: np.ndarray, median: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    out = np.clip((x - median.astype(x.dtype)) / scale.astype(x.dtype), -ROBUST_CLIP, ROBUST_CLIP)
-    return np.where(valid, out, np.nan).astype(x.dtype, copy=False)
-
-
-def _none(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    return np.where(valid, x, np.nan).astype(x.dtype, copy=False)
-
-
-PER_DATE: dict[str, Method] = {"cs_zscore": cs_zscore, "cs_rank": cs_rank, "none": _none}
+PER_DATE: dict[str, Method] = {"cs_zscore": cs_zscore, "cs_rank": cs_rank,
+                               "none": lambda x, v: np.where(v, x, np.nan).astype(x.dtype, copy=False)}
 
 
 def by_date_chunks(method: Method, x: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -127,13 +119,6 @@ def _json_floats(v: np.ndarray) -> list[float | None]:
     return [float(a) if math.isfinite(a) else None for a in v]
 
 
-def _fitted(stats: NormStats | None) -> tuple[np.ndarray, np.ndarray]:
-    """robust_zscore's fitted (median, scale) as float64 arrays, NaN where a feature had no value."""
-    median, scale = (stats.get("median"), stats.get("scale")) if stats is not None else (None, None)
-    assert median is not None and scale is not None, "robust_zscore needs fitted statistics"
-    return np.array(median, dtype=np.float64), np.array(scale, dtype=np.float64)  # None -> NaN
-
-
 def normalize_features(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int],
                        stats: NormStats | None = None) -> torch.Tensor:
     """[T, N, F] raw features (NaN = missing) -> normalised, NaN replaced by 0 (a new tensor).
@@ -156,8 +141,12 @@ def normalize_inplace(x: np.ndarray, mask: np.ndarray, method: str, stats: NormS
     ``stats`` holds robust_zscore's fit (:func:`fit_stats`); other methods ignore it.
     """
     if method == "robust_zscore":
-        median, scale = _fitted(stats)
-        fn: Method = lambda xc, vc: robust_apply(xc, vc, median, scale)  # noqa: E731
+        median, scale = (stats.get("median"), stats.get("scale")) if stats is not None else (None, None)
+        assert median is not None and scale is not None, "robust_zscore needs fitted statistics"
+        centre, spread = np.array(median, dtype=np.float64), np.array(scale, dtype=np.float64)  # None -> NaN
+        fn: Method = lambda xc, vc: np.where(  # noqa: E731
+            vc, np.clip((xc - centre.astype(xc.dtype)) / spread.astype(xc.dtype), -ROBUST_CLIP, ROBUST_CLIP),
+            np.nan).astype(xc.dtype, copy=False)
     elif method in PER_DATE:
         fn = PER_DATE[method]
     else:

@@ -50,11 +50,6 @@ def feature_names(features: int) -> list[str]:
     return [f"f{k:0{width}d}" for k in range(features)]
 
 
-def asset_names(assets: int) -> list[str]:
-    width = max(4, len(str(assets)))
-    return [f"A{k:0{width}d}" for k in range(1, assets + 1)]
-
-
 def check_params(assets: int, dates: int, features: int, where: str) -> None:
     for name, value, low in (("assets", assets, 2), ("dates", dates, 10), ("features", features, 2)):
         if int(value) < low:
@@ -127,7 +122,8 @@ def generate(assets: int, dates: int, features: int, seed: int) -> pd.DataFrame:
     values[rng.random(values.shape) < NAN_RATE] = np.nan
     frame = pd.DataFrame(values, columns=feature_names(features))
     frame.insert(0, "date", pd.bdate_range(START_DATE, periods=dates).to_numpy("datetime64[ns]")[t_idx])
-    frame.insert(1, "asset", np.asarray(asset_names(assets), dtype=object)[a_idx])
+    width = max(4, len(str(assets)))
+    frame.insert(1, "asset", np.array([f"A{k:0{width}d}" for k in range(1, assets + 1)], dtype=object)[a_idx])
     frame["label"] = label[t_idx, a_idx].astype(np.float32)
     frame[SIGNAL_COL] = signal[t_idx, a_idx]
     return frame
@@ -182,13 +178,9 @@ def write_synthetic(path: str | Path, assets: int, dates: int, features: int, se
     meta = {**(table.schema.metadata or {}), ORACLE_KEY: json.dumps(oracle).encode(),
             ORACLE_DAILY_KEY: daily_oracle_json(all_dates, oracle_daily(full, all_dates)),
             b"sweeper.synthetic": json.dumps(params).encode()}
-    _atomic_write(table.replace_schema_metadata(meta), path)
-    return oracle
-
-
-def _atomic_write(table: pa.Table, path: Path) -> None:
     try:
         with atomic_path(path) as tmp:
-            pq.write_table(table, tmp)
+            pq.write_table(table.replace_schema_metadata(meta), tmp)
     except OSError as exc:
         raise DataError(f"{path}: cannot write the Parquet file ({exc})") from None
+    return oracle
