@@ -330,14 +330,17 @@ def check_reachable(url: str) -> None:
     url = normalize_url(url)
     if is_sqlite(url):
         path = sqlite_path(url)
-        if path is None:
-            return
-        if path.exists():
-            _sqlite_readable(path, url)
-            return
-        parent = next((p for p in path.parents if p.exists()), Path("."))
-        if not os.access(parent, os.W_OK):
-            raise StorageError(f"storage {url}: cannot create {path}: {parent} is not writable")
+        if path is not None and path.exists():
+            try:
+                db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+                db.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+                db.close()
+            except sqlite3.DatabaseError as exc:
+                raise StorageError(f"storage {url}: {path} is not a SQLite database ({exc})") from None
+        elif path is not None:
+            parent = next((p for p in path.parents if p.exists()), Path("."))
+            if not os.access(parent, os.W_OK):
+                raise StorageError(f"storage {url}: cannot create {path}: {parent} is not writable")
         return
     try:
         engine = sqlalchemy.create_engine(url, **engine_kwargs(url))
@@ -346,15 +349,6 @@ def check_reachable(url: str) -> None:
         engine.dispose()
     except Exception as exc:  # noqa: BLE001
         raise StorageError(f"storage {redact(url)}: cannot connect: {_first_line(exc)}") from None
-
-
-def _sqlite_readable(path: Path, url: str) -> None:
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
-        conn.close()
-    except sqlite3.DatabaseError as exc:
-        raise StorageError(f"storage {url}: {path} is not a SQLite database ({exc})") from None
 
 
 def _first_line(exc: BaseException) -> str:

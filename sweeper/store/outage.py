@@ -164,7 +164,11 @@ class OutagePolicy:
                     self._recovered()  # the store answered, if only to refuse
                     raise
                 delay = self._failed(exc, attempt, max_delay)
-                _notify_retry()
+                for listener in _retry_listeners:
+                    try:
+                        listener()
+                    except Exception:  # noqa: BLE001 - a listener must never turn a retry into a failure
+                        pass
                 self.stop.wait(delay)
                 attempt += 1
                 continue
@@ -211,14 +215,6 @@ def on_retry(listener: Callable[[], None]) -> Callable[[], None]:
     trial waiting out an outage is not taken for a stalled one). Returns the call that removes it."""
     _retry_listeners.append(listener)
     return lambda: _retry_listeners.remove(listener)
-
-
-def _notify_retry() -> None:
-    for listener in _retry_listeners:
-        try:
-            listener()
-        except Exception:  # noqa: BLE001 - a listener must never turn a retry into a failure
-            pass
 
 
 def _first_line(exc: BaseException) -> str:
