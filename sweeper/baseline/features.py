@@ -33,11 +33,6 @@ class Design:
     subsampled: dict[str, Any] | None = None
 
 
-def column_names(features: list[str], lags: int) -> list[str]:
-    """``f`` for each feature at the row's date, then ``f@lag1`` ... ``f@lag{lags}``."""
-    return [f if k == 0 else f"{f}@lag{k}" for k in range(lags + 1) for f in features]
-
-
 def split_rows(panel: Panel, split: str) -> tuple[np.ndarray, np.ndarray]:
     """The split's ``(t, i)`` rows: exactly the rows the trials train on or are scored on."""
     idx = panel.sample_index(split).cpu().numpy()
@@ -90,5 +85,5 @@ def design(panel: Panel, split: str, lags: int, max_rows: int | None = None) -> 
         out[inside, k * F:(k + 1) * F] = X[t[inside] - k, i[inside]]
     y = panel.y.cpu().numpy()[t, i]
     y_raw = panel.y_raw.cpu().numpy()[t, i]
-    return Design(t=t, i=i, X=out, y=y, y_raw=y_raw, names=column_names(list(panel.features), lags),
-                  subsampled=subsampled)
+    names = [f if k == 0 else f"{f}@lag{k}" for k in range(lags + 1) for f in panel.features]
+    return Design(t=t, i=i, X=out, y=y, y_raw=y_raw, names=names, subsampled=subsampled)

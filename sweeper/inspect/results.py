@@ -239,11 +239,12 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
     per running trial, the ``fold``, ``seed`` and ``epoch`` it is in."""
     trials = study.get_trials(deepcopy=False)
     counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
+    fails = Counter(t.user_attrs.get("fail_reason", "unknown") for t in trials if t.state == TrialState.FAIL)
     folder = layout.run_dir(cfg)
     report: dict[str, Any] = {
         "study": cfg.study.name, "n_trials": cfg.study.n_trials,
         "finished": counts["COMPLETE"] + counts["PRUNED"], "counts": counts,
-        "fail_reasons": _fail_reasons(trials), "best": best_report(study, cfg, study_file=study_file),
+        "fail_reasons": dict(fails), "best": best_report(study, cfg, study_file=study_file),
         "running": running(study, trials, cfg.study.grace_period),
         "baseline_state": study.user_attrs.get("baseline_state"),
         "baseline_done": "baseline" in study.user_attrs,
@@ -292,11 +293,6 @@ def running(study: optuna.Study, trials: list[FrozenTrial], grace: float) -> lis
                      "params": t.params, "stack_size": ua.get("stack_size"),
                      "heartbeat_age_s": age, "stale": age is not None and age > grace})
     return rows
-
-
-def _fail_reasons(trials: list[FrozenTrial]) -> dict[str, int]:
-    return dict(Counter(t.user_attrs.get("fail_reason", "unknown")
-                        for t in trials if t.state == TrialState.FAIL))
 
 
 def latest_telemetry(path: Path) -> list[dict[str, Any]]:
