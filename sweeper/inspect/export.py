@@ -58,17 +58,14 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
 def _per_fold(column: pd.Series) -> dict[str, pd.Series]:
     """``{name_1: ..., name_k: ...}`` of a column of lists of numbers; empty for any other column."""
     values = [v for v in column if not _missing(v)]
-    if not values or not all(isinstance(v, list) and all(_number(x) for x in v) for v in values):
+    if not values or not all(isinstance(v, list) and all(x is None or _kind(x) == "number" for x in v)
+                             for v in values):
         return {}
     width = max(len(v) for v in values)
     rows = [[math.nan] * width if _missing(v) else [math.nan if x is None else float(x) for x in v]
             + [math.nan] * (width - len(v)) for v in column]
     return {f"{column.name}_{k + 1}": pd.Series([r[k] for r in rows], index=column.index, dtype="float64")
             for k in range(width)}
-
-
-def _number(value: object) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def _one_type(column: pd.Series) -> pd.Series:

@@ -17,8 +17,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sweeper.inspect.figures_base import LAYOUT, StudyData, empty
-from sweeper.inspect.ic_views import SPLITS, baseline_daily_frames, trial_daily_frames
-from sweeper.quant.ic_time import ic_by_month, ic_by_year
+from sweeper.inspect.ic_views import SPLITS, daily_frames, ic_by_year_report
+from sweeper.quant.ic_time import ic_by_month
+from sweeper.store.layout import baseline_files, trial_files
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 ROW_HEIGHT = 28  # pixels per year row, so a long split stays readable
@@ -40,8 +41,8 @@ def month_heatmap(daily: pd.DataFrame, name: str) -> tuple[go.Heatmap, dict[str,
 def ic_time_figure(data: StudyData) -> go.Figure:
     if data.best is None:
         return empty("no complete trial yet")
-    panels = {"best": trial_daily_frames(data.run_dir, data.best.number)}
-    baseline = baseline_daily_frames(data.run_dir)
+    panels = {"best": daily_frames(trial_files(data.run_dir, data.best.number))}
+    baseline = daily_frames(baseline_files(data.run_dir))
     if baseline:
         panels["baseline"] = baseline
     if not panels["best"]:
@@ -61,8 +62,7 @@ def ic_time_figure(data: StudyData) -> go.Figure:
             fig.add_trace(trace, row=row, col=col)
             years = max(years, len(months[kind][split]))
     meta: dict[str, Any] = {"trial": data.best.number, "months": months,
-                            "ic_by_year": {split: {str(y): v for y, v in ic_by_year(frame).items()}
-                                           for split, frame in panels["best"].items()}}
+                            "ic_by_year": ic_by_year_report(panels["best"])}
     meta.update(data.group_neutral)
     height = max(int(LAYOUT["height"]), len(panels) * (120 + ROW_HEIGHT * years))
     fig.update_layout(**{**LAYOUT, "height": height}, meta=meta,

@@ -11,7 +11,6 @@ show them (the arithmetic is :mod:`sweeper.quant.ic_time`).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -19,7 +18,7 @@ import pandas as pd
 from sweeper.errors import SweeperError
 from sweeper.plain import plain
 from sweeper.quant.ic_time import group_neutral_ic, ic_by_year
-from sweeper.store.layout import BaselineFiles, TrialFiles, baseline_files, trial_files
+from sweeper.store.layout import BaselineFiles, TrialFiles
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -31,35 +30,25 @@ SPLITS = ("valid", "test")
 GROUP_KEYS = ("ic", "rank_ic", "icir", "n_dates")
 
 
-def read_daily_frame(path: Path) -> pd.DataFrame | None:
-    """A daily IC file (``date, ic, rank_ic``) as a frame; None when there is no such file, or
-    it is not one (a damaged file must not cost ``status`` or ``best`` the rest of the view)."""
-    try:
-        frame = pd.read_csv(path)
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):  # ParserError, EmptyDataError: ValueErrors
-        return None
-    return frame if {"date", "ic"} <= set(frame.columns) else None
+def daily_frames(files: TrialFiles | BaselineFiles) -> dict[str, pd.DataFrame]:
+    """``{split: daily IC frame}`` (``date, ic, rank_ic``) of a trial's (or the baseline's) files, for
+    the splits that have one (a damaged file must not cost ``status`` or ``best`` the rest of the view)."""
+    out = {}
+    for split in SPLITS:
+        try:
+            frame = pd.read_csv(files.daily_ic(split))
+        except (FileNotFoundError, ValueError, UnicodeDecodeError):  # ValueError: ParserError, EmptyDataError
+            continue
+        if {"date", "ic"} <= set(frame.columns):
+            out[split] = frame
+    return out
 
 
-def _daily_frames(files: TrialFiles | BaselineFiles) -> dict[str, pd.DataFrame]:
-    """``{split: daily IC frame}`` of a trial's (or the baseline's) files, for the splits that have one."""
-    frames = {split: read_daily_frame(files.daily_ic(split)) for split in SPLITS}
-    return {split: frame for split, frame in frames.items() if frame is not None}
-
-
-def trial_daily_frames(run_dir: str | Path, number: int) -> dict[str, pd.DataFrame]:
-    return _daily_frames(trial_files(run_dir, number))
-
-
-def baseline_daily_frames(run_dir: str | Path) -> dict[str, pd.DataFrame]:
-    return _daily_frames(baseline_files(run_dir))
-
-
-def ic_by_year_report(run_dir: str | Path, number: int) -> dict[str, dict[str, float]]:
-    """The ``best --json`` key ``ic_by_year``: ``{split: {"2021": mean daily IC, ...}}`` (year
-    keys as text, as JSON writes them), for the splits whose daily IC file exists."""
+def ic_by_year_report(frames: dict[str, pd.DataFrame]) -> dict[str, dict[str, float]]:
+    """The ``best --json`` key ``ic_by_year`` of the best trial's :func:`daily_frames`:
+    ``{split: {"2021": mean daily IC, ...}}`` (year keys as text, as JSON writes them)."""
     return {split: {str(year): mean for year, mean in ic_by_year(frame).items()}
-            for split, frame in trial_daily_frames(run_dir, number).items()}
+            for split, frame in frames.items()}
 
 
 def with_groups(frame: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:

@@ -132,7 +132,8 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     folder = files_folder(cfg, study)  # this study's files, wherever another study put them
     out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg),
                                         valid_daily_ics(trials, folder))
-    out["ic_by_year"] = ic_views.ic_by_year_report(folder, best.number)
+    out["ic_by_year"] = ic_views.ic_by_year_report(
+        ic_views.daily_frames(layout.trial_files(folder, best.number)))
     out["baseline"] = baseline_report(study, cfg, best)
     out["baseline_state"] = study.user_attrs.get("baseline_state")
     if portfolio:
