@@ -22,8 +22,8 @@ CHECKPOINT_SECTIONS = ("model.", "train.", "data.")
 # where the data file and the panel cache lie and how much of the panel sits on the device change
 # nothing a trial computes (the data fingerprint, compared on its own, says whether the data is
 # the same; the study file read from another folder names the same file by another path);
-# nor does how its runs are stacked (a member is its lone run, dropout masks aside): a stack's
-# checkpoint names its runs, so one of another stacking is never continued (validation.runner)
+# nor does how its runs are stacked (a member is its lone run; on a GPU, dropout masks aside): a
+# stack's checkpoint names its runs, so one of another stacking is never continued (validation.runner)
 NOT_DRIFT = frozenset({"data.path", "data.cache", "data.cache_dir", "data.cache_max_gb", "data.device_share",
                        "train.max_stack"})
 

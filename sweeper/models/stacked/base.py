@@ -6,10 +6,13 @@ A stacked model mirrors its one-member model's parameter names and shapes, with 
 starts from K one-member models built with the members' seeds (K separate runs' initialisation,
 draw for draw), and each member's best weights leave it as an ordinary trial's ``weights.pt``.
 
-Inputs are ``x[K, B, L, F]`` (member k's batch in row k), outputs ``[K, B]``. In a stack of
-several each member's dropout masks come from its own generator (:meth:`StackedModule.seed_members`),
-whatever shares its stack; a stack of one calls torch's own layers (``F.linear``, ``F.dropout`` from
-the generator its run seeded), so it computes what the one-member model computes, bit for bit.
+Inputs are ``x[K, B, L, F]`` (member k's batch in row k), outputs ``[K, B]``. A stack of one calls
+torch's own layers (``F.linear``, ``F.dropout`` from the generator its run seeded), so it computes
+what the one-member model computes, bit for bit. In a stack of several each member draws its dropout
+masks from its own generator, started on the CPU where its lone run's draws start
+(:meth:`StackedModule.seed_members`), and draws them as its lone run's kernels do (the same noise, in
+the same order, on tensors of the same shape and layout: :class:`MemberDropout`), so a member is its
+lone run, dropout included, up to the float rounding of the batched kernels.
 """
 from __future__ import annotations
 
@@ -69,17 +72,21 @@ def stacked_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 class MemberDropout(nn.Module):
-    """Dropout with each member's own rate ``p[k]`` (a buffer: members of one shape but different
-    dropout share a stack) and, once seeded, its own generator. Unseeded (a stack built outside a
-    trial), and in a stack of one, it draws from the global generator like ``nn.Dropout``."""
+    """Dropout with each member's own rate (members of one shape but different dropout share a
+    stack) and, once seeded, its own generator. Unseeded (a stack built outside a trial), and in a
+    stack of one, it draws from the global generator like ``nn.Dropout``.
+
+    Member k's mask is drawn as ``F.dropout`` draws its lone run's on the CPU: ``noise =
+    empty_like(x).bernoulli_(1 - p).div_(1 - p)``, then ``x * noise``, and nothing drawn where
+    ``p == 0``. ``bernoulli_`` fills a tensor in its memory order, so ``x[k]`` must be laid out as
+    its lone run's dropout input is (the models see to it where torch's layers lay it out
+    otherwise: an LSTM's sequences, the attention's output)."""
 
     generators: list[torch.Generator] | None
-    p: torch.Tensor
 
     def __init__(self, p: Sequence[float]) -> None:
         super().__init__()
         self.rates = [float(v) for v in p]
-        self.register_buffer("p", torch.tensor(self.rates), persistent=False)
         self.any = any(v > 0 for v in p)
         self.generators = None
 
@@ -88,14 +95,15 @@ class MemberDropout(nn.Module):
             return x
         if len(self.rates) == 1:  # a stack of one: nn.Dropout's draw, from the generator its run seeded
             return F.dropout(x, self.rates[0], True)
-        if self.generators is None:
-            draw = torch.rand(x.shape, device=x.device, dtype=x.dtype)
-        else:
-            draw = torch.stack([torch.rand(x.shape[1:], generator=g, device=x.device, dtype=x.dtype)
-                                for g in self.generators])
-        keep = (1.0 - self.p).to(x.dtype).view(-1, *([1] * (x.dim() - 1)))
-        mask = (draw < keep).to(x.dtype).div_(keep)  # one tensor of kept-and-rescaled, then one product
-        return x * mask
+        # empty_like keeps x's strides: member k's slice is laid out as its lone run's noise
+        noise = torch.empty_like(x)
+        for k, p in enumerate(self.rates):
+            if p > 0:  # the same double 1 - p as F.dropout's, so the same draw and the same scale
+                generator = None if self.generators is None else self.generators[k]
+                noise[k].bernoulli_(1 - p, generator=generator).div_(1 - p)
+            else:
+                noise[k].fill_(1.0)  # F.dropout draws nothing at p = 0
+        return x * noise
 
 
 class StackedModule(nn.Module):
@@ -125,14 +133,19 @@ class StackedModule(nn.Module):
 
     def seed_members(self, seeds: Sequence[int], device: torch.device | str,
                      states: Sequence[torch.Tensor] | None = None) -> list[torch.Generator]:
-        """Give every member its own dropout generator, seeded with its run's seed (``states``: see
-        :class:`~sweeper.models.stacked.func.FuncStack`'s, which starts them where the lone runs'
-        draws started)."""
+        """Give every member its own dropout generator, seeded with its run's seed and, on the CPU,
+        set to ``states`` (the global generator's state once the member's one-member model was
+        built: where its lone run's dropout draws start). ``states`` are the CPU generator's: on a
+        GPU each starts from its seed, as a lone run's CUDA generator does (whose fused dropout
+        kernels draw otherwise: there a member's masks are not its lone run's)."""
         if len(seeds) != self.members:
             raise ValueError(f"{len(seeds)} seeds for a stack of {self.members}")
         if self.members == 1:  # the global generator, which the run seeds with its seed, is its own
             return []
         generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+        if states is not None and torch.device(device).type == "cpu":
+            for g, state in zip(generators, states):
+                g.set_state(state)
         for module in self.modules():
             if isinstance(module, MemberDropout):
                 module.generators = generators

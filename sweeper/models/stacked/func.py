@@ -54,13 +54,9 @@ class FuncStack(StackedModule):
 
     def seed_members(self, seeds: Sequence[int], device: torch.device | str,
                      states: Sequence[torch.Tensor] | None = None) -> list[torch.Generator]:
-        """Each member's own generator, seeded with its run's seed; on the CPU set to ``states``
-        (the global generator's state after the member's one-member model was built: where its
-        lone run's dropout draws start)."""
-        self.generators = super().seed_members(seeds, device)
-        if states is not None and torch.device(device).type == "cpu":
-            for g, state in zip(self.generators, states):
-                g.set_state(state)
+        """Each member's own generator (:meth:`StackedModule.seed_members`), kept to swap in for
+        the global one while the member's forward runs."""
+        self.generators = super().seed_members(seeds, device, states)
         return self.generators
 
     def no_weight_decay(self) -> set[str]:

@@ -3,11 +3,13 @@ independent ``nn.LSTM``/``nn.GRU`` (batch-first, zero initial state) with a line
 one-member names (``rnn.weight_ih_l0`` ... ``head.bias``, K in front).
 
 A stack of one is the one-member model: torch's own LSTM/GRU call, bit for bit. A stack of several
-on the CPU runs each member through that kernel with its own weights (and dropout generator between
-layers); on a GPU the recurrence is written out, batched over members: per layer one batched matmul
-projects every time step's input, then one per step applies the hidden weights. The gate order and
-equations are torch's (LSTM i, f, g, o; GRU r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn h +
-b_hn))``), so a member's output is its one-member model's, up to float rounding.
+on the CPU runs each member through that kernel with its own weights, one layer at a time; on a GPU
+the recurrence is written out, batched over members: per layer one batched matmul projects every
+time step's input, then one per step applies the hidden weights. The gate order and equations are
+torch's (LSTM i, f, g, o; GRU r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``), so a
+member's output is its one-member model's, up to float rounding. Both run time-major, as the kernel
+runs inside: the dropout between layers draws each member's noise on its ``[L, B, H]`` output
+sequence, from its own generator, which on the CPU is the noise its lone run's kernel draws.
 """
 from __future__ import annotations
 
@@ -55,11 +57,11 @@ class StackedRNN(nn.Module):
             params = [w[0] for layer in range(self.num_layers) for w in self._weights(layer)]
             p = self.dropout.rates[0] if self.num_layers > 1 else 0.0
             return self._kernel(x[0], params, self.num_layers, p)[:, -1].unsqueeze(0)
-        kernel = x.device.type in KERNEL_DEVICES
-        one_layer = self._kernel_layer if kernel else self._layer
-        # [K, B, L, F] is batch-first, as the kernel takes it; in [K, L, B, F] a time step's rows are
-        # one contiguous block
-        seq = x if kernel else x.transpose(1, 2)
+        one_layer = self._kernel_layer if x.device.type in KERNEL_DEVICES else self._layer
+        # time-major, as the kernel runs a batch-first input ([K, L, B, F]: a time step's rows are
+        # one contiguous block), so each member's output sequence [L, B, H] is laid out as the one
+        # its lone run's kernel drops out between layers, and its dropout draws the same masks
+        seq = x.transpose(1, 2)
         for layer in range(self.num_layers):
             if layer:
                 seq = self.dropout(seq)
@@ -70,21 +72,24 @@ class StackedRNN(nn.Module):
         return [self.get_parameter(f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih",
                                                                        "bias_hh")]
 
-    def _kernel(self, seq: torch.Tensor, params: list[torch.Tensor], layers: int, p: float) -> torch.Tensor:
-        """torch's own LSTM/GRU kernel over one member's ``seq[B, L, in]`` (zero initial state)."""
-        zeros = seq.new_zeros(layers, seq.shape[0], self.hidden_size)
+    def _kernel(self, seq: torch.Tensor, params: list[torch.Tensor], layers: int, p: float, *,
+                batch_first: bool = True) -> torch.Tensor:
+        """torch's own LSTM/GRU kernel over one member's ``seq[B, L, in]`` (``[L, B, in]`` if not
+        ``batch_first``; zero initial state)."""
+        zeros = seq.new_zeros(layers, seq.shape[0 if batch_first else 1], self.hidden_size)
         # (input, state, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-        flags = (True, layers, p, self.training, False, True)
+        flags = (True, layers, p, self.training, False, batch_first)
         if self.cell == "lstm":
             return torch.lstm(seq, (zeros, zeros), params, *flags)[0]
         return torch.gru(seq, zeros, params, *flags)[0]
 
     def _kernel_layer(self, seq: torch.Tensor, layer: int, *, last: bool) -> torch.Tensor:
-        """One layer over ``seq[K, B, L, in]``, member by member through torch's own kernel:
-        ``[K, B, L, H]``, or the last step's ``[K, B, H]`` for the top layer."""
+        """One layer over ``seq[K, L, B, in]``, member by member through torch's own kernel:
+        ``[K, L, B, H]``, or the last step's ``[K, B, H]`` for the top layer."""
         weights = self._weights(layer)
-        outs = [self._kernel(seq[k], [w[k] for w in weights], 1, 0.0) for k in range(seq.shape[0])]
-        return torch.stack([out[:, -1] if last else out for out in outs])
+        outs = [self._kernel(seq[k], [w[k] for w in weights], 1, 0.0, batch_first=False)
+                for k in range(seq.shape[0])]
+        return torch.stack([out[-1] if last else out for out in outs])
 
     def _layer(self, seq: torch.Tensor, layer: int, *, last: bool) -> torch.Tensor:
         """One layer over ``seq[K, L, B, in]``: the output sequence ``[K, L, B, H]``, or only the

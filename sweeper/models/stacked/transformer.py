@@ -6,7 +6,11 @@ A stack of one is the one-member model: torch's own ``nn.TransformerEncoderLayer
 eval fast path) on the member's weights, drawn in its order. In a stack of several every linear is
 one batched matmul, layer norms normalise without affine and then apply each member's scale and
 shift, and attention is one ``scaled_dot_product_attention`` over ``K * B`` sequences. Dropout sits
-where ``nn.TransformerEncoderLayer`` puts it, with each member's own rate and generator.
+where ``nn.TransformerEncoderLayer`` puts it, with each member's own rate and generator, and draws
+each member's masks as its lone run's layer draws them, in its order: the attention weights
+``[B, nhead, L, L]`` (SDPA's math path, which torch takes when it drops out), ``dropout1`` on the
+attention's output (time-major underneath, as ``nn.MultiheadAttention`` leaves it), the
+feed-forward's ``dropout``, then ``dropout2``.
 """
 from __future__ import annotations
 
@@ -79,18 +83,24 @@ class StackedSelfAttention(nn.Module):
         qkv = stacked_affine(x, self.in_proj_weight, self.in_proj_bias)
         # the 3d outputs are [q | k | v], each split into nhead contiguous heads, as in MHA
         q, key, v = qkv.view(k, b, length, 3, self.nhead, head_dim).permute(3, 0, 1, 4, 2, 5).unbind(0)
-        if self.training and self.dropout.any:
+        if self.training and self.dropout.any:  # dropout1 too (one rate per member for the layer)
             out = self._attend_with_dropout(q, key, v)
-        else:
-            shape = (k * b, self.nhead, length, head_dim)
-            out = F.scaled_dot_product_attention(q.reshape(shape), key.reshape(shape), v.reshape(shape))
-            out = out.view(k, b, self.nhead, length, head_dim)
-        return self.out_proj(out.transpose(2, 3).reshape(k, b, length, d))
+            # laid out as nn.MultiheadAttention lays out its output, time-major [L, B, d] seen
+            # batch-first, so that dropout1 fills each member's noise in its lone run's order
+            return self.out_proj(out.permute(0, 3, 1, 2, 4).reshape(k, length, b, d)).transpose(1, 2)
+        shape = (k * b, self.nhead, length, head_dim)
+        out = F.scaled_dot_product_attention(q.reshape(shape), key.reshape(shape), v.reshape(shape))
+        # batch-first: SDPA's output is laid out [B, L, nhead, hd] underneath, so this is a view
+        out = out.view(k, b, self.nhead, length, head_dim).transpose(2, 3)
+        return self.out_proj(out.reshape(k, b, length, d))
 
     def _attend_with_dropout(self, q: torch.Tensor, key: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Attention spelled out, ``[K, B, H, L, hd]`` in and out: SDPA takes one dropout rate and the
-        global generator, the members need their own."""
-        scores = torch.matmul(q, key.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        global generator, the members need their own. Its math path's arithmetic (the one a lone run
+        takes with dropout: q and k each scaled by the root of the scale), and its dropout on the
+        weights ``[B, H, L, L]`` of each member."""
+        scale = math.sqrt(1.0 / math.sqrt(q.shape[-1]))
+        scores = torch.matmul(q * scale, key.transpose(-2, -1) * scale)
         weights = self.dropout(torch.softmax(scores, dim=-1))
         return torch.matmul(weights, v)
 
