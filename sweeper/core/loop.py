@@ -263,8 +263,10 @@ def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fi
     weights kept, stopped when its patience runs out; None for a stopped one."""
     lanes, step, plan = run.lanes, run.step, run.plan
     live = [k for k, lane in enumerate(lanes) if not lane.stopped]
-    preds: list[torch.Tensor | None] = [None] * len(live) if fixed_epochs else list(
-        stacked_predict_rows(step.forward, [lanes[k].valid for k in live], plan.eval_batch_size, tick))
+    # the stack's forward takes every member's rows (a stopped one's too, its predictions unused)
+    every: list[torch.Tensor | None] = [None] * len(lanes) if fixed_epochs else list(
+        stacked_predict_rows(step.forward, [lane.valid for lane in lanes], plan.eval_batch_size, tick))
+    preds = [every[k] for k in live]
     rows: list[dict | None] = [None] * len(lanes)
     for k, pred in zip(live, preds):
         lane = lanes[k]
@@ -290,7 +292,8 @@ def _finish(run: Run, device: torch.device, stop_reason: StopReason, began: floa
     (for a stack of one, exactly what ``predict`` computes)."""
     stack, plan = run.step.stack, run.plan
     for k, lane in enumerate(run.lanes):
-        stack.load_member(k, lane.progress.best_state)
+        if lane.progress.best_state:  # (none: a member that failed before its first epoch ended)
+            stack.load_member(k, lane.progress.best_state)
     # a stack of one validated its best epoch through the final scoring's own forward, rows and batch:
     # those predictions are the final scoring's on valid, to the bit, and valid is not run again
     known = [lane.best_valid for lane in run.lanes if lane.best_valid is not None]
