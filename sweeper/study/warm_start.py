@@ -103,17 +103,26 @@ def _number(value: Any) -> float | int:
 def config_set(cfg: C.SweeperConfig) -> tuple[StartSet | None, list[str]]:
     """The study file's values for the search-space keys that are active with them and that the
     space can suggest (the sampler draws the others, each with a note); None when none is."""
-    params, notes = {}, []
-    for key in ordered(cfg.search_space):
-        spec = cfg.search_space[key]
-        if not condition_met(spec, cfg, {}):
-            continue
-        value = C.config_value(cfg, key)
-        try:
-            params[key] = fit(spec, value)
-        except _Outside as why:
-            notes.append(f"start from config: {key}={value!r} is {why}; the sampler draws it")
+    params, refused = _fitted(cfg, {key: C.config_value(cfg, key) for key in ordered(cfg.search_space)
+                                    if condition_met(cfg.search_space[key], cfg, {})})
+    notes = [f"start from config: {key}={value!r} is {why}; the sampler draws it"
+             for key, value, why in refused]
     return (StartSet(params, "config") if params else None), notes
+
+
+def _fitted(cfg: C.SweeperConfig,
+            values: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, Any, _Outside]]]:
+    """``values`` as the search space would suggest them (:func:`fit`), and ``(key, value, why)``
+    of each it cannot take: a value its entry cannot suggest, or a key it has no entry for."""
+    params, refused = {}, []
+    for key, value in values.items():
+        try:
+            if key not in cfg.search_space:
+                raise _Outside("not in this search space")
+            params[key] = fit(cfg.search_space[key], value)
+        except _Outside as why:
+            refused.append((key, value, why))
+    return params, refused
 
 
 def _source_study(warm: C.WarmStartConfig, own_storage: str) -> optuna.Study:
@@ -147,17 +156,9 @@ def warm_start_sets(cfg: C.SweeperConfig) -> tuple[list[StartSet], list[str]]:
         notes.append(f"warm start: study {warm.study!r} has {len(best)} completed trials, "
                      f"fewer than top_k {warm.top_k}")
     for t in best:
-        where = f"from trial {t.number} of study {warm.study!r}"
-        params = {}
-        for key, value in t.params.items():
-            spec = cfg.search_space.get(key)
-            try:
-                if spec is None:
-                    raise _Outside("not in this search space")
-                params[key] = fit(spec, value)
-            except _Outside as why:
-                shown = key if spec is None else f"{key}={value!r}"
-                notes.append(f"warm start: dropped {shown} ({why}) {where}")
+        params, refused = _fitted(cfg, t.params)
+        notes += [f"warm start: dropped {key if key not in cfg.search_space else f'{key}={value!r}'} ({why}) "
+                  f"from trial {t.number} of study {warm.study!r}" for key, value, why in refused]
         if params:
             sets.append(StartSet(params, f"{warm.study}#{t.number}"))
         else:
@@ -185,16 +186,12 @@ def _enqueue_entry(path: Path, i: int, entry: Any, cfg: C.SweeperConfig) -> Star
     if not isinstance(entry, dict) or not entry:
         raise ConfigError(f"{where}: expected a non-empty mapping of search_space keys to values, "
                           f"got {entry!r}")
-    params = {}
-    for key, value in C.flatten(entry).items():
-        spec = cfg.search_space.get(key)
-        if spec is None:
+    params, refused = _fitted(cfg, C.flatten(entry))
+    for key, value, why in refused[:1]:  # strict: the first key it cannot take
+        if key not in cfg.search_space:
             raise ConfigError(f"{where}: {key} is not a search_space key "
                               f"(the search space has: {', '.join(cfg.search_space) or 'none'})")
-        try:
-            params[key] = fit(spec, value)
-        except _Outside as why:
-            raise ConfigError(f"{where}: {key}={value!r} is {why}") from None
+        raise ConfigError(f"{where}: {key}={value!r} is {why}")
     return StartSet(params, f"{path}#{i}")
 
 
