@@ -118,13 +118,18 @@ def _no_space_errno(exc: BaseException, path: str | Path | None) -> int | None:
     return None
 
 
-def _free_bytes(path: str | Path) -> int:
-    """Bytes free to this user on the file system holding ``path`` (or its nearest folder)."""
-    probe = Path(path)
+def nearest_existing(path: str | Path) -> Path:
+    """``path``, or the nearest of its folders that exists (the file system a file will be on)."""
+    probe = Path(path).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
+    return probe
+
+
+def _free_bytes(path: str | Path) -> int:
+    """Bytes free to this user on the file system holding ``path`` (or its nearest folder)."""
     try:
-        st = os.statvfs(probe)
+        st = os.statvfs(nearest_existing(path))
     except OSError:
         return LOW_SPACE_BYTES  # cannot tell: not taken for a full disk
     return st.f_bavail * st.f_frsize

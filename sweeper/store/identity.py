@@ -21,7 +21,14 @@ class Identity:
 
     @classmethod
     def current(cls) -> Identity:
-        return cls(host=host_id(), pid=os.getpid(), driver_id=uuid.uuid4().hex[:12], pid_ns=_pid_namespace())
+        # two pods on one node share the boot id but not the pid namespace; two
+        # machines given the same SWEEPER_HOST_ID share neither
+        try:
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+            pid_ns = f"{boot}:{os.readlink('/proc/self/ns/pid')}"
+        except OSError:
+            pid_ns = ""
+        return cls(host=host_id(), pid=os.getpid(), driver_id=uuid.uuid4().hex[:12], pid_ns=pid_ns)
 
     def attrs(self) -> dict[str, Any]:
         return {"host": self.host, "driver_pid": self.pid, "driver_id": self.driver_id, "pid_ns": self.pid_ns}
@@ -31,16 +38,6 @@ def host_id() -> str:
     """This host's id: ``SWEEPER_HOST_ID`` (two pods, or a host renamed), else its name. The one
     home of the rule: the driver's identity and the store's connection name both use it."""
     return os.environ.get("SWEEPER_HOST_ID") or socket.gethostname()
-
-
-def _pid_namespace() -> str:
-    # two pods on one node share the boot id but not the pid namespace; two
-    # machines given the same SWEEPER_HOST_ID share neither
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return f"{boot}:{os.readlink('/proc/self/ns/pid')}"
-    except OSError:
-        return ""
 
 
 def pid_alive(pid: int) -> bool:

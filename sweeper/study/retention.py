@@ -32,6 +32,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from sweeper.atomic import nearest_existing
 from sweeper.config import StudyConfig, SweeperConfig
 from sweeper.errors import one_line
 from sweeper.store.layout import TrialFiles, artifact_copy, trial_files
@@ -196,20 +197,13 @@ def space_warning(run_dir: str | Path, trials: list[FrozenTrial], n_trials: int)
     per_trial = statistics.median(sizes) if sizes else 0
     if left <= 0 or per_trial <= 0:
         return None
-    free = shutil.disk_usage(_existing(Path(run_dir))).free
+    free = shutil.disk_usage(nearest_existing(run_dir)).free
     fits = int(free // per_trial)
     if fits >= left:
         return None
     return (f"warning: {run_dir} has {human_bytes(free)} free, about {fits} trials' worth at "
             f"{human_bytes(per_trial)} a trial (the median of {len(finished)} finished), and the budget "
             f"has {left} trials left; free space, or keep less (study.keep, sweeper gc)")
-
-
-def _existing(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def weights_removed(trial: FrozenTrial, files: TrialFiles) -> bool:
