@@ -2,7 +2,9 @@
 pruner) and a 2-fold x 2-seed walk-forward study exactly as the two pipelines did. The golden
 records were written by ``tests/pipeline_snapshot.py --write`` by the code of 83f89dc, before the
 refactor, one per CPU kernel level and vendor (a CPU with none is compared with another's within
-rounding); what is compared, and what is left out as run-to-run noise, is in that module's docstring."""
+rounding); the walk-forward study as one stack of 4 has a record too, written by 47ebc4b (issue
+40: a member draws its lone run's dropout masks). What is compared, and what is left out as
+run-to-run noise, is in that module's docstring."""
 from __future__ import annotations
 
 import json
@@ -19,7 +21,7 @@ def test_a_study_records_exactly_what_it_recorded_before_the_refactor(tmp_path, 
     record, exact = S.golden(scheme)
     want = S.comparable(record, scheme)
     got = S.comparable(json.loads(json.dumps(S.snapshot(tmp_path), sort_keys=True)), scheme)
-    assert S.check(scheme, want, got, exact) == []
+    assert S.diff(want, got, exact=exact) == []
 
 
 @pytest.mark.parametrize("scheme", ["holdout", "walk_forward"])
@@ -43,14 +45,3 @@ def test_a_cpu_without_its_own_record_is_compared_within_rounding_and_still_catc
         f"{changed['trials'][1]['params']['train.lr']}",
         f"/trials[2]/value: {intel['trials'][2]['value']} != {changed['trials'][2]['value']}",
     ]
-
-
-def test_the_stacked_record_holds_its_training_exactly_and_its_final_scores_within_rounding():
-    record, _ = S.golden("walk_forward_stacked")
-    want = S.comparable(record, "walk_forward_stacked")
-    got = json.loads(json.dumps(want))
-    got["trials"][0]["intermediate"]["1"] *= 1 + 1e-9  # training: caught however small
-    got["trials"][1]["value"] *= 1 + 1e-9  # a final score: rounding
-    got["trials"][2]["value"] *= 1.01  # a final score off by more than rounding: caught
-    lines = S.check("walk_forward_stacked", want, got, exact=True)
-    assert [line.split(":")[0] for line in lines] == ["/trials[2]/value", "/trials[0]/intermediate/1"]
