@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 import plotly.graph_objects as go
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from sweeper.validation import contract as K
 
@@ -48,9 +48,6 @@ class StudyData:
     long_short_note: str | None = None       # why there is no long-short view
     # with data.group_col: best --json's group_neutral (and group_col or the reason it is missing)
     group_neutral: dict[str, Any] = field(default_factory=dict)
-
-    def finished(self, *states: TrialState) -> list[FrozenTrial]:
-        return [t for t in self.trials if t.state in states]
 
     @property
     def folded(self) -> bool:

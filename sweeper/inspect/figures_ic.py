@@ -14,7 +14,7 @@ from sweeper.store.layout import trial_files
 
 def overfit_figure(data: StudyData) -> go.Figure:
     rows = [(t.number, t.user_attrs.get("val_ic"), t.user_attrs.get("test_ic"))
-            for t in data.finished(TrialState.COMPLETE)]
+            for t in data.trials if t.state == TrialState.COMPLETE]
     rows = [r for r in rows if finite(r[1]) and finite(r[2])]
     if not rows:
         return empty("no complete trial has both val_ic and test_ic")

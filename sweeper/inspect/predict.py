@@ -115,8 +115,8 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
 
 def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int = "best",
                   split: str | None = None, data: str | Path | None = None, device: str | None = None,
-                  start: str | None = None, end: str | None = None, predictor: Predictor | None = None,
-                  study_file: str | None = None, allow_unrefit: bool = False) -> Prediction:
+                  start: str | None = None, end: str | None = None, study_file: str | None = None,
+                  allow_unrefit: bool = False) -> Prediction:
     """Predictions of ``trial`` (number, "best" or "topK") on ``split`` of the study's data,
     or of ``data``. ``study_file`` is named in the retrain command of a trial whose weights
     study.keep removed, and in the refit command of :func:`refuse_unrefit`, which ``allow_unrefit``
@@ -132,7 +132,7 @@ def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int =
     parsed = parse_trial(trial)
     top_k = int(parsed[3:]) if isinstance(parsed, str) and parsed != "best" else None
     members = top_trials(study, top_k) if top_k is not None else [pick_trial(study, parsed)]
-    predictor = predictor or Predictor(cfg, study, device, study_file)
+    predictor = Predictor(cfg, study, device, study_file)
     if data is not None and parsed == "best" and not allow_unrefit:
         refuse_unrefit(study, members[0], predictor, study_file)
     if split is None:

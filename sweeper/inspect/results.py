@@ -120,21 +120,21 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         return None
     ua = best.user_attrs
     oracle = study.user_attrs.get("oracle_ic")
-    out = _trial_report(study, cfg, best, study_file)
+    trials = study.get_trials(deepcopy=False)
+    folder = files_folder(cfg, study)  # this study's files, wherever another study put them
+    files = layout.trial_files(folder, best.number)
+    out = _trial_report(cfg, best, files, study_file)
     out.update(folds_report(study, cfg, best))
     out["scored_on"] = scored_on(study.user_attrs, portfolio)  # which dates each figure covers
     out.update({k: plain(ua[k]) for k in STACK_KEYS if k in ua})  # how its runs stacked, and why
-    out.update(constraints_report(study, cfg, best))
+    out.update(constraints_report(cfg, best, trials))
     if oracle:
         out.update(oracle_val_ic=oracle.get("valid"), oracle_test_ic=oracle.get("test"),
                    **oracle_fractions(ua, oracle))
-    trials = study.get_trials(deepcopy=False)
-    folder = files_folder(cfg, study)  # this study's files, wherever another study put them
     out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg),
                                         valid_daily_ics(trials, folder))
-    out["ic_by_year"] = ic_views.ic_by_year_report(
-        ic_views.daily_frames(layout.trial_files(folder, best.number)))
-    out["baseline"] = baseline_report(study, cfg, best)
+    out["ic_by_year"] = ic_views.ic_by_year_report(ic_views.daily_frames(files))
+    out["baseline"] = baseline_report(study, cfg, best, files)
     out["baseline_state"] = study.user_attrs.get("baseline_state")
     if portfolio:
         from sweeper.inspect.frames import TrialFrames
@@ -147,10 +147,9 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     return out
 
 
-def _trial_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial,
+def _trial_report(cfg: SweeperConfig, best: FrozenTrial, files: layout.TrialFiles,
                   study_file: str | None) -> dict[str, Any]:
     """The best trial's number, value, params, metrics and weights (or how to retrain them)."""
-    files = layout.trial_files(files_folder(cfg, study), best.number)
     weights = files.weights
     out = {"trial": best.number, "value": best.value, "metric": cfg.study.metric,
            "objective": objective_label(cfg.study.metric, cfg.validation),  # what "value" is
@@ -203,7 +202,8 @@ def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) ->
     return out
 
 
-def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial) -> dict[str, Any] | None:
+def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial,
+                    files: layout.TrialFiles) -> dict[str, Any] | None:
     """The best trial against the study's LightGBM baseline (:func:`sweeper.baseline.compare.comparison`
     on the best trial's daily IC files); None while the study has no baseline."""
     from sweeper.baseline.compare import comparison
@@ -211,7 +211,6 @@ def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial) 
     attr = study.user_attrs.get("baseline")
     if not attr:
         return None
-    files = layout.trial_files(files_folder(cfg, study), best.number)
     daily = {}
     for split in ("valid", "test"):
         found = read_daily(files.daily_ic(split))
@@ -220,11 +219,10 @@ def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial) 
     return comparison(attr, best.user_attrs, daily, trial_horizons([best], cfg)[best.number])
 
 
-def constraints_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial) -> dict[str, Any]:
+def constraints_report(cfg: SweeperConfig, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
     """``infeasible``: the COMPLETE trials outside ``study.constraints``, which the best is not
     picked from; with constraints, ``constraints``: each bound and the best trial's valid figure."""
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    out: dict[str, Any] = {"infeasible": n_infeasible(done)}
+    out: dict[str, Any] = {"infeasible": n_infeasible(trials)}
     if cfg.study.constraints:
         out["constraints"] = {name: {**bound.model_dump(exclude_none=True),
                                      "best": plain(best.user_attrs.get(FIGURES[name]))}
