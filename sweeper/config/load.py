@@ -114,8 +114,7 @@ def load_config(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Swe
     """Read, override and validate a study file, its relative paths taken from its folder
     (:mod:`sweeper.config.anchor`). Raises ConfigError only."""
     raw = read_yaml(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections (study, data, model, ...)")
-    for key, value in parse_sets(sets).items():
-        set_dotted(raw, key, value)
+    if isinstance(raw, dict):  # anything else is validate_config's error
+        for key, value in parse_sets(sets).items():
+            set_dotted(raw, key, value)
     return anchored(validate_config(raw, str(path)), path)

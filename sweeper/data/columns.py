@@ -114,13 +114,11 @@ def _factorize(values: Keys, source: str, col: str, what: str) -> tuple[np.ndarr
 def factorize_assets(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:
     codes, uniques = _factorize(values, source, col, "asset id")
     names = np.asarray([str(u) for u in uniques], dtype=object)
-    order = np.argsort(names, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    if len(set(names)) != len(names):
+    rank, ordered = pd.factorize(names, sort=True)
+    if len(ordered) != len(names):
         # e.g. 1 and "1" in an object column: the same id once written out as text
         raise DataError(f"{source}: column '{col}': asset ids collide when converted to text")
-    return rank[codes], names[order]
+    return rank[codes], np.asarray(ordered, dtype=object)
 
 
 def check_unique(d_code: np.ndarray, a_code: np.ndarray, dates: np.ndarray, assets: np.ndarray,

@@ -101,8 +101,6 @@ def _tune_sqlite(engine: sqlalchemy.Engine) -> None:
             conn.info["synchronous"] = sync
         conn.exec_driver_sql("BEGIN" if mode == READ else "BEGIN IMMEDIATE")
 
-    engine.dispose()
-
 
 PG_SESSION_SETTINGS = (
     # A startup option ("-c timezone=UTC") is not enough: libpq sends PGTZ as a
@@ -119,8 +117,6 @@ def _tune_postgres(engine: sqlalchemy.Engine) -> None:
             for statement in PG_SESSION_SETTINGS:
                 cur.execute(statement)
         dbapi_conn.commit()
-
-    engine.dispose()  # connections opened before the hook existed are not pinned: drop them
 
 
 def prepare_sqlite_file(url: str) -> None:
@@ -250,6 +246,7 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
         _tune_sqlite(storage.engine)
     elif is_postgres(url):
         _tune_postgres(storage.engine)
+    storage.engine.dispose()  # connections opened before the hooks existed are not tuned: drop them
     storage.outage_policy = outage.for_url(url)
     if outage_s is not None:
         storage.outage_policy.limit_s = outage_s
