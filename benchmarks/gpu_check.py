@@ -11,15 +11,31 @@
    trials per hour, the most trials at once (from the store), and the GPU's utilisation sampled
    from NVML every 0.5 s while each sweep runs
 5. stacked: K seeds of one model trained as one stack (``sweeper.core.train_stack``, issue 29),
-   K = 1, 4, 8, 16, for the MLP, the transformer and the LSTM of the main studies' sizes
-   (``studies/*_ic.yaml``): the stack's samples/s (every member's rows), its speed-up over K = 1
-   times K (> 1: stacking beats K separate runs), peak memory and the GPU's busy share (NVML)
+   K = 1, 4, 8, 16, for the MLP, the transformer and the LSTM of the main studies
+   (``studies/*_ic.yaml``: their model, batch size and samples per epoch), two epochs each: the
+   second epoch's samples/s (every member's rows), its ratio to K = 1's (> 1: stacking beats K
+   separate runs), peak memory (``torch.cuda.max_memory_allocated``: the epochs and the final
+   scoring) and the GPU's busy share (NVML, every 0.1 s over the second epoch's steps only)
+6. population: the same for stacks of P = 1, 4, 16, 64 different trials of each of those models
+   (issue 40; a population as ``sweeper.validation.runner.train_population`` stacks it): member i
+   has its own train.lr (log-uniform in [5e-4, 5e-3]), train.weight_decay ([0, 0.1]), model.dropout
+   ([0, 0.3]), all drawn once from a fixed seed, and train.seed i; member-samples/s, ``vs_p1`` =
+   rate_P / rate_1 (what P trials stacked gain over P trials one at a time), peak memory, busy share.
+   Both stack sections run the sizes smallest first across the models and skip a stack whose
+   time, extrapolated from the model's smaller ones (a line through the last two), would pass the
+   section's mark: the largest stacks are dropped first, and ``dropped`` lists them. A stack that
+   runs out of memory (after the loop's own micro-batch halving) is a row with ``oom``, not a
+   failure.
 
+Time: a section starts no new work past its mark, a share of ``--budget-s`` (240 s) from the start
+(throughput 0.2, probe 0.32, stacked 0.45, population 0.62); packing's two sweeps share what is
+left up to the budget, and the minute past it, of the 5, absorbs the last unit of each section.
 The last line of output is one JSON summary (a section that fails reports its error there).
 Without CUDA it says so, prints {"cuda": false} and exits 0. ``--cpu-smoke`` runs every section's
 code path on the CPU, small: throughput in fp32 and bf16; the probe with a stand-in memory
-reader; the OOM from a model that refuses large batches once squeezed; packing on one fake
-4000 MB GPU (SWEEPER_FAKE_GPUS=1) whose trials report 1200 MB, with no NVML.
+reader; the OOM from a model that refuses large batches once squeezed; stacks and populations of
+1 and 4, 4 steps an epoch; packing on one fake 4000 MB GPU (SWEEPER_FAKE_GPUS=1) whose trials
+report 1200 MB, with no NVML.
 
     python benchmarks/gpu_check.py [--budget-s 240] [--cpu-smoke]
 """
@@ -29,6 +45,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -47,14 +64,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # overla
 from overlap import most_at_once
 from sweeper.config import validate_config
 from sweeper.core import Member, NullHook, train, train_stack
-from sweeper.core.batch_search import CudaMemory, attempt, find_micro_batch, release_memory
-from sweeper.core.precision import native_bf16, resolve_precision
+from sweeper.core.batch_search import CudaMemory, attempt, find_micro_batch, is_oom, release_memory
 from sweeper.core.loop import stack_step
+from sweeper.core.precision import native_bf16, resolve_precision
 from sweeper.core.step import StackStep, _probe
 from sweeper.data import Batcher, load_panel
+from sweeper.errors import OutOfMemory
 
 MODELS = {
-    "transformer": {"name": "transformer", "d_model": 64, "nhead": 4, "num_layers": 2, "dim_feedforward": 128},
+    "transformer": {"name": "transformer", "d_model": 64, "nhead": 4, "num_layers": 2,
+                    "dim_feedforward": 128},
     "lstm": {"name": "lstm", "hidden_size": 64, "num_layers": 2},
     "gru": {"name": "gru", "hidden_size": 64, "num_layers": 2},
     "mlp": {"name": "mlp", "hidden_size": 256, "num_layers": 2},
@@ -119,17 +138,21 @@ def throughput(panel, synthetic: dict, device: torch.device, precisions, models,
                 rows.append({"model": name, "precision": precision, "skipped": "time budget"})
                 continue
             if device.type == "cpu" and precision == "bf16" and model["name"] in RNNS and not _cpu_bf16_rnn():
-                rows.append({"model": name, "precision": precision, "skipped": "no bf16 RNN kernel on this CPU"})
+                rows.append({"model": name, "precision": precision,
+                             "skipped": "no bf16 RNN kernel on this CPU"})
                 continue
-            result = train(config(model, synthetic, precision=precision, batch_size=batch), panel, device=device)
-            last = result.history[-1]
-            row = {"model": name, "precision": result.metrics["precision"],
-                   "samples_per_s": round(last["samples_per_s"]), "peak_mem_mb": round(last["peak_mem_mb"], 1),
-                   "val_ic": round(result.metrics["val_ic"], 4), "duration_s": round(result.metrics["duration_s"], 1)}
+            result = train(config(model, synthetic, precision=precision, batch_size=batch), panel,
+                           device=device)
+            last, m = result.history[-1], result.metrics
+            row = {"model": name, "precision": m["precision"], "samples_per_s": round(last["samples_per_s"]),
+                   "peak_mem_mb": round(last["peak_mem_mb"], 1), "val_ic": round(m["val_ic"], 4),
+                   "duration_s": round(m["duration_s"], 1)}
             print(f"  {name:12s} {row['precision']:5s} {row['samples_per_s']:>10,} samples/s "
-                  f"{row['peak_mem_mb']:>9.1f} MiB peak  val_ic {row['val_ic']:.4f}  {row['duration_s']}s", flush=True)
+                  f"{row['peak_mem_mb']:>9.1f} MiB peak  val_ic {row['val_ic']:.4f}  {row['duration_s']}s",
+                  flush=True)
             rows.append(row)
-    fp32 = {r["model"]: r["samples_per_s"] for r in rows if r.get("precision") == "fp32" and "samples_per_s" in r}
+    fp32 = {r["model"]: r["samples_per_s"] for r in rows
+            if r.get("precision") == "fp32" and "samples_per_s" in r}
     for r in rows:
         if r.get("samples_per_s") and fp32.get(r["model"]):
             r["vs_fp32"] = round(r["samples_per_s"] / fp32[r["model"]], 2)
@@ -204,7 +227,8 @@ def probe_vs_scan(panel, synthetic: dict, device: torch.device, leave_gib: float
             probe = find_micro_batch(step, mem, start=64 if not cuda else 512, cap=cap, margin=0.1, steps=3)
         probe_s = time.perf_counter() - t0
         print(f"  probe: micro-batch {probe.micro_batch} after {len(probe.tried)} sizes in {probe_s:.1f}s "
-              f"(budget {probe.budget_bytes / GiB:.3f} GiB of {probe.free_bytes / GiB:.3f} GiB free)", flush=True)
+              f"(budget {probe.budget_bytes / GiB:.3f} GiB of {probe.free_bytes / GiB:.3f} GiB free)",
+              flush=True)
         scan = scan_sizes(step, stack_step, probe.micro_batch, cap, device, deadline)
     finally:
         del blocker
@@ -214,7 +238,8 @@ def probe_vs_scan(panel, synthetic: dict, device: torch.device, leave_gib: float
     chosen = next((s for s in scan if s["size"] == probe.micro_batch), None)
     return {"leave_gib": leave_gib if cuda else None, "micro_batch": probe.micro_batch, "tried": probe.tried,
             "probe_s": round(probe_s, 1), "budget_gib": round(probe.budget_bytes / GiB, 3), "scan": scan,
-            "largest_fit_in_scan": max((s["size"] for s in ran), default=None), "best_size": best and best["size"],
+            "largest_fit_in_scan": max((s["size"] for s in ran), default=None),
+            "best_size": best and best["size"],
             "chosen_vs_best_throughput": (round(chosen["samples_per_s"] / best["samples_per_s"], 3)
                                           if chosen and best and chosen.get("samples_per_s") else None)}
 
@@ -238,7 +263,8 @@ def scan_sizes(step, stack_step: StackStep, chosen: int, cap: int, device: torch
             continue
         peak = torch.cuda.max_memory_allocated() / GiB if device.type == "cuda" else None
         rows.append({"size": size, "samples_per_s": round(rate), "peak_gib": peak and round(peak, 3)})
-        print(f"  scan {size:>7}: {rate:>12,.0f} samples/s" + (f"  peak {peak:.2f} GiB" if peak else ""), flush=True)
+        print(f"  scan {size:>7}: {rate:>12,.0f} samples/s" + (f"  peak {peak:.2f} GiB" if peak else ""),
+              flush=True)
     return rows
 
 
@@ -287,7 +313,8 @@ def oom_recovery(panel, synthetic: dict, device: torch.device, folder: Path) -> 
     m = result.metrics
     print(f"  OOM recovery: micro-batch {batch} -> {m['micro_batch_size']} (accum {m['accum_steps']}), "
           f"val_ic {m['val_ic']:.4f}", flush=True)
-    return {"batch_size": m["batch_size"], "micro_batch_size": m["micro_batch_size"], "accum_steps": m["accum_steps"],
+    return {"batch_size": m["batch_size"], "micro_batch_size": m["micro_batch_size"],
+            "accum_steps": m["accum_steps"],
             "cap_gib": hook.cap_gib and round(hook.cap_gib, 3), "val_ic": round(m["val_ic"], 4),
             "recovered": m["micro_batch_size"] < batch and math.isfinite(m["val_ic"])}
 
@@ -324,10 +351,12 @@ def packing_study(per_gpu: Any, smoke: bool, timeout_s: float | None) -> dict:
 
 
 class UtilSampler:
-    """NVML utilisation of one GPU every ``every`` seconds, on a thread, while a sweep runs."""
+    """NVML utilisation of one GPU every ``every`` seconds, on a thread, while a sweep runs (or while
+    ``gate`` is set)."""
 
-    def __init__(self, uuid: str | None, every: float = UTIL_EVERY_S) -> None:
-        self.uuid, self.every, self.samples, self.error = uuid, every, [], None
+    def __init__(self, uuid: str | None, every: float = UTIL_EVERY_S,
+                 gate: threading.Event | None = None) -> None:
+        self.uuid, self.every, self.gate, self.samples, self.error = uuid, every, gate, [], None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -346,7 +375,8 @@ class UtilSampler:
             pynvml.nvmlInit()
             handle = self._handle(pynvml)
             while not self._stop.wait(self.every):
-                self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                if self.gate is None or self.gate.is_set():  # gate: only while it is open
+                    self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
             pynvml.nvmlShutdown()
         except Exception as exc:  # noqa: BLE001 - no NVML (CPU, fake GPUs): no samples, said why
             self.error = f"{type(exc).__name__}: {exc}"
@@ -365,7 +395,8 @@ class UtilSampler:
         if not s:
             return {"samples": 0, "error": self.error}
         return {"samples": len(s), "mean": round(statistics.mean(s), 1), "median": statistics.median(s),
-                "p90": s[int(0.9 * (len(s) - 1))], "share_at_least_75": round(sum(v >= 75 for v in s) / len(s), 3)}
+                "p90": s[int(0.9 * (len(s) - 1))],
+                "share_at_least_75": round(sum(v >= 75 for v in s) / len(s), 3)}
 
 
 def one_sweep(folder: Path, study: dict, env: dict, limit_s: float, uuid: str | None) -> dict:
@@ -392,8 +423,9 @@ def one_sweep(folder: Path, study: dict, env: dict, limit_s: float, uuid: str | 
         if done else 0.0
     return {"trials_per_gpu": study["devices"]["trials_per_gpu"], "finished": len(done),
             "failed": sum(t.state.name == "FAIL" for t in trials), "wall_s": round(wall, 1),
-            "trials_per_hour": round(3600 * len(done) / wall, 1),  # start-up and the last trial's tail included
-            "trials_per_hour_steady": round(3600 * len(done) / span, 1) if span else None,  # first start to last end
+            # with start-up and the last trial's tail; steady: from the first start to the last end
+            "trials_per_hour": round(3600 * len(done) / wall, 1),
+            "trials_per_hour_steady": round(3600 * len(done) / span, 1) if span else None,
             "most_at_once": most_at_once(done),
             "median_trial_s": median_of("duration_s"), "median_peak_mem_mb": median_of("peak_mem_mb"),
             "median_probe_peak_mem_mb": median_of("probe_peak_mem_mb"),
@@ -403,10 +435,12 @@ def one_sweep(folder: Path, study: dict, env: dict, limit_s: float, uuid: str | 
 def packed_vs_one(smoke: bool, deadline: float, folder: Path, uuid: str | None) -> dict:
     env = {**os.environ}
     env.pop("SWEEPER_MODEL_PATH", None)
-    root = str(Path(__file__).resolve().parents[1])  # sweeper importable from the temp folder, installed or not
+    # sweeper importable from the temp folder, installed or not
+    root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     if smoke:
-        env.update(SWEEPER_FAKE_GPUS="1", SWEEPER_FAKE_GPU_MEMORY_MB="4000", SWEEPER_FAKE_TRIAL_MEMORY_MB="1200")
+        env.update(SWEEPER_FAKE_GPUS="1", SWEEPER_FAKE_GPU_MEMORY_MB="4000",
+                   SWEEPER_FAKE_TRIAL_MEMORY_MB="1200")
     # each sweep: the same budget, and time left for start-up and the trials still running at the timeout
     timeout_s = None if smoke else max(20.0, (deadline - time.monotonic()) / 2 - 25)
     out: dict[str, Any] = {"timeout_s": timeout_s and round(timeout_s)}
@@ -414,7 +448,8 @@ def packed_vs_one(smoke: bool, deadline: float, folder: Path, uuid: str | None) 
         print(f"  sweep with devices.trials_per_gpu: {per_gpu}", flush=True)
         out[f"per_gpu_{per_gpu}"] = row = one_sweep(folder / f"per_gpu_{per_gpu}",
                                                     packing_study(per_gpu, smoke, timeout_s), env,
-                                                    limit_s=240 if smoke else (timeout_s or 0) + 120, uuid=uuid)
+                                                    limit_s=240 if smoke else (timeout_s or 0) + 120,
+                                                    uuid=uuid)
         print(f"    {json.dumps(row)}", flush=True)
     auto, one = out["per_gpu_auto"], out["per_gpu_1"]
     if auto.get("trials_per_hour") and one.get("trials_per_hour"):
@@ -425,41 +460,174 @@ def packed_vs_one(smoke: bool, deadline: float, folder: Path, uuid: str | None) 
     return out
 
 
-# ---------------------------------------------------------------- the run
+# ---------------------------------------------------------------- 5, 6. stacks: K seeds, P trials
+
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+STACK_MODELS = ("mlp", "transformer", "lstm")  # studies/<name>_ic.yaml
+STACK_UTIL_EVERY_S = 0.1  # a timed epoch lasts seconds, not a sweep's minutes: NVML is read finer
+# a population's members: trials of one shape, each its own (PER_MEMBER, model.dropout) settings,
+# drawn once (member i is the same trial in every P)
+POPULATION_SPACE = {"train.lr": [5e-4, 5e-3, "log"], "train.weight_decay": [0.0, 0.1],
+                    "model.dropout": [0.0, 0.3], "train.seed": "member index"}
 
 
-# ---------------------------------------------------------------- 5. stacked runs
+def _draw_trials(n: int, seed: int = 40) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"lr": math.exp(rng.uniform(math.log(5e-4), math.log(5e-3))),
+             "weight_decay": rng.uniform(0.0, 0.1), "dropout": rng.uniform(0.0, 0.3), "seed": i}
+            for i in range(n)]
 
-STACKED = {"mlp": {"name": "mlp", "hidden_size": 64, "num_layers": 2, "dropout": 0.1},
-           "transformer": {"name": "transformer", "d_model": 32, "nhead": 2, "num_layers": 1,
-                           "dim_feedforward": 64, "dropout": 0.0},
-           "lstm": {"name": "lstm", "hidden_size": 64, "num_layers": 2, "dropout": 0.1}}
+
+TRIALS = _draw_trials(64)
 
 
-def stacked_runs(panel, synthetic: dict, device: torch.device, ks: tuple[int, ...], uuid: str | None,
-                 deadline: float) -> dict:
-    """Samples/s of a stack of K seeds (the second epoch), against K = 1's, and the GPU's busy share."""
+def seeds(cfg, n: int) -> list:
+    """A stacked trial's runs: ``n`` seeds of ``cfg`` (``train.seed + r``), as a trial's grid makes them."""
     from sweeper.validation.grid import seeded
 
-    rows = []
-    for name, model in STACKED.items():
-        one = None
-        for k in ks:
-            if time.monotonic() > deadline:
-                rows.append({"model": name, "k": k, "skipped": "time budget"})
+    return [seeded(cfg, r) for r in range(n)]
+
+
+def trials(cfg, n: int) -> list:
+    """A population of ``n`` trials of ``cfg``'s shape, each its drawn lr, weight decay, dropout, seed."""
+    return [cfg.model_copy(update={
+        "train": cfg.train.model_copy(update={k: t[k] for k in ("lr", "weight_decay", "seed")}),
+        "model": cfg.model.model_copy(update={"dropout": t["dropout"]})}) for t in TRIALS[:n]]
+
+
+def study_shape(name: str, smoke: bool) -> tuple[dict, dict]:
+    """studies/<name>_ic.yaml's model and batch (a smoke: 4 steps an epoch)."""
+    study = yaml.safe_load((STUDIES / f"{name}_ic.yaml").read_text())
+    batch = {k: study["train"][k] for k in ("batch_size", "samples_per_epoch")}
+    if smoke:
+        batch["samples_per_epoch"] = 4 * batch["batch_size"]
+    return study["model"], batch
+
+
+class TimedEpoch(NullHook):
+    """Holds ``gate`` open over epoch ``epoch``'s steps: from its first step to its validation's
+    first batch (the loop ticks only while it validates and scores)."""
+
+    def __init__(self, gate: threading.Event, epoch: int = 2) -> None:
+        self.gate, self.epoch, self.current = gate, epoch, 1
+
+    def should_stop(self) -> bool:
+        if self.current == self.epoch:
+            self.gate.set()
+        return False
+
+    def tick(self) -> None:
+        self.gate.clear()
+
+    def on_epoch(self, epoch: int, rows: list[dict | None]) -> bool:
+        self.current = epoch + 1
+        return False
+
+
+def one_stack(cfgs: list, panel, device: torch.device, uuid: str | None) -> dict:
+    """One stack of ``cfgs`` trained two epochs by ``train_stack``, a sweep's path: every member's
+    rows per second in the second epoch, the peak allocated, and NVML's busy share over that epoch.
+    Out of memory (after the loop's own halving) is a result, not a failure."""
+    cuda, gate, began = device.type == "cuda", threading.Event(), time.monotonic()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with UtilSampler(uuid, STACK_UTIL_EVERY_S, gate) as util:
+            results = train_stack([Member(cfg, panel) for cfg in cfgs], device=device, hook=TimedEpoch(gate))
+    except Exception as exc:
+        if not (isinstance(exc, OutOfMemory) or is_oom(exc)):
+            raise
+        oom = f"{type(exc).__name__}: {exc}"[:300]
+    else:
+        oom = None
+    seconds = round(time.monotonic() - began, 1)
+    if oom:
+        release_memory()
+        return {"oom": True, "why": oom, "seconds": seconds}
+    last = results[0].history[-1]
+    # the loop resets the peak each epoch: the epochs' peaks, and (CUDA) the last one's with the scoring
+    peak = max(r.metrics["peak_mem_mb"] for r in results)
+    if cuda:
+        peak = max(peak, torch.cuda.max_memory_allocated(device) / 2**20)
+    row = {"rate": sum(r.history[-1]["samples_per_s"] for r in results), "peak_mem_mb": round(peak, 1),
+           "probe_peak_mem_mb": _round(results[0].metrics.get("probe_peak_mem_mb")),
+           "micro_batch": last["micro_batch_size"], "precision": results[0].metrics["precision"],
+           "gpu_util": util.summary(), "seconds": seconds}
+    del results
+    release_memory()
+    return row
+
+
+def _round(value: Any, digits: int = 1) -> Any:
+    return round(value, digits) if isinstance(value, float) and math.isfinite(value) else None
+
+
+def _estimate(times: dict[int, float], n: int) -> float:
+    """A stack of ``n``'s wall time from this model's smaller stacks: a line through the last two
+    (a fixed part and a part per member), never under the last; 0 before any."""
+    if not times:
+        return 0.0
+    (n0, t0), (n1, t1) = sorted(times.items())[-2:] if len(times) > 1 else [max(times.items())] * 2
+    return t1 + (max(0.0, (t1 - t0) / (n1 - n0)) * (n - n1) if n1 > n0 else 0.0)
+
+
+def stack_runs(panel, synthetic: dict, device: torch.device, sizes: tuple[int, ...], uuid: str | None,
+               deadline: float, smoke: bool, members: Callable[[Any, int], list],
+               keys: tuple[str, str, str]) -> dict:
+    """Each study model (studies/*_ic.yaml) as stacks of each size in ``sizes`` (``members(cfg, n)``:
+    their configs); ``keys``: the row's names for the size, the rate and its ratio to the smallest
+    stack's (> 1: one stack of n beats n separate runs). Sizes go smallest first across the models,
+    so a short budget drops the largest first; a stack whose estimated time does not fit before
+    ``deadline`` is skipped, and said so."""
+    size_key, rate_key, speed_key = keys
+    rows: dict[tuple[str, int], dict] = {}
+    times: dict[str, dict[int, float]] = {name: {} for name in STACK_MODELS}
+    dropped, errors = [], []
+    for n in sizes:
+        for name in STACK_MODELS:
+            model, batch = study_shape(name, smoke)
+            need, left = _estimate(times[name], n), deadline - time.monotonic()
+            head = {"model": name, size_key: n}
+            if any(rows[name, m].get("oom") for m in times[name]):
+                rows[name, n] = {**head, "skipped": "a smaller stack ran out of memory"}
                 continue
-            cfg = config(model, synthetic, batch_size=512, samples_per_epoch=65536, precision="auto")
-            with UtilSampler(uuid) as util:
-                results = train_stack([Member(seeded(cfg, r), panel) for r in range(k)], device=device)
-            last = results[0].history[-1]
-            rate = k * last["samples_per_s"]  # each member's rows per second, times its members
-            one = rate if k == 1 else one
-            row = {"model": name, "k": k, "samples_per_s": round(rate), "peak_mem_mb": round(last["peak_mem_mb"], 1),
-                   "vs_k_separate": round(rate / one, 2) if one else None, "gpu_util": util.summary()}
-            print(f"  {name:12s} K={k:<3d} {row['samples_per_s']:>10,} samples/s  x{row['vs_k_separate']} of K "
-                  f"separate  {row['peak_mem_mb']:>9.1f} MiB", flush=True)
-            rows.append(row)
-    return {"runs": rows}
+            if need > left:
+                why = f"time budget (~{need:.0f}s needed, {max(0.0, left):.0f}s left)"
+                rows[name, n] = {**head, "skipped": why}
+                dropped.append(f"{name} {size_key}={n}")
+                print(f"  {name:12s} {size_key.upper()}={n:<3d} skipped: {why}", flush=True)
+                continue
+            cfg = config(model, synthetic, precision="auto", **batch)
+            try:
+                out = one_stack(members(cfg, n), panel, device, uuid)
+            except Exception as exc:  # noqa: BLE001 - one stack's failure, reported; the others run
+                traceback.print_exc()
+                errors.append(f"{name} {size_key}={n}: {type(exc).__name__}: {exc}")
+                rows[name, n] = {**head, "error": errors[-1]}
+                continue
+            times[name][n] = out["seconds"]
+            rate = out.pop("rate", None)
+            rows[name, n] = row = {**head, **({rate_key: round(rate)} if rate is not None else {}), **out}
+            print(f"  {name:12s} {size_key.upper()}={n:<3d} " + (
+                f"OOM ({out['why']})" if out.get("oom") else
+                f"{row[rate_key]:>10,} member-samples/s {row['peak_mem_mb']:>9.1f} MiB peak, "
+                f"micro-batch {row['micro_batch']}, busy {row['gpu_util'].get('mean')} % "
+                f"({row['gpu_util']['samples']} reads), {row['seconds']}s"), flush=True)
+    for name in STACK_MODELS:
+        base = rows.get((name, sizes[0]), {}).get(rate_key)
+        for n in sizes:
+            if base and rows[name, n].get(rate_key):
+                rows[name, n][speed_key] = round(rows[name, n][rate_key] / base, 2)
+    out: dict[str, Any] = {"runs": [rows[name, n] for name in STACK_MODELS for n in sizes]}
+    if dropped:
+        out["dropped"] = dropped
+        out["note"] = "time ran short: the largest stacks were dropped first (see dropped)"
+    if errors:
+        out["error"] = errors[0]
+    return out
+
+
+# ---------------------------------------------------------------- the run
 
 
 def section(summary: dict, name: str, fn: Callable[[], Any]) -> None:
@@ -467,7 +635,7 @@ def section(summary: dict, name: str, fn: Callable[[], Any]) -> None:
     start = time.monotonic()
     try:
         summary[name] = fn()
-    except Exception as exc:  # report every section, even after one fails
+    except Exception as exc:  # noqa: BLE001 - report every section, even after one fails
         traceback.print_exc()
         summary[name] = {"error": f"{type(exc).__name__}: {exc}"}
     summary.setdefault("seconds", {})[name] = round(time.monotonic() - start, 1)
@@ -476,7 +644,8 @@ def section(summary: dict, name: str, fn: Callable[[], Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop starting new work after this")
-    parser.add_argument("--cpu-smoke", action="store_true", help="every section's code path, small, on the CPU")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="every section's code path, small, on the CPU")
     args = parser.parse_args(argv)
     start = time.monotonic()
     budget = args.budget_s
@@ -489,32 +658,44 @@ def main(argv: list[str] | None = None) -> int:
     if smoke:
         torch.set_num_threads(1)
         synthetic, models, precisions, batch = ({"assets": 40, "dates": 120, "features": 4, "seed": 0},
-                                                {"mlp": MODELS["mlp"], "lstm": MODELS["lstm"]}, ("fp32", "bf16"), 256)
+                                                {"mlp": MODELS["mlp"], "lstm": MODELS["lstm"]},
+                                                ("fp32", "bf16"), 256)
     else:
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in this table
-        synthetic, models, precisions, batch = ({"assets": 500, "dates": 600, "features": 16, "seed": 0}, MODELS,
-                                                ("fp32", "bf16", "fp16"), 1024)
+        synthetic, models, precisions, batch = ({"assets": 500, "dates": 600, "features": 16, "seed": 0},
+                                                MODELS, ("fp32", "bf16", "fp16"), 1024)
     panel = load_panel(config(MODELS["mlp"], synthetic).data)
     summary: dict[str, Any] = {"cuda": not smoke, "cpu_smoke": smoke, "torch": torch.__version__,
-                               "panel": {**synthetic, "train_samples": Batcher(panel, "train", "cpu").n_samples}}
+                               "panel": {**synthetic,
+                                         "train_samples": Batcher(panel, "train", "cpu").n_samples}}
     if not smoke:
-        summary.update(device=torch.cuda.get_device_name(), total_gib=round(torch.cuda.mem_get_info()[1] / GiB, 1),
+        summary.update(device=torch.cuda.get_device_name(),
+                       total_gib=round(torch.cuda.mem_get_info()[1] / GiB, 1),
                        bf16_supported=torch.cuda.is_bf16_supported(), bf16_native=native_bf16(device))
     # NVML's name for this GPU (torch may or may not print the GPU- prefix)
-    uuid = None if smoke else "GPU-" + str(getattr(torch.cuda.get_device_properties(device), "uuid", "")).removeprefix(
-        "GPU-")
+    uuid = None if smoke else "GPU-" + str(
+        getattr(torch.cuda.get_device_properties(device), "uuid", "")).removeprefix("GPU-")
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         folder = Path(tmp)
+        # each section starts no work past its mark (of --budget-s from the start); the sweeps take
+        # what is left to the budget, and the 60 s past it (of 5 minutes) absorb the overruns
         section(summary, "throughput", lambda: throughput(panel, synthetic, device, precisions, models, batch,
-                                                          start + 0.25 * budget))
-        section(summary, "probe", lambda: probe_vs_scan(panel, synthetic, device, 4.0, start + 0.4 * budget))
+                                                          start + 0.2 * budget))
+        section(summary, "probe", lambda: probe_vs_scan(panel, synthetic, device, 4.0, start + 0.32 * budget))
         section(summary, "oom", lambda: oom_recovery(panel, synthetic, device, folder))
-        ks = (1, 4) if smoke else (1, 4, 8, 16)
-        section(summary, "stacked", lambda: stacked_runs(panel, synthetic, device, ks, uuid, start + 0.6 * budget))
+        ks, ps = ((1, 4), (1, 4)) if smoke else ((1, 4, 8, 16), (1, 4, 16, 64))
+        section(summary, "stacked", lambda: stack_runs(
+            panel, synthetic, device, ks, uuid, start + 0.45 * budget, smoke, seeds,
+            ("k", "samples_per_s", "vs_k_separate")))
+        section(summary, "population", lambda: {
+            "members": POPULATION_SPACE,
+            **stack_runs(panel, synthetic, device, ps, uuid, start + 0.62 * budget, smoke, trials,
+                         ("p", "member_samples_per_s", "vs_p1"))})
         release_memory()  # the sweeps' workers need the GPU more than this process's cache does
         section(summary, "packing", lambda: packed_vs_one(smoke, start + budget, folder, uuid))
     summary["total_s"] = round(time.monotonic() - start, 1)
-    summary["ok"] = all("error" not in summary[k] for k in ("throughput", "probe", "oom", "stacked", "packing"))
+    sections = ("throughput", "probe", "oom", "stacked", "population", "packing")
+    summary["ok"] = all("error" not in summary[k] for k in sections)
     print(json.dumps(summary))
     return 0
 

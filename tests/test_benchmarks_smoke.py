@@ -76,6 +76,13 @@ def test_gpu_check_cpu_smoke_runs_every_section():
     assert [(r["model"], r["k"]) for r in stacked] == [(m, k) for m in ("mlp", "transformer", "lstm") for k in (1, 4)]
     assert all(r["samples_per_s"] > 0 and r["gpu_util"]["samples"] == 0 for r in stacked)
     assert [r["vs_k_separate"] for r in stacked if r["k"] == 1] == [1.0, 1.0, 1.0]
+    population = out["population"]  # stacks of 1 and 4 different trials (own lr, weight decay, dropout, seed)
+    assert [(r["model"], r["p"]) for r in population["runs"]] == [(m, p) for m in ("mlp", "transformer",
+                                                                                   "lstm") for p in (1, 4)]
+    assert all(r["member_samples_per_s"] > 0 and r["gpu_util"]["samples"] == 0 for r in population["runs"])
+    assert [r["vs_p1"] for r in population["runs"] if r["p"] == 1] == [1.0, 1.0, 1.0]
+    assert "dropped" not in population and set(population["members"]) == {"train.lr", "train.weight_decay",
+                                                                          "model.dropout", "train.seed"}
     packing = out["packing"]
     for per_gpu in ("auto", 1):
         row = packing[f"per_gpu_{per_gpu}"]
