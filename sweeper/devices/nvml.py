@@ -57,19 +57,17 @@ def read_nvml() -> NvmlProbe:
         return NvmlProbe([], error=f"NVML unavailable ({exc}): no NVIDIA driver?")
     try:
         driver = _optional(lambda: _text(nvml.nvmlSystemGetDriverVersion()), None, nvml)
-        gpus = [g for g in (_read_gpu_or_none(nvml, i) for i in range(nvml.nvmlDeviceGetCount())) if g]
+        gpus = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                gpus.append(_read_gpu(nvml, index))
+            except getattr(nvml, "NVMLError_NoPermission", ()):  # another job's GPU (Slurm ConstrainDevices)
+                pass
         return NvmlProbe(gpus, driver=driver)
     except nvml.NVMLError as exc:
         return NvmlProbe([], error=f"NVML failed while reading GPUs ({exc})")
     finally:
         _optional(nvml.nvmlShutdown, None, nvml)
-
-
-def _read_gpu_or_none(nvml: Any, index: int) -> GPU | None:
-    try:
-        return _read_gpu(nvml, index)
-    except getattr(nvml, "NVMLError_NoPermission", ()):  # another job's GPU (Slurm ConstrainDevices)
-        return None
 
 
 def _read_gpu(nvml: Any, index: int) -> GPU:

@@ -16,15 +16,6 @@ from sweeper.validation import contract as K
 TOP = 10  # trials drawn in figure 13: more lines than this are a tangle
 
 
-def fold_labels(spans: list[dict[str, list[str]]], n: int) -> list[str]:
-    """The x labels of ``n`` folds: ``fold k`` and its valid block's first and last target date."""
-    labels = []
-    for k in range(n):
-        valid = spans[k]["valid"] if k < len(spans) else None
-        labels.append(f"fold {k + 1}<br>{valid[0]} to {valid[1]}" if valid else f"fold {k + 1}")
-    return labels
-
-
 def folds_figure(data: StudyData) -> go.Figure:
     """One line per trial across its folds' val IC, for the ``TOP`` best trials by objective (the
     order of ``sweeper best``); ``layout.meta``: ``trials`` (best first), ``fold_val_ic`` and
@@ -34,7 +25,9 @@ def folds_figure(data: StudyData) -> go.Figure:
     if not top:
         return empty("no complete trial with fold ICs (fold_val_ic) yet")
     width = max(len(t.user_attrs["fold_val_ic"]) for t in top)
-    labels = fold_labels(spans, width)
+    # the x labels: fold k and its valid block's first and last target date
+    valid = [spans[k]["valid"] if k < len(spans) else None for k in range(width)]
+    labels = [f"fold {k + 1}<br>{v[0]} to {v[1]}" if v else f"fold {k + 1}" for k, v in enumerate(valid)]
     traces = []
     for rank, t in enumerate(top):
         ics = [v if finite(v) else None for v in t.user_attrs["fold_val_ic"]]

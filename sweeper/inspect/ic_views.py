@@ -51,12 +51,6 @@ def ic_by_year_report(frames: dict[str, pd.DataFrame]) -> dict[str, dict[str, fl
             for split, frame in frames.items()}
 
 
-def with_groups(frame: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` (``date, asset, ...``) with the ``group`` of each row (NaN where the file has none)."""
-    keyed = groups.drop_duplicates(["date", "asset"])
-    return frame.merge(keyed, on=["date", "asset"], how="left", validate="many_to_one")
-
-
 def group_neutral_report(cfg: SweeperConfig, predictor: TrialFrames, best: FrozenTrial) -> dict[str, Any]:
     """The ``best --json`` key ``group_neutral``: ``{split: {ic, rank_ic, icir, n_dates}}`` of
     the best trial's predictions demeaned within (date, group); None with
@@ -67,10 +61,12 @@ def group_neutral_report(cfg: SweeperConfig, predictor: TrialFrames, best: Froze
     from sweeper.data.parquet import read_groups  # the sweeper.data package imports torch
 
     try:
-        groups = read_groups(cfg.data)
+        groups = read_groups(cfg.data).drop_duplicates(["date", "asset"])
         out = {}
-        for split in SPLITS:
-            report = group_neutral_ic(with_groups(predictor.frame(best, split), groups))
+        for split in SPLITS:  # each prediction row with its group (NaN where the file has none)
+            frame = predictor.frame(best, split).merge(groups, on=["date", "asset"], how="left",
+                                                       validate="many_to_one")
+            report = group_neutral_ic(frame)
             out[split] = {key: plain(report[key]) for key in GROUP_KEYS}  # type: ignore[literal-required]
     except SweeperError as exc:
         return {"group_neutral": None, "group_neutral_unavailable": str(exc)}
