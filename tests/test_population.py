@@ -93,13 +93,20 @@ class _Prunes(NullHook):
 
 
 def test_a_pruned_trial_stops_alone_while_the_others_train_on(study_file):
+    """Pruned at epoch 1, trial 1 is masked and handed back at once (scored with its best weights,
+    as alone), while trials 0 and 2 have trained one epoch; they train on to their last."""
     cfgs = _cfgs(study_file, members=MEMBERS[:1] * 3)
     hooks = [_Prunes(None), _Prunes(1), _Prunes(None)]
-    outs = train_population(load_panel(cfgs[0].data), [Trainer(c, h, time.monotonic())
-                                                        for c, h in zip(cfgs, hooks)])
+    ended = []
+    trainers = [Trainer(c, h, time.monotonic(), finished=lambda out: ended.append(list(hooks[0].epochs)))
+                for c, h in zip(cfgs, hooks)]
+    outs = train_population(load_panel(cfgs[0].data), trainers)
     assert [h.epochs for h in hooks] == [[1, 2, 3], [1], [1, 2, 3]]
+    assert ended == [[1]]  # trial 1 ended when the others had one epoch behind them
     assert [(o.runs[0].stop_reason, o.runs[0].metrics["epochs_run"]) for o in outs] == \
            [("epochs", 3), ("pruned", 1), ("epochs", 3)]
+    solo = train_runs(load_panel(cfgs[1].data), Trainer(cfgs[1], _Prunes(1), time.monotonic()))
+    _close(outs[1].runs[0].metrics, solo.runs[0].metrics)
 
 
 def test_a_member_that_goes_non_finite_fails_its_trial_alone(study_file):
@@ -222,6 +229,29 @@ def test_a_population_sweep_stores_what_solo_trials_store(study_file, workdir):
             assert value == pytest.approx(b.intermediate_values[step], rel=2e-5, abs=1e-9)
         for key in numeric:
             assert a.user_attrs[key] == pytest.approx(b.user_attrs[key], rel=2e-5, abs=1e-9), key
+
+
+@pytest.mark.slow
+def test_a_pruned_trial_ends_at_once_while_its_population_trains_on(study_file, workdir):
+    """The second population (trials 4-7) mixes a learning rate that learns with one that does not
+    (the random sampler's seed 4); the pruner prunes the latter at epoch 1, and they end then, each a
+    PRUNED trial, while the one that learns trains its 4 epochs."""
+    path = study_file({**POPULATION, "study": {**POPULATION["study"], "n_trials": 8,
+                                               "sampler": {"name": "random", "seed": 4},
+                                               "pruner": {"name": "percentile", "options": {
+                                                   "percentile": 60, "n_startup_trials": 2, "n_warmup_steps": 0}}},
+                       "train": {**POPULATION["train"], "epochs": 4, "samples_per_epoch": 1024},
+                       "search_space": {"train.lr": {"type": "categorical", "choices": [0.01, 0.00001]}}},
+                      replace=("search_space",))
+    sweeper_cli(workdir, "run", str(path))
+    trials = _study(path).get_trials()[4:]
+    assert all(t.user_attrs["population"] == [4, 5, 6, 7] for t in trials)
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    (learns,) = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert pruned and all(t.params["train.lr"] == 0.00001 for t in pruned)
+    assert learns.user_attrs["epochs_run"] == 4 and all(t.user_attrs["epochs_run"] == 1 for t in pruned)
+    assert all(t.datetime_complete < learns.datetime_complete for t in pruned)
+    assert all(not Path(f"runs/tiny/trials/{t.number}/checkpoint.pt").exists() for t in trials)
 
 
 @pytest.mark.slow

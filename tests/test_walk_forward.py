@@ -30,7 +30,8 @@ from sweeper.interrupt import StopToken
 from sweeper.quant import ic as M
 from sweeper.store.layout import trial_files
 from sweeper.validation.grid import RunGrid
-from sweeper.validation.runner import RunStore, Trainer, train_runs
+from sweeper.validation.run_files import RunStore
+from sweeper.validation.runner import Trainer, train_runs
 from sweeper.validation.scores import daily_valid, objective, trial_attrs
 from sweeper.worker.hook import OptunaHook
 

@@ -112,17 +112,20 @@ Scores = tuple[dict[str, float], Frames, Frames]  # IC metrics, daily ICs and pr
 
 
 def final_scores(stack: nn.Module, panels: list[Panel], device: torch.device, batch_size: int,
-                 tick: Tick = _no_tick, valid: list[torch.Tensor] | None = None) -> list[Scores]:
+                 tick: Tick = _no_tick, valid: list[torch.Tensor] | None = None,
+                 which: list[int] | None = None) -> list[Scores]:
     """Each member's IC metrics, daily ICs and predictions of valid and test (member k on
     ``panels[k]``; one stacked forward per batch), from the frames ``predict`` makes of them: for
     a stack of one, with ``batch_size`` rows, exactly ``predict``'s. ``valid``: every member's valid
-    predictions, known already (valid is then not predicted)."""
-    out: list[Scores] = [({}, {}, {}) for _ in panels]
+    predictions, known already (valid is then not predicted). ``which``: only these members'."""
+    which = list(range(len(panels))) if which is None else which
+    out: list[Scores] = [({}, {}, {}) for _ in which]
     for split, p in SPLIT_PREFIX.items():
         batchers = [Batcher(panel, split, device) for panel in panels]
         known = valid if split == "valid" else None
+        every = known or stacked_predict_rows(stack, batchers, batch_size, tick)
         for (scores, daily, predictions), batcher, rows in zip(
-                out, batchers, known or stacked_predict_rows(stack, batchers, batch_size, tick)):
+                out, [batchers[k] for k in which], [every[k] for k in which]):
             frame = _frame(batcher, rows)
             flagged = M.daily_ic(frame, flag_constant=True)
             report = M.report_of(flagged)

@@ -7,7 +7,7 @@ hook that needs only some of them subclasses :class:`NullHook` and keeps its no-
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class EpochHook(Protocol):
@@ -31,6 +31,9 @@ class EpochHook(Protocol):
     # member ``k``'s loss or gradients stayed non-finite past train.nonfinite_patience: the members
     # that stop with it (its trial's), the others training on; None: the stack ends (NonFiniteLoss)
     def member_failed(self, k: int) -> Collection[int] | None: ...
+    # the members of members_to_stop scored before the stack ends (their TrainResults), so that
+    # their trial ends now
+    def members_done(self, results: dict[int, Any]) -> None: ...
 
 
 class Checkpointer(Protocol):
@@ -48,6 +51,8 @@ class NullHook:
 
     def member_failed(self, k: int) -> Collection[int] | None:
         return None
+
+    def members_done(self, results: dict[int, Any]) -> None: ...
 
     def on_epoch(self, epoch: int, rows: list[dict | None]) -> bool:
         return False

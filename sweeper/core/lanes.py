@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -50,6 +51,7 @@ class Lane:
     # (dropout) would have started
     rng: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
     best_valid: torch.Tensor | None = None  # its best epoch's valid predictions (see loop._validate)
+    result: Any = None  # its TrainResult once scored (loop._finish; a pruned one before the stack ends)
 
     def new_epoch(self) -> None:
         self.steps, self.seen = EpochSteps(), 0

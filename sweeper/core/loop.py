@@ -80,6 +80,8 @@ class Run:
     first_epoch: int
     shrink: Callable[[int], int]
     micro: int = 0  # the micro-batch now: the plan's, halved by each OOM
+    began: float = 0.0  # time.perf_counter() when train_stack began: each result's duration_s
+    say: Callable[[str], None] = print
 
 
 def train_stack(members: Sequence[Member], *, device: torch.device | str | None = None,
@@ -97,6 +99,7 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
     say = log or (lambda message: None)
     where = resolve_device(device)
     run = prepare(members, where, checkpoint, memory or trial_memory(where), started, say, hook)
+    run.began, run.say = began, say
     tc, lanes = members[0].cfg.train, run.lanes
     epochs = max(m.cfg.train.epochs for m in members)  # a member with fewer stops when they are done
     stop_reason = StopReason.EARLY_STOP if all(lane.stopped for lane in lanes) else StopReason.EPOCHS
@@ -114,7 +117,8 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
     # ---- score valid and test with each member's best weights (one stacked forward per batch)
     if fixed_epochs:  # refit: the last epoch's weights, with no split to score them on
         return [_fixed(run, k, stop_reason, began) for k in range(len(run.lanes))]
-    return _finish(run, where, stop_reason, began, hook.tick, say)
+    _finish(run, stop_reason, hook.tick, [k for k, lane in enumerate(lanes) if lane.result is None])
+    return [lane.result for lane in lanes if lane.result is not None]
 
 
 def _judge(run: Run, epoch: int, epochs: int, pruned: bool, hook: EpochHook,
@@ -125,11 +129,14 @@ def _judge(run: Run, epoch: int, epochs: int, pruned: bool, hook: EpochHook,
     lanes = run.lanes
     if pruned:
         return StopReason.PRUNED
-    _stop(lanes, hook.members_to_stop(), StopReason.PRUNED)
+    alone = [k for k in hook.members_to_stop() if not lanes[k].stopped]
+    _stop(lanes, alone, StopReason.PRUNED)
     done = [k for k, lane in enumerate(lanes) if lane.cfg.train.epochs == epoch < epochs]
     _stop(lanes, done, StopReason.EPOCHS)
     if all(lane.stopped for lane in lanes):
         return StopReason.EARLY_STOP
+    if alone:  # pruned while the others train on: scored now, so that their trial ends now
+        hook.members_done(dict(zip(alone, _finish(run, reason, hook.tick, alone))))
     if reason == StopReason.EPOCHS and epoch < epochs and time.monotonic() > run.deadline:
         return StopReason.TIME  # the time ran out while validating: no new epoch for one step
     return reason
@@ -286,25 +293,26 @@ def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fi
     return rows
 
 
-def _finish(run: Run, device: torch.device, stop_reason: StopReason, began: float, tick: Callable[[], None],
-            say: Callable[[str], None]) -> list[TrainResult]:
-    """Each member's valid and test scores with its best weights, one stacked forward per batch
-    (for a stack of one, exactly what ``predict`` computes)."""
-    stack, plan = run.step.stack, run.plan
-    for k, lane in enumerate(run.lanes):
-        if lane.progress.best_state:  # (none: a member that failed before its first epoch ended)
-            stack.load_member(k, lane.progress.best_state)
+def _finish(run: Run, stop_reason: StopReason, tick: Callable[[], None],
+            which: list[int]) -> list[TrainResult]:
+    """The valid and test scores of members ``which`` with their best weights, one stacked forward per
+    batch (for a stack of one, exactly what ``predict`` computes); kept as their lanes' results."""
+    stack, plan, lanes = run.step.stack, run.plan, run.lanes
+    for k in which:
+        if lanes[k].progress.best_state:  # (none: a member that failed before its first epoch ended)
+            stack.load_member(k, lanes[k].progress.best_state)
     # a stack of one validated its best epoch through the final scoring's own forward, rows and batch:
     # those predictions are the final scoring's on valid, to the bit, and valid is not run again
-    known = [lane.best_valid for lane in run.lanes if lane.best_valid is not None]
-    valid = known if len(run.lanes) == len(known) == 1 and run.step.forward is stack else None
-    scored = final_scores(stack, [lane.panel for lane in run.lanes], device, plan.eval_batch_size, tick,
-                          valid)
-    return [_result(run, lane, scores, stop_reason, began, say) for lane, scores in zip(run.lanes, scored)]
+    known = [lane.best_valid for lane in lanes if lane.best_valid is not None]
+    valid = known if len(lanes) == len(known) == 1 and run.step.forward is stack else None
+    scored = final_scores(stack, [lane.panel for lane in lanes], run.step.device, plan.eval_batch_size, tick,
+                          valid, which)
+    for k, scores in zip(which, scored):
+        lanes[k].result = _result(run, lanes[k], scores, stop_reason)
+    return [lanes[k].result for k in which]
 
 
-def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason, began: float,
-            say: Callable[[str], None]) -> TrainResult:
+def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason) -> TrainResult:
     plan, progress = run.plan, lane.progress
     final, daily, predictions = scores
     metrics: dict[str, float | str] = {**final}
@@ -315,14 +323,14 @@ def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason, began
         eval_batch_size=plan.eval_batch_size * len(run.lanes),  # the rows of one stacked evaluation
         precision=run.precision.name, samples_per_s=mean([h["samples_per_s"] for h in progress.history]),
         peak_mem_mb=max([h["peak_mem_mb"] for h in progress.history], default=math.nan),
-        probe_peak_mem_mb=plan.peak_mem_mb, duration_s=time.perf_counter() - began)
+        probe_peak_mem_mb=plan.peak_mem_mb, duration_s=time.perf_counter() - run.began)
     if lane.panel.oracle_ic:
         oracle = lane.panel.oracle_ic
         metrics.update(oracle_val_ic=oracle["valid"], oracle_test_ic=oracle["test"])
     reason = lane.reason or (StopReason.EARLY_STOP if lane.stopped and stop_reason == StopReason.EPOCHS
                              else stop_reason)
     seed = f"train.seed {lane.cfg.train.seed}, " if len(run.lanes) > 1 else ""
-    say(f"done ({reason}): {seed}best epoch {progress.best_epoch}, val_ic {metrics['val_ic']:.4f}, "
+    run.say(f"done ({reason}): {seed}best epoch {progress.best_epoch}, val_ic {metrics['val_ic']:.4f}, "
         f"test_ic {metrics['test_ic']:.4f}")
     return TrainResult(metrics, progress.history, progress.best_state, daily, predictions,
                        stopped_by_hook=reason == StopReason.PRUNED, stop_reason=reason, failure=lane.failure)

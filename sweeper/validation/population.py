@@ -12,7 +12,7 @@ checkpointer:
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sweeper.config import SweeperConfig
@@ -33,10 +33,12 @@ class PopulationHook:
     """The core's hook for a stack of several trials' runs (``hooks[t]``: trial ``t``'s own, whose
     members are ``members[t]``, consecutive)."""
 
-    def __init__(self, hooks: Sequence[EpochHook], members: Sequence[list[int]]) -> None:
-        self.hooks, self.members = list(hooks), [list(m) for m in members]
+    def __init__(self, hooks: Sequence[EpochHook], members: Sequence[list[int]],
+                 settle: Callable[[int, list[Any]], None] = lambda t, results: None) -> None:
+        self.hooks, self.members, self.settle = list(hooks), [list(m) for m in members], settle
         self.pruned: set[int] = set()  # trials whose hook pruned them
         self.failed: set[int] = set()  # trials one of whose members failed
+        self.settled: set[int] = set()  # trials whose results came before the stack ended
         self._stop: list[int] = []
 
     def _live(self) -> list[int]:
@@ -56,6 +58,13 @@ class PopulationHook:
     def members_to_stop(self) -> Collection[int]:
         stop, self._stop = self._stop, []
         return stop
+
+    def members_done(self, results: dict[int, Any]) -> None:
+        """A pruned trial's members scored while the others train on: its results, to settle now."""
+        for t, ks in enumerate(self.members):
+            if t not in self.settled and all(k in results for k in ks):
+                self.settled.add(t)
+                self.settle(t, [results[k] for k in ks])
 
     def member_failed(self, k: int) -> Collection[int] | None:
         t = next(t for t, ks in enumerate(self.members) if k in ks)
@@ -77,15 +86,18 @@ class PopulationHook:
 
 
 class PopulationCheckpointer:
-    """Each trial's members saved through that trial's own checkpointer, as a stack of them alone;
-    a population starts fresh (its trials are new: a retry runs alone), so it loads nothing."""
+    """Each trial's members saved through that trial's own checkpointer, as a stack of them alone
+    (none of a trial that has ended: ``settled``); a population starts fresh (its trials are new: a
+    retry runs alone), so it loads nothing."""
 
-    def __init__(self, parts: Sequence[tuple[list[int], Checkpointer, SweeperConfig]]) -> None:
-        self.parts = list(parts)
+    def __init__(self, parts: Sequence[tuple[list[int], Checkpointer, SweeperConfig]],
+                 settled: Collection[int] = ()) -> None:
+        self.parts, self.settled = list(parts), settled
 
     def load(self) -> dict | None:
         return None
 
     def save(self, state: dict) -> None:
-        for which, checkpointer, cfg in self.parts:
-            checkpointer.save(member_states(state, which, cfg))
+        for t, (which, checkpointer, cfg) in enumerate(self.parts):
+            if t not in self.settled:
+                checkpointer.save(member_states(state, which, cfg))

@@ -15,20 +15,16 @@ and epoch) or when ``train.max_minutes``, counted from the trial's start, runs o
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
-from sweeper.atomic import atomic_path, write_text
 from sweeper.config import SweeperConfig
-from sweeper.core.checkpoint import FileCheckpointer
 from sweeper.core.device import TrialMemory
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer
 from sweeper.core.loop import TrainResult
@@ -36,10 +32,9 @@ from sweeper.data.folds import Fold, fold_layout, fold_panel, fold_spans
 from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
 from sweeper.errors import StopReason
-from sweeper.plain import plain
-from sweeper.store.layout import SPLITS, TrialFiles
-from sweeper.validation import contract as K
-from sweeper.validation.grid import RunGrid, named_run, seeded
+from sweeper.store.layout import SPLITS
+from sweeper.validation.grid import RunGrid, seeded
+from sweeper.validation.run_files import RunStore
 from sweeper.validation.scores import TrainingRun, ensemble_frame
 
 CUT_SHORT = (StopReason.PRUNED, StopReason.TIME)  # a run that ended so ends the trial's runs
@@ -75,84 +70,6 @@ class TrialRuns:
     def add(self, run: TrainingRun, predictions: pd.DataFrame, daily: pd.DataFrame) -> None:
         self.runs.append(run)
         self.predictions[(run.fold, run.repeat)], self.daily[(run.fold, run.repeat)] = predictions, daily
-
-
-class RunCheckpointer(FileCheckpointer):
-    """The trial's checkpoint, as seen by one run: it loads only a state its own run (or stack)
-    saved (the file may hold the previous run's last epoch until this run saves its first)."""
-
-    def load(self) -> dict | None:
-        state = super().load()
-        was = (state or {}).get("owner") or {}
-        mine = self.owner or {}
-        if state is None or named_run(was) != named_run(mine) or was.get("stack") != mine.get("stack"):
-            return None
-        return state
-
-
-class RunStore:
-    """Where a trial's runs keep their files, ``runs/fold-<f>.seed-<r>/`` (a holdout trial's one
-    run too): a retry skips the finished ones."""
-
-    def __init__(self, files: TrialFiles, stamp: dict[str, Any], grid: RunGrid) -> None:
-        self.files, self.stamp, self.grid = files, stamp, grid
-
-    def finished(self, fold: int, repeat: int) -> TrainingRun | None:
-        path = self.files.run_files(fold, repeat).result
-        if not path.exists():
-            return None
-        raw = json.loads(path.read_text())
-        metrics = {k: (math.nan if v is None else v) for k, v in raw["metrics"].items()}
-        return TrainingRun(int(raw["fold"]) - 1, int(raw["repeat"]) - 1, int(raw["seed"]), metrics,
-                           str(raw.get("stop_reason", StopReason.EPOCHS)))
-
-    def frames(self, fold: int, repeat: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-        run = self.files.run_files(fold, repeat)
-        return pd.read_parquet(run.predictions), pd.read_csv(run.daily_ic("valid"), parse_dates=["date"])
-
-    def member_frames(self, fold: int, repeat: int) -> dict[str, pd.DataFrame]:
-        run = self.files.run_files(fold, repeat)
-        return {split: pd.read_parquet(run.predictions_of(split)) for split in SPLITS}
-
-    def save_predictions(self, frames: dict[str, pd.DataFrame]) -> None:
-        _write_frames(frames, self.files.predictions)
-
-    def checkpointer(self, fold: int, repeat: int, dates: dict[str, list[str]],
-                     stack: list[tuple[int, int]] | None = None) -> FileCheckpointer:
-        """The checkpoint of run (fold, repeat), or of the stack it leads (``stack``: its runs):
-        the owner names the run, as a lone run's does, and a stack's its runs too (1-based)."""
-        owner = {**self.stamp, "fold": fold + 1, "repeat": repeat + 1, K.FOLD_DATES: dates}
-        if stack is not None:
-            owner["stack"] = [[f + 1, r + 1] for f, r in stack]
-        return RunCheckpointer(self.files.checkpoint, owner)
-
-    def save(self, run: TrainingRun, result: TrainResult, panel: Panel,
-             frames: dict[str, pd.DataFrame] | None = None) -> None:
-        """The run's files; the model run's weights, normalisation and daily test IC too (the worker moves
-        them into the trial's folder). ``frames``: a seed of the ensemble's predictions on valid and test as
-        ``predict`` computes them, which the ensemble (and a retry's) is made of, in place of the training's
-        valid frame. ``result.json`` last: the run is finished."""
-        files = self.files.run_files(run.fold, run.repeat)
-        files.folder.mkdir(parents=True, exist_ok=True)
-        model = self.grid.is_model(run.fold, run.repeat)
-        if model:
-            with atomic_path(files.weights) as tmp:
-                torch.save(result.best_state, tmp)
-            if panel.norm_stats is not None:  # new data (predict --data) is normalised with these
-                write_text(files.norm_stats, json.dumps(panel.norm_stats))
-        _write_frames(frames or {"valid": result.predictions["valid"]}, files.predictions_of)
-        for split in SPLITS if model else ("valid",):
-            with atomic_path(files.daily_ic(split)) as tmp:
-                result.daily[split].to_csv(tmp, index=False)
-        body = {"fold": run.fold + 1, "repeat": run.repeat + 1, "seed": run.seed,
-                "stop_reason": run.stop_reason, "metrics": {k: plain(v) for k, v in run.metrics.items()}}
-        write_text(files.result, json.dumps(body, indent=1))
-
-
-def _write_frames(frames: dict[str, pd.DataFrame], path_of: Callable[[str], Path]) -> None:
-    for split, frame in frames.items():
-        with atomic_path(path_of(split)) as tmp:
-            frame.to_parquet(tmp, index=False)
 
 
 def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel, device: torch.device | str | None,
@@ -200,6 +117,9 @@ class Trainer:
     # a worker's panels: robust_zscore's fold panels (built from the data) kept for its next
     # trial, which usually shares its data; None: built once per fold for this trial only
     panels: PanelMemo | None = None
+    # told of the trial's runs when they end before its population's stack does (pruned): the worker
+    # records the trial then (by default nothing: its runs are returned with the others')
+    finished: Callable[[TrialRuns], None] = lambda out: None
 
 
 Choice = dict[str, Any]  # the stack size chosen: StackChoice.attrs()
@@ -347,8 +267,9 @@ Part = tuple[Trainer, TrialRuns, list[tuple[int, int]]]  # a trial's runs in one
 
 def _train_stack(parts: list[Part], panels: dict[int, Panel], index: int) -> list[int]:
     """The runs of ``parts`` (each trial's runs in the stack ``index``) trained as one stack
-    (:func:`sweeper.core.train_stack`; one run is a stack of one); each is then kept as its own run.
-    Returns the parts whose trial ends here: cut short (pruned, out of time) or failed."""
+    (:func:`sweeper.core.train_stack`; one run is a stack of one); each is then kept as its own run,
+    a trial pruned while the others train on as soon as it is (:func:`_settle`). Returns the parts
+    whose trial ends here: cut short (pruned, out of time) or failed."""
     from sweeper.core import Member, train_stack
 
     members = []
@@ -358,30 +279,48 @@ def _train_stack(parts: list[Part], panels: dict[int, Panel], index: int) -> lis
             _say_run(trainer, cfg, out.folds[fold], seed, out, out.spans[fold] if out.spans else {})
             members.append(Member(cfg, _scored(out.grid, panels[fold], fold, seed)))
         trainer.hook.begin([out.grid.columns(f, r) for f, r in cells], out.grid.step(*cells[0], 0))
-    hook, checkpoint = _stack_hook(parts)
+    settled: dict[int, bool] = {}  # part -> whether its trial ends here
+
+    def settle(t: int, results: list[TrainResult]) -> None:
+        settled[t] = _settle(parts[t], panels, results, alone=len(members) == 1, early=True)
+
+    hook, checkpoint = _stack_hook(parts, settle)
     lead = parts[0][0]
     results = iter(train_stack(members, device=lead.device, hook=hook, checkpoint=checkpoint, log=lead.log,
                                started=lead.started, memory=lead.memory))
-    ended = []
-    for t, (trainer, out, cells) in enumerate(parts):
+    for t, (_, _, cells) in enumerate(parts):
         mine = [next(results) for _ in cells]
-        failed = next((r.failure for r in mine if r.failure), None)
-        if failed is not None:
-            out.failure = failed
-            ended.append(t)
-            continue
-        runs = [_keep(trainer, out, panels[fold], fold, seed, seeded(trainer.cfg, seed), result,
-                      alone=len(members) == 1) for (fold, seed), result in zip(cells, mine)]
-        cut = next((r.stop_reason for r in runs if r.stop_reason in CUT_SHORT), None)
-        if cut is not None and cells[-1] != out.grid.last:  # the trial's later runs are not run
-            out.cut_short = StopReason(cut)
-            ended.append(t)
-    return ended
+        if t not in settled:
+            settled[t] = _settle(parts[t], panels, mine, alone=len(members) == 1)
+    return [t for t, ends in sorted(settled.items()) if ends]
 
 
-def _stack_hook(parts: list[Part]) -> tuple[EpochHook, Checkpointer]:
+def _settle(part: Part, panels: dict[int, Panel], results: list[TrainResult], alone: bool,
+            early: bool = False) -> bool:
+    """A trial's runs of one stack kept (or its failure noted); whether the trial ends with them. One
+    ``early`` (pruned while the others train on) is finished at once (``Trainer.finished``)."""
+    trainer, out, cells = part
+    failed = next((r.failure for r in results if r.failure), None)
+    if failed is not None:
+        out.failure = failed
+        return True
+    runs = [_keep(trainer, out, panels[fold], fold, seed, seeded(trainer.cfg, seed), result, alone)
+            for (fold, seed), result in zip(cells, results)]
+    cut = next((r.stop_reason for r in runs if r.stop_reason in CUT_SHORT), None)
+    if cut is not None and cells[-1] != out.grid.last:  # the trial's later runs are not run
+        out.cut_short = StopReason(cut)
+    if early:
+        if out.cut_short is None:
+            _ensemble(trainer, out)
+        trainer.finished(out)
+    return out.cut_short is not None or early
+
+
+def _stack_hook(parts: list[Part], settle: Callable[[int, list[TrainResult]], None]
+                ) -> tuple[EpochHook, Checkpointer]:
     """One trial's own hook and checkpoint (stamped with its runs: a stack of one as the run it is);
-    a population's, which speak to each trial's (:mod:`sweeper.validation.population`)."""
+    a population's, which speak to each trial's (:mod:`sweeper.validation.population`) and settle a
+    pruned trial's runs as soon as they are scored."""
     from sweeper.validation.population import PopulationCheckpointer, PopulationHook, owners
 
     checkpoints: list[Checkpointer] = []
@@ -394,9 +333,11 @@ def _stack_hook(parts: list[Part]) -> tuple[EpochHook, Checkpointer]:
     if len(parts) == 1:
         return parts[0][0].hook, checkpoints[0]
     members = owners([len(cells) for _, _, cells in parts])
-    hook = PopulationHook([trainer.hook for trainer, _, _ in parts], members)
-    return hook, PopulationCheckpointer([(ks, c, seeded(trainer.cfg, cells[0][1]))
-                                         for ks, c, (trainer, _, cells) in zip(members, checkpoints, parts)])
+    hook = PopulationHook([trainer.hook for trainer, _, _ in parts], members, settle)
+    saved = PopulationCheckpointer([(ks, c, seeded(trainer.cfg, cells[0][1]))
+                                    for ks, c, (trainer, _, cells) in zip(members, checkpoints, parts)],
+                                   hook.settled)
+    return hook, saved
 
 
 def _scored(grid: RunGrid, panel: Panel, fold: int, seed: int) -> Panel:

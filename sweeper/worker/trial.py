@@ -98,9 +98,14 @@ class TrialRunner:
                 protocol.emit(protocol.START, number=o.number, params=o.frozen.params)
             self._train(opened, started)
             # still beating: recording results must not look like a dead host to the others
-            ok = [self._taken(o.trial, o.number) if o.outcome is None else self._finish(o) for o in opened]
+            ok = [self._end(o) if o.ended is None else o.ended for o in opened]
         _release_device_memory()
         return all(ok)
+
+    def _end(self, o: _Open) -> bool:
+        """Record trial ``o``'s outcome (none: another driver took it); whether the worker may go on."""
+        o.ended = self._taken(o.trial, o.number) if o.outcome is None else self._finish(o)
+        return o.ended
 
     def _open(self, trial_id: int, number: int) -> _Open:
         files = trial_files(self.run_dir, number)
@@ -143,11 +148,19 @@ class TrialRunner:
         try:
             outs = train_population(self.panels.load(ready[0][1].cfg.data), [t for _, t in ready])
         except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
-            for o, _ in ready:  # the stack's error (Ctrl-C, out of memory, a crash) is every trial's
-                o.outcome = _failed(as_disk_full(exc, o.files.folder) or exc, o.log)
+            for o, _ in ready:  # the stack's error (Ctrl-C, out of memory, a crash) is every trial's left
+                if o.ended is None:
+                    o.outcome = _failed(as_disk_full(exc, o.files.folder) or exc, o.log)
             return
         for (o, trainer), out in zip(ready, outs):
-            self._attempt(o, functools.partial(self._judge, o, trainer, out))
+            if o.ended is None:  # (a trial pruned while the others trained on has ended already)
+                self._attempt(o, functools.partial(self._judge, o, trainer, out))
+
+    def _ended_early(self, o: _Open, trainer: Trainer, out: TrialRuns) -> None:
+        """A trial pruned while the rest of its population trains on: recorded now, so that the
+        sampler and the driver know at once (its members are masked in the stack)."""
+        self._attempt(o, functools.partial(self._judge, o, trainer, out))
+        self._end(o)
 
     def _attempt(self, o: _Open, step: Callable[[], Any]) -> Any:
         """``step()`` of trial ``o``; where it raises, the trial's outcome says how (None returned)."""
@@ -161,7 +174,8 @@ class TrialRunner:
 
     def _prepare(self, o: _Open, started: float) -> Trainer:
         """The trial's config, hook, data, stack size and checkpoint: what its runs train with."""
-        from sweeper.validation.runner import RunStore, Trainer, pin_stack_size
+        from sweeper.validation.run_files import RunStore
+        from sweeper.validation.runner import Trainer, pin_stack_size
 
         trial, frozen, files = o.trial, o.frozen, o.files
         # a sampled combination the model's config refuses raises ConfigError here or in train()
@@ -185,6 +199,7 @@ class TrialRunner:
         stamp = adoption.owner(self.study_uuid, frozen.number, panel.fingerprint)
         adoption.adopt(self.study, trial, frozen, cfg, files, stamp, o.log)
         trainer.store = RunStore(files, stamp, RunGrid.of(cfg))
+        trainer.finished = functools.partial(self._ended_early, o, trainer)
         return trainer
 
     def _judge(self, o: _Open, trainer: Trainer, out: TrialRuns) -> None:
@@ -252,6 +267,7 @@ class _Open:
     warn: Callable[[str], None]
     hook: OptunaHook | None = None
     outcome: tuple[TrialState, float | None, dict[str, Any]] | None = None  # None: another driver took it
+    ended: bool | None = None  # recorded: whether the worker may go on (None: not yet)
 
     @property
     def number(self) -> int:
