@@ -232,6 +232,26 @@ def test_a_population_sweep_stores_what_solo_trials_store(study_file, workdir):
 
 
 @pytest.mark.slow
+def test_auto_asks_for_as_many_trials_as_the_first_trials_measurement_pays_for(study_file, workdir):
+    """``population: auto``: the first trial (alone) measures the stack size over up to 8 trials' runs
+    and the study keeps it (``population_size``); the next claim asks for that many (the budget
+    allowing), each trial naming its population (the measured size is this machine's)."""
+    path = study_file({**POPULATION, "study": {**POPULATION["study"], "population": "auto", "n_trials": 6}})
+    sweeper_cli(workdir, "run", str(path))
+    study = _study(path)
+    chosen = study.user_attrs["stack_size"]
+    size = chosen.get("population_size", 1)
+    assert chosen["stack_size"] == 1 and chosen["stack_size_from"] == "measured"
+    assert sorted(chosen["stack_rates"]) == ["1", "2", "4", "8"][:len(chosen["stack_rates"])]
+    trials = study.get_trials()
+    assert "population" not in trials[0].user_attrs  # the measuring trial ran alone
+    if size > 1:  # the next trials: as many as measured, within the 5 left
+        first = list(range(1, 1 + min(size, 5)))
+        assert [t.user_attrs.get("population") for t in trials[1:1 + len(first)]] == [first] * len(first)
+    assert all(t.user_attrs.get("population_size", 1) == size for t in trials)
+
+
+@pytest.mark.slow
 def test_a_pruned_trial_ends_at_once_while_its_population_trains_on(study_file, workdir):
     """The second population (trials 4-7) mixes a learning rate that learns with one that does not
     (the random sampler's seed 4); the pruner prunes the latter at epoch 1, and they end then, each a

@@ -36,7 +36,7 @@ def _choice(size: int, source: str, rates: Mapping[str, Any] | None = None, popu
     if rates:
         out["stack_rates"] = dict(rates)
     if population > 1:
-        out["population"] = int(population)
+        out["population_size"] = int(population)
     return out
 
 
@@ -78,7 +78,7 @@ def population(study_attrs: Mapping[str, Any], cfg: SweeperConfig) -> int:
     if stack != "auto":  # a stack size set in the file: as many trials as fill it
         return max(1, stack // cfg.validation.runs)
     stored = study_attrs.get(STUDY_ATTR) or {}
-    return int(stored.get("population", 1))
+    return int(stored.get("population_size", 1))
 
 
 def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
@@ -89,7 +89,8 @@ def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
         return _choice(int(asked), "train.max_stack")
     stored = study_attrs.get(STUDY_ATTR)
     if stored:
-        return _choice(stored["stack_size"], "study", stored.get("stack_rates"), stored.get("population", 1))
+        return _choice(stored["stack_size"], "study", stored.get("stack_rates"),
+                       stored.get("population_size", 1))
     created = study_attrs.get("config", {}).get("train", {})
     if created and created.get("max_stack", "auto") != "auto":
         return _choice(created["max_stack"], "study")

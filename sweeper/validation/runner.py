@@ -167,7 +167,7 @@ def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
     own = S.choose({k: r for k, r in measured.rates.items() if k <= runs})  # the trial's own runs
     choice = {**measured.attrs(), "stack_size": own}
     if measured.size > runs:
-        choice["population"] = measured.size // own
+        choice["population_size"] = measured.size // own
     S.keep(folder, key, choice)
     return choice
 
