@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 import yaml
 from optuna.trial import TrialState
@@ -62,6 +63,46 @@ def test_a_population_gives_each_trial_its_solo_run(study_file):
                (alone.metrics["epochs_run"], alone.metrics["best_epoch"], alone.stop_reason)
         _close(run.metrics, alone.metrics)
     assert [out.runs[0].metrics["epochs_run"] for out in together] == [3, 2, 3]
+
+
+class _Steps(NullHook):
+    """Keeps the steps a trial reports, as its OptunaHook would report them (offset + epoch)."""
+
+    def __init__(self) -> None:
+        self.offset, self.steps = 0, []
+
+    def begin(self, runs, offset):
+        self.offset = offset
+
+    def on_epoch(self, epoch, rows):
+        if any(row is not None for row in rows):
+            self.steps.append(self.offset + epoch)
+        return False
+
+
+def test_folds_and_seeds_compose_each_trial_stacking_as_it_would_alone(study_file):
+    """2 trials x 2 walk-forward folds x 2 seeds, each trial's runs in stacks of 2: the population
+    trains the trials' first stacks side by side (4 members), then their second; each trial reports
+    at the steps it reports alone and ends with its solo run's scores and seed ensemble."""
+    over = {"validation": {"scheme": "walk_forward", "folds": 2, "repeats": 2},
+            "train": {"epochs": 2, "max_stack": 2}}
+    cfgs = _cfgs(study_file, over, [MEMBERS[0], MEMBERS[2]])
+    panel = load_panel(cfgs[0].data)
+    hooks, said = [_Steps(), _Steps()], []
+    together = train_population(panel, [Trainer(c, h, time.monotonic(), log=said.append)
+                                        for c, h in zip(cfgs, hooks)])
+    assert sum(line.startswith("training a stack of 4 mlp") for line in said) == 2  # two stacks of 2 x 2
+    for cfg, hook, out in zip(cfgs, hooks, together):
+        alone_hook = _Steps()
+        solo = train_runs(panel, Trainer(cfg, alone_hook, time.monotonic()))
+        assert hook.steps == alone_hook.steps == [1, 2, 3, 4]
+        assert [(r.fold, r.repeat) for r in out.runs] == [(r.fold, r.repeat) for r in solo.runs]
+        for a, b in zip(out.runs, solo.runs):
+            _close(a.metrics, b.metrics, ("val_ic", "val_loss"))
+        assert out.ensemble is not None and solo.ensemble is not None
+        mine, alone = out.ensemble["valid"], solo.ensemble["valid"]
+        pd.testing.assert_frame_equal(mine[["date", "asset"]], alone[["date", "asset"]])
+        assert mine["pred"].to_numpy() == pytest.approx(alone["pred"].to_numpy(), rel=1e-4, abs=1e-6)
 
 
 def test_a_member_stopped_early_leaves_the_others_validating(study_file):
@@ -166,7 +207,7 @@ def test_a_claim_asks_for_a_population_of_one_shape(study_file, workdir):
     lock, me = claim_lock(storage, cfg.study.resolved_storage, "tiny"), Identity.current()
     four = claim(study, cfg, lock, me, Path("runs/tiny"), size=4)
     assert len(four) == 4 and len({t.params["model.hidden_size"] for t in four}) == 1
-    assert len({t.params["train.lr"] for t in four}) == 4 and len({t.params["model.dropout"] for t in four}) == 4
+    assert len({t.params["train.lr"] for t in four}) == len({t.params["model.dropout"] for t in four}) == 4
     assert claim(study, cfg, lock, me, Path("runs/tiny"), size=4)[0].number == 4  # the budget: 2 left
     assert len(study.trials) == 6 and all(t.state == TrialState.RUNNING for t in study.trials)
     more = C.with_overrides(cfg, {"study.n_trials": 9}, "test")
@@ -176,20 +217,23 @@ def test_a_claim_asks_for_a_population_of_one_shape(study_file, workdir):
 
 
 def test_validate_names_the_per_member_and_the_shape_params(study_file):
-    cfg = load_config(study_file({"study": {"population": "auto"},
-                                  "search_space": {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2},
-                                                   "model.hidden_size": {"type": "int", "low": 8, "high": 32}}}))
+    space = {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2},
+             "model.hidden_size": {"type": "int", "low": 8, "high": 32}}
+    cfg = load_config(study_file({"study": {"population": "auto"}, "search_space": space}))
     assert population_line(cfg) == ("up to 8 trials per stack, as measured on the first trial; per member: "
                                     "train.lr; shape (one value per population): model.hidden_size")
-    user = C.with_overrides(cfg, {"model": {"name": "fault_models:Probe", "kind": "mlp", "hidden": 8}}, "test")
-    user = user.model_copy(update={"search_space": {**cfg.search_space, "model.dropout": cfg.search_space["train.lr"]}})
-    assert member_keys(user) == (["train.lr"], ["model.hidden_size", "model.dropout"])  # a user model's: shape
+    probe = {"name": "fault_models:Probe", "kind": "mlp", "hidden": 8}
+    user = C.with_overrides(cfg, {"model": probe}, "test")
+    dropout = cfg.search_space["train.lr"]  # (any float spec)
+    user = user.model_copy(update={"search_space": {**cfg.search_space, "model.dropout": dropout}})
+    # a user model's dropout is its template's, shared: shape
+    assert member_keys(user) == (["train.lr"], ["model.hidden_size", "model.dropout"])
 
 
 # ------------------------------------------------------------------ with real processes
 # (no trial 0 of the file's own values: a queued trial runs alone)
-POPULATION = {"study": {"name": "tiny", "n_trials": 4, "population": 4, "sampler": {"name": "random", "seed": 5},
-                        "start_from_config": False},
+POPULATION = {"study": {"name": "tiny", "n_trials": 4, "population": 4,
+                        "sampler": {"name": "random", "seed": 5}, "start_from_config": False},
               "model": {"name": "mlp", "hidden_size": 8, "num_layers": 1, "dropout": 0.1},
               "train": {"epochs": 1, "batch_size": 256, "samples_per_epoch": 512},
               "devices": {"cpu_workers": 1},
@@ -259,7 +303,8 @@ def test_a_pruned_trial_ends_at_once_while_its_population_trains_on(study_file, 
     path = study_file({**POPULATION, "study": {**POPULATION["study"], "n_trials": 8,
                                                "sampler": {"name": "random", "seed": 4},
                                                "pruner": {"name": "percentile", "options": {
-                                                   "percentile": 60, "n_startup_trials": 2, "n_warmup_steps": 0}}},
+                                                   "percentile": 60, "n_startup_trials": 2,
+                                                   "n_warmup_steps": 0}}},
                        "train": {**POPULATION["train"], "epochs": 4, "samples_per_epoch": 1024},
                        "search_space": {"train.lr": {"type": "categorical", "choices": [0.01, 0.00001]}}},
                       replace=("search_space",))
