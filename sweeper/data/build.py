@@ -62,7 +62,11 @@ def build(keys: Columns, blocks: Iterable[tuple[int, np.ndarray]], cfg: DataConf
     ``(first column, [R, C] values)`` of the feature columns ``keys.feature_names``. ``splits``:
     target-date indices the caller chose (``sweeper refit``'s window, with empty valid and
     test); by default ``data.split``'s (:mod:`sweeper.data.split`)."""
-    check_rows(keys)
+    if len(keys.label) == 0:
+        raise DataError(f"{keys.source}: no usable rows: the data has no rows")
+    if not np.isfinite(keys.label).any():
+        raise DataError(f"{keys.source}: column '{keys.label_col}': no usable rows: "
+                        f"none of the {len(keys.label)} rows has a finite label")
     codes = row_codes(keys)
     if splits is None:
         lookback, horizon, embargo = split_widths(cfg)
@@ -108,14 +112,6 @@ def scatter(keys: Columns, codes: Codes, blocks: Iterable[tuple[int, np.ndarray]
         part[~np.isfinite(part)] = np.nan
     y_raw[~np.isfinite(y_raw)] = np.nan
     return X, y_raw, mask
-
-
-def check_rows(cols: Columns) -> None:
-    if len(cols.label) == 0:
-        raise DataError(f"{cols.source}: no usable rows: the data has no rows")
-    if not np.isfinite(cols.label).any():
-        raise DataError(f"{cols.source}: column '{cols.label_col}': no usable rows: "
-                        f"none of the {len(cols.label)} rows has a finite label")
 
 
 def to_panel(b: Built, cfg: DataConfig, fingerprint: str, source: str, entry: str | None = None) -> Panel:

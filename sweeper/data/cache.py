@@ -150,8 +150,11 @@ def evict(root: Path, max_bytes: float, keep: str = "") -> list[str]:
     (``keep`` excepted), and the debris of crashed builds. Returns the removed keys."""
     entries = []
     for path in root.iterdir():
-        if path.name.startswith(_TMP):
-            _remove_debris(root, path)
+        if path.name.startswith(_TMP):  # a build's: debris once its builder holds no lock and it is old
+            with contextlib.suppress(BlockingIOError, OSError):
+                if time.time() - path.stat().st_mtime > _STALE_TMP_S:
+                    with _locked(root, path.name[len(_TMP):].split("-")[0], fcntl.LOCK_EX | fcntl.LOCK_NB):
+                        shutil.rmtree(path, ignore_errors=True)
         elif path.name.startswith(_TRASH):
             shutil.rmtree(path, ignore_errors=True)
         elif path.is_dir() and not path.name.startswith("."):
@@ -181,14 +184,6 @@ def _trash(entry: Path) -> None:
     trash = entry.parent / f"{_TRASH}{entry.name}-{uuid.uuid4().hex[:8]}"
     os.rename(entry, trash)
     shutil.rmtree(trash, ignore_errors=True)
-
-
-def _remove_debris(root: Path, tmp: Path) -> None:
-    key = tmp.name[len(_TMP):].split("-")[0]
-    with contextlib.suppress(BlockingIOError, OSError):
-        if time.time() - tmp.stat().st_mtime > _STALE_TMP_S:
-            with _locked(root, key, fcntl.LOCK_EX | fcntl.LOCK_NB):  # its builder is gone
-                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _size(path: Path) -> int:

@@ -46,7 +46,13 @@ def row_codes(cols: Columns) -> Codes:
     """Parse the dates, factorise the assets and refuse duplicated (date, asset) rows."""
     d_code, dates = parse_dates(cols.dates, cols.source, cols.date_col)
     a_code, assets = factorize_assets(cols.assets, cols.source, cols.asset_col)
-    check_unique(d_code, a_code, dates, assets, cols)
+    dup = pd.Series(d_code.astype(np.int64) * len(assets) + a_code).duplicated().to_numpy()
+    if dup.any():
+        first = int(np.flatnonzero(dup)[0])
+        day = np.datetime_as_string(dates[d_code[first]], unit="D")
+        raise DataError(f"{cols.source}: columns '{cols.date_col}', '{cols.asset_col}': {int(dup.sum())} "
+                        f"duplicated (date, asset) rows, e.g. ({day}, {assets[a_code[first]]}); expected one "
+                        "row per date and asset")
     return Codes(d_code, a_code, dates, assets)
 
 
@@ -119,15 +125,3 @@ def factorize_assets(values: Keys, source: str, col: str) -> tuple[np.ndarray, n
         # e.g. 1 and "1" in an object column: the same id once written out as text
         raise DataError(f"{source}: column '{col}': asset ids collide when converted to text")
     return rank[codes], np.asarray(ordered, dtype=object)
-
-
-def check_unique(d_code: np.ndarray, a_code: np.ndarray, dates: np.ndarray, assets: np.ndarray,
-                 cols: Columns) -> None:
-    key = d_code.astype(np.int64) * len(assets) + a_code
-    dup = pd.Series(key).duplicated().to_numpy()
-    if dup.any():
-        first = int(np.flatnonzero(dup)[0])
-        day = np.datetime_as_string(dates[d_code[first]], unit="D")
-        raise DataError(f"{cols.source}: columns '{cols.date_col}', '{cols.asset_col}': {int(dup.sum())} "
-                        f"duplicated (date, asset) rows, e.g. ({day}, {assets[a_code[first]]}); expected one "
-                        "row per date and asset")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from sweeper.config import DataConfig, SplitConfig, SweeperConfig
+from sweeper.config import DataConfig, SweeperConfig
 from sweeper.data.panel import Panel
 from sweeper.data.split import purge_gap, split_widths
 from sweeper.errors import ConfigError
@@ -116,13 +116,8 @@ def fold_panel(panel: Panel, fold: Fold, cfg: DataConfig) -> Panel:
         return dataclasses.replace(panel, splits=splits, oracle_ic=oracle, _cache={})
     from sweeper.data.load import load_panel
 
-    return load_panel(cfg.model_copy(update={"split": _as_ranges(panel, splits, cfg.split)}))
-
-
-def _as_ranges(panel: Panel, splits: dict[str, tuple[int, int]], split: SplitConfig) -> SplitConfig:
-    """The fold's splits as inclusive date ranges, with the study's pinned widths: the split rule
-    (:func:`~sweeper.data.split.range_splits`) gives back exactly these target indices."""
-    def stamp(k: int) -> str:
-        return pd.Timestamp(panel.dates[k]).isoformat()
-    parts = {name: (stamp(a), stamp(b - 1)) for name, (a, b) in splits.items()}
-    return split.model_copy(update=parts)
+    # the fold's splits as inclusive date ranges, with the study's pinned widths: the split rule
+    # (:func:`~sweeper.data.split.range_splits`) gives back exactly these target indices
+    ranges = {name: tuple(pd.Timestamp(panel.dates[k]).isoformat() for k in (a, b - 1))
+              for name, (a, b) in splits.items()}
+    return load_panel(cfg.model_copy(update={"split": cfg.split.model_copy(update=ranges)}))

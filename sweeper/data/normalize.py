@@ -88,15 +88,6 @@ PER_DATE: dict[str, Method] = {"cs_zscore": cs_zscore, "cs_rank": cs_rank,
                                "none": lambda x, v: np.where(v, x, np.nan).astype(x.dtype, copy=False)}
 
 
-def by_date_chunks(method: Method, x: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Apply a per-date ``method`` in chunks of dates (bounded temporaries)."""
-    out = np.empty_like(x)
-    for start in range(0, x.shape[0], _CHUNK):
-        part = slice(start, start + _CHUNK)
-        out[part] = method(x[part], valid[part])
-    return out
-
-
 def fit_stats(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int],
               features: list[str]) -> NormStats:
     """What ``method`` fits over time, JSON-ready: ``{method, features, median, scale}``.
@@ -165,5 +156,8 @@ def normalize_label(y: torch.Tensor, mask: torch.Tensor, method: str) -> torch.T
     valid = (mask.numpy() & np.isfinite(y.numpy()))[:, :, None]
     if method not in LABEL_NORMS:
         raise ValueError(f"unknown label normalisation {method!r}; expected one of {LABEL_NORMS}")
-    out = by_date_chunks(PER_DATE[method], col, valid)
+    out = np.empty_like(col)
+    for start in range(0, col.shape[0], _CHUNK):  # in chunks of dates: bounded temporaries
+        part = slice(start, start + _CHUNK)
+        out[part] = PER_DATE[method](col[part], valid[part])
     return torch.from_numpy(np.ascontiguousarray(out[:, :, 0]))

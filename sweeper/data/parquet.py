@@ -44,19 +44,6 @@ def is_numeric(dtype: pa.DataType) -> bool:
     return pa.types.is_integer(dtype) or pa.types.is_floating(dtype)
 
 
-def select_features(schema: pa.Schema, cfg: DataConfig, path: Path) -> list[str]:
-    """The feature columns ``data.features`` and ``data.exclude`` select (:mod:`sweeper.data.features`)."""
-    keys = {"data.date_col": cfg.date_col, "data.asset_col": cfg.asset_col, "data.label": cfg.label}
-    if cfg.group_col is not None:  # it labels rows (group-neutral IC), it is never a feature
-        keys["data.group_col"] = cfg.group_col
-    _require(schema, keys.items(), path)
-    candidates = [f.name for f in schema if f.name not in keys.values() and is_numeric(f.type)]
-    if cfg.features is None and not candidates:
-        raise DataError(f"{path}: no numeric feature columns besides '{cfg.date_col}', "
-                        f"'{cfg.asset_col}' and '{cfg.label}' (data.features)")
-    return select_columns(candidates, list(schema.names), cfg.features, cfg.exclude, str(path))
-
-
 def _require(schema: pa.Schema, keys: Iterable[tuple[str, str]], path: Path) -> None:
     """DataError for the first column named by ``(key, column)`` that the file lacks."""
     for key, name in keys:
@@ -82,10 +69,19 @@ def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: P
 
 
 def read_plan(cfg: DataConfig) -> tuple[Path, list[str], dict[bytes, bytes]]:
-    """The schema checks alone: the file, its selected feature columns and its metadata."""
+    """The schema checks alone: the file, the feature columns ``data.features`` and ``data.exclude``
+    select (:mod:`sweeper.data.features`) and its metadata."""
     path = Path(str(cfg.path))
     schema = read_schema(path)
-    features = select_features(schema, cfg, path)
+    keys = {"data.date_col": cfg.date_col, "data.asset_col": cfg.asset_col, "data.label": cfg.label}
+    if cfg.group_col is not None:  # it labels rows (group-neutral IC), it is never a feature
+        keys["data.group_col"] = cfg.group_col
+    _require(schema, keys.items(), path)
+    candidates = [f.name for f in schema if f.name not in keys.values() and is_numeric(f.type)]
+    if cfg.features is None and not candidates:
+        raise DataError(f"{path}: no numeric feature columns besides '{cfg.date_col}', "
+                        f"'{cfg.asset_col}' and '{cfg.label}' (data.features)")
+    features = select_columns(candidates, list(schema.names), cfg.features, cfg.exclude, str(path))
     check_types(schema, cfg, features, path)
     return path, features, dict(schema.metadata or {})
 
