@@ -117,30 +117,25 @@ def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, 
     return attr
 
 
-def command_threads(cfg: C.SweeperConfig, study: optuna.Study) -> int:
-    """``sweeper baseline``'s threads: those of one slot while a sweep runs trials of the study
-    (it shares the machine with them), of all slots otherwise."""
+def run_command(cfg: C.SweeperConfig, study: optuna.Study) -> dict[str, Any]:
+    """``sweeper baseline STUDY``: compute the baseline now, whatever its state (asked for by name),
+    with the threads of one slot while a sweep runs trials of the study (it shares the machine
+    with them), of all slots otherwise."""
     from optuna.trial import TrialState
 
     from sweeper.devices.slots import cpu_count, plan_slots
     from sweeper.errors import SweeperError
+    from sweeper.store.identity import Identity
 
     try:
         slots = plan_slots(cfg.devices)
     except SweeperError:  # the study's GPUs are not here: the CPU is what the baseline needs
         slots = []
-    if not slots:
-        return cpu_count()
     sweeping = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
-    return slots[0].threads if sweeping else min(cpu_count(), sum(s.threads for s in slots))
-
-
-def run_command(cfg: C.SweeperConfig, study: optuna.Study) -> dict[str, Any]:
-    """``sweeper baseline STUDY``: compute the baseline now, whatever its state (asked for by name)."""
-    from sweeper.store.identity import Identity
-
+    threads = (cpu_count() if not slots else slots[0].threads if sweeping
+               else min(cpu_count(), sum(s.threads for s in slots)))
     ident = Identity.current()
-    return compute(cfg, study, command_threads(cfg, study), ident.host, ident.driver_id)
+    return compute(cfg, study, threads, ident.host, ident.driver_id)
 
 
 def subsample_line(attr: dict[str, Any]) -> str | None:

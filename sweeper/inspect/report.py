@@ -78,7 +78,8 @@ TITLES = {
 def load(study: optuna.Study, run_dir: str | Path, metric: str,
          cfg: SweeperConfig | None = None) -> StudyData:
     """The study read once. With ``cfg``: the trials' label horizons and the best trial's
-    long-short view (which runs its model on the study's data)."""
+    long-short view and group-neutral IC, from one read of its frames (which runs its model on the
+    study's data only where it stored no predictions)."""
     trials = study.get_trials(deepcopy=False)
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     data = StudyData(name=study.study_name, metric=metric, maximize=maximize, trials=trials,
@@ -86,24 +87,18 @@ def load(study: optuna.Study, run_dir: str | Path, metric: str,
                      daily_valid=valid_daily_ics(trials, run_dir))
     if cfg is not None:
         data.horizons = trial_horizons(trials, cfg)
-        _load_best_views(data, cfg)
+    if cfg is not None and data.best is not None:
+        from sweeper.inspect.frames import TrialFrames
+        from sweeper.inspect.ic_views import group_neutral_report
+        from sweeper.inspect.longshort import best_long_short
+
+        frames = TrialFrames(cfg, study)
+        try:
+            data.long_short = best_long_short(cfg, frames, data.best)
+        except SweeperError as exc:
+            data.long_short_note = str(exc)
+        data.group_neutral = group_neutral_report(cfg, frames, data.best)  # {} without data.group_col
     return data
-
-
-def _load_best_views(data: StudyData, cfg: SweeperConfig) -> None:
-    """The best trial's long-short view and group-neutral IC, from one read of its frames."""
-    from sweeper.inspect.frames import TrialFrames
-    from sweeper.inspect.ic_views import group_neutral_report
-    from sweeper.inspect.longshort import best_long_short
-
-    if data.best is None:
-        return
-    frames = TrialFrames(cfg, data.study)
-    try:
-        data.long_short = best_long_short(cfg, frames, data.best)
-    except SweeperError as exc:
-        data.long_short_note = str(exc)
-    data.group_neutral = group_neutral_report(cfg, frames, data.best)  # {} without data.group_col
 
 
 def build_figures(data: StudyData) -> dict[str, go.Figure]:
