@@ -68,22 +68,6 @@ def cs_rank(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.where(valid & (n > 1), out, np.nan).astype(x.dtype, copy=False)
 
 
-def _robust_columns(x: np.ndarray, valid_of: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Median and scaled MAD per column over the valid (date, asset) rows of each column of ``x``.
-
-    ``scale = (MAD + 1e-12) * 1.4826`` exactly as Qlib's RobustZScoreNorm; float64.
-    One column at a time: the temporaries are one column's values, never a copy of ``x``.
-    """
-    cols = x.shape[-1]
-    median, scale = np.full(cols, np.nan), np.full(cols, np.nan)
-    for k in range(cols):  # per column: a plain median of the valid values, no NaN handling
-        values = x[..., k][valid_of(k)].astype(np.float64)
-        if values.size:
-            median[k] = np.median(values)
-            scale[k] = (np.median(np.abs(values - median[k])) + ROBUST_EPS) * MAD_TO_STD
-    return median, scale
-
-
 PER_DATE: dict[str, Method] = {"cs_zscore": cs_zscore, "cs_rank": cs_rank,
                                "none": lambda x, v: np.where(v, x, np.nan).astype(x.dtype, copy=False)}
 
@@ -101,13 +85,17 @@ def fit_stats(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple
     if method == "robust_zscore":
         a, b = fit_dates
         xs, present = x.numpy()[a:b], mask.numpy()[a:b]
-        m, sc = _robust_columns(xs, lambda k: present & np.isfinite(xs[..., k]))
-        median, scale = _json_floats(m), _json_floats(sc)
+        median, scale = [], []
+        # one feature at a time (the temporaries are one column's values, never a copy of x): a plain
+        # median of its valid values and scale = (MAD + 1e-12) * 1.4826 in float64, exactly as Qlib's
+        # RobustZScoreNorm; None for a feature without a value
+        for k in range(xs.shape[-1]):
+            values = xs[..., k][present & np.isfinite(xs[..., k])].astype(np.float64)
+            centre = float(np.median(values)) if values.size else None
+            median.append(centre)
+            scale.append(None if centre is None
+                          else float((np.median(np.abs(values - centre)) + ROBUST_EPS) * MAD_TO_STD))
     return {"method": method, "features": list(features), "median": median, "scale": scale}
-
-
-def _json_floats(v: np.ndarray) -> list[float | None]:
-    return [float(a) if math.isfinite(a) else None for a in v]
 
 
 def normalize_features(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple[int, int],

@@ -86,20 +86,14 @@ def deflated_sharpe(daily_best: np.ndarray, sr_trials: list[float], n_trials: in
     """
     x = finite(daily_best)
     sr = _sharpe(x)
-    sr0 = _null_sharpe(finite(sr_trials), n_trials)
+    spread = finite(sr_trials)  # SR0 is 0 when nothing was selected; a spread needs two trials
+    sr0 = (0.0 if n_trials == 1 else math.nan if len(spread) < 2
+           else float(np.std(spread, ddof=1)) * expected_max(n_trials))
     if null_ic is None:
         null_ic = hac_standard_error(x, lag) * expected_max(n_trials)
     mean_ic = float(x.mean()) if len(x) else math.nan
     dsr = _probabilistic_sharpe(x, sr, sr0, effective_days(x, lag))
     return {"sr": sr, "sr0": sr0, "dsr": dsr, "p_fluke": 1 - dsr, "deflated_ic": mean_ic - null_ic}
-
-
-def _null_sharpe(sr_trials: np.ndarray, n_trials: int) -> float:
-    if n_trials == 1:
-        return 0.0  # nothing was selected
-    if len(sr_trials) < 2:
-        return math.nan  # a spread across trials needs two of them
-    return float(np.std(sr_trials, ddof=1)) * expected_max(n_trials)
 
 
 def _probabilistic_sharpe(x: np.ndarray, sr: float, sr0: float, days: float) -> float:
