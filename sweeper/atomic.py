@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -113,9 +114,13 @@ def _no_space_errno(exc: BaseException, path: str | Path | None) -> int | None:
         if isinstance(link, OSError) and link.errno in NO_SPACE:
             return link.errno
         link = link.__cause__ or link.__context__
-    if path is not None and isinstance(exc, RuntimeError) and _free_bytes(path) < LOW_SPACE_BYTES:
-        return errno.ENOSPC
-    return None
+    if path is None or not isinstance(exc, RuntimeError):
+        return None
+    try:  # bytes free to this user on the file system the file was written to
+        free = shutil.disk_usage(nearest_existing(path)).free
+    except OSError:
+        return None  # cannot tell: not taken for a full disk
+    return errno.ENOSPC if free < LOW_SPACE_BYTES else None
 
 
 def nearest_existing(path: str | Path) -> Path:
@@ -124,12 +129,3 @@ def nearest_existing(path: str | Path) -> Path:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     return probe
-
-
-def _free_bytes(path: str | Path) -> int:
-    """Bytes free to this user on the file system holding ``path`` (or its nearest folder)."""
-    try:
-        st = os.statvfs(nearest_existing(path))
-    except OSError:
-        return LOW_SPACE_BYTES  # cannot tell: not taken for a full disk
-    return st.f_bavail * st.f_frsize

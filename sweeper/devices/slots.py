@@ -132,21 +132,18 @@ def visible(gpus: list[GPU]) -> list[GPU]:
 def _select(found: NvmlProbe, wanted: list[int | str]) -> list[GPU]:
     chosen: list[GPU] = []
     for item in wanted:
-        gpu = _lookup(found.gpus, item)
+        text = str(item).strip().lower()
+        if text.isdigit():
+            gpu = next((g for g in found.gpus if g.index == int(text)), None)
+        else:  # a UUID, with or without its "GPU-" prefix
+            key = text if text.startswith("gpu-") else f"gpu-{text}"
+            gpu = next((g for g in found.gpus if g.uuid.lower() == key), None)
         if gpu is None:
-            what = f"with index {item}" if str(item).strip().isdigit() else f"with UUID {item!r}"
+            what = f"with index {item}" if text.isdigit() else f"with UUID {item!r}"
             raise DeviceError(f"devices.gpus: no GPU {what}; {_available(found)}")
         if gpu not in chosen:  # the same GPU by index and by UUID is still one GPU
             chosen.append(gpu)
     return chosen
-
-
-def _lookup(gpus: list[GPU], item: int | str) -> GPU | None:
-    text = str(item).strip()
-    if text.isdigit():
-        return next((g for g in gpus if g.index == int(text)), None)
-    key = text.lower() if text.lower().startswith("gpu-") else f"gpu-{text.lower()}"
-    return next((g for g in gpus if g.uuid.lower() == key), None)
 
 
 def _available(found: NvmlProbe) -> str:

@@ -61,7 +61,11 @@ def _holds_files(run_dir: Path) -> bool:
 def _move(run_dir: Path, target: Path) -> list[str]:
     moved = [name for name in STUDY_OWNED if (run_dir / name).exists()]
     for name in moved:
-        move(run_dir / name, _free_name(target / name))
+        k, dst = 0, target / name
+        while dst.exists():  # a folder of that name was moved aside before: name.1, name.2, ...
+            k += 1
+            dst = target / f"{name}.{k}"
+        move(run_dir / name, dst)
     if not moved:
         return []
     who = "no owner recorded" if target.name == UNKNOWN else f"study_uuid {target.name}"
@@ -78,15 +82,6 @@ def _restore(back: Path, run_dir: Path) -> list[str]:
     if not any(back.iterdir()):
         back.rmdir()
     return [f"this study's {', '.join(restored)} moved back from {back}"] if restored else []
-
-
-def _free_name(path: Path) -> Path:
-    """``path``, or ``path.1``, ``path.2``... when a folder of that name was moved aside before."""
-    k, candidate = 0, path
-    while candidate.exists():
-        k += 1
-        candidate = path.with_name(f"{path.name}.{k}")
-    return candidate
 
 
 def files_folder(cfg: SweeperConfig, study: optuna.Study) -> Path:
