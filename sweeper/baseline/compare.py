@@ -32,11 +32,9 @@ def paired_t(dates_a: np.ndarray, ic_a: np.ndarray, dates_b: np.ndarray, ic_b: n
     b = {str(d)[:10]: float(v) for d, v in zip(dates_b, ic_b) if math.isfinite(float(v))}
     shared = sorted(set(a) & set(b))
     diff = np.array([a[d] - b[d] for d in shared], dtype=np.float64)
-    if len(diff) < 2:
-        return {"mean_diff": float(diff.mean()) if len(diff) else None, "t_stat": None, "n_dates": len(diff)}
-    se = hac_standard_error(diff, lag)
-    t = float(diff.mean()) / se if math.isfinite(se) and se > 0 else None
-    return {"mean_diff": float(diff.mean()), "t_stat": t, "n_dates": len(diff)}
+    mean, se = (float(diff.mean()) if len(diff) else None), hac_standard_error(diff, lag)  # NaN under 2 dates
+    t = mean / se if mean is not None and math.isfinite(se) and se > 0 else None
+    return {"mean_diff": mean, "t_stat": t, "n_dates": len(diff)}
 
 
 def baseline_daily(attr: dict[str, Any], split: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -64,16 +62,12 @@ def comparison(attr: dict[str, Any], best_metrics: dict[str, Any],
             {"mean_diff": None, "t_stat": None, "n_dates": 0}
         out[f"{p}_t_stat"], out[f"{p}_shared_dates"] = paired["t_stat"], paired["n_dates"]
     out["t_stat"] = out["test_t_stat"]
-    if "fold_val_ic" in attr:
-        out["fold_val_ic_diff"] = fold_diff(best_metrics.get("fold_val_ic"), attr["fold_val_ic"])
+    mine, theirs = best_metrics.get("fold_val_ic"), attr.get("fold_val_ic")
+    if "fold_val_ic" in attr:  # best - baseline fold by fold; None unless both have as many folds
+        same = isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs)
+        out["fold_val_ic_diff"] = [float(a) - float(b) if _finite(a) and _finite(b) else None
+                                   for a, b in zip(mine or [], theirs or [])] if same else None
     return out
-
-
-def fold_diff(mine: Any, theirs: Any) -> list[float | None] | None:
-    """Best - baseline fold by fold; None unless both have one value per fold, as many folds."""
-    if not isinstance(mine, list) or not isinstance(theirs, list) or len(mine) != len(theirs):
-        return None
-    return [float(a) - float(b) if _finite(a) and _finite(b) else None for a, b in zip(mine, theirs)]
 
 
 def _finite(value: Any) -> TypeGuard[float]:

@@ -298,8 +298,5 @@ def latest_telemetry(path: Path) -> list[dict[str, Any]]:
     """The last sample of each GPU in devices.csv."""
     if not path.exists():
         return []
-    latest: dict[str, dict[str, Any]] = {}
-    with path.open() as fh:
-        for row in csv.DictReader(fh):
-            latest[row.get("uuid") or row.get("index", "")] = row
-    return list(latest.values())
+    with path.open() as fh:  # a later row of a GPU replaces its earlier ones
+        return list({row.get("uuid") or row.get("index", ""): row for row in csv.DictReader(fh)}.values())
