@@ -30,25 +30,20 @@ def mean_daily_corr(X: np.ndarray, y: np.ndarray, mask: np.ndarray,
     step = max(1, _CELLS // max(N * F, 1))
     for a in range(start, stop, step):
         b = min(a + step, stop)
-        corr, n = _daily_corr(X[a:b].astype(np.float64), y[a:b].astype(np.float64)[:, :, None],
-                              mask[a:b, :, None])
+        # [D, F] Pearson across assets (axis 1) of each date; NaN with < 3 pairs or no spread
+        x, lab = X[a:b].astype(np.float64), y[a:b].astype(np.float64)[:, :, None]
+        valid = mask[a:b, :, None] & np.isfinite(x) & np.isfinite(lab)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            n = valid.sum(1)
+            dx = np.where(valid, x - (np.where(valid, x, 0).sum(1) / n)[:, None], 0)
+            dy = np.where(valid, lab - (np.where(valid, lab, 0).sum(1) / n)[:, None], 0)
+            corr = np.where(n >= 3, (dx * dy).sum(1) / np.sqrt((dx * dx).sum(1) * (dy * dy).sum(1)), np.nan)
         ok = np.isfinite(corr)
         total += np.where(ok, corr, 0.0).sum(0)
         count += ok.sum(0)
         rows += np.where(ok, n, 0).sum(0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return total / count, rows
-
-
-def _daily_corr(x: np.ndarray, y: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``([D, F] Pearson across assets (axis 1), NaN with < 3 pairs or no spread; [D, F] pairs)``."""
-    valid = present & np.isfinite(x) & np.isfinite(y)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        n = valid.sum(1)
-        dx = np.where(valid, x - (np.where(valid, x, 0).sum(1) / n)[:, None], 0)
-        dy = np.where(valid, y - (np.where(valid, y, 0).sum(1) / n)[:, None], 0)
-        corr = (dx * dy).sum(1) / np.sqrt((dx * dx).sum(1) * (dy * dy).sum(1))
-    return np.where(n >= 3, corr, np.nan), n
 
 
 def judge_leaks(corr: np.ndarray, rows: np.ndarray, threshold: float, names: list[str], source: str,

@@ -31,9 +31,11 @@ def doctor() -> DoctorReport:
     import torch
 
     found = probe()
+    driver = (f"fake GPUs ({GPUS_ENV}={len(found.gpus)})" if found.fake
+              else found.driver or f"not found: {found.error or 'NVML reported nothing'}")
     rows = [("python", f"{platform.python_version()} ({sys.executable})"), ("sweeper", __version__),
             ("torch", torch.__version__), ("torch CUDA build", torch.version.cuda or "none (CPU-only build)"),
-            ("NVIDIA driver", _driver(found))]
+            ("NVIDIA driver", driver)]
     for gpu in found.gpus:
         rows += _gpu_rows(gpu)
     rows += [("optuna", _package_version("optuna")), ("SQLite", sqlite3.sqlite_version),
@@ -42,12 +44,6 @@ def doctor() -> DoctorReport:
     rows.append(("torch.cuda.is_available()", str(available)))
     verdict, code = _verdict(found, torch.version.cuda, available)
     return DoctorReport(rows, verdict, code)
-
-
-def _driver(found: NvmlProbe) -> str:
-    if found.fake:
-        return f"fake GPUs ({GPUS_ENV}={len(found.gpus)})"
-    return found.driver or f"not found: {found.error or 'NVML reported nothing'}"
 
 
 def _gpu_rows(gpu: GPU) -> list[tuple[str, str]]:

@@ -79,13 +79,6 @@ def read_refit(files: TrialFiles) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def load_refit_weights(files: TrialFiles) -> dict[str, Any]:
-    refit = files.refit_files
-    if not refit.weights.exists():
-        raise DataError(f"{refit.weights}: missing beside its {refit.record.name}; run `sweeper refit` again")
-    return _state_dict(refit.weights)
-
-
 def restrict(panel: Panel, split: str, start: str | None, end: str | None) -> tuple[Panel, str]:
     """``(panel, split name)``: the split itself, or its dates within ``[start, end]``."""
     from sweeper.data.scoring import date_range
@@ -155,14 +148,15 @@ class Predictor:
         refit = read_refit(files) if data is not None else None  # the study's own dates: its own weights
         # a missing file fails before any data is read; with seed repeats, every seed's weights
         # (the trial's model is the mean of their predictions)
-        first = load_refit_weights(files) if refit else load_weights(files, trial, self.study_file)
-        others = files.refit_files.other_members() if refit else files.other_members()
-        members = [first, *(_state_dict(p) for p in others)]
+        used = files.refit_files if refit else files  # the refit's model files, or the trial's own
+        if refit and not used.weights.exists():
+            raise DataError(f"{used.weights}: missing beside its refit.json; run `sweeper refit` again")
+        first = _state_dict(used.weights) if refit else load_weights(files, trial, self.study_file)
+        members = [first, *(_state_dict(p) for p in used.other_members())]
         if data is None:
             panel = self.own_panel(tcfg)
         else:
-            stats = files.refit_files.norm_stats if refit else files.norm_stats
-            panel = self._new_panel(tcfg, stats, trial, Path(data))
+            panel = self._new_panel(tcfg, used.norm_stats, trial, Path(data))
         panel, name = restrict(panel, split, start, end)
         if len(panel.sample_index(name)) == 0:
             raise DataError(no_rows(panel, split, name, trial.number, tcfg.data.lookback, (start, end)))
