@@ -14,7 +14,6 @@ codes are :class:`sweeper.baseline.state.ExitCode`.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -27,7 +26,7 @@ import optuna
 from sweeper import child
 from sweeper import config as C
 from sweeper.baseline.fit import BaselineResult, fit_study
-from sweeper.baseline.state import ExitCode, State, mark
+from sweeper.baseline.state import ExitCode, State, _now, mark
 from sweeper.errors import one_line
 from sweeper.plain import plain
 from sweeper.quant.selection import fold_standard_error
@@ -36,10 +35,6 @@ from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid
 
 RESULT = "baseline"  # the study user attribute of the result
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def _series(frame: Any) -> dict[str, list[Any]]:

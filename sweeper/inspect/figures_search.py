@@ -102,14 +102,8 @@ def curves_figure(data: StudyData) -> go.Figure:
 def _gapped_curves(trials: list[FrozenTrial]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Epochs, values and trial numbers of ``trials``' curves end to end, each curve
     followed by one NaN point."""
-    lengths = [len(t.intermediate_values) + 1 for t in trials]
-    xs, ys = np.full(sum(lengths), np.nan), np.full(sum(lengths), np.nan)
-    ids = np.repeat(np.array([t.number for t in trials], dtype=np.float64), lengths)
-    at = 0
-    for t, n in zip(trials, lengths):
-        steps = sorted(t.intermediate_values)
-        xs[at:at + n - 1] = steps
-        ys[at:at + n - 1] = [t.intermediate_values[s] for s in steps]
-        ids[at + n - 1] = np.nan
-        at += n
-    return xs, ys, ids
+    steps = [sorted(t.intermediate_values) for t in trials]
+    xs = [x for s in steps for x in (*s, np.nan)]
+    ys = [y for t, s in zip(trials, steps) for y in (*(t.intermediate_values[k] for k in s), np.nan)]
+    ids = [i for t, s in zip(trials, steps) for i in (*[t.number] * len(s), np.nan)]
+    return np.array(xs, dtype=np.float64), np.array(ys, dtype=np.float64), np.array(ids, dtype=np.float64)
