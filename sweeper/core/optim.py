@@ -124,12 +124,14 @@ class StackedAdamW:
         self.exp_avg.lerp_(grad, _col((1 - beta1) * go))
         self.exp_avg_sq.mul_(_col(1 - (1 - beta2) * go)).addcmul_(grad, grad, value=1 - beta2)
         self.steps += go
-        done = self.steps.clamp(min=1.0)  # a member yet to update divides by nothing below
-        lr = self.lr * self.factor * go
-        values = self.flat.values
-        values.mul_(1 - _col(lr * self.weight_decay) * self.flat.decay)
-        denom = (self.exp_avg_sq.sqrt() / _col((1 - beta2 ** done).sqrt())).add_(self.eps)
-        values.sub_(self.exp_avg / denom * _col(lr / (1 - beta1 ** done)))
+        # the scalars of each member's update in double, rounded once to the weights' dtype, as torch's
+        # AdamW works them out on the host (in float32 they round the first steps ~6e-6 short)
+        done = self.steps.clamp(min=1.0).double()  # a member yet to update divides by nothing below
+        lr = self.lr.double() * self.factor.double() * go.double()
+        dtype, values = self.flat.values.dtype, self.flat.values
+        values.mul_(1 - _col((lr * self.weight_decay.double()).to(dtype)) * self.flat.decay)
+        denom = (self.exp_avg_sq.sqrt() / _col((1 - beta2 ** done).sqrt().to(dtype))).add_(self.eps)
+        values.sub_(self.exp_avg / denom * _col((lr / (1 - beta1 ** done)).to(dtype)))
         return norms, (1.0 - finite.float())
 
     def _step_one(self) -> tuple[torch.Tensor, torch.Tensor]:
