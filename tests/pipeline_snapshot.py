@@ -29,8 +29,10 @@ tests/test_stacked_core.py's and tests/test_member_dropout.py's).
 The stacked record (``walk_forward_stacked``: the walk-forward study's 4 runs as one stack of 4)
 is AVX512-GenuineIntel's alone, written on 2026-12-05 by the code of 47ebc4b, when a member of a
 stack of several came to draw exactly its lone run's dropout masks (issue 40): that changed the
-stacked training (the study's MLP has dropout 0.1: its trial 0's value is now the one-by-one
-record's to 5e-6, where the earlier record's was 2 % off). It replaced AVX512-AuthenticAMD's,
+stacked training (the study's MLP has dropout 0.1: its trial 0's value came to the one-by-one
+record's to 5e-6, where the earlier record's was 2 % off); and written again the same day by
+9f646ac, when the stacked AdamW came to work its update's scalars out in double as torch's does
+(trial 0's value is now the one-by-one record's to 1.1e-7). It replaced AVX512-AuthenticAMD's,
 written by d1a4397 before the one core (issue 39), which could not be rewritten on the Intel box:
 an AMD CPU now compares within rounding against Intel's. Written by the one core's code, it
 compares exactly on its own CPU, as the others do.
