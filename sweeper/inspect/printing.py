@@ -96,6 +96,9 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
             lines.append(f"oracle {split} IC {oracle:.4f}{'' if frac is None else f': {frac:.0%} reached'}")
     lines += fold_lines(best)[0 if scheme else 1:]
     lines += [stack_line(best)] if best.get("stack_size_from") not in (None, "one run per trial") else []
+    if best.get("population"):
+        shared = ", ".join(map(str, best["population"]))
+        lines.append(f"trained as one stack with trials {shared} (study.population)")
     lines += [constraints_line(best)] if "constraints" in best or best.get("infeasible") else []
     lines += selection_lines(best.get("selection")) + baseline_lines(best.get("baseline"),
                                                                      best.get("baseline_state"))
