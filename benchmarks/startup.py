@@ -147,7 +147,8 @@ def measure(n: int, first_steps: int, baselines: int) -> dict:
                 if mb is not None:
                     private.append(mb)
             if 0 < i <= first_steps:
-                trial = claim(study, cfg, lock, ident, run_dir)
+                got = claim(study, cfg, lock, ident, run_dir)  # a list since issue 40 (the baseline's: one)
+                trial = got[0] if isinstance(got, list) else got
                 start = time.perf_counter()
                 worker.send({"op": "run", "trial_id": trial._trial_id, "number": trial.number})
                 assert _until(worker, "progress") is not None

@@ -165,12 +165,12 @@ def test_claim_fails_a_trial_left_without_any_heartbeat(study_file, pg_url, tmp_
     orphan = study.ask({"train.lr": optuna.distributions.FloatDistribution(1e-3, 1e-2, log=True)})
     ident = Identity.current()
     lock = claim_lock(storage, pg_url, "orphan")
-    first = claim(study, cfg, lock, ident, tmp_path)
+    (first,) = claim(study, cfg, lock, ident, tmp_path)
     assert study.trials[orphan.number].state == TrialState.RUNNING and first.number == orphan.number + 1
     stale_check_later(cfg.study.grace_period)  # the second look, a grace period later, without the wait
     backdate_heartbeat(storage, first._trial_id, cfg.study.grace_period + 1)  # as it would be by then
     assert first._trial_id in stale_trial_ids(storage, study._study_id)
-    trial = claim(study, cfg, lock, ident, tmp_path)
+    (trial,) = claim(study, cfg, lock, ident, tmp_path)
     assert study.trials[first.number].state == TrialState.RUNNING  # this driver's own: never judged by heartbeat
     dead = study.trials[orphan.number]
     assert dead.state == TrialState.FAIL and dead.user_attrs["fail_reason"] == "interrupted"

@@ -149,12 +149,20 @@ class TrialRunner:
             outs = train_population(self.panels.load(ready[0][1].cfg.data), [t for _, t in ready])
         except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
             for o, _ in ready:  # the stack's error (Ctrl-C, out of memory, a crash) is every trial's left
-                if o.ended is None:
-                    o.outcome = _failed(as_disk_full(exc, o.files.folder) or exc, o.log)
+                if o.ended is None and not self._finished_elsewhere(o, exc):
+                    o.outcome = _failed(_stack_error(exc, o.files.folder), o.log)
             return
         for (o, trainer), out in zip(ready, outs):
             if o.ended is None:  # (a trial pruned while the others trained on has ended already)
                 self._attempt(o, functools.partial(self._judge, o, trainer, out))
+
+    def _finished_elsewhere(self, o: _Open, exc: BaseException) -> bool:
+        """Whether the stack stopped because another driver finished trials of it (it judged their
+        heartbeat stale): those are taken (no outcome of ours); the others of a population fail as
+        interrupted, the stack having stopped under them, and a retry continues each."""
+        if not isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
+            return False
+        return self.storage.get_trial(o.trial_id).state.is_finished()
 
     def _ended_early(self, o: _Open, trainer: Trainer, out: TrialRuns) -> None:
         """A trial pruned while the rest of its population trains on: recorded now, so that the
@@ -296,6 +304,14 @@ def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: fl
         return TrialState.PRUNED, value if out.cut_short is None else None, attrs
     convergence.report_scores(trial, record.terminator_scores(out, cfg))  # before the tell
     return TrialState.COMPLETE, value, attrs
+
+
+def _stack_error(exc: BaseException, folder: Path) -> BaseException:
+    """What a trial whose stack stopped fails with: the stack's error (a full disk said so), or, where
+    another driver finished a trial of its population, an interruption (a retry continues it)."""
+    if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
+        return Interrupted(f"its population's stack stopped: another driver finished a trial of it ({exc})")
+    return as_disk_full(exc, folder) or exc
 
 
 def _failed(exc: BaseException, log: _TrialLog) -> tuple[TrialState, None, dict[str, Any]]:
