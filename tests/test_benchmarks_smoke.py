@@ -143,3 +143,25 @@ def test_fold_pruning_smoke_counts_the_runs_of_each_arm():
     assert median["complete"] + median["pruned"] == 6 and median["runs_finished"] <= 12
     assert out["saved_runs"] == round(1 - median["runs_finished"] / 12, 3)
     assert out["saved_epochs"] == round(1 - median["epochs_trained"] / 24, 3)
+
+
+@pytest.mark.slow
+def test_population_smoke_sweeps_both_arms_and_compares_their_best():
+    out = _run("population.py", "--smoke", timeout=300)
+    mlp = out["throughput"]["mlp"]
+    (on,), (off,) = mlp["on"], mlp["off"]
+    assert (on["population_asked"], off["population_asked"], off["population"]) == ("auto", 1, 1)
+    for arm in (on, off):  # study.timeout 4 s: at least one trial, none failed, the rate from the store
+        assert arm["finished"] >= 1 and set(arm["states"]) <= {"COMPLETE", "PRUNED"}
+        assert arm["per_min"] == pytest.approx(60 * arm["finished"] / arm["span_s"], rel=0.01)  # span rounded
+    assert 1 <= on["population"] <= 8 and mlp["population"] == [on["population"]]
+    # every trial in one population: the off arm's each alone
+    assert sum(int(k) * n for k, n in on["trained"].items()) == sum(on["states"].values())
+    assert off["trained"] == {"1": sum(off["states"].values())}
+    assert mlp["ratio"] == round(on["per_min"] / off["per_min"], 3)
+    eff = out["efficiency"]
+    (seed,) = eff["per_seed"]
+    assert (eff["trials"], seed["data_seed"]) == (4, 0)
+    assert seed["diff"] == pytest.approx(seed["best_on"] - seed["best_off"])
+    assert eff["se"] is None and eff["within_one_se"] is None  # one data seed: no standard error
+    assert out["checks"]["mlp_at_least_1.4x"] == (mlp["ratio"] >= 1.4)
