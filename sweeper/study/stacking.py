@@ -100,9 +100,9 @@ def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
 
 
 def resolve(study: optuna.Study, cfg: SweeperConfig, measure: Callable[[], Choice]) -> Choice:
-    """The size this study's trials stack by: decided already, or measured now and stored. Two
-    trials measuring at once both store; each then uses what the study holds after its own write
-    (the later write), so that at most the first trials of a race differ."""
+    """The size this study's trials stack by: decided already, or measured now and stored. Of two
+    trials measuring at once, one that finds a size stored when it is done keeps that one (it does
+    not write its own), so at most the first trials of such a race differ."""
     known = decided(study.user_attrs, cfg.train.max_stack)
     if known is not None:
         return known
