@@ -390,3 +390,21 @@ def test_ctrl_c_mid_stack_exits_130_with_every_trials_checkpoint_kept(study_file
     assert all(t.user_attrs["fail_reason"] == "interrupted" for t in _study(path).get_trials())
     sweeper_cli(workdir, "run", str(path))
     _retried_from_checkpoints(path, epochs)
+
+
+def test_the_driver_reads_the_population_size_from_the_study_only_until_it_is_stored(study_file):
+    from sweeper.study.stacking import Population
+
+    cfg = load_config(study_file({"study": {"population": "auto"}}))
+    reads, attrs = [], {}
+
+    def read():
+        reads.append(1)
+        return attrs
+
+    size = Population(cfg, read)
+    assert size() == 1 and size() == 1 and len(reads) == 2  # not measured yet: asked each time
+    attrs["stack_size"] = {"stack_size": 1, "stack_size_from": "measured", "population_size": 4}
+    assert [size(), size(), size()] == [4, 4, 4] and len(reads) == 3  # stored: read once, then kept
+    fixed = Population(C.with_overrides(cfg, {"study.population": 3}, "test"), read)
+    assert fixed() == 3 and len(reads) == 3  # a number: the study is never read

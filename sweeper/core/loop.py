@@ -81,7 +81,7 @@ class Run:
     shrink: Callable[[int], int]
     micro: int = 0  # the micro-batch now: the plan's, halved by each OOM
     began: float = 0.0  # time.perf_counter() when train_stack began: each result's duration_s
-    say: Callable[[str], None] = print
+    say: Callable[[str], None] = lambda line: None  # the log (train_stack sets both)
 
 
 def train_stack(members: Sequence[Member], *, device: torch.device | str | None = None,

@@ -76,7 +76,7 @@ class Driver:
         # the baseline job reads its storage from its config: the one this sweep resolved
         located = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
         self.baseline = BaselineJob(located, study, lock, ident, run_dir, server)
-        self.populations = cfg.study.population != 1  # whether a claim reads the study's population size
+        self.population = stacking.Population(cfg, lambda: study.user_attrs)  # trials asked at once
 
     # layer 2: the loop
     def loop(self) -> None:
@@ -110,8 +110,8 @@ class Driver:
     # layer 3: what a dispatch strategy asks for (sweeper.dispatch.strategies.Launcher)
     def claim(self, population: bool = False) -> list[optuna.Trial]:
         """Claim a trial under the lock (``population``: as many of one shape as the study's population
-        size, :func:`sweeper.study.stacking.population`); empty when there is none to start now."""
-        size = stacking.population(self.study.user_attrs, self.cfg) if population and self.populations else 1
+        size, :class:`sweeper.study.stacking.Population`); empty when there is none to start now."""
+        size = self.population() if population else 1
         trials = claim(self.study, self.cfg, self.lock, self.ident, self.run_dir, seen=self._seen, size=size)
         if trials:
             self.schedule.clear()

@@ -69,16 +69,27 @@ def shape_of(params: Mapping[str, Any], cfg: SweeperConfig) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k in shape}
 
 
-def population(study_attrs: Mapping[str, Any], cfg: SweeperConfig) -> int:
+class Population:
     """How many trials the driver asks for at once: ``study.population`` when a number; ``auto``: what
-    the study's first trial measured (1 until it has)."""
-    asked, stack = cfg.study.population, cfg.train.max_stack
-    if asked != "auto":
-        return int(asked)
-    if stack != "auto":  # a stack size set in the file: as many trials as fill it
-        return max(1, stack // cfg.validation.runs)
-    stored = study_attrs.get(STUDY_ATTR) or {}
-    return int(stored.get("population_size", 1))
+    the study's first trial measured (1 until it has). The study's attributes (``attrs()``, a store
+    read) are read only under ``auto`` and only until the size is stored: it never changes after."""
+
+    def __init__(self, cfg: SweeperConfig, attrs: Callable[[], Mapping[str, Any]]) -> None:
+        self.cfg, self.attrs = cfg, attrs
+        self.size: int | None = None
+
+    def __call__(self) -> int:
+        asked, stack = self.cfg.study.population, self.cfg.train.max_stack
+        if asked != "auto":
+            return int(asked)
+        if stack != "auto":  # a stack size set in the file: as many trials as fill it
+            return max(1, stack // self.cfg.validation.runs)
+        if self.size is None:
+            stored = self.attrs().get(STUDY_ATTR)
+            if not stored:
+                return 1
+            self.size = int(stored.get("population_size", 1))
+        return self.size
 
 
 def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:

@@ -41,8 +41,13 @@ class PopulationHook:
         self.settled: set[int] = set()  # trials whose results came before the stack ended
         self._stop: list[int] = []
 
+    @property
+    def ended(self) -> set[int]:
+        """Trials that train no more: pruned or failed (their members are masked)."""
+        return self.pruned | self.failed
+
     def _live(self) -> list[int]:
-        return [t for t in range(len(self.hooks)) if t not in self.pruned | self.failed]
+        return [t for t in range(len(self.hooks)) if t not in self.ended]
 
     def begin(self, runs: list[dict[str, int]], offset: int) -> None:
         """Nothing: the runner begins each trial's hook with its own runs and offset."""
@@ -87,17 +92,19 @@ class PopulationHook:
 
 class PopulationCheckpointer:
     """Each trial's members saved through that trial's own checkpointer, as a stack of them alone
-    (none of a trial that has ended: ``settled``); a population starts fresh (its trials are new: a
-    retry runs alone), so it loads nothing."""
+    (none of a trial that trains no more, ``ended()``: pruned, or failed, whose state a save would
+    only overwrite with its masked or non-finite weights); a population starts fresh (its trials are
+    new: a retry runs alone), so it loads nothing."""
 
     def __init__(self, parts: Sequence[tuple[list[int], Checkpointer, SweeperConfig]],
-                 settled: Collection[int] = ()) -> None:
-        self.parts, self.settled = list(parts), settled
+                 ended: Callable[[], Collection[int]] = lambda: ()) -> None:
+        self.parts, self.ended = list(parts), ended
 
     def load(self) -> dict | None:
         return None
 
     def save(self, state: dict) -> None:
+        ended = self.ended()
         for t, (which, checkpointer, cfg) in enumerate(self.parts):
-            if t not in self.settled:
+            if t not in ended:
                 checkpointer.save(member_states(state, which, cfg))

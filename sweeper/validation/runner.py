@@ -336,7 +336,7 @@ def _stack_hook(parts: list[Part], settle: Callable[[int, list[TrainResult]], No
     hook = PopulationHook([trainer.hook for trainer, _, _ in parts], members, settle)
     saved = PopulationCheckpointer([(ks, c, seeded(trainer.cfg, cells[0][1]))
                                     for ks, c, (trainer, _, cells) in zip(members, checkpoints, parts)],
-                                   hook.settled)
+                                   lambda: hook.ended)
     return hook, saved
 
 
