@@ -26,7 +26,7 @@ class StopToken:
     would deadlock there). Waits poll a plain flag instead."""
 
     def __init__(self) -> None:
-        self._requested = False
+        self.requested = False
         self.count = 0
         self.signum: int | None = None
         self.raise_at_once = False
@@ -40,15 +40,11 @@ class StopToken:
     def request(self, signum: int | None = None) -> None:
         self.count += 1
         self.signum = self.signum or signum
-        self._requested = True
-
-    @property
-    def requested(self) -> bool:
-        return self._requested
+        self.requested = True
 
     def check(self) -> None:
         """Raise StopRequested when a stop was requested."""
-        if self._requested:
+        if self.requested:
             raise StopRequested(self.signum or signal.SIGINT)
 
     def wait(self, seconds: float) -> None:

@@ -125,11 +125,8 @@ def prepare_sqlite_file(url: str) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=sqlite_busy_timeout_s())
-    try:
+    with contextlib.closing(sqlite3.connect(path, timeout=sqlite_busy_timeout_s())) as conn:
         conn.execute("PRAGMA journal_mode=WAL")
-    finally:
-        conn.close()
 
 
 # What the storage call running on this thread does (READ, WRITE or DURABLE), for the "begin" hook
@@ -305,21 +302,17 @@ def _pg_schema_guard(url: str, create: bool) -> Iterator[bool]:
 
 def _sqlite_schema_ready(path: Path) -> bool:
     """True once the last step of Optuna's set-up (the alembic stamp) is done (read-only)."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=sqlite_busy_timeout_s())
-    try:
-        stamp = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
-        if not conn.execute(stamp).fetchall():
-            return False
-        return conn.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0
-    finally:
-        conn.close()
+    stamp = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True,
+                                            timeout=sqlite_busy_timeout_s())) as conn:
+        return (bool(conn.execute(stamp).fetchall())
+                and conn.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0)
 
 
 def _pg_schema_ready(conn: sqlalchemy.Connection) -> bool:
     """True once the last step of Optuna's set-up (the alembic stamp) is done."""
-    if conn.exec_driver_sql("SELECT to_regclass('alembic_version') IS NOT NULL").scalar() is not True:
-        return False
-    return (conn.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() or 0) > 0
+    return (conn.exec_driver_sql("SELECT to_regclass('alembic_version') IS NOT NULL").scalar() is True
+            and (conn.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() or 0) > 0)
 
 
 def check_reachable(url: str) -> None:
