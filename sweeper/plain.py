@@ -12,6 +12,4 @@ def plain(value: Any) -> Any:
         return [plain(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (dict, str, bytes)):
         value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    return None if isinstance(value, float) and not math.isfinite(value) else value

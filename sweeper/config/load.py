@@ -61,10 +61,9 @@ def validate_config(raw: dict[str, Any], source: str) -> SweeperConfig:
         return SweeperConfig.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
-        first = _format_error(errors[0])
         extra = len(errors) - 1
         more = f" (and {extra} more problem{'s' if extra > 1 else ''})" if extra else ""
-        raise ConfigError(f"{source}: {first}{more}") from None
+        raise ConfigError(f"{source}: {_format_error(errors[0])}{more}") from None
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

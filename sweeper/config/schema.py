@@ -99,9 +99,7 @@ class StudyConfig(_Strict):
 
     @property
     def resolved_direction(self) -> Literal["maximize", "minimize"]:
-        if self.direction is not None:
-            return self.direction
-        return "minimize" if self.metric == "val_loss" else "maximize"
+        return self.direction or ("minimize" if self.metric == "val_loss" else "maximize")
 
     def located(self, root: str) -> StudyConfig:
         """This section with its default run folder in ``root`` (the study file's folder)."""
@@ -266,9 +264,8 @@ class TrainConfig(_Strict):
 
     @property
     def resolved_batch_order(self) -> str:
-        if self.batch_order != "auto":
-            return self.batch_order
-        return "cross_section" if self.loss == "ic" else "random"
+        return (self.batch_order if self.batch_order != "auto"
+                else "cross_section" if self.loss == "ic" else "random")
 
 
 class DevicesConfig(_Strict):

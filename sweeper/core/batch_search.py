@@ -27,10 +27,9 @@ OOM_MESSAGES = (
 
 def is_oom(exc: BaseException) -> bool:
     """True for an out-of-memory error from any allocator torch uses."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
     # cuBLAS/cuDNN and the CPU allocator raise plain RuntimeErrors
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES)
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES))
 
 
 def release_memory() -> None:

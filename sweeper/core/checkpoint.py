@@ -44,9 +44,7 @@ class FileCheckpointer:
         self.owner = owner
 
     def load(self) -> dict | None:
-        if not self.path.exists():
-            return None
-        return torch.load(self.path, map_location="cpu", weights_only=True)
+        return torch.load(self.path, map_location="cpu", weights_only=True) if self.path.exists() else None
 
     def save(self, state: dict) -> None:
         if self.owner is not None:
@@ -146,9 +144,8 @@ def _from_lone(state: dict, step: StackStep) -> dict:
     step.optimizer.torch_adamw.load_state_dict(state["optimizer"])
     moments = step.optimizer.adopt_torch_state()
     scaler = state.get("scaler") or {}
-    lane = step.lanes[0]
     progress = {k: state[k] for k in PROGRESS_KEYS}
-    stopped = int(state["bad_epochs"]) >= lane.cfg.train.patience
+    stopped = int(state["bad_epochs"]) >= step.lanes[0].cfg.train.patience
     return {**state, "values": step.flat.values.detach().clone(), "optimizer": moments,
             "scaler": {"scale": torch.tensor([float(scaler.get("scale", step.scaler.scale_[0]))]),
                        "good": torch.tensor([float(scaler.get("_growth_tracker", 0))])},
@@ -204,6 +201,5 @@ def config_mismatch(stored: dict, cfg: SweeperConfig) -> str | None:
 
 def check_same_config(state: dict, cfg: SweeperConfig) -> None:
     """A checkpoint continues only the run it came from: model, train and data must match."""
-    problem = config_mismatch(state.get("config", {}), cfg)
-    if problem:
+    if problem := config_mismatch(state.get("config", {}), cfg):
         raise ConfigError(problem)

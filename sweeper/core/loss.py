@@ -36,9 +36,7 @@ class Loss(ABC):
     def split(self, rows: Rows, micro: int) -> list[Part]:
         """``rows`` in micro-batches of at most ``micro`` rows, each with the weight that makes
         the sum of their losses equal the loss of the whole batch."""
-        if micro >= len(rows.idx):
-            return [(rows.idx, 1.0)]
-        return self._split(rows, micro)
+        return [(rows.idx, 1.0)] if micro >= len(rows.idx) else self._split(rows, micro)
 
     @abstractmethod
     def _split(self, rows: Rows, micro: int) -> list[Part]:

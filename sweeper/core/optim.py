@@ -139,10 +139,8 @@ class StackedAdamW:
         always active: a stopped one ends the run)."""
         assert self.torch_adamw is not None
         params = self.flat.params
-        if self.grad_clip:
-            norm = nn.utils.clip_grad_norm_(params, self.grad_clip)
-        else:
-            norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        norm = (nn.utils.clip_grad_norm_(params, self.grad_clip) if self.grad_clip
+                else nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
         # norm x 0 is 0 when finite and NaN otherwise: a few small kernels, no read
         skipped = norm.mul(0).nan_to_num_(nan=1.0, posinf=1.0, neginf=1.0).to(torch.float32)
         update_unless(self.torch_adamw, skipped)
@@ -214,9 +212,7 @@ def on_device(values: list[float], device: torch.device) -> torch.Tensor:
     """A step's per-member host values [K] on the device without a host sync: a copy from pageable
     memory waits for the device's queue (every step would stall it), one from pinned memory does not."""
     host = torch.tensor(values, dtype=torch.float32)
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 class MemberScaler:

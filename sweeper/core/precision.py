@@ -22,9 +22,7 @@ class Precision:
         return DTYPES[self.name]
 
     def autocast(self) -> AbstractContextManager:
-        if self.dtype is None:
-            return nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return nullcontext() if self.dtype is None else torch.autocast(self.device_type, dtype=self.dtype)
 
 
 def native_bf16(device: torch.device) -> bool:

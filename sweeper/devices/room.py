@@ -88,9 +88,7 @@ def choose(rooms: Mapping[K, Room], need_mb: float | None, policy: Policy, *,
     """The GPU a trial goes to: of those that admit it, the one with the fewest of our trials
     (spread before packing), then the most free memory; None when none admits it."""
     fit = [key for key, room in rooms.items() if admits(room, need_mb, policy, exclusive=exclusive)]
-    if not fit:
-        return None
-    return min(fit, key=lambda k: (len(rooms[k].charges), -free_mb(rooms[k], policy.margin)))
+    return min(fit, key=lambda k: (len(rooms[k].charges), -free_mb(rooms[k], policy.margin)), default=None)
 
 
 def shape_key(params: Mapping[str, object]) -> ShapeKey:

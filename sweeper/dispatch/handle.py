@@ -142,9 +142,7 @@ class WorkerHandle:
     def read_events(self) -> list[dict[str, Any]] | None:
         """Complete events available now; None at EOF (the worker exited)."""
         chunk = os.read(self.stdout.fileno(), 65536)
-        if not chunk:
-            return None
-        return self._decoder.feed(chunk)
+        return self._decoder.feed(chunk) if chunk else None
 
     def kill(self) -> None:
         if self.proc is not None:

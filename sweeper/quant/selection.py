@@ -104,9 +104,7 @@ def _probabilistic_sharpe(x: np.ndarray, sr: float, sr0: float, days: float) -> 
     skew = float(np.mean(centred**3)) / m2**1.5
     kurt = float(np.mean(centred**4)) / m2**2
     var = 1 - skew * sr + (kurt - 1) / 4 * sr**2
-    if var <= 0:
-        return math.nan
-    return _NORMAL.cdf((sr - sr0) * math.sqrt(days - 1) / math.sqrt(var))
+    return _NORMAL.cdf((sr - sr0) * math.sqrt(days - 1) / math.sqrt(var)) if var > 0 else math.nan
 
 
 def pbo(matrix: np.ndarray, n_blocks: int = 16, blocks: list[np.ndarray] | None = None) -> float:
@@ -225,9 +223,7 @@ def fold_blocks(folds: np.ndarray, max_blocks: int = 16) -> list[np.ndarray] | N
     shortest = min((len(r) for r in rows), default=0)
     fits = [m for m in range(1, max_blocks + 1) if k * m <= max_blocks and k * m % 2 == 0
             and k * m >= 4 and shortest // m >= 4]
-    if not fits:
-        return None
-    return [part for r in rows for part in np.array_split(r, max(fits))]
+    return [part for r in rows for part in np.array_split(r, max(fits))] if fits else None
 
 
 def _fold_figures(best_folds: np.ndarray, null_ic: float,

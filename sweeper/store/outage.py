@@ -98,9 +98,7 @@ def _transient_here(err: BaseException) -> bool:
         if state[:2] in ("08", "57", "53") or state in ("40001", "40P01"):
             return True
         return any(k.__name__ == "InterfaceError" for k in kind) and "closed" in str(err).lower()
-    if isinstance(err, sqlalchemy.exc.InterfaceError):
-        return "closed" in str(err).lower()
-    return False
+    return isinstance(err, sqlalchemy.exc.InterfaceError) and "closed" in str(err).lower()
 
 
 def for_url(url: str) -> OutagePolicy:

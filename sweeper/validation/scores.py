@@ -49,9 +49,7 @@ def standard_error(runs: Sequence[TrainingRun], key: str) -> float:
     if len(scores) < 2:
         scores = [_num(r.metrics.get(key)) for r in runs]
     finite = [s for s in scores if math.isfinite(s)]
-    if len(finite) < 2:
-        return math.nan
-    return statistics.stdev(finite) / math.sqrt(len(finite))
+    return statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) >= 2 else math.nan
 
 
 def objective(runs: Sequence[TrainingRun], cfg: SweeperConfig,
