@@ -102,8 +102,7 @@ def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
     cfg = load_config(path, sets)
     # model.name module:Class is found beside the study file, here and in every worker,
     # for as long as the command runs
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None:
+    if (ctx := click.get_current_context(silent=True)) is not None:
         ctx.with_resource(model_search_path(path))
     return cfg
 
@@ -250,8 +249,7 @@ def baseline_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 
     cfg = _load(study)
     attr = run_command(cfg, load_existing(cfg, storage))
-    line = subsample_line(attr)
-    if line:
+    if line := subsample_line(attr):
         click.echo(line, err=True)
     if as_json:
         _echo_json({k: v for k, v in attr.items() if k != "daily"})

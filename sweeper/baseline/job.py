@@ -179,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         # one line, as every sweeper process says what went wrong (the log is read by people)
         print(f"baseline: failed: {one_line(exc)}", file=sys.stderr, flush=True)
         return ExitCode.FAILED
-    line = subsample_line(attr)
-    if line:
+    if line := subsample_line(attr):
         print(line, file=sys.stderr, flush=True)
     folds = f" (val: the mean of {attr['folds']} folds, one booster each; test: the last fold's)" \
         if attr.get("folds") else ""

@@ -25,8 +25,7 @@ def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
     """``cfg`` with its relative paths taken from the study file's folder (or, for a study made
     before the rule and found only where it was, from the current folder, with a notice)."""
     root = folder_of(study_file)
-    moves = _old_places(cfg.study, root)
-    if moves:
+    if moves := _old_places(cfg.study, root):
         where, how = ", ".join(old for old, _ in moves), " and ".join(f"{a} to {b}" for a, b in moves)
         print(f"sweeper: study {cfg.study.name!r} is used where an older sweeper put it, relative to the "
               f"current folder ({where}); to keep it beside {study_file}, as a new study is, move {how} "

@@ -213,8 +213,7 @@ class ModelConfig(BaseModel, extra="allow"):
             return self
         if self.name not in BUILTIN_MODELS:
             raise ValueError(unknown_model(self.name))
-        extra = sorted(self.model_extra or {})
-        if extra:
+        if extra := sorted(self.model_extra or {}):
             raise ValueError(unknown_key(f"model.{extra[0]}", extra[0], type(self).model_fields,
                                                   "model."))
         if self.name == "transformer" and self.d_model % self.nhead:

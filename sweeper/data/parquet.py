@@ -186,8 +186,7 @@ def oracle_from_metadata(metadata: dict[bytes, bytes]) -> OracleFn:
     split's target dates. An older file has only the figures of the default split
     (``b"sweeper.oracle_ic"``), which are returned as they are. None without either.
     """
-    daily = _daily_oracle(metadata.get(ORACLE_DAILY_KEY))
-    if daily is not None:
+    if (daily := _daily_oracle(metadata.get(ORACLE_DAILY_KEY))) is not None:
         days, values = daily
         return lambda dates, splits: oracle_on_splits(days, values, dates, splits)
     fixed = _fixed_oracle(metadata.get(ORACLE_KEY))

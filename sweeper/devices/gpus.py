@@ -60,8 +60,7 @@ def _torch_build() -> tuple[str | None, str | None]:
     """``torch.__version__`` and ``torch.version.cuda`` without importing torch (2-3 s the
     driver does not otherwise spend): ``torch/version.py`` is a file of plain assignments,
     written when the wheel was built, and is run here on its own."""
-    loaded = sys.modules.get("torch")
-    if loaded is not None:
+    if (loaded := sys.modules.get("torch")) is not None:
         return str(loaded.__version__), loaded.version.cuda
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:

@@ -128,8 +128,7 @@ class StopRule:
     def _convergence(self, trials: list[FrozenTrial]) -> None:
         if self.watch is None or self.converged:
             return
-        judged = self.watch.converged(trials)
-        if judged is not None:
+        if (judged := self.watch.converged(trials)) is not None:
             self.converged = True
             self.message = self.message or f"stopped: {judged.reason()} (study.stop_when_converged)"
 

@@ -38,8 +38,7 @@ class Telemetry:
                 return
 
     def _sample(self) -> None:
-        rows = telemetry()
-        if rows:
+        if rows := telemetry():
             new = not self.path.exists()
             with self.path.open("a", newline="") as fh:
                 writer = csv.DictWriter(fh, fieldnames=list(rows[0]))

@@ -19,8 +19,7 @@ def baseline_figure(data: StudyData) -> go.Figure:
     traces = []
     files = trial_files(data.run_dir, data.best.number) if data.best is not None else None
     for split, color in SPLIT_COLORS.items():
-        base = baseline_daily(attr, split)
-        if base is not None:
+        if (base := baseline_daily(attr, split)) is not None:
             traces.append(go.Scatter(x=base[0], y=np.nancumsum(base[1]), name=f"baseline ({split})",
                                      line={"color": color, "dash": "dash"}))
         daily = read_daily(files.daily_ic(split)) if files is not None else None

@@ -28,8 +28,7 @@ def print_status(report: dict[str, Any]) -> None:
     counts = ", ".join(f"{k.lower()} {v}" for k, v in report["counts"].items() if v)
     console.print(f"study {report['study']!r}: {report['finished']}/{report['n_trials']} finished "
                   f"({counts or 'no trials'})")
-    folder = report.get("run_folder")
-    if folder:
+    if folder := report.get("run_folder"):
         from sweeper.study.retention import human_bytes
 
         console.print(f"run folder {folder['path']}: {human_bytes(folder['bytes'])}", highlight=False,
@@ -270,8 +269,7 @@ def ic_time_lines(best: dict[str, Any]) -> list[str]:
     lines = [f"{split} IC by year: " + ", ".join(f"{year} {fmt(v)}" for year, v in years.items())
              for split, years in (best.get("ic_by_year") or {}).items() if years]
     if "group_neutral" in best:
-        neutral = best["group_neutral"]
-        if neutral is None:
+        if (neutral := best["group_neutral"]) is None:
             lines.append(f"group-neutral IC: - ({best.get('group_neutral_unavailable')})")
         else:
             splits = "  ".join(f"{split} ic {fmt(v.get('ic'))} rank_ic {fmt(v.get('rank_ic'))}"
@@ -297,8 +295,7 @@ def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = N
         diff = base.get("fold_val_ic_diff") or []
         lines.append("  baseline val_ic per fold: " + ", ".join(fmt(v) for v in base["fold_val_ic"])
                      + "; best - baseline per fold: " + (", ".join(fmt(v, "+.4f") for v in diff) or "-"))
-    sub = base.get("subsampled")
-    if sub:
+    if sub := base.get("subsampled"):
         by = sub.get("by", "baseline.max_rows")
         lines.append(f"  baseline train rows subsampled by dates ({by}): "
                      f"{sub['rows_kept']} of {sub['rows_total']}")

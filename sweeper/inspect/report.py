@@ -116,8 +116,7 @@ def build_figures(data: StudyData) -> dict[str, go.Figure]:
     }
     if data.folded:  # a study of one fold: its page stays as it was
         figures["folds"] = folds_figure(data)
-    telemetry = telemetry_figure(layout.devices_csv(data.run_dir))
-    if telemetry is not None:
+    if (telemetry := telemetry_figure(layout.devices_csv(data.run_dir))) is not None:
         figures["telemetry"] = telemetry
     return figures
 

@@ -82,8 +82,7 @@ def report_of(daily: pd.DataFrame) -> ICReport:
 
 
 def check_columns(df: pd.DataFrame, columns: tuple[str, ...], what: str = "IC") -> None:
-    missing = [repr(c) for c in columns if c not in df.columns]
-    if missing:
+    if (missing := [repr(c) for c in columns if c not in df.columns]):
         raise DataError(f"{what} needs the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
                         f"the frame has {', '.join(map(repr, map(str, df.columns)))}")
 

@@ -17,8 +17,7 @@ def artifact_store(location: str) -> FileSystemArtifactStore | Boto3ArtifactStor
     """FileSystemArtifactStore under a folder; Boto3ArtifactStore for ``s3://bucket``."""
     from optuna.artifacts import FileSystemArtifactStore
 
-    bucket = check_artifacts(location)
-    if bucket is not None:
+    if (bucket := check_artifacts(location)) is not None:
         from optuna.artifacts import Boto3ArtifactStore
 
         return Boto3ArtifactStore(bucket)

@@ -156,8 +156,7 @@ def claim_lock(storage: optuna.storages.RDBStorage, url: str, study_name: str,
     """The lock under which a driver counts the budget and asks for a trial; a wait for it
     gives up when ``stop`` is requested."""
     url = normalize_url(url)
-    path = sqlite_path(url)
-    if path is not None:
+    if (path := sqlite_path(url)) is not None:
         return FileLock(path.with_name(path.name + ".lock"), stop)
     if is_postgres(url):
         return AdvisoryLock(storage.engine, f"sweeper:{study_name}", policy=outage.for_url(url), stop=stop)

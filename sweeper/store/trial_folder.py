@@ -146,8 +146,7 @@ def move(src: Path, dst: Path) -> None:
 def resumes(attrs: Mapping[str, Any]) -> int | str | None:
     """What a retry (its user attrs) resumes: the trial's number (``resume_from_trial``, or read from an
     older retry's ``resume_from`` path), or such a path naming no trial folder; None for nothing."""
-    number = attrs.get(RESUME_FROM_TRIAL)
-    if number is not None:
+    if (number := attrs.get(RESUME_FROM_TRIAL)) is not None:
         return int(number)
     path = attrs.get(RESUME_FROM)
     if not path:

@@ -65,8 +65,7 @@ class Freed:
         if not self.dry_run:
             return [self.summary()]
         shown = [f"  {path}  {human_bytes(size)}" for path, size in self.files[:limit]]
-        rest = self.files[limit:]
-        if rest:
+        if rest := self.files[limit:]:
             shown.append(f"  ... and {len(rest)} more files ({human_bytes(sum(s for _, s in rest))})")
         return [*shown, self.summary()]
 

@@ -98,8 +98,7 @@ def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
     None: to be measured."""
     if asked != "auto":
         return _choice(int(asked), "train.max_stack")
-    stored = study_attrs.get(STUDY_ATTR)
-    if stored:
+    if stored := study_attrs.get(STUDY_ATTR):
         return _choice(stored["stack_size"], "study", stored.get("stack_rates"),
                        stored.get("population_size", 1))
     created = study_attrs.get("config", {}).get("train", {})
@@ -114,8 +113,7 @@ def resolve(study: optuna.Study, cfg: SweeperConfig, measure: Callable[[], Choic
     """The size this study's trials stack by: decided already, or measured now and stored. Of two
     trials measuring at once, one that finds a size stored when it is done keeps that one (it does
     not write its own), so at most the first trials of such a race differ."""
-    known = decided(study.user_attrs, cfg.train.max_stack)
-    if known is not None:
+    if (known := decided(study.user_attrs, cfg.train.max_stack)) is not None:
         return known
     choice = measure()
     if STUDY_ATTR not in study.user_attrs:

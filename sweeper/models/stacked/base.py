@@ -124,8 +124,7 @@ class StackedModule(nn.Module):
     def load_member(self, k: int, state: dict[str, torch.Tensor]) -> None:
         """Set member ``k``'s weights from a one-member model's state dict (same names)."""
         mine = self.stacked_state()
-        missing = sorted(set(mine) ^ set(state))
-        if missing:
+        if missing := sorted(set(mine) ^ set(state)):
             raise KeyError(f"member state does not match the stack's parameters: {missing[:4]}")
         with torch.no_grad():
             for name, t in mine.items():
