@@ -163,9 +163,8 @@ def _dates(panel: Panel, window: Window, data: C.DataConfig) -> dict[str, Any]:
 
 def resolved_config(cfg: C.SweeperConfig, trial: FrozenTrial, files: TrialFiles) -> C.SweeperConfig:
     """The trial's ``config.yaml``, or (a trial that never wrote one) its params applied to the study's."""
-    if files.config.exists():
-        return trial_config(files, cfg)
-    return C.with_overrides(cfg, trial.params, f"trial {trial.number} params")
+    return (trial_config(files, cfg) if files.config.exists()
+            else C.with_overrides(cfg, trial.params, f"trial {trial.number} params"))
 
 
 def write_refit(files: TrialFiles, states: list[dict], stats: Any,

@@ -167,8 +167,7 @@ class ForkedProc:
     def pid(self) -> int:
         """Its pid (and process group: sweeper.child); waits for the server's answer."""
         if self._pid is None:
-            pid = self._server.pid_of(self._req)
-            if pid is None:
+            if (pid := self._server.pid_of(self._req)) is None:
                 raise ProcessLookupError("the fork server did not start the child")
             self._pid = pid
         return self._pid
@@ -177,8 +176,7 @@ class ForkedProc:
         return self._code(0.0)
 
     def wait(self, timeout: float | None = None) -> int:
-        code = self._code(timeout)
-        if code is None:
+        if (code := self._code(timeout)) is None:
             raise subprocess.TimeoutExpired(f"worker {self._pid}", timeout or 0.0)
         return code
 

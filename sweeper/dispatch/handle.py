@@ -50,8 +50,7 @@ class WorkerHandle:
         with open(self.log_path, "ab") as log:  # the child keeps its own; stdin, stdout: commands, events
             self.proc = launch.start("worker", [], {**os.environ, **self.slot.env}, err=log.fileno(),
                                      server=self.server)
-        self.ready, self.was_ready, self.running = False, False, None
-        self.stop_sent = False
+        self.ready, self.was_ready, self.running, self.stop_sent = False, False, None, False
         self._decoder = protocol.LineDecoder(self._malformed)
         self.send({"op": protocol.INIT, **self.init, "slot": {"id": self.slot.id, "label": self.slot.label}})
 

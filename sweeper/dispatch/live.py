@@ -50,11 +50,10 @@ def start_lines(cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> list[str
     from sweeper.store import redact
 
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-    study_file = plan.study_file
     return [f"study {cfg.study.name!r}: {done}/{cfg.study.n_trials} finished, optimising {cfg.study.metric} "
             f"({cfg.study.resolved_direction})", f"storage: {redact(plan.storage_url)}",
             f"data: {plan.panel.source}", "slots: " + ", ".join(s.label for s in plan.slots),
-            f"dashboard: sweeper dashboard {study_file}"]
+            f"dashboard: sweeper dashboard {plan.study_file}"]
 
 
 class NullView(View):
@@ -86,10 +85,9 @@ class PlainView(NullView):
         self._say(f"trial {number} started on {slot.label}: {shown}")
 
     def population(self, slot: Slot, numbers: list[int]) -> None:
-        if len(numbers) < 2:
-            return
-        shown = ", ".join(map(str, numbers))
-        self._say(f"trials {shown} train as one stack on {slot.label} (study.population)")
+        if len(numbers) > 1:
+            self._say(f"trials {', '.join(map(str, numbers))} train as one stack on {slot.label} "
+                      "(study.population)")
 
     def epoch(self, slot: Slot, number: int, epoch: int, metrics: dict[str, Any]) -> None:
         self._say(f"trial {number}{_run(metrics, self.several)} epoch {epoch}: "
@@ -165,10 +163,9 @@ class RichView(PlainView):
 
     def tick(self) -> None:
         now = time.monotonic()
-        if self.live is None or now - self.last < 0.25:
-            return
-        self.last = now
-        self.live.update(self._table())
+        if self.live is not None and now - self.last >= 0.25:
+            self.last = now
+            self.live.update(self._table())
 
     def _table(self) -> Any:
         from rich.progress_bar import ProgressBar

@@ -89,15 +89,13 @@ def _transient_here(err: BaseException) -> bool:
         return not isinstance(err.orig, sqlite3.Error)
     kind = type(err).__mro__
     if any(k.__module__.split(".")[0] in ("psycopg", "psycopg2") for k in kind):
-        if any(k.__name__ == "OperationalError" for k in kind):
-            return True
-        # by SQLSTATE, whatever class the driver maps it to: connection exceptions (08),
+        # else by SQLSTATE, whatever class the driver maps it to: connection exceptions (08),
         # operator intervention such as a shutdown or a server still starting (57), insufficient
         # resources (53), and a serialization failure or deadlock (40001, 40P01)
         state = str(getattr(err, "sqlstate", None) or getattr(err, "pgcode", None) or "")
-        if state[:2] in ("08", "57", "53") or state in ("40001", "40P01"):
-            return True
-        return any(k.__name__ == "InterfaceError" for k in kind) and "closed" in str(err).lower()
+        return (any(k.__name__ == "OperationalError" for k in kind)
+                or state[:2] in ("08", "57", "53") or state in ("40001", "40P01")
+                or (any(k.__name__ == "InterfaceError" for k in kind) and "closed" in str(err).lower()))
     return isinstance(err, sqlalchemy.exc.InterfaceError) and "closed" in str(err).lower()
 
 
@@ -109,9 +107,7 @@ def for_url(url: str) -> OutagePolicy:
     path = sqlite_path(url)
     store = f"sqlite:///{path.resolve()}" if path is not None else redact(url)
     with _registry_lock:
-        if store not in _policies:
-            _policies[store] = OutagePolicy(store)
-        return _policies[store]
+        return _policies.setdefault(store, OutagePolicy(store))
 
 
 def watch(url: str, stop: StopToken) -> None:

@@ -175,8 +175,8 @@ def folder_size(path: str | Path) -> int:
 
 def trial_bytes(run_dir: str | Path, trial: FrozenTrial) -> int:
     """A trial's footprint on the run folder's disk: its folder and its artifact store copies."""
-    copies = _artifact_copies(trial, run_dir, None)
-    return folder_size(trial_files(run_dir, trial.number).folder) + sum(_size(p) for p in copies)
+    return (folder_size(trial_files(run_dir, trial.number).folder)
+            + sum(_size(p) for p in _artifact_copies(trial, run_dir, None)))
 
 
 def _size(path: Path) -> int:
@@ -197,8 +197,7 @@ def space_warning(run_dir: str | Path, trials: list[FrozenTrial], n_trials: int)
     if left <= 0 or per_trial <= 0:
         return None
     free = shutil.disk_usage(nearest_existing(run_dir)).free
-    fits = int(free // per_trial)
-    if fits >= left:
+    if (fits := int(free // per_trial)) >= left:
         return None
     return (f"warning: {run_dir} has {human_bytes(free)} free, about {fits} trials' worth at "
             f"{human_bytes(per_trial)} a trial (the median of {len(finished)} finished), and the budget "
