@@ -1,6 +1,7 @@
 """A trial's end scores no split twice where the bits would be the same (issue 41's fixed cost):
 the stored predictions of a run trained alone whose final scoring saw the same rows in the same
-batches as ``sweeper predict`` would, and a stack of one's final valid scores."""
+batches as ``sweeper predict`` would (test's present rows, unknown labels included), and a stack of
+one's final valid scores."""
 from __future__ import annotations
 
 import pandas as pd
@@ -20,7 +21,7 @@ def trained():
     return cfg, panel, train(cfg, panel, device="cpu")
 
 
-@pytest.mark.parametrize("alone,scored", [(True, ["test"]), (False, ["valid", "test"])])
+@pytest.mark.parametrize("alone,scored", [(True, []), (False, ["valid", "test"])])
 def test_only_a_split_whose_rows_or_batches_differ_is_scored_again(trained, monkeypatch, alone, scored):
     cfg, panel, result = trained
     real, calls = core.predict, []
@@ -30,7 +31,10 @@ def test_only_a_split_whose_rows_or_batches_differ_is_scored_again(trained, monk
         return real(model, panel, split, *args, **kwargs)
     monkeypatch.setattr(core, "predict", predict)
     frames = model_frames(cfg, result, panel, "cpu", alone)
-    assert calls == scored  # test holds the last dates, whose labels are unknown: more rows than scored
+    # the final scoring predicted test on its present rows (its last dates' labels are unknown), as
+    # predict does: a run alone needs no second pass over either split
+    assert calls == scored
+    assert frames["test"]["label"].isna().sum() > 0
     # every frame, reused or not, is what predict computes from the best weights on the scoring panel
     model = build_model(cfg.model, len(panel.features), cfg.data.lookback)
     model.load_state_dict(result.best_state)
@@ -76,3 +80,17 @@ def test_a_stack_of_one_scores_valid_with_its_best_epochs_own_predictions(monkey
         model.load_state_dict(result.best_state)
         again = predict(model, panel, "valid", "cpu", int(result.metrics["eval_batch_size"]))
         pd.testing.assert_frame_equal(result.predictions["valid"], again, check_exact=True)
+
+
+def test_the_stored_test_ic_is_exactly_the_ic_of_the_test_predictions(trained):
+    """The final scoring predicts test on every present row, as ``sweeper predict`` does, and scores the
+    labelled ones: the trial's test IC is its predictions file's to the bit (it differed in the last
+    bits when the labelled rows were predicted in batches of their own)."""
+    from sweeper.quant.ic import ic_report
+
+    cfg, panel, result = trained
+    frame = result.predictions["test"]
+    labelled = panel.sample_index("test")
+    assert len(frame) > len(labelled) and frame["label"].notna().sum() == len(labelled)
+    assert result.metrics["test_ic"] == ic_report(frame)["ic"]
+    assert result.metrics["test_icir"] == ic_report(frame)["icir"]

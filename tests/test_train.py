@@ -86,8 +86,10 @@ def test_result_metrics_and_frames(panel):
     assert list(result.daily["valid"].columns) == ["date", "ic", "rank_ic"]
     assert len(result.daily["valid"]) == 10
     assert result.daily["test"]["ic"].mean() == pytest.approx(m["test_ic"])
-    # test has 11 target dates, the last without a label
-    assert len(result.predictions["test"]) == 10 * 31
+    # test has 11 target dates, the last without a label: predicted too (as `sweeper predict` does), not scored
+    test = result.predictions["test"]
+    assert len(test) == 11 * 31 and test["label"].isna().sum() == 31
+    assert M.ic_report(test)["ic"] == m["test_ic"] and len(result.daily["test"]) == 10
     assert lines[0].startswith("training mlp on cpu: 1143 samples, batch 64 (micro 64), fp32, 18 steps/epoch")
     assert lines[-1].startswith(f"done (epochs): best epoch {m['best_epoch']}")
 

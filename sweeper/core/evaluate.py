@@ -14,6 +14,7 @@ from sweeper.core.batch_search import is_oom, release_memory
 from sweeper.core.loss import Loss
 from sweeper.data import Batcher, Panel
 from sweeper.data.batches import gather_stack
+from sweeper.data.scoring import own_scoring_panel
 from sweeper.models.stacked.base import SoloStack
 from sweeper.quant import ic as M
 
@@ -114,14 +115,19 @@ Scores = tuple[dict[str, float], Frames, Frames]  # IC metrics, daily ICs and pr
 def final_scores(stack: nn.Module, panels: list[Panel], device: torch.device, batch_size: int,
                  tick: Tick = _no_tick, valid: list[torch.Tensor] | None = None,
                  which: list[int] | None = None) -> list[Scores]:
-    """Each member's IC metrics, daily ICs and predictions of valid and test (member k on
-    ``panels[k]``; one stacked forward per batch), from the frames ``predict`` makes of them: for
-    a stack of one, with ``batch_size`` rows, exactly ``predict``'s. ``valid``: every member's valid
+    """Each member's IC metrics, daily ICs and predictions of valid (its labelled rows) and test (every
+    present row, an unknown label NaN) (member k on ``panels[k]``; one stacked forward per batch): for a
+    stack of one, with ``batch_size`` rows, exactly ``predict``'s. ``valid``: every member's valid
     predictions, known already (valid is then not predicted). ``which``: only these members'."""
     which = list(range(len(panels))) if which is None else which
     out: list[Scores] = [({}, {}, {}) for _ in which]
+    # test is predicted on every present row, as ``sweeper predict`` does and as the trial's files keep
+    # it: the labelled rows' scores are the same (the IC skips an unknown label), and the files need
+    # no second pass over test (valid's rows are its labelled ones, as a rule)
+    scoring: dict[int, Panel] = {}  # one per panel, so that seeds of one fold still share a gather
     for split, p in SPLIT_PREFIX.items():
-        batchers = [Batcher(panel, split, device) for panel in panels]
+        on = panels if split == "valid" else [scoring.setdefault(id(q), own_scoring_panel(q)) for q in panels]
+        batchers = [Batcher(panel, split, device) for panel in on]
         known = valid if split == "valid" else None
         every = known or stacked_predict_rows(stack, batchers, batch_size, tick)
         for (scores, daily, predictions), batcher, rows in zip(

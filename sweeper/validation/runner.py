@@ -77,10 +77,11 @@ def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel, device: 
     """The model's predictions on valid and test exactly as ``sweeper predict`` computes them from its
     weights (:class:`sweeper.inspect.trial_model.Predictor`): the best weights in a fresh model, every
     present row (an unknown label NaN, :func:`~sweeper.data.scoring.own_scoring_panel`), in batches of
-    ``train.eval_batch_size``. The training's own frames (``result.predictions``) hold only the labelled
-    rows, in batches of the probed eval batch; where a run trained ``alone`` (a stack of one, whose
-    final scoring calls a fresh model's kernels) scored the same rows in the same batches, its frame
-    is those very bits, and the split is not scored again (valid, as a rule: its labels are known)."""
+    ``train.eval_batch_size``. The training's own frames (``result.predictions``) hold valid's labelled
+    rows and test's present ones, in batches of the probed eval batch; where a run trained ``alone`` (a
+    stack of one, whose final scoring calls a fresh model's kernels) scored the same rows in the same
+    batches, its frame is those very bits, and the split is not scored again (as a rule neither is:
+    valid's labels are known)."""
     from sweeper.core import predict, resolve_device
     from sweeper.data import Batcher
     from sweeper.data.scoring import own_scoring_panel
@@ -92,8 +93,8 @@ def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel, device: 
     same_batches = alone and result.metrics.get("eval_batch_size") == cfg.train.eval_batch_size
     frames, model = {}, None
     for split in SPLITS:
-        if same_batches and torch.equal(Batcher(on_device, split, where).index,
-                                        Batcher(scoring, split, where).index):
+        # the frame's rows are in sample order and a subset of the present ones: as many means the same
+        if same_batches and len(result.predictions[split]) == Batcher(scoring, split, where).n_samples:
             frames[split] = result.predictions[split]
             continue
         if model is None:
