@@ -124,13 +124,6 @@ def test_cross_section_batches_deterministic_and_limited(panel):
     assert len(tiny) == 1 and len(set(tiny[0].t.tolist())) == 1  # at least one date
 
 
-def test_eval_batches_in_index_order(panel):
-    b = Batcher(panel, "test", "cpu")
-    got = seen(b.eval_batches(100))
-    assert got == [tuple(p) for p in panel.sample_index("test").tolist()]
-    assert [len(x.y) for x in b.eval_batches(10**6)] == [b.n_samples]
-
-
 def test_placement_rule():
     assert placement(100, 1000, 0.1) == "device"
     assert placement(101, 1000, 0.1) == "pinned_host"

@@ -7,7 +7,7 @@ on CUDA, each batch is gathered into pinned memory and copied with ``non_blockin
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -50,13 +50,9 @@ class Batcher:
     def gather(self, idx: torch.Tensor) -> Batch:
         """int64 [B, 2] (t, i) pairs -> Batch on the training device."""
         idx = idx.to(self._home)
-        if self._home.type == "cpu":
-            self._check(idx[:, 0], idx[:, 1])
-        return self._gather(idx)
-
-    def _gather(self, idx: torch.Tensor) -> Batch:
-        # idx comes from the sample index: every pair has a full window
         t, i = idx[:, 0], idx[:, 1]
+        if self._home.type == "cpu":
+            self._check(t, i)
         cells = t * self._n_assets + i
         rows = (cells[:, None] + self._row_offsets).reshape(-1)
         x = self._take(self._xflat, rows).view(len(idx), -1, self._xflat.shape[1])
@@ -96,11 +92,6 @@ class Batcher:
 
     def _move(self, v: torch.Tensor) -> torch.Tensor:
         return v.to(self.device, non_blocking=True) if self._copy else v
-
-    def eval_batches(self, batch_size: int) -> Iterator[Batch]:
-        """Every sample once, in (t, i) order."""
-        for start in range(0, self.n_samples, batch_size):
-            yield self._gather(self.index[start:start + batch_size])
 
 
 def gather_stack(batchers: Sequence[Batcher], rows: Sequence[torch.Tensor], width: int,
