@@ -13,6 +13,7 @@ import numpy as np
 from sweeper.config import DataConfig
 from sweeper.data import synth
 from sweeper.data.build import Alloc, Built, OracleFn, build, in_memory, to_panel
+from sweeper.data.cache import cache_root, cached
 from sweeper.data.columns import Columns
 from sweeper.data.features import select as select_columns
 from sweeper.data.leak import judge_leaks
@@ -54,8 +55,6 @@ def load_panel(cfg: DataConfig) -> Panel:
     in this process's memory. Both run the same builder and give the same bits."""
     how = recipe(cfg)
     if cfg.cache:
-        from sweeper.data.cache import cached
-
         built, entry = cached(cfg, how.fingerprint, how.make)
         # the entry keeps the guard's figures: judged against this config's threshold
         judge_leaks(np.asarray(built.leak_corr), np.asarray(built.leak_rows), cfg.max_feature_label_corr,
@@ -79,11 +78,7 @@ def _file_recipe(cfg: DataConfig) -> Recipe:
         keys = read_keys(path, cfg, features)
         return keys, feature_blocks(path, features, len(keys.label)), oracle_from_metadata(metadata)
 
-    memo = None
-    if cfg.cache:
-        from sweeper.data.cache import cache_root
-
-        memo = cache_root(cfg)
+    memo = cache_root(cfg) if cfg.cache else None
     return Recipe(cfg, str(path), cfg.label, file_fingerprint(path, selection, memo), columns)
 
 
