@@ -66,8 +66,7 @@ def checkpoint_meta(path: str | Path) -> dict[str, Any] | None:
 
 def checkpoint_epoch(path: str | Path) -> int | None:
     """The epoch a checkpoint holds; None when there is none."""
-    meta = checkpoint_meta(path)
-    return None if meta is None else meta["epoch"]
+    return None if (meta := checkpoint_meta(path)) is None else meta["epoch"]
 
 
 def copy_checkpoint(src: Path, dst: Path) -> None:

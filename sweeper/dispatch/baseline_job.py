@@ -51,12 +51,11 @@ class BaselineJob:
             return
         self.tried = True
         try:
-            claimed = state.claim(self.study, self.lock, self.ident.host, self.ident.driver_id)
+            if not state.claim(self.study, self.lock, self.ident.host, self.ident.driver_id):
+                return
         except Exception as exc:  # noqa: BLE001 - the baseline never ends the sweep
             # nothing of ours is stored: the state stays as it was, and a later sweep may try
             _say(f"could not claim the baseline: {one_line(exc)}")
-            return
-        if not claimed:
             return
         try:
             self._start(w)

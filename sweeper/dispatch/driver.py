@@ -170,8 +170,7 @@ class Driver:
     def _pump(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout=timeout):
             w: WorkerHandle = key.data
-            events = w.read_events()
-            if events is None:
+            if (events := w.read_events()) is None:
                 self._worker_exited(w)
                 continue
             for ev in events:
