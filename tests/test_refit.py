@@ -272,7 +272,7 @@ def test_batch_size_auto_is_probed_on_a_refit_panel(workdir):
     plan = plan_stack(step, tc, lane_batch_size(tc, [lane]), Roomy(), 1)
     # every train row in one micro-batch; the empty valid and test splits probe no evaluation batch
     assert plan.batch_size == plan.micro_batch == lane.batcher.n_samples > 0
-    assert plan.eval_batch_size == cfg.train.eval_batch_size and plan.note.startswith("probed micro-batch")
+    assert plan.eval_batch_size == cfg.train.resolved_eval_batch_size and plan.note.startswith("probed micro-batch")
 
 
 def test_the_refit_line_names_every_seed_it_trained():

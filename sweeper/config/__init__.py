@@ -17,6 +17,7 @@ from sweeper.config.load import load_config, read_yaml, validate_config, with_ov
 from sweeper.config.long_sweeps import BaselineConfig, KeepConfig, WarmStartConfig
 from sweeper.config.schema import (
     BUILTIN_MODELS,
+    EVAL_BATCH_START,
     DataConfig,
     DevicesConfig,
     ModelConfig,
@@ -33,9 +34,9 @@ from sweeper.config.schema import (
 from sweeper.config.validation import ValidationConfig, objective_label
 
 __all__ = [
-    "BUILTIN_MODELS", "BaselineConfig", "DataConfig", "DevicesConfig", "KeepConfig", "ModelConfig",
-    "ParamSpec", "PrunerConfig", "SamplerConfig", "SplitConfig", "StudyConfig", "SweeperConfig",
-    "SyntheticConfig", "TrainConfig", "ValidationConfig", "WarmStartConfig", "config_hash", "config_value",
-    "drift", "flatten", "load_config", "objective_label", "read_yaml", "to_dict", "unknown_model",
-    "validate_config", "with_overrides",
+    "BUILTIN_MODELS", "EVAL_BATCH_START", "BaselineConfig", "DataConfig", "DevicesConfig", "KeepConfig",
+    "ModelConfig", "ParamSpec", "PrunerConfig", "SamplerConfig", "SplitConfig", "StudyConfig",
+    "SweeperConfig", "SyntheticConfig", "TrainConfig", "ValidationConfig", "WarmStartConfig", "config_hash",
+    "config_value", "drift", "flatten", "load_config", "objective_label", "read_yaml", "to_dict",
+    "unknown_model", "validate_config", "with_overrides",
 ]

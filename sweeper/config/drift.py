@@ -23,9 +23,11 @@ CHECKPOINT_SECTIONS = ("model.", "train.", "data.")
 # nothing a trial computes (the data fingerprint, compared on its own, says whether the data is
 # the same; the study file read from another folder names the same file by another path);
 # nor does how its runs are stacked (a member is its lone run; on a GPU, dropout masks aside): a
-# stack's checkpoint names its runs, so one of another stacking is never continued (validation.runner)
+# stack's checkpoint names its runs, so one of another stacking is never continued (validation.runner);
+# nor how many rows an evaluation forward takes (the last bits of a prediction; a checkpoint's run
+# goes on with its own, and auto's measured size may differ between hosts)
 NOT_DRIFT = frozenset({"data.path", "data.cache", "data.cache_dir", "data.cache_max_gb", "data.device_share",
-                       "train.max_stack"})
+                       "train.max_stack", "train.eval_batch_size"})
 
 
 def differing_keys(stored: dict[str, Any], current: dict[str, Any],

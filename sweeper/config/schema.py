@@ -229,6 +229,7 @@ class ModelConfig(BaseModel, extra="allow"):
         return {k: getattr(self, k) for k in sorted(keys)}
 
 
+EVAL_BATCH_START = 16384  # train.eval_batch_size: auto where nothing measured it (a GPU's probe starts here)
 ENSEMBLE_METRICS = ("val_ic", "val_rank_ic", "val_icir")  # what validation.aggregate: ensemble can score
 
 
@@ -238,7 +239,9 @@ class TrainConfig(_Strict):
     max_batch_size: int = Field(65536, ge=1)
     min_micro_batch: int = Field(8, ge=1)
     samples_per_epoch: int | None = Field(None, ge=1)
-    eval_batch_size: int = Field(16384, ge=1)
+    # rows per evaluation forward; auto: on a GPU the probe's start (EVAL_BATCH_START, sized down to the
+    # free memory), on a CPU the fastest size measured for the model (sweeper.core.eval_batch)
+    eval_batch_size: int | Literal["auto"] = "auto"
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     schedule: Literal["constant", "cosine", "onecycle"] = "cosine"
@@ -259,7 +262,11 @@ class TrainConfig(_Strict):
     # auto: the size measured on the device for the study's first trial, kept with the study
     max_stack: int | Literal["auto"] = "auto"
 
-    _positive = field_validator("batch_size", "max_stack")(_one_or_auto)
+    _positive = field_validator("batch_size", "max_stack", "eval_batch_size")(_one_or_auto)
+
+    @property
+    def resolved_eval_batch_size(self) -> int:
+        return EVAL_BATCH_START if self.eval_batch_size == "auto" else self.eval_batch_size
 
     @property
     def resolved_batch_order(self) -> str:

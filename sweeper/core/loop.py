@@ -159,7 +159,7 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
         check_same_config(state, cfg)
         first = restore_stack(state, step) + 1
         plan = BatchPlan(int(state["batch_size"]), int(state["micro_batch_size"]),
-                         int(state.get("eval_batch_size", max(1, tc.eval_batch_size // len(lanes)))))
+                         int(state.get("eval_batch_size", max(1, tc.resolved_eval_batch_size // len(lanes)))))
         say(f"resumed {'the stack ' if len(lanes) > 1 else ''}after epoch {first - 1}")
     else:
         first, plan = 1, plan_stack(step, tc, lane_batch_size(tc, lanes), memory.reader(), date_rows)

@@ -161,12 +161,12 @@ def cache_key(cfg: SweeperConfig, device: torch.device, n_features: int, runs: i
             "features": n_features, "lookback": cfg.data.lookback, "order": tc.resolved_batch_order,
             **{k: getattr(tc, k) for k in ("batch_size", "max_batch_size", "min_micro_batch", "loss",
                                            "precision", "compile", "eval_batch_size", "memory_margin")},
-            "device": str(device), "device_name": _device_name(device), "threads": torch.get_num_threads(),
+            "device": str(device), "device_name": device_name(device), "threads": torch.get_num_threads(),
             "torch": torch.__version__}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     with contextlib.suppress(OSError):

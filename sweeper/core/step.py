@@ -119,7 +119,7 @@ def plan_stack(step: StackStep, tc: TrainConfig, cap: int, mem: MemoryReader | N
     the micro-batch, then the evaluation batch (rows per member), are probed with real stacked
     steps and evaluations (every member's activations at once) against the free memory less
     ``train.memory_margin``, and the stack is left exactly as it was."""
-    eval_rows = max(1, tc.eval_batch_size // len(step.lanes))  # the whole evaluation batch, shared
+    eval_rows = max(1, tc.resolved_eval_batch_size // len(step.lanes))  # the whole evaluation batch, shared
     if mem is None:
         return BatchPlan(cap, cap, eval_rows)
     auto = tc.batch_size == "auto"

@@ -168,7 +168,8 @@ class Predictor:
         for weights in members:
             model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
             model.load_state_dict(weights)
-            frames.append(predict(model.to(device), on_device, name, device, tcfg.train.eval_batch_size))
+            frames.append(predict(model.to(device), on_device, name, device,
+                                  tcfg.train.resolved_eval_batch_size))
         return frames[0] if len(frames) == 1 else ensemble_frame(frames)
 
     def own_panel(self, tcfg: SweeperConfig) -> Panel:

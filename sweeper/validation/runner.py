@@ -28,6 +28,7 @@ from sweeper.config import SweeperConfig
 from sweeper.core.device import TrialMemory
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer
 from sweeper.core.loop import TrainResult
+from sweeper.data import Batcher
 from sweeper.data.folds import Fold, fold_layout, fold_panel, fold_spans
 from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
@@ -83,14 +84,13 @@ def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel, device: 
     batches, its frame is those very bits, and the split is not scored again (as a rule neither is:
     valid's labels are known)."""
     from sweeper.core import predict, resolve_device
-    from sweeper.data import Batcher
     from sweeper.data.scoring import own_scoring_panel
     from sweeper.models import build_model
 
     where = resolve_device(device)
     on_device = panel.to(where, cfg.data.device_share)
     scoring = own_scoring_panel(on_device)
-    same_batches = alone and result.metrics.get("eval_batch_size") == cfg.train.eval_batch_size
+    same_batches = alone and result.metrics.get("eval_batch_size") == cfg.train.resolved_eval_batch_size
     frames, model = {}, None
     for split in SPLITS:
         # the frame's rows are in sample order and a subset of the present ones: as many means the same
@@ -100,7 +100,7 @@ def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel, device: 
         if model is None:
             model = build_model(cfg.model, len(panel.features), cfg.data.lookback)
             model.load_state_dict(result.best_state)
-        frames[split] = predict(model.to(where), scoring, split, where, cfg.train.eval_batch_size)
+        frames[split] = predict(model.to(where), scoring, split, where, cfg.train.resolved_eval_batch_size)
     return frames
 
 
@@ -140,6 +140,31 @@ def pin_stack_size(panel: Panel, trainer: Trainer,
     choice = decide(lambda: _measure_stack(panel, trainer, trials))
     train = cfg.train.model_copy(update={"max_stack": int(choice["stack_size"])})
     return dataclasses.replace(trainer, cfg=cfg.model_copy(update={"train": train})), choice
+
+
+def pin_eval_batch(panel: Panel, trainer: Trainer) -> Trainer:
+    """``trainer`` with ``train.eval_batch_size: auto`` pinned, on a CPU, to the size measured there for
+    the trial's model (:mod:`sweeper.core.eval_batch`; this host keeps it per shape), so that its files
+    and ``sweeper predict`` evaluate as its training did; as it is on a GPU (the probe sizes it)."""
+    from sweeper.core import eval_batch as E
+    from sweeper.core import resolve_device
+    from sweeper.core.device import trial_memory
+    from sweeper.data.cache import cache_root
+    from sweeper.models import build_model
+
+    cfg, device = trainer.cfg, resolve_device(trainer.device)
+    if cfg.train.eval_batch_size != "auto" or (trainer.memory or trial_memory(device)).reader() is not None:
+        return trainer
+    folder, key = cache_root(cfg.data) / E.CACHE_DIR, E.cache_key(cfg, len(panel.features))
+    size = E.read_kept(folder, key)
+    if size is None:
+        evaluated = max(Batcher(panel, split, device).n_samples for split in ("valid", "test"))
+        with torch.random.fork_rng(devices=[]):  # the measured model's init must not move the trial's RNG
+            model = build_model(cfg.model, len(panel.features), cfg.data.lookback).to(device)
+        size = E.measure(model, Batcher(panel, "train", device), evaluated, trainer.log)
+        E.keep(folder, key, size)
+    train = cfg.train.model_copy(update={"eval_batch_size": size})
+    return dataclasses.replace(trainer, cfg=cfg.model_copy(update={"train": train}))
 
 
 def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
@@ -184,7 +209,7 @@ def train_population(panel: Panel, trainers: Sequence[Trainer]) -> list[TrialRun
     one trial: its own runs), each trial's ``i``-th stack beside the others' as one stack, so that
     every trial steps, reports and is pruned as it would alone. A trial cut short (pruned, out of
     time) or failed (``TrialRuns.failure``) leaves the population; the others go on."""
-    trainers = [pin_stack_size(panel, t)[0] for t in trainers]
+    trainers = [pin_eval_batch(panel, pin_stack_size(panel, t)[0]) for t in trainers]
     outs = [_trial_runs(panel, t) for t in trainers]
     live = list(range(len(trainers)))
     panels: dict[int, Panel] = {}

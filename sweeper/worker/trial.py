@@ -183,7 +183,7 @@ class TrialRunner:
     def _prepare(self, o: _Open, started: float) -> Trainer:
         """The trial's config, hook, data, stack size and checkpoint: what its runs train with."""
         from sweeper.validation.run_files import RunStore
-        from sweeper.validation.runner import Trainer, pin_stack_size
+        from sweeper.validation.runner import Trainer, pin_eval_batch, pin_stack_size
 
         trial, frozen, files = o.trial, o.frozen, o.files
         # a sampled combination the model's config refuses raises ConfigError here or in train()
@@ -199,6 +199,7 @@ class TrialRunner:
         trials = stacking.POPULATION_CAP if cfg.study.population == "auto" else 1
         trainer, choice = pin_stack_size(panel, trainer, functools.partial(stacking.resolve, self.study, cfg),
                                          trials)
+        trainer = pin_eval_batch(panel, trainer)  # before the config is written: predict evaluates alike
         cfg = trainer.cfg
         for key, value in choice.items():
             trial.set_user_attr(key, value)
