@@ -1,0 +1,127 @@
+"""A trial's fixed cost (issue 41, item 1): everything in a sweep's trial but its epochs' training and
+validation passes, for this tree and an older one (``--rev``) in the same run.
+
+Each tree runs ``python -m sweeper.cli run`` (its own sweeper on ``PYTHONPATH``) on a copy of the study
+file with an empty search space (every trial trains the file's one config, so every trial does the same
+work), no pruner, no LightGBM baseline, ``train.epochs`` E, in a fresh folder. A trial's span is the
+store's ``datetime_complete - datetime_start``: from the driver's claim to the result in the store, so
+it holds the worker's set-up, the final scoring, predictions, files and the store writes. Two sweeps, of
+1 and of 3 epochs, give a trial's time per epoch ``P = (median span(3) - median span(1)) / 2`` and its
+fixed cost ``F = median span(1) - P`` (a first epoch's extra cost, warm-up, counts as fixed).
+
+Two layouts: ``alone`` (``devices.cpu_workers`` 1: one trial on the box) and ``beside`` (2 workers:
+two trials train at once, each with half the cores, the 2-core box's default). Sharing the CPU slows an
+epoch by ``P_beside / P_alone``; the fixed cost should grow by no more than that (``growth_vs_sharing``
+<= 1). The trees alternate per round (current first, then the other way round).
+
+    python benchmarks/trial_overhead.py [--rev 4d48ecd] [--study studies/transformer_ic.yaml]
+                                        [--trials 5] [--rounds 2] [--smoke]
+
+The last line is JSON: {"rev", "study", "layouts": {layout: {tree: {"fixed_s", "epoch_s", "spans"}}},
+"ratios": {layout: current fixed / old fixed}, "growth_vs_sharing": {tree: ...}}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYOUTS = {"alone": 1, "beside": 2}
+SMOKE = ["data.synthetic.assets=40", "data.synthetic.dates=200", "data.synthetic.features=4",
+         "data.lookback=5", "train.samples_per_epoch=1024"]
+
+
+def _spans(tree: Path, study: Path, workers: int, epochs: int, trials: int, sets: list[str]) -> list[float]:
+    """The store's span of every finished trial of one sweep of ``tree``'s sweeper."""
+    import optuna
+
+    raw = yaml.safe_load(study.read_text())
+    raw["search_space"] = {}
+    raw["study"].update(name="overhead", storage="sqlite:///overhead.db", n_trials=trials, timeout=None,
+                        pruner={"name": "none"})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "study.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        args = [sys.executable, "-m", "sweeper.cli", "run", str(path)]
+        for s in [*sets, "report.baseline=null", "devices.gpus=none", f"devices.cpu_workers={workers}",
+                  f"train.epochs={epochs}"]:
+            args += ["--set", s]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        done = subprocess.run(args, cwd=tmp, capture_output=True, text=True, env=env)
+        if done.returncode:
+            raise RuntimeError(f"{tree}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        stored = optuna.load_study(study_name="overhead", storage=f"sqlite:///{tmp}/overhead.db")
+        spans = [(t.datetime_complete - t.datetime_start).total_seconds()
+                 for t in stored.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    if len(spans) != trials:
+        raise RuntimeError(f"{tree}: {len(spans)} of {trials} trials completed")
+    return spans
+
+
+def _measure(tree: Path, study: Path, workers: int, trials: int, sets: list[str]) -> dict[str, Any]:
+    one, three = (_spans(tree, study, workers, e, trials, sets) for e in (1, 3))
+    epoch = (statistics.median(three) - statistics.median(one)) / 2
+    return {"fixed_s": statistics.median(one) - epoch, "epoch_s": epoch, "spans": {"1": one, "3": three}}
+
+
+def compare(rev: str, study: Path, trials: int, rounds: int, sets: list[str]) -> dict[str, Any]:
+    report: dict[str, Any] = {"rev": rev, "study": str(study), "trials": trials, "rounds": rounds, "layouts": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), rev], cwd=ROOT, check=True)
+        try:
+            for layout, workers in LAYOUTS.items():
+                got: dict[str, list[dict[str, Any]]] = {"current": [], "old": []}
+                for r in range(rounds):
+                    order = [("current", ROOT), ("old", old)][:: 1 if r % 2 == 0 else -1]
+                    for name, tree in order:
+                        got[name].append(_measure(tree, study, workers, trials, sets))
+                        print(f"{layout} round {r} {name}: fixed {got[name][-1]['fixed_s']:.2f} s, epoch "
+                              f"{got[name][-1]['epoch_s']:.2f} s", file=sys.stderr, flush=True)
+                report["layouts"][layout] = {name: _summary(runs) for name, runs in got.items()}
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
+    lay = report["layouts"]
+    report["ratios"] = {layout: round(lay[layout]["current"]["fixed_s"] / lay[layout]["old"]["fixed_s"], 3)
+                        for layout in LAYOUTS}
+    report["growth_vs_sharing"] = {
+        name: round((lay["beside"][name]["fixed_s"] / lay["alone"][name]["fixed_s"])
+                    / (lay["beside"][name]["epoch_s"] / lay["alone"][name]["epoch_s"]), 3)
+        for name in ("current", "old")}
+    return report
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over rounds, with each round's figures."""
+    return {"fixed_s": round(statistics.median(r["fixed_s"] for r in runs), 3),
+            "epoch_s": round(statistics.median(r["epoch_s"] for r in runs), 3),
+            "rounds": [{"fixed_s": round(r["fixed_s"], 3), "epoch_s": round(r["epoch_s"], 3),
+                        "spans": {e: [round(s, 3) for s in v] for e, v in r["spans"].items()}} for r in runs]}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rev", default="HEAD~1", help="the older tree (a git revision)")
+    ap.add_argument("--study", type=Path, default=ROOT / "studies" / "transformer_ic.yaml")
+    ap.add_argument("--trials", type=int, default=5, help="trials per sweep (their median span counts)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="a tiny panel, 2 trials, 1 round: every path")
+    args = ap.parse_args(argv)
+    sets = SMOKE if args.smoke else []
+    trials, rounds = (2, 1) if args.smoke else (args.trials, args.rounds)
+    report = compare(args.rev, args.study.resolve(), trials, rounds, sets)
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
