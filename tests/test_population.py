@@ -295,11 +295,12 @@ def test_auto_asks_for_as_many_trials_as_the_first_trials_measurement_pays_for(s
 
 @pytest.mark.slow
 def test_a_pruned_trial_ends_at_once_while_its_population_trains_on(study_file, workdir):
-    """The second population (trials 4-7) mixes a learning rate that learns with one that does not
-    (the random sampler's seed 4); the pruner prunes the latter at epoch 1, and they end then, each a
-    PRUNED trial, while the one that learns trains its 4 epochs."""
-    path = study_file({**POPULATION, "study": {**POPULATION["study"], "n_trials": 8,
-                                               "sampler": {"name": "random", "seed": 4},
+    """After the pruner's 2 start-up trials (each alone: one lr that learns, one that does not), the
+    population of trials 2-5 mixes them too (the random sampler's seed 13: 0.01 once, 1e-5 three times);
+    the pruner prunes the latter at epoch 1, and they end then, each a PRUNED trial, while the one that
+    learns trains its 4 epochs."""
+    path = study_file({**POPULATION, "study": {**POPULATION["study"], "n_trials": 6,
+                                               "sampler": {"name": "random", "seed": 13},
                                                "pruner": {"name": "percentile", "options": {
                                                    "percentile": 60, "n_startup_trials": 2,
                                                    "n_warmup_steps": 0}}},
@@ -307,8 +308,10 @@ def test_a_pruned_trial_ends_at_once_while_its_population_trains_on(study_file, 
                        "search_space": {"train.lr": {"type": "categorical", "choices": [0.01, 0.00001]}}},
                       replace=("search_space",))
     sweeper_cli(workdir, "run", str(path))
-    trials = _study(path).get_trials()[4:]
-    assert all(t.user_attrs["population"] == [4, 5, 6, 7] for t in trials)
+    every = _study(path).get_trials()
+    assert all("population" not in t.user_attrs for t in every[:2])  # the start-up trials: one at a time
+    trials = every[2:]
+    assert all(t.user_attrs["population"] == [2, 3, 4, 5] for t in trials)
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     (learns,) = [t for t in trials if t.state == TrialState.COMPLETE]
     assert pruned and all(t.params["train.lr"] == 0.00001 for t in pruned)
@@ -392,19 +395,53 @@ def test_ctrl_c_mid_stack_exits_130_with_every_trials_checkpoint_kept(study_file
     _retried_from_checkpoints(path, epochs)
 
 
+class _Study:
+    """What Population reads of the study: its attributes and its finished trials (each read counted)."""
+
+    def __init__(self, finished: int = 0) -> None:
+        self.attrs: dict = {}
+        self.finished, self.reads = finished, []
+
+    @property
+    def user_attrs(self) -> dict:
+        self.reads.append("attrs")
+        return self.attrs
+
+    def get_trials(self, deepcopy: bool, states: tuple) -> list:
+        assert not deepcopy and set(states) == {TrialState.COMPLETE, TrialState.PRUNED}
+        self.reads.append("trials")
+        return [None] * self.finished
+
+
 def test_the_driver_reads_the_population_size_from_the_study_only_until_it_is_stored(study_file):
     from sweeper.study.stacking import Population
 
-    cfg = load_config(study_file({"study": {"population": "auto"}}))
-    reads, attrs = [], {}
+    cfg = load_config(study_file({"study": {"population": "auto"}}))  # random sampler, no pruner: no start-up
+    study = _Study()
+    size = Population(cfg, study)
+    assert size() == 1 and size() == 1 and study.reads == ["attrs"] * 2  # not measured yet: asked each time
+    study.attrs["stack_size"] = {"stack_size": 1, "stack_size_from": "measured", "population_size": 4}
+    assert [size(), size(), size()] == [4, 4, 4] and len(study.reads) == 3  # stored: read once, then kept
+    fixed = Population(C.with_overrides(cfg, {"study.population": 3}, "test"), study)
+    assert fixed() == 3 and len(study.reads) == 3  # a number: the study is never read
 
-    def read():
-        reads.append(1)
-        return attrs
 
-    size = Population(cfg, read)
-    assert size() == 1 and size() == 1 and len(reads) == 2  # not measured yet: asked each time
-    attrs["stack_size"] = {"stack_size": 1, "stack_size_from": "measured", "population_size": 4}
-    assert [size(), size(), size()] == [4, 4, 4] and len(reads) == 3  # stored: read once, then kept
-    fixed = Population(C.with_overrides(cfg, {"study.population": 3}, "test"), read)
-    assert fixed() == 3 and len(reads) == 3  # a number: the study is never read
+@pytest.mark.parametrize("study,startup", [
+    ({"sampler": {"name": "tpe"}, "pruner": {"name": "median"}}, 10),  # TPE's default start-up
+    ({"sampler": {"name": "tpe", "options": {"n_startup_trials": 6}},
+      "pruner": {"name": "median", "options": {"n_startup_trials": 4}}}, 6),  # the transformer study's
+    ({"sampler": {"name": "random"}, "pruner": {"name": "median"}}, 4),  # the median pruner's own default
+    ({"sampler": {"name": "random"}, "pruner": {"name": "percentile"}}, 5),
+    ({"sampler": {"name": "cmaes"}, "pruner": {"name": "none"}}, 1),
+])
+def test_populations_wait_for_the_samplers_and_the_pruners_start_up_trials(study_file, study, startup):
+    from sweeper.study.samplers import startup_trials
+    from sweeper.study.stacking import Population
+
+    cfg = load_config(study_file({"study": {**study, "population": 4}}))
+    assert startup_trials(cfg.study) == startup
+    fake = _Study(finished=startup - 1)
+    size = Population(cfg, fake)
+    assert [size(), size()] == [1, 1] and fake.reads == ["trials"] * 2  # counted at each claim until then
+    fake.finished = startup
+    assert [size(), size(), size()] == [4, 4, 4] and fake.reads == ["trials"] * 3  # then never again

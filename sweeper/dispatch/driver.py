@@ -76,7 +76,7 @@ class Driver:
         # the baseline job reads its storage from its config: the one this sweep resolved
         located = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
         self.baseline = BaselineJob(located, study, lock, ident, run_dir, server)
-        self.population = stacking.Population(cfg, lambda: study.user_attrs)  # trials asked at once
+        self.population = stacking.Population(cfg, study)  # trials asked at once
 
     # layer 2: the loop
     def loop(self) -> None:

@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from sweeper.config import SweeperConfig
+from sweeper.study.samplers import startup_trials
 
 STUDY_ATTR = "stack_size"
 Choice = dict[str, Any]  # StackChoice.attrs(): stack_size, stack_size_from, stack_rates (no torch here)
@@ -71,21 +73,38 @@ def shape_of(params: Mapping[str, Any], cfg: SweeperConfig) -> dict[str, Any]:
 
 class Population:
     """How many trials the driver asks for at once: ``study.population`` when a number; ``auto``: what
-    the study's first trial measured (1 until it has). The study's attributes (``attrs()``, a store
-    read) are read only under ``auto`` and only until the size is stored: it never changes after."""
+    the study's first trial measured (1 until it has). The study's attributes (a store read) are read
+    only under ``auto`` and only until the size is stored: it never changes after.
 
-    def __init__(self, cfg: SweeperConfig, attrs: Callable[[], Mapping[str, Any]]) -> None:
-        self.cfg, self.attrs = cfg, attrs
+    Either way one at a time until the sampler's and the pruner's start-up trials have finished
+    (:func:`sweeper.study.samplers.startup_trials`): a start-up draw is independent random search, which
+    a population would narrow to fewer shapes, and the median pruner prunes against finished trials,
+    which populations of 8 started before any finished left it none to prune against (a population
+    sweep of the MLP pruned nothing and ended 0.0065 worse in best val IC after 32 trials). Counted
+    only until reached (a store read per claim until then)."""
+
+    def __init__(self, cfg: SweeperConfig, study: optuna.Study) -> None:
+        self.cfg, self.study = cfg, study
         self.size: int | None = None
+        self.startup = startup_trials(cfg.study)
 
     def __call__(self) -> int:
-        asked, stack = self.cfg.study.population, self.cfg.train.max_stack
-        if asked != "auto":
-            return int(asked)
-        if stack != "auto":  # a stack size set in the file: as many trials as fill it
+        asked = self.cfg.study.population
+        if asked == 1 or not self._started():
+            return 1
+        return int(asked) if asked != "auto" else self._measured()
+
+    def _started(self) -> bool:
+        if self.startup:
+            finished = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+            self.startup = 0 if len(finished) >= self.startup else self.startup
+        return not self.startup
+
+    def _measured(self) -> int:
+        if (stack := self.cfg.train.max_stack) != "auto":  # a stack size set in the file: as many as fill it
             return max(1, stack // self.cfg.validation.runs)
         if self.size is None:
-            stored = self.attrs().get(STUDY_ATTR)
+            stored = self.study.user_attrs.get(STUDY_ATTR)
             if not stored:
                 return 1
             self.size = int(stored.get("population_size", 1))
