@@ -194,7 +194,7 @@ def _objective(trial: Any, cfg: Any, data: dict[str, Windows]) -> float:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
             optimizer.step()
             scheduler.step()
-        val_ic = plain_ic(_predict(model, valid, tc.eval_batch_size), valid)
+        val_ic = plain_ic(_predict(model, valid, tc.resolved_eval_batch_size), valid)
         if val_ic > best:
             best, bad = val_ic, 0
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -207,7 +207,7 @@ def _objective(trial: Any, cfg: Any, data: dict[str, Windows]) -> float:
             break
     model.load_state_dict(best_state)
     trial.set_user_attr("val_ic", best)
-    trial.set_user_attr("test_ic", plain_ic(_predict(model, test, tc.eval_batch_size), test))
+    trial.set_user_attr("test_ic", plain_ic(_predict(model, test, tc.resolved_eval_batch_size), test))
     return best
 
 

@@ -91,13 +91,18 @@ def compare(rev: str, study: Path, trials: int, rounds: int, sets: list[str]) ->
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
     lay = report["layouts"]
-    report["ratios"] = {layout: round(lay[layout]["current"]["fixed_s"] / lay[layout]["old"]["fixed_s"], 3)
+    report["ratios"] = {layout: _ratio(lay[layout]["current"]["fixed_s"], lay[layout]["old"]["fixed_s"])
                         for layout in LAYOUTS}
     report["growth_vs_sharing"] = {
-        name: round((lay["beside"][name]["fixed_s"] / lay["alone"][name]["fixed_s"])
-                    / (lay["beside"][name]["epoch_s"] / lay["alone"][name]["epoch_s"]), 3)
+        name: _ratio(_ratio(lay["beside"][name]["fixed_s"], lay["alone"][name]["fixed_s"]),
+                     _ratio(lay["beside"][name]["epoch_s"], lay["alone"][name]["epoch_s"]))
         for name in ("current", "old")}
     return report
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b to 3 places; None where b is 0 or either is unknown (a smoke's tiny spans can be)."""
+    return None if a is None or not b else round(a / b, 3)
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

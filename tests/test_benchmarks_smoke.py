@@ -165,3 +165,21 @@ def test_population_smoke_sweeps_both_arms_and_compares_their_best():
     assert seed["diff"] == pytest.approx(seed["best_on"] - seed["best_off"])
     assert eff["se"] is None and eff["within_one_se"] is None  # one data seed: no standard error
     assert out["checks"]["mlp_at_least_1.4x"] == (mlp["ratio"] >= 1.4)
+
+
+@pytest.mark.slow
+def test_trial_overhead_smoke_times_both_trees_in_both_layouts():
+    out = _run("trial_overhead.py", "--smoke", "--rev", "HEAD", timeout=600)
+    assert (out["rev"], out["trials"], out["rounds"]) == ("HEAD", 2, 1)
+    for layout in ("alone", "beside"):
+        for tree in ("current", "old"):
+            (run,) = out["layouts"][layout][tree]["rounds"]
+            one, three = run["spans"]["1"], run["spans"]["3"]
+            assert len(one) == len(three) == 2 and min(one + three) > 0
+            # the fixed cost and the epoch's from the two sweeps' median spans (rounded to 1 ms)
+            epoch = (statistics.median(three) - statistics.median(one)) / 2
+            assert run["epoch_s"] == pytest.approx(epoch, abs=2e-3)
+            assert run["fixed_s"] == pytest.approx(statistics.median(one) - epoch, abs=2e-3)
+        lay = out["layouts"][layout]
+        old = lay["old"]["fixed_s"]
+        assert out["ratios"][layout] == (round(lay["current"]["fixed_s"] / old, 3) if old else None)
