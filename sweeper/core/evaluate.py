@@ -108,6 +108,17 @@ def _stacked_forward_all(stack: nn.Module, batchers: list[Batcher], batch_size: 
     return [torch.cat(parts) if parts else torch.zeros(0, device=b.device) for parts, b in zip(out, batchers)]
 
 
+def _scoring(panel: Panel, made: dict[int, Panel]) -> Panel:
+    """``panel`` with every present row of test scoreable, made once per panel; a run with no test dates
+    (every run but the trial's model) keeps its own: no copy of its labels on the device for nothing."""
+    start, stop = panel.splits["test"]
+    if stop <= start:
+        return panel
+    if id(panel) not in made:
+        made[id(panel)] = own_scoring_panel(panel)
+    return made[id(panel)]
+
+
 Frames = dict[str, pd.DataFrame]  # split -> a frame of it
 Scores = tuple[dict[str, float], Frames, Frames]  # IC metrics, daily ICs and predictions by split
 
@@ -126,7 +137,7 @@ def final_scores(stack: nn.Module, panels: list[Panel], device: torch.device, ba
     # no second pass over test (valid's rows are its labelled ones, as a rule)
     scoring: dict[int, Panel] = {}  # one per panel, so that seeds of one fold still share a gather
     for split, p in SPLIT_PREFIX.items():
-        on = panels if split == "valid" else [scoring.setdefault(id(q), own_scoring_panel(q)) for q in panels]
+        on = panels if split == "valid" else [_scoring(q, scoring) for q in panels]
         batchers = [Batcher(panel, split, device) for panel in on]
         known = valid if split == "valid" else None
         every = known or stacked_predict_rows(stack, batchers, batch_size, tick)
