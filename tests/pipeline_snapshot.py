@@ -322,40 +322,33 @@ def cpu() -> str:
 # a matmul of another height, and their IC differed from the stored predictions' own (the file, which
 # ``sweeper predict`` reproduces, is unchanged) in the last bits (1e-10 relative on Intel). In such a
 # record a leaf scored on test (a path that names test, the predictions' digest aside) compares within
-# rounding; every other leaf as before. AVX512-GenuineIntel's holdout record was rewritten by that code.
+# rounding; every other leaf as before. AVX512-GenuineIntel's holdout record had those leaves patched to
+# that code's values (its files' digests did not move).
 TEST_ROWS_BEFORE = {"AVX512-AuthenticAMD/holdout", "AVX2-GenuineIntel/holdout"}
 SCORED_ON_TEST = re.compile(r"test(?!\.parquet/digest)")
 
 
 def compare(scheme: str, got: Any) -> list[str]:
     """Where the snapshot ``got`` (:func:`comparable`) differs from this CPU's record of ``scheme``."""
-    (record, exact), name = golden(scheme), _record_name(scheme)
+    record, exact = golden(scheme)
     want = comparable(record, scheme)
     lines = diff(want, got, exact=exact)
-    if exact and f"{name}/{scheme}" in TEST_ROWS_BEFORE:
+    if exact and f"{cpu()}/{scheme}" in TEST_ROWS_BEFORE:  # (exact: the record is this CPU's own)
         rounding = set(diff(want, got, exact=False))
         lines = [line for line in lines if line in rounding or not SCORED_ON_TEST.search(line.split(": ")[0])]
     return lines
 
 
-def _records(scheme: str) -> list[Path]:
-    mine, level = cpu(), cpu_level() + "-"
-    return sorted((p for p in GOLDEN.iterdir() if (p / f"{scheme}.json").exists()),
-                  key=lambda p: (p.name != mine, not p.name.startswith(level), p.name))
-
-
-def _record_name(scheme: str) -> str:
-    return _records(scheme)[0].name
-
-
 def golden(scheme: str) -> tuple[Any, bool]:
     """The record of ``scheme`` (less what postdates it: NEWER) and whether it is this CPU's own,
     to compare exactly; else another CPU's, the same level's first, to compare within rounding."""
-    records = _records(scheme)
+    mine, level = cpu(), cpu_level() + "-"
+    records = sorted((p for p in GOLDEN.iterdir() if (p / f"{scheme}.json").exists()),
+                     key=lambda p: (p.name != mine, not p.name.startswith(level), p.name))
     if not records:
         raise AssertionError(f"no golden record in {GOLDEN}: run `python tests/pipeline_snapshot.py --write` "
                              "with PYTHONPATH at a worktree of 83f89dc")
-    return _clean(json.loads((records[0] / f"{scheme}.json").read_text())), records[0].name == cpu()
+    return _clean(json.loads((records[0] / f"{scheme}.json").read_text())), records[0].name == mine
 
 
 # a leaf under these keys hashes floats (a large table's digest, a tensor's sha): equal only exactly

@@ -43,3 +43,23 @@ def test_a_cpu_without_its_own_record_is_compared_within_rounding_and_still_catc
         f"{changed['trials'][1]['params']['train.lr']}",
         f"/trials[2]/value: {intel['trials'][2]['value']} != {changed['trials'][2]['value']}",
     ]
+
+
+def test_an_older_cpu_record_compares_only_its_test_scores_within_rounding(monkeypatch):
+    """On the AMD box its own holdout record predates test scored on its present rows: a test score a
+    rounding off passes there, a test score off by more, or any other leaf a rounding off, does not."""
+    monkeypatch.setattr(S, "cpu", lambda: "AVX512-AuthenticAMD")
+    monkeypatch.setattr(S, "cpu_level", lambda: "AVX512")
+    record, exact = S.golden("holdout")
+    assert exact and "AVX512-AuthenticAMD/holdout" in S.TEST_ROWS_BEFORE
+    got = S.comparable(record, "holdout")
+    assert S.compare("holdout", got) == []
+    attrs = got["trials"][0]["user_attrs"]
+    attrs["test_ic"] *= 1 + 1e-9  # what the scored rows' batches change
+    assert S.compare("holdout", got) == []
+    val_ic = attrs["val_ic"]
+    attrs["val_ic"] *= 1 + 1e-9  # not scored on test: exact
+    assert [line.split(":")[0] for line in S.compare("holdout", got)] == ["/trials[0]/user_attrs/val_ic"]
+    attrs["val_ic"] = val_ic
+    attrs["test_ic"] *= 1.01  # beyond rounding
+    assert [line.split(":")[0] for line in S.compare("holdout", got)] == ["/trials[0]/user_attrs/test_ic"]

@@ -11,7 +11,7 @@ import yaml
 
 import sweeper.core.stack_size as S
 from sweeper.config import validate_config
-from sweeper.core import Member
+from sweeper.core import Member, host_cache
 from sweeper.core.device import HostMemory
 from sweeper.study import stacking
 from sweeper.validation.grid import seeded
@@ -235,7 +235,7 @@ def test_a_measurement_is_kept_by_the_host_under_what_sets_the_speed(tmp_path):
     assert key != S.cache_key(toy_config({"name": "mlp", "hidden_size": 32, "dropout": 0.0}), cpu, 3, 4)
     assert key != S.cache_key(cfg, cpu, 4, 4) and key != S.cache_key(cfg, cpu, 3, 2)
     assert S.read_kept(tmp_path, key) is None
-    S.keep(tmp_path, key, {"stack_size": 2, "stack_size_from": "measured", "stack_rates": {"1": 5.0, "2": 9.0}})
+    host_cache.keep(tmp_path, key, {"stack_size": 2, "stack_size_from": "measured", "stack_rates": {"1": 5.0, "2": 9.0}})
     assert S.read_kept(tmp_path, key) == {"stack_size": 2, "stack_size_from": "cache",
                                          "stack_rates": {"1": 5.0, "2": 9.0}}
     (tmp_path / f"{key}.json").write_text("{not json")

@@ -10,6 +10,7 @@ No Optuna, no store, no CLI: the sweep drives it through :class:`EpochHook` and
 - :mod:`~sweeper.core.optim`: the flat per-member AdamW, clipping and loss scaling;
 - :mod:`~sweeper.core.stack_size`: the stack size measured on the device, and the rule that chooses it;
 - :mod:`~sweeper.core.eval_batch`: the rows per evaluation forward measured on a CPU;
+- :mod:`~sweeper.core.host_cache`: what a host keeps of those measurements, per shape;
 - :mod:`~sweeper.core.hooks`: the hook and checkpointer protocols and their null objects;
 - :mod:`~sweeper.core.checkpoint`: the checkpoint format, its one file, resume checks;
 - :mod:`~sweeper.core.batch_plan`: the batch plan, halving the micro-batch after an OOM;

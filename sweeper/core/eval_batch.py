@@ -7,13 +7,10 @@ transformer spills its activations out of the caches and ran 2.2x slower per row
 wins depends on the model and the CPU, so :func:`measure` times the trial's model, forward only, at
 each candidate size up to the longest split (a size past it is one forward, as the largest is), in
 interleaved rounds (load from other processes hits every size alike; the best round of each kept),
-and takes the fastest. The host keeps the choice per shape (:func:`cache_key`), as it keeps stack sizes.
+and takes the fastest. The host keeps the choice per shape (:mod:`sweeper.core.host_cache`).
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from sweeper.atomic import write_text
 from sweeper.config import EVAL_BATCH_START, SweeperConfig
-from sweeper.core.stack_size import device_name
+from sweeper.core import host_cache
 from sweeper.data import Batcher
 
 CANDIDATES = (256, 1024, 4096, EVAL_BATCH_START)
@@ -76,25 +72,15 @@ def _rate(model: nn.Module, batcher: Batcher, size: int) -> float:
 
 
 def cache_key(cfg: SweeperConfig, n_features: int) -> str:
-    """The key of a measurement on this host: what sets a forward's speed (the model's shape, the
-    data's) and the machine (the CPU's model, torch's threads, torch's version). Dropout is not
-    in it: it does nothing in evaluation, and a searched rate would make every trial measure again."""
+    """The key of a measurement on this host (:mod:`sweeper.core.host_cache`): what sets a forward's
+    speed (the model's shape, the data's). Dropout is not in it: it does nothing in evaluation, and a
+    searched rate would make every trial measure again."""
     model = {k: v for k, v in cfg.model.model_dump(mode="json").items() if k != "dropout"}
-    what = {"version": CACHE_VERSION, "model": model, "features": n_features, "lookback": cfg.data.lookback,
-            "device_name": device_name(torch.device("cpu")), "threads": torch.get_num_threads(),
-            "torch": torch.__version__}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+    what = {"version": CACHE_VERSION, "model": model, "features": n_features, "lookback": cfg.data.lookback}
+    return host_cache.key(what, torch.device("cpu"))
 
 
 def read_kept(folder: Path, key: str) -> int | None:
     """The size this host measured before under ``key``, or None."""
-    try:
-        return int(json.loads((folder / f"{key}.json").read_text())["eval_batch_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def keep(folder: Path, key: str, size: int) -> None:
-    """Keep a measurement for this host's next run of the same shape (one not written is measured again)."""
-    with contextlib.suppress(OSError):  # (a DiskFull too)
-        write_text(folder / f"{key}.json", json.dumps({"eval_batch_size": size}))
+    kept = host_cache.read(folder, key) or {}
+    return kept["eval_batch_size"] if isinstance(kept.get("eval_batch_size"), int) else None

@@ -10,11 +10,7 @@ size alike, and :func:`choose` takes the largest size that beats every smaller o
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import math
-import platform
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +19,8 @@ from typing import Any
 
 import torch
 
-from sweeper.atomic import write_text
 from sweeper.config import SweeperConfig, TrainConfig
+from sweeper.core import host_cache
 from sweeper.core.device import TrialMemory
 from sweeper.core.hooks import NullCheckpointer, NullHook
 from sweeper.core.lanes import Member
@@ -37,8 +33,7 @@ from sweeper.errors import OutOfMemory
 # near the tie costs little either way
 MARGIN = 0.10
 WARMUP_STEPS, TIMED_STEPS, ROUNDS = 1, 5, 2
-# the host keeps each measurement (the panel cache's root, .stack-sizes/), so that a run of the
-# same shape on the same machine (sweeper train again, a new study) does not pay for it twice
+# the host keeps each measurement (sweeper.core.host_cache) in the panel cache's root, .stack-sizes/
 CACHE_DIR, CACHE_VERSION = ".stack-sizes", 1
 
 
@@ -153,43 +148,24 @@ def _epochs(run: Run, tc: TrainConfig) -> list[Iterator[Rows]]:
 
 
 def cache_key(cfg: SweeperConfig, device: torch.device, n_features: int, runs: int) -> str:
-    """The key of a measurement on this host: what sets a stack's speed (the model, the batch,
-    the loss, the precision, the data's shape, the runs) and the machine that measured it (the
-    device's name, the CPU's model and torch's threads, torch's version)."""
+    """The key of a measurement on this host (:mod:`sweeper.core.host_cache`): what sets a stack's
+    speed (the model, the batch, the loss, the precision, the data's shape, the runs)."""
     tc = cfg.train
     what = {"version": CACHE_VERSION, "model": cfg.model.model_dump(mode="json"), "runs": runs,
             "features": n_features, "lookback": cfg.data.lookback, "order": tc.resolved_batch_order,
             **{k: getattr(tc, k) for k in ("batch_size", "max_batch_size", "min_micro_batch", "loss",
-                                           "precision", "compile", "eval_batch_size", "memory_margin")},
-            "device": str(device), "device_name": device_name(device), "threads": torch.get_num_threads(),
-            "torch": torch.__version__}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+                                           "precision", "compile", "eval_batch_size", "memory_margin")}}
+    return host_cache.key(what, device)
 
 
 def read_kept(folder: Path, key: str) -> dict[str, Any] | None:
     """A measurement this host kept under ``key`` (its attributes, from ``cache``), or None."""
     try:
-        kept = json.loads((folder / f"{key}.json").read_text())
-        return {**kept, "stack_size": int(kept["stack_size"]), "stack_size_from": "cache"}
-    except (OSError, ValueError, KeyError, TypeError):
+        kept = host_cache.read(folder, key)
+        return None if kept is None else {**kept, "stack_size": int(kept["stack_size"]),
+                                          "stack_size_from": "cache"}
+    except (KeyError, TypeError, ValueError):
         return None
-
-
-def keep(folder: Path, key: str, choice: dict[str, Any]) -> None:
-    """Keep a measurement for this host's next run of the same shape; one that cannot be written
-    is only measured again."""
-    with contextlib.suppress(OSError):  # (a DiskFull too)
-        write_text(folder / f"{key}.json", json.dumps(choice))
 
 
 def _wait(values: torch.Tensor) -> None:

@@ -6,12 +6,20 @@ needs the same pruner to answer ``trial.should_prune()``.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable
 
 import optuna
 
 from sweeper.config import PrunerConfig, SamplerConfig, StudyConfig
 from sweeper.errors import ConfigError
+
+SAMPLERS: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
+    "tpe": optuna.samplers.TPESampler,  # constant_liar=True is Optuna 5's default
+    "random": optuna.samplers.RandomSampler, "cmaes": optuna.samplers.CmaEsSampler,
+    "gp": optuna.samplers.GPSampler, "qmc": optuna.samplers.QMCSampler}
+PRUNERS = {"percentile": optuna.pruners.PercentilePruner}  # the others: no start-up in trials, or below
+MEDIAN_STARTUP = 4  # build_pruner's median pruner waits for 4 finished trials (Optuna's own: 5)
 
 
 def build_sampler(cfg: SamplerConfig, seed: int | None = None) -> optuna.samplers.BaseSampler:
@@ -22,11 +30,7 @@ def build_sampler(cfg: SamplerConfig, seed: int | None = None) -> optuna.sampler
     samplers read them from the stored trials. Their ``constraints_func`` (deprecated in 5.0)
     would not run anyway: Optuna calls it in the process that tells, the worker, whose study has
     the default sampler, not this one."""
-    kinds: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
-        "tpe": optuna.samplers.TPESampler,  # constant_liar=True is Optuna 5's default
-        "random": optuna.samplers.RandomSampler, "cmaes": optuna.samplers.CmaEsSampler,
-        "gp": optuna.samplers.GPSampler, "qmc": optuna.samplers.QMCSampler}
-    return kinds[cfg.name](seed=cfg.seed if seed is None else seed, **cfg.options)
+    return SAMPLERS[cfg.name](seed=cfg.seed if seed is None else seed, **cfg.options)
 
 
 def driver_seed(seed: int | None, n_trials: int, driver_id: str) -> int | None:
@@ -42,23 +46,28 @@ def driver_seed(seed: int | None, n_trials: int, driver_id: str) -> int | None:
     return int.from_bytes(digest[:4], "big")
 
 
-# the finished trials a sampler draws at random before it models them, and a pruner waits for before it
-# prunes: Optuna's defaults (TPE, GP: 10; CMA-ES: 1; percentile: 5) and build_pruner's own (median: 4)
-SAMPLER_STARTUP = {"tpe": 10, "gp": 10, "cmaes": 1}
-PRUNER_STARTUP = {"median": 4, "percentile": 5}
-
-
 def startup_trials(cfg: StudyConfig) -> int:
-    """How many trials must finish before the sampler and the pruner both learn from the study's own."""
-    return max(int(cfg.sampler.options.get("n_startup_trials", SAMPLER_STARTUP.get(cfg.sampler.name, 0))),
-               int(cfg.pruner.options.get("n_startup_trials", PRUNER_STARTUP.get(cfg.pruner.name, 0))))
+    """How many trials must finish before the sampler and the pruner both learn from the study's own:
+    the larger ``n_startup_trials`` of the two as built (the options', else the class's own default:
+    TPE's and GP's 10, CMA-ES's 1, the percentile pruner's 5, the median pruner's 4 from build_pruner;
+    0 for those without one)."""
+    sampler = cfg.sampler.options.get("n_startup_trials", _default(SAMPLERS[cfg.sampler.name]))
+    pruner = cfg.pruner.options.get("n_startup_trials", MEDIAN_STARTUP if cfg.pruner.name == "median"
+                                    else _default(PRUNERS.get(cfg.pruner.name)))
+    return max(int(sampler), int(pruner))
+
+
+def _default(cls: Callable[..., object] | None) -> int:
+    """``cls``'s own default ``n_startup_trials`` (read from its signature, so it follows Optuna's), or 0."""
+    param = inspect.signature(cls).parameters.get("n_startup_trials") if cls is not None else None
+    return 0 if param is None or param.default is inspect.Parameter.empty else int(param.default)
 
 
 def build_pruner(cfg: PrunerConfig) -> optuna.pruners.BasePruner:
     opts = dict(cfg.options)
     builders = {
         "median": lambda: optuna.pruners.MedianPruner(
-            **{"n_startup_trials": PRUNER_STARTUP["median"], "n_warmup_steps": 1, **opts}),
+            **{"n_startup_trials": MEDIAN_STARTUP, "n_warmup_steps": 1, **opts}),
         "percentile": lambda: optuna.pruners.PercentilePruner(**{"percentile": 25.0, **opts}),
         "asha": lambda: optuna.pruners.SuccessiveHalvingPruner(**opts),
         "hyperband": lambda: optuna.pruners.HyperbandPruner(**opts),

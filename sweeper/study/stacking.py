@@ -95,9 +95,9 @@ class Population:
         return int(asked) if asked != "auto" else self._measured()
 
     def _started(self) -> bool:
-        if self.startup:
-            finished = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-            self.startup = 0 if len(finished) >= self.startup else self.startup
+        states = (TrialState.COMPLETE, TrialState.PRUNED)
+        if self.startup and len(self.study.get_trials(deepcopy=False, states=states)) >= self.startup:
+            self.startup = 0  # reached: never counted again
         return not self.startup
 
     def _measured(self) -> int:

@@ -94,7 +94,7 @@ def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel, device: 
     frames, model = {}, None
     for split in SPLITS:
         # the frame's rows are in sample order and a subset of the present ones: as many means the same
-        if same_batches and len(result.predictions[split]) == Batcher(scoring, split, where).n_samples:
+        if same_batches and len(result.predictions[split]) == len(scoring.sample_index(split)):
             frames[split] = result.predictions[split]
             continue
         if model is None:
@@ -147,7 +147,7 @@ def pin_eval_batch(panel: Panel, trainer: Trainer) -> Trainer:
     the trial's model (:mod:`sweeper.core.eval_batch`; this host keeps it per shape), so that its files
     and ``sweeper predict`` evaluate as its training did; as it is on a GPU (the probe sizes it)."""
     from sweeper.core import eval_batch as E
-    from sweeper.core import resolve_device
+    from sweeper.core import host_cache, resolve_device
     from sweeper.core.device import trial_memory
     from sweeper.data.cache import cache_root
     from sweeper.models import build_model
@@ -162,7 +162,7 @@ def pin_eval_batch(panel: Panel, trainer: Trainer) -> Trainer:
         with torch.random.fork_rng(devices=[]):  # the measured model's init must not move the trial's RNG
             model = build_model(cfg.model, len(panel.features), cfg.data.lookback).to(device)
         size = E.measure(model, Batcher(panel, "train", device), evaluated, trainer.log)
-        E.keep(folder, key, size)
+        host_cache.keep(folder, key, {"eval_batch_size": size})
     train = cfg.train.model_copy(update={"eval_batch_size": size})
     return dataclasses.replace(trainer, cfg=cfg.model_copy(update={"train": train}))
 
@@ -172,7 +172,7 @@ def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
     (:func:`sweeper.core.stack_size.measure`; up to ``trials`` trials' runs, seeds standing for the
     other trials), or the one this host measured before for the same shape (kept in the panel
     cache's root). A size above the trial's runs is a population: that many trials' stacks in one."""
-    from sweeper.core import Member, resolve_device
+    from sweeper.core import Member, host_cache, resolve_device
     from sweeper.core import stack_size as S
     from sweeper.core.device import trial_memory
     from sweeper.data.cache import cache_root
@@ -194,7 +194,7 @@ def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
     choice = {**measured.attrs(), "stack_size": own}
     if measured.size > runs:
         choice["population_size"] = measured.size // own
-    S.keep(folder, key, choice)
+    host_cache.keep(folder, key, choice)
     return choice
 
 
