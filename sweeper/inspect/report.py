@@ -2,27 +2,8 @@
 
 The plotly figures, built with ``plotly.graph_objects`` from one read of the
 study (optuna.visualization re-reads the trials per plot and draws one trace per
-trial, which is far too slow at 500 trials):
-
-1. ``history``: the objective per finished trial and the best so far
-2. ``importance``: parameter importances (PED-ANOVA: fast, no scikit-learn)
-3. ``parallel``: parallel coordinates of params and objective
-4. ``curves``: per-epoch objective of every trial, coloured by state
-5. ``timeline``: trials per device slot over time, with the slots' utilisation
-   (plus GPU telemetry from ``devices.csv`` when the sweep had GPUs)
-6. ``overfit``: validation IC against test IC per trial
-7. ``daily``: the best trial's daily and cumulative IC on valid and test
-8. ``selection``: how much of the best validation IC a signal-free search of
-   this many trials would reach anyway (:mod:`sweeper.quant.selection`)
-9. ``buckets``: the best trial's mean label per prediction bucket, valid and test
-10. ``longshort``: its cumulative long-short (top - bottom bucket) return
-11. ``ic_time``: its mean daily IC by year and month (and the baseline's), with
-    the group-neutral IC when ``data.group_col`` is set
-12. ``baseline``: the cumulative daily IC of the best trial and of the LightGBM baseline
-13. ``folds`` (walk-forward studies only, like ``telemetry`` with GPUs): the val IC per fold of
-    the top 10 trials (under walk-forward figure 8 takes its standard errors from the fold ICs)
-
-Each figure's module is in the package map (:mod:`sweeper.inspect`). This module loads
+trial, which is far too slow at 500 trials), are those of ``SECTIONS``, in its order. Each
+figure's module is in the package map (:mod:`sweeper.inspect`). This module loads
 the study and lays out the page.
 
 plotly.js is inlined once, so the file works offline. Each figure's JSON sits in
@@ -57,22 +38,26 @@ from sweeper.store import layout
 from sweeper.store.run_folder import files_folder
 from sweeper.store.studies import best_trial, load_existing
 
-__all__ = ["FIGURES", "TITLES", "StudyData", "build_figures", "load", "render_html", "utilisation",
+__all__ = ["FIGURES", "SECTIONS", "StudyData", "build_figures", "load", "render_html", "utilisation",
            "write_report"]
 
-FIGURES = ("history", "importance", "parallel", "curves", "timeline", "overfit", "daily", "selection",
-           "buckets", "longshort", "ic_time", "baseline")
-TITLES = {
-    "history": "1. Optimization history", "importance": "2. Parameter importances",
-    "parallel": "3. Parallel coordinates", "curves": "4. Learning curves (intermediate values)",
-    "timeline": "5. Trials per device", "overfit": "6. Validation IC vs test IC",
-    "daily": "7. Best trial: daily and cumulative IC", "selection": "8. Selection bias",
-    "buckets": "9. Best trial: mean label per prediction bucket",
-    "longshort": "10. Best trial: cumulative long-short return",
-    "ic_time": "11. IC through time: mean daily IC by year and month",
-    "baseline": "12. Best trial against the LightGBM baseline: cumulative daily IC",
-    "folds": "13. Walk-forward: validation IC per fold of the top trials",
+# name: (heading, figure); "folds" only under walk-forward folds, and "telemetry" (5b) with devices.csv
+SECTIONS = {
+    "history": ("1. Optimization history", history_figure),
+    "importance": ("2. Parameter importances", importance_figure),
+    "parallel": ("3. Parallel coordinates", parallel_figure),
+    "curves": ("4. Learning curves (intermediate values)", curves_figure),
+    "timeline": ("5. Trials per device", timeline_figure),
+    "overfit": ("6. Validation IC vs test IC", overfit_figure),
+    "daily": ("7. Best trial: daily and cumulative IC", daily_figure),
+    "selection": ("8. Selection bias", selection_figure),
+    "buckets": ("9. Best trial: mean label per prediction bucket", buckets_figure),
+    "longshort": ("10. Best trial: cumulative long-short return", longshort_figure),
+    "ic_time": ("11. IC through time: mean daily IC by year and month", ic_time_figure),
+    "baseline": ("12. Best trial against the LightGBM baseline: cumulative daily IC", baseline_figure),
+    "folds": ("13. Walk-forward: validation IC per fold of the top trials", folds_figure),
 }
+FIGURES = tuple(name for name in SECTIONS if name != "folds")
 
 
 def load(study: optuna.Study, run_dir: str | Path, metric: str,
@@ -104,18 +89,8 @@ def load(study: optuna.Study, run_dir: str | Path, metric: str,
 def build_figures(data: StudyData) -> dict[str, go.Figure]:
     """The figures, by name (see FIGURES); ``folds`` too under walk-forward folds, and ``telemetry``
     when devices.csv exists."""
-    figures = {
-        "history": history_figure(data), "importance": importance_figure(data),
-        "parallel": parallel_figure(data), "curves": curves_figure(data),
-        "timeline": timeline_figure(data), "overfit": overfit_figure(data),
-        "daily": daily_figure(data),
-        "selection": selection_figure(data),
-        "buckets": buckets_figure(data), "longshort": longshort_figure(data),
-        "ic_time": ic_time_figure(data),
-        "baseline": baseline_figure(data),
-    }
-    if data.folded:  # a study of one fold: its page stays as it was
-        figures["folds"] = folds_figure(data)
+    # "folds" under walk-forward folds only: a study of one fold has its page as it was
+    figures = {name: figure(data) for name, (_, figure) in SECTIONS.items() if name != "folds" or data.folded}
     if (telemetry := telemetry_figure(layout.devices_csv(data.run_dir))) is not None:
         figures["telemetry"] = telemetry
     return figures
@@ -141,7 +116,7 @@ def render_html(data: StudyData, figures: dict[str, go.Figure],
     sections = []
     for name, fig in figures.items():
         payload = pio.to_json(fig, validate=False).replace("</", "<\\/")
-        heading = TITLES.get(name, "5b. GPU telemetry")
+        heading = SECTIONS[name][0] if name in SECTIONS else "5b. GPU telemetry"
         notes = "".join(f"<p>{html.escape(line)}</p>" for line in _notes(name, fig))
         sections.append(f'<section><h2>{heading}</h2>{notes}<div id="plot-{name}" class="plot"></div>'
                         f'<script type="application/json" id="fig-{name}" class="fig">{payload}</script>'
