@@ -26,10 +26,7 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
 
 def to_dict(cfg: SweeperConfig) -> dict[str, Any]:
     """JSON-safe dict of the resolved config (what the study stores)."""
-    out = cfg.model_dump(mode="json")
-    if cfg.model.is_custom:
-        out["model"] = {"name": cfg.model.name, **cfg.model.custom_kwargs()}
-    return out
+    return {**cfg.model_dump(mode="json"), "model": cfg.model.section()}
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

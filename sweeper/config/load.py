@@ -99,10 +99,7 @@ def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
 
 def with_overrides(cfg: SweeperConfig, overrides: dict[str, Any], source: str) -> SweeperConfig:
     """A new validated config with dotted ``overrides`` applied (``--set`` and trial params)."""
-    raw = cfg.model_dump(mode="python", exclude_unset=False)
-    if cfg.model.is_custom:
-        raw["model"] = {"name": cfg.model.name, **cfg.model.custom_kwargs()}
-    raw = copy.deepcopy(raw)
+    raw = copy.deepcopy({**cfg.model_dump(mode="python", exclude_unset=False), "model": cfg.model.section()})
     for key, value in overrides.items():
         set_dotted(raw, key, value)
     out = validate_config(raw, source)

@@ -228,6 +228,10 @@ class ModelConfig(BaseModel, extra="allow"):
         keys = (self.model_fields_set | set(self.model_extra or {})) - {"name"}
         return {k: getattr(self, k) for k in sorted(keys)}
 
+    def section(self) -> dict[str, Any]:
+        """The section as stored and checked: a custom model's kwargs are what the user wrote."""
+        return {"name": self.name, **self.custom_kwargs()} if self.is_custom else self.model_dump(mode="json")
+
 
 EVAL_BATCH_START = 16384  # train.eval_batch_size: auto where nothing measured it (a GPU's probe starts here)
 ENSEMBLE_METRICS = ("val_ic", "val_rank_ic", "val_icir")  # what validation.aggregate: ensemble can score

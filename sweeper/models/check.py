@@ -49,13 +49,6 @@ class Job:
     fatal: bool = True
 
 
-def model_section(model: ModelConfig) -> dict[str, Any]:
-    """The model section a job carries (a custom model's kwargs are what the user wrote)."""
-    if model.is_custom:
-        return {"name": model.name, **model.custom_kwargs()}
-    return model.model_dump(mode="json")
-
-
 def check_models(jobs: list[Job], n_features: int, lookback: int, cache: Path | None = None,
                  child: ChildRun = python_child, *, builtins_in_child: bool = False) -> list[str | None]:
     """Each job's error message, or None when it built. Raises ConfigError with the first failed
@@ -136,9 +129,7 @@ def _run_child(jobs: list[Job], n_features: int, lookback: int,
     answers = [line["error"] for line in lines]
     if len(answers) >= len(jobs):
         return answers[:len(jobs)], None
-    if code is None:
-        return answers, f"did not finish within {CHECK_TIMEOUT_S:g} s"
-    return answers, f"killed the Python process ({_how(code)})"
+    return answers, _how(code) if code is None else f"killed the Python process ({_how(code)})"
 
 
 def _ask_child(request: dict[str, Any],
@@ -167,11 +158,10 @@ def stack_plan_line(model: ModelConfig, n_features: int, lookback: int) -> str:
     user model's answer tries torch.func.vmap on two members, in a child like all user code."""
     if not model.is_custom:
         return f"model {model.name}: stacked natively"
-    lines, code = _ask_child({"n_features": n_features, "lookback": lookback, "plan": model_section(model)})
+    lines, code = _ask_child({"n_features": n_features, "lookback": lookback, "plan": model.section()})
     if lines and "plan" in lines[0]:
         return str(lines[0]["plan"])
-    how = f"did not finish within {CHECK_TIMEOUT_S:g} s" if code is None else _how(code)
-    return f"model.name {model.name!r}: not known (the check {how})"
+    return f"model.name {model.name!r}: not known (the check {_how(code)})"
 
 
 def _plan_in_child(section: dict[str, Any], n_features: int, lookback: int) -> str:
@@ -183,7 +173,9 @@ def _plan_in_child(section: dict[str, Any], n_features: int, lookback: int) -> s
     return stack_plan(cfg, members, n_features, lookback)[1]
 
 
-def _how(code: int) -> str:
+def _how(code: int | None) -> str:
+    if code is None:
+        return f"did not finish within {CHECK_TIMEOUT_S:g} s"
     if code < 0:
         try:
             return f"signal {-code}, {signal.Signals(-code).name}"

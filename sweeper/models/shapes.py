@@ -10,7 +10,7 @@ from typing import Any
 
 from sweeper import config as C
 from sweeper.errors import ConfigError
-from sweeper.models.check import ChildRun, Job, check_models, model_section, python_child
+from sweeper.models.check import ChildRun, Job, check_models, python_child
 from sweeper.models.check_cache import checks_folder
 
 MAX_SHAPES = 64  # each custom shape is a constructor call and a forward pass in the check
@@ -72,7 +72,7 @@ def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,
     cache = checks_folder(cfg.data)
     spec = cfg.search_space.get("model.name")
     names = sorted({str(c) for c in (spec.choices or [])} - {cfg.model.name}) if spec is not None else []
-    jobs = [Job(n) for n in names if ":" in n] + [Job(cfg.model.name, model_section(cfg.model))]
+    jobs = [Job(n) for n in names if ":" in n] + [Job(cfg.model.name, cfg.model.section())]
     combos = shape_combinations(cfg)
     if combos is None:
         check_models(jobs, n_features, lookback, cache, child, builtins_in_child=builtins_in_child)
@@ -89,7 +89,7 @@ def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,
             errors[label] = str(exc).removeprefix("search_space: ").removeprefix("model: ")
             continue
         built.append(label)
-        jobs.append(Job(shaped.model.name, model_section(shaped.model), fatal=False))
+        jobs.append(Job(shaped.model.name, shaped.model.section(), fatal=False))
     results = check_models(jobs, n_features, lookback, cache, child, builtins_in_child=builtins_in_child)
     errors.update(zip(built, results[len(jobs) - len(built):]))
     bad = [f"{label}: {error}" for label, error in errors.items() if error]
