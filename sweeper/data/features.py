@@ -32,11 +32,11 @@ def select(candidates: list[str], columns: list[str], features: list[str] | None
             matched = [c for c in candidates if fnmatchcase(c, entry)]
             if not matched:
                 raise DataError(f"{where}: the pattern '{entry}' (data.features) matches no numeric column; "
-                                f"the candidates are: {_shown(candidates)}")
+                                f"the candidates are: {shown(candidates)}")
             chosen.extend(matched)
         elif features is not None and entry not in columns:
             raise DataError(f"{where}: column '{entry}' (data.features) not found; the file has columns: "
-                            f"{_shown(columns)}")
+                            f"{shown(columns)}")
         else:
             chosen.append(entry)
     kept = [c for c in dict.fromkeys(chosen) if not any(fnmatchcase(c, pat) for pat in exclude)]
@@ -45,5 +45,6 @@ def select(candidates: list[str], columns: list[str], features: list[str] | None
     return kept
 
 
-def _shown(names: list[str]) -> str:
+def shown(names: list[str]) -> str:
+    """The first 20 of ``names``, for an error message."""
     return ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")

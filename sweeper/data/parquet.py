@@ -22,6 +22,7 @@ from sweeper.config import DataConfig
 from sweeper.data.build import OracleFn
 from sweeper.data.columns import Columns, Keys, factorize_assets, parse_dates
 from sweeper.data.features import select as select_columns
+from sweeper.data.features import shown
 from sweeper.errors import DataError
 
 ORACLE_KEY = b"sweeper.oracle_ic"
@@ -48,8 +49,8 @@ def _require(schema: pa.Schema, keys: Iterable[tuple[str, str]], path: Path) -> 
     """DataError for the first column named by ``(key, column)`` that the file lacks."""
     for key, name in keys:
         if schema.get_field_index(name) < 0:
-            shown = ", ".join(schema.names[:20]) + (", ..." if len(schema.names) > 20 else "")
-            raise DataError(f"{path}: column '{name}' ({key}) not found; the file has columns: {shown}")
+            raise DataError(f"{path}: column '{name}' ({key}) not found; the file has columns: "
+                            f"{shown(schema.names)}")
 
 
 def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: Path,
@@ -211,10 +212,8 @@ def daily_oracle_json(days: np.ndarray, values: np.ndarray) -> bytes:
 
 
 def _daily_oracle(raw: bytes | None) -> tuple[np.ndarray, np.ndarray] | None:
-    if raw is None:
-        return None
     try:
-        value = json.loads(raw)
+        value = json.loads(raw or "")  # none: a ValueError, as a damaged one
         days = np.array(value["dates"], dtype="datetime64[ns]")
         values = np.array([np.nan if v is None else float(v) for v in value["ic"]], dtype=np.float64)
     except (ValueError, TypeError, KeyError, AttributeError):
@@ -223,10 +222,8 @@ def _daily_oracle(raw: bytes | None) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _fixed_oracle(raw: bytes | None) -> dict[str, float] | None:
-    if raw is None:
-        return None
     try:
-        value = json.loads(raw)
+        value = json.loads(raw or "")  # none: a ValueError, as a damaged one
         return {str(k): float(v) for k, v in value.items()}
     except (ValueError, TypeError, AttributeError):
         return None  # a foreign or damaged entry: the panel simply has no oracle
