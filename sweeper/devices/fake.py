@@ -22,6 +22,7 @@ The environment is read at each call, never at import: tests set it after import
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,22 +83,8 @@ def _env_int(name: str, value: str) -> int:
 # ------------------------------------------------------------------ the clocks a test shortens
 
 
-def timeout_grace_floor_s(default: float) -> float:
-    """The floor of a trial's grace past ``train.max_minutes`` (``default``: production's)."""
-    return _env_seconds(TIMEOUT_GRACE_ENV, default)
-
-
-def telemetry_interval_s(default: float) -> float:
-    """Seconds between the driver's GPU samples (``default``: production's)."""
-    return _env_seconds(TELEMETRY_INTERVAL_ENV, default)
-
-
-def sqlite_busy_timeout_s(default: float) -> float:
-    """How long a SQLite call waits for the lock (``default``: production's)."""
-    return _env_seconds(SQLITE_BUSY_TIMEOUT_ENV, default)
-
-
 def _env_seconds(name: str, default: float) -> float:
+    """The seconds the clock ``name`` is set to, else ``default`` (production's)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -108,6 +95,13 @@ def _env_seconds(name: str, default: float) -> float:
     if not seconds > 0:
         raise DeviceError(f"environment variable {name}: expected seconds > 0, got {raw!r}")
     return seconds
+
+
+# (default) -> seconds: the floor of a trial's grace past train.max_minutes, the interval of the
+# driver's GPU samples, how long a SQLite call waits for the lock
+timeout_grace_floor_s = functools.partial(_env_seconds, TIMEOUT_GRACE_ENV)
+telemetry_interval_s = functools.partial(_env_seconds, TELEMETRY_INTERVAL_ENV)
+sqlite_busy_timeout_s = functools.partial(_env_seconds, SQLITE_BUSY_TIMEOUT_ENV)
 
 
 # ------------------------------------------------------------------ a worker's trials
