@@ -101,7 +101,16 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
     lines += [constraints_line(best)] if "constraints" in best or best.get("infeasible") else []
     lines += selection_lines(best.get("selection")) + baseline_lines(best.get("baseline"),
                                                                      best.get("baseline_state"))
-    lines += ic_time_lines(best) + portfolio_and_ensemble_lines(best)
+    lines += ic_time_lines(best)
+    if "portfolio" in best:  # best --portfolio: the long-short view, constant predictions, the top-K ensemble
+        lines += portfolio_lines(best["portfolio"], best.get("portfolio_unavailable"),
+                                 _scope(best, "portfolio"))
+        constant = best.get("constant_pred_dates") or {}
+        if any(constant.values()):
+            lines.append("constant predictions (scored IC 0): " + ", ".join(
+                f"{split} {n} dates" for split, n in constant.items()))
+    if "ensemble" in best:
+        lines += ensemble_lines(best["ensemble"], best.get("ensemble_unavailable"), _scope(best, "ensemble"))
     # 4 significant digits: a sampled lr's 17 digits say nothing (best --json keeps them all)
     lines.append("params: " + ", ".join(f"{k}={fmt(v, '.4g') if isinstance(v, float) else v}"
                                         for k, v in best["params"].items()))
@@ -131,21 +140,6 @@ def scope_words(scope: dict[str, Any] | None) -> str:
     every = scope["over"] == "all folds"
     what = "mean over every fold's valid block" if every else "the last fold's valid block"
     return f"{what}, {' to '.join(scope.get('dates') or []) or 'dates -'}"
-
-
-def portfolio_and_ensemble_lines(best: dict[str, Any]) -> list[str]:
-    """``best --portfolio``'s lines: the long-short view, constant predictions, the top-K ensemble."""
-    lines: list[str] = []
-    if "portfolio" in best:
-        lines += portfolio_lines(best["portfolio"], best.get("portfolio_unavailable"),
-                                 _scope(best, "portfolio"))
-        constant = best.get("constant_pred_dates") or {}
-        if any(constant.values()):
-            lines.append("constant predictions (scored IC 0): " + ", ".join(
-                f"{split} {n} dates" for split, n in constant.items()))
-    if "ensemble" in best:
-        lines += ensemble_lines(best["ensemble"], best.get("ensemble_unavailable"), _scope(best, "ensemble"))
-    return lines
 
 
 def stack_line(best: dict[str, Any]) -> str:
