@@ -61,8 +61,6 @@ def finite(value: object) -> bool:
 
 def empty(message: str) -> go.Figure:
     """A small figure that says why there is nothing to plot (its ``layout.meta.empty``)."""
-    fig = go.Figure()
-    fig.update_layout(**{**LAYOUT, "height": 200}, xaxis={"visible": False}, yaxis={"visible": False},
-                      annotations=[{"text": message, "showarrow": False, "font": {"size": 14}}],
-                      meta={"empty": message})
-    return fig
+    return go.Figure().update_layout(
+        **{**LAYOUT, "height": 200}, xaxis={"visible": False}, yaxis={"visible": False},
+        annotations=[{"text": message, "showarrow": False, "font": {"size": 14}}], meta={"empty": message})

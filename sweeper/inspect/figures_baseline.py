@@ -27,9 +27,7 @@ def baseline_figure(data: StudyData) -> go.Figure:
             dates = daily["date"].tolist() if "date" in daily else list(range(len(daily["ic"])))
             traces.append(go.Scatter(x=dates, y=np.nancumsum(daily["ic"]), line={"color": color},
                                      name=f"trial {data.best.number} ({split})"))
-    fig = go.Figure(traces)
-    title = "cumulative daily IC: best trial (solid) and LightGBM baseline (dashed)"
-    fig.update_layout(**LAYOUT, title=title,
-                      xaxis_title="date", yaxis_title="cumulative IC",
-                      meta={"baseline": {k: attr.get(k) for k in ("val_ic", "test_ic")}})
-    return fig
+    return go.Figure(traces).update_layout(
+        **LAYOUT, title="cumulative daily IC: best trial (solid) and LightGBM baseline (dashed)",
+        xaxis_title="date", yaxis_title="cumulative IC",
+        meta={"baseline": {k: attr.get(k) for k in ("val_ic", "test_ic")}})

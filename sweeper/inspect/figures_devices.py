@@ -91,14 +91,12 @@ def timeline_figure(data: StudyData) -> go.Figure:
             orientation="h", name=state.name.lower(), marker_color=STATE_COLORS.get(state.name),
             hovertemplate="trial %{customdata[0]}<br>%{base} for %{x:.0f} ms%{customdata[1]}"
                           "<extra></extra>"))
-    fig = go.Figure(traces)
     frac = use["fraction"]
     title = (f"{use['slots']} slots, utilisation {frac:.1%}" if frac is not None
              else "no trial has started on a slot")
-    fig.update_layout(**LAYOUT, title=title, barmode="overlay", xaxis={"type": "date", "title": "time"},
-                      yaxis={"title": "slot", "categoryorder": "category descending"},
-                      meta={"utilisation": use})
-    return fig
+    return go.Figure(traces).update_layout(
+        **LAYOUT, title=title, barmode="overlay", xaxis={"type": "date", "title": "time"},
+        yaxis={"title": "slot", "categoryorder": "category descending"}, meta={"utilisation": use})
 
 
 def _sharing(t: FrozenTrial) -> str:
@@ -129,12 +127,10 @@ def telemetry_figure(path: Path) -> go.Figure | None:
                                  name=f"GPU {index} util %"))
         traces.append(go.Scatter(x=when, y=[_number(r.get("mem_used_mb")) for r in mine], yaxis="y2",
                                  name=f"GPU {index} memory MB", line={"dash": "dot"}))
-    fig = go.Figure(traces)
-    fig.update_layout(**TWO_AXES, title="GPU telemetry (devices.csv)", xaxis={"type": "date"},
-                      yaxis={"title": "utilisation %", "range": [0, 100]},
-                      yaxis2={"title": "memory MB", "overlaying": "y", "side": "right"},
-                      meta={"samples": len(rows)})
-    return fig
+    return go.Figure(traces).update_layout(
+        **TWO_AXES, title="GPU telemetry (devices.csv)", xaxis={"type": "date"},
+        yaxis={"title": "utilisation %", "range": [0, 100]},
+        yaxis2={"title": "memory MB", "overlaying": "y", "side": "right"}, meta={"samples": len(rows)})
 
 
 def _number(cell: str | None) -> float | None:

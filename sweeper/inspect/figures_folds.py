@@ -36,11 +36,10 @@ def folds_figure(data: StudyData) -> go.Figure:
             name=f"trial {t.number} ({data.metric} {t.value:.4f})",
             line={"width": 3 if rank == 0 else 1.5}, opacity=1.0 if rank == 0 else 0.7,
             hovertemplate=f"trial {t.number}<br>%{{x}}<br>val IC %{{y:.4f}}<extra></extra>"))
-    fig = go.Figure(traces)
     title = f"val IC per fold of the top {len(top)} trials (best: trial {top[0].number}, thick)"
-    fig.update_layout(**LAYOUT, title=title, xaxis_title="fold (valid block)", yaxis_title="validation IC",
-                      meta={"trials": [t.number for t in top], K.FOLD_DATES: spans,
-                            "fold_val_ic": {str(t.number): t.user_attrs["fold_val_ic"] for t in top},
-                            "value": {str(t.number): t.value for t in top}})
-    return fig
+    return go.Figure(traces).update_layout(
+        **LAYOUT, title=title, xaxis_title="fold (valid block)", yaxis_title="validation IC",
+        meta={"trials": [t.number for t in top], K.FOLD_DATES: spans,
+              "fold_val_ic": {str(t.number): t.user_attrs["fold_val_ic"] for t in top},
+              "value": {str(t.number): t.value for t in top}})
 

@@ -33,12 +33,10 @@ def overfit_figure(data: StudyData) -> go.Figure:
     corr = float(np.corrcoef(val, test)[0, 1]) if len(val) > 2 and val.std() > 0 and test.std() > 0 else None
     title = f"{len(val)} complete trials; mean test - valid {float((test - val).mean()):+.4f}"
     title += f"; correlation {corr:.2f}" if corr is not None else ""
-    fig = go.Figure(traces)
     # under walk-forward a trial's val_ic is the mean over its folds; its test_ic, the last fold's model
     valid = "validation IC (mean over the folds)" if data.folded else "validation IC"
-    fig.update_layout(**LAYOUT, title=title, xaxis_title=valid, yaxis_title="test IC",
-                      meta={"complete": len(val), "correlation": corr})
-    return fig
+    return go.Figure(traces).update_layout(**LAYOUT, title=title, xaxis_title=valid, yaxis_title="test IC",
+                                           meta={"complete": len(val), "correlation": corr})
 
 
 def daily_figure(data: StudyData) -> go.Figure:
@@ -60,13 +58,11 @@ def daily_figure(data: StudyData) -> go.Figure:
                                  yaxis="y2", line={"color": color, "width": 2}))
     if not traces:
         return empty(f"trial {data.best.number} has no daily IC files in {files.folder.parent}")
-    fig = go.Figure(traces)
-    title = f"trial {data.best.number}: daily IC (bars) and cumulative IC (lines)"
-    fig.update_layout(**TWO_AXES, title=title,
-                      xaxis={"type": "date"}, yaxis={"title": "daily IC"}, bargap=0,
-                      yaxis2={"title": "cumulative IC", "overlaying": "y", "side": "right"},
-                      meta={"trial": data.best.number, "days": days})
-    return fig
+    return go.Figure(traces).update_layout(
+        **TWO_AXES, title=f"trial {data.best.number}: daily IC (bars) and cumulative IC (lines)",
+        xaxis={"type": "date"}, yaxis={"title": "daily IC"}, bargap=0,
+        yaxis2={"title": "cumulative IC", "overlaying": "y", "side": "right"},
+        meta={"trial": data.best.number, "days": days})
 
 
 def selection_figure(data: StudyData) -> go.Figure:
@@ -94,7 +90,6 @@ def selection_figure(data: StudyData) -> go.Figure:
             fig.add_vline(x=summary[key], line={"color": color, "dash": "dash"},
                           annotation={"text": f"{label} {summary[key]:.4f}", "textangle": -90})
     p = summary.get("p_fluke")
-    fig.update_layout(**LAYOUT, title=f"{summary['n_trials']} trials; P(best IC is a fluke) "
-                      + (f"{p:.1%}" if p is not None else "-"), xaxis_title=axis,
-                      yaxis_title="trials", meta={"selection": summary})
-    return fig
+    return fig.update_layout(**LAYOUT, title=f"{summary['n_trials']} trials; P(best IC is a fluke) "
+                             + (f"{p:.1%}" if p is not None else "-"), xaxis_title=axis,
+                             yaxis_title="trials", meta={"selection": summary})

@@ -40,12 +40,10 @@ def buckets_figure(data: StudyData) -> go.Figure:
     names = [f"{k + 1}" + (" (low)" if k == 0 else " (high)" if k == q - 1 else "") for k in range(q)]
     traces = [go.Bar(x=names, y=meta[split]["bucket_mean_label"], name=split,
                      marker_color=SPLIT_COLORS[split]) for split in data.long_short]
-    fig = go.Figure(traces)
-    fig.update_layout(**LAYOUT, barmode="group", meta=meta,
-                      title=f"trial {meta['trial']}: mean label per prediction bucket "
-                            f"(q={q}, dates {max(meta['horizon'], 1)} apart){_valid_dates(meta)}",
-                      xaxis_title="bucket of the prediction", yaxis_title="mean label")
-    return fig
+    return go.Figure(traces).update_layout(
+        **LAYOUT, barmode="group", title=f"trial {meta['trial']}: mean label per prediction bucket "
+        f"(q={q}, dates {max(meta['horizon'], 1)} apart){_valid_dates(meta)}",
+        xaxis_title="bucket of the prediction", yaxis_title="mean label", meta=meta)
 
 
 def longshort_figure(data: StudyData) -> go.Figure:
@@ -60,7 +58,5 @@ def longshort_figure(data: StudyData) -> go.Figure:
                                  line={"color": SPLIT_COLORS[split], "width": 2}))
     title = (f"trial {meta['trial']}: cumulative long-short return (top - bottom bucket, gross)"
              + _valid_dates(meta))
-    fig = go.Figure(traces)
-    fig.update_layout(**LAYOUT, title=title, xaxis={"type": "date"}, yaxis_title="cumulative return",
-                      meta=meta)
-    return fig
+    return go.Figure(traces).update_layout(**LAYOUT, title=title, xaxis={"type": "date"},
+                                           yaxis_title="cumulative return", meta=meta)

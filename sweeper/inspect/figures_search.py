@@ -20,13 +20,12 @@ def history_figure(data: StudyData) -> go.Figure:
     numbers = np.array([t.number for t in done], dtype=np.int64)
     values = np.array([t.value for t in done], dtype=np.float64)
     best = (np.maximum if data.maximize else np.minimum).accumulate(values) if len(values) else values
-    fig = go.Figure([go.Scatter(x=numbers, y=values, mode="markers", name=data.metric,
-                                marker={"size": 6, "opacity": 0.7}),
-                     go.Scatter(x=numbers, y=best, mode="lines", name="best so far",
-                                line={"shape": "hv", "color": "#d62728"})])
-    fig.update_layout(**LAYOUT, title=f"{data.metric} of {len(values)} complete trials",
-                      xaxis_title="trial", yaxis_title=data.metric, meta={"complete": len(values)})
-    return fig
+    return go.Figure([go.Scatter(x=numbers, y=values, mode="markers", name=data.metric,
+                                 marker={"size": 6, "opacity": 0.7}),
+                      go.Scatter(x=numbers, y=best, mode="lines", name="best so far",
+                                 line={"shape": "hv", "color": "#d62728"})]).update_layout(
+        **LAYOUT, title=f"{data.metric} of {len(values)} complete trials", xaxis_title="trial",
+        yaxis_title=data.metric, meta={"complete": len(values)})
 
 
 def importance_figure(data: StudyData) -> go.Figure:
@@ -43,11 +42,11 @@ def importance_figure(data: StudyData) -> go.Figure:
     names = list(scores)[::-1]  # most important on top
     # PED-ANOVA says so (and returns equal shares) when there are too few trials to tell
     caveat = "; ".join(str(w.message) for w in caught if issubclass(w.category, UserWarning))
-    fig = go.Figure(go.Bar(x=[scores[n] for n in names], y=names, orientation="h", marker_color="#1f77b4"))
-    fig.update_layout(**LAYOUT, title="importance for the objective (PED-ANOVA, normalised to sum 1)"
-                      + (f"<br><sup>{html.escape(caveat)}</sup>" if caveat else ""),
-                      xaxis_title="importance", meta={"importances": dict(scores), "caveat": caveat or None})
-    return fig
+    bars = go.Bar(x=[scores[n] for n in names], y=names, orientation="h", marker_color="#1f77b4")
+    return go.Figure(bars).update_layout(
+        **LAYOUT, title="importance for the objective (PED-ANOVA, normalised to sum 1)"
+        + (f"<br><sup>{html.escape(caveat)}</sup>" if caveat else ""),
+        xaxis_title="importance", meta={"importances": dict(scores), "caveat": caveat or None})
 
 
 def parallel_figure(data: StudyData) -> go.Figure:
@@ -58,14 +57,12 @@ def parallel_figure(data: StudyData) -> go.Figure:
     dims = [_dimension(name, [t.params[name] for t in done], done[0].distributions[name]) for name in shared]
     values = np.array([t.value for t in done])
     dims.append({"label": data.metric, "values": values})
-    fig = go.Figure(go.Parcoords(dimensions=dims, line={"color": values, "colorscale": "Viridis",
-                                                          "showscale": True}))
     left_out = sorted({p for t in done for p in t.params} - set(shared))
     note = f" (conditional, left out: {', '.join(left_out)})" if left_out else ""
-    fig.update_layout(**{**LAYOUT, "margin": {"l": 80, "r": 80, "t": 80, "b": 40}},
-                      title=f"{len(done)} complete trials{note}",
-                      meta={"complete": len(done), "params": shared})
-    return fig
+    line = {"color": values, "colorscale": "Viridis", "showscale": True}
+    return go.Figure(go.Parcoords(dimensions=dims, line=line)).update_layout(
+        **{**LAYOUT, "margin": {"l": 80, "r": 80, "t": 80, "b": 40}},
+        title=f"{len(done)} complete trials{note}", meta={"complete": len(done), "params": shared})
 
 
 def _dimension(name: str, values: list[Any], dist: BaseDistribution) -> dict[str, Any]:
@@ -93,10 +90,9 @@ def curves_figure(data: StudyData) -> go.Figure:
                                  name=f"{state.name.lower()} ({len(trials)})",
                                  line={"width": 1, "color": STATE_COLORS.get(state.name)}, opacity=0.6,
                                  hovertemplate="trial %{customdata}<br>epoch %{x}: %{y:.4f}<extra></extra>"))
-    fig = go.Figure(traces)
-    fig.update_layout(**LAYOUT, title=f"{data.metric} per epoch, by trial state", xaxis_title="epoch",
-                      yaxis_title=data.metric, meta={"trials_by_state": counts})
-    return fig
+    return go.Figure(traces).update_layout(**LAYOUT, title=f"{data.metric} per epoch, by trial state",
+                                           xaxis_title="epoch", yaxis_title=data.metric,
+                                           meta={"trials_by_state": counts})
 
 
 def _gapped_curves(trials: list[FrozenTrial]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -69,5 +69,4 @@ def ic_time_figure(data: StudyData) -> go.Figure:
                       title=f"mean daily IC by year and month (trial {data.best.number}"
                       + (" and the LightGBM baseline)" if "baseline" in panels else ")"),
                       coloraxis={"colorscale": "RdBu", "cmid": 0, "colorbar": {"title": "IC"}})
-    fig.update_yaxes(type="category", autorange="reversed")
-    return fig
+    return fig.update_yaxes(type="category", autorange="reversed")
