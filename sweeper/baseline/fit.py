@@ -136,26 +136,21 @@ def _merged(fits: list[BaselineResult], elapsed_s: float) -> BaselineResult:
                  "subsampled": f.subsampled, "elapsed_s": f.elapsed_s} for k, f in enumerate(fits)]
     rows = {"train": sum(f.rows["train"] for f in fits), "valid": sum(f.rows["valid"] for f in fits),
             "test": last.rows["test"]}
+    # the subsampled folds' figures summed (folds: which, 1-based; limit and by: the last one's). Each
+    # fold is subsampled alone, to baseline.max_rows, since each fit holds only its own train window
+    subs = [(k + 1, s) for k, f in enumerate(fits) if (s := f.subsampled)]
+    summed: dict[str, Any] = {k: sum(s[k] for _, s in subs)
+                              for k in ("dates_kept", "dates_total", "rows_kept", "rows_total")}
+    subsampled = {**summed, "limit": subs[-1][1]["limit"], "by": subs[-1][1]["by"],
+                  "folds": [k for k, _ in subs]} if subs else None
     return BaselineResult(
         scores=scores, elapsed_s=elapsed_s, best_iteration=last.best_iteration, rows=rows,
         predictions={"valid": _with_fold([f.predictions["valid"] for f in fits]),
                      "test": last.predictions["test"]},
         daily={"valid": _with_fold([f.daily["valid"] for f in fits]), "test": last.daily["test"]},
         lightgbm_version=last.lightgbm_version, params=last.params, n_features=last.n_features,
-        subsampled=_subsampled(per_fold), model_text=last.model_text, folds=per_fold,
+        subsampled=subsampled, model_text=last.model_text, folds=per_fold,
         train_rows=_with_fold([f.train_rows for f in fits if f.train_rows is not None]))
-
-
-def _subsampled(per_fold: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The subsampled folds' figures summed (``folds``: which, 1-based; ``limit`` and ``by``: the
-    last one's); None when no fold was subsampled. Each fold is subsampled alone, to
-    ``baseline.max_rows``, since each fit holds only its own train window."""
-    subs = [(f["fold"], f["subsampled"]) for f in per_fold if f["subsampled"]]
-    if not subs:
-        return None
-    out: dict[str, Any] = {k: sum(s[k] for _, s in subs)
-                           for k in ("dates_kept", "dates_total", "rows_kept", "rows_total")}
-    return {**out, "limit": subs[-1][1]["limit"], "by": subs[-1][1]["by"], "folds": [k for k, _ in subs]}
 
 
 def frame_of(panel: Panel, rows: Design, pred: Any) -> pd.DataFrame:

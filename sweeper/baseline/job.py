@@ -145,7 +145,9 @@ def subsample_line(attr: dict[str, Any]) -> str | None:
             f"{sub['rows_total']} rows, {sub['dates_kept']} of {sub['dates_total']} dates")
 
 
-def _args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
+    """The sweep's baseline subprocess: its :class:`~sweeper.baseline.state.ExitCode` (done and
+    failed recorded on the study by the job; the store away left to the sweep to record)."""
     parser = argparse.ArgumentParser(prog="python -m sweeper.baseline.job")
     parser.add_argument("--config", required=True,
                         help="the study's resolved config (a JSON file, - for stdin)")
@@ -154,13 +156,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--host", default="")
     parser.add_argument("--driver", default="")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The sweep's baseline subprocess: its :class:`~sweeper.baseline.state.ExitCode` (done and
-    failed recorded on the study by the job; the store away left to the sweep to record)."""
-    args = _args(argv)
+    args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from sweeper.store import open_storage
 
