@@ -164,19 +164,16 @@ def evict(root: Path, max_bytes: float, keep: str = "") -> list[str]:
     for _used, size, path in sorted(entries, key=lambda e: e[0]):
         if total <= max_bytes:
             break
-        if path.name != keep and _remove(root, path):
-            total -= size
-            removed.append(path.name)
+        if path.name == keep:
+            continue
+        try:
+            with _locked(root, path.name, fcntl.LOCK_EX | fcntl.LOCK_NB):
+                _trash(path)
+        except (BlockingIOError, OSError):
+            continue  # being opened or built right now: next time
+        total -= size
+        removed.append(path.name)
     return removed
-
-
-def _remove(root: Path, entry: Path) -> bool:
-    try:
-        with _locked(root, entry.name, fcntl.LOCK_EX | fcntl.LOCK_NB):
-            _trash(entry)
-    except (BlockingIOError, OSError):
-        return False  # being opened or built right now: next time
-    return True
 
 
 def _trash(entry: Path) -> None:

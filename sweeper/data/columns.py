@@ -79,7 +79,12 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
 
 def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
     if pd.api.types.is_integer_dtype(uniques.dtype) or pd.api.types.is_float_dtype(uniques.dtype):
-        return _yyyymmdd(uniques)
+        # integers such as 20200102 (the usual date form of A-share data) as dates. A number is
+        # never read as nanoseconds since 1970: anything that is not an 8-digit YYYYMMDD fails
+        values = uniques.to_numpy(np.float64)
+        whole = np.isfinite(values) & (values == np.floor(values)) & (values >= 1e7) & (values < 1e8)
+        text = np.where(whole, np.where(whole, values, 0).astype(np.int64).astype(str), "")
+        return pd.DatetimeIndex(pd.to_datetime(pd.Index(text), errors="coerce", format="%Y%m%d"))
     if not _is_text(uniques):
         return pd.DatetimeIndex(pd.to_datetime(uniques, errors="coerce"))
     # ISO first (fast, unambiguous); only what fails gets the slower per-value parser
@@ -88,15 +93,6 @@ def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
     if retry.any():
         parsed[retry] = pd.to_datetime(uniques[retry], errors="coerce", format="mixed")
     return pd.DatetimeIndex(parsed)
-
-
-def _yyyymmdd(uniques: pd.Index) -> pd.DatetimeIndex:
-    """Integers such as 20200102 (the usual date form of A-share data) as dates. A number is
-    never read as nanoseconds since 1970: anything that is not an 8-digit YYYYMMDD fails."""
-    values = uniques.to_numpy(np.float64)
-    whole = np.isfinite(values) & (values == np.floor(values)) & (values >= 1e7) & (values < 1e8)
-    text = np.where(whole, np.where(whole, values, 0).astype(np.int64).astype(str), "")
-    return pd.DatetimeIndex(pd.to_datetime(pd.Index(text), errors="coerce", format="%Y%m%d"))
 
 
 def _is_text(values: object) -> bool:
