@@ -72,22 +72,18 @@ def read_nvml() -> NvmlProbe:
 
 def _read_gpu(nvml: Any, index: int) -> GPU:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    total, free, used = _memory_mb(nvml, handle)
+    # v2 counts the driver's reserved memory apart from "used", so an idle GPU reads ~0 used
+    try:
+        mem = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+    except (AttributeError, TypeError, nvml.NVMLError):
+        mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+    total, free, used = (int(v) // _MIB for v in (mem.total, mem.free, mem.used))
     capability = _optional(lambda: tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle)), None, nvml)
     return GPU(index=index, uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
                name=_text(nvml.nvmlDeviceGetName(handle)), total_mb=total, free_mb=free, used_mb=used,
                util=_optional(lambda: int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu), None, nvml),
                processes=_optional(lambda: _processes(nvml, handle), [], nvml),
                bf16=None if capability is None else capability >= (8, 0), capability=capability)
-
-
-def _memory_mb(nvml: Any, handle: Any) -> tuple[int, int, int]:
-    # v2 counts the driver's reserved memory apart from "used", so an idle GPU reads ~0 used
-    try:
-        mem = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
-    except (AttributeError, TypeError, nvml.NVMLError):
-        mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-    return int(mem.total) // _MIB, int(mem.free) // _MIB, int(mem.used) // _MIB
 
 
 def _processes(nvml: Any, handle: Any) -> list[GpuProcess]:

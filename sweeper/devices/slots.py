@@ -140,18 +140,14 @@ def _select(found: NvmlProbe, wanted: list[int | str]) -> list[GPU]:
             gpu = next((g for g in found.gpus if g.uuid.lower() == key), None)
         if gpu is None:
             what = f"with index {item}" if text.isdigit() else f"with UUID {item!r}"
-            raise DeviceError(f"devices.gpus: no GPU {what}; {_available(found)}")
+            why = f" ({found.error})" if found.error else ""
+            listing = ", ".join(f"{g.index}: {g.name} {g.uuid}" for g in found.gpus)
+            raise DeviceError(f"devices.gpus: no GPU {what}; " + (
+                f"available: {listing}" if found.gpus
+                else f"no GPU was found{why}; use devices.gpus: auto or none to run on the CPU"))
         if gpu not in chosen:  # the same GPU by index and by UUID is still one GPU
             chosen.append(gpu)
     return chosen
-
-
-def _available(found: NvmlProbe) -> str:
-    if not found.gpus:
-        why = f" ({found.error})" if found.error else ""
-        return f"no GPU was found{why}; use devices.gpus: auto or none to run on the CPU"
-    listing = ", ".join(f"{g.index}: {g.name} {g.uuid}" for g in found.gpus)
-    return f"available: {listing}"
 
 
 def _skip_busy(gpus: list[GPU], busy_memory_mb: int) -> list[GPU]:
