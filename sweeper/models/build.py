@@ -77,13 +77,8 @@ def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Mo
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.name {model_cfg.name!r}: expected a torch.nn.Module, "
                           f"got {type(model).__name__}")
-    _check_output_shape(model, model_cfg.name, n_features, lookback)
-    return model
-
-
-def _check_output_shape(model: nn.Module, name: str, n_features: int, lookback: int) -> None:
     # a [B, 1] output would silently broadcast against [B] labels in the loss: catch it now
-    was_training = model.training
+    name, was_training = model_cfg.name, model.training
     model.eval()
     try:
         with torch.no_grad():
@@ -97,3 +92,4 @@ def _check_output_shape(model: nn.Module, name: str, n_features: int, lookback: 
     if shape != (2,):
         raise ConfigError(f"model.name {name!r}: forward(x[B, {lookback}, {n_features}]) must return "
                           f"a tensor of shape [B]; got {shape} for B=2")
+    return model

@@ -164,15 +164,6 @@ def stack_plan_line(model: ModelConfig, n_features: int, lookback: int) -> str:
     return f"model.name {model.name!r}: not known (the check {_how(code)})"
 
 
-def _plan_in_child(section: dict[str, Any], n_features: int, lookback: int) -> str:
-    from sweeper.models.build import build_model
-    from sweeper.models.stacked.build import stack_plan
-
-    cfg = ModelConfig.model_validate(section)
-    members = [build_model(cfg, n_features, lookback) for _ in range(2)]
-    return stack_plan(cfg, members, n_features, lookback)[1]
-
-
 def _how(code: int | None) -> str:
     if code is None:
         return f"did not finish within {CHECK_TIMEOUT_S:g} s"
@@ -189,8 +180,12 @@ def main() -> int:
     answers = sweeper.child.answers()
     request = json.load(sys.stdin)
     if "plan" in request:  # stack_plan_line's question
-        answers.write(json.dumps({"plan": _plan_in_child(request["plan"], request["n_features"],
-                                                         request["lookback"])}) + "\n")
+        from sweeper.models.build import build_model
+        from sweeper.models.stacked.build import stack_plan
+
+        cfg, shape = ModelConfig.model_validate(request["plan"]), (request["n_features"], request["lookback"])
+        members = [build_model(cfg, *shape) for _ in range(2)]
+        answers.write(json.dumps({"plan": stack_plan(cfg, members, *shape)[1]}) + "\n")
         return 0
     for raw in request["jobs"]:
         job = Job(**raw)

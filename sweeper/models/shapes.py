@@ -17,18 +17,13 @@ MAX_SHAPES = 64  # each custom shape is a constructor call and a forward pass in
 SHOWN = 8  # invalid shapes named in the warning; the rest are counted
 
 
-def shape_keys(cfg: C.SweeperConfig) -> list[str]:
-    """The categorical ``model.*`` search-space keys, except lists of fractions (a dropout rate builds
-    like any other)."""
-    return [key for key, spec in cfg.search_space.items()
-            if key.startswith("model.") and spec.type == "categorical"
-            and not all(isinstance(c, float) and not c.is_integer() for c in spec.choices or [])]
-
-
 def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[dict[str, Any]] | None:
     """Every distinct set of model choices a trial can sample, in file order (keys whose ``when``
     fails left out, as :func:`sweeper.study.space.suggest` does); None for more than ``limit``."""
-    keys = shape_keys(cfg)
+    # the categorical model.* keys, except lists of fractions (a dropout rate builds like any other)
+    keys = [key for key, spec in cfg.search_space.items()
+            if key.startswith("model.") and spec.type == "categorical"
+            and not all(isinstance(c, float) and not c.is_integer() for c in spec.choices or [])]
     choices = [cfg.search_space[k].choices or [] for k in keys]
     total = 1
     for c in choices:
