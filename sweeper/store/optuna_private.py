@@ -82,11 +82,6 @@ def running_without_heartbeat(storage: optuna.storages.BaseStorage, study_id: in
     return [trial for trial, age in heartbeat_ages(storage, study_id).items() if age is None]
 
 
-class _TrialsQueryFallbackNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Caught an error from sqlalchemy")
-
-
 def quiet_trials_query_fallback() -> None:
     """Silence the warning RDBStorage._get_trials logs (the whole failed SQL, then
     "Falling back to a slower alternative") when its trials query fails and it
@@ -94,4 +89,5 @@ def quiet_trials_query_fallback() -> None:
     store outage, which the outage policy already reports in one line and retries;
     the dump would bury that line. The logger is named after Optuna's private
     module, hence here."""
-    logging.getLogger("optuna.storages._rdb.storage").addFilter(_TrialsQueryFallbackNoise())
+    logging.getLogger("optuna.storages._rdb.storage").addFilter(
+        lambda record: not record.getMessage().startswith("Caught an error from sqlalchemy"))

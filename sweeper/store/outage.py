@@ -74,10 +74,9 @@ def _aftermath_of(err: BaseException) -> BaseException | None:
 
 
 def _transient_here(err: BaseException) -> bool:
-    if isinstance(err, sqlalchemy.exc.DisconnectionError):
+    # a timeout: the pool had no free connection in time (all checked out while the store was away)
+    if isinstance(err, (sqlalchemy.exc.DisconnectionError, sqlalchemy.exc.TimeoutError)):
         return True
-    if isinstance(err, sqlalchemy.exc.TimeoutError):
-        return True  # the pool had no free connection in time (all checked out while the store was away)
     if isinstance(err, sqlalchemy.exc.DBAPIError) and err.connection_invalidated:
         return True  # SQLAlchemy recognised a lost connection (closed, reset, admin shutdown)
     if isinstance(err, sqlite3.OperationalError):
