@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from sweeper.inspect.figures_base import LAYOUT, STATE_COLORS, StudyData, empty
 from sweeper.store.studies import scored
@@ -84,9 +84,13 @@ def curves_figure(data: StudyData) -> go.Figure:
         trials = [t for t in data.trials if t.state == state and t.intermediate_values]
         if not trials:
             continue
-        xs, ys, ids = _gapped_curves(trials)
+        steps = [sorted(t.intermediate_values) for t in trials]
+        xs = [x for s in steps for x in (*s, np.nan)]
+        ys = [y for t, s in zip(trials, steps) for y in (*(t.intermediate_values[k] for k in s), np.nan)]
+        ids = [i for t, s in zip(trials, steps) for i in (*[t.number] * len(s), np.nan)]
         counts[state.name] = len(trials)
-        traces.append(go.Scatter(x=xs, y=ys, customdata=ids, mode="lines",
+        traces.append(go.Scatter(x=np.array(xs, dtype=np.float64), y=np.array(ys, dtype=np.float64),
+                                 customdata=np.array(ids, dtype=np.float64), mode="lines",
                                  name=f"{state.name.lower()} ({len(trials)})",
                                  line={"width": 1, "color": STATE_COLORS.get(state.name)}, opacity=0.6,
                                  hovertemplate="trial %{customdata}<br>epoch %{x}: %{y:.4f}<extra></extra>"))
@@ -94,12 +98,3 @@ def curves_figure(data: StudyData) -> go.Figure:
                                            xaxis_title="epoch", yaxis_title=data.metric,
                                            meta={"trials_by_state": counts})
 
-
-def _gapped_curves(trials: list[FrozenTrial]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Epochs, values and trial numbers of ``trials``' curves end to end, each curve
-    followed by one NaN point."""
-    steps = [sorted(t.intermediate_values) for t in trials]
-    xs = [x for s in steps for x in (*s, np.nan)]
-    ys = [y for t, s in zip(trials, steps) for y in (*(t.intermediate_values[k] for k in s), np.nan)]
-    ids = [i for t, s in zip(trials, steps) for i in (*[t.number] * len(s), np.nan)]
-    return np.array(xs, dtype=np.float64), np.array(ys, dtype=np.float64), np.array(ids, dtype=np.float64)
