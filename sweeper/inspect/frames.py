@@ -21,11 +21,9 @@ import pandas as pd
 from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig
-from sweeper.inspect.trials import top_trials, trial_config
+from sweeper.inspect.trials import trial_config
 from sweeper.store.layout import trial_files
 from sweeper.store.run_folder import files_folder
-
-__all__ = ["TrialFrames", "top_trials", "trial_config"]
 
 if TYPE_CHECKING:
     from sweeper.inspect.trial_model import Predictor

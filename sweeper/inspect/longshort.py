@@ -16,7 +16,8 @@ from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig
 from sweeper.errors import SweeperError
-from sweeper.inspect.frames import TrialFrames, top_trials
+from sweeper.inspect.frames import TrialFrames
+from sweeper.inspect.trials import top_trials
 from sweeper.plain import plain
 from sweeper.quant.ensemble import ensemble
 from sweeper.quant.ic import ic_report
