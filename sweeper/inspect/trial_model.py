@@ -50,12 +50,11 @@ def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None =
     if weights_removed(trial, files):
         raise DataError(f"{path}: trial {trial.number}'s weights were removed by study.keep; retrain it "
                         f"with its params as a new trial: {retrain_command(trial, study_file)}")
-    never = no_model(trial)
-    if never is not None and not path.exists():
-        raise DataError(f"{path}: missing; trial {trial.number} has no model: {never}; "
-                        "predict a trial that finished its folds")
     if not path.exists():
-        raise DataError(f"{path}: missing; trial {trial.number} is {trial.state.name} and wrote no weights")
+        never = no_model(trial)
+        raise DataError(f"{path}: missing; trial {trial.number} " + (
+            f"is {trial.state.name} and wrote no weights" if never is None
+            else f"has no model: {never}; predict a trial that finished its folds"))
     return _state_dict(path)
 
 
@@ -153,10 +152,8 @@ class Predictor:
             raise DataError(f"{used.weights}: missing beside its refit.json; run `sweeper refit` again")
         first = _state_dict(used.weights) if refit else load_weights(files, trial, self.study_file)
         members = [first, *(_state_dict(p) for p in used.other_members())]
-        if data is None:
-            panel = self.own_panel(tcfg)
-        else:
-            panel = self._new_panel(tcfg, used.norm_stats, trial, Path(data))
+        panel = (self.own_panel(tcfg) if data is None
+                 else self._new_panel(tcfg, used.norm_stats, trial, Path(data)))
         panel, name = restrict(panel, split, start, end)
         if len(panel.sample_index(name)) == 0:
             raise DataError(no_rows(panel, split, name, trial.number, tcfg.data.lookback, (start, end)))
