@@ -42,8 +42,7 @@ def ic_time_figure(data: StudyData) -> go.Figure:
     if data.best is None:
         return empty("no complete trial yet")
     panels = {"best": daily_frames(trial_files(data.run_dir, data.best.number))}
-    baseline = daily_frames(baseline_files(data.run_dir))
-    if baseline:
+    if baseline := daily_frames(baseline_files(data.run_dir)):
         panels["baseline"] = baseline
     if not panels["best"]:
         return empty(f"trial {data.best.number} has no daily IC files in {data.run_dir / 'trials'}")
