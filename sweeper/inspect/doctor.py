@@ -50,11 +50,8 @@ def _gpu_rows(gpu: GPU) -> list[tuple[str, str]]:
     tag = f"GPU {gpu.index}"
     procs = ", ".join(f"pid {p['pid']}" + (f" ({p['used_mb']} MB)" if p.get("used_mb") is not None else "")
                       for p in gpu.processes)
-    if gpu.bf16 is None:
-        bf16 = "unknown"
-    else:
-        cc = f" (compute capability {gpu.capability[0]}.{gpu.capability[1]})" if gpu.capability else ""
-        bf16 = ("yes" if gpu.bf16 else "no, fp16 autocast only") + cc
+    cc = f" (compute capability {gpu.capability[0]}.{gpu.capability[1]})" if gpu.capability else ""
+    bf16 = "unknown" if gpu.bf16 is None else ("yes" if gpu.bf16 else "no, fp16 autocast only") + cc
     return [(tag, f"{gpu.name} {gpu.uuid}"),
             (f"{tag} memory", f"{gpu.free_mb} MB free of {gpu.total_mb} MB ({gpu.used_mb} MB used)"),
             (f"{tag} utilisation", "n/a" if gpu.util is None else f"{gpu.util}%"),
