@@ -91,11 +91,9 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
                      horizons: dict[int, int] | int, daily: dict[int, pd.Series],
                      ) -> dict[str, int | float | str | None] | None:
     """:func:`sweeper.quant.selection.selection_summary` of the trials' ``daily`` validation ICs
-    (:func:`valid_daily_ics`): n_trials, expected_max_null_ic, best_val_ic, deflated_ic, dsr,
-    p_fluke, pbo, with the Newey-West lag of each trial's label ``horizons``. Under walk-forward
-    folds (:func:`~sweeper.validation.contract.folded`) the standard errors come from each trial's
-    ``fold_val_ic`` and PBO's blocks follow the best trial's ``fold`` column. None when the best trial has no
-    daily IC file (e.g. its run folder is elsewhere)."""
+    (:func:`valid_daily_ics`) and label ``horizons``; under walk-forward folds, of their ``fold_val_ic``
+    and the best trial's ``fold`` column too. None when the best trial has no daily IC file (e.g. its
+    run folder is elsewhere)."""
     from sweeper.quant.selection import selection_summary
 
     if best.number not in daily:
