@@ -69,8 +69,7 @@ def _per_fold(column: pd.Series) -> dict[str, pd.Series]:
 
 
 def _one_type(column: pd.Series) -> pd.Series:
-    values = [v for v in column if not _missing(v)]
-    kinds = {_kind(v) for v in values}
+    kinds = {_kind(v) for v in column if not _missing(v)}
     if len(kinds) <= 1 and kinds <= {"number", "string", "bool"}:
         return column
     return pd.Series([None if _missing(v) else json.dumps(v, default=str) for v in column],
