@@ -35,8 +35,7 @@ def ic_by_month(daily: pd.DataFrame, col: str = "ic") -> pd.DataFrame:
     (ascending), columns 1..12, NaN for a month without one."""
     values = _dated(daily, col)
     days = pd.DatetimeIndex(values.index)
-    table = values.groupby([days.year, days.month]).mean().unstack()
-    table = table.reindex(columns=range(1, 13))
+    table = values.groupby([days.year, days.month]).mean().unstack().reindex(columns=range(1, 13))
     table.index.name, table.columns.name = "year", "month"
     return table.astype(np.float64)
 
