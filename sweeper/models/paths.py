@@ -56,7 +56,8 @@ def import_model_module(module_name: str) -> ModuleType:
     spec = importlib.machinery.PathFinder.find_spec(top, folders)
     if spec is None:
         return importlib.import_module(module_name)
-    where = _spec_file(spec)
+    where = spec.origin if spec.has_location else next(iter(spec.submodule_search_locations or []), "")
+    where = os.path.realpath(where or "")
     cached = sys.modules.get(top)
     if cached is not None and _module_file(cached) != where:
         if _LOADED.get(top) != _module_file(cached):
@@ -78,11 +79,6 @@ def _put_first(folders: list[str]) -> None:
             sys.path.remove(folder)
     _ADDED[:] = folders
     sys.path[:0] = folders
-
-
-def _spec_file(spec: importlib.machinery.ModuleSpec) -> str:
-    where = spec.origin if spec.has_location else next(iter(spec.submodule_search_locations or []), "")
-    return os.path.realpath(where or "")
 
 
 def _module_file(module: ModuleType) -> str | None:

@@ -157,22 +157,16 @@ class StackedEncoder(nn.Module):
         self.norm = norm
 
 
-def _member_generators(module: nn.Module) -> list[torch.Generator]:
-    """The distinct per-member dropout generators inside ``module`` (none until seeded)."""
-    found: dict[int, torch.Generator] = {}
-    for m in module.modules():
-        if isinstance(m, MemberDropout) and m.any and m.generators is not None:
-            found.update((id(g), g) for g in m.generators)
-    return list(found.values())
-
-
 def _replaying(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """``layer`` wrapped so that checkpoint's recomputation draws the same dropout masks.
 
     checkpoint restores the global generators for the recomputation, not the members' own
     ones: without this the recomputed masks differ from the forward's (wrong gradients) and
     every member generator advances twice per step (masks that depend on checkpointing)."""
-    generators = _member_generators(layer)
+    # the distinct per-member dropout generators inside the layer (none until seeded)
+    generators = list({id(g): g for m in layer.modules()
+                       if isinstance(m, MemberDropout) and m.any and m.generators is not None
+                       for g in m.generators}.values())
     before = [g.get_state() for g in generators]
     calls = 0
 
