@@ -24,7 +24,10 @@ from sweeper.config.schema import StudyConfig, SweeperConfig
 def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
     """``cfg`` with its relative paths taken from the study file's folder (or, for a study made
     before the rule and found only where it was, from the current folder, with a notice)."""
-    root = folder_of(study_file)
+    # the study file's folder: '' for the current folder, relative below it, else absolute
+    folder = os.path.dirname(os.path.abspath(study_file))
+    rel = os.path.relpath(folder)
+    root = "" if rel == "." else folder if rel.split(os.sep)[0] == ".." else rel
     if moves := _old_places(cfg.study, root):
         where, how = ", ".join(old for old, _ in moves), " and ".join(f"{a} to {b}" for a, b in moves)
         print(f"sweeper: study {cfg.study.name!r} is used where an older sweeper put it, relative to the "
@@ -40,13 +43,6 @@ def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
         "storage": cfg.study.storage and sqlite_at(cfg.study.storage, root),
         "artifacts": cfg.study.artifacts and _folder_at(cfg.study.artifacts, root), "warm_start": warm})
     return cfg.model_copy(update={"data": data, "study": study.located(root)})
-
-
-def folder_of(study_file: str | Path) -> str:
-    """The study file's folder: '' for the current folder, relative below it, else absolute."""
-    folder = os.path.dirname(os.path.abspath(study_file))
-    rel = os.path.relpath(folder)
-    return "" if rel == "." else folder if rel.split(os.sep)[0] == ".." else rel
 
 
 def sqlite_path(url: str) -> Path | None:
