@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from sweeper import __version__
-from sweeper.errors import SweeperError
+from sweeper.errors import DiskFull, StopRequested, StorageOutage, SweeperError
 
 
 class UserError(click.ClickException):
@@ -36,8 +36,6 @@ class SweeperGroup(click.Group):
     resume line for a sweep). A sweep that ran its loop carries its own code (SweepResult.exit_code)."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from sweeper.errors import DiskFull, StorageOutage
-
         _freeze_at_exit()
         # SIGTERM ends a command the way Ctrl-C does; a sweep takes both over while it runs
         previous = signal.signal(signal.SIGTERM, _terminated)
@@ -68,27 +66,15 @@ def _freeze_at_exit() -> None:
 
 
 def _terminated(signum: int, _frame: FrameType | None) -> None:
-    from sweeper.errors import StopRequested
-
     raise StopRequested(signum)
 
 
-def study_file(fn: Callable) -> Callable:
-    return click.argument("study", type=click.Path(dir_okay=False, path_type=Path))(fn)
-
-
-def storage_option(fn: Callable) -> Callable:
-    return click.option("--storage", default=None, metavar="URL",
-                        help="SQLAlchemy URL overriding study.storage.")(fn)
-
-
-def sets_option(fn: Callable) -> Callable:
-    return click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                        help="Override a config key by dotted name (repeatable), e.g. train.lr=3e-4.")(fn)
-
-
-def json_option(fn: Callable) -> Callable:
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(fn)
+study_file = click.argument("study", type=click.Path(dir_okay=False, path_type=Path))
+storage_option = click.option("--storage", default=None, metavar="URL",
+                              help="SQLAlchemy URL overriding study.storage.")
+sets_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                           help="Override a config key by dotted name (repeatable), e.g. train.lr=3e-4.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 
 
 def _echo_json(obj: Any) -> None:
