@@ -101,10 +101,6 @@ class RunGrid:
             for seed in range(self.repeats):
                 yield fold, seed
 
-    @property
-    def last(self) -> tuple[int, int]:
-        return self.folds - 1, self.repeats - 1
-
     def step(self, fold: int, seed: int, epoch: int) -> int:
         """The intermediate value's step of a run's epoch: ``stack * epochs + epoch``, where ``stack`` is
         the index of the run's stack (one value per epoch per stack: the mean over its members); with one

@@ -15,7 +15,6 @@ and epoch) or when ``train.max_minutes``, counted from the trial's start, runs o
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -210,38 +209,34 @@ def train_population(panel: Panel, trainers: Sequence[Trainer]) -> list[TrialRun
     every trial steps, reports and is pruned as it would alone. A trial cut short (pruned, out of
     time) or failed (``TrialRuns.failure``) leaves the population; the others go on."""
     trainers = [pin_eval_batch(panel, pin_stack_size(panel, t)[0]) for t in trainers]
-    outs = [_trial_runs(panel, t) for t in trainers]
+    outs = []
+    for trainer in trainers:
+        grid, folds = RunGrid.of(trainer.cfg), fold_layout(panel, trainer.cfg)
+        outs.append(TrialRuns(grid, folds, fold_spans(panel, folds) if grid.folded else []))
     live = list(range(len(trainers)))
     panels: dict[int, Panel] = {}
     for index, _ in enumerate(outs[0].grid.stacks()):  # one shape: every trial's grid is the same
         parts = []
         for t in list(live):
             todo = _unfinished(trainers[t], outs[t], outs[t].grid.stacks()[index])
-            if todo and outs[t].runs and time.monotonic() > _deadline(trainers[t]):
+            minutes = trainers[t].cfg.train.max_minutes
+            if todo and outs[t].runs and minutes and time.monotonic() > trainers[t].started + minutes * 60:
                 # no run starts past the budget (its one step would score nothing); the first
                 # always starts, so a trial is never without a score
                 outs[t].cut_short = StopReason.TIME
                 live.remove(t)
             elif todo:
                 parts.append((t, todo))
+        for fold in dict.fromkeys(f for _, todo in parts for f, _ in todo):
+            if fold not in panels:
+                panels[fold] = _fold_panel(trainers[0], panel, outs[0].folds[fold])
+                trainers[0].hook.tick()  # building a fold's panel is progress, for the stall watchdog
         if parts:
-            _fold_panels(trainers[0], panel, outs[0].folds, parts, panels)
-            for t in _train_stack([(trainers[t], outs[t], todo) for t, todo in parts], panels, index):
+            for t in _train_stack([(trainers[t], outs[t], todo) for t, todo in parts], panels):
                 live.remove(parts[t][0])
     for t in live:
         _ensemble(trainers[t], outs[t])
     return outs
-
-
-def _trial_runs(panel: Panel, trainer: Trainer) -> TrialRuns:
-    cfg, grid = trainer.cfg, RunGrid.of(trainer.cfg)
-    folds = fold_layout(panel, cfg)
-    return TrialRuns(grid, folds, fold_spans(panel, folds) if grid.folded else [])
-
-
-def _deadline(trainer: Trainer) -> float:
-    minutes = trainer.cfg.train.max_minutes
-    return trainer.started + minutes * 60 if minutes else math.inf
 
 
 def _unfinished(trainer: Trainer, out: TrialRuns, cells: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -256,15 +251,6 @@ def _unfinished(trainer: Trainer, out: TrialRuns, cells: list[tuple[int, int]]) 
         if out.grid.ensemble and out.grid.is_model(fold, seed):
             out.members[seed] = store.member_frames(fold, seed)
     return todo
-
-
-def _fold_panels(trainer: Trainer, panel: Panel, folds: list[Fold],
-                 parts: list[tuple[int, list[tuple[int, int]]]], panels: dict[int, Panel]) -> None:
-    for _, todo in parts:
-        for fold, _ in todo:
-            if fold not in panels:
-                panels[fold] = _fold_panel(trainer, panel, folds[fold])
-                trainer.hook.tick()  # building a fold's panel is progress, for the stall watchdog
 
 
 def _ensemble(trainer: Trainer, out: TrialRuns) -> None:
@@ -291,8 +277,8 @@ def _fold_panel(trainer: Trainer, panel: Panel, fold: Fold) -> Panel:
 Part = tuple[Trainer, TrialRuns, list[tuple[int, int]]]  # a trial's runs in one stack
 
 
-def _train_stack(parts: list[Part], panels: dict[int, Panel], index: int) -> list[int]:
-    """The runs of ``parts`` (each trial's runs in the stack ``index``) trained as one stack
+def _train_stack(parts: list[Part], panels: dict[int, Panel]) -> list[int]:
+    """The runs of ``parts`` (each trial's runs in the same stack of its grid) trained as one stack
     (:func:`sweeper.core.train_stack`; one run is a stack of one); each is then kept as its own run,
     a trial pruned while the others train on as soon as it is (:func:`_settle`). Returns the parts
     whose trial ends here: cut short (pruned, out of time) or failed."""
@@ -333,7 +319,7 @@ def _settle(part: Part, panels: dict[int, Panel], results: list[TrainResult], al
     runs = [_keep(trainer, out, panels[fold], fold, seed, seeded(trainer.cfg, seed), result, alone)
             for (fold, seed), result in zip(cells, results)]
     cut = next((r.stop_reason for r in runs if r.stop_reason in CUT_SHORT), None)
-    if cut is not None and cells[-1] != out.grid.last:  # the trial's later runs are not run
+    if cut is not None and cells[-1] != (out.grid.folds - 1, out.grid.repeats - 1):  # later runs are not run
         out.cut_short = StopReason(cut)
     if early:
         if out.cut_short is None:
