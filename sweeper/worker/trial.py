@@ -99,27 +99,22 @@ class TrialRunner:
             self._train(opened, started)
             # still beating: recording results must not look like a dead host to the others
             ok = [self._end(o) if o.ended is None else o.ended for o in opened]
-        _release_device_memory()
+        # the allocator's cached blocks go back: an idle worker must not hold memory that trials packed
+        # on its GPU need
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
         return all(ok)
 
     def _end(self, o: _Open) -> bool:
         """Record trial ``o``'s outcome (none: another driver took it); whether the worker may go on."""
-        o.ended = self._taken(o.trial, o.number) if o.outcome is None else self._finish(o)
+        o.ended = self._taken(o) if o.outcome is None else self._finish(o)
         return o.ended
 
     def _open(self, trial_id: int, number: int) -> _Open:
         files = trial_files(self.run_dir, number)
         files.folder.mkdir(parents=True, exist_ok=True)
-        log = _TrialLog(files.log)
-        return _Open(optuna.Trial(self.study, trial_id), self.storage.get_trial(trial_id), files, log,
-                     _warner(number, log))
-
-    def _keep(self, warn: Callable[[str], None]) -> None:
-        """study.keep, as each trial finishes: here in the worker, off the driver's dispatch path."""
-        try:
-            retention.collect(self.study, self.cfg, self.run_dir, warn=warn)
-        except Exception as exc:  # noqa: BLE001 - the trial is recorded; a clean-up left over is gc's
-            warn(f"study.keep clean-up skipped ({one_line(exc)}); `sweeper gc` applies it later")
+        return _Open(optuna.Trial(self.study, trial_id), self.storage.get_trial(trial_id), files,
+                     _TrialLog(files.log))
 
     def _stamp(self, trial: optuna.Trial, memory_limit_mb: float | None, population: list[int]) -> None:
         # host, driver_id and driver_pid were written by the driver's claim, under its lock
@@ -149,20 +144,23 @@ class TrialRunner:
             outs = train_population(self.panels.load(ready[0][1].cfg.data), [t for _, t in ready])
         except BaseException as exc:  # noqa: BLE001 - a trial may fail any way; the worker must report it
             for o, _ in ready:  # the stack's error (Ctrl-C, out of memory, a crash) is every trial's left
-                if o.ended is None and not self._finished_elsewhere(o, exc):
-                    o.outcome = _failed(_stack_error(exc, o.files.folder), o.log)
+                if o.ended is None and (error := self._stack_error(o, exc)) is not None:
+                    o.outcome = _failed(error, o.log)
             return
         for (o, trainer), out in zip(ready, outs):
             if o.ended is None:  # (a trial pruned while the others trained on has ended already)
                 self._attempt(o, functools.partial(self._judge, o, trainer, out))
 
-    def _finished_elsewhere(self, o: _Open, exc: BaseException) -> bool:
-        """Whether the stack stopped because another driver finished trials of it (it judged their
-        heartbeat stale): those are taken (no outcome of ours); the others of a population fail as
-        interrupted, the stack having stopped under them, and a retry continues each."""
+    def _stack_error(self, o: _Open, exc: BaseException) -> BaseException | None:
+        """What trial ``o`` fails with when its stack stopped: the stack's error (a full disk said so);
+        where another driver finished trials of it (it judged their heartbeat stale), None for those
+        (taken: no outcome of ours) and an interruption for the others of the population, the stack
+        having stopped under them (a retry continues each)."""
         if not isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
-            return False
-        return self.storage.get_trial(o.trial_id).state.is_finished()
+            return as_disk_full(exc, o.files.folder) or exc
+        if self.storage.get_trial(o.trial_id).state.is_finished():
+            return None
+        return Interrupted(f"its population's stack stopped: another driver finished a trial of it ({exc})")
 
     def _ended_early(self, o: _Open, trainer: Trainer, out: TrialRuns) -> None:
         """A trial pruned while the rest of its population trains on: recorded now, so that the
@@ -225,32 +223,36 @@ class TrialRunner:
 
     def _finish(self, o: _Open) -> bool:
         assert o.outcome is not None
-        trial, number, files, warn = o.trial, o.number, o.files, o.warn
         state, value, attrs = o.outcome
         stored = {key: plain(val) for key, val in attrs.items()}
-        if not end_trial(self.study, trial, state, stored, value,
-                         recorded=lambda: self._register_artifacts(trial, files, warn)):
-            return self._taken(trial, number)
-        self._keep(warn)  # before END: the driver may stop an idle worker the moment it hears it
-        protocol.emit(protocol.END, number=number, state=state.name, value=value,
+        if not end_trial(self.study, o.trial, state, stored, value,
+                         recorded=lambda: self._register_artifacts(o)):
+            return self._taken(o)
+        # study.keep, as each trial finishes: here in the worker, off the driver's dispatch path; before
+        # END, since the driver may stop an idle worker the moment it hears it
+        try:
+            retention.collect(self.study, self.cfg, self.run_dir, warn=o.warn)
+        except Exception as exc:  # noqa: BLE001 - the trial is recorded; a clean-up left over is gc's
+            o.warn(f"study.keep clean-up skipped ({one_line(exc)}); `sweeper gc` applies it later")
+        protocol.emit(protocol.END, number=o.number, state=state.name, value=value,
                       reason=attrs.get("fail_reason"), metrics=stored)
         return state != TrialState.FAIL
 
-    def _taken(self, trial: optuna.Trial, number: int) -> bool:
+    def _taken(self, o: _Open) -> bool:
         """Another driver finished this trial first (it judged the heartbeat stale):
         the stored outcome stands, and this process is replaced to start clean."""
-        stored = self.storage.get_trial(private.trial_id(trial))
+        stored = self.storage.get_trial(o.trial_id)
         reason = stored.user_attrs.get("fail_reason")
-        print(f"trial {number} was already finished as {stored.state.name} ({reason}) by another driver; "
+        print(f"trial {o.number} was already finished as {stored.state.name} ({reason}) by another driver; "
               "its result here is dropped", flush=True)
-        protocol.emit(protocol.END, number=number, state=stored.state.name, value=None, reason=reason,
+        protocol.emit(protocol.END, number=o.number, state=stored.state.name, value=None, reason=reason,
                       metrics={})
         return False
 
-    def _register_artifacts(self, trial: optuna.Trial, files: TrialFiles,
-                            warn: Callable[[str], None]) -> None:
+    def _register_artifacts(self, o: _Open) -> None:
         from optuna.artifacts import upload_artifact
 
+        trial, files = o.trial, o.files
         failed, first = [], None  # one line however many files fail, with the first error
         for name in (*ARTIFACTS, *(p.name for p in files.other_members())):  # a seed ensemble's too
             path = files.folder / name
@@ -261,8 +263,8 @@ class TrialRunner:
                     failed.append(name)
                     first = first or one_line(exc)
         if failed:
-            warn(f"artifact upload failed for {', '.join(failed)} ({first}); "
-                 f"the files stay in {files.folder}")
+            o.warn(f"artifact upload failed for {', '.join(failed)} ({first}); "
+                   f"the files stay in {files.folder}")
 
 
 @dataclass
@@ -273,7 +275,6 @@ class _Open:
     frozen: FrozenTrial
     files: TrialFiles
     log: _TrialLog
-    warn: Callable[[str], None]
     hook: OptunaHook | None = None
     outcome: tuple[TrialState, float | None, dict[str, Any]] | None = None  # None: another driver took it
     ended: bool | None = None  # recorded: whether the worker may go on (None: not yet)
@@ -285,6 +286,12 @@ class _Open:
     @property
     def trial_id(self) -> int:
         return private.trial_id(self.trial)
+
+    def warn(self, text: str) -> None:
+        """One line about a problem that does not end the trial: in the trial's log and the
+        slot log, and to the driver, which shows it."""
+        self.log(f"warning: {text}")
+        protocol.emit(protocol.WARN, number=self.number, text=f"trial {self.number}: {text}")
 
 
 def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: float,
@@ -307,14 +314,6 @@ def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: fl
     return TrialState.COMPLETE, value, attrs
 
 
-def _stack_error(exc: BaseException, folder: Path) -> BaseException:
-    """What a trial whose stack stopped fails with: the stack's error (a full disk said so), or, where
-    another driver finished a trial of its population, an interruption (a retry continues it)."""
-    if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
-        return Interrupted(f"its population's stack stopped: another driver finished a trial of it ({exc})")
-    return as_disk_full(exc, folder) or exc
-
-
 def _failed(exc: BaseException, log: _TrialLog) -> tuple[TrialState, None, dict[str, Any]]:
     """How a trial that raised ends: FAIL with its fail_reason, except a config the model
     cannot take, which is PRUNED (see below)."""
@@ -331,22 +330,6 @@ def _failed(exc: BaseException, log: _TrialLog) -> tuple[TrialState, None, dict[
         return TrialState.PRUNED, None, fail_attrs(FailReason.CONFIG, message)
     reason = exc.reason if isinstance(exc, TrialFailure) else FailReason.CRASH
     return TrialState.FAIL, None, fail_attrs(reason, message)
-
-
-def _warner(number: int, log: _TrialLog) -> Callable[[str], None]:
-    """One line about a problem that does not end the trial: in the trial's log and the
-    slot log, and to the driver, which shows it."""
-    def warn(text: str) -> None:
-        log(f"warning: {text}")
-        protocol.emit(protocol.WARN, number=number, text=f"trial {number}: {text}")
-    return warn
-
-
-def _release_device_memory() -> None:
-    """Hand the allocator's cached blocks back after a trial: an idle worker must not hold
-    memory that trials packed on its GPU need."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 class _TrialLog:
