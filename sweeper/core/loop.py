@@ -33,7 +33,7 @@ from sweeper.core.device import TrialMemory, resolve_device, trial_memory
 from sweeper.core.evaluate import Scores, final_scores, split_scores, stacked_predict_rows
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
 from sweeper.core.lanes import Member, build_lane, lane_batch_size
-from sweeper.core.loss import resolve_loss
+from sweeper.core.loss import LOSSES
 from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
 from sweeper.core.precision import Precision, resolve_precision
 from sweeper.core.progress import epoch_line, mean
@@ -163,7 +163,13 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
         say(f"resumed {'the stack ' if len(lanes) > 1 else ''}after epoch {first - 1}")
     else:
         first, plan = 1, plan_stack(step, tc, lane_batch_size(tc, lanes), memory.reader(), date_rows)
-    _say_plan(say, lanes, device, plan, precision)
+    name = lanes[0].cfg.model.name
+    what = name if len(lanes) == 1 else f"a stack of {len(lanes)} {name}"
+    say(f"training {what} on {device}: {sum(lane.batcher.n_samples for lane in lanes)} samples, "
+        f"batch {plan.batch_size} (micro {plan.micro_batch}), {precision.name}, "
+        f"{max(lane.steps_per_epoch for lane in lanes)} steps/epoch")
+    if plan.note:
+        say(plan.note)
     start_peak = memory.start_peak_mb(plan.peak_mem_mb)  # NaN: not known before an epoch measures it
     if not math.isnan(start_peak):
         hook.on_probe(start_peak)
@@ -178,7 +184,7 @@ def stack_step(members: Sequence[Member], device: torch.device,
     """The stack of ``members`` ready to step: their lanes, the stack of their one-member models
     (``models``: others of their config to stack instead), its per-member AdamW, scales and loss."""
     tc = members[0].cfg.train
-    criterion, precision = resolve_loss(tc.loss), resolve_precision(tc.precision, device)
+    criterion, precision = LOSSES[tc.loss], resolve_precision(tc.precision, device)
     built = [build_lane(m, device) for m in members]
     lanes = [lane for lane, _ in built]
     solos = list(models) if models is not None else [solo for _, solo in built]
@@ -192,17 +198,6 @@ def stack_step(members: Sequence[Member], device: torch.device,
     # a compiled module is one (torch.compile returns the module's OptimizedModule)
     forward = cast(torch.nn.Module, torch.compile(stack)) if tc.compile else stack
     return StackStep(stack, forward, flat, optimizer, scaler, precision, criterion, lanes, dropout)
-
-
-def _say_plan(say: Callable[[str], None], lanes: list[Lane], device: torch.device, plan: BatchPlan,
-              precision: Precision) -> None:
-    name = lanes[0].cfg.model.name
-    what = name if len(lanes) == 1 else f"a stack of {len(lanes)} {name}"
-    say(f"training {what} on {device}: {sum(lane.batcher.n_samples for lane in lanes)} samples, "
-        f"batch {plan.batch_size} (micro {plan.micro_batch}), {precision.name}, "
-        f"{max(lane.steps_per_epoch for lane in lanes)} steps/epoch")
-    if plan.note:
-        say(plan.note)
 
 
 def _train_epoch(run: Run, epoch: int, hook: EpochHook, order: str,

@@ -17,7 +17,7 @@ Part = tuple[torch.Tensor, float]  # a micro-batch: its sample pairs [b, 2] and 
 
 
 class Loss(ABC):
-    """One training loss (:func:`resolve_loss`)."""
+    """One training loss (:data:`LOSSES`, by its ``train.loss`` value)."""
 
     name: ClassVar[str]          # its ``train.loss`` value
     whole_dates: ClassVar[bool]  # its micro-batches hold whole dates, so none is smaller than a date
@@ -93,8 +93,3 @@ class DailyIC(Loss):
 
 
 LOSSES: dict[str, Loss] = {loss.name: loss for loss in (MeanSquaredError(), DailyIC())}
-
-
-def resolve_loss(name: str) -> Loss:
-    """The loss of ``train.loss`` (``mse`` or ``ic``, as the config has validated)."""
-    return LOSSES[name]
