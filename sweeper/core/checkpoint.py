@@ -23,7 +23,6 @@ from sweeper.config import SweeperConfig, flatten, to_dict
 from sweeper.config.drift import CHECKPOINT_SECTIONS, differing_keys
 from sweeper.core.batch_plan import BatchPlan
 from sweeper.core.lanes import Lane
-from sweeper.core.progress import Progress
 from sweeper.core.step import StackStep
 from sweeper.errors import ConfigError, StopReason
 
@@ -130,7 +129,9 @@ def restore_stack(state: dict, step: StackStep) -> int:
             step.dropout[k].set_state(saved["dropout"].cpu())  # a generator's state is a CPU tensor
         lane.position, lane.stopped = int(saved["position"]), bool(saved["stopped"])
         lane.reason = StopReason(saved["reason"]) if saved.get("reason") else None
-        restore_progress(saved, lane.progress, int(state["epoch"]))
+        for key in PROGRESS_KEYS:
+            setattr(lane.progress, key, saved[key])
+        lane.progress.epoch, lane.progress.history = int(state["epoch"]), list(saved["history"])
     return int(state["epoch"])
 
 
@@ -150,12 +151,6 @@ def _from_lone(state: dict, step: StackStep) -> dict:
                        "good": torch.tensor([float(scaler.get("_growth_tracker", 0))])},
             "members": [{"batches": state["rng"]["batches"], "dropout": None,
                          "position": int(state["scheduler"]["last_epoch"]), "stopped": stopped, **progress}]}
-
-
-def restore_progress(state: dict, progress: Progress, epoch: int) -> None:
-    for key in PROGRESS_KEYS:
-        setattr(progress, key, state[key])
-    progress.epoch, progress.history = epoch, list(state["history"])
 
 
 def rng_state(generator: torch.Generator) -> dict:
