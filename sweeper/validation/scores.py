@@ -37,10 +37,14 @@ class TrainingRun:
     stop_reason: str = StopReason.EPOCHS
 
 
+def _by_fold(runs: Sequence[TrainingRun]) -> list[list[TrainingRun]]:
+    """Each fold's runs, in fold order."""
+    return [[r for r in runs if r.fold == f] for f in sorted({r.fold for r in runs})]
+
+
 def fold_scores(runs: Sequence[TrainingRun], key: str) -> list[float]:
     """Per fold (in fold order), the mean over its seeds of ``key``."""
-    folds = sorted({r.fold for r in runs})
-    return [_mean([_num(r.metrics.get(key)) for r in runs if r.fold == f]) for f in folds]
+    return [_mean([_num(r.metrics.get(key)) for r in fold]) for fold in _by_fold(runs)]
 
 
 def standard_error(runs: Sequence[TrainingRun], key: str) -> float:
@@ -68,20 +72,8 @@ def objective(runs: Sequence[TrainingRun], cfg: SweeperConfig,
 
 def seed_sd(runs: Sequence[TrainingRun], key: str = "val_ic") -> float:
     """Mean over folds of the std (ddof=1) of the seed scores in the fold (folds with >= 2 seeds)."""
-    sds = []
-    for f in sorted({r.fold for r in runs}):
-        values = [_num(r.metrics.get(key)) for r in runs if r.fold == f]
-        if len(values) >= 2 and all(math.isfinite(v) for v in values):
-            sds.append(statistics.stdev(values))
-    return _mean(sds)
-
-
-def ensemble_ic(frames: Sequence[pd.DataFrame], metric: str = "val_ic") -> float:
-    """``metric`` (val_ic, val_rank_ic, val_icir) of the mean of several seeds' predictions
-    (``date, asset, pred, label``)."""
-    if not frames:
-        return math.nan
-    return float(M.ic_report(ensemble_frame(frames))[metric.removeprefix("val_")])  # type: ignore[literal-required]
+    seeds = [[_num(r.metrics.get(key)) for r in fold] for fold in _by_fold(runs)]
+    return _mean([statistics.stdev(v) for v in seeds if len(v) >= 2 and all(math.isfinite(x) for x in v)])
 
 
 def ensemble_frame(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
@@ -93,10 +85,12 @@ def ensemble_frame(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
 
 def ensemble_fold_scores(runs: Sequence[TrainingRun], predictions: Mapping[tuple[int, int], pd.DataFrame],
                          metric: str = "val_ic") -> list[float]:
-    """Per fold (in fold order), ``metric`` of the fold's seed ensemble on its valid block."""
-    return [ensemble_ic([predictions[(r.fold, r.repeat)] for r in runs
-                         if r.fold == f and (r.fold, r.repeat) in predictions], metric)
-            for f in sorted({r.fold for r in runs})]
+    """Per fold (in fold order), ``metric`` (val_ic, val_rank_ic, val_icir) of the fold's seed ensemble
+    (the mean of its seeds' predictions) on its valid block."""
+    seeds = [[predictions[(r.fold, r.repeat)] for r in fold if (r.fold, r.repeat) in predictions]
+             for fold in _by_fold(runs)]
+    return [float(M.ic_report(ensemble_frame(frames))[metric.removeprefix("val_")])  # type: ignore[literal-required]
+            if frames else math.nan for frames in seeds]
 
 
 def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: int,
@@ -117,9 +111,8 @@ def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: i
         per_fold = ensemble_fold_scores(runs, predictions)
         attrs[K.FOLD_SEED_ENSEMBLE_VAL_IC] = per_fold
         attrs[K.SEED_ENSEMBLE_VAL_IC] = _mean(per_fold)
-    attrs[K.FOLD_BEST_EPOCH] = [int(statistics.median_low([int(r.metrics.get("best_epoch") or 0)
-                                                            for r in runs if r.fold == f]))
-                                for f in sorted({r.fold for r in runs})]
+    attrs[K.FOLD_BEST_EPOCH] = [int(statistics.median_low([int(r.metrics.get("best_epoch") or 0) for r in f]))
+                                for f in _by_fold(runs)]
     attrs[K.FOLDS_RUN] = folds_run
     return attrs
 
