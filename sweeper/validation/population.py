@@ -22,11 +22,7 @@ from sweeper.core.hooks import Checkpointer, EpochHook
 
 def owners(sizes: Sequence[int]) -> list[list[int]]:
     """Each trial's member indices in the stack, given how many members each trial has there."""
-    out, start = [], 0
-    for n in sizes:
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
+    return [list(range(sum(sizes[:t]), sum(sizes[:t + 1]))) for t in range(len(sizes))]
 
 
 class PopulationHook:

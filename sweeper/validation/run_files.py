@@ -38,9 +38,6 @@ class RunCheckpointer(FileCheckpointer):
 
 
 class RunStore:
-    """Where a trial's runs keep their files, ``runs/fold-<f>.seed-<r>/`` (a holdout trial's one
-    run too): a retry skips the finished ones."""
-
     def __init__(self, files: TrialFiles, stamp: dict[str, Any], grid: RunGrid) -> None:
         self.files, self.stamp, self.grid = files, stamp, grid
 
