@@ -24,16 +24,23 @@ import pandas as pd
 import torch
 
 from sweeper.config import SweeperConfig
-from sweeper.core.device import TrialMemory
+from sweeper.core import Member, host_cache, resolve_device, train_stack
+from sweeper.core import eval_batch as E
+from sweeper.core import stack_size as S
+from sweeper.core.device import TrialMemory, trial_memory
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer
 from sweeper.core.loop import TrainResult
 from sweeper.data import Batcher
+from sweeper.data.cache import cache_root
 from sweeper.data.folds import Fold, fold_layout, fold_panel, fold_spans
 from sweeper.data.load import PanelMemo
 from sweeper.data.panel import Panel
+from sweeper.data.scoring import own_scoring_panel
 from sweeper.errors import StopReason
+from sweeper.models import build_model
 from sweeper.store.layout import SPLITS
 from sweeper.validation.grid import RunGrid, seeded
+from sweeper.validation.population import PopulationCheckpointer, PopulationHook, owners
 from sweeper.validation.run_files import RunStore
 from sweeper.validation.scores import TrainingRun, ensemble_frame
 
@@ -82,9 +89,7 @@ def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel, device: 
     stack of one, whose final scoring calls a fresh model's kernels) scored the same rows in the same
     batches, its frame is those very bits, and the split is not scored again (as a rule neither is:
     valid's labels are known)."""
-    from sweeper.core import predict, resolve_device
-    from sweeper.data.scoring import own_scoring_panel
-    from sweeper.models import build_model
+    from sweeper.core import predict  # read at the call: a test counts the calls
 
     where = resolve_device(device)
     on_device = panel.to(where, cfg.data.device_share)
@@ -145,12 +150,6 @@ def pin_eval_batch(panel: Panel, trainer: Trainer) -> Trainer:
     """``trainer`` with ``train.eval_batch_size: auto`` pinned, on a CPU, to the size measured there for
     the trial's model (:mod:`sweeper.core.eval_batch`; this host keeps it per shape), so that its files
     and ``sweeper predict`` evaluate as its training did; as it is on a GPU (the probe sizes it)."""
-    from sweeper.core import eval_batch as E
-    from sweeper.core import host_cache, resolve_device
-    from sweeper.core.device import trial_memory
-    from sweeper.data.cache import cache_root
-    from sweeper.models import build_model
-
     cfg, device = trainer.cfg, resolve_device(trainer.device)
     if cfg.train.eval_batch_size != "auto" or (trainer.memory or trial_memory(device)).reader() is not None:
         return trainer
@@ -171,11 +170,6 @@ def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
     (:func:`sweeper.core.stack_size.measure`; up to ``trials`` trials' runs, seeds standing for the
     other trials), or the one this host measured before for the same shape (kept in the panel
     cache's root). A size above the trial's runs is a population: that many trials' stacks in one."""
-    from sweeper.core import Member, host_cache, resolve_device
-    from sweeper.core import stack_size as S
-    from sweeper.core.device import trial_memory
-    from sweeper.data.cache import cache_root
-
     cfg, runs = trainer.cfg, trainer.cfg.validation.runs
     if runs * trials == 1:  # nothing to stack
         return S.StackChoice(1, source="one run per trial").attrs()
@@ -282,8 +276,6 @@ def _train_stack(parts: list[Part], panels: dict[int, Panel]) -> list[int]:
     (:func:`sweeper.core.train_stack`; one run is a stack of one); each is then kept as its own run,
     a trial pruned while the others train on as soon as it is (:func:`_settle`). Returns the parts
     whose trial ends here: cut short (pruned, out of time) or failed."""
-    from sweeper.core import Member, train_stack
-
     members = []
     for trainer, out, cells in parts:
         for fold, seed in cells:
@@ -333,8 +325,6 @@ def _stack_hook(parts: list[Part], settle: Callable[[int, list[TrainResult]], No
     """One trial's own hook and checkpoint (stamped with its runs: a stack of one as the run it is);
     a population's, which speak to each trial's (:mod:`sweeper.validation.population`) and settle a
     pruned trial's runs as soon as they are scored."""
-    from sweeper.validation.population import PopulationCheckpointer, PopulationHook, owners
-
     checkpoints: list[Checkpointer] = []
     for trainer, out, cells in parts:
         fold, seed = cells[0]
