@@ -35,7 +35,19 @@ def set_up(parent: int | None = None) -> None:
     if os.getpgrp() != os.getpid():  # a group leader (Popen's new session, a shell's job) has one
         os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with(parent)
+    # prctl(PR_SET_PDEATHSIG, SIGKILL), which covers only a parent that dies after the call: so the
+    # parent is checked afterwards, and the driver where the parent is the fork server
+    try:
+        # the running interpreter's own symbols include libc's, whatever its file is called
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        print("sweeper: no parent-death signal on this platform", file=sys.stderr, flush=True)
+    driver = int(os.environ.get(DRIVER_PID) or 0)
+    parent = parent or driver
+    orphan = bool(parent) and os.getppid() != parent
+    if orphan or (driver not in (0, parent) and not os.path.exists(f"/proc/{driver}")):
+        print(f"sweeper: the driver (pid {driver}) is gone; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def run(job: Callable[[], int | None]) -> int:
@@ -53,18 +65,3 @@ def answers() -> TextIO:
     assert _answers is not None, "not a child: sweeper.child.run sets its answers aside"
     return _answers
 
-
-def _die_with(parent: int | None) -> None:
-    """prctl(PR_SET_PDEATHSIG, SIGKILL), which covers only a parent that dies after the call: so the
-    parent is checked afterwards, and the driver where the parent is the fork server."""
-    try:
-        # the running interpreter's own symbols include libc's, whatever its file is called
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: no parent-death signal
-        print("sweeper: no parent-death signal on this platform", file=sys.stderr, flush=True)
-    driver = int(os.environ.get(DRIVER_PID) or 0)
-    parent = parent or driver
-    orphan = bool(parent) and os.getppid() != parent
-    if orphan or (driver not in (0, parent) and not os.path.exists(f"/proc/{driver}")):
-        print(f"sweeper: the driver (pid {driver}) is gone; exiting", file=sys.stderr, flush=True)
-        os._exit(1)

@@ -99,15 +99,11 @@ def _resume_line(grid: RunGrid, source: str, fold: int, repeat: int, epoch: int,
     full = [f for f in range(1, grid.folds + 1) if all((f, r) in done for r in range(1, grid.repeats + 1))]
     finished = (f"folds {full[0]}-{full[-1]} done" if len(full) > 1 else f"fold {full[0]} done" if full
                 else "no fold done") if folded else f"{len(done)} seeds done"
-    where = _where(grid, fold, repeat)
+    where = f"fold {fold} (seed {repeat})" if folded else f"seed {repeat}"
     if (fold, repeat) in done:  # the checkpoint's run had finished: the next one starts fresh
         return f"resuming from {source} after {where}, which had finished; {finished}"
     lead = f"the stack of {stack} runs led by" if stack > 1 else "in"
     return f"resuming {lead} {where} from {source} at epoch {epoch}; {finished}"
-
-
-def _where(grid: RunGrid, fold: int, repeat: int) -> str:
-    return f"fold {fold} (seed {repeat})" if grid.folds > 1 else f"seed {repeat}"
 
 
 def foreign(meta: dict[str, Any], stamp: dict[str, Any], lineage: list[int]) -> str | None:

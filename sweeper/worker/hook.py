@@ -57,8 +57,11 @@ class OptunaHook(NullHook):
     def on_epoch(self, epoch: int, rows: list[dict[str, Any] | None]) -> bool:
         values = [self._record(columns, epoch, row)
                   for columns, row in zip(self.runs, rows) if row is not None]
-        finite = [v for v in values if v is not None]
-        return bool(finite) and self._report(sum(finite) / len(finite), epoch)
+        if not (finite := [v for v in values if v is not None]):
+            return False
+        self.trial.report(sum(finite) / len(finite), self.offset + epoch)
+        self.pruned = self.trial.should_prune()
+        return self.pruned
 
     def _record(self, columns: dict[str, int], epoch: int, metrics: dict[str, Any]) -> float | None:
         """One run's epoch in metrics.csv and to the driver (with its fold and repeat, and the size
@@ -68,11 +71,6 @@ class OptunaHook(NullHook):
                       metrics={**columns, **metrics, "stack": len(self.runs)})
         value = metrics.get(self.metric)
         return float(value) if value is not None and math.isfinite(value) else None
-
-    def _report(self, value: float, epoch: int) -> bool:
-        self.trial.report(value, self.offset + epoch)
-        self.pruned = self.trial.should_prune()
-        return self.pruned
 
     def should_stop(self) -> bool:
         self.steps += 1  # polled once before every training step

@@ -39,9 +39,7 @@ def encode(message: dict[str, Any]) -> bytes:
 
 
 def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):  # numpy and torch scalars
-        return obj.item()
-    return str(obj)
+    return obj.item() if hasattr(obj, "item") else str(obj)  # item(): numpy and torch scalars
 
 
 class LineDecoder:
