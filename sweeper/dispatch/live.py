@@ -20,42 +20,6 @@ from sweeper.inspect.printing import fmt
 from sweeper.quant.oracle import oracle_fractions
 
 
-def summary_lines(result: SweepResult, cfg: SweeperConfig, plan: Plan) -> list[str]:
-    counts = ", ".join(f"{k.lower()} {v}" for k, v in result.counts.items() if v)
-    lines = [f"trials: {counts or 'none'}"]
-    best = result.best
-    if best is not None:
-        ua = best.user_attrs
-        name = objective_label(cfg.study.metric, cfg.validation)
-        line = f"best: trial {best.number}  {name}={fmt(best.value)}"
-        line += "" if name == "val_ic" else f"  val_ic={fmt(ua.get('val_ic'))}"
-        line += f"  test_ic={fmt(ua.get('test_ic'))}"
-        oracle = plan.panel.oracle_ic
-        frac = oracle_fractions(ua, oracle).get("test_ic_oracle_fraction")
-        if frac is not None and oracle is not None:
-            line += f"  ({frac:.0%} of the oracle test IC {oracle['test']:.4f})"
-        lines.append(line)
-    if result.message:
-        lines.append(result.message)
-    study_file = plan.study_file
-    if result.interrupted:
-        lines.append("interrupted: running trials stopped at their next step; each resumes from its last "
-                     f"end-of-epoch checkpoint. Resume with: sweeper resume {study_file}")
-    lines.append(f"next: sweeper best {study_file} | sweeper report {study_file} -o report.html | "
-                 f"sweeper dashboard {study_file}")
-    return lines
-
-
-def start_lines(cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> list[str]:
-    from sweeper.store import redact
-
-    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-    return [f"study {cfg.study.name!r}: {done}/{cfg.study.n_trials} finished, optimising {cfg.study.metric} "
-            f"({cfg.study.resolved_direction})", f"storage: {redact(plan.storage_url)}",
-            f"data: {plan.panel.source}", "slots: " + ", ".join(s.label for s in plan.slots),
-            f"dashboard: sweeper dashboard {plan.study_file}"]
-
-
 class NullView(View):
     """Shows nothing (every call is the protocol's empty body): library use and tests."""
 
@@ -74,10 +38,17 @@ class PlainView(NullView):
         self.stream.flush()
 
     def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None:
+        from sweeper.store import redact
+
         self.metric = cfg.study.metric
         self.objective = objective_label(cfg.study.metric, cfg.validation)
         self.several = cfg.validation.runs > 1
-        for line in start_lines(cfg, plan, study):
+        done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        for line in [f"study {cfg.study.name!r}: {done}/{cfg.study.n_trials} finished, optimising "
+                     f"{cfg.study.metric} ({cfg.study.resolved_direction})",
+                     f"storage: {redact(plan.storage_url)}", f"data: {plan.panel.source}",
+                     "slots: " + ", ".join(s.label for s in plan.slots),
+                     f"dashboard: sweeper dashboard {plan.study_file}"]:
             self._say(line)
 
     def trial_started(self, slot: Slot, number: int, params: dict[str, Any]) -> None:
@@ -103,8 +74,26 @@ class PlainView(NullView):
         self._say(f"warning from {slot.label}: {text}")
 
     def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None:
-        for line in summary_lines(result, cfg, plan):
+        counts = ", ".join(f"{k.lower()} {v}" for k, v in result.counts.items() if v)
+        self._say(f"trials: {counts or 'none'}")
+        if (best := result.best) is not None:
+            ua, name = best.user_attrs, objective_label(cfg.study.metric, cfg.validation)
+            line = f"best: trial {best.number}  {name}={fmt(best.value)}"
+            line += "" if name == "val_ic" else f"  val_ic={fmt(ua.get('val_ic'))}"
+            line += f"  test_ic={fmt(ua.get('test_ic'))}"
+            oracle = plan.panel.oracle_ic
+            frac = oracle_fractions(ua, oracle).get("test_ic_oracle_fraction")
+            if frac is not None and oracle is not None:
+                line += f"  ({frac:.0%} of the oracle test IC {oracle['test']:.4f})"
             self._say(line)
+        if result.message:
+            self._say(result.message)
+        study_file = plan.study_file
+        if result.interrupted:
+            self._say("interrupted: running trials stopped at their next step; each resumes from its last "
+                      f"end-of-epoch checkpoint. Resume with: sweeper resume {study_file}")
+        self._say(f"next: sweeper best {study_file} | sweeper report {study_file} -o report.html | "
+                  f"sweeper dashboard {study_file}")
 
 
 class RichView(PlainView):

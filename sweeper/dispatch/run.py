@@ -197,21 +197,17 @@ def _set_up(plan: Plan, stop: StopToken, force: bool, must_exist: bool,
     if created:  # paths are relative to the study file's folder (sweeper.config.anchor): say where
         print(f"created study {plan.cfg.study.name!r} in {redact(plan.storage_url)}, its files in "
               f"{plan.run_dir}", file=sys.stderr, flush=True)
-    _take_run_folder(plan, study, lock)
-    room = retention.space_warning(plan.run_dir, study.get_trials(deepcopy=False), plan.cfg.study.n_trials)
-    if room:
-        print(room, file=sys.stderr, flush=True)
-    return study, lock, ident
-
-
-def _take_run_folder(plan: Plan, study: optuna.Study, lock: ClaimLock) -> None:
-    """The run folder holds this study's files; another study's are moved aside (run_folder)."""
+    # the run folder holds this study's files; another study's are moved aside (run_folder)
     with lock:  # two drivers of one study never move files at once
         started = any(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False))
         lines = run_folder.take(plan.run_dir, plan.cfg.study.name, study.user_attrs["study_uuid"],
                                 redact(plan.storage_url), fresh=not started)
     for line in lines:
         print(line, file=sys.stderr, flush=True)
+    room = retention.space_warning(plan.run_dir, study.get_trials(deepcopy=False), plan.cfg.study.n_trials)
+    if room:
+        print(room, file=sys.stderr, flush=True)
+    return study, lock, ident
 
 
 def _sweep(driver: Driver, plan: Plan, study: optuna.Study, view: View) -> None:

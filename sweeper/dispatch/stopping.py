@@ -122,29 +122,20 @@ class StopRule:
 
     def seen(self, trials: list[FrozenTrial]) -> None:
         """The trials a claim read under the lock: study.patience_trials and stop_when_converged."""
-        self._patience(trials)
-        self._convergence(trials)
-
-    def _convergence(self, trials: list[FrozenTrial]) -> None:
-        if self.watch is None or self.converged:
-            return
-        if (judged := self.watch.converged(trials)) is not None:
+        limit = self.cfg.patience_trials
+        if limit is not None and not self.patient_out:
+            got = patience(trials, self.cfg.resolved_direction == "maximize", self.cfg.min_improvement)
+            if got.count >= limit:
+                self.patient_out = True
+                best = "no trial has completed" if got.best is None else (
+                    f"the best is trial {got.best.number} ({self.objective} {got.best.value:.4g})")
+                self.message = self.message or (
+                    f"stopped: no new best beyond study.min_improvement ({self.cfg.min_improvement:g}) in "
+                    f"the last {got.count} finished trials (study.patience_trials); {best}")
+        if (self.watch is not None and not self.converged
+                and (judged := self.watch.converged(trials)) is not None):
             self.converged = True
             self.message = self.message or f"stopped: {judged.reason()} (study.stop_when_converged)"
-
-    def _patience(self, trials: list[FrozenTrial]) -> None:
-        limit = self.cfg.patience_trials
-        if limit is None or self.patient_out:
-            return
-        got = patience(trials, self.cfg.resolved_direction == "maximize", self.cfg.min_improvement)
-        if got.count < limit:
-            return
-        self.patient_out = True
-        best = "no trial has completed" if got.best is None else (
-            f"the best is trial {got.best.number} ({self.objective} {got.best.value:.4g})")
-        self.message = self.message or (
-            f"stopped: no new best beyond study.min_improvement ({self.cfg.min_improvement:g}) in the "
-            f"last {got.count} finished trials (study.patience_trials); {best}")
 
     def budget_used(self, message: str | None) -> None:
         """The claim found nothing left to run; ``message`` once no trial of ours runs either."""

@@ -33,7 +33,10 @@ class Telemetry:
             try:
                 self._sample()
             except Exception as exc:  # noqa: BLE001 - samples are a report's extra; the sweep goes on
-                self._tell(one_line(exc))
+                if (error := one_line(exc)) not in self._told:
+                    self._told.add(error)
+                    print(f"sweeper: GPU telemetry failed ({error}); {self.path} misses samples while it "
+                          "does (the sweep goes on)", file=sys.stderr, flush=True)
             if self._stop.wait(self.interval):
                 return
 
@@ -45,12 +48,6 @@ class Telemetry:
                 if new:
                     writer.writeheader()
                 writer.writerows(rows)
-
-    def _tell(self, error: str) -> None:
-        if error not in self._told:
-            self._told.add(error)
-            print(f"sweeper: GPU telemetry failed ({error}); {self.path} misses samples while it does "
-                  "(the sweep goes on)", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         self._stop.set()
