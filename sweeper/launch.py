@@ -93,10 +93,16 @@ def _run_to_end(child: Child, request: str, timeout: float, grace: float) -> tup
         except ProcessLookupError:
             return None  # the server never forked it
         threading.Thread(target=feed, args=(child.stdin, request.encode()), daemon=True).start()
-        out, ended = _read_all(child.stdout.fileno(), time.monotonic() + timeout)
-        if ended:  # it closed its stdout: it is exiting
-            code = child.wait(timeout=SPAWN_WAIT_S)
-        return out.decode(errors="replace"), code
+        chunks, fd, deadline = [], child.stdout.fileno(), time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0:
+                if sel.select(left):
+                    if not (chunk := os.read(fd, 65536)):  # it closed its stdout: it is exiting
+                        code = child.wait(timeout=SPAWN_WAIT_S)
+                        break
+                    chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace"), code
     finally:
         child.stdout.close()
         if code is None:  # past the timeout, or this process was interrupted: a blocked feeder
@@ -111,17 +117,3 @@ def feed(pipe: IO[bytes] | None, data: bytes) -> None:
             pipe.write(data)
     except (OSError, ValueError):
         pass  # the child died before reading it all (its exit code says how), or was killed
-
-
-def _read_all(fd: int, deadline: float) -> tuple[bytes, bool]:
-    """What ``fd`` gives until its end or ``deadline``, and whether its end was reached."""
-    chunks: list[bytes] = []
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while (left := deadline - time.monotonic()) > 0:
-            if sel.select(left):
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    return b"".join(chunks), True
-                chunks.append(chunk)
-    return b"".join(chunks), False

@@ -14,8 +14,6 @@ from sweeper.plain import plain
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from sweeper.data import Panel
-
 # (metric key, header): short headers keep a row within 80 columns
 COLUMNS = (("epoch", "epoch"), ("train_loss", "loss"), ("val_loss", "val_loss"), ("val_ic", "val_ic"),
            ("val_rank_ic", "rank_ic"), ("samples_per_s", "samples/s"), ("peak_mem_mb", "mem_MB"))
@@ -64,7 +62,9 @@ def _cell(value: object) -> str:
 
 
 def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
-    """Train with ``cfg`` and return the final metrics (the ``--json`` keys)."""
+    """Train with ``cfg`` and return the final metrics (the ``--json`` keys). The runs of the trial's
+    grid train as a sweep's trial trains them (nothing kept on disk): one run's metrics, or with folds
+    or seeds the trial's attributes with ``value`` (the objective) and the model run's test scores."""
     from rich.console import Console
 
     from sweeper.data import load_panel
@@ -75,7 +75,16 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     console.print(f"data: {panel.source}: {len(panel.dates)} dates x {len(panel.assets)} assets x "
                   f"{len(panel.features)} features; model {cfg.model.name}", highlight=False)
     with console.status("training...") if console.is_terminal else nullcontext():
-        m = _train_runs(cfg, panel, TableHook(console, several=cfg.validation.runs > 1), started)
+        from sweeper.validation import record
+        from sweeper.validation.runner import Trainer, pin_stack_size, train_runs
+
+        hook = TableHook(console, several=cfg.validation.runs > 1)
+        trainer, choice = pin_stack_size(panel, Trainer(cfg, hook, started, log=lambda line: None))
+        if choice["stack_size_from"] == "measured":
+            from sweeper.inspect.printing import stack_line
+
+            console.print(stack_line(choice), highlight=False, soft_wrap=True)
+        m = {**record.summary(train_runs(panel, trainer), trainer.cfg), **choice}
     if "fold_val_ic" in m:
         folds = " ".join(_cell(v) for v in m["fold_val_ic"])
         mean, se = _cell(m.get("val_ic")), _cell(m.get("val_ic_se"))
@@ -88,20 +97,4 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
         console.print(f"oracle IC: valid {m['oracle_val_ic']:.4f}  test {m['oracle_test_ic']:.4f}  "
                       f"(test reached {m['test_ic'] / m['oracle_test_ic']:.0%})", highlight=False)
     return {k: plain(v) for k, v in m.items()}
-
-
-def _train_runs(cfg: C.SweeperConfig, panel: Panel, hook: TableHook, started: float) -> dict[str, Any]:
-    """The runs of the trial's grid, as a sweep's trial trains them (nothing kept on disk): one
-    run's metrics, or with folds or seeds the trial's attributes with ``value`` (the objective)
-    and the model run's test scores."""
-    from sweeper.validation import record
-    from sweeper.validation.runner import Trainer, pin_stack_size, train_runs
-
-    trainer, choice = pin_stack_size(panel, Trainer(cfg, hook, started, log=lambda line: None))
-    if choice["stack_size_from"] == "measured":
-        from sweeper.inspect.printing import stack_line
-
-        hook.console.print(stack_line(choice), highlight=False, soft_wrap=True)
-    out = train_runs(panel, trainer)
-    return {**record.summary(out, trainer.cfg), **choice}
 
