@@ -78,11 +78,19 @@ def stack_state(cfg: SweeperConfig, epoch: int, lanes: list[Lane], step: StackSt
     """The whole stack after ``epoch``: weights, optimizer and scales, and each member's own
     generators, schedule position and progress (its best weights among them)."""
     dropout: list[torch.Tensor | None] = [g.get_state().cpu() for g in step.dropout] or [None] * len(lanes)
+    np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # legacy=True, the default: (name, keys, pos, has_gauss, gauss)
+    version, py_state, gauss = random.getstate()
     return {
         "epoch": epoch, "kind": "stack", "values": step.flat.values.detach().to("cpu", copy=True),
         "optimizer": {k: v.to("cpu", copy=True) for k, v in step.optimizer.state_dict().items()},
         "scaler": {"scale": step.scaler.scale_.cpu(), "good": step.scaler.good.cpu()},
-        "rng": rng_state(lanes[0].generator),
+        "rng": {"torch": torch.get_rng_state(),
+                "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_initialized() else [],
+                "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                          "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+                "python": {"version": version, "state": list(py_state), "gauss": gauss},
+                "batches": lanes[0].generator.get_state()},
         "members": [{"batches": lane.generator.get_state(), "dropout": gen, "position": lane.position,
                      "stopped": lane.stopped, "reason": lane.reason or "",
                      **{k: getattr(lane.progress, k) for k in PROGRESS_KEYS}}
@@ -122,7 +130,14 @@ def restore_stack(state: dict, step: StackStep) -> int:
     step.optimizer.load_state_dict(state["optimizer"])
     step.scaler.scale_.copy_(state["scaler"]["scale"])
     step.scaler.good.copy_(state["scaler"]["good"])
-    set_rng_state(state["rng"], lanes[0].generator)
+    rng, n, p = state["rng"], state["rng"]["numpy"], state["rng"]["python"]
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    lanes[0].generator.set_state(rng["batches"])
     for k, (lane, saved) in enumerate(zip(lanes, state["members"])):
         lane.generator.set_state(saved["batches"])
         if step.dropout:
@@ -151,32 +166,6 @@ def _from_lone(state: dict, step: StackStep) -> dict:
                        "good": torch.tensor([float(scaler.get("_growth_tracker", 0))])},
             "members": [{"batches": state["rng"]["batches"], "dropout": None,
                          "position": int(state["scheduler"]["last_epoch"]), "stopped": stopped, **progress}]}
-
-
-def rng_state(generator: torch.Generator) -> dict:
-    np_state = np.random.get_state()
-    assert isinstance(np_state, tuple)  # legacy=True, the default: (name, keys, pos, has_gauss, gauss)
-    version, py_state, gauss = random.getstate()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_initialized() else [],
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "python": {"version": version, "state": list(py_state), "gauss": gauss},
-        "batches": generator.get_state(),
-    }
-
-
-def set_rng_state(state: dict, generator: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
-    generator.set_state(state["batches"])
 
 
 def config_mismatch(stored: dict, cfg: SweeperConfig) -> str | None:
