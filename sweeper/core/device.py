@@ -34,20 +34,16 @@ class TrialMemory(Protocol):
 
     def reader(self) -> MemoryReader | None:
         """What the batch probe measures against; None: nothing is probed (micro-batch = batch)."""
-        ...
 
     def start_peak_mb(self, probed_mb: float) -> float:
         """The peak reported before the first epoch (packing charges the trial by it), from what the
         probe measured (NaN: nothing probed). May raise OutOfMemory, as a probe does."""
-        ...
 
     def reset_peak(self) -> None:
         """An epoch begins."""
-        ...
 
     def peak_mb(self) -> float:
         """The peak since the epoch began."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ class FlatStack:
         for (name, p), size in zip(named, sizes):
             span = slice(offset, offset + size)
             self.values[:, span].copy_(p.detach().reshape(k, size))
-            owner, attr = _owner(model, name)
+            path, _, attr = name.rpartition(".")
+            owner = model.get_submodule(path) if path else model
             fresh = nn.Parameter(self.values[:, span].view(p.shape))
             fresh.grad = self.grads[:, span].view(p.shape)
             owner._parameters[attr] = fresh  # the flat view replaces the module's own tensor
@@ -68,11 +69,6 @@ class FlatStack:
 
     def zero_grad(self) -> None:
         self.grads.zero_()  # in place: the .grad views stay the parameters' gradients
-
-
-def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    path, _, attr = name.rpartition(".")
-    return (model.get_submodule(path) if path else model), attr
 
 
 def _col(v: torch.Tensor) -> torch.Tensor:
