@@ -28,15 +28,14 @@ def attrs_of(out: R.TrialRuns, cfg: SweeperConfig) -> tuple[float, dict[str, Any
     """(the objective, the user attributes): the aggregates of every run, and the model run's own
     figures (test scores, best epoch, batch sizes); without a model run (cut short before the
     last fold), the last run's figures other than test scores, which only the model has."""
-    model = next((r for r in out.runs if out.grid.is_model(r.fold, r.repeat)), None)
-    own = (model or out.runs[-1]).metrics if out.runs else {}
+    members = [r for r in out.runs if out.grid.is_model(r.fold, r.repeat)]
+    own = (members[0] if members else out.runs[-1]).metrics if out.runs else {}
     base = {k: v for k, v in own.items() if k not in MEANED}
     attrs = {**base, **trial_attrs(out.runs, cfg, folds_run=out.folds_run, spans=out.spans,
                                    predictions=out.predictions)}
     if out.ensemble is not None:  # the trial's model is its seed ensemble: these are its figures
         report = M.ic_report(out.ensemble["test"])
         attrs.update(test_ic=report["ic"], test_rank_ic=report["rank_ic"], test_icir=report["icir"])
-        members = [r for r in out.runs if out.grid.is_model(r.fold, r.repeat)]
         attrs[K.SEED_TEST_IC] = [r.metrics.get("test_ic") for r in members]
         attrs[K.SEED_TEST_RANK_IC] = [r.metrics.get("test_rank_ic") for r in members]
     attrs["stop_reason"] = out.stop_reason
