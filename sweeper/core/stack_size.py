@@ -58,11 +58,8 @@ class StackChoice:
 
 def candidate_sizes(runs: int) -> list[int]:
     """The sizes worth timing for a trial of ``runs`` runs: 1, the powers of two below, and ``runs``."""
-    sizes, k = [1], 2
-    while k < runs:
-        sizes.append(k)
-        k *= 2
-    return sorted({*sizes, max(runs, 1)})
+    top = max(runs, 1)
+    return sorted({*(2 ** i for i in range(top.bit_length())), top})
 
 
 def choose(rates: dict[int, float], margin: float = MARGIN) -> int:
