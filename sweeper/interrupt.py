@@ -50,12 +50,10 @@ class StopToken:
     def wait(self, seconds: float) -> None:
         """Sleep ``seconds``, giving up with StopRequested as soon as a stop is requested."""
         deadline = time.monotonic() + seconds
-        while True:
-            self.check()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
+        self.check()
+        while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(POLL_S, left))
+            self.check()
 
 
 class _Never(StopToken):

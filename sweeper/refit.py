@@ -127,7 +127,9 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     chosen = pick_trial(study, trial)  # "best": the best feasible COMPLETE trial; topK is refused
     epochs, epochs_from = refit_epochs(chosen)
     files = trial_files(files_folder(cfg, study), chosen.number)
-    tcfg = resolved_config(cfg, chosen, files)
+    # the trial's config.yaml, or (a trial that never wrote one) its params applied to the study's
+    tcfg = (trial_config(files, cfg) if files.config.exists()
+            else C.with_overrides(cfg, chosen.params, f"trial {chosen.number} params"))
     panel, window = refit_panel(tcfg.data, day)
     # exactly E epochs: no time limit, and train's fixed_epochs validates nothing and never stops early
     run_cfg = tcfg.model_copy(update={"train": tcfg.train.model_copy(update={"epochs": epochs,
@@ -159,12 +161,6 @@ def _dates(panel: Panel, window: Window, data: C.DataConfig) -> dict[str, Any]:
     return {"until": _iso(panel.dates[window.until]), "first_target": _iso(panel.dates[window.first]),
             "last_target": _iso(panel.dates[window.stop - 1]), "target_dates": window.stop - window.first,
             "horizon": horizon, "embargo": embargo}
-
-
-def resolved_config(cfg: C.SweeperConfig, trial: FrozenTrial, files: TrialFiles) -> C.SweeperConfig:
-    """The trial's ``config.yaml``, or (a trial that never wrote one) its params applied to the study's."""
-    return (trial_config(files, cfg) if files.config.exists()
-            else C.with_overrides(cfg, trial.params, f"trial {trial.number} params"))
 
 
 def write_refit(files: TrialFiles, states: list[dict], stats: Any,
