@@ -25,8 +25,7 @@ def _dated(daily: pd.DataFrame, col: str) -> pd.Series:
 def ic_by_year(daily: pd.DataFrame, col: str = "ic") -> dict[int, float]:
     """``{year: mean daily IC}`` for every calendar year with at least one IC day, ascending."""
     values = _dated(daily, col)
-    years = pd.DatetimeIndex(values.index).year
-    means = values.groupby(years).mean()
+    means = values.groupby(pd.DatetimeIndex(values.index).year).mean()
     return {int(year): float(mean) for year, mean in zip(means.index.tolist(), means.tolist(), strict=True)}
 
 

@@ -67,7 +67,12 @@ def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5, *, pred: s
     """The long-short series of ``frame`` (docs/inspect.md has every definition)."""
     if quantiles < 2:
         raise ValueError(f"quantiles must be >= 2, got {quantiles}")
-    rows = _usable_rows(frame, quantiles, horizon, pred, label, date)
+    # rows with a finite pred and label on every h-th date that has >= 2q of them, in frame order
+    x = pd.to_numeric(frame[pred], errors="coerce").to_numpy(np.float64)
+    y = pd.to_numeric(frame[label], errors="coerce").to_numpy(np.float64)
+    rows = frame[np.isfinite(x) & np.isfinite(y) & frame[date].notna().to_numpy()]
+    per_date = rows.groupby(date, sort=True).size()
+    rows = rows[rows[date].isin(per_date.index[per_date.to_numpy() >= 2 * quantiles][::_step(horizon)])]
     if rows.empty:
         empty = np.zeros(0)
         return LongShort(np.array([], dtype=object), empty, np.zeros((0, quantiles)), empty,
@@ -83,18 +88,6 @@ def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5, *, pred: s
     top = bucket == quantiles - 1
     return LongShort(np.asarray(dates), means[:, -1] - means[:, 0], means,
                      _turnover(period[top], codes[top], len(dates)), horizon, quantiles)
-
-
-def _usable_rows(frame: pd.DataFrame, quantiles: int, horizon: int, pred: str, label: str,
-                 date: str) -> pd.DataFrame:
-    """Rows with a finite pred and label on every h-th date that has >= 2q of them, in frame order."""
-    x = pd.to_numeric(frame[pred], errors="coerce").to_numpy(np.float64)
-    y = pd.to_numeric(frame[label], errors="coerce").to_numpy(np.float64)
-    rows = frame[np.isfinite(x) & np.isfinite(y) & frame[date].notna().to_numpy()]
-    counts = rows.groupby(date, sort=True).size()
-    eligible = counts.index[counts.to_numpy() >= 2 * quantiles]
-    used = eligible[::_step(horizon)]
-    return rows[rows[date].isin(used)]
 
 
 def _buckets(rows: pd.DataFrame, period: np.ndarray, pred: str, quantiles: int) -> np.ndarray:

@@ -200,9 +200,14 @@ def _daily_figures(series: dict[int, np.ndarray], best: int, null_ic: float, lag
     sr_trials = [_sharpe(finite(v)) for v in series.values()]
     stats = deflated_sharpe(series[best], sr_trials, len(series), null_ic=null_ic, lag=lag)
     best_ic = finite(series[best]).mean() if len(finite(series[best])) else math.nan
+    # PBO: the trials with a value on _PBO_COVERAGE of the best's dates, >= 2 of them and >= 4 blocks
+    need = _PBO_COVERAGE * np.isfinite(series[best]).sum()
+    columns = [v for v in series.values() if np.isfinite(v).sum() >= need]
+    n_blocks = len(blocks) if blocks is not None else min(16, (len(series[best]) // 4) // 2 * 2)
     return {"n_trials": len(series), "expected_max_null_ic": null_ic, "best_val_ic": float(best_ic),
             **{k: stats[k] for k in ("deflated_ic", "sr", "sr0", "dsr", "p_fluke")},
-            "pbo": _study_pbo(series, best, blocks)}
+            "pbo": pbo(np.column_stack(columns), n_blocks=n_blocks, blocks=blocks)
+            if len(columns) >= 2 and n_blocks >= 4 else None}
 
 
 def fold_standard_error(fold_ics: Sequence[float] | np.ndarray) -> float:
@@ -238,25 +243,9 @@ def _align(daily: Mapping[int, np.ndarray | pd.Series], best: int) -> dict[int, 
     """Every series as float64 values on the best trial's dates (NaN where a trial has none)."""
     as_series = {k: v if isinstance(v, pd.Series) else pd.Series(np.asarray(v, dtype=np.float64))
                  for k, v in daily.items()}
-    dates = as_series[best].index
-    out = {}
-    for k, v in as_series.items():
-        v = pd.to_numeric(v, errors="coerce")
-        if not v.index.is_unique:
-            v = v.groupby(level=0).mean()
-        out[k] = v.reindex(dates).to_numpy(np.float64)
-    return out
-
-
-def _study_pbo(series: dict[int, np.ndarray], best: int,
-               blocks: list[np.ndarray] | None = None) -> float | None:
-    length = len(series[best])
-    need = _PBO_COVERAGE * np.isfinite(series[best]).sum()
-    columns = [v for v in series.values() if np.isfinite(v).sum() >= need]
-    n_blocks = len(blocks) if blocks is not None else min(16, (length // 4) // 2 * 2)
-    if len(columns) < 2 or n_blocks < 4:
-        return None
-    return pbo(np.column_stack(columns), n_blocks=n_blocks, blocks=blocks)
+    numeric = {k: pd.to_numeric(v, errors="coerce") for k, v in as_series.items()}
+    unique = {k: v if v.index.is_unique else v.groupby(level=0).mean() for k, v in numeric.items()}
+    return {k: v.reindex(as_series[best].index).to_numpy(np.float64) for k, v in unique.items()}
 
 
 def _sharpe(x: np.ndarray) -> float:
