@@ -94,15 +94,11 @@ def write_table(frame: pd.DataFrame, out: str | Path) -> None:
     if suffix not in FORMATS:
         raise ConfigError(f"{out}: expected a .parquet or .csv file name")
     with atomic_path(out) as tmp:
-        if suffix == ".csv":
-            frame.to_csv(tmp, index=False)
-        else:
-            frame.to_parquet(tmp, index=False)
+        (frame.to_csv if suffix == ".csv" else frame.to_parquet)(tmp, index=False)
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
     """An exported table read back, with the datetime columns parsed for CSV too."""
-    path = Path(path)
-    if path.suffix.lower() == ".csv":
+    if Path(path).suffix.lower() == ".csv":
         return pd.read_csv(path, parse_dates=["datetime_start", "datetime_complete"])
     return pd.read_parquet(path)

@@ -53,8 +53,7 @@ def _windows(spans: Spans) -> list[tuple[datetime, datetime, set[str]]]:
     for driver, spans_of_run in runs.items():
         cuts = _union([(s, e) for _, s, e in spans_of_run], IDLE_GAP) if driver is None else \
             [[min(s for _, s, _ in spans_of_run), max(e for _, _, e in spans_of_run)]]
-        for a, b in cuts:
-            windows.append((a, b, {slot for slot, s, _ in spans_of_run if a <= s <= b}))
+        windows += [(a, b, {slot for slot, s, _ in spans_of_run if a <= s <= b}) for a, b in cuts]
     return windows
 
 

@@ -48,8 +48,13 @@ def print_status(report: dict[str, Any]) -> None:
         print_best(report["best"], console, scheme="validation" not in report)
     if report["running"]:
         console.print(_running_table(report["running"], folds="validation" in report))
-    if report.get("stale"):
-        console.print(stale_line(report), highlight=False, soft_wrap=True)
+    if report.get("stale"):  # the RUNNING trials whose heartbeat stopped: how long ago, what reaps them
+        ages = {r["trial"]: r.get("heartbeat_age_s") or 0.0 for r in report["running"]}
+        which = ", ".join(f"trial {n} (no heartbeat for {duration(ages.get(n, 0.0))})"
+                          for n in report["stale"])
+        console.print(f"stale: {which}, longer than study.grace_period ({report['grace_period']} s): its "
+                      f"driver or host is gone. `{report['reap']}` fails such a trial as interrupted and "
+                      "runs it again", highlight=False, soft_wrap=True)
     for d in report["devices"]:
         console.print(f"GPU {d.get('index')} {d.get('uuid', '')}: util {d.get('util')}% "
                       f"mem {d.get('mem_used_mb')}/{d.get('mem_total_mb')} MB, {d.get('n_procs')} processes")
@@ -66,14 +71,6 @@ def _running_table(running: list[dict[str, Any]], folds: bool) -> Any:
         beat = "-" if age is None else f"STALE {duration(age)}" if r.get("stale") else f"{duration(age)} ago"
         table.add_row(str(r["trial"]), str(r["host"]), str(r["device"]), *at, fmt(r["epoch"], "d"), beat)
     return table
-
-
-def stale_line(report: dict[str, Any]) -> str:
-    """The RUNNING trials whose heartbeat stopped: how long ago, and the command that reaps them."""
-    ages = {r["trial"]: r.get("heartbeat_age_s") or 0.0 for r in report["running"]}
-    which = ", ".join(f"trial {n} (no heartbeat for {duration(ages.get(n, 0.0))})" for n in report["stale"])
-    return (f"stale: {which}, longer than study.grace_period ({report['grace_period']} s): its driver or "
-            f"host is gone. `{report['reap']}` fails such a trial as interrupted and runs it again")
 
 
 def duration(seconds: float) -> str:

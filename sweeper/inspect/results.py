@@ -72,14 +72,10 @@ def valid_daily_ics(trials: list[FrozenTrial], run_dir: str | Path) -> dict[int,
 
     Pruned trials count: each one was a chance to look good by luck.
     """
-    out = {}
-    for t in trials:
-        if t.state in FINISHED:
-            daily = read_daily(layout.trial_files(run_dir, t.number).daily_ic("valid"))
-            if daily is not None:
-                index = daily["date"] if "date" in daily else np.arange(len(daily["ic"]))
-                out[t.number] = pd.Series(daily["ic"], index=pd.Index(index))
-    return out
+    found = {t.number: read_daily(layout.trial_files(run_dir, t.number).daily_ic("valid"))
+             for t in trials if t.state in FINISHED}
+    return {n: pd.Series(d["ic"], index=pd.Index(d["date"] if "date" in d else np.arange(len(d["ic"]))))
+            for n, d in found.items() if d is not None}
 
 
 def trial_horizons(trials: list[FrozenTrial], cfg: SweeperConfig) -> dict[int, int]:
@@ -210,11 +206,8 @@ def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial,
     attr = study.user_attrs.get("baseline")
     if not attr:
         return None
-    daily = {}
-    for split in ("valid", "test"):
-        found = read_daily(files.daily_ic(split))
-        if found is not None and "date" in found:
-            daily[split] = (found["date"], found["ic"])
+    found = {split: read_daily(files.daily_ic(split)) for split in ("valid", "test")}
+    daily = {split: (f["date"], f["ic"]) for split, f in found.items() if f is not None and "date" in f}
     return comparison(attr, best.user_attrs, daily, trial_horizons([best], cfg)[best.number])
 
 
@@ -282,15 +275,11 @@ def running(study: optuna.Study, trials: list[FrozenTrial], grace: float) -> lis
     which a sweep fails another driver's trials (:func:`sweeper.dispatch.retries.fail_stale`)."""
     live = [t for t in trials if t.state == TrialState.RUNNING]
     ages = private.heartbeat_ages(private.backend(study), private.study_id(study)) if live else {}
-    rows = []
-    for t in live:
-        age = ages.get(private.trial_id(t))
-        ua = t.user_attrs
-        rows.append({"trial": t.number, "device": ua.get("device"), "host": ua.get("host"),
-                     "epoch": max(t.intermediate_values) if t.intermediate_values else None,
-                     "params": t.params, "stack_size": ua.get("stack_size"),
-                     "heartbeat_age_s": age, "stale": age is not None and age > grace})
-    return rows
+    return [{"trial": t.number, "device": t.user_attrs.get("device"), "host": t.user_attrs.get("host"),
+             "epoch": max(t.intermediate_values) if t.intermediate_values else None,
+             "params": t.params, "stack_size": t.user_attrs.get("stack_size"),
+             "heartbeat_age_s": (age := ages.get(private.trial_id(t))),
+             "stale": age is not None and age > grace} for t in live]
 
 
 def latest_telemetry(path: Path) -> list[dict[str, Any]]:
