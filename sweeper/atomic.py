@@ -94,12 +94,10 @@ def as_disk_full(exc: BaseException, path: str | Path) -> DiskFull | None:
 def current_umask() -> int:
     """The process's umask, read without changing it where Linux says (another thread creating a
     file meanwhile would otherwise get a 0o077 umask); else set and reset."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
     with _umask_lock:
         mask = os.umask(0o077)
         os.umask(mask)

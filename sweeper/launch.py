@@ -112,8 +112,6 @@ def _run_to_end(child: Child, request: str, timeout: float, grace: float) -> tup
 def feed(pipe: IO[bytes] | None, data: bytes) -> None:
     """``data`` to a child's stdin, which it then closes."""
     assert pipe is not None
-    try:
-        with pipe:
-            pipe.write(data)
-    except (OSError, ValueError):
-        pass  # the child died before reading it all (its exit code says how), or was killed
+    # the child may die before reading it all (its exit code says how), or be killed
+    with contextlib.suppress(OSError, ValueError), pipe:
+        pipe.write(data)

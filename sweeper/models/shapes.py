@@ -6,6 +6,7 @@ ones are named in one warning; a study none of whose shapes builds is refused.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 from sweeper import config as C
@@ -25,10 +26,8 @@ def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[di
             if key.startswith("model.") and spec.type == "categorical"
             and not all(isinstance(c, float) and not c.is_integer() for c in spec.choices or [])]
     choices = [cfg.search_space[k].choices or [] for k in keys]
-    total = 1
-    for c in choices:
-        total *= len(c)
-    if not keys or total > limit * limit:  # conditions can only shrink the count so much
+    # conditions can only shrink the count so much
+    if not keys or math.prod(map(len, choices)) > limit * limit:
         return None if keys else []
     seen: dict[tuple, dict[str, Any]] = {}
     for values in itertools.product(*choices):
@@ -50,11 +49,8 @@ def _active(cfg: C.SweeperConfig, combo: dict[str, Any]) -> dict[str, Any]:
 
 
 def _met(cfg: C.SweeperConfig, when: dict[str, Any], chosen: dict[str, Any]) -> bool:
-    for key, expected in when.items():
-        value = chosen[key] if key in chosen else C.config_value(cfg, key)
-        if value not in (expected if isinstance(expected, list) else [expected]):
-            return False
-    return True
+    return all((chosen[key] if key in chosen else C.config_value(cfg, key))
+               in (expected if isinstance(expected, list) else [expected]) for key, expected in when.items())
 
 
 def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,

@@ -47,8 +47,7 @@ class FileLock:
     """An exclusive flock on a file beside the SQLite database (one host)."""
 
     def __init__(self, path: Path, stop: StopToken = NEVER) -> None:
-        self.path = path
-        self.stop = stop
+        self.path, self.stop = path, stop
         self._fd: int | None = None
 
     def __enter__(self) -> FileLock:
@@ -94,11 +93,8 @@ class AdvisoryLock:
 
     def __init__(self, engine: sqlalchemy.Engine, key: str, policy: outage.OutagePolicy | None = None,
                  stop: StopToken = NEVER) -> None:
-        self.engine = engine
-        self.stop = stop
-        self.name = key
-        self.key = advisory_key(key)
-        self.policy = policy
+        self.engine, self.stop, self.policy = engine, stop, policy
+        self.name, self.key = key, advisory_key(key)
         self._conn: Any = None
         self._pending: Any = None  # the connection of a try in flight
 

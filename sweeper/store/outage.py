@@ -16,6 +16,7 @@ store is away.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sqlite3
@@ -158,10 +159,8 @@ class OutagePolicy:
                     raise
                 delay = self._failed(exc, attempt, max_delay)
                 for listener in _retry_listeners:
-                    try:
+                    with contextlib.suppress(Exception):  # a listener must never turn a retry into a failure
                         listener()
-                    except Exception:  # noqa: BLE001 - a listener must never turn a retry into a failure
-                        pass
                 self.stop.wait(delay)
                 attempt += 1
                 continue
