@@ -50,15 +50,8 @@ def fold_layout(panel: Panel, cfg: SweeperConfig) -> list[Fold]:
     if not cfg.validation.walk_forward:
         return [Fold(0, panel.splits["train"], panel.splits["valid"])]
     lookback, horizon, embargo = split_widths(cfg.data)
-    return walk_forward_folds(panel.splits["train"][0], panel.splits["test"][0], cfg, lookback,
-                              purge_gap(horizon, embargo))
-
-
-def walk_forward_folds(first: int, test_start: int, cfg: SweeperConfig, lookback: int,
-                       gap: int) -> list[Fold]:
-    """The folds between target index ``first`` and the test split at ``test_start``."""
-    v = cfg.validation
-    end = test_start - gap  # the last block stops where the test split's purge begins
+    v, gap, first = cfg.validation, purge_gap(horizon, embargo), panel.splits["train"][0]
+    end = panel.splits["test"][0] - gap  # the last block stops where the test split's purge begins
     span = end - first
     size = v.valid_dates if v.valid_dates is not None else (span - gap) // (v.folds + 1)
     need_train = max(MIN_TRAIN_DATES, lookback)
@@ -76,12 +69,8 @@ def walk_forward_folds(first: int, test_start: int, cfg: SweeperConfig, lookback
         raise ConfigError(f"validation.train_dates: {length} target dates is too short a rolling "
                           f"window; it needs at least {need_train} (the larger of {MIN_TRAIN_DATES} "
                           "and data.lookback)")
-    folds = []
-    for i, start in enumerate(starts):
-        stop = start - gap
-        lo = max(first, stop - length) if v.window == "rolling" else first
-        folds.append(Fold(i, (lo, stop), (start, start + size)))
-    return folds
+    return [Fold(i, (max(first, start - gap - length) if v.window == "rolling" else first, start - gap),
+                 (start, start + size)) for i, start in enumerate(starts)]
 
 
 def _too_small(cfg: SweeperConfig, span: int, gap: int, what: str) -> ConfigError:

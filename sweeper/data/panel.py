@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from sweeper.data.normalize import NormStats
-from sweeper.data.placement import ON_DEVICE, PINNED_HOST, free_device_bytes, placement
+from sweeper.data.placement import ON_DEVICE, free_device_bytes, placement
 
 _TENSORS = ("X", "y", "y_raw", "mask")
 
@@ -73,14 +73,10 @@ class Panel:
             device = torch.device("cuda", torch.cuda.current_device())
         if self.X.device == device:
             return self
-        if device.type != "cuda":
-            return self._moved(lambda t: t.to(device))
         # to the device straight from the host tensors (a cache entry's maps included):
         # the copy reads the mapped pages, no host copy of the panel is made first
-        where = placement(self.nbytes, free_device_bytes(device), share)
-        if where == ON_DEVICE:
+        if device.type != "cuda" or placement(self.nbytes, free_device_bytes(device), share) == ON_DEVICE:
             return self._moved(lambda t: t.to(device))
-        assert where == PINNED_HOST
         if self.cache_entry is not None:
             # pinning would copy the shared map into this process; the batcher already
             # gathers each batch into pinned memory, so the map itself serves as the host copy

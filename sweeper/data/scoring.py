@@ -46,9 +46,8 @@ def scoring_panel(cfg: DataConfig, path: str | Path, features: list[str], stats:
     X = normalize_features(torch.from_numpy(raw_X), mask, cfg.feature_norm, (0, 0), stats)
     y = torch.where(mask, torch.zeros(mask.shape), torch.full(mask.shape, float("nan")))
     dates = codes.dates
-    splits = {"all": (min(cfg.lookback - 1, len(dates)), len(dates))}
-    for name, days in (split_dates or {}).items():
-        splits[name] = date_range(dates, days, cfg.lookback)
+    splits = {"all": (min(cfg.lookback - 1, len(dates)), len(dates)),
+              **{name: date_range(dates, days, cfg.lookback) for name, days in (split_dates or {}).items()}}
     selection = {"date": cols.date_col, "asset": cols.asset_col, "label": cols.label_col,
                  "features": features}
     return Panel(X=X, y=y, y_raw=torch.from_numpy(y_raw), mask=mask, dates=dates, assets=codes.assets,
