@@ -172,8 +172,7 @@ def config_mismatch(stored: dict, cfg: SweeperConfig) -> str | None:
     """Why a checkpoint written under config ``stored`` cannot continue a run of ``cfg``
     (model, train and data must match); None when it can."""
     current = to_dict(cfg)
-    diffs = differing_keys(stored, current, CHECKPOINT_SECTIONS)
-    if not diffs:
+    if not (diffs := differing_keys(stored, current, CHECKPOINT_SECTIONS)):
         return None
     # the values again from the flat dicts: differing_keys spells a missing key "<unset>",
     # this message has always said None

@@ -244,8 +244,7 @@ def _sync(lanes: list[Lane], hook: EpochHook, epoch: int) -> None:
         member = f"stack member {index + 1}, " if len(lanes) > 1 else ""
         error = NonFiniteLoss(f"loss or gradients non-finite for {lane.progress.nonfinite_steps} "
                               f"consecutive steps ({member}epoch {epoch}, train.lr={lane.cfg.train.lr:g})")
-        others = hook.member_failed(index)
-        if others is None:
+        if (others := hook.member_failed(index)) is None:
             raise error
         lane.failure = str(error)
         _stop(lanes, [index, *others], StopReason.EARLY_STOP)

@@ -17,6 +17,7 @@ optimizer would make (a row norm and the flat update round differently in the la
 """
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -48,23 +49,18 @@ class FlatStack:
         self.grads = torch.zeros_like(self.values)
         exempt = model.no_weight_decay()
         self.decay = torch.zeros(1, sum(sizes), device=first.device, dtype=first.dtype)
-        self.spans: list[slice] = []
-        self.decayed: list[bool] = []
-        offset = 0
-        for (name, p), size in zip(named, sizes):
-            span = slice(offset, offset + size)
+        self.spans = [slice(end - size, end) for size, end in zip(sizes, itertools.accumulate(sizes))]
+        # a matrix per member: AdamW decays it
+        self.decayed = [p.dim() - model.member_dims >= 2 and name not in exempt for name, p in named]
+        for (name, p), size, span, decayed in zip(named, sizes, self.spans, self.decayed):
             self.values[:, span].copy_(p.detach().reshape(k, size))
             path, _, attr = name.rpartition(".")
             owner = model.get_submodule(path) if path else model
             fresh = nn.Parameter(self.values[:, span].view(p.shape))
             fresh.grad = self.grads[:, span].view(p.shape)
             owner._parameters[attr] = fresh  # the flat view replaces the module's own tensor
-            decayed = p.dim() - model.member_dims >= 2 and name not in exempt
-            if decayed:  # a matrix per member: AdamW decays it
+            if decayed:
                 self.decay[:, span] = 1.0
-            self.spans.append(span)
-            self.decayed.append(decayed)
-            offset += size
         self.params = [p for _, p in model.named_parameters() if p.requires_grad]
 
     def zero_grad(self) -> None:

@@ -127,19 +127,15 @@ class DateRuns:
 def epoch_rows(batcher: Batcher, order: str, batch_size: int, generator: torch.Generator,
                limit: int | None, runs: DateRuns | None = None) -> Iterator[Rows]:
     """The epoch's batches as rows: a random order of samples, or whole dates in a random order."""
-    if order == "random":
-        return _random_rows(batcher, batch_size, generator, limit)
-    return _cross_section_rows(batcher, runs or DateRuns(batcher), dates_per_batch(batcher, batch_size),
-                               generator, limit)
-
-
-def _random_rows(batcher: Batcher, batch_size: int, generator: torch.Generator,
-                 limit: int | None) -> Iterator[Rows]:
+    if order != "random":
+        yield from _cross_section_rows(batcher, runs or DateRuns(batcher),
+                                       dates_per_batch(batcher, batch_size), generator, limit)
+        return
     cap = batcher.n_samples if limit is None else min(limit, batcher.n_samples)
-    order = torch.randperm(batcher.n_samples, generator=generator, device=generator.device)[:cap]
-    order = order.to(batcher.index.device)  # once per epoch; each batch is then sliced where the index lives
+    perm = torch.randperm(batcher.n_samples, generator=generator, device=generator.device)[:cap]
+    perm = perm.to(batcher.index.device)  # once per epoch; each batch is then sliced where the index lives
     for start in range(0, cap, batch_size):
-        yield Rows(batcher.index[order[start:start + batch_size]])
+        yield Rows(batcher.index[perm[start:start + batch_size]])
 
 
 def _cross_section_rows(batcher: Batcher, runs: DateRuns, per_batch: int, generator: torch.Generator,
