@@ -90,8 +90,7 @@ def _missing(value: object) -> bool:
 
 def write_table(frame: pd.DataFrame, out: str | Path) -> None:
     out = Path(out)
-    suffix = out.suffix.lower()
-    if suffix not in FORMATS:
+    if (suffix := out.suffix.lower()) not in FORMATS:
         raise ConfigError(f"{out}: expected a .parquet or .csv file name")
     with atomic_path(out) as tmp:
         (frame.to_csv if suffix == ".csv" else frame.to_parquet)(tmp, index=False)

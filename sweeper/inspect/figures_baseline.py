@@ -13,8 +13,7 @@ from sweeper.store.layout import trial_files
 
 def baseline_figure(data: StudyData) -> go.Figure:
     """Cumulative daily IC, best trial (solid) and baseline (dashed), per split."""
-    attr = data.study.user_attrs.get("baseline")
-    if not attr:
+    if not (attr := data.study.user_attrs.get("baseline")):
         return empty("no LightGBM baseline yet (sweeper baseline STUDY, or report.baseline in a sweep)")
     traces = []
     files = trial_files(data.run_dir, data.best.number) if data.best is not None else None

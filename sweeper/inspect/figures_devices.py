@@ -25,8 +25,7 @@ def _spans(data: StudyData) -> Spans:
         if device is None or t.datetime_start is None:
             continue
         slot = f"{t.user_attrs.get('host')}/{device}" if hosts > 1 else str(device)
-        end = t.datetime_complete or (data.now if t.state == TrialState.RUNNING else None)
-        if end is not None:
+        if (end := t.datetime_complete or (data.now if t.state == TrialState.RUNNING else None)) is not None:
             spans.setdefault(slot, []).append((t.datetime_start, max(end, t.datetime_start), t))
     return spans
 

@@ -56,8 +56,7 @@ class TrialFrames:
         """The trial's frame of ``split`` (``valid`` or ``test``)."""
         key = (trial.number, split)
         if key not in self._frames:
-            stored = trial_files(self.run_dir, trial.number).predictions(split)
-            if stored.exists():
+            if (stored := trial_files(self.run_dir, trial.number).predictions(split)).exists():
                 self._frames[key] = pd.read_parquet(stored)
             else:
                 self._frames[key] = self.predictor.frame(trial, split)

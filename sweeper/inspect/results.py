@@ -203,8 +203,7 @@ def baseline_report(study: optuna.Study, cfg: SweeperConfig, best: FrozenTrial,
     on the best trial's daily IC files); None while the study has no baseline."""
     from sweeper.baseline.compare import comparison
 
-    attr = study.user_attrs.get("baseline")
-    if not attr:
+    if not (attr := study.user_attrs.get("baseline")):
         return None
     found = {split: read_daily(files.daily_ic(split)) for split in ("valid", "test")}
     daily = {split: (f["date"], f["ic"]) for split, f in found.items() if f is not None and "date" in f}

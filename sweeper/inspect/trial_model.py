@@ -180,8 +180,7 @@ class Predictor:
 
         def make() -> Panel:
             panel = load_panel(tcfg.data)
-            grid = RunGrid.of(tcfg)
-            if grid.folded:
+            if (grid := RunGrid.of(tcfg)).folded:
                 panel = fold_panel(panel, fold_layout(panel, tcfg)[grid.model_run[0]], tcfg.data)
             return own_scoring_panel(panel)
 

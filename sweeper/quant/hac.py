@@ -31,8 +31,7 @@ def variance_ratio(x: np.ndarray, lag: int) -> float:
     if len(v) < 2:
         return math.nan
     centred = v - v.mean()
-    m0 = float(np.dot(centred, centred))
-    if m0 <= 0:
+    if (m0 := float(np.dot(centred, centred))) <= 0:
         return math.nan
     ratio = 1.0
     for k in range(1, min(lag, len(v) - 1) + 1):
