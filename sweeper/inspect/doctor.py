@@ -14,7 +14,7 @@ from importlib import metadata
 from typing import NamedTuple
 
 from sweeper import __version__
-from sweeper.devices import GPU, NvmlProbe, probe
+from sweeper.devices import NvmlProbe, probe
 from sweeper.devices.fake import GPUS_ENV
 
 NO_GPU_VERDICT = "no GPU: CPU slots will be used"
@@ -37,25 +37,21 @@ def doctor() -> DoctorReport:
             ("torch", torch.__version__), ("torch CUDA build", torch.version.cuda or "none (CPU-only build)"),
             ("NVIDIA driver", driver)]
     for gpu in found.gpus:
-        rows += _gpu_rows(gpu)
+        tag = f"GPU {gpu.index}"
+        procs = ", ".join(f"pid {p['pid']}" + (f" ({p['used_mb']} MB)" if p.get("used_mb") is not None
+                                                else "") for p in gpu.processes)
+        cc = f" (compute capability {gpu.capability[0]}.{gpu.capability[1]})" if gpu.capability else ""
+        bf16 = "unknown" if gpu.bf16 is None else ("yes" if gpu.bf16 else "no, fp16 autocast only") + cc
+        rows += [(tag, f"{gpu.name} {gpu.uuid}"),
+                 (f"{tag} memory", f"{gpu.free_mb} MB free of {gpu.total_mb} MB ({gpu.used_mb} MB used)"),
+                 (f"{tag} utilisation", "n/a" if gpu.util is None else f"{gpu.util}%"),
+                 (f"{tag} processes", procs or "none"), (f"{tag} bf16", bf16)]
     rows += [("optuna", _package_version("optuna")), ("SQLite", sqlite3.sqlite_version),
              ("optuna-dashboard", _package_version("optuna-dashboard"))]
     available = bool(torch.cuda.is_available())
     rows.append(("torch.cuda.is_available()", str(available)))
     verdict, code = _verdict(found, torch.version.cuda, available)
     return DoctorReport(rows, verdict, code)
-
-
-def _gpu_rows(gpu: GPU) -> list[tuple[str, str]]:
-    tag = f"GPU {gpu.index}"
-    procs = ", ".join(f"pid {p['pid']}" + (f" ({p['used_mb']} MB)" if p.get("used_mb") is not None else "")
-                      for p in gpu.processes)
-    cc = f" (compute capability {gpu.capability[0]}.{gpu.capability[1]})" if gpu.capability else ""
-    bf16 = "unknown" if gpu.bf16 is None else ("yes" if gpu.bf16 else "no, fp16 autocast only") + cc
-    return [(tag, f"{gpu.name} {gpu.uuid}"),
-            (f"{tag} memory", f"{gpu.free_mb} MB free of {gpu.total_mb} MB ({gpu.used_mb} MB used)"),
-            (f"{tag} utilisation", "n/a" if gpu.util is None else f"{gpu.util}%"),
-            (f"{tag} processes", procs or "none"), (f"{tag} bf16", bf16)]
 
 
 def _verdict(found: NvmlProbe, torch_cuda: str | None, available: bool) -> tuple[str, int]:
