@@ -52,8 +52,7 @@ def comparison(attr: dict[str, Any], best_metrics: dict[str, Any],
     baseline), ``{val,test}_t_stat`` (Newey-West, lag ``horizon - 1``, on the shared dates) and
     ``t_stat``: the test split's, the out-of-sample one."""
     out: dict[str, Any] = {k: attr.get(k) for k in KEPT if k in attr}
-    lag = lag_for_horizon(horizon)
-    out["nw_lag"] = lag
+    out["nw_lag"] = lag = lag_for_horizon(horizon)
     for split, p in SPLITS.items():
         mine, theirs = best_metrics.get(f"{p}_ic"), attr.get(f"{p}_ic")
         out[f"{p}_ic_diff"] = float(mine) - float(theirs) if _finite(mine) and _finite(theirs) else None

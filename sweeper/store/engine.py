@@ -322,9 +322,8 @@ def check_reachable(url: str) -> None:
         path = sqlite_path(url)
         if path is not None and path.exists():
             try:
-                db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-                db.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
-                db.close()
+                with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+                    db.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StorageError(f"storage {url}: {path} is not a SQLite database ({exc})") from None
         elif path is not None:

@@ -64,10 +64,8 @@ def stacked_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """``x[K, ..., in] @ weight[K, out, in]^T + bias[K, out]``: one batched matmul for all members."""
     k, inner = x.shape[0], x.shape[1:-1]
     flat = x.reshape(k, -1, x.shape[-1])
-    if bias is None:
-        out = torch.bmm(flat, weight.transpose(1, 2))
-    else:
-        out = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
+    out = (torch.bmm(flat, weight.transpose(1, 2)) if bias is None
+           else torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2)))
     return out.reshape(k, *inner, weight.shape[1])
 
 

@@ -47,8 +47,7 @@ def build_stack(model_cfgs: Sequence[ModelConfig], n_features: int, lookback: in
         custom.plan = line
         return custom
     for other in model_cfgs[1:]:
-        differs = [f for f in SHAPE_FIELDS if getattr(other, f, None) != getattr(first, f, None)]
-        if differs:
+        if differs := [f for f in SHAPE_FIELDS if getattr(other, f, None) != getattr(first, f, None)]:
             raise ValueError(f"members of one stack differ in {', '.join(differs)}")
     k, rates = len(model_cfgs), [m.dropout for m in model_cfgs]
     stack = native(first, k, n_features, lookback, rates)
