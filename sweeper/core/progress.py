@@ -33,9 +33,7 @@ class Progress:
         if better or not self.best_state:  # the first epoch is the best until beaten
             self.best, self.best_epoch, self.best_metrics = value, epoch, metrics
             self.best_state = weights()
-            self.bad_epochs = 0 if better else self.bad_epochs + 1
-        else:
-            self.bad_epochs += 1
+        self.bad_epochs = 0 if better else self.bad_epochs + 1
 
 
 @dataclass

@@ -61,8 +61,7 @@ def ic_time_figure(data: StudyData) -> go.Figure:
             fig.add_trace(trace, row=row, col=col)
             years = max(years, len(months[kind][split]))
     meta: dict[str, Any] = {"trial": data.best.number, "months": months,
-                            "ic_by_year": ic_by_year_report(panels["best"])}
-    meta.update(data.group_neutral)
+                            "ic_by_year": ic_by_year_report(panels["best"]), **data.group_neutral}
     height = max(int(LAYOUT["height"]), len(panels) * (120 + ROW_HEIGHT * years))
     fig.update_layout(**{**LAYOUT, "height": height}, meta=meta,
                       title=f"mean daily IC by year and month (trial {data.best.number}"
