@@ -83,7 +83,6 @@ def design(panel: Panel, split: str, lags: int, max_rows: int | None = None) -> 
     for k in range(lags + 1):
         inside = t >= k  # a lag before the panel's first date stays NaN
         out[inside, k * F:(k + 1) * F] = X[t[inside] - k, i[inside]]
-    y = panel.y.cpu().numpy()[t, i]
-    y_raw = panel.y_raw.cpu().numpy()[t, i]
+    y, y_raw = (values.cpu().numpy()[t, i] for values in (panel.y, panel.y_raw))
     names = [f if k == 0 else f"{f}@lag{k}" for k in range(lags + 1) for f in panel.features]
     return Design(t=t, i=i, X=out, y=y, y_raw=y_raw, names=names, subsampled=subsampled)

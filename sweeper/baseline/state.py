@@ -71,10 +71,8 @@ def _now() -> str:
 
 def mark(study: optuna.Study, state: State, host: str, driver: str, error: str | None = None) -> None:
     """Record ``state``, stamped now, whatever was stored: the job's transitions, ``sweeper baseline``'s."""
-    stored: dict[str, Any] = {"state": str(state), "host": host, "driver": driver, "at": _now()}
-    if error is not None:
-        stored["error"] = error
-    study.set_user_attr(ATTR, stored)
+    stored = {"state": str(state), "host": host, "driver": driver, "at": _now()}
+    study.set_user_attr(ATTR, stored if error is None else {**stored, "error": error})
 
 
 def claim(study: optuna.Study, lock: ClaimLock, host: str, driver: str) -> bool:

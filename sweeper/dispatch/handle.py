@@ -37,8 +37,7 @@ class WorkerHandle:
         # hosts may share the run folder: each writes its own slot logs
         self.log_path = slot_log(run_dir, init["driver"]["host"], slot.id)
         self.proc: launch.Child | None = None
-        self.ready = False
-        self.was_ready = False
+        self.ready = self.was_ready = False
         self.early_exits = 0  # exits before ever becoming ready, in a row
         self.running: Running | None = None
         self.stop_sent = False  # a worker is told to stop once, however many loop turns the drain takes

@@ -221,17 +221,16 @@ class StackedTransformer(StackedModule):
         draw, where a lone run started): the projection, the position table, the encoder layer
         (nn.TransformerEncoder deep-copies one layer into every layer), the head."""
         first = cast(StackedEncoderLayer, self.encoder.layers[0])
-        for k in range(self.members):
-            self.project.init_member(k)
-            if self.learned_positions:
-                with torch.no_grad():
+        with torch.no_grad():
+            for k in range(self.members):
+                self.project.init_member(k)
+                if self.learned_positions:
                     self.positions[k] = torch.randn(self.positions.shape[1:]) * 0.02
-            first.init_member(k)
-            for layer in self.encoder.layers[1:]:
-                with torch.no_grad():
+                first.init_member(k)
+                for layer in self.encoder.layers[1:]:
                     for mine, theirs in zip(layer.parameters(), first.parameters()):
                         mine[k] = theirs[k]
-            self.head.init_member(k)
+                self.head.init_member(k)
 
     def no_weight_decay(self) -> set[str]:
         """The one-member model's exemption: the learned position table, when there is one."""
