@@ -88,7 +88,10 @@ class Driver:
                 return
             self.rule.clock()  # study.timeout, judged once a turn
             if self.rule.draining:
-                self._drain()
+                self.dispatch.release_held(self, "stopped (Ctrl-C or SIGTERM) before it could start")
+                self.baseline.stop()
+                for w in self.workers:
+                    w.drain()
             elif self.rule.stopping():
                 self.dispatch.release_held(self, "the sweep stopped before it could start")
             else:
@@ -257,12 +260,6 @@ class Driver:
     def _kill_trial(self, w: WorkerHandle, run: Running, reason: FailReason, error: str) -> None:
         w.kill()  # the EOF that follows respawns the slot
         self._failed(w, run, reason, error, w.returncode)
-
-    def _drain(self) -> None:
-        self.dispatch.release_held(self, "stopped (Ctrl-C or SIGTERM) before it could start")
-        self.baseline.stop()
-        for w in self.workers:
-            w.drain()
 
     def _kill_all(self) -> None:
         """The second Ctrl-C: every worker's process group killed at once, then their trials failed."""

@@ -62,7 +62,11 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
         cfg = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
     check_sampler(cfg.study.sampler)
     build_pruner(cfg.study.pruner)
-    _check_models(cfg)
+    # model names only, before the data loads; importing a user's module is the child check's job
+    spec = cfg.search_space.get("model.name")
+    for name in sorted({str(c) for c in (spec.choices or [])} if spec is not None else ()):
+        if name not in C.BUILTIN_MODELS and ":" not in name:
+            raise ConfigError(f"search_space.model.name: {C.unknown_model(name)}")
     summary = _summary(cfg, server)
     # a model's errors are config errors; the shapes a trial may sample but cannot build are notes
     notes = check_study_models(cfg, len(summary.features), cfg.data.lookback,
@@ -87,14 +91,6 @@ def _summary(cfg: C.SweeperConfig, server: ForkServer | None) -> PanelSummary:
     out, _ = launch.run("summary", json.dumps(C.to_dict(cfg)), SUMMARY_TIMEOUT_S, grace=SUMMARY_GRACE_S,
                         server=server)
     return read_answer(out) or summarize_panel(cfg)
-
-
-def _check_models(cfg: C.SweeperConfig) -> None:
-    # names only, before the data loads; importing a user's module is the child check's job
-    spec = cfg.search_space.get("model.name")
-    for name in sorted({str(c) for c in (spec.choices or [])} if spec is not None else ()):
-        if name not in C.BUILTIN_MODELS and ":" not in name:
-            raise ConfigError(f"search_space.model.name: {C.unknown_model(name)}")
 
 
 def _attach(plan: Plan, *, force: bool, must_exist: bool, driver_id: str = "",
