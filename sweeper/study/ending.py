@@ -23,10 +23,8 @@ ERROR_CHARS = 2000  # the stored error text is cut here: a traceback's last line
 def fail_attrs(reason: FailReason | str, error: str, **extra: Any) -> dict[str, Any]:
     """The user attributes of a failed trial; an interrupted one also stopped for that reason.
     A reason of a user's own TrialFailure need not be one of FailReason's."""
-    attrs: dict[str, Any] = {"fail_reason": str(reason), "error": error[:ERROR_CHARS], **extra}
-    if reason == FailReason.INTERRUPTED:
-        attrs["stop_reason"] = str(StopReason.INTERRUPTED)
-    return attrs
+    stopped = {"stop_reason": str(StopReason.INTERRUPTED)} if reason == FailReason.INTERRUPTED else {}
+    return {"fail_reason": str(reason), "error": error[:ERROR_CHARS], **extra, **stopped}
 
 
 def end_trial(study: optuna.Study, trial: optuna.Trial | int, state: TrialState, attrs: Mapping[str, Any],

@@ -63,7 +63,9 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
             for key, value in attrs.items():
                 study.set_user_attr(key, value)
         else:
-            _join(study, attrs, force)
+            if "study_uuid" not in study.user_attrs:  # created by a sweeper before the identity existed
+                study.set_user_attr("study_uuid", attrs["study_uuid"])
+            check_compatible(study, attrs, force)
         if study.metric_names is None:  # optuna-dashboard's axis and trials_dataframe's column name it
             with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
                 study.set_metric_names([C.objective_label(cfg.study.metric, cfg.validation)])
@@ -73,12 +75,6 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
         seed = driver_seed(cfg.study.sampler.seed, n_trials, driver_id)
         study.sampler = build_sampler(cfg.study.sampler, seed)
     return study, created
-
-
-def _join(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:
-    if "study_uuid" not in study.user_attrs:  # created by a sweeper before the identity existed
-        study.set_user_attr("study_uuid", attrs["study_uuid"])
-    check_compatible(study, attrs, force)
 
 
 def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:

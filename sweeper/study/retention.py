@@ -23,6 +23,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,29 +162,16 @@ def collect(study: optuna.Study, cfg: SweeperConfig, run_dir: str | Path, *, dry
 def folder_size(path: str | Path) -> int:
     """Bytes of every file under ``path`` (their sizes, links not followed); 0 if it is absent.
     Files that vanish while it walks (a collector, a finishing trial) are skipped."""
-    total = 0
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if not os.path.islink(os.path.join(root, name)):
-                total += st.st_size
-    return total
+    return sum(_size(Path(root, name), links=False) for root, _dirs, names in os.walk(path) for name in names)
 
 
-def trial_bytes(run_dir: str | Path, trial: FrozenTrial) -> int:
-    """A trial's footprint on the run folder's disk: its folder and its artifact store copies."""
-    return (folder_size(trial_files(run_dir, trial.number).folder)
-            + sum(_size(p) for p in _artifact_copies(trial, run_dir, None)))
-
-
-def _size(path: Path) -> int:
+def _size(path: Path, links: bool = True) -> int:
+    """``path``'s size; 0 when it is gone, or (``links`` False) a link."""
     try:
-        return path.stat().st_size
+        st = path.stat(follow_symlinks=links)
     except OSError:
         return 0
+    return 0 if stat.S_ISLNK(st.st_mode) else st.st_size
 
 
 def space_warning(run_dir: str | Path, trials: list[FrozenTrial], n_trials: int) -> str | None:
@@ -192,7 +180,9 @@ def space_warning(run_dir: str | Path, trials: list[FrozenTrial], n_trials: int)
     left them); None when it holds enough, or nothing has finished to estimate from."""
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     left = n_trials - len(finished)
-    sizes = [trial_bytes(run_dir, t) for t in finished]
+    # a trial's footprint on the run folder's disk: its folder and its artifact store copies
+    sizes = [folder_size(trial_files(run_dir, t.number).folder)
+             + sum(_size(p) for p in _artifact_copies(t, run_dir, None)) for t in finished]
     per_trial = statistics.median(sizes) if sizes else 0
     if left <= 0 or per_trial <= 0:
         return None

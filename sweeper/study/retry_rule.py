@@ -33,8 +33,15 @@ def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig,
             continue
         reason = t.user_attrs.get("fail_reason", FailReason.INTERRUPTED)
         attempt = int(t.user_attrs.get("attempt", 0))
-        if _deserves_retry(t, reason, attempt, cfg):
-            plan.append((t, _retry_attrs(t, reason, attempt, TrialFolder(Path(run_dir), t.number))))
+        if not _deserves_retry(t, reason, attempt, cfg):
+            continue
+        crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in COUNTED_AS_CRASHES)
+        # the failed trial's own checkpoint when it saved one, else the one it resumed itself
+        resume = t.number if TrialFolder(Path(run_dir), t.number).has_checkpoint() else resumes(t.user_attrs)
+        attrs: dict[str, Any] = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
+        if reason == "oom" or t.user_attrs.get("exclusive_gpu"):
+            attrs["exclusive_gpu"] = True  # the driver starts it on a GPU of its own and lets nothing join it
+        plan.append((t, {**attrs, **resume_attrs(resume)}))
     return plan
 
 
@@ -53,12 +60,3 @@ def _deserves_retry(t: FrozenTrial, reason: str, attempt: int, cfg: StudyConfig)
     }
     return rules.get(reason, False)
 
-
-def _retry_attrs(t: FrozenTrial, reason: str, attempt: int, folder: TrialFolder) -> dict[str, Any]:
-    crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in COUNTED_AS_CRASHES)
-    # the failed trial's own checkpoint when it saved one, else the one it resumed itself
-    resume = t.number if folder.has_checkpoint() else resumes(t.user_attrs)
-    attrs: dict[str, Any] = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
-    if reason == "oom" or t.user_attrs.get("exclusive_gpu"):
-        attrs["exclusive_gpu"] = True  # the driver starts it on a GPU of its own and lets nothing join it
-    return {**attrs, **resume_attrs(resume)}

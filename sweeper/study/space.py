@@ -51,6 +51,5 @@ def _suggest_one(trial: optuna.Trial, key: str, spec: ParamSpec) -> Any:
         return trial.suggest_categorical(key, spec.choices)
     assert spec.low is not None and spec.high is not None
     if spec.type == "int":
-        step = int(spec.step) if spec.step else 1
-        return trial.suggest_int(key, int(spec.low), int(spec.high), step=step, log=spec.log)
+        return trial.suggest_int(key, int(spec.low), int(spec.high), step=int(spec.step or 1), log=spec.log)
     return trial.suggest_float(key, float(spec.low), float(spec.high), step=spec.step, log=spec.log)

@@ -89,23 +89,19 @@ class Population:
         self.startup = startup_trials(cfg.study)
 
     def __call__(self) -> int:
-        asked = self.cfg.study.population
-        if asked == 1 or not self._started():
+        if (asked := self.cfg.study.population) == 1:
             return 1
-        return int(asked) if asked != "auto" else self._measured()
-
-    def _started(self) -> bool:
         states = (TrialState.COMPLETE, TrialState.PRUNED)
         if self.startup and len(self.study.get_trials(deepcopy=False, states=states)) >= self.startup:
             self.startup = 0  # reached: never counted again
-        return not self.startup
-
-    def _measured(self) -> int:
+        if self.startup:
+            return 1
+        if asked != "auto":
+            return int(asked)
         if (stack := self.cfg.train.max_stack) != "auto":  # a stack size set in the file: as many as fill it
             return max(1, stack // self.cfg.validation.runs)
         if self.size is None:
-            stored = self.study.user_attrs.get(STUDY_ATTR)
-            if not stored:
+            if not (stored := self.study.user_attrs.get(STUDY_ATTR)):
                 return 1
             self.size = int(stored.get("population_size", 1))
         return self.size

@@ -75,7 +75,14 @@ def fit(spec: C.ParamSpec, value: Any) -> Any:
             if choice == value and isinstance(choice, bool) == isinstance(value, bool):
                 return choice
         raise _Outside(f"not one of {spec.choices}")
-    number = _number(value)
+    number = value
+    if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as text
+        try:
+            number = float(value)
+        except ValueError:
+            raise _Outside("not a number") from None
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+        raise _Outside("not a finite number")
     assert spec.low is not None and spec.high is not None  # validated for float and int
     if spec.type == "int":
         if not float(number).is_integer():
@@ -87,17 +94,6 @@ def fit(spec: C.ParamSpec, value: Any) -> Any:
     if step and abs((k := (number - spec.low) / step) - round(k)) > 1e-8:  # Optuna's own tolerance
         raise _Outside(f"not on the grid of step {step:g} from {spec.low:g}")
     return number if spec.type == "int" else float(number)
-
-
-def _number(value: Any) -> float | int:
-    if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as text
-        try:
-            value = float(value)
-        except ValueError:
-            raise _Outside("not a number") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _Outside("not a finite number")
-    return value
 
 
 def config_set(cfg: C.SweeperConfig) -> tuple[StartSet | None, list[str]]:
@@ -178,21 +174,20 @@ def read_enqueue_file(path: str | Path, cfg: C.SweeperConfig) -> list[StartSet]:
     entries = [raw] if isinstance(raw, dict) else raw
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{path}: expected a list of mappings of search_space keys to values")
-    return [_enqueue_entry(path, i, entry, cfg) for i, entry in enumerate(entries)]
-
-
-def _enqueue_entry(path: Path, i: int, entry: Any, cfg: C.SweeperConfig) -> StartSet:
-    where = f"{path}: entry #{i}"
-    if not isinstance(entry, dict) or not entry:
-        raise ConfigError(f"{where}: expected a non-empty mapping of search_space keys to values, "
-                          f"got {entry!r}")
-    params, refused = _fitted(cfg, C.flatten(entry))
-    for key, value, why in refused[:1]:  # strict: the first key it cannot take
-        if key not in cfg.search_space:
-            raise ConfigError(f"{where}: {key} is not a search_space key "
-                              f"(the search space has: {', '.join(cfg.search_space) or 'none'})")
-        raise ConfigError(f"{where}: {key}={value!r} is {why}")
-    return StartSet(params, f"{path}#{i}")
+    sets = []
+    for i, entry in enumerate(entries):
+        where = f"{path}: entry #{i}"
+        if not isinstance(entry, dict) or not entry:
+            raise ConfigError(f"{where}: expected a non-empty mapping of search_space keys to values, "
+                              f"got {entry!r}")
+        params, refused = _fitted(cfg, C.flatten(entry))
+        for key, value, why in refused[:1]:  # strict: the first key it cannot take
+            if key not in cfg.search_space:
+                raise ConfigError(f"{where}: {key} is not a search_space key "
+                                  f"(the search space has: {', '.join(cfg.search_space) or 'none'})")
+            raise ConfigError(f"{where}: {key}={value!r} is {why}")
+        sets.append(StartSet(params, f"{path}#{i}"))
+    return sets
 
 
 def _has_study(cfg: C.SweeperConfig) -> bool:
