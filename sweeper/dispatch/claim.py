@@ -2,6 +2,7 @@
 make the trial this driver's before anyone else looks."""
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -63,14 +64,26 @@ def _ask(study: optuna.Study, cfg: SweeperConfig, ident: Identity, run_dir: Path
         study.enqueue_trial(params)
     trial = study.ask()
     try:
-        _make_ours(study, trial, cfg, ident, run_dir)
+        private.backend(study).record_heartbeat(private.trial_id(trial))
+        # a retry carries the user attrs of its enqueue only; these make it this host's
+        checkpoint = str(trial_files(run_dir, trial.number).checkpoint)
+        for key, value in {**ident.attrs(), "checkpoint": checkpoint}.items():
+            trial.set_user_attr(key, value)
+        suggest(trial, cfg)
     except optuna.exceptions.UpdateFinishedTrialError:
         # another driver failed it as an orphan while this claim waited out an
         # outage (the lock's session died with the server): it is re-queued; count again
         return None
     except BaseException as exc:
-        # a RUNNING trial with no worker would hold the budget until its heartbeat lapses
-        _fail_claimed(study, trial, exc)
+        # a RUNNING trial with no worker would hold the budget until its heartbeat lapses: FAIL it,
+        # ``interrupted`` (re-run with its params) after Ctrl-C, SIGTERM or an outage past the limit,
+        # else ``crash`` (KeyboardInterrupt: a library caller's Ctrl-C, and a sweep's signals, a
+        # StopRequested). Best effort: the store may be what broke; the original error is the one to report
+        stopped = isinstance(exc, (KeyboardInterrupt, StorageOutage))
+        reason = FailReason.INTERRUPTED if stopped else FailReason.CRASH
+        with contextlib.suppress(Exception, StopRequested):
+            fail_trial(study, private.trial_id(trial), reason,
+                       f"claim broke off: {type(exc).__name__}: {exc}")
         raise
     return trial
 
@@ -90,28 +103,6 @@ def _followers(study: optuna.Study, cfg: SweeperConfig, ident: Identity, run_dir
             break
         out.append(trial)
     return out
-
-
-def _make_ours(study: optuna.Study, trial: optuna.Trial, cfg: SweeperConfig, ident: Identity,
-               run_dir: Path) -> None:
-    private.backend(study).record_heartbeat(private.trial_id(trial))
-    # a retry carries the user attrs of its enqueue only; these make it this host's
-    checkpoint = str(trial_files(run_dir, trial.number).checkpoint)
-    for key, value in {**ident.attrs(), "checkpoint": checkpoint}.items():
-        trial.set_user_attr(key, value)
-    suggest(trial, cfg)
-
-
-def _fail_claimed(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:
-    """FAIL a trial whose claim broke off: ``interrupted`` (re-run with its params) after Ctrl-C,
-    SIGTERM or an outage past the limit, else ``crash``. Best effort: the store may be what broke."""
-    # (KeyboardInterrupt: a library caller's Ctrl-C, and a sweep's signals, a StopRequested)
-    stopped = isinstance(exc, (KeyboardInterrupt, StorageOutage))
-    reason = FailReason.INTERRUPTED if stopped else FailReason.CRASH
-    try:
-        fail_trial(study, private.trial_id(trial), reason, f"claim broke off: {type(exc).__name__}: {exc}")
-    except (Exception, StopRequested):  # noqa: BLE001 - the original error is the one to report
-        pass
 
 
 class ClaimSchedule:

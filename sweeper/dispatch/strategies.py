@@ -62,12 +62,10 @@ class SlotDispatch:
     def start_trials(self, d: Launcher) -> None:
         if not d.claim_due():
             return
-        for w in d.workers:
-            if w.idle:
-                trials = d.claim(population=True)
-                if not trials:
-                    return
-                d.start(w, [(private.trial_id(t), t.number, t.params) for t in trials])
+        for w in (w for w in d.workers if w.idle):
+            if not (trials := d.claim(population=True)):
+                return
+            d.start(w, [(private.trial_id(t), t.number, t.params) for t in trials])
 
     # null behaviour: nothing held, nothing measured
     def release_held(self, d: Launcher, why: str) -> None: ...
@@ -96,33 +94,27 @@ class PackedDispatch:
         return first_per_gpu(workers)
 
     def start_trials(self, d: Launcher) -> None:
-        while (self.held is not None or d.claim_due()) and self._start_one(d):
-            pass
-
-    def _start_one(self, d: Launcher) -> bool:
-        """Start one trial where it fits; False when nothing more can start now."""
-        idle, spare = workers_by_gpu(d.workers)
-        if self.held is None:
-            if self.packer.gate(idle) is None:
-                # no room where a worker is free: start a worker where there is room
-                if (gpu := self.packer.gate(spare)) is not None:
-                    d.spawn(spare[gpu])
-                return False
-            trials = d.claim()  # one at a time: each is placed by its own measured memory
-            if not trials:
-                return False
-            self.held = self.packer.hold(trials[0])
-        placement = self.packer.place(self.held, idle)
-        if placement is None:
-            self.packer.beat(self.held, self.heartbeat_interval)
-            if (spot := self.packer.place(self.held, spare)) is not None:
-                d.spawn(spare[spot.gpu])
-            return False
-        held, self.held = self.held, None
-        self.packer.start(held, placement)
-        d.start(idle[placement.gpu], [(held.trial_id, held.number, held.params)],
-                memory_limit_mb=placement.allotted_mb)
-        return True
+        """Start one trial after another where it fits, until nothing more can start now."""
+        while self.held is not None or d.claim_due():
+            idle, spare = workers_by_gpu(d.workers)
+            if self.held is None:
+                if self.packer.gate(idle) is None:
+                    # no room where a worker is free: start a worker where there is room
+                    if (gpu := self.packer.gate(spare)) is not None:
+                        d.spawn(spare[gpu])
+                    return
+                if not (trials := d.claim()):  # one at a time: each is placed by its own measured memory
+                    return
+                self.held = self.packer.hold(trials[0])
+            if (placement := self.packer.place(self.held, idle)) is None:
+                self.packer.beat(self.held, self.heartbeat_interval)
+                if (spot := self.packer.place(self.held, spare)) is not None:
+                    d.spawn(spare[spot.gpu])
+                return
+            held, self.held = self.held, None
+            self.packer.start(held, placement)
+            d.start(idle[placement.gpu], [(held.trial_id, held.number, held.params)],
+                    memory_limit_mb=placement.allotted_mb)
 
     def release_held(self, d: Launcher, why: str) -> None:
         """The loop is leaving: a held trial is failed as interrupted (a retry runs it)."""
