@@ -43,8 +43,7 @@ def adopt(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.
     folder, grid = TrialFolder.of(files), RunGrid.of(cfg)
     folder.clear_stale(log)
     source = resume_checkpoint(folder.run_dir, frozen.user_attrs)
-    meta = checkpoint_meta(source) if source is not None else None
-    if source is None or meta is None:
+    if source is None or (meta := checkpoint_meta(source)) is None:
         return
     was: dict[str, Any] = meta["owner"] if isinstance(meta.get("owner"), dict) else {}
     fold, seed = named_run(was)  # an older holdout trial's stamp names no run: its one run's
@@ -69,7 +68,13 @@ def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, fol
     done = folder.copy_runs_from(origin, grid.cells(), grid.members)
     folder.copy_checkpoint_from(source)
     step = grid.step(fold, seed, epoch)
-    _replay(study, trial, frozen, step)
+    # the interrupted trial's intermediate values up to the checkpoint's step, reported once
+    storage = private.backend(study)
+    previous = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(
+        private.study_id(study), int(frozen.user_attrs["retry_of"])))
+    for at, value in sorted(previous.intermediate_values.items()):
+        if at <= step and at not in frozen.intermediate_values:
+            trial.report(value, at)
     if origin.metrics.exists():
         copy_csv_upto(origin.metrics, folder.files.metrics, step, grid)
     trial.set_user_attr("resumed_from_epoch", epoch)
@@ -134,13 +139,3 @@ def _lineage(study: optuna.Study, frozen: FrozenTrial) -> list[int]:
         number = storage.get_trial(trial_id).user_attrs.get("retry_of")
     return numbers
 
-
-def _replay(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, epoch: int) -> None:
-    """The interrupted trial's intermediate values up to the checkpoint's epoch (its global step,
-    for a trial of several runs), reported once."""
-    storage = private.backend(study)
-    previous = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(
-        private.study_id(study), int(frozen.user_attrs["retry_of"])))
-    for step, value in sorted(previous.intermediate_values.items()):
-        if step <= epoch and step not in frozen.intermediate_values:
-            trial.report(value, step)

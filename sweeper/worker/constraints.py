@@ -44,12 +44,8 @@ def violation(value: float | None, bound: Bound) -> float:
     """How far ``value`` lies outside ``bound``: <= 0 inside it (the larger excess of both ends)."""
     if value is None:
         return UNDEFINED
-    excess = []
-    if bound.max is not None:
-        excess.append(value - bound.max)
-    if bound.min is not None:
-        excess.append(bound.min - value)
-    return max(excess)
+    above = [value - bound.max] if bound.max is not None else []
+    return max(above + ([bound.min - value] if bound.min is not None else []))
 
 
 def constraint_values(figures: Mapping[str, float | None], bounds: Mapping[Any, Bound]) -> dict[str, float]:
@@ -65,10 +61,7 @@ def record(trial: optuna.Trial, figures: Mapping[str, float | None],
     values = constraint_values(figures, bounds)
     for name, value in values.items():
         trial.set_constraint(name, value)
-    attrs: dict[str, Any] = dict(figures)
-    if values:
-        attrs[FEASIBLE] = all(v <= 0 for v in values.values())
-    return attrs
+    return {**figures, **({FEASIBLE: all(v <= 0 for v in values.values())} if values else {})}
 
 
 def record_constraints(trial: optuna.Trial, cfg: SweeperConfig,
@@ -76,8 +69,7 @@ def record_constraints(trial: optuna.Trial, cfg: SweeperConfig,
     """:func:`record` of the trial's valid-split predictions (``cfg``: the trial's own config,
     whose horizon its labels have): it writes the constraint values on the running trial, which
     the samplers read; the user attributes to store come back. Nothing when it has none."""
-    frame = predictions.get("valid")
-    if frame is None:
+    if (frame := predictions.get("valid")) is None:
         return {}
     figures = valid_figures(frame, cfg.data.horizon, cfg.report.quantiles)
     return record(trial, figures, cfg.study.constraints)

@@ -27,6 +27,7 @@ exits on EOF from the driver's socket: a ``kill -9`` of the driver takes them al
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -138,11 +139,9 @@ def _reap(ctl: socket.socket, children: dict[int, int]) -> None:
             done, status = pid, 0
         if done:
             del children[pid]
-            try:
+            with contextlib.suppress(OSError):
                 ctl.send(json.dumps({"exit": pid, "req": req,
                                      "code": os.waitstatus_to_exitcode(status)}).encode())
-            except OSError:
-                pass
 
 
 def _child(req: dict[str, Any], fds: list[int], ctl: socket.socket, started: int, server: int) -> None:

@@ -32,8 +32,7 @@ class OptunaHook(NullHook):
                  stop: StopToken, progress_every: float = PROGRESS_EVERY_S) -> None:
         self.trial, self.metric, self.number = trial, metric, number
         self.metrics_csv, self.stop = metrics_csv, stop
-        self.pruned = False
-        self.steps = 0
+        self.pruned, self.steps = False, 0
         # a trial of several runs (walk-forward folds, seed repeats) steps on across its stacks: the
         # stack's offset is added to its epoch, and metrics.csv rows say which fold and seed they are
         self.offset = 0
@@ -51,8 +50,7 @@ class OptunaHook(NullHook):
         """The next epochs are a stack's: the columns naming each member's run, and the stack's
         offset (:meth:`RunGrid.step`); each epoch reports one value, the mean over the members
         still training, so the pruner compares trials at the same runs and epoch."""
-        self.offset = offset
-        self.runs = runs
+        self.offset, self.runs = offset, runs
 
     def on_epoch(self, epoch: int, rows: list[dict[str, Any] | None]) -> bool:
         values = [self._record(columns, epoch, row)

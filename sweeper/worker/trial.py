@@ -89,12 +89,20 @@ class TrialRunner:
         started = time.monotonic()  # train.max_minutes counts from here, loading the data included
         self.memory_limit_mb = memory_limit_mb
         opened = [self._open(trial_id, number) for trial_id, number in trials]
-        numbers = [o.number for o in opened]
+        # host, driver_id and driver_pid were written by the driver's claim, under its lock
+        attrs: dict[str, Any] = {"device": self.slot["label"], "slot": self.slot["id"],
+                                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                                 "pid": os.getpid(), "hostname": socket.gethostname()}
+        if memory_limit_mb is not None:  # packed on a GPU (the driver writes gpu_shared_with)
+            attrs["gpu_mem_allotted_mb"] = memory_limit_mb
+        if len(opened) > 1:  # the trials that trained as one stack with it, itself included
+            attrs["population"] = [o.number for o in opened]
         with contextlib.ExitStack() as beats:
             for o in opened:
                 beats.enter_context(Heartbeat(self.storage, o.trial_id, self.cfg.study.heartbeat_interval,
                                               warn=o.warn))
-                self._stamp(o.trial, memory_limit_mb, numbers)
+                for key, value in attrs.items():
+                    o.trial.set_user_attr(key, value)
                 protocol.emit(protocol.START, number=o.number, params=o.frozen.params)
             self._train(opened, started)
             # still beating: recording results must not look like a dead host to the others
@@ -114,19 +122,7 @@ class TrialRunner:
         files = trial_files(self.run_dir, number)
         files.folder.mkdir(parents=True, exist_ok=True)
         return _Open(optuna.Trial(self.study, trial_id), self.storage.get_trial(trial_id), files,
-                     _TrialLog(files.log))
-
-    def _stamp(self, trial: optuna.Trial, memory_limit_mb: float | None, population: list[int]) -> None:
-        # host, driver_id and driver_pid were written by the driver's claim, under its lock
-        attrs: dict[str, Any] = {"device": self.slot["label"], "slot": self.slot["id"],
-                                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                                 "pid": os.getpid(), "hostname": socket.gethostname()}
-        if memory_limit_mb is not None:  # packed on a GPU (the driver writes gpu_shared_with)
-            attrs["gpu_mem_allotted_mb"] = memory_limit_mb
-        if len(population) > 1:  # the trials that trained as one stack with it, itself included
-            attrs["population"] = population
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+                     functools.partial(_log, files.log))
 
     def _train(self, opened: list[_Open], started: float) -> None:
         """Each trial's runs (its folds and seeds; one run without either), the trials of a population
@@ -274,7 +270,7 @@ class _Open:
     trial: optuna.Trial
     frozen: FrozenTrial
     files: TrialFiles
-    log: _TrialLog
+    log: Callable[[str], None]
     hook: OptunaHook | None = None
     outcome: tuple[TrialState, float | None, dict[str, Any]] | None = None  # None: another driver took it
     ended: bool | None = None  # recorded: whether the worker may go on (None: not yet)
@@ -314,7 +310,7 @@ def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: fl
     return TrialState.COMPLETE, value, attrs
 
 
-def _failed(exc: BaseException, log: _TrialLog) -> tuple[TrialState, None, dict[str, Any]]:
+def _failed(exc: BaseException, log: Callable[[str], None]) -> tuple[TrialState, None, dict[str, Any]]:
     """How a trial that raised ends: FAIL with its fail_reason, except a config the model
     cannot take, which is PRUNED (see below)."""
     if isinstance(exc, Interrupted):  # a stop that was asked for, not an error: no traceback
@@ -332,15 +328,12 @@ def _failed(exc: BaseException, log: _TrialLog) -> tuple[TrialState, None, dict[
     return TrialState.FAIL, None, fail_attrs(reason, message)
 
 
-class _TrialLog:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __call__(self, line: str) -> None:
-        try:
-            with self.path.open("a") as fh:
-                fh.write(line.rstrip() + "\n")
-            print(line, flush=True)  # stdout is the slot log (stderr) in a worker
-        except OSError as exc:
-            if not disk_full(exc):  # a full disk must not turn the line that says so into a crash
-                raise
+def _log(path: Path, line: str) -> None:
+    """A trial's log (``functools.partial`` of its file): ``line`` in the file and the slot log."""
+    try:
+        with path.open("a") as fh:
+            fh.write(line.rstrip() + "\n")
+        print(line, flush=True)  # stdout is the slot log (stderr) in a worker
+    except OSError as exc:
+        if not disk_full(exc):  # a full disk must not turn the line that says so into a crash
+            raise
