@@ -11,6 +11,7 @@ trial's, a holdout trial's one run too (``fold-1.seed-1``).
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -97,9 +98,7 @@ class RunGrid:
 
     def cells(self) -> Iterator[tuple[int, int]]:
         """Every (fold, seed), in the order they train."""
-        for fold in range(self.folds):
-            for seed in range(self.repeats):
-                yield fold, seed
+        return itertools.product(range(self.folds), range(self.repeats))
 
     def step(self, fold: int, seed: int, epoch: int) -> int:
         """The intermediate value's step of a run's epoch: ``stack * epochs + epoch``, where ``stack`` is
@@ -134,6 +133,5 @@ def named_run(names: Mapping[str, Any]) -> tuple[int, int]:
 
 def seeded(cfg: SweeperConfig, seed: int) -> SweeperConfig:
     """The config of the run with seed index ``seed`` (0-based): ``train.seed + seed``."""
-    if seed == 0:
-        return cfg
-    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": cfg.train.seed + seed})})
+    return cfg if seed == 0 else cfg.model_copy(
+        update={"train": cfg.train.model_copy(update={"seed": cfg.train.seed + seed})})

@@ -64,9 +64,8 @@ def summary(out: R.TrialRuns, cfg: SweeperConfig) -> dict[str, Any]:
 def terminator_scores(out: R.TrialRuns, cfg: SweeperConfig) -> list[float]:
     """The fold scores of ``study.metric`` (one fold of several seeds: the seed scores; one run:
     its one score, which the Terminator cannot use)."""
-    if out.grid.folded:
-        return fold_scores(out.runs, cfg.study.metric)
-    return [float(r.metrics.get(cfg.study.metric, float("nan"))) for r in out.runs]
+    return (fold_scores(out.runs, cfg.study.metric) if out.grid.folded
+            else [float(r.metrics.get(cfg.study.metric, float("nan"))) for r in out.runs])
 
 
 def first_seed_predictions(out: R.TrialRuns) -> dict[str, pd.DataFrame]:

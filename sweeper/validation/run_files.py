@@ -32,9 +32,7 @@ class RunCheckpointer(FileCheckpointer):
         state = super().load()
         was = (state or {}).get("owner") or {}
         mine = self.owner or {}
-        if state is None or named_run(was) != named_run(mine) or was.get("stack") != mine.get("stack"):
-            return None
-        return state
+        return state if named_run(was) == named_run(mine) and was.get("stack") == mine.get("stack") else None
 
 
 class RunStore:

@@ -237,8 +237,7 @@ def _unfinished(trainer: Trainer, out: TrialRuns, cells: list[tuple[int, int]]) 
     """The runs of ``cells`` still to train; a retry's finished ones are added to ``out`` as they are."""
     store, todo = trainer.store, []
     for fold, seed in cells:
-        done = store.finished(fold, seed) if store is not None else None
-        if done is None or store is None:
+        if store is None or (done := store.finished(fold, seed)) is None:
             todo.append((fold, seed))
             continue
         out.add(done, *store.frames(fold, seed))

@@ -107,10 +107,9 @@ def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: i
     if grid.folded:
         attrs[K.FOLD_DATES] = spans
     if grid.repeats > 1:
-        attrs[K.SEED_VAL_IC_SD] = seed_sd(runs)
         per_fold = ensemble_fold_scores(runs, predictions)
-        attrs[K.FOLD_SEED_ENSEMBLE_VAL_IC] = per_fold
-        attrs[K.SEED_ENSEMBLE_VAL_IC] = _mean(per_fold)
+        attrs.update({K.SEED_VAL_IC_SD: seed_sd(runs), K.FOLD_SEED_ENSEMBLE_VAL_IC: per_fold,
+                      K.SEED_ENSEMBLE_VAL_IC: _mean(per_fold)})
     attrs[K.FOLD_BEST_EPOCH] = [int(statistics.median_low([int(r.metrics.get("best_epoch") or 0) for r in f]))
                                 for f in _by_fold(runs)]
     attrs[K.FOLDS_RUN] = folds_run
