@@ -27,13 +27,10 @@ def ensemble(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """``date, asset, pred, label``: the mean per-date z-score of every frame's ``pred``."""
     if not frames:
         raise ValueError("an ensemble needs at least one prediction frame")
-    merged = frames[0][[*KEYS, "label"]].copy()
-    merged["pred"] = zscore_by_date(frames[0])
+    merged = frames[0][[*KEYS, "label"]].assign(pred=zscore_by_date(frames[0]))
     for k, frame in enumerate(frames[1:], start=1):
-        member = frame[KEYS].copy()
-        member[f"pred_{k}"] = zscore_by_date(frame)
+        member = frame[KEYS].assign(**{f"pred_{k}": zscore_by_date(frame)})
         merged = merged.merge(member, on=KEYS, how="inner", sort=False)
     columns = ["pred", *(f"pred_{k}" for k in range(1, len(frames)))]
     merged["pred"] = merged[columns].mean(axis=1, skipna=False)
-    out = merged[[*KEYS, "pred", "label"]].sort_values(KEYS, kind="stable")
-    return out.reset_index(drop=True)
+    return merged[[*KEYS, "pred", "label"]].sort_values(KEYS, kind="stable").reset_index(drop=True)

@@ -55,8 +55,7 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     x, y = x[keep], y[keep]
     codes, uniques = pd.factorize(dates, sort=True)
     n_groups = len(uniques)
-    rx = pd.Series(x).groupby(codes).rank(method="average").to_numpy(np.float64)
-    ry = pd.Series(y).groupby(codes).rank(method="average").to_numpy(np.float64)
+    rx, ry = (pd.Series(v).groupby(codes).rank(method="average").to_numpy(np.float64) for v in (x, y))
     varies = _varies_by_group(codes, x, y, n_groups)  # ranks vary where the values do: one test for both
     constant = (np.bincount(codes, minlength=n_groups) >= 2) & ~varies[0] & varies[1]  # they score 0
     ic = np.where(constant, 0.0, grouped_pearson(codes, x, y, n_groups, varies))

@@ -9,8 +9,6 @@ from typing import Any
 def oracle_fractions(attrs: dict[str, Any], oracle: dict[str, float] | None) -> dict[str, float]:
     """``{"val_ic_oracle_fraction", "test_ic_oracle_fraction"}`` of a trial's user attributes,
     each where the trial has the IC and the oracle a non-zero figure for its split."""
-    out = {}
-    for split, key in (("valid", "val_ic"), ("test", "test_ic")):
-        if oracle and oracle.get(split) and attrs.get(key) is not None:
-            out[f"{key}_oracle_fraction"] = attrs[key] / oracle[split]
-    return out
+    return {f"{key}_oracle_fraction": attrs[key] / oracle[split]
+            for split, key in (("valid", "val_ic"), ("test", "test_ic"))
+            if oracle and oracle.get(split) and attrs.get(key) is not None}
