@@ -50,8 +50,7 @@ def doctor() -> DoctorReport:
              ("optuna-dashboard", _package_version("optuna-dashboard"))]
     available = bool(torch.cuda.is_available())
     rows.append(("torch.cuda.is_available()", str(available)))
-    verdict, code = _verdict(found, torch.version.cuda, available)
-    return DoctorReport(rows, verdict, code)
+    return DoctorReport(rows, *_verdict(found, torch.version.cuda, available))
 
 
 def _verdict(found: NvmlProbe, torch_cuda: str | None, available: bool) -> tuple[str, int]:

@@ -77,11 +77,8 @@ def _one_type(column: pd.Series) -> pd.Series:
 
 
 def _kind(value: object) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    return "string" if isinstance(value, str) else "json"
+    return ("bool" if isinstance(value, bool) else "number" if isinstance(value, (int, float))
+            else "string" if isinstance(value, str) else "json")
 
 
 def _missing(value: object) -> bool:
@@ -98,6 +95,5 @@ def write_table(frame: pd.DataFrame, out: str | Path) -> None:
 
 def read_table(path: str | Path) -> pd.DataFrame:
     """An exported table read back, with the datetime columns parsed for CSV too."""
-    if Path(path).suffix.lower() == ".csv":
-        return pd.read_csv(path, parse_dates=["datetime_start", "datetime_complete"])
-    return pd.read_parquet(path)
+    return (pd.read_csv(path, parse_dates=["datetime_start", "datetime_complete"])
+            if Path(path).suffix.lower() == ".csv" else pd.read_parquet(path))

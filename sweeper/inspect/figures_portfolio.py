@@ -33,8 +33,7 @@ def _valid_dates(meta: dict[str, Any]) -> str:
 
 def buckets_figure(data: StudyData) -> go.Figure:
     """Bars: the mean label of each of the q buckets of the best trial's prediction."""
-    meta = _meta(data)
-    if isinstance(meta, go.Figure):
+    if isinstance(meta := _meta(data), go.Figure):
         return meta
     q = meta["quantiles"]
     names = [f"{k + 1}" + (" (low)" if k == 0 else " (high)" if k == q - 1 else "") for k in range(q)]
@@ -48,14 +47,11 @@ def buckets_figure(data: StudyData) -> go.Figure:
 
 def longshort_figure(data: StudyData) -> go.Figure:
     """Lines: the cumulative top-minus-bottom return (non-compounded) on valid and test."""
-    meta = _meta(data)
-    if isinstance(meta, go.Figure):
+    if isinstance(meta := _meta(data), go.Figure):
         return meta
-    traces = []
-    for split, view in data.long_short.items():
-        dates = [str(d)[:10] for d in view.dates]
-        traces.append(go.Scatter(x=dates, y=np.cumsum(view.ls), mode="lines", name=f"{split}",
-                                 line={"color": SPLIT_COLORS[split], "width": 2}))
+    traces = [go.Scatter(x=[str(d)[:10] for d in view.dates], y=np.cumsum(view.ls), mode="lines", name=split,
+                         line={"color": SPLIT_COLORS[split], "width": 2})
+              for split, view in data.long_short.items()]
     title = (f"trial {meta['trial']}: cumulative long-short return (top - bottom bucket, gross)"
              + _valid_dates(meta))
     return go.Figure(traces).update_layout(**LAYOUT, title=title, xaxis={"type": "date"},

@@ -83,8 +83,7 @@ class Prediction:
 def parse_trial(which: str | int) -> int | str:
     """``"best"``, a trial number, or ``"topK"`` (K >= 1); ConfigError for anything else."""
     text = str(which).strip().lower()
-    top = _TOP.match(text)
-    if top is not None and int(top.group(1)) < 1:
+    if (top := _TOP.match(text)) is not None and int(top.group(1)) < 1:
         raise ConfigError(f"--trial: topK needs K >= 1, got {which!r}")
     if text == "best" or top is not None:
         return text
@@ -99,8 +98,7 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
     """``"best"`` or a trial number."""
     parsed = parse_trial(which)
     if parsed == "best":
-        best = best_trial(study)
-        if best is None:
+        if (best := best_trial(study)) is None:
             raise StudyNotFound(f"study {study.study_name!r} has no completed trial yet")
         return best
     if isinstance(parsed, str):

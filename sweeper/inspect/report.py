@@ -69,9 +69,8 @@ def load(study: optuna.Study, run_dir: str | Path, metric: str,
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     data = StudyData(name=study.study_name, metric=metric, maximize=maximize, trials=trials,
                      run_dir=Path(run_dir), study=study, best=best_trial(study),
-                     daily_valid=valid_daily_ics(trials, run_dir))
-    if cfg is not None:
-        data.horizons = trial_horizons(trials, cfg)
+                     daily_valid=valid_daily_ics(trials, run_dir),
+                     horizons=1 if cfg is None else trial_horizons(trials, cfg))
     if cfg is not None and data.best is not None:
         from sweeper.inspect.frames import TrialFrames
         from sweeper.inspect.ic_views import group_neutral_report
