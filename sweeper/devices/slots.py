@@ -152,18 +152,11 @@ def _select(found: NvmlProbe, wanted: list[int | str]) -> list[GPU]:
 
 def _skip_busy(gpus: list[GPU], busy_memory_mb: int) -> list[GPU]:
     mine = os.getpid()
-    free: list[GPU] = []
-    busy: list[str] = []  # "GPU 1 (2 process(es))"
-    for gpu in gpus:
-        others = [p for p in gpu.processes if p["pid"] != mine]
-        reason = (f"{len(others)} process(es)" if others
-                  else f"{gpu.used_mb} MB used" if gpu.used_mb > busy_memory_mb else None)
-        if reason is None:
-            free.append(gpu)
-        else:
-            busy.append(f"GPU {gpu.index} ({reason})")
-    if not free:
-        raise DeviceError(f"devices.skip_busy: every requested GPU is busy: {', '.join(busy)}; wait for "
+    reasons = [f"{len(others)} process(es)" if (others := [p for p in gpu.processes if p["pid"] != mine])
+               else f"{gpu.used_mb} MB used" if gpu.used_mb > busy_memory_mb else None for gpu in gpus]
+    if not (free := [gpu for gpu, reason in zip(gpus, reasons) if reason is None]):
+        busy = ", ".join(f"GPU {gpu.index} ({reason})" for gpu, reason in zip(gpus, reasons))
+        raise DeviceError(f"devices.skip_busy: every requested GPU is busy: {busy}; wait for "
                           f"them to free up, raise devices.busy_memory_mb (now {busy_memory_mb}), or set "
                           "devices.skip_busy: false")
     return free
