@@ -73,12 +73,9 @@ def _move(run_dir: Path, target: Path) -> list[str]:
 
 
 def _restore(back: Path, run_dir: Path) -> list[str]:
-    restored = []
-    for name in STUDY_OWNED:
-        src = back / name
-        if src.exists() and not (run_dir / name).exists():
-            move(src, run_dir / name)
-            restored.append(name)
+    restored = [name for name in STUDY_OWNED if (back / name).exists() and not (run_dir / name).exists()]
+    for name in restored:
+        move(back / name, run_dir / name)
     if not any(back.iterdir()):
         back.rmdir()
     return [f"this study's {', '.join(restored)} moved back from {back}"] if restored else []

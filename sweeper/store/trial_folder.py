@@ -118,10 +118,6 @@ class TrialFolder:
         """The daily IC files and the model's stored predictions (``study.keep.predictions``)."""
         return [*(self.files.daily_ic(s) for s in SPLITS), *(self.files.predictions(s) for s in SPLITS)]
 
-    def has_checkpoint(self) -> bool:
-        """A checkpoint is here (written whole: every save replaces it atomically)."""
-        return self.files.checkpoint.is_file()
-
 
 def remove(path: Path, *, dry_run: bool = False) -> int | None:
     """Remove one file; its size, or None when it was already gone (another collector was

@@ -16,7 +16,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import StudyConfig
 from sweeper.errors import FailReason
-from sweeper.store.trial_folder import TrialFolder, resume_attrs, resumes
+from sweeper.store.layout import trial_files
+from sweeper.store.trial_folder import resume_attrs, resumes
 
 MAX_INTERRUPTED_RETRIES = 20
 COUNTED_AS_CRASHES = (FailReason.CRASH, FailReason.STALL, FailReason.TIMEOUT)  # against study.retries
@@ -36,8 +37,9 @@ def retry_plan(trials: list[FrozenTrial], cfg: StudyConfig,
         if not _deserves_retry(t, reason, attempt, cfg):
             continue
         crashes = int(t.user_attrs.get("crash_count", 0)) + (reason in COUNTED_AS_CRASHES)
-        # the failed trial's own checkpoint when it saved one, else the one it resumed itself
-        resume = t.number if TrialFolder(Path(run_dir), t.number).has_checkpoint() else resumes(t.user_attrs)
+        # the failed trial's own checkpoint when it saved one (written whole: every save replaces it
+        # atomically), else the one it resumed itself
+        resume = t.number if trial_files(run_dir, t.number).checkpoint.is_file() else resumes(t.user_attrs)
         attrs: dict[str, Any] = {"retry_of": t.number, "attempt": attempt + 1, "crash_count": crashes}
         if reason == "oom" or t.user_attrs.get("exclusive_gpu"):
             attrs["exclusive_gpu"] = True  # the driver starts it on a GPU of its own and lets nothing join it
