@@ -26,14 +26,11 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class whose fields live at ``loc`` (for suggestions)."""
     cls: Any = SweeperConfig
-    for part in loc:
-        field = getattr(cls, "model_fields", {}).get(part)
-        if field is None:
+    for part in loc:  # (a part below a field that is no model finds no field: None)
+        if (field := getattr(cls, "model_fields", {}).get(part)) is None:
             return None
         ann = field.annotation
         cls = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")), None)
-        if cls is None:
-            return None
     return cls
 
 
@@ -47,9 +44,7 @@ def _format_error(err: ErrorDetails) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {got!r})"
-    if not key or msg.startswith("unknown key"):
-        return f"{msg}{shown}"
-    return f"{key}: {msg}{shown}"
+    return f"{msg}{shown}" if not key or msg.startswith("unknown key") else f"{key}: {msg}{shown}"
 
 
 def validate_config(raw: dict[str, Any], source: str) -> SweeperConfig:

@@ -214,8 +214,7 @@ class ModelConfig(BaseModel, extra="allow"):
         if self.name not in BUILTIN_MODELS:
             raise ValueError(unknown_model(self.name))
         if extra := sorted(self.model_extra or {}):
-            raise ValueError(unknown_key(f"model.{extra[0]}", extra[0], type(self).model_fields,
-                                                  "model."))
+            raise ValueError(unknown_key(f"model.{extra[0]}", extra[0], type(self).model_fields, "model."))
         if self.name == "transformer" and self.d_model % self.nhead:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead})")
         return self
@@ -389,13 +388,9 @@ _TUNABLE = ("model", "train", "data")
 
 def _space_highs(spec: ParamSpec | None) -> list[int]:
     """The largest value a search-space entry can take, as a one-element list (none: empty)."""
-    if spec is None:
-        return []
-    if spec.type == "categorical":
-        numbers = [int(c) for c in spec.choices or ()
-                   if isinstance(c, (int, float)) and not isinstance(c, bool)]
-        return [max(numbers)] if numbers else []
-    return [int(spec.high)] if spec.high is not None else []
+    values = [] if spec is None else spec.choices or [] if spec.type == "categorical" else [spec.high]
+    numbers = [int(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return [max(numbers)] if numbers else []
 
 
 def _check_space_key(cfg: SweeperConfig, key: str, where: str) -> None:
