@@ -50,9 +50,9 @@ def memory_rows(columns: int, share: float = 0.25) -> int | None:
     return max(1, int(kib * 1024 * share) // (max(columns, 1) * 4 * 3))
 
 
-def every_kth_date(t: np.ndarray, max_rows: int) -> tuple[np.ndarray, dict[str, Any] | None]:
+def every_kth_date(t: np.ndarray, max_rows: int, by: str) -> tuple[np.ndarray, dict[str, Any] | None]:
     """A row mask keeping every k-th date of ``t`` (sorted), the smallest k that brings the rows to
-    at most ``max_rows``; all rows and None when they already fit."""
+    at most ``max_rows`` (the limit, set ``by``); all rows and None when they already fit."""
     if len(t) <= max_rows:
         return np.ones(len(t), dtype=bool), None
     dates = np.unique(t)
@@ -63,7 +63,7 @@ def every_kth_date(t: np.ndarray, max_rows: int) -> tuple[np.ndarray, dict[str, 
         kept = dates[::step]
     keep = np.isin(t, kept)
     return keep, {"dates_kept": len(kept), "dates_total": len(dates), "rows_total": len(t),
-                  "rows_kept": int(keep.sum())}
+                  "rows_kept": int(keep.sum()), "limit": max_rows, "by": by}
 
 
 def design(panel: Panel, split: str, lags: int, max_rows: int | None = None) -> Design:
@@ -75,10 +75,8 @@ def design(panel: Panel, split: str, lags: int, max_rows: int | None = None) -> 
     if max_rows is not None:
         fits = memory_rows(F * (lags + 1))
         limit, by = (max_rows, "baseline.max_rows") if fits is None or fits >= max_rows else (fits, "memory")
-        keep, subsampled = every_kth_date(t, limit)
+        keep, subsampled = every_kth_date(t, limit, by)
         t, i = t[keep], i[keep]
-        if subsampled is not None:
-            subsampled = {**subsampled, "limit": limit, "by": by}
     out = np.full((len(t), F * (lags + 1)), np.nan, dtype=np.float32)
     for k in range(lags + 1):
         inside = t >= k  # a lag before the panel's first date stays NaN

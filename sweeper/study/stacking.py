@@ -34,12 +34,9 @@ BUILTIN_PER_MEMBER = frozenset({"model.dropout"})  # a user's model's dropout is
 
 
 def _choice(size: int, source: str, rates: Mapping[str, Any] | None = None, population: int = 1) -> Choice:
-    out: Choice = {"stack_size": int(size), "stack_size_from": source}
-    if rates:
-        out["stack_rates"] = dict(rates)
-    if population > 1:
-        out["population_size"] = int(population)
-    return out
+    return {"stack_size": int(size), "stack_size_from": source,
+            **({"stack_rates": dict(rates)} if rates else {}),
+            **({"population_size": int(population)} if population > 1 else {})}
 
 
 def member_keys(cfg: SweeperConfig) -> tuple[list[str], list[str]]:
@@ -117,10 +114,9 @@ def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
         return _choice(stored["stack_size"], "study", stored.get("stack_rates"),
                        stored.get("population_size", 1))
     created = study_attrs.get("config", {}).get("train", {})
-    if created and created.get("max_stack", "auto") != "auto":
-        return _choice(created["max_stack"], "study")
-    if created and "max_stack" not in created:  # created before stacked runs: one run at a time
-        return _choice(1, "study")
+    # (no max_stack: created before stacked runs, one run at a time)
+    if created and (stack := created.get("max_stack", 1)) != "auto":
+        return _choice(stack, "study")
     return None
 
 
