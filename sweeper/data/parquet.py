@@ -197,12 +197,9 @@ def oracle_from_metadata(metadata: dict[bytes, bytes]) -> OracleFn:
 def oracle_on_splits(days: np.ndarray, values: np.ndarray, dates: np.ndarray,
                      splits: dict[str, tuple[int, int]]) -> dict[str, float]:
     """Mean of the daily oracle IC over each split's target dates (NaN days left out)."""
-    out = {}
-    for name, (start, stop) in splits.items():
-        picked = values[np.isin(days, dates[start:stop])]
-        picked = picked[np.isfinite(picked)]
-        out[name] = float(picked.mean()) if len(picked) else float("nan")
-    return out
+    picked = {name: values[np.isin(days, dates[a:b])] for name, (a, b) in splits.items()}
+    return {name: float(p[np.isfinite(p)].mean()) if np.isfinite(p).any() else float("nan")
+            for name, p in picked.items()}
 
 
 def daily_oracle_json(days: np.ndarray, values: np.ndarray) -> bytes:

@@ -7,6 +7,7 @@ pair of targets ``t`` (earlier split) and ``u`` (later split): ``t + horizon + e
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -70,10 +71,7 @@ def _rounded(budget: int, fractions: tuple[float, float, float]) -> list[int]:
 
 def min_budget(fractions: tuple[float, float, float]) -> int:
     """Smallest number of target dates that gives every split at least one date."""
-    budget = 3
-    while min(_rounded(budget, fractions)) < 1:
-        budget += 1
-    return budget
+    return next(budget for budget in itertools.count(3) if min(_rounded(budget, fractions)) >= 1)
 
 
 def fraction_splits(n_dates: int, fractions: tuple[float, float, float], lookback: int, gap: int, where: str,
@@ -89,12 +87,8 @@ def fraction_splits(n_dates: int, fractions: tuple[float, float, float], lookbac
         raise DataError(f"{where}: {n_dates} dates are too few: lookback {lookback}, horizon {h}, "
                         f"embargo {e} and splits {fractions[0]:g}/{fractions[1]:g}/{fractions[2]:g} need at "
                         f"least {need} dates")
-    out: dict[str, tuple[int, int]] = {}
-    start = warmup
-    for name, size in zip(SPLITS, sizes):
-        out[name] = (start, start + size)
-        start += size + gap
-    return out
+    starts = itertools.accumulate([warmup, *(size + gap for size in sizes[:-1])])
+    return {name: (start, start + size) for name, start, size in zip(SPLITS, starts, sizes)}
 
 
 def range_splits(dates: np.ndarray, ranges: tuple[tuple[str, str], ...], lookback: int, gap: int,

@@ -89,15 +89,18 @@ def _check_children(jobs: list[Job], pending: list[int], results: list[str | Non
     takes; True when none killed its child. Raises ConfigError on a fatal failure."""
     clean = True
     while pending:  # a job that kills the child is reported; the rest go to a fresh child
-        answers, death = _run_child([jobs[i] for i in pending], n_features, lookback, child)
+        request = {"n_features": n_features, "lookback": lookback, "jobs": [asdict(jobs[i]) for i in pending]}
+        lines, code = _ask_child(request, child)
+        answers = [line["error"] for line in lines][:len(pending)]
         for i, answer in zip(pending, answers):
             results[i] = answer
             if answer and jobs[i].fatal:
                 raise ConfigError(answer)
-        if death is None:
+        if len(answers) == len(pending):
             break
         clean = False
         culprit = pending[len(answers)]
+        death = _how(code) if code is None else f"killed the Python process ({_how(code)})"
         results[culprit] = f"model.name {jobs[culprit].name!r}: checking it {death}"
         if jobs[culprit].fatal:
             raise ConfigError(results[culprit])
@@ -119,17 +122,6 @@ def check_one(job: Job, n_features: int, lookback: int) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a built-in's own checks (torch's asserts) raise anything
         return f"model.name {job.name!r}: building it failed ({type(exc).__name__}: {exc})"
     return None
-
-
-def _run_child(jobs: list[Job], n_features: int, lookback: int,
-               child: ChildRun) -> tuple[list[str | None], str | None]:
-    """The answers the child gave, in order, and how it died before answering them all."""
-    request = {"n_features": n_features, "lookback": lookback, "jobs": [asdict(j) for j in jobs]}
-    lines, code = _ask_child(request, child)
-    answers = [line["error"] for line in lines]
-    if len(answers) >= len(jobs):
-        return answers[:len(jobs)], None
-    return answers, _how(code) if code is None else f"killed the Python process ({_how(code)})"
 
 
 def _ask_child(request: dict[str, Any],
