@@ -112,11 +112,9 @@ def _scoring(panel: Panel, made: dict[int, Panel]) -> Panel:
     """``panel`` with every present row of test scoreable, made once per panel; a run with no test dates
     (every run but the trial's model) keeps its own: no copy of its labels on the device for nothing."""
     start, stop = panel.splits["test"]
-    if stop <= start:
-        return panel
-    if id(panel) not in made:
+    if stop > start and id(panel) not in made:
         made[id(panel)] = own_scoring_panel(panel)
-    return made[id(panel)]
+    return made.get(id(panel), panel)
 
 
 Frames = dict[str, pd.DataFrame]  # split -> a frame of it

@@ -37,11 +37,10 @@ def device_name(device: torch.device) -> str:
 
 def read(folder: Path, name: str) -> dict[str, Any] | None:
     """The entry kept under ``name``, or None (none, or unreadable)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         kept = json.loads((folder / f"{name}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return kept if isinstance(kept, dict) else None
+        return kept if isinstance(kept, dict) else None
+    return None
 
 
 def keep(folder: Path, name: str, entry: dict[str, Any]) -> None:

@@ -33,12 +33,9 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.op
     timm's convention). The reference of :class:`~sweeper.core.optim.FlatStack`'s split."""
     named = getattr(model, "no_weight_decay", None)
     exempt = set(named()) if named is not None else set()
-    decay: list[nn.Parameter] = []
-    other: list[nn.Parameter] = []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 and name not in exempt else other).append(p)
-    return adamw(decay, other, lr, weight_decay)
+    trained = [(p, p.dim() >= 2 and name not in exempt)
+               for name, p in model.named_parameters() if p.requires_grad]
+    return adamw([p for p, d in trained if d], [p for p, d in trained if not d], lr, weight_decay)
 
 
 def adamw(decay: list[nn.Parameter], other: list[nn.Parameter], lr: float,
