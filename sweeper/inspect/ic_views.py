@@ -66,8 +66,7 @@ def group_neutral_report(cfg: SweeperConfig, predictor: TrialFrames, best: Froze
         for split in SPLITS:  # each prediction row with its group (NaN where the file has none)
             frame = predictor.frame(best, split).merge(groups, on=["date", "asset"], how="left",
                                                        validate="many_to_one")
-            report = group_neutral_ic(frame)
-            out[split] = {key: plain(report[key]) for key in GROUP_KEYS}  # type: ignore[literal-required]
+            out[split] = {key: plain(v) for key, v in group_neutral_ic(frame).items() if key in GROUP_KEYS}
     except SweeperError as exc:
         return {"group_neutral": None, "group_neutral_unavailable": str(exc)}
     return {"group_neutral": out, "group_col": cfg.data.group_col}

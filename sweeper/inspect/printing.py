@@ -151,8 +151,7 @@ def validation_line(validation: dict[str, Any], metric: str, walk: bool) -> str:
     """The validation scheme and how the objective aggregates it, in words (``walk``: the study
     has walk-forward folds, :func:`~sweeper.validation.contract.folded`)."""
     parts = [f"{validation['folds']} folds ({validation['window']} window)"] if walk else []
-    if validation["repeats"] > 1:
-        parts.append(f"{validation['repeats']} seed repeats")
+    parts += [f"{validation['repeats']} seed repeats"] if validation["repeats"] > 1 else []
     over = "folds" if walk else "seeds"
     ensemble = "each fold's seed ensemble, mean over folds" if walk else "the seed ensemble"
     how = {"lcb": f"mean - 1 se over {over}", "ensemble": ensemble}.get(validation["aggregate"],
@@ -192,15 +191,12 @@ def fold_lines(best: dict[str, Any]) -> list[str]:
         lines.append(f"seeds: val_ic sd {fmt(best.get('seed_val_ic_sd'))} within a fold, "
                      f"seed-ensemble val_ic {fmt(best.get('seed_ensemble_val_ic'))}")
     model = best.get("test_model") or {}
-    members = int(model.get("members") or 1)
-    if members > 1:  # the model is the seed ensemble (a study stored before has no members key)
-        first = int(model.get("seed") or 0)
-        seeds = f"train.seed {first}..{first + members - 1}"
-        lines.append(f"test IC: the seed ensemble of {members} seeds ({seeds}"
-                     + (f", fold {model.get('fold')})" if walk else ")"))
-        return lines
-    seed = f"seed {model.get('repeat')} = train.seed {model.get('seed')}"
-    lines.append(f"test IC: the last fold's model (fold {model.get('fold')}, {seed})" if walk
+    members, first = int(model.get("members") or 1), int(model.get("seed") or 0)
+    seed, fold = f"seed {model.get('repeat')} = train.seed {model.get('seed')}", f"fold {model.get('fold')}"
+    # members > 1: the model is the seed ensemble (a study stored before has no members key)
+    lines.append(f"test IC: the seed ensemble of {members} seeds (train.seed {first}..{first + members - 1}"
+                 + (f", {fold})" if walk else ")") if members > 1
+                 else f"test IC: the last fold's model ({fold}, {seed})" if walk
                  else f"test IC: the first seed's model ({seed})")
     return lines
 
@@ -302,14 +298,13 @@ def portfolio_lines(portfolio: dict[str, Any] | None, why: str | None = None,
     first = next(iter(portfolio.values()))
     apart = max(first.get("horizon") or 1, 1)
     said = scope_words(scope)
-    lines = [f"long-short, q={first.get('quantiles')} buckets, dates {apart} apart "
-             "(gross: equal weights, no costs)" + (f"; valid: {said}:" if said else ":")]
-    for split, p in portfolio.items():
-        lines.append(f"  {split + ':':<6} ann. return {fmt(p.get('long_short_ann_return'), '.1%')}  "
-                     f"Sharpe {fmt(p.get('long_short_sharpe'), '.2f')}  "
-                     f"max drawdown {fmt(p.get('long_short_max_drawdown'), '.1%')}  "
-                     f"top turnover {fmt(p.get('top_turnover'), '.0%')}  ({p.get('n_periods')} periods)")
-    return lines
+    return [f"long-short, q={first.get('quantiles')} buckets, dates {apart} apart "
+            "(gross: equal weights, no costs)" + (f"; valid: {said}:" if said else ":")] + [
+        f"  {split + ':':<6} ann. return {fmt(p.get('long_short_ann_return'), '.1%')}  "
+        f"Sharpe {fmt(p.get('long_short_sharpe'), '.2f')}  "
+        f"max drawdown {fmt(p.get('long_short_max_drawdown'), '.1%')}  "
+        f"top turnover {fmt(p.get('top_turnover'), '.0%')}  ({p.get('n_periods')} periods)"
+        for split, p in portfolio.items()]
 
 
 def ensemble_lines(ens: dict[str, Any] | None, why: str | None = None,

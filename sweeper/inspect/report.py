@@ -150,16 +150,15 @@ def _notes(name: str, fig: go.Figure) -> list[str]:
     meta = fig.layout.meta or {}
     if name == "timeline" and "utilisation" in meta:
         return _utilisation_notes(meta["utilisation"])
-    if name == "selection" and meta.get("selection", {}).get("se_from") == "folds":
+    if name == "selection" and "selection" in meta:
         return [line.strip() for line in selection_lines(meta["selection"])] + [
             "Walk-forward: each trial's standard error is std(fold val IC, ddof=1) / sqrt(folds), the "
             "spread of its score from one period to the next; the no-signal best is the trials' median of "
             "it times the expected maximum of N standard normals; best = the mean of the best trial's fold "
             "ICs; deflated IC = best - no-signal best. P(fluke) = 1 - the Deflated Sharpe Ratio of the best "
             "trial's daily ICs over its folds' valid blocks; PBO (CSCV) on the trials' daily ICs with its "
-            "blocks cut along the folds, so that no block mixes two folds' models."]
-    if name == "selection" and "selection" in meta:
-        return [line.strip() for line in selection_lines(meta["selection"])] + [
+            "blocks cut along the folds, so that no block mixes two folds' models."
+            if meta["selection"].get("se_from") == "folds" else
             "The no-signal best is the median standard error of the trials' mean daily IC times the "
             "expected maximum of N standard normals (Bailey & Lopez de Prado); deflated IC = best - that. "
             "P(fluke) = 1 - the Deflated Sharpe Ratio of the best trial's daily ICs; PBO = probability of "

@@ -52,11 +52,10 @@ def read_daily(path: Path) -> dict[str, np.ndarray] | None:
     import and per-call overhead would be most of the report's time.
     """
     try:
-        fh = path.open(newline="")
+        with path.open(newline="") as fh:
+            rows = list(csv.reader(fh))
     except FileNotFoundError:
         return None
-    with fh:
-        rows = list(csv.reader(fh))
     header, body = (rows[0], rows[1:]) if rows else ([], [])
     out = {}
     for k, name in enumerate(header):
@@ -114,7 +113,6 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     if best is None:
         return None
     ua = best.user_attrs
-    oracle = study.user_attrs.get("oracle_ic")
     trials = study.get_trials(deepcopy=False)
     folder = files_folder(cfg, study)  # this study's files, wherever another study put them
     files = layout.trial_files(folder, best.number)
@@ -123,7 +121,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     out["scored_on"] = scored_on(study.user_attrs, portfolio)  # which dates each figure covers
     out.update({k: plain(ua[k]) for k in STACK_KEYS if k in ua})  # how its runs stacked, and why
     out.update(constraints_report(cfg, best, trials))
-    if oracle:
+    if oracle := study.user_attrs.get("oracle_ic"):
         out.update(oracle_val_ic=oracle.get("valid"), oracle_test_ic=oracle.get("test"),
                    **oracle_fractions(ua, oracle))
     out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg),

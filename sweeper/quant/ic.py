@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from sweeper.errors import DataError
+from sweeper.quant.hac import finite
 from sweeper.quant.ranks import average_ranks_torch
 
 if TYPE_CHECKING:  # torch is imported where a function needs it: best and status never do
@@ -123,8 +124,7 @@ ROUNDING_SPREAD = 1e-12  # a daily IC series' std at or below this is round-off,
 
 
 def _mean_ir(series: np.ndarray) -> tuple[float, float]:
-    values = np.asarray(series, dtype=np.float64)
-    values = values[np.isfinite(values)]
+    values = finite(series)
     if len(values) == 0:
         return math.nan, math.nan
     mean = float(values.mean())
