@@ -87,13 +87,11 @@ def _read_gpu(nvml: Any, index: int) -> GPU:
 
 
 def _processes(nvml: Any, handle: Any) -> list[GpuProcess]:
-    out: list[GpuProcess] = []
-    for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-        used = getattr(proc, "usedGpuMemory", None)
-        # NVML reports "not available" (containers, no permission) as None or a huge sentinel
-        known = used // _MIB if isinstance(used, int) and 0 <= used < (1 << 60) else None
-        out.append({"pid": int(proc.pid), "used_mb": known})
-    return out
+    # NVML reports "not available" (containers, no permission) as None or a huge sentinel
+    return [{"pid": int(proc.pid),
+             "used_mb": used // _MIB if isinstance(used, int) and 0 <= used < (1 << 60) else None}
+            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            for used in [getattr(proc, "usedGpuMemory", None)]]
 
 
 def _optional(read: Callable[[], T], default: T, nvml: Any) -> T:

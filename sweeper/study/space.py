@@ -13,12 +13,9 @@ from sweeper.config import ParamSpec, SweeperConfig, config_value
 
 
 def condition_met(spec: ParamSpec, cfg: SweeperConfig, chosen: dict[str, Any]) -> bool:
-    for key, expected in (spec.when or {}).items():
-        value = chosen[key] if key in chosen else config_value(cfg, key)
-        allowed = expected if isinstance(expected, list) else [expected]
-        if value not in allowed:
-            return False
-    return True
+    return all((chosen[key] if key in chosen else config_value(cfg, key))
+               in (expected if isinstance(expected, list) else [expected])
+               for key, expected in (spec.when or {}).items())
 
 
 def ordered(space: dict[str, ParamSpec]) -> list[str]:
@@ -26,9 +23,8 @@ def ordered(space: dict[str, ParamSpec]) -> list[str]:
     done: list[str] = []
     pending = dict(space)
     while pending:
-        ready = [k for k, s in pending.items() if all(c not in pending for c in (s.when or {}))]
-        if not ready:  # a cycle: fall back to file order, conditions read defaults
-            ready = list(pending)
+        ready = ([k for k, s in pending.items() if all(c not in pending for c in (s.when or {}))]
+                 or list(pending))  # none: a cycle: fall back to file order, conditions read defaults
         done += ready
         pending = {k: s for k, s in pending.items() if k not in ready}
     return done

@@ -38,8 +38,7 @@ def attrs_of(out: R.TrialRuns, cfg: SweeperConfig) -> tuple[float, dict[str, Any
         attrs.update(test_ic=report["ic"], test_rank_ic=report["rank_ic"], test_icir=report["icir"])
         attrs[K.SEED_TEST_IC] = [r.metrics.get("test_ic") for r in members]
         attrs[K.SEED_TEST_RANK_IC] = [r.metrics.get("test_rank_ic") for r in members]
-    attrs["stop_reason"] = out.stop_reason
-    attrs["duration_s"] = training_seconds(out.runs, out.grid)
+    attrs.update(stop_reason=out.stop_reason, duration_s=training_seconds(out.runs, out.grid))
     return objective(out.runs, cfg, out.predictions), attrs
 
 
