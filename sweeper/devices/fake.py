@@ -55,8 +55,7 @@ def gpu_reader() -> Callable[[], NvmlProbe]:
 def read_fakes() -> NvmlProbe:
     count = _env_int(GPUS_ENV, os.environ[GPUS_ENV])
     busy = {_env_int(BUSY_ENV, part) for part in os.environ.get(BUSY_ENV, "").split(",") if part.strip()}
-    raw_total = os.environ.get(GPU_MEMORY_ENV, "").strip()
-    total = _env_int(GPU_MEMORY_ENV, raw_total) if raw_total else TOTAL_MB
+    total = _env_int(GPU_MEMORY_ENV, raw) if (raw := os.environ.get(GPU_MEMORY_ENV, "").strip()) else TOTAL_MB
     return NvmlProbe([_fake_gpu(k, k in busy, total) for k in range(count)], driver="fake", fake=True)
 
 
@@ -140,9 +139,8 @@ class FakeSlot:
 
     def memory(self, limit_mb: float | None) -> TrialMemory:
         raw = os.environ.get(TRIAL_MEMORY_ENV, "").strip()
-        if not raw:
-            return RealDevice(self.torch_device).memory(limit_mb)
-        return FakeTrialMemory(float(raw), limit_mb)
+        return (FakeTrialMemory(float(raw), limit_mb) if raw
+                else RealDevice(self.torch_device).memory(limit_mb))
 
 
 @dataclass(frozen=True)
