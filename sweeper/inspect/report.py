@@ -101,8 +101,7 @@ def write_report(cfg: SweeperConfig, out: str | Path, storage_url: str | None = 
     study = load_existing(cfg, storage_url)
     data = load(study, files_folder(cfg, study), cfg.study.metric, cfg)
     figures = build_figures(data)
-    page = render_html(data, figures, oracle=study.user_attrs.get("oracle_ic"))
-    write_text(Path(out), page)
+    write_text(Path(out), render_html(data, figures, oracle=study.user_attrs.get("oracle_ic")))
     return {"path": str(out), "trials": len(data.trials), "figures": list(figures),
             "seconds": time.perf_counter() - started}
 

@@ -52,9 +52,8 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     x = pd.to_numeric(df[pred], errors="coerce").to_numpy(np.float64)
     y = pd.to_numeric(df[label], errors="coerce").to_numpy(np.float64)
     keep = np.isfinite(x) & np.isfinite(y) & df[date].notna().to_numpy()
-    dates = df[date].to_numpy()[keep]
     x, y = x[keep], y[keep]
-    codes, uniques = pd.factorize(dates, sort=True)
+    codes, uniques = pd.factorize(df[date].to_numpy()[keep], sort=True)
     n_groups = len(uniques)
     rx, ry = (pd.Series(v).groupby(codes).rank(method="average").to_numpy(np.float64) for v in (x, y))
     varies = _varies_by_group(codes, x, y, n_groups)  # ranks vary where the values do: one test for both
@@ -115,9 +114,8 @@ def _varies_by_group(codes: np.ndarray, x: np.ndarray, y: np.ndarray,
 def _report(ic: np.ndarray, rank_ic: np.ndarray, n_constant: int = 0) -> ICReport:
     mean_ic, icir = _mean_ir(ic)
     mean_rank, rank_icir = _mean_ir(rank_ic)
-    n_dates = int(np.isfinite(np.asarray(ic, dtype=np.float64)).sum())
-    return {"ic": mean_ic, "rank_ic": mean_rank, "icir": icir, "rank_icir": rank_icir, "n_dates": n_dates,
-            "n_constant_dates": int(n_constant)}
+    return {"ic": mean_ic, "rank_ic": mean_rank, "icir": icir, "rank_icir": rank_icir,
+            "n_dates": len(finite(ic)), "n_constant_dates": int(n_constant)}
 
 
 ROUNDING_SPREAD = 1e-12  # a daily IC series' std at or below this is round-off, not spread

@@ -34,9 +34,8 @@ def ic_by_month(daily: pd.DataFrame, col: str = "ic") -> pd.DataFrame:
     (ascending), columns 1..12, NaN for a month without one."""
     values = _dated(daily, col)
     days = pd.DatetimeIndex(values.index)
-    table = values.groupby([days.year, days.month]).mean().unstack().reindex(columns=range(1, 13))
-    table.index.name, table.columns.name = "year", "month"
-    return table.astype(np.float64)
+    return (values.groupby([days.year, days.month]).mean().unstack().reindex(columns=range(1, 13))
+            .rename_axis(index="year", columns="month").astype(np.float64))
 
 
 def demean_within(frame: pd.DataFrame, group: str = "group") -> pd.DataFrame:

@@ -183,10 +183,8 @@ def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
     series = _align(daily, best)
     lags = {k: lag_for_horizon(horizon.get(k, 1) if isinstance(horizon, Mapping) else horizon)
             for k in series}
-    if fold_ics is None:
-        null_ic = null_max_ic(list(series.values()), [lags[k] for k in series])
-    else:
-        null_ic = _null_ic([fold_standard_error(fold_ics.get(k, [])) for k in series])
+    null_ic = (null_max_ic(list(series.values()), [lags[k] for k in series]) if fold_ics is None
+               else _null_ic([fold_standard_error(fold_ics.get(k, [])) for k in series]))
     blocks = fold_blocks(folds) if fold_ics is not None and folds is not None else None
     out = _daily_figures(series, best, null_ic, lags[best], blocks)
     if fold_ics is not None:
