@@ -79,12 +79,10 @@ class BaselineJob:
 
     def poll(self) -> None:
         """Once per loop turn: a finished job gives its slot back (and is recorded if it said nothing)."""
-        code = self.proc.poll() if self.proc is not None else None
-        if code is None:
+        if (code := self.proc.poll() if self.proc is not None else None) is None:
             return
         self._release()
-        after = state.after_exit(code, baseline_log(self.run_dir, self.ident.host))
-        if after is not None:
+        if (after := state.after_exit(code, baseline_log(self.run_dir, self.ident.host))) is not None:
             self._settle(*after)
 
     def stop(self) -> None:

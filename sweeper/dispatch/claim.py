@@ -48,10 +48,8 @@ def claim(study: optuna.Study, cfg: SweeperConfig, lock: ClaimLock, ident: Ident
                 return []
             if size > 1 and study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 size = 1
-            first = _ask(study, cfg, ident, run_dir)
-            if first is None:
-                continue
-            return [first, *_followers(study, cfg, ident, run_dir, first, min(size, left) - 1)]
+            if (first := _ask(study, cfg, ident, run_dir)) is not None:
+                return [first, *_followers(study, cfg, ident, run_dir, first, min(size, left) - 1)]
     raise RuntimeError(f"{MAX_LOST_CLAIMS} claims in a row were failed by other drivers "
                        "before they were made")
 
@@ -94,8 +92,7 @@ def _followers(study: optuna.Study, cfg: SweeperConfig, ident: Identity, run_dir
     one's per-member params (study.stacking.member_keys) as it draws any trial's."""
     shape, out = shape_of(first.params, cfg), []
     for _ in range(n):
-        trial = _ask(study, cfg, ident, run_dir, shape)
-        if trial is None:
+        if (trial := _ask(study, cfg, ident, run_dir, shape)) is None:
             break
         if shape_of(trial.params, cfg) != shape:  # not the one enqueued: it runs alone, as a retry
             fail_trial(study, private.trial_id(trial), FailReason.INTERRUPTED,
@@ -114,8 +111,7 @@ class ClaimSchedule:
         self.interval = interval
         self.foreign_running = foreign_running
         self.waiting_on: set[int] = set()
-        self.next_claim = 0.0
-        self.next_poll = 0.0
+        self.next_claim = self.next_poll = 0.0
 
     def due(self) -> bool:
         now = time.monotonic()

@@ -11,6 +11,7 @@ The view is fed by the events the loop handles; it never reads the study itself.
 """
 from __future__ import annotations
 
+import contextlib
 import selectors
 import sys
 import time
@@ -94,8 +95,9 @@ class Driver:
                     w.drain()
             elif self.rule.stopping():
                 self.dispatch.release_held(self, "the sweep stopped before it could start")
-            else:
-                self._start_trials()
+            else:  # a Ctrl-C while waiting for the lock or the store: the loop drains next
+                with contextlib.suppress(StopRequested):
+                    self.dispatch.start_trials(self)
             if all(w.running is None for w in self.workers) and self.rule.stopping() \
                     and not self.baseline.running:  # a baseline under way is waited for
                 return
@@ -103,12 +105,6 @@ class Driver:
             self.baseline.poll()
             self._check_timeouts()
             self.view.tick()
-
-    def _start_trials(self) -> None:
-        try:
-            self.dispatch.start_trials(self)
-        except StopRequested:
-            return  # Ctrl-C came while waiting for the lock or the store: the loop drains next
 
     # layer 3: what a dispatch strategy asks for (sweeper.dispatch.strategies.Launcher)
     def claim(self, population: bool = False) -> list[optuna.Trial]:
@@ -206,8 +202,7 @@ class Driver:
 
     def _worker_exited(self, w: WorkerHandle) -> None:
         self.sel.unregister(w.stdout)
-        run = w.running
-        code = w.exited()
+        run, code = w.running, w.exited()
         if run is not None:
             reason = FailReason.INTERRUPTED if self.rule.interrupted else FailReason.CRASH
             self._failed(w, run, reason, f"worker exited with code {code}", code)
@@ -233,10 +228,9 @@ class Driver:
     def _fail(self, trial_id: int, reason: FailReason, error: str, code: int | None = None) -> None:
         """FAIL a trial this driver ran, recording why; a no-op when it has finished
         meanwhile (another host judged it stale, or its worker told the store first)."""
-        try:
+        # Ctrl-C during a store outage: the trial is failed as stale by the next run
+        with contextlib.suppress(StopRequested):
             fail_trial(self.study, trial_id, reason, error, exit_code=code)
-        except StopRequested:
-            pass  # Ctrl-C during a store outage: the trial is failed as stale by the next run
 
     # time limits and stopping
     def _check_timeouts(self) -> None:

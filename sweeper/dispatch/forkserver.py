@@ -49,9 +49,8 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", DRIVER_PID: str(os.getpid())}
         try:
-            cmd = [sys.executable, *SERVER, str(theirs.fileno())]
             server._proc = subprocess.Popen(
-                cmd, pass_fds=[theirs.fileno()],
+                [sys.executable, *SERVER, str(theirs.fileno())], pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL,
                 env=env, start_new_session=True)  # a terminal's Ctrl-C reaches only the driver
         except OSError:

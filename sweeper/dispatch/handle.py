@@ -31,9 +31,8 @@ class WorkerHandle:
 
     def __init__(self, slot: Slot, init: dict[str, Any], run_dir: Path,
                  server: launch.Launcher | None = None) -> None:
-        self.slot = slot
+        self.slot, self.init = slot, init
         self.server = server  # forks READY workers in ~0.2 s; without it (or once it is gone), fresh ones
-        self.init = init
         # hosts may share the run folder: each writes its own slot logs
         self.log_path = slot_log(run_dir, init["driver"]["host"], slot.id)
         self.proc: launch.Child | None = None

@@ -105,8 +105,7 @@ class RichView(PlainView):
 
         self.console = Console()
         self.live: Any = None
-        self.last = 0.0
-        self.n_trials = 0
+        self.last, self.n_trials = 0.0, 0
         self.done = self.done0 = 0
         self.best: FrozenTrial | None = None
         self.slots: dict[str, dict[str, Any] | None] = {}

@@ -41,10 +41,8 @@ class _Suspects:
         """The trials seen stale on two looks ``wait_s`` apart, with no storage trouble
         seen by this process since the first; remembers the rest, forgets the others."""
         now, trouble = time.monotonic(), outage.last_trouble()
-        seen = {}
-        for trial_id in trial_ids:
-            first = self.first_seen.get((study_id, trial_id), now)
-            seen[(study_id, trial_id)] = now if trouble >= first else first
+        seen = {key: now if trouble >= (first := self.first_seen.get(key, now)) else first
+                for key in ((study_id, trial_id) for trial_id in trial_ids)}
         self.first_seen = {k: v for k, v in self.first_seen.items() if k[0] != study_id} | seen
         return {k[1] for k, first in seen.items() if now - first >= wait_s}
 

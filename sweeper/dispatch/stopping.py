@@ -206,6 +206,4 @@ class SweepResult:
     @property
     def exit_code(self) -> int:
         """0 done, 1 failed, 130 after Ctrl-C, 143 after SIGTERM."""
-        if self.ending is Ending.INTERRUPTED:
-            return 128 + self.signum
-        return 1 if self.ending is Ending.FAILED else 0
+        return 128 + self.signum if self.interrupted else 1 if self.ending is Ending.FAILED else 0

@@ -86,8 +86,7 @@ class PackedDispatch:
     honours_turn = False
 
     def __init__(self, packer: Packer, heartbeat_interval: float) -> None:
-        self.packer = packer
-        self.heartbeat_interval = heartbeat_interval
+        self.packer, self.heartbeat_interval = packer, heartbeat_interval
         self.held: Held | None = None
 
     def first_workers(self, workers: list[WorkerHandle]) -> list[WorkerHandle]:
