@@ -48,8 +48,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         finally:
             os.close(fd)
     except OSError as exc:
-        full = as_disk_full(exc, path)
-        if full is None:
+        if (full := as_disk_full(exc, path)) is None:
             raise
         raise full from exc
     try:
@@ -82,8 +81,7 @@ def as_disk_full(exc: BaseException, path: str | Path) -> DiskFull | None:
     (ENOSPC)"), ``exc`` itself when it is one, or None when it is no full disk."""
     if isinstance(exc, DiskFull):
         return exc
-    code = _no_space_errno(exc, path)
-    if code is None:
+    if (code := _no_space_errno(exc, path)) is None:
         return None
     full = DiskFull(f"{NO_SPACE[code]} writing {path} ({errno.errorcode[code]})")
     full.errno = code

@@ -86,9 +86,8 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
             console.print(stack_line(choice), highlight=False, soft_wrap=True)
         m = {**record.summary(train_runs(panel, trainer), trainer.cfg), **choice}
     if "fold_val_ic" in m:
-        folds = " ".join(_cell(v) for v in m["fold_val_ic"])
-        mean, se = _cell(m.get("val_ic")), _cell(m.get("val_ic_se"))
-        console.print(f"folds: val_ic {folds}  (mean {mean}, se {se})", highlight=False)
+        console.print(f"folds: val_ic {' '.join(_cell(v) for v in m['fold_val_ic'])}  "
+                      f"(mean {_cell(m.get('val_ic'))}, se {_cell(m.get('val_ic_se'))})", highlight=False)
     console.print(f"valid: ic {_cell(m.get('val_ic'))}  rank_ic {_cell(m.get('val_rank_ic'))}  "
                   f"icir {_cell(m.get('val_icir'))}  loss {_cell(m.get('val_loss'))}", highlight=False)
     console.print(f"test:  ic {_cell(m.get('test_ic'))}  rank_ic {_cell(m.get('test_rank_ic'))}  "

@@ -47,9 +47,8 @@ def adopt(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, cfg: C.
         return
     was: dict[str, Any] = meta["owner"] if isinstance(meta.get("owner"), dict) else {}
     fold, seed = named_run(was)  # an older holdout trial's stamp names no run: its one run's
-    problem = foreign(meta, stamp, _lineage(study, frozen)) or _run_problem(was, study, grid)
-    problem = problem or config_mismatch(meta["config"], seeded(cfg, seed))
-    if problem:
+    if problem := (foreign(meta, stamp, _lineage(study, frozen)) or _run_problem(was, study, grid)
+                   or config_mismatch(meta["config"], seeded(cfg, seed))):
         log(f"not resuming from {source}: {problem}; starting fresh")
         trial.set_user_attr("resume_skipped", problem)
         return

@@ -71,5 +71,4 @@ def record_constraints(trial: optuna.Trial, cfg: SweeperConfig,
     the samplers read; the user attributes to store come back. Nothing when it has none."""
     if (frame := predictions.get("valid")) is None:
         return {}
-    figures = valid_figures(frame, cfg.data.horizon, cfg.report.quantiles)
-    return record(trial, figures, cfg.study.constraints)
+    return record(trial, valid_figures(frame, cfg.data.horizon, cfg.report.quantiles), cfg.study.constraints)

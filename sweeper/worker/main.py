@@ -38,8 +38,7 @@ class Commands:
 
     def _read(self) -> None:
         for line in self.stream:
-            msg = protocol.decode(line, self._malformed) if line.strip() else None
-            if msg is None:
+            if (msg := protocol.decode(line, self._malformed) if line.strip() else None) is None:
                 continue
             if msg.get("op") == protocol.STOP:
                 self.stop.request()

@@ -60,8 +60,7 @@ class TrialRunner:
     def __init__(self, init: dict[str, Any], stop: StopToken) -> None:
         self.cfg = C.validate_config(init["config"], "study config")
         self.run_dir = Path(init["run_dir"])
-        self.slot = init["slot"]
-        self.stop = stop
+        self.slot, self.stop = init["slot"], stop
         self.threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or torch.get_num_threads()
         torch.set_num_threads(self.threads)
         self.device_kind = trial_device()  # asked once: a GPU, the CPU, or a fake GPU's slot
@@ -129,11 +128,8 @@ class TrialRunner:
         side by side in one stack; each trial's outcome set on it (none: another driver took it)."""
         from sweeper.validation.runner import train_population
 
-        ready = []
-        for o in opened:
-            trainer = self._attempt(o, functools.partial(self._prepare, o, started))
-            if trainer is not None:
-                ready.append((o, trainer))
+        ready = [(o, trainer) for o in opened
+                 if (trainer := self._attempt(o, functools.partial(self._prepare, o, started))) is not None]
         if not ready:
             return
         try:
