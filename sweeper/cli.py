@@ -11,7 +11,6 @@ import gc
 import json
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -105,22 +104,22 @@ def main() -> None:
 
 # ---------------------------------------------------------------- sweeps
 
-def _run(study: Path, sets: tuple[str, ...], storage: str | None, force: bool, must_exist: bool,
-         enqueue: tuple[Path, ...] = ()) -> None:
-    from sweeper.dispatch.forkserver import ForkServer
-    hint = f"interrupted; run `sweeper run {study}` again to resume"
-    click.get_current_context().meta[INTERRUPTED_HINT] = hint
-    cfg = _load(study, sets)
-    ForkServer.shared()  # its preload overlaps the driver's imports and checks; exit stops it
-    from sweeper.dispatch.live import default_view
-    from sweeper.dispatch.run import run
-    result = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
-                 study_file=str(study), enqueue=enqueue)
-    sys.exit(result.exit_code)
+def sweep_command(name: str, must_exist: bool, doc: str) -> None:
+    """``run`` and ``resume``: the same options and the same sweep, but for ``must_exist``."""
 
+    def command(study: Path, sets: tuple[str, ...], storage: str | None, force: bool,
+                enqueue: tuple[Path, ...]) -> None:
+        from sweeper.dispatch.forkserver import ForkServer
+        hint = f"interrupted; run `sweeper run {study}` again to resume"
+        click.get_current_context().meta[INTERRUPTED_HINT] = hint
+        cfg = _load(study, sets)
+        ForkServer.shared()  # its preload overlaps the driver's imports and checks; exit stops it
+        from sweeper.dispatch.live import default_view
+        from sweeper.dispatch.run import run
+        result = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
+                     study_file=str(study), enqueue=enqueue)
+        sys.exit(result.exit_code)
 
-def sweep_options(fn: Callable) -> Callable:
-    """The options shared by ``run`` and ``resume``."""
     force = click.option("--force", is_flag=True,
                          help="Resume even if the config drifted from the stored one.")
     enqueue = click.option("--enqueue", "enqueue", multiple=True,
@@ -128,24 +127,12 @@ def sweep_options(fn: Callable) -> Callable:
                            help="Run these parameter sets (a YAML list of {search_space key: value}) "
                                 "ahead of the sampler's; repeatable.")
     for option in (enqueue, force, storage_option, sets_option, study_file):
-        fn = option(fn)
-    return fn
+        command = option(command)
+    main.command(name, help=doc)(command)
 
 
-@main.command("run")
-@sweep_options
-def run_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool,
-            enqueue: tuple[Path, ...]) -> None:
-    """Run the sweep in STUDY (creates the study, or resumes it)."""
-    _run(study, sets, storage, force, must_exist=False, enqueue=enqueue)
-
-
-@main.command("resume")
-@sweep_options
-def resume_cmd(study: Path, sets: tuple[str, ...], storage: str | None, force: bool,
-               enqueue: tuple[Path, ...]) -> None:
-    """Resume the sweep in STUDY; fails if the study does not exist yet."""
-    _run(study, sets, storage, force, must_exist=True, enqueue=enqueue)
+sweep_command("run", False, "Run the sweep in STUDY (creates the study, or resumes it).")
+sweep_command("resume", True, "Resume the sweep in STUDY; fails if the study does not exist yet.")
 
 
 @main.command("validate")
