@@ -95,9 +95,8 @@ class Driver:
                     w.drain()
             elif self.rule.stopping():
                 self.dispatch.release_held(self, "the sweep stopped before it could start")
-            else:  # a Ctrl-C while waiting for the lock or the store: the loop drains next
-                with contextlib.suppress(StopRequested):
-                    self.dispatch.start_trials(self)
+            else:
+                self._start_trials()
             if all(w.running is None for w in self.workers) and self.rule.stopping() \
                     and not self.baseline.running:  # a baseline under way is waited for
                 return
@@ -105,6 +104,11 @@ class Driver:
             self.baseline.poll()
             self._check_timeouts()
             self.view.tick()
+
+    def _start_trials(self) -> None:
+        # a Ctrl-C while waiting for the lock or the store ends the wait: the loop drains next
+        with contextlib.suppress(StopRequested):
+            self.dispatch.start_trials(self)
 
     # layer 3: what a dispatch strategy asks for (sweeper.dispatch.strategies.Launcher)
     def claim(self, population: bool = False) -> list[optuna.Trial]:
