@@ -35,7 +35,8 @@ def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int, tick: Tick
 def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | str,
             batch_size: int, tick: Tick = _no_tick) -> pd.DataFrame:
     """Long frame ``date, asset, pred, label`` (label = raw) of one split. With the trial's
-    best weights and ``train.eval_batch_size`` its IC is exactly the stored val_ic / test_ic."""
+    best weights and ``train.eval_batch_size`` its IC is exactly the stored val_ic, and on the
+    panel's ``own_scoring_panel`` (every present row) test's is exactly the stored test_ic."""
     batcher = Batcher(panel, split, torch.device(device))
     return _frame(batcher, predict_rows(model, batcher, batch_size, tick))
 
