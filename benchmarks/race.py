@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -269,7 +270,12 @@ def _run_sweeper(tmp: Path, study_file: Path, sets: list[str], clock: float, cac
             "pick": {"trial": best["trial"], "val_ic": best["value"], "test_ic": best["metrics"]["test_ic"],
                      "seed_ensemble": cfg.validation.repeats >= 2,
                      "top3_ensemble_test_ic": ((best.get("ensemble") or {}).get("test") or {}).get("ic")},
-            "baseline_s": (best.get("baseline") or {}).get("elapsed_s")}
+            "baseline_s": (best.get("baseline") or {}).get("elapsed_s"),
+            # what the study stacked by (its measured size, with population_size under study.population),
+            # and how many populations of each size trained (1: a trial alone)
+            "stack_size": study.user_attrs.get("stack_size"),
+            "populations": dict(Counter(len(g) for g in {tuple(t.user_attrs.get("population") or [t.number])
+                                                         for t in study.get_trials(deepcopy=False)}))}
 
 
 def _run_plain(tmp: Path, study_file: Path, sets: list[str], clock: float) -> dict[str, Any]:
@@ -411,7 +417,8 @@ def _race(study: str, seed: int, clock: float, base: list[str], cache: str,
                          _r(_time_to(line["curve"], lines[other]["final_best_val_ic"]), 2),
                      "wall_s": round(side["wall_s"], 1),
                      "pick": {k: _r(v) for k, v in (side["pick"] or {}).items()} or None}
-    out["sweeper"]["baseline_s"] = sides["sweeper"]["baseline_s"]
+    for key in ("baseline_s", "stack_size", "populations"):
+        out["sweeper"][key] = sides["sweeper"][key]
     out["plain"]["processes"] = sides["plain"]["processes"]
     reach, own = out["sweeper"]["time_to_other_final_best_s"], out["plain"]["time_to_final_best_s"]
     out["sweeper_reached_loops_best"] = reach is not None

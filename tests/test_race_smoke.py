@@ -35,6 +35,8 @@ def test_race_smoke_runs_both_sides_and_checks_they_agree():
         == [("value", 1e-7), ("test_ic", 1e-9)]
     assert run["agreement"]["test"]["unlabelled_rows"] > 0  # sweeper also predicts the last, unlabelled dates
     assert run["plain"]["processes"] == len(cpu_slots("auto"))  # as many as sweeper's CPU slots
+    # what sweeper stacked by: the 2 seeds' measured size, every trial alone (study.population: 1)
+    assert run["sweeper"]["stack_size"]["stack_size"] in (1, 2) and list(run["sweeper"]["populations"]) == ["1"]
     for side in ("sweeper", "plain"):
         s = run[side]
         assert s["finished"] == s["complete"] + s["pruned"] >= 1
