@@ -344,8 +344,8 @@ def _agreement(side: dict[str, Any], panel: Any, rows: dict[str, Windows]) -> di
         assert np.array_equal(aligned["label"].to_numpy(np.float32), rows[split].label_raw.astype(np.float32),
                               equal_nan=True), f"{split}: the raw labels differ"
         # a seed ensemble's valid file is the ensemble's: its IC is the trial's value, not the runs' mean,
-        # scored on the ensemble's own frame (pandas' mean of the seeds' predictions, sweeper's row order),
-        # which the plain side rebuilds from its rows: not bit for bit (seen: 3.1e-9 apart)
+        # scored on the runs' valid predictions from training (validation.record: out.predictions), while
+        # the file is the ensemble of the model frames (runner._ensemble): not bit for bit (3.1e-9 seen)
         stored_ic, tol = (trial.value, 1e-7) if key == "value" else (trial.user_attrs[key], 1e-9)
         ours, theirs = plain_ic(aligned["pred"].to_numpy(), rows[split]), float(stored_ic)
         assert abs(ours - theirs) <= tol, f"{split}: plain_ic {ours} against sweeper's stored {key} {theirs}"

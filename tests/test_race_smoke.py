@@ -29,8 +29,9 @@ def test_race_smoke_runs_both_sides_and_checks_they_agree():
     for split in ("valid", "test"):  # the script asserts these; here: they were compared, on labelled rows
         agree = run["agreement"][split]
         assert agree["rows"] > 0 and agree["plain_ic"] == pytest.approx(agree["stored"], abs=agree["tolerance"])
-    # the MLP study scores a 2-seed ensemble: its valid file's IC is the trial's value (to 1e-7: scored
-    # on the ensemble's own frame, not bit for bit), test's is the stored test_ic (1e-9)
+    # the MLP study scores a 2-seed ensemble: its valid file's IC is the trial's value (to 1e-7: the value
+    # is scored on the training's valid predictions, the file made from the model frames), test's is the
+    # stored test_ic (1e-9)
     assert [(run["agreement"][s]["stored_as"], run["agreement"][s]["tolerance"]) for s in ("valid", "test")] \
         == [("value", 1e-7), ("test_ic", 1e-9)]
     assert run["agreement"]["test"]["unlabelled_rows"] > 0  # sweeper also predicts the last, unlabelled dates
