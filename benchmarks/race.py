@@ -14,8 +14,8 @@ other (the side that goes first alternates with the seed), each on the whole box
 - **plain loop**: what a user writes from Optuna's docs, in this file (:func:`plain_worker`): as many
   processes as sweeper has CPU slots (``sweeper.devices.cpu_slots(devices.cpu_workers)``), each with
   one torch thread, running ``study.optimize`` on one SQLite study (created first, as ``optuna
-  create-study`` would) with ``TPESampler`` (the study file's sampler options; seed = the file's seed
-  + the process's index, so the two processes do not draw the same start-up trials) and
+  create-study`` would) with ``TPESampler`` (the study file's sampler options; seed = the race's
+  sampler seed + the process's index, so the two processes do not draw the same start-up trials) and
   ``MedianPruner`` (the file's pruner options), ``trial.report`` / ``trial.should_prune()`` each
   epoch. The panel is sweeper's own (``sweeper.data.load_panel`` of the same config: the same split,
   purge and normalisation; the panel cache is built once before either side starts), served by a
@@ -29,6 +29,12 @@ other (the side that goes first alternates with the seed), each on the whole box
   ``sweeper.quant.ic.ic_report``, the function sweeper's final scoring gives ``val_ic`` / ``test_ic``
   with. Its processes count the clock from after their imports (their data loading inside it, as
   sweeper's workers'); no trial starts after it on either side and the running ones finish.
+
+**Sampler seeds.** Both sides' sampler seed is the study file's + 10 x the data seed (sweeper's
+``study.sampler.seed``; the loop's processes add their index), so each data seed draws its own first
+configs: with the file's seed on every data seed (``--fixed-sampler-seed``, the protocol before
+2026-12-05's session 6) the loop drew the same start-up configs on all three and the median was over
+one draw of that luck.
 
 **Agreement**, asserted for every sweeper run: the labelled valid and test rows (date, asset) and raw
 labels of a sweeper trial's stored predictions are exactly the plain side's, :func:`plain_ic` of them is the
@@ -70,6 +76,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ("mlp", "lstm", "transformer")
+SAMPLER_STRIDE = 10  # data seed d races with sampler seed file + 10 d on both sides (the loop: + its index)
 SMOKE = ["data.synthetic.assets=40", "data.synthetic.dates=200", "data.synthetic.features=4",
          "data.lookback=5", "train.epochs=2", "train.samples_per_epoch=1024"]
 FINISHED = ("COMPLETE", "PRUNED")
@@ -388,7 +395,7 @@ def _r(v: Any, nd: int = 5) -> Any:
 
 
 def _race(study: str, seed: int, clock: float, base: list[str], cache: str,
-          sweeper_first: bool) -> dict[str, Any]:
+          sweeper_first: bool, fixed_sampler_seed: bool = False) -> dict[str, Any]:
     from sweeper.config import load_config
     from sweeper.data.load import load_panel
 
@@ -397,6 +404,12 @@ def _race(study: str, seed: int, clock: float, base: list[str], cache: str,
         tmp = Path(name)
         study_file = tmp / f"{study}_ic.yaml"
         shutil.copy(ROOT / "studies" / f"{study}_ic.yaml", study_file)
+        sampler_seed = load_config(study_file, sets).study.sampler.seed
+        if sampler_seed is not None and not fixed_sampler_seed:
+            # each data seed draws its own first configs on both sides (the loop's processes: this + 0, 1):
+            # with the file's seed on every data seed, the median would be over one draw of that luck
+            sampler_seed += SAMPLER_STRIDE * seed
+            sets.append(f"study.sampler.seed={sampler_seed}")
         panel = load_panel(load_config(study_file, sets).data)  # the panel cache, built before either side
         rows = {split: Windows(panel, split) for split in ("valid", "test")}
         sides: dict[str, dict[str, Any]] = {}
@@ -405,7 +418,7 @@ def _race(study: str, seed: int, clock: float, base: list[str], cache: str,
             sides[side] = (_run_sweeper(tmp, study_file, sets, clock, cache) if side == "sweeper"
                            else _run_plain(tmp, study_file, sets, clock))
         agree = _agreement(sides["sweeper"], panel, rows)
-    out: dict[str, Any] = {"study": study, "data_seed": seed, "clock_s": clock,
+    out: dict[str, Any] = {"study": study, "data_seed": seed, "sampler_seed": sampler_seed, "clock_s": clock,
                            "order": "sweeper first" if sweeper_first else "plain first", "agreement": agree}
     lines = {name: _timeline(side["trials"], side["launch"]) for name, side in sides.items()}
     for name, other in (("sweeper", "plain"), ("plain", "sweeper")):
@@ -429,7 +442,8 @@ def _race(study: str, seed: int, clock: float, base: list[str], cache: str,
 
 
 def _say(run: dict[str, Any]) -> None:
-    _log(f"== {run['study']} data seed {run['data_seed']} ({run['clock_s']:g} s each, {run['order']}): "
+    _log(f"== {run['study']} data seed {run['data_seed']} (sampler seed {run['sampler_seed']}, "
+         f"{run['clock_s']:g} s each, {run['order']}): "
          f"ratio {run['ratio']}, test IC of the picks: sweeper - plain = {run['test_ic_diff']}")
     for name in ("sweeper", "plain"):
         s = run[name]
@@ -491,6 +505,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--clock", type=float, default=300.0, help="seconds of wall clock for each side")
     parser.add_argument("--seeds-for", action="append", default=[], help="STUDY=0,1: that study's data seeds")
     parser.add_argument("--clock-for", action="append", default=[], help="STUDY=SECONDS: that study's clock")
+    parser.add_argument("--fixed-sampler-seed", action="store_true",
+                        help="every data seed races with the study file's sampler seed (the old protocol)")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--plain-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -510,9 +526,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         os.environ["SWEEPER_CACHE_DIR"] = cache  # one panel cache for both sides, built before either runs
         for study in studies:
             for n, seed in enumerate(seeds[study]):
-                runs.append(_race(study, seed, clocks[study], base, cache, sweeper_first=n % 2 == 0))
+                runs.append(_race(study, seed, clocks[study], base, cache, sweeper_first=n % 2 == 0,
+                                  fixed_sampler_seed=args.fixed_sampler_seed))
                 _say(runs[-1])
     report = {"machine": f"{os.cpu_count()} cores", "smoke": args.smoke, "settings": base,
+              "sampler_seeds": ("the file's" if args.fixed_sampler_seed
+                                else f"the file's + {SAMPLER_STRIDE} x data seed"),
               "clocks": {s: clocks[s] for s in studies}, "runs": runs, "studies": _summary(runs),
               "seconds": round(time.perf_counter() - began, 1)}
     print(json.dumps(report, default=str, allow_nan=False))

@@ -26,6 +26,8 @@ def test_race_smoke_runs_both_sides_and_checks_they_agree():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     (run,) = out["runs"]
     assert (run["study"], run["data_seed"], run["clock_s"], out["smoke"]) == ("mlp", 0, 4.0, True)
+    # both sides' sampler seed follows the data seed: the file's 7 + 10 x 0 here
+    assert (run["sampler_seed"], out["sampler_seeds"]) == (7, "the file's + 10 x data seed")
     for split in ("valid", "test"):  # the script asserts these; here: they were compared, on labelled rows
         agree = run["agreement"][split]
         assert agree["rows"] > 0 and agree["plain_ic"] == pytest.approx(agree["stored"], abs=agree["tolerance"])
