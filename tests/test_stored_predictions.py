@@ -71,7 +71,7 @@ def test_best_reads_them_and_its_figures_equal_the_model_run_again(swept):
     assert stored == rerun
 
 
-ENSEMBLE = merge(STUDY, {"study": {"n_trials": 1}, "validation": {"repeats": 2}})
+ENSEMBLE = merge(STUDY, {"study": {"n_trials": 1}, "validation": {"repeats": 2, "aggregate": "ensemble"}})
 
 
 def test_a_seed_ensembles_stored_frames_are_the_mean_of_its_seeds_and_predict_computes_them(
@@ -98,6 +98,9 @@ def test_a_seed_ensembles_stored_frames_are_the_mean_of_its_seeds_and_predict_co
     ua = trial.user_attrs
     assert ua["test_ic"] == pytest.approx(M.ic_report(pd.read_parquet(here / "predictions_test.parquet"))["ic"],
                                           abs=1e-12)
+    # aggregate: ensemble: the value is the stored valid file's IC (one source: the seeds' model frames)
+    assert trial.value == pytest.approx(M.ic_report(pd.read_parquet(here / "predictions_valid.parquet"))["ic"],
+                                        abs=1e-12)
     assert len(ua["seed_test_ic"]) == 2 and ua["test_ic"] not in ua["seed_test_ic"]
     best = _best(root)
     assert best["metrics"]["test_ic"] == pytest.approx(ua["test_ic"], abs=1e-12)

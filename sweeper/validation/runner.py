@@ -366,7 +366,8 @@ def _keep(trainer: Trainer, out: TrialRuns, panel: Panel, fold: int, seed: int, 
         store.save_predictions(model_frames(cfg, result, panel, trainer.device, alone))
     if store is not None:
         store.save(run, result, panel, frames)
-    out.add(run, result.predictions["valid"], result.daily["valid"])
+    # an ensemble seed's valid frame is the stored one a retry reads back: its value is the file's IC
+    out.add(run, (frames or result.predictions)["valid"], result.daily["valid"])
     if is_model and seed == 0:
         out.model = result
     return run
