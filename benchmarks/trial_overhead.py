@@ -9,10 +9,14 @@ it holds the worker's set-up, the final scoring, predictions, files and the stor
 1 and of 3 epochs, give a trial's time per epoch ``P = (median span(3) - median span(1)) / 2`` and its
 fixed cost ``F = median span(1) - P`` (a first epoch's extra cost, warm-up, counts as fixed).
 
-Two layouts: ``alone`` (``devices.cpu_workers`` 1: one trial on the box) and ``beside`` (2 workers:
-two trials train at once, each with half the cores, the 2-core box's default). Sharing the CPU slows an
-epoch by ``P_beside / P_alone``; the fixed cost should grow by no more than that (``growth_vs_sharing``
-<= 1). The trees alternate per round (current first, then the other way round).
+Three layouts: ``alone`` (``devices.cpu_workers`` 1: one trial on the box, with every core's thread),
+``alone_one_core`` (the same sweep pinned to the first core: one trial, one thread) and ``beside`` (2
+workers: two trials train at once, each with half the cores, the 2-core box's default). Sharing the CPU
+slows an epoch by ``P_beside / P_alone``; the fixed cost should grow by no more than that
+(``growth_vs_sharing`` <= 1). ``alone`` has twice ``beside``'s threads on a 2-core box, so
+``growth_vs_sharing_same_threads`` compares ``beside`` with ``alone_one_core``: one thread a trial in
+both, and what is left is the sharing (caches, memory bandwidth, the store). The trees alternate per
+round (current first, then the other way round).
 
     python benchmarks/trial_overhead.py [--rev 4d48ecd] [--study studies/transformer_ic.yaml]
                                         [--trials 5] [--rounds 2] [--smoke]
@@ -35,12 +39,13 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYOUTS = {"alone": 1, "beside": 2}
+LAYOUTS = {"alone": (1, False), "alone_one_core": (1, True), "beside": (2, False)}  # workers, pinned
 SMOKE = ["data.synthetic.assets=40", "data.synthetic.dates=200", "data.synthetic.features=4",
          "data.lookback=5", "train.samples_per_epoch=1024"]
 
 
-def _spans(tree: Path, study: Path, workers: int, epochs: int, trials: int, sets: list[str]) -> list[float]:
+def _spans(tree: Path, study: Path, workers: int, epochs: int, trials: int, sets: list[str],
+           pinned: bool = False) -> list[float]:
     """The store's span of every finished trial of one sweep of ``tree``'s sweeper."""
     import optuna
 
@@ -56,7 +61,10 @@ def _spans(tree: Path, study: Path, workers: int, epochs: int, trials: int, sets
                   f"train.epochs={epochs}"]:
             args += ["--set", s]
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        done = subprocess.run(args, cwd=tmp, capture_output=True, text=True, env=env)
+        # pinned: the sweep and its workers (who inherit it) see one core, so sweeper gives a slot one thread
+        first = min(os.sched_getaffinity(0))
+        done = subprocess.run(args, cwd=tmp, capture_output=True, text=True, env=env,
+                              preexec_fn=(lambda: os.sched_setaffinity(0, {first})) if pinned else None)
         if done.returncode:
             raise RuntimeError(f"{tree}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
         stored = optuna.load_study(study_name="overhead", storage=f"sqlite:///{tmp}/overhead.db")
@@ -67,8 +75,9 @@ def _spans(tree: Path, study: Path, workers: int, epochs: int, trials: int, sets
     return spans
 
 
-def _measure(tree: Path, study: Path, workers: int, trials: int, sets: list[str]) -> dict[str, Any]:
-    one, three = (_spans(tree, study, workers, e, trials, sets) for e in (1, 3))
+def _measure(tree: Path, study: Path, layout: tuple[int, bool], trials: int,
+             sets: list[str]) -> dict[str, Any]:
+    one, three = (_spans(tree, study, layout[0], e, trials, sets, layout[1]) for e in (1, 3))
     epoch = (statistics.median(three) - statistics.median(one)) / 2
     return {"fixed_s": statistics.median(one) - epoch, "epoch_s": epoch, "spans": {"1": one, "3": three}}
 
@@ -79,12 +88,12 @@ def compare(rev: str, study: Path, trials: int, rounds: int, sets: list[str]) ->
         old = Path(tmp) / "old"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), rev], cwd=ROOT, check=True)
         try:
-            for layout, workers in LAYOUTS.items():
+            for layout, how in LAYOUTS.items():
                 got: dict[str, list[dict[str, Any]]] = {"current": [], "old": []}
                 for r in range(rounds):
                     order = [("current", ROOT), ("old", old)][:: 1 if r % 2 == 0 else -1]
                     for name, tree in order:
-                        got[name].append(_measure(tree, study, workers, trials, sets))
+                        got[name].append(_measure(tree, study, how, trials, sets))
                         print(f"{layout} round {r} {name}: fixed {got[name][-1]['fixed_s']:.2f} s, epoch "
                               f"{got[name][-1]['epoch_s']:.2f} s", file=sys.stderr, flush=True)
                 report["layouts"][layout] = {name: _summary(runs) for name, runs in got.items()}
@@ -93,10 +102,10 @@ def compare(rev: str, study: Path, trials: int, rounds: int, sets: list[str]) ->
     lay = report["layouts"]
     report["ratios"] = {layout: _ratio(lay[layout]["current"]["fixed_s"], lay[layout]["old"]["fixed_s"])
                         for layout in LAYOUTS}
-    report["growth_vs_sharing"] = {
-        name: _ratio(_ratio(lay["beside"][name]["fixed_s"], lay["alone"][name]["fixed_s"]),
-                     _ratio(lay["beside"][name]["epoch_s"], lay["alone"][name]["epoch_s"]))
-        for name in ("current", "old")}
+    for key, alone in (("growth_vs_sharing", "alone"), ("growth_vs_sharing_same_threads", "alone_one_core")):
+        report[key] = {name: _ratio(_ratio(lay["beside"][name]["fixed_s"], lay[alone][name]["fixed_s"]),
+                                    _ratio(lay["beside"][name]["epoch_s"], lay[alone][name]["epoch_s"]))
+                       for name in ("current", "old")}
     return report
 
 

@@ -168,10 +168,11 @@ def test_population_smoke_sweeps_both_arms_and_compares_their_best():
 
 
 @pytest.mark.slow
-def test_trial_overhead_smoke_times_both_trees_in_both_layouts():
+def test_trial_overhead_smoke_times_both_trees_in_every_layout():
     out = _run("trial_overhead.py", "--smoke", "--rev", "HEAD", timeout=600)
     assert (out["rev"], out["trials"], out["rounds"]) == ("HEAD", 2, 1)
-    for layout in ("alone", "beside"):
+    assert set(out["growth_vs_sharing_same_threads"]) == {"current", "old"}
+    for layout in ("alone", "alone_one_core", "beside"):
         for tree in ("current", "old"):
             (run,) = out["layouts"][layout][tree]["rounds"]
             one, three = run["spans"]["1"], run["spans"]["3"]
