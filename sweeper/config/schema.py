@@ -97,6 +97,16 @@ class StudyConfig(_Strict):
                              f"heartbeat_interval ({self.heartbeat_interval})")
         return self
 
+    @model_validator(mode="after")
+    def _gp_unpruned(self) -> StudyConfig:
+        # Optuna's GPSampler fits COMPLETE trials only: it never learns a pruned config is bad and proposes it
+        # again and again (measured: 51 of 58 LSTM trials pruned, one config repeated, issue 41)
+        if self.sampler.name == "gp" and self.pruner.name != "none":
+            raise ValueError(f"sampler gp learns from complete trials only, so with pruner "
+                             f"{self.pruner.name} it proposes a pruned config again and again: "
+                             "set pruner: {name: none}, or use tpe")
+        return self
+
     @property
     def resolved_direction(self) -> Literal["maximize", "minimize"]:
         return self.direction or ("minimize" if self.metric == "val_loss" else "maximize")
