@@ -70,8 +70,8 @@ CASES = {
     "gpu index": ({"devices": {"gpus": [7]}}, ["devices.gpus", "index 7"]),
     "gpu uuid": ({"devices": {"gpus": ["GPU-deadbeef"]}}, ["GPU-deadbeef"]),
     "gp with a pruner": ({"study": {"name": "bad", "sampler": {"name": "gp"}}},
-                         ["study: sampler gp learns from complete trials only, so with pruner median",
-                          "set pruner: {name: none}, or use tpe"]),
+                         ["study: sampler gp learns from complete trials only: with pruner median it keeps proposing "
+                          "pruned configs; set pruner: {name: none}, or use tpe"]),
     "grace period under two heartbeats": (
         {"study": {"name": "bad", "heartbeat_interval": 10, "grace_period": 15}},
         ["study: grace_period (15) must be at least 2 x heartbeat_interval (10)"]),

@@ -71,8 +71,7 @@ def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int,
                params={k: v for k, v in result.params.items() if k != "num_threads"},
                num_boost_round=cfg.baseline.num_boost_round,
                early_stopping_rounds=cfg.baseline.early_stopping_rounds,
-               daily={split: _series(frame) for split, frame in result.daily.items()},
-               finished=_now())
+               daily={split: _series(frame) for split, frame in result.daily.items()}, finished=_now())
     return out
 
 

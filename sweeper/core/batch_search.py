@@ -74,8 +74,7 @@ class CudaMemory:
     """MemoryReader for one CUDA device: the free memory and the base allocation are read once, at
     the first ``free_bytes()``. ``cuda`` is ``torch.cuda``, or a stand-in in tests."""
 
-    def __init__(self, device: torch.device, limit_mb: float | None = None,
-                 cuda: Any = torch.cuda) -> None:
+    def __init__(self, device: torch.device, limit_mb: float | None = None, cuda: Any = torch.cuda) -> None:
         if device.index is None:  # some torch.cuda calls insist on an index
             device = torch.device("cuda", cuda.current_device())
         self.device, self.cuda = device, cuda

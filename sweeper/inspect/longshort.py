@@ -28,8 +28,7 @@ ENSEMBLE_K = 3
 IC_KEYS = ("ic", "rank_ic", "icir", "n_dates", "n_constant_dates")
 
 
-def best_long_short(cfg: SweeperConfig, predictor: TrialFrames,
-                    best: FrozenTrial) -> dict[str, LongShort]:
+def best_long_short(cfg: SweeperConfig, predictor: TrialFrames, best: FrozenTrial) -> dict[str, LongShort]:
     """``{"valid"|"test": LongShort}`` of the best trial (raises SweeperError when it cannot)."""
     horizon = predictor.config(best).data.horizon
     return {split: long_short(predictor.frame(best, split), horizon, cfg.report.quantiles)

@@ -43,8 +43,7 @@ def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     order = ranked(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
                    study.direction == optuna.study.StudyDirection.MAXIMIZE)
     if len(order) < k:
-        raise StudyNotFound(f"study {study.study_name!r} has {len(order)} completed trials; "
-                            f"top{k} needs {k}")
+        raise StudyNotFound(f"study {study.study_name!r} has {len(order)} completed trials; top{k} needs {k}")
     return order[:k]
 
 

@@ -67,8 +67,7 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     return out
 
 
-def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label",
-              date: str = "date") -> ICReport:
+def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date") -> ICReport:
     """``{ic, rank_ic, icir, rank_icir, n_dates, n_constant_dates}`` of a long frame with one row
     per (date, asset)."""
     return report_of(daily_ic(df, pred=pred, label=label, date=date, flag_constant=True))
