@@ -45,7 +45,7 @@ SMOKE = ["data.synthetic.assets=40", "data.synthetic.dates=200", "data.synthetic
 
 
 def _spans(tree: Path, study: Path, workers: int, epochs: int, trials: int, sets: list[str],
-           pinned: bool = False) -> list[float]:
+           pinned: bool = False) -> tuple[list[float], list[float]]:
     """The store's span of every finished trial of one sweep of ``tree``'s sweeper."""
     import optuna
 
@@ -66,29 +66,36 @@ def _spans(tree: Path, study: Path, workers: int, epochs: int, trials: int, sets
         done = subprocess.run(args, cwd=tmp, capture_output=True, text=True, env=env,
                               preexec_fn=(lambda: os.sched_setaffinity(0, {first})) if pinned else None)
         if done.returncode:
-            raise RuntimeError(f"{tree}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+            raise RuntimeError(f"{tree}: exit {done.returncode}\n{done.stdout[-2000:]}\n"
+                               f"{done.stderr[-2000:]}")
         stored = optuna.load_study(study_name="overhead", storage=f"sqlite:///{tmp}/overhead.db")
-        spans = [(t.datetime_complete - t.datetime_start).total_seconds()
-                 for t in stored.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+        done_trials = [t for t in stored.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+        spans = [(t.datetime_complete - t.datetime_start).total_seconds() for t in done_trials]
+        # outside the training call (duration_s: the epochs and the final scoring): set-up, files, store
+        outside = [span - t.user_attrs["duration_s"] for span, t in zip(spans, done_trials)]
     if len(spans) != trials:
         raise RuntimeError(f"{tree}: {len(spans)} of {trials} trials completed")
-    return spans
+    return spans, outside
 
 
 def _measure(tree: Path, study: Path, layout: tuple[int, bool], trials: int,
              sets: list[str]) -> dict[str, Any]:
-    one, three = (_spans(tree, study, layout[0], e, trials, sets, layout[1]) for e in (1, 3))
+    (one, out1), (three, out3) = (_spans(tree, study, layout[0], e, trials, sets, layout[1]) for e in (1, 3))
     epoch = (statistics.median(three) - statistics.median(one)) / 2
-    return {"fixed_s": statistics.median(one) - epoch, "epoch_s": epoch, "spans": {"1": one, "3": three}}
+    return {"fixed_s": statistics.median(one) - epoch, "epoch_s": epoch,
+            "outside_s": statistics.median(out1 + out3), "spans": {"1": one, "3": three}}
 
 
-def compare(rev: str, study: Path, trials: int, rounds: int, sets: list[str]) -> dict[str, Any]:
-    report: dict[str, Any] = {"rev": rev, "study": str(study), "trials": trials, "rounds": rounds, "layouts": {}}
+def compare(rev: str, study: Path, trials: int, rounds: int, sets: list[str],
+            layouts: list[str] | None = None) -> dict[str, Any]:
+    report: dict[str, Any] = {"rev": rev, "study": str(study), "trials": trials, "rounds": rounds,
+                              "layouts": {}}
+    todo = {name: LAYOUTS[name] for name in layouts or LAYOUTS}
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "old"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), rev], cwd=ROOT, check=True)
         try:
-            for layout, how in LAYOUTS.items():
+            for layout, how in todo.items():
                 got: dict[str, list[dict[str, Any]]] = {"current": [], "old": []}
                 for r in range(rounds):
                     order = [("current", ROOT), ("old", old)][:: 1 if r % 2 == 0 else -1]
@@ -101,11 +108,15 @@ def compare(rev: str, study: Path, trials: int, rounds: int, sets: list[str]) ->
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
     lay = report["layouts"]
     report["ratios"] = {layout: _ratio(lay[layout]["current"]["fixed_s"], lay[layout]["old"]["fixed_s"])
-                        for layout in LAYOUTS}
-    for key, alone in (("growth_vs_sharing", "alone"), ("growth_vs_sharing_same_threads", "alone_one_core")):
-        report[key] = {name: _ratio(_ratio(lay["beside"][name]["fixed_s"], lay[alone][name]["fixed_s"]),
-                                    _ratio(lay["beside"][name]["epoch_s"], lay[alone][name]["epoch_s"]))
-                       for name in ("current", "old")}
+                        for layout in todo}
+    # a fixed cost's growth beside a second trial over an epoch's (<= 1: sharing the CPU explains it)
+    for key, alone, cost in (("growth_vs_sharing", "alone", "fixed_s"),
+                             ("growth_vs_sharing_same_threads", "alone_one_core", "fixed_s"),
+                             ("outside_growth_same_threads", "alone_one_core", "outside_s")):
+        if alone in lay and "beside" in lay:
+            report[key] = {name: _ratio(_ratio(lay["beside"][name][cost], lay[alone][name][cost]),
+                                        _ratio(lay["beside"][name]["epoch_s"], lay[alone][name]["epoch_s"]))
+                           for name in ("current", "old")}
     return report
 
 
@@ -116,9 +127,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over rounds, with each round's figures."""
-    return {"fixed_s": round(statistics.median(r["fixed_s"] for r in runs), 3),
-            "epoch_s": round(statistics.median(r["epoch_s"] for r in runs), 3),
+    keys = ("fixed_s", "epoch_s", "outside_s")
+    return {**{k: round(statistics.median(r[k] for r in runs), 3) for k in keys},
             "rounds": [{"fixed_s": round(r["fixed_s"], 3), "epoch_s": round(r["epoch_s"], 3),
+                        "outside_s": round(r["outside_s"], 3),
                         "spans": {e: [round(s, 3) for s in v] for e, v in r["spans"].items()}} for r in runs]}
 
 
@@ -128,11 +140,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--study", type=Path, default=ROOT / "studies" / "transformer_ic.yaml")
     ap.add_argument("--trials", type=int, default=5, help="trials per sweep (their median span counts)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help="which layouts, comma-separated")
     ap.add_argument("--smoke", action="store_true", help="a tiny panel, 2 trials, 1 round: every path")
     args = ap.parse_args(argv)
     sets = SMOKE if args.smoke else []
     trials, rounds = (2, 1) if args.smoke else (args.trials, args.rounds)
-    report = compare(args.rev, args.study.resolve(), trials, rounds, sets)
+    report = compare(args.rev, args.study.resolve(), trials, rounds, sets, args.layouts.split(","))
     print(json.dumps(report))
     return report
 

@@ -172,6 +172,7 @@ def test_trial_overhead_smoke_times_both_trees_in_every_layout():
     out = _run("trial_overhead.py", "--smoke", "--rev", "HEAD", timeout=600)
     assert (out["rev"], out["trials"], out["rounds"]) == ("HEAD", 2, 1)
     assert set(out["growth_vs_sharing_same_threads"]) == {"current", "old"}
+    assert set(out["outside_growth_same_threads"]) == {"current", "old"}
     for layout in ("alone", "alone_one_core", "beside"):
         for tree in ("current", "old"):
             (run,) = out["layouts"][layout][tree]["rounds"]
@@ -181,6 +182,7 @@ def test_trial_overhead_smoke_times_both_trees_in_every_layout():
             epoch = (statistics.median(three) - statistics.median(one)) / 2
             assert run["epoch_s"] == pytest.approx(epoch, abs=2e-3)
             assert run["fixed_s"] == pytest.approx(statistics.median(one) - epoch, abs=2e-3)
+            assert 0 < run["outside_s"] < min(one)  # a span less its training call
         lay = out["layouts"][layout]
         old = lay["old"]["fixed_s"]
         assert out["ratios"][layout] == (round(lay["current"]["fixed_s"] / old, 3) if old else None)
