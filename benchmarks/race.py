@@ -82,6 +82,7 @@ SAMPLER_STRIDE = 10  # data seed d races with sampler seed file + 10 d on both s
 SMOKE = ["data.synthetic.assets=40", "data.synthetic.dates=200", "data.synthetic.features=4",
          "data.lookback=5", "train.epochs=2", "train.samples_per_epoch=1024"]
 FINISHED = ("COMPLETE", "PRUNED")
+AGREE_TOL = 1e-9  # plain_ic of a stored predictions file against the trial's stored figure
 TARGET_RATIO = 0.67
 
 
@@ -356,11 +357,12 @@ def _agreement(side: dict[str, Any], panel: Any, rows: dict[str, Windows]) -> di
                               equal_nan=True), f"{split}: the raw labels differ"
         # a seed ensemble's valid file is the ensemble's: its IC is the trial's value, not the runs' mean
         # (both from the seeds' model frames since 2026-12-05, session 6; 3.1e-9 apart before)
-        stored_ic, tol = trial.value if key == "value" else trial.user_attrs[key], 1e-9
+        stored_ic = trial.value if key == "value" else trial.user_attrs[key]
         ours, theirs = plain_ic(aligned["pred"].to_numpy(), rows[split]), float(stored_ic)
-        assert abs(ours - theirs) <= tol, f"{split}: plain_ic {ours} against sweeper's stored {key} {theirs}"
+        assert abs(ours - theirs) <= AGREE_TOL, \
+            f"{split}: plain_ic {ours} against sweeper's stored {key} {theirs}"
         out[split] = {"trial": trial.number, "rows": len(frame), "unlabelled_rows": len(stored) - len(frame),
-                      "plain_ic": ours, "stored": theirs, "stored_as": key, "tolerance": tol,
+                      "plain_ic": ours, "stored": theirs, "stored_as": key, "tolerance": AGREE_TOL,
                       "dates": scored[split]["dates"]}
     return out
 
@@ -413,13 +415,14 @@ def _race(study: str, seed: int, clock: float, base: list[str], cache: str,
         tmp = Path(name)
         study_file = tmp / f"{study}_ic.yaml"
         shutil.copy(ROOT / "studies" / f"{study}_ic.yaml", study_file)
-        sampler_seed = load_config(study_file, sets).study.sampler.seed
+        cfg = load_config(study_file, sets)
+        sampler_seed = cfg.study.sampler.seed
         if sampler_seed is not None and not fixed_sampler_seed:
             # each data seed draws its own first configs on both sides (the loop's processes: this + 0, 1):
             # with the file's seed on every data seed, the median would be over one draw of that luck
             sampler_seed += SAMPLER_STRIDE * seed
             sets.append(f"study.sampler.seed={sampler_seed}")
-        panel = load_panel(load_config(study_file, sets).data)  # the panel cache, built before either side
+        panel = load_panel(cfg.data)  # the panel cache, built before either side (the seed moves no data)
         rows = {split: Windows(panel, split) for split in ("valid", "test")}
         sides: dict[str, dict[str, Any]] = {}
         for side in (("sweeper", "plain") if sweeper_first else ("plain", "sweeper")):

@@ -26,6 +26,17 @@ def test_defaults_validate():
     assert cfg.train.resolved_batch_order == "random"
 
 
+@pytest.mark.parametrize("pruner", ["median", "percentile", "asha", "hyperband", "wilcoxon"])
+def test_gp_is_refused_beside_any_pruner_and_taken_without_one(pruner):
+    """Optuna's GPSampler never sees a pruned trial: with a pruner it proposes the pruned config again."""
+    gp = {"name": "gp", "seed": 3}
+    assert _err(_with(study={"sampler": gp, "pruner": {"name": pruner}})) == (
+        f"s.yaml: study: sampler gp learns from complete trials only: with pruner {pruner} it keeps "
+        "proposing pruned configs; set pruner: {name: none}, or use tpe")
+    cfg = C.validate_config(_with(study={"sampler": gp, "pruner": {"name": "none"}}), "s.yaml")
+    assert (cfg.study.sampler.name, cfg.study.sampler.seed, cfg.study.pruner.name) == ("gp", 3, "none")
+
+
 def test_direction_follows_metric():
     cfg = C.validate_config(_with(study={"metric": "val_loss"}), "s.yaml")
     assert cfg.study.resolved_direction == "minimize"

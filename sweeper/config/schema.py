@@ -395,7 +395,7 @@ _TUNABLE = ("model", "train", "data")
 
 def _space_highs(spec: ParamSpec | None) -> list[int]:
     """The largest value a search-space entry can take, as a one-element list (none: empty)."""
-    values = [] if spec is None else spec.choices or [] if spec.type == "categorical" else [spec.high]
+    values = [] if spec is None else (spec.choices or []) if spec.type == "categorical" else [spec.high]
     numbers = [int(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return [max(numbers)] if numbers else []
 
