@@ -11,6 +11,7 @@ worker's ``stop`` command, ends a wait or the set-up; the CLI exits 128 + the si
 from __future__ import annotations
 
 import signal
+import sys
 from enum import StrEnum
 
 
@@ -110,3 +111,9 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     line of its message."""
     lines = f"{type(exc).__name__}: {exc}".splitlines()
     return (lines[0] if lines else type(exc).__name__)[:limit]
+
+
+def say(line: str) -> None:
+    """One line of sweeper's own, ``sweeper: <line>``, on stderr."""
+    # stderr: the terminal for a driver, the slot log for a worker
+    print(f"sweeper: {line}", file=sys.stderr, flush=True)

@@ -9,6 +9,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from sweeper.core.schedule import adamw
+
+
 class MLPModel(nn.Module):
     """x[B, L, F] -> flatten -> num_layers x (Linear, GELU, Dropout) -> Linear -> [B]."""
 
@@ -93,3 +96,14 @@ class TransformerModel(nn.Module):
         pooled = h[:, -1] if self.pooling == "last" else h.mean(dim=1)
         return self.head(pooled).squeeze(-1)
 
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW with weight decay on weight matrices only: biases, norms and position tables are not
+    shrunk towards zero (a position table is a matrix, so a model names it in ``no_weight_decay()``,
+    timm's convention). The lone loop's optimizer at d1a4397:
+    the reference of :class:`~sweeper.core.optim.FlatStack`'s split."""
+    named = getattr(model, "no_weight_decay", None)
+    exempt = set(named()) if named is not None else set()
+    trained = [(p, p.dim() >= 2 and name not in exempt)
+               for name, p in model.named_parameters() if p.requires_grad]
+    return adamw([p for p, d in trained if d], [p for p, d in trained if not d], lr, weight_decay)

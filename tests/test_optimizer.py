@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from conftest import TINY, merge
-from reference_models import TransformerModel
-from sweeper.core.schedule import make_optimizer
+from reference_models import TransformerModel, make_optimizer
 
 
 def _decayed_names(model, optimizer):

@@ -8,14 +8,13 @@ import math
 
 import pytest
 import torch
+from tests.toy_panel import toy_config, toy_panel
 
+from reference_models import MLPModel, make_optimizer
 from sweeper.core import Member, train, train_stack
 from sweeper.core.optim import FlatStack, MemberScaler, StackedAdamW
-from sweeper.core.schedule import make_optimizer
-from reference_models import MLPModel
 from sweeper.models.stacked.mlp import StackedMLP
 from sweeper.validation.grid import seeded
-from tests.toy_panel import toy_config, toy_panel
 
 
 def _solos(k: int, **kw) -> list[MLPModel]:

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import sweeper.core.loop as loop
+from reference_models import make_optimizer
 from sweeper.core import NullHook, train
 from sweeper.core.optim import update_unless
 from sweeper.core.progress import EpochSteps, Progress
-from sweeper.core.schedule import lr_factor, make_optimizer
+from sweeper.core.schedule import lr_factor
 from sweeper.errors import NonFiniteLoss
 from toy_panel import toy_config, toy_panel
 

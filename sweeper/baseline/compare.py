@@ -39,8 +39,7 @@ def paired_t(dates_a: np.ndarray, ic_a: np.ndarray, dates_b: np.ndarray, ic_b: n
 
 def baseline_daily(attr: dict[str, Any], split: str) -> tuple[np.ndarray, np.ndarray] | None:
     """The baseline's daily ICs of ``split`` from its study attribute: ``(dates, ics)``, NaN for none."""
-    series = (attr.get("daily") or {}).get(split)
-    if not series:
+    if not (series := (attr.get("daily") or {}).get(split)):
         return None
     ic = np.array([math.nan if v is None else v for v in series["ic"]], dtype=np.float64)
     return np.asarray(series["date"], dtype=object), ic

@@ -134,8 +134,7 @@ def run_command(cfg: C.SweeperConfig, study: optuna.Study) -> dict[str, Any]:
 
 def subsample_line(attr: dict[str, Any]) -> str | None:
     """The words for a subsampled train split (None when every train row was used)."""
-    sub = attr.get("subsampled")
-    if not sub:
+    if not (sub := attr.get("subsampled")):
         return None
     by = sub.get("by", "baseline.max_rows")
     folds = sub.get("folds")  # walk-forward folds: each fold's train window is subsampled alone

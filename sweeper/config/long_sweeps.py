@@ -40,8 +40,7 @@ class KeepConfig(BaseModel, extra="forbid"):
             return value
         value, ks = dict(value), set()
         for key in KEPT:
-            item = value.get(key)
-            if isinstance(item, dict):
+            if isinstance(item := value.get(key), dict):
                 if set(item) != {"top_k"}:
                     raise ValueError(f"{key}: expected none, top_k, all or {{top_k: N}}, got {item!r}")
                 value[key] = "top_k"

@@ -154,8 +154,7 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
         say(step.stack.plan)
     date_rows = max(lane.runs.largest if lane.runs is not None and criterion.whole_dates else 1
                     for lane in lanes)
-    state = checkpoint.load()
-    if state is not None:
+    if (state := checkpoint.load()) is not None:
         check_same_config(state, cfg)
         first = restore_stack(state, step) + 1
         plan = BatchPlan(int(state["batch_size"]), int(state["micro_batch_size"]),

@@ -27,17 +27,6 @@ class Rows(NamedTuple):
     date_counts: list[int] | None = None
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW with weight decay on weight matrices only: biases, norms and position tables are not
-    shrunk towards zero (a position table is a matrix, so a model names it in ``no_weight_decay()``,
-    timm's convention). The reference of :class:`~sweeper.core.optim.FlatStack`'s split."""
-    named = getattr(model, "no_weight_decay", None)
-    exempt = set(named()) if named is not None else set()
-    trained = [(p, p.dim() >= 2 and name not in exempt)
-               for name, p in model.named_parameters() if p.requires_grad]
-    return adamw([p for p, d in trained if d], [p for p, d in trained if not d], lr, weight_decay)
-
-
 def adamw(decay: list[nn.Parameter], other: list[nn.Parameter], lr: float,
           weight_decay: float) -> torch.optim.Optimizer:
     """torch's AdamW with ``weight_decay`` on ``decay`` alone, fused where the kernel runs: one

@@ -67,8 +67,7 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
     parsed = _to_datetime(pd.Index(uniques))
     if getattr(parsed, "tz", None) is not None:
         parsed = parsed.tz_convert("UTC").tz_localize(None)
-    bad = np.asarray(parsed.isna())
-    if bad.any():
+    if (bad := np.asarray(parsed.isna())).any():
         sample = uniques[int(np.flatnonzero(bad)[0])]
         sample = sample.item() if isinstance(sample, np.generic) else sample
         raise DataError(f"{source}: column '{col}': cannot parse {int(bad.sum())} distinct date value(s), "
@@ -89,8 +88,7 @@ def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
         return pd.DatetimeIndex(pd.to_datetime(uniques, errors="coerce"))
     # ISO first (fast, unambiguous); only what fails gets the slower per-value parser
     parsed = pd.Series(pd.to_datetime(uniques, errors="coerce", format="ISO8601"))
-    retry = parsed.isna().to_numpy()
-    if retry.any():
+    if (retry := parsed.isna().to_numpy()).any():
         parsed[retry] = pd.to_datetime(uniques[retry], errors="coerce", format="mixed")
     return pd.DatetimeIndex(parsed)
 

@@ -29,8 +29,7 @@ def select(candidates: list[str], columns: list[str], features: list[str] | None
     chosen: list[str] = []
     for entry in candidates if features is None else features:
         if features is not None and _GLOB & set(entry):
-            matched = [c for c in candidates if fnmatchcase(c, entry)]
-            if not matched:
+            if not (matched := [c for c in candidates if fnmatchcase(c, entry)]):
                 raise DataError(f"{where}: the pattern '{entry}' (data.features) matches no numeric column; "
                                 f"the candidates are: {shown(candidates)}")
             chosen.extend(matched)

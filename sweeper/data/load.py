@@ -94,8 +94,7 @@ class PanelMemo:
 
     def get(self, key: object, make: Callable[[], Panel]) -> Panel:
         """The panel made for ``key`` (anything JSON can write), made now if it is new."""
-        text = json.dumps(key, sort_keys=True, default=str)
-        if text not in self._panels:
+        if (text := json.dumps(key, sort_keys=True, default=str)) not in self._panels:
             if self.keep is not None and len(self._panels) >= self.keep:
                 self._panels.pop(next(iter(self._panels)))  # the oldest goes first
             self._panels[text] = make()

@@ -62,8 +62,7 @@ def _torch_build() -> tuple[str | None, str | None]:
     written when the wheel was built, and is run here on its own."""
     if (loaded := sys.modules.get("torch")) is not None:
         return str(loaded.__version__), loaded.version.cuda
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
+    if (spec := importlib.util.find_spec("torch")) is None or not spec.submodule_search_locations:
         return None, None
     path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
     names: dict[str, Any] = {}

@@ -43,8 +43,7 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
         return cpu_slots(cfg.cpu_workers)
     found = probe()
     if cfg.gpus == "auto":
-        chosen = visible(found.gpus)
-        if not chosen:
+        if not (chosen := visible(found.gpus)):
             return cpu_slots(cfg.cpu_workers)
     else:
         chosen = _select(found, cfg.gpus)
@@ -112,8 +111,7 @@ def visible(gpus: list[GPU]) -> list[GPU]:
     which matches CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID, as schedulers assume), a ``GPU-...`` entry
     matches a UUID by prefix, and the list ends at the first entry that matches nothing.
     """
-    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
+    if (raw := os.environ.get("CUDA_VISIBLE_DEVICES")) is None:
         return gpus
     out: list[GPU] = []
     for item in (p.strip() for p in raw.split(",")):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import optuna
@@ -24,7 +23,7 @@ from sweeper.baseline import state
 from sweeper.baseline.state import State
 from sweeper.dispatch.handle import WorkerHandle
 from sweeper.dispatch.strategies import honours_turn
-from sweeper.errors import one_line
+from sweeper.errors import one_line, say
 from sweeper.store.identity import Identity
 from sweeper.store.layout import baseline_log
 from sweeper.store.locks import ClaimLock
@@ -55,7 +54,7 @@ class BaselineJob:
                 return
         except Exception as exc:  # noqa: BLE001 - the baseline never ends the sweep
             # nothing of ours is stored: the state stays as it was, and a later sweep may try
-            _say(f"could not claim the baseline: {one_line(exc)}")
+            say(f"could not claim the baseline: {one_line(exc)}")
             return
         try:
             self._start(w)
@@ -103,8 +102,4 @@ class BaselineJob:
         try:
             state.settle(self.study, to, self.ident.host, self.ident.driver_id, error)
         except Exception as exc:  # noqa: BLE001 - a store that is away: the state stays as it was
-            _say(f"could not record the baseline's state: {one_line(exc)}")
-
-
-def _say(line: str) -> None:
-    print(f"sweeper: {line}", file=sys.stderr, flush=True)
+            say(f"could not record the baseline's state: {one_line(exc)}")

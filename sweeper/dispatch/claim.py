@@ -43,8 +43,7 @@ def claim(study: optuna.Study, cfg: SweeperConfig, lock: ClaimLock, ident: Ident
             trials = reconcile(study, cfg.study, ident, run_dir)
             if seen is not None and not seen(trials):
                 return []
-            left = cfg.study.n_trials - sum(t.state in BUDGET_STATES for t in trials)
-            if left <= 0:
+            if (left := cfg.study.n_trials - sum(t.state in BUDGET_STATES for t in trials)) <= 0:
                 return []
             if size > 1 and study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 size = 1

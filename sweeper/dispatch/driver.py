@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import selectors
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -33,7 +32,7 @@ from sweeper.dispatch.notices import Warnings
 from sweeper.dispatch.stopping import StopRule, TrialEnd
 from sweeper.dispatch.strategies import dispatch_for
 from sweeper.dispatch.view import View
-from sweeper.errors import FailReason, StopRequested, StorageOutage, one_line
+from sweeper.errors import FailReason, StopRequested, StorageOutage, one_line, say
 from sweeper.interrupt import StopToken
 from sweeper.store.identity import Identity
 from sweeper.store.locks import ClaimLock
@@ -289,5 +288,4 @@ def _guarded(action: Callable[[], object], w: WorkerHandle) -> None:
         pass  # reported once, at the CLI boundary
     # (a StopRequested goes through: a store that is away makes _fail give up, a signal cuts it short)
     except Exception as exc:  # noqa: BLE001 - shutdown goes on for the other workers
-        print(f"sweeper: stopping the worker on {w.slot.label} failed: {one_line(exc)}", file=sys.stderr,
-              flush=True)
+        say(f"stopping the worker on {w.slot.label} failed: {one_line(exc)}")

@@ -115,8 +115,7 @@ class Packer:
         """Where ``held`` starts now, of ``gpus``, and the memory it is given; None: nowhere yet."""
         rooms = self._rooms(gpus)
         need = None if held.exclusive else self.peaks.get(shape_key(held.params))
-        gpu = choose(rooms, need, self.policy, exclusive=held.exclusive)
-        if gpu is None:
+        if (gpu := choose(rooms, need, self.policy, exclusive=held.exclusive)) is None:
             return None
         return Placement(gpu, round(allotment_mb(rooms[gpu], need, self.policy), 1), len(rooms[gpu].charges))
 

@@ -65,8 +65,7 @@ def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
     the claim lock only a driver that died between ``ask`` and its first heartbeat (or a lost commit
     of ``ask``) leaves one.
     """
-    storage = private.backend(study)
-    if storage.get_heartbeat_interval() is None:
+    if (storage := private.backend(study)).get_heartbeat_interval() is None:
         return
     study_id = private.study_id(study)
     policy = outage.for_url(cfg.resolved_storage)  # the raw query below bypasses the storage's retries

@@ -105,8 +105,7 @@ class StopRule:
         self.message = ""  # why the sweep stopped, in the words of the reason recorded first
 
     def trial_ended(self, end: TrialEnd) -> None:
-        counts = end.counts_as_failure
-        if counts is not None:
+        if (counts := end.counts_as_failure) is not None:
             self.failures_in_row = self.failures_in_row + 1 if counts else 0
         self.exhausted = False  # an end may free budget (a failure is retried): the next claim re-counts
         if end.reason == FailReason.DISK and not self.disk_full:
@@ -122,8 +121,7 @@ class StopRule:
 
     def seen(self, trials: list[FrozenTrial]) -> None:
         """The trials a claim read under the lock: study.patience_trials and stop_when_converged."""
-        limit = self.cfg.patience_trials
-        if limit is not None and not self.patient_out:
+        if (limit := self.cfg.patience_trials) is not None and not self.patient_out:
             got = patience(trials, self.cfg.resolved_direction == "maximize", self.cfg.min_improvement)
             if got.count >= limit:
                 self.patient_out = True

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import csv
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from sweeper.devices import fake, telemetry
-from sweeper.errors import one_line
+from sweeper.errors import one_line, say
 
 INTERVAL_S = 5.0  # seconds between samples (a test shortens it through sweeper.devices.fake)
 
@@ -35,8 +34,8 @@ class Telemetry:
             except Exception as exc:  # noqa: BLE001 - samples are a report's extra; the sweep goes on
                 if (error := one_line(exc)) not in self._told:
                     self._told.add(error)
-                    print(f"sweeper: GPU telemetry failed ({error}); {self.path} misses samples while it "
-                          "does (the sweep goes on)", file=sys.stderr, flush=True)
+                    say(f"GPU telemetry failed ({error}); {self.path} misses samples while it does "
+                        "(the sweep goes on)")
             if self._stop.wait(self.interval):
                 return
 

@@ -54,8 +54,7 @@ def doctor() -> DoctorReport:
 
 
 def _verdict(found: NvmlProbe, torch_cuda: str | None, available: bool) -> tuple[str, int]:
-    n = len(found.gpus)
-    if n == 0:
+    if (n := len(found.gpus)) == 0:
         return NO_GPU_VERDICT, 0
     gpus = f"{n} GPU{'s' if n > 1 else ''}"
     if found.fake:

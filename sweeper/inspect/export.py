@@ -35,8 +35,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per trial (see the module docstring)."""
     attrs = ("number", "state", "value", "datetime_start", "datetime_complete", "duration", "params",
              "user_attrs")
-    raw = study.trials_dataframe(attrs=attrs, multi_index=True)
-    if raw.empty:
+    if (raw := study.trials_dataframe(attrs=attrs, multi_index=True)).empty:
         return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("value", "duration_s") else "object")
                              for c in FIXED})
     # the value's column is ("value", the study's metric name) once the study names its metric

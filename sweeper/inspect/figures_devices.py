@@ -60,8 +60,7 @@ def utilisation(data: StudyData) -> dict[str, Any]:
     """busy / (slots x wall span), summed over sweeper runs: busy is the time each slot
     held a trial; a run's capacity is its slots times its wall span (see _windows), so
     the hours between two runs of a resumed study count for neither."""
-    spans = _spans(data)
-    if not spans:
+    if not (spans := _spans(data)):
         return {"slots": 0, "busy_s": 0.0, "span_s": 0.0, "capacity_s": 0.0, "fraction": None, "per_slot": {}}
     busy = {slot: sum((e - s).total_seconds() for s, e in _union([(s, e) for s, e, _ in rows]))
             for slot, rows in sorted(spans.items())}

@@ -46,8 +46,7 @@ def daily_figure(data: StudyData) -> go.Figure:
     traces, days = [], {}
     folds = data.folded  # the daily file holds every fold's valid block
     for split, color in SPLIT_COLORS.items():
-        daily = read_daily(files.daily_ic(split))
-        if daily is None:
+        if (daily := read_daily(files.daily_ic(split))) is None:
             continue
         days[split] = len(daily["ic"])
         dates = daily["date"].tolist() if "date" in daily else list(range(len(daily["ic"])))

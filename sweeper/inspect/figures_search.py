@@ -50,8 +50,7 @@ def importance_figure(data: StudyData) -> go.Figure:
 
 
 def parallel_figure(data: StudyData) -> go.Figure:
-    done = scored(data.trials)
-    if not done:
+    if not (done := scored(data.trials)):
         return empty("no complete trial yet")
     shared = [p for p in done[0].params if all(p in t.params for t in done)]
     dims = [_dimension(name, [t.params[name] for t in done], done[0].distributions[name]) for name in shared]

@@ -104,8 +104,7 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
     if isinstance(parsed, str):
         raise ConfigError(f"--trial {which}: an ensemble is not one trial")
     trials = study.get_trials(deepcopy=False)
-    match = [t for t in trials if t.number == parsed]
-    if not match:
+    if not (match := [t for t in trials if t.number == parsed]):
         raise StudyNotFound(f"--trial {parsed}: study {study.study_name!r} has no trial {parsed} "
                             f"(it has {len(trials)} trials)")
     return match[0]

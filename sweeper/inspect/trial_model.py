@@ -67,8 +67,7 @@ def _state_dict(path: Path) -> dict[str, Any]:
 def read_refit(files: TrialFiles) -> dict[str, Any] | None:
     """The ``refit.json`` record of the trial's refit, or None when it has no complete one (the
     record is written after the weights and statistics, and removed before they are replaced)."""
-    path = files.refit_files.record
-    if not path.exists():
+    if not (path := files.refit_files.record).exists():
         return None
     try:
         record = json.loads(path.read_text())

@@ -22,8 +22,7 @@ def trial_config(files: TrialFiles, study: SweeperConfig | None = None) -> Sweep
     path; the data's fingerprint says whether it is the same). A trial written before the split
     was pinned per study (no ``data.split.lookback``) used its own lookback, horizon and embargo:
     keep them."""
-    path = files.config
-    if not path.exists():
+    if not (path := files.config).exists():
         raise DataError(f"{path}: missing; the trial's resolved config is written when it starts")
     raw = yaml.safe_load(path.read_text())
     data = raw.get("data") if isinstance(raw, dict) else None

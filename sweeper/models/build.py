@@ -55,8 +55,7 @@ def resolve_model_class(name: str) -> type:
             where = f"; looked in {', '.join(model_import_dirs())} and on the Python path"
         raise ConfigError(f"model.name {name!r}: cannot import module {module_name!r} "
                           f"({type(exc).__name__}: {exc}){where}") from None
-    cls = getattr(module, attr, None)
-    if cls is None:
+    if (cls := getattr(module, attr, None)) is None:
         raise ConfigError(f"model.name {name!r}: module {module_name!r} has no attribute {attr!r}")
     if not callable(cls):
         raise ConfigError(f"model.name {name!r}: {attr!r} in {module_name!r} is not a class or callable")

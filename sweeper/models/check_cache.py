@@ -54,8 +54,7 @@ def check_key(jobs: list[dict[str, Any]], n_features: int, lookback: int) -> str
                 elif (path / "__init__.py").is_file():
                     files[f"{i}:{path.name}/"] = "package"  # it may shadow a module found later
     for top in sorted({str(job["name"]).partition(":")[0].partition(".")[0] for job in jobs}):
-        found = _module_files(top, folders)
-        if found is None:
+        if (found := _module_files(top, folders)) is None:
             return None
         files.update(found)
     try:  # from the package's metadata: the parent imports no torch for this

@@ -53,8 +53,7 @@ def import_model_module(module_name: str) -> ModuleType:
     folders = model_import_dirs()
     _put_first(folders)
     importlib.invalidate_caches()  # a model file written a moment ago must be seen
-    spec = importlib.machinery.PathFinder.find_spec(top, folders)
-    if spec is None:
+    if (spec := importlib.machinery.PathFinder.find_spec(top, folders)) is None:
         return importlib.import_module(module_name)
     where = spec.origin if spec.has_location else next(iter(spec.submodule_search_locations or []), "")
     where = os.path.realpath(where or "")

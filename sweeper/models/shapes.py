@@ -64,8 +64,7 @@ def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,
     spec = cfg.search_space.get("model.name")
     names = sorted({str(c) for c in (spec.choices or [])} - {cfg.model.name}) if spec is not None else []
     jobs = [Job(n) for n in names if ":" in n] + [Job(cfg.model.name, cfg.model.section())]
-    combos = shape_combinations(cfg)
-    if combos is None:
+    if (combos := shape_combinations(cfg)) is None:
         check_models(jobs, n_features, lookback, cache, child, builtins_in_child=builtins_in_child)
         return [f"note: search_space: more than {MAX_SHAPES} combinations of model choices; "
                 "they are not each built in advance"]
@@ -83,8 +82,7 @@ def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,
         jobs.append(Job(shaped.model.name, shaped.model.section(), fatal=False))
     results = check_models(jobs, n_features, lookback, cache, child, builtins_in_child=builtins_in_child)
     errors.update(zip(built, results[len(jobs) - len(built):]))
-    bad = [f"{label}: {error}" for label, error in errors.items() if error]
-    if not bad:
+    if not (bad := [f"{label}: {error}" for label, error in errors.items() if error]):
         return []
     listed = "; ".join(bad[:SHOWN]) + (f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else "")
     if len(bad) == len(labels):

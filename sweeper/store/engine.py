@@ -121,8 +121,7 @@ def _tune_postgres(engine: sqlalchemy.Engine) -> None:
 
 def prepare_sqlite_file(url: str) -> None:
     """Create the folder and switch the file to WAL (persistent) before Optuna opens it."""
-    path = sqlite_path(url)
-    if path is None:
+    if (path := sqlite_path(url)) is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.closing(sqlite3.connect(path, timeout=sqlite_busy_timeout_s())) as conn:
@@ -225,8 +224,7 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     again (RDBStorage's check reads alembic's migration scripts: about 0.2 s of every worker's start).
     """
     url = normalize_url(url)
-    path = sqlite_path(url)
-    if path is not None and not path.exists() and not create:
+    if (path := sqlite_path(url)) is not None and not path.exists() and not create:
         raise StorageError(f"storage {url}: no such database file {path}")
     if create:
         prepare_sqlite_file(url)
@@ -263,8 +261,7 @@ def schema_guard(url: str, create: bool) -> Iterator[bool]:
         with _pg_schema_guard(url, create) as ready:
             yield ready
         return
-    path = sqlite_path(url)
-    if path is None:
+    if (path := sqlite_path(url)) is None:
         yield False
         return
     if not create:
@@ -319,8 +316,7 @@ def check_reachable(url: str) -> None:
     """Connect without creating anything (``sweeper validate`` and pre-flight checks)."""
     url = normalize_url(url)
     if is_sqlite(url):
-        path = sqlite_path(url)
-        if path is not None and path.exists():
+        if (path := sqlite_path(url)) is not None and path.exists():
             try:
                 with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
                     db.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()

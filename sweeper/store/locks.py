@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ import optuna
 import sqlalchemy
 
 from sweeper.config.anchor import sqlite_path
+from sweeper.errors import say
 from sweeper.interrupt import NEVER, StopToken
 from sweeper.store import outage
 from sweeper.store.urls import is_postgres, normalize_url
@@ -37,8 +37,7 @@ def acquire(try_once: Callable[[], bool], what: str, stop: StopToken = NEVER) ->
     told = False
     while not try_once():
         if not told and time.monotonic() - started >= LOCK_NOTICE_S:
-            print(f"sweeper: waiting for {what}, held by another sweeper process", file=sys.stderr,
-                  flush=True)
+            say(f"waiting for {what}, held by another sweeper process")
             told = True
         stop.wait(LOCK_POLL_S)
 

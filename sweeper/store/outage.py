@@ -20,7 +20,6 @@ import contextlib
 import math
 import random
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from typing import TypeVar
 import sqlalchemy
 
 from sweeper.config.anchor import sqlite_path
-from sweeper.errors import StorageOutage
+from sweeper.errors import StorageOutage, say
 from sweeper.interrupt import NEVER, StopToken
 from sweeper.store.urls import normalize_url, redact
 
@@ -174,8 +173,8 @@ class OutagePolicy:
         with self._lock:
             if self._down_since is None:
                 self._down_since, self._first_error, self._episode_retries = now, _first_line(exc), 0
-                _log(f"storage {self.store} is unavailable ({self._first_error}); "
-                     f"retrying for up to {self.limit_s:g} s (study.storage_outage_s)")
+                say(f"storage {self.store} is unavailable ({self._first_error}); "
+                    f"retrying for up to {self.limit_s:g} s (study.storage_outage_s)")
             elapsed = now - self._down_since
             if self.gave_up or elapsed >= self.limit_s:
                 self.gave_up = True
@@ -194,8 +193,8 @@ class OutagePolicy:
         _note_trouble(now)
         with self._lock:
             if self._down_since is not None:
-                _log(f"storage {self.store} is back after {now - self._down_since:.1f} s "
-                     f"({self._episode_retries} retries)")
+                say(f"storage {self.store} is back after {now - self._down_since:.1f} s "
+                    f"({self._episode_retries} retries)")
             self._down_since, self.gave_up = None, False
 
 
@@ -215,8 +214,3 @@ def _first_line(exc: BaseException) -> str:
         inner = deeper
     lines = str(getattr(inner, "orig", None) or inner).strip().splitlines()
     return (lines[0] if lines else type(inner).__name__)[:300]
-
-
-def _log(line: str) -> None:
-    # stderr: the terminal for a driver, the slot log for a worker
-    print(f"sweeper: {line}", file=sys.stderr, flush=True)

@@ -37,8 +37,7 @@ def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh
     lines = []
     if current is not None or (fresh and _holds_files(run_dir)):
         lines += _move(run_dir, previous_dir(run_dir, current or UNKNOWN))
-    back = previous_dir(run_dir, study_uuid)
-    if back.is_dir():
+    if (back := previous_dir(run_dir, study_uuid)).is_dir():
         lines += _restore(back, run_dir)
     record = {"study": study_name, "study_uuid": study_uuid, "storage": storage}
     write_text(owner_file(run_dir), json.dumps(record, indent=2) + "\n")

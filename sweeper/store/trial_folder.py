@@ -153,8 +153,7 @@ def resumes(attrs: Mapping[str, Any]) -> int | str | None:
 
 def resume_checkpoint(run_dir: str | Path, attrs: Mapping[str, Any]) -> Path | None:
     """The checkpoint a retry resumes, in ``run_dir`` (the study's folder now); None for none."""
-    source = resumes(attrs)
-    if source is None:
+    if (source := resumes(attrs)) is None:
         return None
     return Path(source) if isinstance(source, str) else trial_files(run_dir, source).checkpoint
 

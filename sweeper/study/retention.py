@@ -95,7 +95,6 @@ def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path
     keep = study.keep
     if keep.keeps_all():
         return []
-
     top = {t.number for t in top_k(trials, keep.k, maximize)}
     live = Liveness.of(run_dir, trials, retry_plan(trials, study, run_dir))
     out: list[Path] = []

@@ -196,8 +196,7 @@ def _has_study(cfg: C.SweeperConfig) -> bool:
         storage = open_storage(cfg.study.resolved_storage, create=False)
     except StorageError:  # no database yet, or no tables in it: a new study
         return False
-    return any(s.study_name == cfg.study.name and "config" in s.user_attrs
-               for s in storage.get_all_studies())
+    return any(s.study_name == cfg.study.name and "config" in s.user_attrs for s in storage.get_all_studies())
 
 
 def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Queue:

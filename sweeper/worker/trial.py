@@ -247,8 +247,7 @@ class TrialRunner:
         trial, files = o.trial, o.files
         failed, first = [], None  # one line however many files fail, with the first error
         for name in (*ARTIFACTS, *(p.name for p in files.other_members())):  # a seed ensemble's too
-            path = files.folder / name
-            if path.exists():
+            if (path := files.folder / name).exists():
                 try:
                     upload_artifact(artifact_store=self.artifacts, file_path=str(path), study_or_trial=trial)
                 except Exception as exc:  # noqa: BLE001 - the files stay in the run folder either way
