@@ -132,8 +132,7 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
             else C.with_overrides(cfg, chosen.params, f"trial {chosen.number} params"))
     panel, window = refit_panel(tcfg.data, day)
     # exactly E epochs: no time limit, and train's fixed_epochs validates nothing and never stops early
-    run_cfg = tcfg.model_copy(update={"train": tcfg.train.model_copy(update={"epochs": epochs,
-                                                                              "max_minutes": None})})
+    run_cfg = tcfg.with_train(epochs=epochs, max_minutes=None)
     where = resolve_device(device)
     # with seed repeats the trial's model is its seed ensemble: the refit trains every seed, in
     # stacks of the trial's size

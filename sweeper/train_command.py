@@ -80,7 +80,7 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
 
         hook = TableHook(console, several=cfg.validation.runs > 1)
         trainer, choice = pin_stack_size(panel, Trainer(cfg, hook, started, log=lambda line: None))
-        if choice["stack_size_from"] == "measured":
+        if choice["stack_size_from"] == "measured" or "precision_rates" in choice:
             from sweeper.inspect.printing import stack_line
 
             console.print(stack_line(choice), highlight=False, soft_wrap=True)

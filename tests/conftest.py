@@ -56,7 +56,7 @@ def sweeper_cli(root: Path, *args: str, code: int | None = 0, env: dict[str, str
 
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
-        for key in [k for k in os.environ if k.startswith("SWEEPER_FAKE")]:
+        for key in [k for k in os.environ if k.startswith("SWEEPER_FAKE") and k != "SWEEPER_FAKE_CPU_BF16"]:
             mp.delenv(key)
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
         for key, value in (env or {}).items():
@@ -138,6 +138,9 @@ def study_file(workdir):
 def _panel_cache(tmp_path_factory):
     # the suite's panels are cached in a throw-away folder, not the user's ~/.cache
     os.environ["SWEEPER_CACHE_DIR"] = str(tmp_path_factory.mktemp("panels"))
+    # train.precision: auto stays fp32 on every box (measured only where a test asks), so the suite's
+    # numbers do not depend on whether this CPU runs bf16 natively
+    os.environ["SWEEPER_FAKE_CPU_BF16"] = "0"
 
 
 @pytest.fixture(autouse=True, scope="session")

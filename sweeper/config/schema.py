@@ -387,6 +387,10 @@ class SweeperConfig(_Strict):
             self.data = self.data.model_copy(update={"split": split.model_copy(update=widest)})
         return self
 
+    def with_train(self, **changes: Any) -> SweeperConfig:
+        """This config with ``changes`` to its ``train`` section (not validated again: the code pins them)."""
+        return self.model_copy(update={"train": self.train.model_copy(update=changes)})
+
 
 # ---------------------------------------------------------------- helpers
 
@@ -407,8 +411,7 @@ def _check_space_key(cfg: SweeperConfig, key: str, where: str) -> None:
     if section == "model" and cfg.model.is_custom:
         return
     fields = type(getattr(cfg, section)).model_fields
-    head = field.split(".")[0]
-    if head not in fields:
+    if (head := field.split(".")[0]) not in fields:
         raise ValueError(f"{where}: " + unknown_key(key, head, fields, prefix=f"{section}."))
 
 

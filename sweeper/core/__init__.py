@@ -8,14 +8,15 @@ No Optuna, no store, no CLI: the sweep drives it through :class:`EpochHook` and
 - :mod:`~sweeper.core.lanes`: a stack's members, and what the loop keeps per member;
 - :mod:`~sweeper.core.step`: one optimizer step of the stack, and the probe that plans its batch;
 - :mod:`~sweeper.core.optim`: the flat per-member AdamW, clipping and loss scaling;
-- :mod:`~sweeper.core.stack_size`: the stack size measured on the device, and the rule that chooses it;
+- :mod:`~sweeper.core.stack_size`: the stack size (and a CPU's precision) measured on the device, and the
+  rules that choose them;
 - :mod:`~sweeper.core.eval_batch`: the rows per evaluation forward measured on a CPU;
 - :mod:`~sweeper.core.host_cache`: what a host keeps of those measurements, per shape;
 - :mod:`~sweeper.core.hooks`: the hook and checkpointer protocols and their null objects;
 - :mod:`~sweeper.core.checkpoint`: the checkpoint format, its one file, resume checks;
 - :mod:`~sweeper.core.batch_plan`: the batch plan, halving the micro-batch after an OOM;
 - :mod:`~sweeper.core.batch_search`: the search for the micro-batch that fits, OOM detection;
-- :mod:`~sweeper.core.precision`: ``train.precision`` to autocast dtype;
+- :mod:`~sweeper.core.precision`: ``train.precision`` to autocast dtype, and where ``auto`` is measured;
 - :mod:`~sweeper.core.loss`: ``train.loss`` to the loss's value and how it splits a batch;
 - :mod:`~sweeper.core.schedule`: torch's AdamW, the learning-rate schedule, an epoch's batches;
 - :mod:`~sweeper.core.evaluate`: predictions, per-epoch validation scores, final scores;

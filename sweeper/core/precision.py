@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sweeper.devices import fake
 from sweeper.errors import ConfigError
 
 DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -35,8 +36,19 @@ def native_bf16(device: torch.device) -> bool:
             return torch.cuda.get_device_capability(device)[0] >= NATIVE_BF16_MAJOR
 
 
+def measured_on(requested: str, device: torch.device) -> bool:
+    """Whether ``auto`` is measured on ``device`` (fp32 against bf16, :func:`sweeper.core.stack_size.\
+measure_precision`): a CPU with native bf16 (AVX512-BF16, AMX), where bf16 can be much faster or much
+    slower by model (on a Xeon with AMX: the LSTM's steps 1.9x faster, the transformer's 5x slower)."""
+    if requested != "auto" or device.type != "cpu":
+        return False
+    forced = fake.cpu_bf16()
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) if forced is None else forced
+
+
 def resolve_precision(requested: str, device: torch.device) -> Precision:
-    """auto: bf16 on CUDA where it is native, else fp16 (with a GradScaler); fp32 on the CPU."""
+    """auto: bf16 on CUDA where it is native, else fp16 (with a GradScaler); fp32 on the CPU (where
+    :func:`measured_on`, the measurement pins ``train.precision`` before training)."""
     if requested == "auto":
         if device.type != "cuda":
             return Precision("fp32", device.type)

@@ -7,6 +7,7 @@ model (an MLP gains, an LSTM loses to torch's fused kernel run member by member)
 seed) at each candidate size, in interleaved rounds so that load from other processes hits every
 size alike, and :func:`choose` takes the largest size that beats every smaller one by
 :data:`MARGIN` in member-samples per second. A size whose batch probe finds no room is out.
+On a CPU with native bf16, :func:`measure_precision` first times fp32 against bf16 alike.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from sweeper.errors import OutOfMemory
 MARGIN = 0.10
 WARMUP_STEPS, TIMED_STEPS, ROUNDS = 1, 5, 2
 # the host keeps each measurement (sweeper.core.host_cache) in the panel cache's root, .stack-sizes/
-CACHE_DIR, CACHE_VERSION = ".stack-sizes", 1
+CACHE_DIR, CACHE_VERSION = ".stack-sizes", 2  # 2: with the precision measured
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,24 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
         shown = ", ".join(f"{k}: {r:.0f}" for k, r in sorted(rates.items()))
         say(f"stack size {choice.size}: member-samples/s by stack size {shown} (measured)")
     return choice
+
+
+def measure_precision(member: Member, device: torch.device, memory: TrialMemory,
+                      say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``train.precision: auto`` where it is measured (:func:`~sweeper.core.precision.measured_on`): the
+    member's real steps timed in fp32 and in bf16, interleaved; bf16 only when it trains MARGIN faster,
+    since it also moves the numbers a little. The choice's ``precision``, its ``precision_rates``."""
+    rates: dict[str, float] = {}
+    for _ in range(ROUNDS):
+        for name in ("fp32", "bf16"):
+            needed = rates["fp32"] * (1 + MARGIN) if name == "bf16" else 0.0
+            timed = Member(member.cfg.with_train(precision=name), member.panel)
+            rates[name] = max(rates.get(name, 0.0), _rate([timed], device, memory, needed))
+    rates = {k: round(v, 1) for k, v in rates.items()}  # as stored: the choice and the line say the same
+    chosen = "bf16" if rates["bf16"] >= rates["fp32"] * (1 + MARGIN) else "fp32"
+    if say is not None:
+        say(f"precision {chosen}: samples/s fp32 {rates['fp32']:.0f}, bf16 {rates['bf16']:.0f} (measured)")
+    return {"precision": chosen, "precision_rates": rates}
 
 
 def _needed(rates: dict[int, float], k: int) -> float:
@@ -159,8 +178,9 @@ def read_kept(folder: Path, key: str) -> dict[str, Any] | None:
     """A measurement this host kept under ``key`` (its attributes, from ``cache``), or None."""
     try:
         kept = host_cache.read(folder, key)
+        alone = kept is not None and kept.get("stack_size_from") == "one run per trial"  # its precision kept
         return None if kept is None else {**kept, "stack_size": int(kept["stack_size"]),
-                                          "stack_size_from": "cache"}
+                                          "stack_size_from": "one run per trial" if alone else "cache"}
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -8,7 +8,10 @@ what a worker's trials train on (:func:`trial_device`).
 - ``SWEEPER_FAKE_GPU_SLOT=1``: put in the env of a fake GPU's worker slots, so that the worker
   trains on the CPU;
 - ``SWEEPER_FAKE_TRIAL_MEMORY_MB``: on such a slot, the peak memory every trial reports (its
-  batch probe's, each epoch's); a trial allotted less runs out of memory at its start.
+  batch probe's, each epoch's); a trial allotted less runs out of memory at its start;
+- ``SWEEPER_FAKE_CPU_BF16=0|1``: whether this CPU runs bf16 natively, so ``train.precision: auto``
+  is measured on it (unset: torch's oneDNN says); the suite sets 0, so its numbers are fp32's on
+  every box.
 
 And the clocks a test shortens (seconds; unset, production's own value):
 
@@ -42,6 +45,7 @@ TRIAL_MEMORY_ENV = "SWEEPER_FAKE_TRIAL_MEMORY_MB"
 TIMEOUT_GRACE_ENV = "SWEEPER_FAKE_TIMEOUT_GRACE_S"
 TELEMETRY_INTERVAL_ENV = "SWEEPER_FAKE_TELEMETRY_INTERVAL_S"
 SQLITE_BUSY_TIMEOUT_ENV = "SWEEPER_FAKE_SQLITE_BUSY_TIMEOUT_S"
+CPU_BF16_ENV = "SWEEPER_FAKE_CPU_BF16"
 TOTAL_MB = 81920
 BUSY_PID = 999_999  # "someone else": never a pid of ours in tests
 BUSY_MB = 30_000
@@ -101,6 +105,12 @@ def _env_seconds(name: str, default: float) -> float:
 timeout_grace_floor_s = functools.partial(_env_seconds, TIMEOUT_GRACE_ENV)
 telemetry_interval_s = functools.partial(_env_seconds, TELEMETRY_INTERVAL_ENV)
 sqlite_busy_timeout_s = functools.partial(_env_seconds, SQLITE_BUSY_TIMEOUT_ENV)
+
+
+def cpu_bf16() -> bool | None:
+    """``SWEEPER_FAKE_CPU_BF16`` as a bool; None: unset (the CPU itself is asked)."""
+    raw = os.environ.get(CPU_BF16_ENV, "").strip()
+    return None if not raw else bool(_env_int(CPU_BF16_ENV, raw))
 
 
 # ------------------------------------------------------------------ a worker's trials

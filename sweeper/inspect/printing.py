@@ -91,7 +91,8 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
         if oracle:
             lines.append(f"oracle {split} IC {oracle:.4f}{'' if frac is None else f': {frac:.0%} reached'}")
     lines += fold_lines(best)[0 if scheme else 1:]
-    lines += [stack_line(best)] if best.get("stack_size_from") not in (None, "one run per trial") else []
+    stacked = best.get("stack_size_from") not in (None, "one run per trial") or "precision_rates" in best
+    lines += [stack_line(best)] if stacked else []
     if best.get("population"):
         shared = ", ".join(map(str, best["population"]))
         lines.append(f"trained as one stack with trials {shared} (study.population)")
@@ -144,7 +145,11 @@ def stack_line(best: dict[str, Any]) -> str:
     rates = best.get("stack_rates") or {}  # None: that size did not fit
     shown = ", ".join(f"{k}: {'no room' if v is None else f'{v:.0f}'}" for k, v in rates.items())
     measured = f"; member-samples/s by stack size {shown}" if shown else ""
-    return f"runs stacked by {best['stack_size']} ({best['stack_size_from']}{measured})"
+    line = f"runs stacked by {best['stack_size']} ({best['stack_size_from']}{measured})"
+    if prec := best.get("precision_rates"):  # train.precision: auto, measured on this CPU
+        chosen = best.get("precision") or best["metrics"]["precision"]  # a choice's, or best's report's
+        line += f"; precision {chosen} (samples/s {', '.join(f'{k} {v:.0f}' for k, v in prec.items())})"
+    return line
 
 
 def validation_line(validation: dict[str, Any], metric: str, walk: bool) -> str:

@@ -37,8 +37,8 @@ from sweeper.worker.constraints import FIGURES
 BEST_METRICS = ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
                 "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "precision", "device")
 # the trial's stack size, where it came from and the member-samples/s it was measured at; the trials
-# it trained with as one stack (study.population)
-STACK_KEYS = ("stack_size", "stack_size_from", "stack_rates", "population")
+# it trained with as one stack (study.population); the samples/s its precision was chosen on (auto, a CPU)
+STACK_KEYS = ("stack_size", "stack_size_from", "stack_rates", "population", "precision_rates")
 # a trial's fold figures, with folds or seed repeats (docs/inspect.md, "Walk-forward")
 FOLD_KEYS = (K.FOLD_VAL_IC, K.VAL_IC_SE, K.WORST_FOLD_VAL_IC, K.SEED_VAL_IC_SD, K.SEED_ENSEMBLE_VAL_IC,
              K.FOLD_SEED_ENSEMBLE_VAL_IC, K.FOLD_BEST_EPOCH, K.FOLDS_RUN)

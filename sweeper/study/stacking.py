@@ -4,8 +4,9 @@ The pruner compares trials at the same step, and a trial's steps count its stack
 (:meth:`sweeper.validation.grid.RunGrid.step`), so every trial of a study stacks alike. A number
 in ``train.max_stack`` pins the size. ``auto`` (the default): the first trial to start measures
 it on its device (:mod:`sweeper.core.stack_size`) and stores the choice, with the rates it was
-made on, in the study's ``stack_size`` attribute; every later trial, and a resumed study, uses
-it, so a timing blip cannot change a trial's numbers. A study created before ``auto`` existed
+made on, in the study's ``stack_size`` attribute (with ``train.precision: auto`` on a CPU with native
+bf16, the precision measured with it); every later trial, and a resumed study, uses it, so a timing
+blip cannot change a trial's numbers. A study created before ``auto`` existed
 keeps the number it was created with. Resuming with a number other than the study's size is
 refused, as any other config drift.
 """
@@ -111,8 +112,9 @@ def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
     if asked != "auto":
         return _choice(int(asked), "train.max_stack")
     if stored := study_attrs.get(STUDY_ATTR):
-        return _choice(stored["stack_size"], "study", stored.get("stack_rates"),
-                       stored.get("population_size", 1))
+        precision = {k: stored[k] for k in ("precision", "precision_rates") if k in stored}
+        return {**_choice(stored["stack_size"], "study", stored.get("stack_rates"),
+                          stored.get("population_size", 1)), **precision}
     created = study_attrs.get("config", {}).get("train", {})
     # (no max_stack: created before stacked runs, one run at a time)
     if created and (stack := created.get("max_stack", 1)) != "auto":

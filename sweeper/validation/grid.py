@@ -133,5 +133,4 @@ def named_run(names: Mapping[str, Any]) -> tuple[int, int]:
 
 def seeded(cfg: SweeperConfig, seed: int) -> SweeperConfig:
     """The config of the run with seed index ``seed`` (0-based): ``train.seed + seed``."""
-    return cfg if seed == 0 else cfg.model_copy(
-        update={"train": cfg.train.model_copy(update={"seed": cfg.train.seed + seed})})
+    return cfg if seed == 0 else cfg.with_train(seed=cfg.train.seed + seed)

@@ -30,6 +30,7 @@ from sweeper.core import stack_size as S
 from sweeper.core.device import TrialMemory, trial_memory
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer
 from sweeper.core.loop import TrainResult
+from sweeper.core.precision import measured_on
 from sweeper.data import Batcher
 from sweeper.data.cache import cache_root
 from sweeper.data.folds import Fold, fold_layout, fold_panel, fold_spans
@@ -137,13 +138,16 @@ def pin_stack_size(panel: Panel, trainer: Trainer,
     as it is; ``auto``: ``decide(measure)`` (a sweep's study keeps the first trial's measurement,
     :func:`sweeper.study.stacking.resolve`; by default the measurement itself). ``trials``: up to how
     many trials of this shape may share a stack (``study.population: auto``): the measurement then
-    also says how many do (the choice's ``population``)."""
+    also says how many do (the choice's ``population``). The same measurement pins ``train.precision:
+    auto`` where it is measured (a CPU with native bf16): the choice's ``precision``; without one, auto
+    is what it was (fp32 on a CPU), as for a study whose trials trained before it was measured."""
     cfg = trainer.cfg
     if cfg.train.max_stack != "auto":
         return trainer, {"stack_size": cfg.train.max_stack, "stack_size_from": "train.max_stack"}
     choice = decide(lambda: _measure_stack(panel, trainer, trials))
-    train = cfg.train.model_copy(update={"max_stack": int(choice["stack_size"])})
-    return dataclasses.replace(trainer, cfg=cfg.model_copy(update={"train": train})), choice
+    pinned = cfg.with_train(max_stack=int(choice["stack_size"]),
+                            precision=choice.get("precision", cfg.train.precision))
+    return dataclasses.replace(trainer, cfg=pinned), choice
 
 
 def pin_eval_batch(panel: Panel, trainer: Trainer) -> Trainer:
@@ -161,8 +165,7 @@ def pin_eval_batch(panel: Panel, trainer: Trainer) -> Trainer:
             model = build_model(cfg.model, len(panel.features), cfg.data.lookback).to(device)
         size = E.measure(model, Batcher(panel, "train", device), evaluated, trainer.log)
         host_cache.keep(folder, key, {"eval_batch_size": size})
-    train = cfg.train.model_copy(update={"eval_batch_size": size})
-    return dataclasses.replace(trainer, cfg=cfg.model_copy(update={"train": train}))
+    return dataclasses.replace(trainer, cfg=cfg.with_train(eval_batch_size=size))
 
 
 def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
@@ -170,21 +173,24 @@ def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
     (:func:`sweeper.core.stack_size.measure`; up to ``trials`` trials' runs, seeds standing for the
     other trials), or the one this host measured before for the same shape (kept in the panel
     cache's root). A size above the trial's runs is a population: that many trials' stacks in one."""
-    cfg, runs = trainer.cfg, trainer.cfg.validation.runs
-    if runs * trials == 1:  # nothing to stack
+    cfg, runs, device = trainer.cfg, trainer.cfg.validation.runs, resolve_device(trainer.device)
+    precision = measured_on(cfg.train.precision, device)
+    if runs * trials == 1 and not precision:  # nothing to stack, nor to measure
         return S.StackChoice(1, source="one run per trial").attrs()
-    device = resolve_device(trainer.device)
     folder = cache_root(cfg.data) / S.CACHE_DIR
     key = S.cache_key(cfg, device, len(panel.features), runs * trials)
-    kept = S.read_kept(folder, key)
-    if kept is not None:
+    if (kept := S.read_kept(folder, key)) is not None:
         return kept
     first = _fold_panel(trainer, panel, fold_layout(panel, cfg)[0])
-    members = [Member(seeded(cfg, seed), first) for seed in range(runs * trials)]
     memory = trainer.memory or trial_memory(device)
-    measured = S.measure(members, device, memory, S.candidate_sizes(runs * trials), trainer.log)
+    chosen = S.measure_precision(Member(cfg, first), device, memory, trainer.log) if precision else {}
+    if chosen:  # the stack sizes are timed in the precision chosen
+        cfg = cfg.with_train(precision=chosen["precision"])
+    members = [Member(seeded(cfg, seed), first) for seed in range(runs * trials)]
+    measured = (S.measure(members, device, memory, S.candidate_sizes(runs * trials), trainer.log)
+                if runs * trials > 1 else S.StackChoice(1, source="one run per trial"))
     own = S.choose({k: r for k, r in measured.rates.items() if k <= runs})  # the trial's own runs
-    choice = {**measured.attrs(), "stack_size": own}
+    choice = {**measured.attrs(), "stack_size": own, **chosen}
     if measured.size > runs:
         choice["population_size"] = measured.size // own
     host_cache.keep(folder, key, choice)
