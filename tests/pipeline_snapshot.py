@@ -35,7 +35,10 @@ record's to 5e-6, where the earlier record's was 2 % off); and written again the
 (trial 0's value is now the one-by-one record's to 1.1e-7). It replaced AVX512-AuthenticAMD's,
 written by d1a4397 before the one core (issue 39), which could not be rewritten on the Intel box:
 an AMD CPU now compares within rounding against Intel's. Written by the one core's code, it
-compares exactly on its own CPU, as the others do.
+compares exactly on its own CPU, as the others do. On an Intel Xeon with AMX tiles (a 2-core box of
+2026-12-05, session 7) the holdout and one-by-one records compare exactly, but the stacked route's
+batched kernels round otherwise (trial values 8e-8 relative apart), so that CPU (``-AMX``) has its
+own stacked record, written there by the same code, 9f646ac; for the others it takes its family's.
 
 Issue 39 laid a holdout trial out as the 1 x 1 case of every trial's layout, after the records:
 its one run keeps its files in ``runs/fold-1.seed-1/`` as any run does, and the trial takes its
@@ -116,7 +119,8 @@ def sweep(root: Path, name: str) -> Path:
     """``sweeper run`` of the study in ``root`` (one worker, one thread); returns its run folder."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "study.yaml").write_text(yaml.safe_dump(study(name)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")
+           or k == "SWEEPER_FAKE_CPU_BF16"}  # the CPU bf16 seam stays: the numbers are fp32's
     env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", "study.yaml"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -306,15 +310,18 @@ def cpu_level() -> str:
 
 
 def cpu() -> str:
-    """The golden records' folder for this CPU: its kernel level and its vendor (see the docstring)."""
-    vendor = "unknown"
+    """The golden records' folder for this CPU: its kernel level and its vendor, and ``-AMX`` where it
+    has AMX tiles (see the docstring)."""
+    vendor, amx = "unknown", False
     try:
         with open("/proc/cpuinfo") as info:
-            found = [line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")]
+            lines = info.read().splitlines()
+        found = [line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")]
         vendor = found[0] if found else vendor
+        amx = any(line.startswith("flags") and "amx_tile" in line.split() for line in lines)
     except OSError:
         pass
-    return f"{cpu_level()}-{vendor}"
+    return f"{cpu_level()}-{vendor}" + ("-AMX" if amx else "")
 
 
 # Records written before the final scoring predicted test on its present rows (issue 41, 2026-12-05):
@@ -326,6 +333,12 @@ def cpu() -> str:
 # that code's values (its files' digests did not move).
 TEST_ROWS_BEFORE = {"AVX512-AuthenticAMD/holdout", "AVX2-GenuineIntel/holdout"}
 SCORED_ON_TEST = re.compile(r"test(?!\.parquet/digest)")
+# Stacked records written before a seed ensemble's value came from its seeds' model frames (5dd1eff, issue
+# 41): in a stack the training's valid predictions and the frames differ in the last bits, so the model
+# fold's seed-ensemble valid IC moved (4e-8 relative on an Intel Xeon with AMX, found there by bisection).
+# In such a record a leaf naming it compares within rounding; every other leaf as before.
+ENSEMBLE_BEFORE = {"walk_forward_stacked"}
+SEED_ENSEMBLE = re.compile(r"seed_ensemble_val_ic")
 
 
 def compare(scheme: str, got: Any) -> list[str]:
@@ -333,22 +346,28 @@ def compare(scheme: str, got: Any) -> list[str]:
     record, exact = golden(scheme)
     want = comparable(record, scheme)
     lines = diff(want, got, exact=exact)
-    if exact and f"{cpu()}/{scheme}" in TEST_ROWS_BEFORE:  # (exact: the record is this CPU's own)
+    loose = [pattern for pattern, before in ((SCORED_ON_TEST, f"{cpu().removesuffix('-AMX')}/{scheme}" in TEST_ROWS_BEFORE),
+                                             (SEED_ENSEMBLE, scheme in ENSEMBLE_BEFORE)) if before]
+    if exact and loose:  # (exact: the record is this CPU's own)
         rounding = set(diff(want, got, exact=False))
-        lines = [line for line in lines if line in rounding or not SCORED_ON_TEST.search(line.split(": ")[0])]
+        lines = [line for line in lines
+                 if line in rounding or not any(p.search(line.split(": ")[0]) for p in loose)]
     return lines
 
 
 def golden(scheme: str) -> tuple[Any, bool]:
-    """The record of ``scheme`` (less what postdates it: NEWER) and whether it is this CPU's own,
-    to compare exactly; else another CPU's, the same level's first, to compare within rounding."""
+    """The record of ``scheme`` (less what postdates it: NEWER) and whether it is this CPU's own, to
+    compare exactly (an AMX CPU without a record of its own takes its family's: ``AVX512-GenuineIntel``
+    for ``AVX512-GenuineIntel-AMX``); else another CPU's, the same level's first, within rounding."""
     mine, level = cpu(), cpu_level() + "-"
     records = sorted((p for p in GOLDEN.iterdir() if (p / f"{scheme}.json").exists()),
-                     key=lambda p: (p.name != mine, not p.name.startswith(level), p.name))
+                     key=lambda p: (p.name != mine, mine.removesuffix("-AMX") != p.name,
+                                    not p.name.startswith(level), p.name))
     if not records:
         raise AssertionError(f"no golden record in {GOLDEN}: run `python tests/pipeline_snapshot.py --write` "
                              "with PYTHONPATH at a worktree of 83f89dc")
-    return _clean(json.loads((records[0] / f"{scheme}.json").read_text())), records[0].name == mine
+    own = records[0].name in (mine, mine.removesuffix("-AMX"))
+    return _clean(json.loads((records[0] / f"{scheme}.json").read_text())), own
 
 
 # a leaf under these keys hashes floats (a large table's digest, a tensor's sha): equal only exactly
