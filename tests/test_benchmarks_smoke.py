@@ -182,7 +182,9 @@ def test_trial_overhead_smoke_times_both_trees_in_every_layout():
             epoch = (statistics.median(three) - statistics.median(one)) / 2
             assert run["epoch_s"] == pytest.approx(epoch, abs=2e-3)
             assert run["fixed_s"] == pytest.approx(statistics.median(one) - epoch, abs=2e-3)
-            assert 0 < run["outside_s"] < min(one)  # a span less its training call
+            # the median of the four trials' spans less their training calls: each under its own span (a
+            # 3-epoch trial's can exceed a 1-epoch trial's whole span under load)
+            assert 0 < run["outside_s"] < max(one + three)
         lay = out["layouts"][layout]
         old = lay["old"]["fixed_s"]
         assert out["ratios"][layout] == (round(lay["current"]["fixed_s"] / old, 3) if old else None)
