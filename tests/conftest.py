@@ -28,6 +28,13 @@ TINY = {
 PROBE = {"name": "fault_models:Probe", "kind": "mlp", "hidden": 8}
 
 
+def real_env() -> dict[str, str]:
+    """This process's environment for a real child: the fake GPUs and shortened clocks (``SWEEPER_FAKE_*``)
+    taken out, the CPU's bf16 seam kept, so the child's numbers are fp32's on every box as the suite's."""
+    kept = "SWEEPER_FAKE_CPU_BF16"
+    return {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE") or k == kept}
+
+
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``over`` merged into ``base``, section by section; a model section that names another
     model replaces the base's whole (its keys are another constructor's)."""
@@ -56,7 +63,7 @@ def sweeper_cli(root: Path, *args: str, code: int | None = 0, env: dict[str, str
 
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
-        for key in [k for k in os.environ if k.startswith("SWEEPER_FAKE") and k != "SWEEPER_FAKE_CPU_BF16"]:
+        for key in set(os.environ) - set(real_env()):
             mp.delenv(key)
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
         for key, value in (env or {}).items():

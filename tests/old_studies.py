@@ -35,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from conftest import real_env
+
 TESTS = Path(__file__).parent
 ARCHIVE = TESTS / "fixtures" / "old_studies.tar.gz"
 COMMIT = "d1a4397"
@@ -79,8 +81,7 @@ def expected() -> dict[str, Any]:
 # ------------------------------------------------------------------ writing the archive
 
 def _env(code: Path, cache: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")
-           or k == "SWEEPER_FAKE_CPU_BF16"}  # the CPU bf16 seam stays: the numbers are fp32's
+    env = real_env()
     env.update(PYTHONPATH=str(code), OMP_NUM_THREADS="1", SWEEPER_CACHE_DIR=str(cache))
     return env
 

@@ -65,7 +65,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -73,6 +72,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from conftest import real_env
 
 TESTS = Path(__file__).parent
 GOLDEN = TESTS / "golden"
@@ -119,8 +120,7 @@ def sweep(root: Path, name: str) -> Path:
     """``sweeper run`` of the study in ``root`` (one worker, one thread); returns its run folder."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "study.yaml").write_text(yaml.safe_dump(study(name)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")
-           or k == "SWEEPER_FAKE_CPU_BF16"}  # the CPU bf16 seam stays: the numbers are fp32's
+    env = real_env()
     env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", "study.yaml"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -337,7 +337,7 @@ SCORED_ON_TEST = re.compile(r"test(?!\.parquet/digest)")
 # 41): in a stack the training's valid predictions and the frames differ in the last bits, so the model
 # fold's seed-ensemble valid IC moved (4e-8 relative on an Intel Xeon with AMX, found there by bisection).
 # In such a record a leaf naming it compares within rounding; every other leaf as before.
-ENSEMBLE_BEFORE = {"walk_forward_stacked"}
+ENSEMBLE_BEFORE = {"AVX512-GenuineIntel/walk_forward_stacked", "AVX512-GenuineIntel-AMX/walk_forward_stacked"}
 SEED_ENSEMBLE = re.compile(r"seed_ensemble_val_ic")
 
 
@@ -346,8 +346,9 @@ def compare(scheme: str, got: Any) -> list[str]:
     record, exact = golden(scheme)
     want = comparable(record, scheme)
     lines = diff(want, got, exact=exact)
-    loose = [pattern for pattern, before in ((SCORED_ON_TEST, f"{cpu().removesuffix('-AMX')}/{scheme}" in TEST_ROWS_BEFORE),
-                                             (SEED_ENSEMBLE, scheme in ENSEMBLE_BEFORE)) if before]
+    written = f"{record_folder(scheme).name}/{scheme}"  # which record: the sets above name records
+    loose = [pattern for pattern, before in ((SCORED_ON_TEST, TEST_ROWS_BEFORE),
+                                             (SEED_ENSEMBLE, ENSEMBLE_BEFORE)) if written in before]
     if exact and loose:  # (exact: the record is this CPU's own)
         rounding = set(diff(want, got, exact=False))
         lines = [line for line in lines
@@ -359,6 +360,14 @@ def golden(scheme: str) -> tuple[Any, bool]:
     """The record of ``scheme`` (less what postdates it: NEWER) and whether it is this CPU's own, to
     compare exactly (an AMX CPU without a record of its own takes its family's: ``AVX512-GenuineIntel``
     for ``AVX512-GenuineIntel-AMX``); else another CPU's, the same level's first, within rounding."""
+    folder, mine = record_folder(scheme), cpu()
+    own = folder.name in (mine, mine.removesuffix("-AMX"))
+    return _clean(json.loads((folder / f"{scheme}.json").read_text())), own
+
+
+def record_folder(scheme: str) -> Path:
+    """The folder of the record :func:`golden` compares ``scheme`` with: this CPU's, its family's, the
+    same level's first, any."""
     mine, level = cpu(), cpu_level() + "-"
     records = sorted((p for p in GOLDEN.iterdir() if (p / f"{scheme}.json").exists()),
                      key=lambda p: (p.name != mine, mine.removesuffix("-AMX") != p.name,
@@ -366,8 +375,7 @@ def golden(scheme: str) -> tuple[Any, bool]:
     if not records:
         raise AssertionError(f"no golden record in {GOLDEN}: run `python tests/pipeline_snapshot.py --write` "
                              "with PYTHONPATH at a worktree of 83f89dc")
-    own = records[0].name in (mine, mine.removesuffix("-AMX"))
-    return _clean(json.loads((records[0] / f"{scheme}.json").read_text())), own
+    return records[0]
 
 
 # a leaf under these keys hashes floats (a large table's digest, a tensor's sha): equal only exactly

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from conftest import real_env
 from sweeper.config import DataConfig, SplitConfig, SyntheticConfig
 from sweeper.data import load_panel, write_synthetic
 from sweeper.errors import DataError
@@ -296,7 +297,6 @@ def test_arrow_table_with_nulls_and_int_features(tmp_path):
 
 @pytest.mark.slow
 def test_validate_accepts_yyyymmdd_integer_dates(tmp_path):
-    import os
     import subprocess
     import sys
 
@@ -310,8 +310,7 @@ def test_validate_accepts_yyyymmdd_integer_dates(tmp_path):
     study = {"study": {"name": "ints"}, "data": {"path": "ashare.parquet", "lookback": 5},
              "model": {"name": "mlp", "hidden_size": 8}, "devices": {"gpus": "none", "cpu_workers": 1}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")
-           or k == "SWEEPER_FAKE_CPU_BF16"}  # the CPU bf16 seam stays: the numbers are fp32's
+    env = real_env()
     out = subprocess.run([sys.executable, "-m", "sweeper.cli", "validate", "s.yaml"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

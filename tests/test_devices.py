@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from conftest import real_env
 from sweeper.config import DevicesConfig
 from sweeper.devices import GPU, cpu_slots, environment_summary, list_gpus, plan_slots, probe, telemetry
 from sweeper.devices import slots as devices
@@ -320,8 +321,7 @@ def test_reading_gpus_creates_no_cuda_context() -> None:
         "d.list_gpus(); d.telemetry(); d.environment_summary(); d.plan_slots(DevicesConfig())\n"
         "print(torch.cuda.is_initialized())\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")
-           or k == "SWEEPER_FAKE_CPU_BF16"}  # the CPU bf16 seam stays: the numbers are fp32's
+    env = real_env()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -28,7 +28,7 @@ import yaml
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from conftest import TESTS, TINY, merge
+from conftest import TESTS, TINY, merge, real_env
 from pg_server import skip_unless_required
 from sweeper.cli import main
 from sweeper.quant.ic import ic_report
@@ -90,8 +90,7 @@ class Poller(threading.Thread):
 def live(tmp_path_factory):
     root = tmp_path_factory.mktemp("live")
     (root / "study.yaml").write_text(yaml.safe_dump(SWEEP))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")
-           or k == "SWEEPER_FAKE_CPU_BF16"}  # the CPU bf16 seam stays: the numbers are fp32's
+    env = real_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     # the study exists before the dashboard starts, so that it sees the whole sweep
     from sweeper.store import open_storage

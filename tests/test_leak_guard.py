@@ -2,7 +2,6 @@
 (sweeper.data.leak), by load_panel and, from the outside, by `sweeper validate`."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import real_env
 from sweeper.config import DataConfig
 from sweeper.data import load_panel, synthetic_frame
 from sweeper.data.leak import mean_daily_corr
@@ -91,8 +91,7 @@ def test_validate_refuses_it_from_the_outside(tmp_path, monkeypatch) -> None:
     study = {"study": {"name": "leak"}, "data": {"path": "p.parquet", "lookback": 5},
              "model": {"name": "mlp", "hidden_size": 8}, "devices": {"gpus": "none", "cpu_workers": 1}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")
-           or k == "SWEEPER_FAKE_CPU_BF16"}  # the CPU bf16 seam stays: the numbers are fp32's
+    env = real_env()
     out = subprocess.run([sys.executable, "-m", "sweeper.cli", "validate", "s.yaml"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr

@@ -15,7 +15,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import TESTS, TINY, merge, swept_study
+from conftest import TESTS, TINY, merge, real_env, swept_study
 
 STUDY = merge(TINY, {"study": {"n_trials": 2}, "train": {"epochs": 1}, "devices": {"cpu_workers": 1}})
 
@@ -47,8 +47,7 @@ def swept(tmp_path_factory):
     pytest.param(["validate", "--help"], id="validate-help"),
 ])
 def test_a_read_only_command_imports_no_torch(swept, args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")
-           or k == "SWEEPER_FAKE_CPU_BF16"}  # the CPU bf16 seam stays: the numbers are fp32's
+    env = real_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=swept, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -75,8 +74,7 @@ USER_MODEL = merge(STUDY, {"model": {"name": "custom_model:Tiny", "scale": 0.5}}
 def test_a_sweeps_driver_imports_no_torch(tmp_path, raw, sets, code, line):
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
     shutil.copy(TESTS / "custom_model.py", tmp_path / "custom_model.py")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_FAKE")
-           or k == "SWEEPER_FAKE_CPU_BF16"}  # the CPU bf16 seam stays: the numbers are fp32's
+    env = real_env()
     # the probe's last line, and then whether pandas or pyarrow were loaded
     probe = PROBE.rstrip() + '\n    print("also loaded:", [m for m in ("pandas", "pyarrow") if m in sys.modules], ' \
         'file=sys.stderr)\n'

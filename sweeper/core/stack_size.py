@@ -177,10 +177,10 @@ def cache_key(cfg: SweeperConfig, device: torch.device, n_features: int, runs: i
 def read_kept(folder: Path, key: str) -> dict[str, Any] | None:
     """A measurement this host kept under ``key`` (its attributes, from ``cache``), or None."""
     try:
-        kept = host_cache.read(folder, key)
-        alone = kept is not None and kept.get("stack_size_from") == "one run per trial"  # its precision kept
-        return None if kept is None else {**kept, "stack_size": int(kept["stack_size"]),
-                                          "stack_size_from": "one run per trial" if alone else "cache"}
+        if (kept := host_cache.read(folder, key)) is None:
+            return None
+        source = "cache" if kept.get("stack_size_from") == "measured" else kept.get("stack_size_from")
+        return {**kept, "stack_size": int(kept["stack_size"]), "stack_size_from": source}
     except (KeyError, TypeError, ValueError):
         return None
 
