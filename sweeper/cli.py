@@ -144,6 +144,8 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
     study or the run folder (with data.cache the panel cache entry is built, as a run would)."""
     from sweeper.dispatch.run import prepare
     from sweeper.inspect.printing import split_lines
+    from sweeper.models.check import runs_line
+    from sweeper.study.stacking import population_line
 
     plan = prepare(_load(study, sets), storage)
     click.echo(f"{study}: ok")
@@ -153,12 +155,8 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
     click.echo(f"  storage: {plan.storage_url}")
     click.echo("  slots: " + ", ".join(s.label for s in plan.slots))
     if plan.cfg.search_space:
-        from sweeper.study.stacking import population_line
-
         click.echo(f"  populations: {population_line(plan.cfg)}")
     if plan.cfg.validation.runs > 1:
-        from sweeper.models.check import runs_line
-
         click.echo(f"  runs: {runs_line(plan.cfg, len(plan.panel.features))}")
 
 
@@ -242,8 +240,7 @@ def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> Non
     """Serve optuna-dashboard for this study's storage and artifacts."""
     from sweeper.inspect.dashboard import serve
 
-    cfg = _load(study)
-    serve(cfg, storage_url=storage, host=host, port=port, echo=click.echo)
+    serve(_load(study), storage_url=storage, host=host, port=port, echo=click.echo)
 
 
 @main.command("report")
@@ -347,8 +344,7 @@ def export_cmd(study: Path, storage: str | None, out: Path) -> None:
     from sweeper.inspect.export import trials_frame, write_table
     from sweeper.store.studies import load_existing
 
-    cfg = _load(study)
-    frame = trials_frame(load_existing(cfg, storage))
+    frame = trials_frame(load_existing(_load(study), storage))
     write_table(frame, out)
     click.echo(f"wrote {out}: {len(frame)} trials, {frame.shape[1]} columns")
 

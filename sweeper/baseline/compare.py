@@ -54,7 +54,7 @@ def comparison(attr: dict[str, Any], best_metrics: dict[str, Any],
     out["nw_lag"] = lag = lag_for_horizon(horizon)
     for split, p in SPLITS.items():
         mine, theirs = best_metrics.get(f"{p}_ic"), attr.get(f"{p}_ic")
-        out[f"{p}_ic_diff"] = float(mine) - float(theirs) if _finite(mine) and _finite(theirs) else None
+        out[f"{p}_ic_diff"] = float(mine) - float(theirs) if finite(mine) and finite(theirs) else None
         base, trial = baseline_daily(attr, split), best_daily.get(split)
         paired = paired_t(*trial, *base, lag) if base is not None and trial is not None else \
             {"mean_diff": None, "t_stat": None, "n_dates": 0}
@@ -63,12 +63,12 @@ def comparison(attr: dict[str, Any], best_metrics: dict[str, Any],
     mine, theirs = best_metrics.get("fold_val_ic"), attr.get("fold_val_ic")
     if "fold_val_ic" in attr:  # best - baseline fold by fold; None unless both have as many folds
         same = isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs)
-        out["fold_val_ic_diff"] = [float(a) - float(b) if _finite(a) and _finite(b) else None
+        out["fold_val_ic_diff"] = [float(a) - float(b) if finite(a) and finite(b) else None
                                    for a, b in zip(mine or [], theirs or [])] if same else None
     return out
 
 
-def _finite(value: Any) -> TypeGuard[float]:
+def finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 

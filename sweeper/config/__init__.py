@@ -11,7 +11,7 @@
 """
 from __future__ import annotations
 
-from sweeper.config.dotted import config_hash, config_value, flatten, to_dict
+from sweeper.config.dotted import condition_met, config_hash, config_value, flatten, to_dict
 from sweeper.config.drift import drift
 from sweeper.config.load import load_config, read_yaml, validate_config, with_overrides
 from sweeper.config.long_sweeps import BaselineConfig, KeepConfig, WarmStartConfig
@@ -36,7 +36,7 @@ from sweeper.config.validation import ValidationConfig, objective_label
 __all__ = [
     "BUILTIN_MODELS", "EVAL_BATCH_START", "BaselineConfig", "DataConfig", "DevicesConfig", "KeepConfig",
     "ModelConfig", "ParamSpec", "PrunerConfig", "SamplerConfig", "SplitConfig", "StudyConfig",
-    "SweeperConfig", "SyntheticConfig", "TrainConfig", "ValidationConfig", "WarmStartConfig", "config_hash",
-    "config_value", "drift", "flatten", "load_config", "objective_label", "read_yaml", "to_dict",
-    "unknown_model", "validate_config", "with_overrides",
+    "SweeperConfig", "SyntheticConfig", "TrainConfig", "ValidationConfig", "WarmStartConfig", "condition_met",
+    "config_hash", "config_value", "drift", "flatten", "load_config", "objective_label", "read_yaml",
+    "to_dict", "unknown_model", "validate_config", "with_overrides",
 ]

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sweeper.config.schema import SweeperConfig
+from sweeper.config.schema import ParamSpec, SweeperConfig
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
@@ -57,3 +57,10 @@ def config_value(cfg: SweeperConfig, key: str) -> Any:
         else:
             raise KeyError(key)
     return node
+
+
+def condition_met(spec: ParamSpec, cfg: SweeperConfig, chosen: dict[str, Any]) -> bool:
+    """Whether ``spec``'s ``when`` holds: each key's value as ``chosen`` so far, else as ``cfg`` sets it."""
+    return all((chosen[key] if key in chosen else config_value(cfg, key))
+               in (expected if isinstance(expected, list) else [expected])
+               for key, expected in (spec.when or {}).items())

@@ -22,18 +22,15 @@ SPLIT_PREFIX = {"valid": "val", "test": "test"}
 Tick = Callable[[], None]  # called once per evaluated batch: scoring is progress too
 
 
-def _no_tick() -> None:
-    return None
-
-
-def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int, tick: Tick = _no_tick) -> torch.Tensor:
+def predict_rows(model: nn.Module, batcher: Batcher, batch_size: int,
+                 tick: Tick = lambda: None) -> torch.Tensor:
     """Predictions [S] (fp32, eval mode) for the split's samples in sample-index order: the one
     evaluation (:func:`stacked_predict_rows`) of ``model`` as a stack of one."""
     return stacked_predict_rows(SoloStack(model), [batcher], batch_size, tick)[0]
 
 
 def predict(model: nn.Module, panel: Panel, split: str, device: torch.device | str,
-            batch_size: int, tick: Tick = _no_tick) -> pd.DataFrame:
+            batch_size: int, tick: Tick = lambda: None) -> pd.DataFrame:
     """Long frame ``date, asset, pred, label`` (label = raw) of one split. With the trial's
     best weights and ``train.eval_batch_size`` its IC is exactly the stored val_ic, and on the
     panel's ``own_scoring_panel`` (every present row) test's is exactly the stored test_ic."""
@@ -67,7 +64,7 @@ def split_scores(pred: torch.Tensor, batcher: Batcher, criterion: Loss) -> dict[
 
 
 def stacked_predict_rows(stack: nn.Module, batchers: list[Batcher], batch_size: int,
-                         tick: Tick = _no_tick) -> list[torch.Tensor]:
+                         tick: Tick = lambda: None) -> list[torch.Tensor]:
     """:func:`predict_rows` of every member of a stack at once (member k on ``batchers[k]``): one
     stacked forward per batch of ``batch_size`` rows per member, a shorter member padded with its
     own rows. Out of memory halves the batch and starts over."""
@@ -123,7 +120,7 @@ Scores = tuple[dict[str, float], Frames, Frames]  # IC metrics, daily ICs and pr
 
 
 def final_scores(stack: nn.Module, panels: list[Panel], device: torch.device, batch_size: int,
-                 tick: Tick = _no_tick, valid: list[torch.Tensor] | None = None,
+                 tick: Tick = lambda: None, valid: list[torch.Tensor] | None = None,
                  which: list[int] | None = None) -> list[Scores]:
     """Each member's IC metrics, daily ICs and predictions of valid (its labelled rows) and test (every
     present row, an unknown label NaN) (member k on ``panels[k]``; one stacked forward per batch): for a

@@ -317,8 +317,7 @@ def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason) -> Tr
         precision=run.precision.name, samples_per_s=mean([h["samples_per_s"] for h in progress.history]),
         peak_mem_mb=max([h["peak_mem_mb"] for h in progress.history], default=math.nan),
         probe_peak_mem_mb=plan.peak_mem_mb, duration_s=time.perf_counter() - run.began)
-    if lane.panel.oracle_ic:
-        oracle = lane.panel.oracle_ic
+    if oracle := lane.panel.oracle_ic:
         metrics.update(oracle_val_ic=oracle["valid"], oracle_test_ic=oracle["test"])
     reason = lane.reason or (StopReason.EARLY_STOP if lane.stopped and stop_reason == StopReason.EPOCHS
                              else stop_reason)

@@ -41,7 +41,6 @@ class WorkerHandle:
         self.running: Running | None = None
         self.stop_sent = False  # a worker is told to stop once, however many loop turns the drain takes
         self.reserved = False  # its slot's turn is the study's baseline job's (reserve, release)
-        self._decoder = protocol.LineDecoder(self._malformed)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -43,8 +43,8 @@ class PlainView(NullView):
         self.metric = cfg.study.metric
         self.objective = objective_label(cfg.study.metric, cfg.validation)
         self.several = cfg.validation.runs > 1
-        done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-        for line in [f"study {cfg.study.name!r}: {done}/{cfg.study.n_trials} finished, optimising "
+        self.done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        for line in [f"study {cfg.study.name!r}: {self.done}/{cfg.study.n_trials} finished, optimising "
                      f"{cfg.study.metric} ({cfg.study.resolved_direction})",
                      f"storage: {redact(plan.storage_url)}", f"data: {plan.panel.source}",
                      "slots: " + ", ".join(s.label for s in plan.slots),
@@ -121,8 +121,7 @@ class RichView(PlainView):
         self.started = time.monotonic()
         self.n_trials = cfg.study.n_trials
         self.run_epochs_per_trial = cfg.validation.runs * cfg.train.epochs
-        finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        self.done = self.done0 = len(finished)
+        self.done0 = self.done  # counted by PlainView.start
         self.slots = {s.label: None for s in plan.slots}
         self.live = Live(console=self.console, refresh_per_second=4, transient=True)
         self.live.start()
@@ -150,8 +149,7 @@ class RichView(PlainView):
             self.done += 1
 
     def tick(self) -> None:
-        now = time.monotonic()
-        if self.live is not None and now - self.last >= 0.25:
+        if self.live is not None and (now := time.monotonic()) - self.last >= 0.25:
             self.last = now
             self.live.update(self._table())
 

@@ -133,8 +133,7 @@ class Packer:
 
     def beat(self, held: Held, interval: float) -> None:
         """Keep a held trial's heartbeat, as its worker will once it runs."""
-        now = time.monotonic()
-        if now >= held.next_beat:
+        if (now := time.monotonic()) >= held.next_beat:
             held.next_beat = now + interval
             private.backend(self.study).record_heartbeat(held.trial_id)
 

@@ -71,7 +71,8 @@ def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
     policy = outage.for_url(cfg.resolved_storage)  # the raw query below bypasses the storage's retries
     reasons = dict.fromkeys(private.stale_trial_ids(storage, study_id),
                             "no heartbeat within study.grace_period: its driver or host died")
-    never_beat = policy.call(lambda: private.running_without_heartbeat(storage, study_id))
+    ages = policy.call(lambda: private.heartbeat_ages(storage, study_id))
+    never_beat = [trial for trial, age in ages.items() if age is None]
     reasons |= dict.fromkeys(never_beat, "its driver died while claiming it (no heartbeat was ever recorded)")
     if reasons:
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))

@@ -198,11 +198,9 @@ def _set_up(plan: Plan, stop: StopToken, force: bool, must_exist: bool,
         started = any(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False))
         lines = run_folder.take(plan.run_dir, plan.cfg.study.name, study.user_attrs["study_uuid"],
                                 redact(plan.storage_url), fresh=not started)
-    for line in lines:
-        print(line, file=sys.stderr, flush=True)
     room = retention.space_warning(plan.run_dir, study.get_trials(deepcopy=False), plan.cfg.study.n_trials)
-    if room:
-        print(room, file=sys.stderr, flush=True)
+    for line in [*lines, room] if room else lines:
+        print(line, file=sys.stderr, flush=True)
     return study, lock, ident
 
 

@@ -2,7 +2,6 @@
 the plotly layout, the colour of each trial state and the placeholder figure."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -12,6 +11,7 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial
 
+from sweeper.baseline.compare import finite as finite  # the report's figures read it from here
 from sweeper.validation import contract as K
 
 if TYPE_CHECKING:
@@ -53,10 +53,6 @@ class StudyData:
     def folded(self) -> bool:
         """The study validates on walk-forward folds (:func:`sweeper.validation.contract.folded`)."""
         return K.folded(self.study.user_attrs)
-
-
-def finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def empty(message: str) -> go.Figure:

@@ -17,9 +17,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sweeper.inspect.figures_base import LAYOUT, StudyData, empty
-from sweeper.inspect.ic_views import SPLITS, daily_frames, ic_by_year_report
+from sweeper.inspect.ic_views import daily_frames, ic_by_year_report
 from sweeper.quant.ic_time import ic_by_month
-from sweeper.store.layout import baseline_files, trial_files
+from sweeper.store.layout import SPLITS, baseline_files, trial_files
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 ROW_HEIGHT = 28  # pixels per year row, so a long split stays readable

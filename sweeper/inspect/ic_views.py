@@ -18,7 +18,7 @@ import pandas as pd
 from sweeper.errors import SweeperError
 from sweeper.plain import plain
 from sweeper.quant.ic_time import group_neutral_ic, ic_by_year
-from sweeper.store.layout import BaselineFiles, TrialFiles
+from sweeper.store.layout import SPLITS, BaselineFiles, TrialFiles
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from sweeper.config import SweeperConfig
     from sweeper.inspect.frames import TrialFrames
 
-SPLITS = ("valid", "test")
 GROUP_KEYS = ("ic", "rank_ic", "icir", "n_dates")
 
 

@@ -57,8 +57,7 @@ def import_model_module(module_name: str) -> ModuleType:
         return importlib.import_module(module_name)
     where = spec.origin if spec.has_location else next(iter(spec.submodule_search_locations or []), "")
     where = os.path.realpath(where or "")
-    cached = sys.modules.get(top)
-    if cached is not None and _module_file(cached) != where:
+    if (cached := sys.modules.get(top)) is not None and _module_file(cached) != where:
         if _LOADED.get(top) != _module_file(cached):
             raise ImportError(f"a different module {top!r} is already loaded (from "
                               f"{_module_file(cached) or 'the interpreter'}), not {where}; rename {where}")

@@ -41,16 +41,11 @@ def _active(cfg: C.SweeperConfig, combo: dict[str, Any]) -> dict[str, Any]:
     # study file's value; settled in passes, since one condition can depend on another
     active = dict(combo)
     for _ in range(len(combo)):
-        kept = {k: v for k, v in combo.items() if _met(cfg, cfg.search_space[k].when or {}, active)}
+        kept = {k: v for k, v in combo.items() if C.condition_met(cfg.search_space[k], cfg, active)}
         if kept == active:
             break
         active = kept
     return active
-
-
-def _met(cfg: C.SweeperConfig, when: dict[str, Any], chosen: dict[str, Any]) -> bool:
-    return all((chosen[key] if key in chosen else C.config_value(cfg, key))
-               in (expected if isinstance(expected, list) else [expected]) for key, expected in when.items())
 
 
 def check_study_models(cfg: C.SweeperConfig, n_features: int, lookback: int,

@@ -14,6 +14,8 @@ from typing import TypedDict
 import numpy as np
 import pandas as pd
 
+from sweeper.plain import plain
+
 PERIODS_PER_YEAR = 252
 SUMMARY_KEYS = ("long_short_ann_return", "long_short_sharpe", "long_short_max_drawdown", "top_turnover",
                 "n_periods")
@@ -49,14 +51,14 @@ class LongShort:
         mean = float(self.ls.mean()) if len(self.ls) else math.nan
         std = float(self.ls.std(ddof=1)) if len(self.ls) >= 2 else math.nan
         return {
-            "long_short_ann_return": _clean(mean * PERIODS_PER_YEAR / step),
-            "long_short_sharpe": _clean(mean / std * math.sqrt(PERIODS_PER_YEAR / step)
-                                        if std > 0 else math.nan),
-            "long_short_max_drawdown": _clean(max_drawdown(self.ls)),
-            "top_turnover": _clean(float(self.turnover.mean()) if len(self.turnover) else math.nan),
+            "long_short_ann_return": plain(mean * PERIODS_PER_YEAR / step),
+            "long_short_sharpe": plain(mean / std * math.sqrt(PERIODS_PER_YEAR / step)
+                                       if std > 0 else math.nan),
+            "long_short_max_drawdown": plain(max_drawdown(self.ls)),
+            "top_turnover": plain(float(self.turnover.mean()) if len(self.turnover) else math.nan),
             "n_periods": len(self.ls),
-            "bucket_mean_label": [_clean(float(v)) for v in (self.buckets.mean(axis=0) if len(self.buckets)
-                                                               else np.full(self.quantiles, np.nan))],
+            "bucket_mean_label": [plain(float(v)) for v in (self.buckets.mean(axis=0) if len(self.buckets)
+                                                              else np.full(self.quantiles, np.nan))],
             "quantiles": self.quantiles,
             "horizon": self.horizon,
         }
@@ -129,7 +131,3 @@ def max_drawdown(ls: np.ndarray) -> float:
 
 def _step(horizon: int) -> int:
     return max(int(horizon), 1)
-
-
-def _clean(value: float) -> float | None:
-    return None if not math.isfinite(value) else value

@@ -76,11 +76,6 @@ def daily_ic_name(split: str) -> str:
     return f"daily_ic_{split}.csv"
 
 
-def predictions_name(split: str) -> str:
-    """``predictions_valid.parquet`` / ``predictions_test.parquet`` (date, asset, pred, label)."""
-    return f"predictions_{split}.parquet"
-
-
 # the trial files registered in the artifact store, so optuna-dashboard lists them
 ARTIFACTS = (CONFIG, METRICS, LOG, WEIGHTS, daily_ic_name("valid"), daily_ic_name("test"))
 
@@ -109,17 +104,17 @@ class _Folder:
     def daily_ic(self, split: str) -> Path:
         return self.folder / daily_ic_name(split)
 
+    def predictions(self, split: str) -> Path:
+        """``predictions_valid.parquet`` / ``predictions_test.parquet``: date, asset, pred, label (raw)."""
+        return self.folder / f"predictions_{split}.parquet"
+
 
 class RunFiles(_Folder):
     """The files of one training run of a trial: ``runs/fold-<f>.seed-<r>/`` (``daily_ic_test.csv``
     and ``predictions_test.parquet`` of the model's runs only)."""
 
     result = _File("result.json")  # written last: a run with one has finished
-    predictions = _File(predictions_name("valid"))
     weights, norm_stats = _File(WEIGHTS), _File(NORM_STATS)
-
-    def predictions_of(self, split: str) -> Path:
-        return self.folder / predictions_name(split)
 
 
 class _Model(_Folder):
@@ -152,10 +147,6 @@ class TrialFiles(_Model):
     config, metrics, log, checkpoint = _File(CONFIG), _File(METRICS), _File(LOG), _File(CHECKPOINT)
     runs, refit = _File("runs"), _File("refit")
 
-    def predictions(self, split: str) -> Path:
-        """The model's ``date, asset, pred, label`` (raw label), as ``sweeper predict`` computes them."""
-        return self.folder / predictions_name(split)
-
     def run(self, fold: int, repeat: int) -> Path:
         """One finished run's folder; ``fold`` and ``repeat`` count from 1 (as ``validate`` prints)."""
         return self.runs / f"fold-{fold}.seed-{repeat}"
@@ -186,9 +177,6 @@ class BaselineFiles(_Folder):
     """The files of the study's LightGBM baseline (see the module docstring)."""
 
     train_rows, model = _File("train_rows.parquet"), _File("model.txt")
-
-    def predictions(self, split: str) -> Path:
-        return self.folder / predictions_name(split)
 
 
 def baseline_files(run_dir: str | Path) -> BaselineFiles:

@@ -76,12 +76,6 @@ def heartbeat_ages(storage: optuna.storages.BaseStorage, study_id: int) -> dict[
                 for trial, beat in conn.execute(query)}
 
 
-def running_without_heartbeat(storage: optuna.storages.BaseStorage, study_id: int) -> list[int]:
-    """Ids of the study's RUNNING trials that have no heartbeat row at all: Optuna never considers
-    these stale."""
-    return [trial for trial, age in heartbeat_ages(storage, study_id).items() if age is None]
-
-
 def quiet_trials_query_fallback() -> None:
     """Silence the warning RDBStorage._get_trials logs (the whole failed SQL, then
     "Falling back to a slower alternative") when its trials query fails and it

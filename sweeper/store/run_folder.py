@@ -90,7 +90,6 @@ def study_dir(run_dir: Path, study_uuid: str | None) -> Path:
     """Where this study's trial files are now: ``run_dir`` itself, or ``previous/<uuid>/`` when
     another study took the folder over since (the same layout: trials/, logs/). Readers
     (best, predict, report, gc) go there, so they never read another study's weights."""
-    owner = _owner(run_dir)
-    if owner is None or study_uuid is None or owner == study_uuid:
+    if (owner := _owner(run_dir)) is None or study_uuid is None or owner == study_uuid:
         return run_dir
     return previous_dir(run_dir, study_uuid)  # absent if its files never were here: none to read

@@ -9,13 +9,7 @@ from typing import Any
 
 import optuna
 
-from sweeper.config import ParamSpec, SweeperConfig, config_value
-
-
-def condition_met(spec: ParamSpec, cfg: SweeperConfig, chosen: dict[str, Any]) -> bool:
-    return all((chosen[key] if key in chosen else config_value(cfg, key))
-               in (expected if isinstance(expected, list) else [expected])
-               for key, expected in (spec.when or {}).items())
+from sweeper.config import ParamSpec, SweeperConfig, condition_met
 
 
 def ordered(space: dict[str, ParamSpec]) -> list[str]:

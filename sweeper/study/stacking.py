@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from sweeper.config import SweeperConfig
+from sweeper.store.studies import FINISHED
 from sweeper.study.samplers import startup_trials
 
 STUDY_ATTR = "stack_size"
@@ -89,8 +89,7 @@ class Population:
     def __call__(self) -> int:
         if (asked := self.cfg.study.population) == 1:
             return 1
-        states = (TrialState.COMPLETE, TrialState.PRUNED)
-        if self.startup and len(self.study.get_trials(deepcopy=False, states=states)) >= self.startup:
+        if self.startup and len(self.study.get_trials(deepcopy=False, states=FINISHED)) >= self.startup:
             self.startup = 0  # reached: never counted again
         if self.startup:
             return 1

@@ -26,7 +26,7 @@ from sweeper import config as C
 from sweeper.errors import ConfigError, StorageError
 from sweeper.store import open_storage, quiet_optuna, redact
 from sweeper.store.studies import ranked
-from sweeper.study.space import condition_met, ordered
+from sweeper.study.space import ordered
 
 WARM_START_FROM = "warm_start_from"  # the user attribute that marks an enqueued trial
 CONFIG_SET = "the study file's own values (config)"  # what the mark "config" stands for, printed
@@ -100,7 +100,7 @@ def config_set(cfg: C.SweeperConfig) -> tuple[StartSet | None, list[str]]:
     """The study file's values for the search-space keys that are active with them and that the
     space can suggest (the sampler draws the others, each with a note); None when none is."""
     params, refused = _fitted(cfg, {key: C.config_value(cfg, key) for key in ordered(cfg.search_space)
-                                    if condition_met(cfg.search_space[key], cfg, {})})
+                                    if C.condition_met(cfg.search_space[key], cfg, {})})
     notes = [f"start from config: {key}={value!r} is {why}; the sampler draws it"
              for key, value, why in refused]
     return (StartSet(params, "config") if params else None), notes

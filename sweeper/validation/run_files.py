@@ -50,11 +50,12 @@ class RunStore:
 
     def frames(self, fold: int, repeat: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         run = self.files.run_files(fold, repeat)
-        return pd.read_parquet(run.predictions), pd.read_csv(run.daily_ic("valid"), parse_dates=["date"])
+        return (pd.read_parquet(run.predictions("valid")),
+                pd.read_csv(run.daily_ic("valid"), parse_dates=["date"]))
 
     def member_frames(self, fold: int, repeat: int) -> dict[str, pd.DataFrame]:
         run = self.files.run_files(fold, repeat)
-        return {split: pd.read_parquet(run.predictions_of(split)) for split in SPLITS}
+        return {split: pd.read_parquet(run.predictions(split)) for split in SPLITS}
 
     def save_predictions(self, frames: dict[str, pd.DataFrame]) -> None:
         _write_frames(frames, self.files.predictions)
@@ -82,7 +83,7 @@ class RunStore:
                 torch.save(result.best_state, tmp)
             if panel.norm_stats is not None:  # new data (predict --data) is normalised with these
                 write_text(files.norm_stats, json.dumps(panel.norm_stats))
-        _write_frames(frames or {"valid": result.predictions["valid"]}, files.predictions_of)
+        _write_frames(frames or {"valid": result.predictions["valid"]}, files.predictions)
         for split in SPLITS if model else ("valid",):
             with atomic_path(files.daily_ic(split)) as tmp:
                 result.daily[split].to_csv(tmp, index=False)

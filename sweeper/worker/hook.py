@@ -78,8 +78,7 @@ class OptunaHook(NullHook):
     def tick(self) -> None:
         """Tell the driver the trial moves (a step or an evaluation batch), at most every
         ``progress_every`` seconds: a clock read per batch, an event a few times a minute."""
-        now = time.monotonic()
-        if now >= self._next_progress:
+        if (now := time.monotonic()) >= self._next_progress:
             self._next_progress = now + self.progress_every
             protocol.emit(protocol.PROGRESS, number=self.number, steps=self.steps)
 

@@ -108,10 +108,8 @@ class StackedRNN(nn.Module):
         # contiguous blocks already, and its add_ reads strided rows as fast as contiguous
         xs = proj.view(k, steps, batch, -1).unbind(1)
         w_hh_t = w_hh.transpose(1, 2)
-        if self.cell == "lstm":
-            outs = self._lstm_steps(xs, w_hh_t, keep=not last)
-        else:
-            outs = self._gru_steps(xs, w_hh_t, b_hh.unsqueeze(1), keep=not last)
+        outs = (self._lstm_steps(xs, w_hh_t, keep=not last) if self.cell == "lstm"
+                else self._gru_steps(xs, w_hh_t, b_hh.unsqueeze(1), keep=not last))
         return outs[-1] if last else torch.stack(outs, dim=1)
 
     # The steps split the gates with split(), never by slicing: a slice's backward zero-fills
