@@ -76,10 +76,11 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
                   f"{len(panel.features)} features; model {cfg.model.name}", highlight=False)
     with console.status("training...") if console.is_terminal else nullcontext():
         from sweeper.validation import record
-        from sweeper.validation.runner import Trainer, pin_stack_size, train_runs
+        from sweeper.validation.runner import Trainer, pin_eval_batch, pin_stack_size, train_runs
 
         hook = TableHook(console, several=cfg.validation.runs > 1)
-        trainer, choice = pin_stack_size(panel, Trainer(cfg, hook, started, log=lambda line: None))
+        trainer = pin_eval_batch(panel, Trainer(cfg, hook, started, log=lambda line: None))
+        trainer, choice = pin_stack_size(panel, trainer)
         if choice["stack_size_from"] == "measured" or "precision_rates" in choice:
             from sweeper.inspect.printing import stack_line
 

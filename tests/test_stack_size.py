@@ -10,7 +10,7 @@ import torch
 import yaml
 
 import sweeper.core.stack_size as S
-from sweeper.config import validate_config
+from sweeper.config import to_dict, validate_config
 from sweeper.core import Member, host_cache
 from sweeper.core.device import HostMemory
 from sweeper.study import stacking
@@ -88,8 +88,76 @@ def test_a_size_well_short_of_its_threshold_stops_timing_after_one_step(monkeypa
     S._rate(members, torch.device("cpu"), HostMemory(), needed=1e12)  # no stack reaches a trillion
     assert steps == [2] * (S.WARMUP_STEPS + 1)
     steps.clear()
+    monkeypatch.setattr(S, "TIMED_S", 0.0)  # TIMED_STEPS alone
     S._rate(members, torch.device("cpu"), HostMemory())
     assert steps == [2] * (S.WARMUP_STEPS + S.TIMED_STEPS)
+
+
+def test_fast_steps_are_timed_for_at_least_timed_s(monkeypatch):
+    """Five steps of a small model take milliseconds, all noise (the LSTM's stack of 2 read 20 % faster
+    than one that way on an AMD EPYC, and trained 1.3x slower): steps go on until TIMED_S has passed."""
+    from types import SimpleNamespace
+
+    from sweeper.core.step import StackStep
+
+    clock, steps = [0.0], []
+    real = StackStep.until_it_fits
+
+    def stepping(self, batch, micro, shrink, say):  # each step takes 0.1 s of the fake clock
+        clock[0] += 0.1
+        steps.append(1)
+        return real(self, batch, micro, shrink, say)
+    monkeypatch.setattr(StackStep, "until_it_fits", stepping)
+    monkeypatch.setattr(S, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(S, "TIMED_S", 1.05)
+    monkeypatch.setattr(S, "_eval_seconds", lambda run: 0.0)
+    panel, cfg = toy_panel(), toy_config(epochs=1)
+    rate = S._rate([Member(seeded(cfg, s), panel) for s in range(2)], torch.device("cpu"), HostMemory())
+    assert len(steps) == S.WARMUP_STEPS + 11  # 11 timed steps: 1.1 s, the first past 1.05
+    assert rate == pytest.approx(2 * 64 * 11 / 1.1)  # member-samples a second (the toy's batch: 64)
+
+
+def test_a_stack_is_rated_with_its_evaluation(monkeypatch):
+    """The rate a size is chosen on is its training steps' and its evaluation's, in the trial's own
+    proportion: the toy trains 1,143 samples an epoch and validates 310 rows."""
+    monkeypatch.setattr(S, "_train_seconds", lambda run, tc, needed: (1e-5, True))
+    monkeypatch.setattr(S, "_eval_seconds", lambda run: 4e-6)
+    panel, cfg = toy_panel(), toy_config(epochs=1)
+    members = [Member(seeded(cfg, s), panel) for s in range(2)]
+    rate = S._rate(members, torch.device("cpu"), HostMemory())
+    assert rate == pytest.approx(1 / (1e-5 + 310 / 1143 * 4e-6))
+    cut = toy_config(epochs=1, samples_per_epoch=620)  # an epoch of 620 samples: half a valid row each
+    assert S._rate([Member(seeded(cut, s), panel) for s in range(2)], torch.device("cpu"),
+                   HostMemory()) == pytest.approx(1 / (1e-5 + 0.5 * 4e-6))
+
+    def untimed(run):
+        raise AssertionError("a size cut short is not chosen: its evaluation is not timed")
+    monkeypatch.setattr(S, "_train_seconds", lambda run, tc, needed: (1e-4, False))
+    monkeypatch.setattr(S, "_eval_seconds", untimed)
+    assert S._rate(members, torch.device("cpu"), HostMemory(), needed=1e12) == pytest.approx(1e4)
+
+
+def test_the_evaluation_is_timed_at_the_stacks_eval_batch(monkeypatch):
+    """A stack's evaluation forwards: one batch to warm up, then EVAL_ROWS (or one batch) per member, at
+    the plan's batch per member, in eval mode and back to training after."""
+    from sweeper.core.loop import prepare
+
+    panel, cfg = toy_panel(), toy_config(epochs=1)
+    run = prepare([Member(seeded(cfg, s), panel) for s in range(2)], torch.device("cpu"),
+                  S.NullCheckpointer(), HostMemory(), None, lambda line: None, S.NullHook())
+    widths, modes = [], []
+    forward = run.step.forward
+
+    def seen(module, args, out):
+        widths.append(tuple(args[0].shape[:2]))
+        modes.append(module.training)
+    hooked = forward.register_forward_hook(seen)
+    monkeypatch.setattr(S, "EVAL_ROWS", 256)
+    assert S._eval_seconds(run) > 0
+    hooked.remove()
+    assert run.plan.eval_batch_size == 128 and forward.training
+    # 310 valid rows: warm-up 128, then 256 rows in two batches of 128
+    assert widths == [(2, 128)] * 3 and modes == [False] * 3
 
 
 def test_a_size_that_cannot_fit_is_not_chosen(monkeypatch):
@@ -234,6 +302,10 @@ def test_a_measurement_is_kept_by_the_host_under_what_sets_the_speed(tmp_path):
     assert key != S.cache_key(toy_config(epochs=1, batch_size=128), cpu, 3, 4)
     assert key != S.cache_key(toy_config({"name": "mlp", "hidden_size": 32, "dropout": 0.0}), cpu, 3, 4)
     assert key != S.cache_key(cfg, cpu, 4, 4) and key != S.cache_key(cfg, cpu, 3, 2)
+    # what an epoch trains against what it validates: the evaluation's share of the rate
+    assert key != S.cache_key(toy_config(epochs=1, samples_per_epoch=512), cpu, 3, 4)
+    folded = validate_config({**to_dict(cfg), "validation": {"scheme": "walk_forward", "folds": 2}}, "t")
+    assert key != S.cache_key(folded, cpu, 3, 4)
     assert S.read_kept(tmp_path, key) is None
     host_cache.keep(tmp_path, key, {"stack_size": 2, "stack_size_from": "measured", "stack_rates": {"1": 5.0, "2": 9.0}})
     assert S.read_kept(tmp_path, key) == {"stack_size": 2, "stack_size_from": "cache",

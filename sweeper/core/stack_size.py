@@ -4,9 +4,10 @@ On a GPU a small model's step is launch-bound, so K members cost little more tha
 stacking pays as far as memory allows; on a CPU the work grows with K and the gain depends on the
 model (an MLP gains, an LSTM loses to torch's fused kernel run member by member). So
 :func:`measure` times real training steps (the trial's config and data, each member with its own
-seed) at each candidate size, in interleaved rounds so that load from other processes hits every
-size alike, and :func:`choose` takes the largest size that beats every smaller one by
-:data:`MARGIN` in member-samples per second. A size whose batch probe finds no room is out.
+seed) and evaluation forwards, in the trial's proportion, at each candidate size, in interleaved
+rounds so that load from other processes hits every size alike, and :func:`choose` takes the
+largest size that beats every smaller one by :data:`MARGIN` in member-samples per second. A size
+whose batch probe finds no room is out.
 On a CPU with native bf16, :func:`measure_precision` first times fp32 against bf16 alike.
 """
 from __future__ import annotations
@@ -27,15 +28,18 @@ from sweeper.core.hooks import NullCheckpointer, NullHook
 from sweeper.core.lanes import Member
 from sweeper.core.loop import Run, prepare
 from sweeper.core.schedule import Rows, epoch_rows
+from sweeper.data.batches import gather_stack
 from sweeper.errors import OutOfMemory
 
 # a larger stack must train this much faster per member-sample than the best smaller one: the
 # rates of two runs of the same size differ by a few percent on a quiet box, and a wrong choice
 # near the tie costs little either way
 MARGIN = 0.10
-WARMUP_STEPS, TIMED_STEPS, ROUNDS = 1, 5, 2
+WARMUP_STEPS, TIMED_STEPS, ROUNDS = 2, 5, 2
+TIMED_S = 0.5  # each size's steps are timed at least this long
+EVAL_ROWS = 4096  # and its evaluation forwards over this many rows per member
 # the host keeps each measurement (sweeper.core.host_cache) in the panel cache's root, .stack-sizes/
-CACHE_DIR, CACHE_VERSION = ".stack-sizes", 2  # 2: with the precision measured
+CACHE_DIR, CACHE_VERSION = ".stack-sizes", 3  # 2: with the precision measured; 3: evaluation timed
 
 
 @dataclass(frozen=True)
@@ -131,16 +135,28 @@ def _near(rates: dict[int, float], k: int) -> bool:
 
 
 def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory, needed: float = 0.0) -> float:
-    """Member-samples per second of a stack of ``members`` over up to TIMED_STEPS steps after a warm-up;
-    fewer once the rate so far is well short of ``needed``; NaN when its batch probe finds no room."""
+    """Member-samples per second of a stack of ``members``, its evaluation included: its training steps
+    (:func:`_train_seconds`) and the rows each member validates per sample it trains, at the stack's own
+    evaluation speed (:func:`_eval_seconds`: on a CPU a stack's forward can lose where its step gains);
+    NaN when its batch probe finds no room."""
     try:
         run = prepare(members, device, NullCheckpointer(), memory, None, lambda line: None, NullHook())
     except OutOfMemory:
         return math.nan
-    tc = members[0].cfg.train
+    tc, lane = members[0].cfg.train, run.lanes[0]
+    train_s, whole = _train_seconds(run, tc, needed)
+    trained = min(tc.samples_per_epoch or lane.batcher.n_samples, lane.batcher.n_samples)  # an epoch's
+    share = lane.valid.n_samples / max(trained, 1)
+    return 1.0 / (train_s + (share * _eval_seconds(run) if whole and share else 0.0))
+
+
+def _train_seconds(run: Run, tc: TrainConfig, needed: float) -> tuple[float, bool]:
+    """Seconds per member-sample of the stack's steps after a warm-up, over TIMED_STEPS steps and at
+    least TIMED_S (a few fast steps are all noise), and whether it timed them all: it stops once the
+    rate so far is well short of ``needed`` (it will not be chosen, nor its evaluation timed)."""
     batches = _epochs(run, tc)
-    micro, seen, began = run.micro, 0, 0.0
-    for index in range(WARMUP_STEPS + TIMED_STEPS):
+    micro, seen, began, index = run.micro, 0, 0.0, 0
+    while index < WARMUP_STEPS + TIMED_STEPS or time.perf_counter() - began < TIMED_S:
         if index == WARMUP_STEPS:
             _wait(run.step.flat.values)
             began, seen = time.perf_counter(), 0
@@ -150,12 +166,32 @@ def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory, 
             batch = [next(rows) for rows in batches]
         micro = run.step.until_it_fits(batch, micro, run.shrink, lambda line: None)
         seen += sum(len(rows.idx) for rows in batch if rows is not None)
-        if needed and index >= WARMUP_STEPS:  # a read per step only where the size may stop early
+        index += 1
+        if needed and index > WARMUP_STEPS:  # a read per step only where the size may stop early
             _wait(run.step.flat.values)
-            if seen / (time.perf_counter() - began) < needed * 0.7:  # it will not get there
-                break
+            if seen / (time.perf_counter() - began) < needed * 0.7:
+                return (time.perf_counter() - began) / seen, False
     _wait(run.step.flat.values)
-    return seen / max(time.perf_counter() - began, 1e-9)
+    return max(time.perf_counter() - began, 1e-9) / seen, True
+
+
+@torch.no_grad()
+def _eval_seconds(run: Run) -> float:
+    """Seconds per member-row of the stack's evaluation forward, at its evaluation batch, on the first
+    rows of its members' valid splits (EVAL_ROWS or one batch), after one batch's warm-up."""
+    forward, valid, batch = run.step.forward, [lane.valid for lane in run.lanes], run.plan.eval_batch_size
+    rows = min(max(EVAL_ROWS, batch), *(b.n_samples for b in valid))
+    same = all(b.same_split(valid[0]) for b in valid)
+    forward.eval()
+    try:
+        for timed in (False, True):
+            began = time.perf_counter()
+            for start in range(0, rows if timed else min(batch, rows), batch):
+                picked = [b.index[start:start + batch] for b in valid]
+                _wait(forward(gather_stack(valid, picked, len(picked[0]), same_rows=same).x))
+    finally:
+        forward.train()
+    return (time.perf_counter() - began) / max(rows * len(valid), 1)
 
 
 def _epochs(run: Run, tc: TrainConfig) -> list[Iterator[Rows]]:
@@ -165,12 +201,16 @@ def _epochs(run: Run, tc: TrainConfig) -> list[Iterator[Rows]]:
 
 def cache_key(cfg: SweeperConfig, device: torch.device, n_features: int, runs: int) -> str:
     """The key of a measurement on this host (:mod:`sweeper.core.host_cache`): what sets a stack's
-    speed (the model, the batch, the loss, the precision, the data's shape, the runs)."""
+    speed (the model, the batch, the loss, the precision, the data's shape, the runs, the evaluation's
+    share)."""
     tc = cfg.train
     what = {"version": CACHE_VERSION, "model": cfg.model.model_dump(mode="json"), "runs": runs,
             "features": n_features, "lookback": cfg.data.lookback, "order": tc.resolved_batch_order,
+            "split": cfg.data.split.model_dump(mode="json"),
+            "validation": cfg.validation.model_dump(mode="json"),
             **{k: getattr(tc, k) for k in ("batch_size", "max_batch_size", "min_micro_batch", "loss",
-                                           "precision", "compile", "eval_batch_size", "memory_margin")}}
+                                           "precision", "compile", "eval_batch_size", "memory_margin",
+                                           "samples_per_epoch")}}
     return host_cache.key(what, device)
 
 

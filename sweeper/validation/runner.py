@@ -208,7 +208,7 @@ def train_population(panel: Panel, trainers: Sequence[Trainer]) -> list[TrialRun
     one trial: its own runs), each trial's ``i``-th stack beside the others' as one stack, so that
     every trial steps, reports and is pruned as it would alone. A trial cut short (pruned, out of
     time) or failed (``TrialRuns.failure``) leaves the population; the others go on."""
-    trainers = [pin_eval_batch(panel, pin_stack_size(panel, t)[0]) for t in trainers]
+    trainers = [pin_stack_size(panel, pin_eval_batch(panel, t))[0] for t in trainers]
     outs = []
     for trainer in trainers:
         grid, folds = RunGrid.of(trainer.cfg), fold_layout(panel, trainer.cfg)

@@ -185,11 +185,13 @@ class TrialRunner:
         o.hook.tick()  # the data is loaded: progress, for the stall watchdog
         trainer = Trainer(cfg, o.hook, started, self.device, o.log,
                           self.device_kind.memory(self.memory_limit_mb), None, self.panels)
+        # before the config is written, so predict evaluates alike, and before the stack size, which
+        # is timed with the trial's own evaluation
+        trainer = pin_eval_batch(panel, trainer)
         # every trial of the study stacks alike: the study keeps the size its first trial measured
         trials = stacking.POPULATION_CAP if cfg.study.population == "auto" else 1
         trainer, choice = pin_stack_size(panel, trainer, functools.partial(stacking.resolve, self.study, cfg),
                                          trials)
-        trainer = pin_eval_batch(panel, trainer)  # before the config is written: predict evaluates alike
         cfg = trainer.cfg
         for key, value in choice.items():
             trial.set_user_attr(key, value)
