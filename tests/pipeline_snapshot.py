@@ -39,6 +39,8 @@ compares exactly on its own CPU, as the others do. On an Intel Xeon with AMX til
 2026-12-05, session 7) the holdout and one-by-one records compare exactly, but the stacked route's
 batched kernels round otherwise (trial values 8e-8 relative apart), so that CPU (``-AMX``) has its
 own stacked record, written there by the same code, 9f646ac; for the others it takes its family's.
+An AMD EPYC without AVX512 (AVX2, a 2-core box of 2026-12-05, session 8) compared within rounding
+with AVX2-GenuineIntel's; its own three records were written there by da787f2.
 
 Issue 39 laid a holdout trial out as the 1 x 1 case of every trial's layout, after the records:
 its one run keeps its files in ``runs/fold-1.seed-1/`` as any run does, and the trial takes its
