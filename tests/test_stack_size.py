@@ -3,6 +3,7 @@ real steps it is chosen on, and the study that keeps the choice so every trial s
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -86,7 +87,7 @@ def test_a_size_well_short_of_its_threshold_stops_timing_after_one_step(monkeypa
     panel, cfg = toy_panel(), toy_config(epochs=1)
     members = [Member(seeded(cfg, s), panel) for s in range(2)]
     S._rate(members, torch.device("cpu"), HostMemory(), needed=1e12)  # no stack reaches a trillion
-    assert steps == [2] * (S.WARMUP_STEPS + 1)
+    assert steps == [2] * (S.WARMUP_STEPS + S.TIMED_STEPS)  # not one step: a few fast steps are noise
     steps.clear()
     monkeypatch.setattr(S, "TIMED_S", 0.0)  # TIMED_STEPS alone
     S._rate(members, torch.device("cpu"), HostMemory())
@@ -96,8 +97,6 @@ def test_a_size_well_short_of_its_threshold_stops_timing_after_one_step(monkeypa
 def test_fast_steps_are_timed_for_at_least_timed_s(monkeypatch):
     """Five steps of a small model take milliseconds, all noise (the LSTM's stack of 2 read 20 % faster
     than one that way on an AMD EPYC, and trained 1.3x slower): steps go on until TIMED_S has passed."""
-    from types import SimpleNamespace
-
     from sweeper.core.step import StackStep
 
     clock, steps = [0.0], []
@@ -153,11 +152,33 @@ def test_the_evaluation_is_timed_at_the_stacks_eval_batch(monkeypatch):
         modes.append(module.training)
     hooked = forward.register_forward_hook(seen)
     monkeypatch.setattr(S, "EVAL_ROWS", 256)
-    assert S._eval_seconds(run) > 0
+    clock = [0.0]
+
+    def tick(module, args, out):  # each evaluation forward takes 0.01 s of the fake clock
+        clock[0] += 0.01
+    ticking = forward.register_forward_hook(tick)
+    monkeypatch.setattr(S, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    # per member-row: the two timed forwards' 0.02 s over 256 rows of each of the 2 members
+    assert S._eval_seconds(run) == pytest.approx(0.02 / (256 * 2))
     hooked.remove()
+    ticking.remove()
     assert run.plan.eval_batch_size == 128 and forward.training
     # 310 valid rows: warm-up 128, then 256 rows in two batches of 128
     assert widths == [(2, 128)] * 3 and modes == [False] * 3
+
+
+def test_the_evaluation_batch_is_pinned_before_the_stack_size_is_measured(monkeypatch):
+    """The stack size is timed with the trial's own evaluation batch (measured on a CPU first), not the
+    16,384 rows that ``auto`` starts from."""
+    from sweeper.validation import runner
+
+    seen = []
+    monkeypatch.setattr(runner, "_measure_stack", lambda panel, trainer, trials=1: seen.append(
+        trainer.cfg.train.eval_batch_size) or S.StackChoice(1).attrs())
+    cfg = toy_config(epochs=1, eval_batch_size="auto", max_stack="auto")
+    cfg = cfg.model_copy(update={"validation": cfg.validation.model_copy(update={"repeats": 2})})
+    runner.train_runs(toy_panel(), runner.Trainer(cfg, S.NullHook(), 0.0, device="cpu"))
+    assert len(seen) == 1 and isinstance(seen[0], int)
 
 
 def test_a_size_that_cannot_fit_is_not_chosen(monkeypatch):
@@ -306,6 +327,8 @@ def test_a_measurement_is_kept_by_the_host_under_what_sets_the_speed(tmp_path):
     assert key != S.cache_key(toy_config(epochs=1, samples_per_epoch=512), cpu, 3, 4)
     folded = validate_config({**to_dict(cfg), "validation": {"scheme": "walk_forward", "folds": 2}}, "t")
     assert key != S.cache_key(folded, cpu, 3, 4)
+    other_data = validate_config({**to_dict(cfg), "data": {"synthetic": {"assets": 3, "dates": 10}}}, "t")
+    assert key != S.cache_key(other_data, cpu, 3, 4)  # another panel: other splits' lengths
     assert S.read_kept(tmp_path, key) is None
     host_cache.keep(tmp_path, key, {"stack_size": 2, "stack_size_from": "measured", "stack_rates": {"1": 5.0, "2": 9.0}})
     assert S.read_kept(tmp_path, key) == {"stack_size": 2, "stack_size_from": "cache",

@@ -23,6 +23,7 @@ import torch
 
 from sweeper.config import SweeperConfig, TrainConfig
 from sweeper.core import host_cache
+from sweeper.core.batch_search import is_oom
 from sweeper.core.device import TrialMemory
 from sweeper.core.hooks import NullCheckpointer, NullHook
 from sweeper.core.lanes import Member
@@ -78,13 +79,13 @@ def choose(rates: dict[int, float], margin: float = MARGIN) -> int:
 
 def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory,
             sizes: Sequence[int], say: Callable[[str], None] | None = None) -> StackChoice:
-    """Time stacks of the first ``k`` of ``members`` for each ``k`` in ``sizes`` (their real steps)
-    and choose among them; nothing of it is kept.
+    """Time stacks of the first ``k`` of ``members`` for each ``k`` in ``sizes`` (their real steps and
+    evaluation: :func:`_rate`) and choose among them; nothing of it is kept.
 
     Kept cheap, as it costs training time: sizes go up until one is clearly slower than the best so
     far (rates rise with the size until the device is busy), a size well short of the rate it needs
-    stops after one step, and only a size near its threshold is timed again (the best of its
-    rounds kept: load only slows a size down)."""
+    stops after TIMED_STEPS steps (its rate then its training's alone), and only a size near its
+    threshold is timed again (the best of its rounds kept: load only slows a size down)."""
     rates: dict[int, float] = {}
     for round_ in range(ROUNDS):
         for k in sizes:
@@ -104,8 +105,8 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
 def measure_precision(member: Member, device: torch.device, memory: TrialMemory,
                       say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``train.precision: auto`` where it is measured (:func:`~sweeper.core.precision.measured_on`): the
-    member's real steps timed in fp32 and in bf16, interleaved; bf16 only when it trains MARGIN faster,
-    since it also moves the numbers a little. The choice's ``precision``, its ``precision_rates``."""
+    member's real steps and its (fp32) evaluation timed with fp32 and bf16 steps, interleaved; bf16 only
+    when the whole is MARGIN faster (it moves the numbers a little): ``precision``, ``precision_rates``."""
     rates: dict[str, float] = {}
     for _ in range(ROUNDS):
         for name in ("fp32", "bf16"):
@@ -138,22 +139,24 @@ def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory, 
     """Member-samples per second of a stack of ``members``, its evaluation included: its training steps
     (:func:`_train_seconds`) and the rows each member validates per sample it trains, at the stack's own
     evaluation speed (:func:`_eval_seconds`: on a CPU a stack's forward can lose where its step gains);
-    NaN when its batch probe finds no room."""
+    NaN when its batch probe finds no room (or its evaluation batch none)."""
     try:
         run = prepare(members, device, NullCheckpointer(), memory, None, lambda line: None, NullHook())
-    except OutOfMemory:
-        return math.nan
-    tc, lane = members[0].cfg.train, run.lanes[0]
-    train_s, whole = _train_seconds(run, tc, needed)
-    trained = min(tc.samples_per_epoch or lane.batcher.n_samples, lane.batcher.n_samples)  # an epoch's
-    share = lane.valid.n_samples / max(trained, 1)
-    return 1.0 / (train_s + (share * _eval_seconds(run) if whole and share else 0.0))
+        tc, lane = members[0].cfg.train, run.lanes[0]
+        train_s, whole = _train_seconds(run, tc, needed)
+        trained = min(tc.samples_per_epoch or lane.batcher.n_samples, lane.batcher.n_samples)  # an epoch's
+        share = lane.valid.n_samples / max(trained, 1)
+        return 1.0 / (train_s + (share * _eval_seconds(run) if whole and share else 0.0))
+    except Exception as exc:
+        if isinstance(exc, OutOfMemory) or is_oom(exc):
+            return math.nan
+        raise
 
 
 def _train_seconds(run: Run, tc: TrainConfig, needed: float) -> tuple[float, bool]:
     """Seconds per member-sample of the stack's steps after a warm-up, over TIMED_STEPS steps and at
-    least TIMED_S (a few fast steps are all noise), and whether it timed them all: it stops once the
-    rate so far is well short of ``needed`` (it will not be chosen, nor its evaluation timed)."""
+    least TIMED_S (a few fast steps are all noise), and whether it timed them all: after TIMED_STEPS it
+    stops if the rate so far is well short of ``needed`` (it will not be chosen, nor its evaluation timed)."""
     batches = _epochs(run, tc)
     micro, seen, began, index = run.micro, 0, 0.0, 0
     while index < WARMUP_STEPS + TIMED_STEPS or time.perf_counter() - began < TIMED_S:
@@ -167,7 +170,7 @@ def _train_seconds(run: Run, tc: TrainConfig, needed: float) -> tuple[float, boo
         micro = run.step.until_it_fits(batch, micro, run.shrink, lambda line: None)
         seen += sum(len(rows.idx) for rows in batch if rows is not None)
         index += 1
-        if needed and index > WARMUP_STEPS:  # a read per step only where the size may stop early
+        if needed and index >= WARMUP_STEPS + TIMED_STEPS:  # a read per step only where it may stop early
             _wait(run.step.flat.values)
             if seen / (time.perf_counter() - began) < needed * 0.7:
                 return (time.perf_counter() - began) / seen, False
@@ -201,13 +204,13 @@ def _epochs(run: Run, tc: TrainConfig) -> list[Iterator[Rows]]:
 
 def cache_key(cfg: SweeperConfig, device: torch.device, n_features: int, runs: int) -> str:
     """The key of a measurement on this host (:mod:`sweeper.core.host_cache`): what sets a stack's
-    speed (the model, the batch, the loss, the precision, the data's shape, the runs, the evaluation's
-    share)."""
+    speed (the model, the batch, the loss, the precision, the data, the runs, the evaluation's share)."""
     tc = cfg.train
     what = {"version": CACHE_VERSION, "model": cfg.model.model_dump(mode="json"), "runs": runs,
-            "features": n_features, "lookback": cfg.data.lookback, "order": tc.resolved_batch_order,
-            "split": cfg.data.split.model_dump(mode="json"),
+            "features": n_features, "order": tc.resolved_batch_order,
+            # the data (its source, window, split) and validation set the rows validated per sample
             "validation": cfg.validation.model_dump(mode="json"),
+            "data": cfg.data.model_dump(mode="json", exclude={"cache", "cache_dir", "cache_max_gb"}),
             **{k: getattr(tc, k) for k in ("batch_size", "max_batch_size", "min_micro_batch", "loss",
                                            "precision", "compile", "eval_batch_size", "memory_margin",
                                            "samples_per_epoch")}}
