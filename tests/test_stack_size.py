@@ -335,3 +335,26 @@ def test_a_measurement_is_kept_by_the_host_under_what_sets_the_speed(tmp_path):
                                          "stack_rates": {"1": 5.0, "2": 9.0}}
     (tmp_path / f"{key}.json").write_text("{not json")
     assert S.read_kept(tmp_path, key) is None  # a broken entry is measured again
+
+
+@pytest.mark.parametrize(("rates", "own", "population"), [
+    # the trial's 2 seeds stack (+20 %); 8 runs, 4 trials, at +30 % over one: no population
+    ({1: 100.0, 2: 120.0, 4: 125.0, 8: 130.0}, 2, None),
+    # 4 runs, 2 trials, at +40 % over one (the best smaller size): a population of 2
+    ({1: 100.0, 2: 115.0, 4: 140.0, 8: 150.0}, 2, 2),
+    # the seeds alone gain under 10 %, 8 runs +60 %: 4 trials of 2 seeds run one at a time
+    ({1: 100.0, 2: 105.0, 4: 112.0, 8: 160.0}, 1, 8),
+])
+def test_trials_share_a_stack_only_on_a_clear_gain(monkeypatch, tmp_path, rates, own, population):
+    """A trial's own runs stack at MARGIN (10 %); other trials join them (a population) only at
+    POPULATION_MARGIN (35 %) over the best smaller size, since a population pays what equal seeds do not
+    show: populations chosen on 11-31 % ran 0.75-0.96x of populations off (issue 40)."""
+    from sweeper.validation import runner
+
+    monkeypatch.setattr(S, "measure", lambda members, *args, **kwargs: S.StackChoice(S.choose(rates), rates))
+    cfg = toy_config(epochs=1)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"cache_dir": str(tmp_path)}),
+                                 "validation": cfg.validation.model_copy(update={"repeats": 2})})
+    trainer = runner.Trainer(cfg, S.NullHook(), 0.0, device="cpu")
+    choice = runner._measure_stack(toy_panel(), trainer, trials=4)
+    assert choice["stack_size"] == own and choice.get("population_size") == population

@@ -37,8 +37,11 @@ from sweeper.errors import OutOfMemory
 # near the tie costs little either way
 MARGIN = 0.10
 WARMUP_STEPS, TIMED_STEPS, ROUNDS = 2, 5, 2
-TIMED_S = 0.5  # each size's steps are timed at least this long
-EVAL_ROWS = 4096  # and its evaluation forwards over this many rows per member
+TIMED_S, EVAL_ROWS = 0.5, 4096  # each size's steps timed at least this long, its evaluation on these rows
+# trials of one shape share a stack (a population) only on a clear gain: a population also pays what equal
+# seeds do not show (a member stopped early computes until the stack ends, which waits for its slowest
+# trial), and populations chosen on +11-31 % ran 0.75-0.96x populations off (issue 40, two CPUs)
+POPULATION_MARGIN = 0.35
 # the host keeps each measurement (sweeper.core.host_cache) in the panel cache's root, .stack-sizes/
 CACHE_DIR, CACHE_VERSION = ".stack-sizes", 3  # 2: with the precision measured; 3: evaluation timed
 
@@ -53,8 +56,7 @@ class StackChoice:
     source: str = "measured"
 
     def attrs(self) -> dict[str, Any]:
-        """The trial's user attributes: ``stack_size``, ``stack_size_from`` and, when measured,
-        ``stack_rates`` (member-samples/s by size)."""
+        """The trial's ``stack_size``, ``stack_size_from`` and (measured) ``stack_rates`` by size."""
         out: dict[str, Any] = {"stack_size": self.size, "stack_size_from": self.source}
         if self.rates:
             out["stack_rates"] = {str(k): round(v, 1) if math.isfinite(v) else None

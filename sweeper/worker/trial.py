@@ -185,8 +185,7 @@ class TrialRunner:
         o.hook.tick()  # the data is loaded: progress, for the stall watchdog
         trainer = Trainer(cfg, o.hook, started, self.device, o.log,
                           self.device_kind.memory(self.memory_limit_mb), None, self.panels)
-        # before the config is written, so predict evaluates alike, and before the stack size, which
-        # is timed with the trial's own evaluation
+        # before the config is written (predict evaluates alike) and the stack size (timed with it)
         trainer = pin_eval_batch(panel, trainer)
         # every trial of the study stacks alike: the study keeps the size its first trial measured
         trials = stacking.POPULATION_CAP if cfg.study.population == "auto" else 1
