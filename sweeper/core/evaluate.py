@@ -64,13 +64,13 @@ def split_scores(pred: torch.Tensor, batcher: Batcher, criterion: Loss) -> dict[
 
 
 def stacked_predict_rows(stack: nn.Module, batchers: list[Batcher], batch_size: int,
-                         tick: Tick = lambda: None) -> list[torch.Tensor]:
-    """:func:`predict_rows` of every member of a stack at once (member k on ``batchers[k]``): one
-    stacked forward per batch of ``batch_size`` rows per member, a shorter member padded with its
-    own rows. Out of memory halves the batch and starts over."""
+                         tick: Tick = lambda: None, limit: int | None = None) -> list[torch.Tensor]:
+    """:func:`predict_rows` of every member of a stack at once (member k on ``batchers[k]``; ``limit``:
+    its first rows only): one stacked forward per batch of ``batch_size`` rows per member, a shorter
+    member padded with its own rows. Out of memory halves the batch and starts over."""
     while True:
         try:
-            return _stacked_forward_all(stack, batchers, batch_size, tick)
+            return _stacked_forward_all(stack, batchers, batch_size, tick, limit)
         except Exception as exc:
             if not is_oom(exc) or batch_size == 1:
                 raise
@@ -80,7 +80,7 @@ def stacked_predict_rows(stack: nn.Module, batchers: list[Batcher], batch_size: 
 
 @torch.no_grad()
 def _stacked_forward_all(stack: nn.Module, batchers: list[Batcher], batch_size: int,
-                         tick: Tick) -> list[torch.Tensor]:
+                         tick: Tick, limit: int | None) -> list[torch.Tensor]:
     was_training = stack.training
     stack.eval()
     out: list[list[torch.Tensor]] = [[] for _ in batchers]
@@ -88,7 +88,7 @@ def _stacked_forward_all(stack: nn.Module, batchers: list[Batcher], batch_size: 
     # seeds of one fold: one gather for all
     same = all(b.same_split(longest) for b in batchers if b.n_samples)
     try:
-        for start in range(0, longest.n_samples, batch_size):
+        for start in range(0, min(longest.n_samples, limit or longest.n_samples), batch_size):
             width = min(batch_size, longest.n_samples - start)
             rows = [b.index[start:start + batch_size] for b in batchers]
             sizes = [len(r) for r in rows]

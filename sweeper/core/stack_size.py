@@ -25,11 +25,11 @@ from sweeper.config import SweeperConfig, TrainConfig
 from sweeper.core import host_cache
 from sweeper.core.batch_search import is_oom
 from sweeper.core.device import TrialMemory
+from sweeper.core.evaluate import stacked_predict_rows
 from sweeper.core.hooks import NullCheckpointer, NullHook
 from sweeper.core.lanes import Member
 from sweeper.core.loop import Run, prepare
 from sweeper.core.schedule import Rows, epoch_rows
-from sweeper.data.batches import gather_stack
 from sweeper.errors import OutOfMemory
 
 # a larger stack must train this much faster per member-sample than the best smaller one: the
@@ -180,23 +180,16 @@ def _train_seconds(run: Run, tc: TrainConfig, needed: float) -> tuple[float, boo
     return max(time.perf_counter() - began, 1e-9) / seen, True
 
 
-@torch.no_grad()
 def _eval_seconds(run: Run) -> float:
-    """Seconds per member-row of the stack's evaluation forward, at its evaluation batch, on the first
-    rows of its members' valid splits (EVAL_ROWS or one batch), after one batch's warm-up."""
-    forward, valid, batch = run.step.forward, [lane.valid for lane in run.lanes], run.plan.eval_batch_size
-    rows = min(max(EVAL_ROWS, batch), *(b.n_samples for b in valid))
-    same = all(b.same_split(valid[0]) for b in valid)
-    forward.eval()
-    try:
-        for timed in (False, True):
-            began = time.perf_counter()
-            for start in range(0, rows if timed else min(batch, rows), batch):
-                picked = [b.index[start:start + batch] for b in valid]
-                _wait(forward(gather_stack(valid, picked, len(picked[0]), same_rows=same).x))
-    finally:
-        forward.train()
-    return (time.perf_counter() - began) / max(rows * len(valid), 1)
+    """Seconds per member-row of the stack's evaluation (the trial's own, :func:`stacked_predict_rows`)
+    on the first rows of its members' valid splits (EVAL_ROWS or one batch), after one batch's warm-up."""
+    valid, batch = [lane.valid for lane in run.lanes], run.plan.eval_batch_size
+    if not (rows := min(max(EVAL_ROWS, batch), *(b.n_samples for b in valid))):
+        return 0.0
+    for limit in (min(batch, rows), rows):
+        began = time.perf_counter()
+        _wait(stacked_predict_rows(run.step.forward, valid, batch, limit=limit)[0])
+    return (time.perf_counter() - began) / (rows * len(valid))
 
 
 def _epochs(run: Run, tc: TrainConfig) -> list[Iterator[Rows]]:
@@ -232,4 +225,4 @@ def read_kept(folder: Path, key: str) -> dict[str, Any] | None:
 
 def _wait(values: torch.Tensor) -> None:
     """Let the device finish what it was given (a read of one value)."""
-    float(values[0, 0])
+    float(values.flatten()[0])
