@@ -179,10 +179,12 @@ def test_dashboard_api_shows_trials_curves_attributes_and_artifacts(live):
     deadline = time.monotonic() + 15
     while True:
         detail = get_json(f"{base}/api/studies/{sid}?after=0")
-        # a trial's attributes are set after its last intermediate value: wait for both
+        # a trial's attributes are set after its last intermediate value, and its files uploaded after
+        # them (under load the dashboard can read a trial between the two): wait for all three
         done = [t for t in detail["trials"]
                 if len(t["intermediate_values"]) == len(stored[t["number"]].intermediate_values)
-                and {a["key"] for a in t["user_attrs"]} >= set(stored[t["number"]].user_attrs)]
+                and {a["key"] for a in t["user_attrs"]} >= set(stored[t["number"]].user_attrs)
+                and {a["filename"] for a in t["artifacts"]} >= ARTIFACTS]
         if len(done) == len(stored) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
