@@ -74,6 +74,28 @@ def test_sizes_are_tried_upwards_and_only_a_close_call_is_timed_again(monkeypatc
     assert asked == timed and choice.size == size
 
 
+@pytest.mark.parametrize(("rates", "timed", "size"), [
+    # a second trial gains 5 % (under MARGIN): 4 and 8 are not timed (the old rule, within 10 % of the
+    # best, went on to time both); 2 is near its threshold (105 of 110), so 1 and 2 are timed again
+    ({1: [100, 100], 2: [105, 104]}, [(1, 0.0), (2, 110.0), (1, 0.0), (2, 110.0)], 1),
+    # each size gains its 10 % up to 4 (a GPU): 8 is timed, and falls short
+    ({1: [100], 2: [150], 4: [220], 8: [180]}, [(1, 0.0), (2, 110.0), (4, 165.0), (8, 242.0)], 4),
+])
+def test_past_the_trials_own_runs_a_size_without_a_gain_ends_the_timing(monkeypatch, rates, timed, size):
+    """Sizes above the trial's runs are populations, taken only at POPULATION_MARGIN: a flat rate
+    will not reach it one size later, and each larger size is the dearest to time (issue 40)."""
+    asked: list[tuple[int, float]] = []
+    left = {k: list(v) for k, v in rates.items()}
+
+    def rate(members, device, memory, needed=0.0):
+        asked.append((len(members), round(needed, 1)))
+        return left[len(members)].pop(0)
+    monkeypatch.setattr(S, "_rate", rate)
+    members = [Member(toy_config(), toy_panel())] * 8
+    choice = S.measure(members, torch.device("cpu"), HostMemory(), [1, 2, 4, 8], runs=1)
+    assert asked == timed and choice.size == size
+
+
 def test_a_size_well_short_of_its_threshold_stops_timing_after_one_step(monkeypatch):
     steps: list[int] = []
     from sweeper.core.step import StackStep

@@ -80,23 +80,27 @@ def choose(rates: dict[int, float], margin: float = MARGIN) -> int:
 
 
 def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory,
-            sizes: Sequence[int], say: Callable[[str], None] | None = None) -> StackChoice:
+            sizes: Sequence[int], say: Callable[[str], None] | None = None, runs: int = 0) -> StackChoice:
     """Time stacks of the first ``k`` of ``members`` for each ``k`` in ``sizes`` (their real steps and
     evaluation: :func:`_rate`) and choose among them; nothing of it is kept.
 
     Kept cheap, as it costs training time: sizes go up until one is clearly slower than the best so
-    far (rates rise with the size until the device is busy), a size well short of the rate it needs
-    stops after TIMED_STEPS steps (its rate then its training's alone), and only a size near its
-    threshold is timed again (the best of its rounds kept: load only slows a size down)."""
+    far (rates rise with the size until the device is busy), or, past the trial's own ``runs`` (other
+    trials: a population), until one gains less than MARGIN on every smaller size (a flat rate will
+    not reach POPULATION_MARGIN one size later); a size well short of the rate it needs stops after
+    TIMED_STEPS steps (its rate then its training's alone), and only a size near its threshold is
+    timed again (the best of its rounds kept: load only slows a size down)."""
     rates: dict[int, float] = {}
     for round_ in range(ROUNDS):
         for k in sizes:
             if round_ and not _near(rates, k):
                 continue
-            rate = _rate(members[:k], device, memory, _needed(rates, k))
+            needed = _needed(rates, k)
+            rate = _rate(members[:k], device, memory, needed)
             rates[k] = max((r for r in (rates.get(k, math.nan), rate) if not math.isnan(r)), default=math.nan)
-            if not round_ and not rates[k] >= max(rates.values()) * (1 - MARGIN):
-                break  # slower than a smaller stack (or no room): a larger one will not pay either
+            goes_on = rates[k] >= (needed if runs and k > runs else max(rates.values()) * (1 - MARGIN))
+            if not round_ and not goes_on:
+                break  # slower than a smaller stack, no room, or a population's size without a gain
     choice = StackChoice(choose(rates), rates)
     if say is not None:
         shown = ", ".join(f"{k}: {r:.0f}" for k, r in sorted(rates.items()))

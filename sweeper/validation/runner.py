@@ -187,7 +187,7 @@ def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
     if chosen:  # the stack sizes are timed in the precision chosen
         cfg = cfg.with_train(precision=chosen["precision"])
     members = [Member(seeded(cfg, seed), first) for seed in range(runs * trials)]
-    measured = (S.measure(members, device, memory, S.candidate_sizes(runs * trials), trainer.log)
+    measured = (S.measure(members, device, memory, S.candidate_sizes(runs * trials), trainer.log, runs)
                 if runs * trials > 1 else S.StackChoice(1, source="one run per trial"))
     own = S.choose({k: r for k, r in measured.rates.items() if k <= runs})  # the trial's own runs
     choice = {**measured.attrs(), "stack_size": own, **chosen}
