@@ -93,7 +93,7 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
     rates: dict[int, float] = {}
     for round_ in range(ROUNDS):
         for k in sizes:
-            if round_ and not _near(rates, k):
+            if round_ and not _near(rates, k, runs):
                 continue
             needed = _needed(rates, k)
             rate = _rate(members[:k], device, memory, needed)
@@ -132,13 +132,15 @@ def _needed(rates: dict[int, float], k: int) -> float:
     return max(smaller, default=0.0) * (1 + MARGIN)
 
 
-def _near(rates: dict[int, float], k: int) -> bool:
-    """Whether size ``k``'s rate (or, for 1, any larger size's) is close enough to its threshold
-    that a round's noise could flip the choice."""
+def _near(rates: dict[int, float], k: int, runs: int = 0) -> bool:
+    """Whether size ``k``'s rate (or, for 1, any larger size's) is within MARGIN of the rate that chooses
+    it (past the trial's ``runs``, a population's: POPULATION_MARGIN), so that a round's noise could
+    flip the choice: a timing of TIMED_S varies by a few percent, and load only slows it down."""
     if k == 1:
-        return any(_near(rates, size) for size in rates if size > 1)
+        return any(_near(rates, size, runs) for size in rates if size > 1)
     needed, rate = _needed(rates, k), rates.get(k, math.nan)
-    return needed > 0 and not math.isnan(rate) and 0.8 < rate / needed < 1.25
+    needed *= (1 + POPULATION_MARGIN) / (1 + MARGIN) if runs and k > runs else 1.0
+    return needed > 0 and not math.isnan(rate) and 1 / (1 + MARGIN) < rate / needed < 1 + MARGIN
 
 
 def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory, needed: float = 0.0) -> float:
