@@ -53,13 +53,21 @@ def test_another_eval_batch_than_the_trials_scores_again(trained, monkeypatch):
     assert calls == ["valid", "test"]
 
 
-@pytest.mark.parametrize("members,predicted", [(1, ["test"]), (2, ["valid", "test"])])
-def test_a_stack_of_one_scores_valid_with_its_best_epochs_own_predictions(monkeypatch, members, predicted):
-    """Its best epoch's validation ran the final scoring's forward on the same rows in the same
-    batches: the final scoring takes those predictions (the golden records hold the bits); a stack
-    of several validated a changing set of live members, so it predicts valid again."""
+@pytest.mark.parametrize(("members", "model"), [
+    (1, "mlp"), (2, "mlp"), (3, "lstm"), (3, "gru"), (2, "transformer")])
+def test_a_stack_scores_valid_with_its_best_epochs_own_predictions(monkeypatch, members, model):
+    """Each member's best epoch's validation ran the final scoring's forward on the same rows in the same
+    batches, and its slice of a stacked forward reads its own weights alone: the final scoring takes
+    those predictions (valid is not predicted again), and they are what its best weights predict, to
+    the bit, in the stack (the golden records hold the bits too) and, for a stack of one, alone."""
+    import numpy as np
+    import torch
+
     import sweeper.core.evaluate as evaluate
     from sweeper.core import Member, train_stack
+    from sweeper.data import Batcher
+    from sweeper.models import build_model
+    from sweeper.models.stacked.build import build_stack
     from sweeper.validation.grid import seeded
 
     real, calls = evaluate.stacked_predict_rows, []
@@ -68,18 +76,25 @@ def test_a_stack_of_one_scores_valid_with_its_best_epochs_own_predictions(monkey
         calls.append(batchers[0].split)
         return real(stack, batchers, *args, **kwargs)
     monkeypatch.setattr(evaluate, "stacked_predict_rows", spy)
-    cfg, panel = toy_config(epochs=2), toy_panel()
+    sizes = {"d_model": 8, "nhead": 2} if model == "transformer" else {"hidden_size": 8}
+    cfg, panel = toy_config({"name": model, "dropout": 0.1, **sizes}, epochs=3, patience=1), toy_panel()
     results = train_stack([Member(seeded(cfg, s), panel) for s in range(members)], device="cpu")
-    assert calls == predicted
+    assert calls == ["test"]
+    models = []
+    for result in results:
+        models.append(build_model(cfg.model, len(panel.features), cfg.data.lookback))
+        models[-1].load_state_dict(result.best_state)
+    stack = build_stack([cfg.model] * members, len(panel.features), cfg.data.lookback, models)
+    batch = int(results[0].metrics["eval_batch_size"]) // members  # the stacked evaluation's rows
+    again = real(stack, [Batcher(panel, "valid", torch.device("cpu"))] * members, batch)
+    for result, rows in zip(results, again):
+        assert np.array_equal(result.predictions["valid"]["pred"].to_numpy(), rows.numpy())
     if members == 1:  # what predict computes from the best weights, to the bit
         from sweeper.core import predict
-        from sweeper.models import build_model
 
         (result,) = results
-        model = build_model(cfg.model, len(panel.features), cfg.data.lookback)
-        model.load_state_dict(result.best_state)
-        again = predict(model, panel, "valid", "cpu", int(result.metrics["eval_batch_size"]))
-        pd.testing.assert_frame_equal(result.predictions["valid"], again, check_exact=True)
+        again_alone = predict(models[0], panel, "valid", "cpu", int(result.metrics["eval_batch_size"]))
+        pd.testing.assert_frame_equal(result.predictions["valid"], again_alone, check_exact=True)
 
 
 def test_the_stored_test_ic_is_exactly_the_ic_of_the_test_predictions(trained):

@@ -294,10 +294,11 @@ def _finish(run: Run, stop_reason: StopReason, tick: Callable[[], None],
     for k in which:
         if lanes[k].progress.best_state:  # (none: a member that failed before its first epoch ended)
             stack.load_member(k, lanes[k].progress.best_state)
-    # a stack of one validated its best epoch through the final scoring's own forward, rows and batch:
-    # those predictions are the final scoring's on valid, to the bit, and valid is not run again
+    # each member validated its best epoch through the final scoring's own forward, rows and batch (its
+    # slice of a stacked forward reads its own weights alone): those predictions are the final scoring's
+    # on valid, to the bit, and valid is not run again
     known = [lane.best_valid for lane in lanes if lane.best_valid is not None]
-    valid = known if len(lanes) == len(known) == 1 and run.step.forward is stack else None
+    valid = known if len(lanes) == len(known) and run.step.forward is stack else None
     scored = final_scores(stack, [lane.panel for lane in lanes], run.step.device, plan.eval_batch_size, tick,
                           valid, which)
     for k, scores in zip(which, scored):
