@@ -38,9 +38,9 @@ from sweeper.errors import OutOfMemory
 MARGIN = 0.10
 WARMUP_STEPS, TIMED_STEPS, ROUNDS = 2, 5, 2
 TIMED_S, EVAL_ROWS = 0.5, 4096  # each size's steps timed at least this long, its evaluation on these rows
-# trials of one shape share a stack (a population) only on a clear gain: a population also pays what equal
-# seeds do not show (a member stopped early computes until the stack ends, which waits for its slowest
-# trial), and populations chosen on +11-31 % ran 0.75-0.96x populations off (issue 40, two CPUs)
+# trials of one shape share a stack (a population) only on a clear gain over the trial's own stack: it pays
+# what equal seeds do not show (a member stopped early computes until the stack ends, which waits for its
+# slowest trial); populations chosen on +11-31 % ran 0.75-1.16x populations off (issue 40, three CPUs)
 POPULATION_MARGIN = 0.35
 # the host keeps each measurement (sweeper.core.host_cache) in the panel cache's root, .stack-sizes/
 CACHE_DIR, CACHE_VERSION = ".stack-sizes", 3  # 2: with the precision measured; 3: evaluation timed
@@ -70,9 +70,9 @@ def candidate_sizes(runs: int) -> list[int]:
     return sorted({*(2 ** i for i in range(top.bit_length())), top})
 
 
-def choose(rates: dict[int, float], margin: float = MARGIN) -> int:
-    """The largest size whose rate beats the best smaller size's by ``margin`` (1 if none does)."""
-    best = 1
+def choose(rates: dict[int, float], margin: float = MARGIN, base: int = 1) -> int:
+    """The largest size whose rate beats the best smaller size's by ``margin`` (``base`` if none does)."""
+    best = base
     for size in sorted(rates):
         if size > best and math.isfinite(rates[size]) and rates[size] >= rates.get(best, 0.0) * (1 + margin):
             best = size
@@ -95,8 +95,7 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
         for k in sizes:
             if round_ and not _near(rates, k, runs):
                 continue
-            needed = _needed(rates, k)
-            rate = _rate(members[:k], device, memory, needed)
+            rate = _rate(members[:k], device, memory, needed := _needed(rates, k))
             rates[k] = max((r for r in (rates.get(k, math.nan), rate) if not math.isnan(r)), default=math.nan)
             goes_on = rates[k] >= (needed if runs and k > runs else max(rates.values()) * (1 - MARGIN))
             if not round_ and not goes_on:

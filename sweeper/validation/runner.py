@@ -191,7 +191,8 @@ def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
                 if runs * trials > 1 else S.StackChoice(1, source="one run per trial"))
     own = S.choose({k: r for k, r in measured.rates.items() if k <= runs})  # the trial's own runs
     choice = {**measured.attrs(), "stack_size": own, **chosen}
-    if (size := S.choose(measured.rates, S.POPULATION_MARGIN)) > runs:  # other trials: a clear gain only
+    pooled = {k: r for k, r in measured.rates.items() if k == own or k > runs}  # own stack or populations
+    if (size := S.choose(pooled, S.POPULATION_MARGIN, own)) > runs:  # other trials: a clear gain over own
         choice["population_size"] = size // own
     host_cache.keep(folder, key, choice)
     return choice
