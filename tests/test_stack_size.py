@@ -97,7 +97,8 @@ def test_past_the_trials_own_runs_a_size_without_a_gain_ends_the_timing(monkeypa
     monkeypatch.setattr(S, "_rate", rate)
     members = [Member(toy_config(), toy_panel())] * 8
     choice = S.measure(members, torch.device("cpu"), HostMemory(), [1, 2, 4, 8], runs=1)
-    assert asked == timed and choice.size == size
+    assert asked == timed and S.choose(choice.rates) == size
+    assert choice.size == 1  # the size it reports is the trial's own: one run (populations: the runner's)
 
 
 def test_a_size_well_short_of_its_threshold_stops_timing_after_one_step(monkeypatch):

@@ -82,7 +82,7 @@ def choose(rates: dict[int, float], margin: float = MARGIN, base: int = 1) -> in
 def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory,
             sizes: Sequence[int], say: Callable[[str], None] | None = None, runs: int = 0) -> StackChoice:
     """Time stacks of the first ``k`` of ``members`` for each ``k`` in ``sizes`` (their real steps and
-    evaluation: :func:`_rate`) and choose among them; nothing of it is kept.
+    evaluation: :func:`_rate`) and choose among those up to ``runs`` (if given); nothing is kept.
 
     Kept cheap, as it costs training time: sizes go up until one is clearly slower than the best so
     far (rates rise with the size until the device is busy), or, past the trial's own ``runs`` (other
@@ -100,7 +100,7 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
             goes_on = rates[k] >= (needed if runs and k > runs else max(rates.values()) * (1 - MARGIN))
             if not round_ and not goes_on:
                 break  # slower than a smaller stack, no room, or a population's size without a gain
-    choice = StackChoice(choose(rates), rates)
+    choice = StackChoice(choose({k: r for k, r in rates.items() if k <= (runs or k)}), rates)  # its own runs
     if say is not None:
         shown = ", ".join(f"{k}: {r:.0f}" for k, r in sorted(rates.items()))
         say(f"stack size {choice.size}: member-samples/s by stack size {shown} (measured)")
