@@ -112,7 +112,9 @@ def _sweep(model: str, sets: dict[str, Any], cache: str) -> dict[str, Any]:
             "trained": {str(k): sizes.count(k) for k in sorted(set(sizes))},
             "stack_size": chosen.get("stack_size"),
             "stack_size_from": chosen.get("stack_size_from"),
-            "stack_rates": chosen.get("stack_rates"), "values": values}
+            "stack_rates": chosen.get("stack_rates"), "values": values,
+            # train.precision: auto, where the CPU runs bf16 natively, is measured with the stack size
+            "precision": chosen.get("precision"), "precision_rates": chosen.get("precision_rates")}
 
 
 def _throughput(model: str, base: dict[str, Any], budget: float, pairs: int, cache: str) -> dict[str, Any]:
@@ -126,7 +128,7 @@ def _throughput(model: str, base: dict[str, Any], budget: float, pairs: int, cac
             r = runs[population]
             _log(f"{model} pair {i} population={population}: {r['finished']} trials in {r['span_s']} s "
                  f"({r['per_min']}/min; wall {r['wall_s']} s), states {r['states']}, "
-                 f"auto chose {r['population']} (rates {r['stack_rates']}), "
+                 f"auto chose {r['population']} (rates {r['stack_rates']}; precision {r['precision']}), "
                  f"populations trained {r['trained']}")
         for r in runs.values():
             r.pop("values")
