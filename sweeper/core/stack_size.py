@@ -79,6 +79,14 @@ def choose(rates: dict[int, float], margin: float = MARGIN, base: int = 1) -> in
     return best
 
 
+def choices(rates: dict[int, float], runs: int = 0) -> tuple[int, int]:
+    """The trial's own stack size (of sizes up to ``runs``; 0: any) and, with ``runs``, its population's: the
+    largest size past them beating the own size and every smaller population by POPULATION_MARGIN."""
+    own = choose({k: r for k, r in rates.items() if k <= (runs or k)})
+    pooled = {k: r for k, r in rates.items() if k == own or k > runs}
+    return own, choose(pooled, POPULATION_MARGIN, own) if runs else own
+
+
 def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory,
             sizes: Sequence[int], say: Callable[[str], None] | None = None, runs: int = 0) -> StackChoice:
     """Time stacks of the first ``k`` of ``members`` for each ``k`` in ``sizes`` (their real steps and
@@ -88,19 +96,21 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
     far (rates rise with the size until the device is busy), or, past the trial's own ``runs`` (other
     trials: a population), until one gains less than MARGIN on every smaller size (a flat rate will
     not reach POPULATION_MARGIN one size later); a size well short of the rate it needs stops after
-    TIMED_STEPS steps (its rate then its training's alone), and only a size near its threshold is
-    timed again (the best of its rounds kept: load only slows a size down)."""
+    TIMED_STEPS steps (its rate then its training's alone), and only a size whose noise could flip the
+    choice is timed again (:func:`_near`; the best of its rounds kept: load only slows a size down)."""
     rates: dict[int, float] = {}
     for round_ in range(ROUNDS):
         for k in sizes:
             if round_ and not _near(rates, k, runs):
                 continue
-            rate = _rate(members[:k], device, memory, needed := _needed(rates, k))
+            smaller = [r for size, r in rates.items() if size < k and not math.isnan(r)]
+            needed = max(smaller, default=0.0) * (1 + MARGIN)  # to be chosen over every smaller size
+            rate = _rate(members[:k], device, memory, needed)
             rates[k] = max((r for r in (rates.get(k, math.nan), rate) if not math.isnan(r)), default=math.nan)
             goes_on = rates[k] >= (needed if runs and k > runs else max(rates.values()) * (1 - MARGIN))
             if not round_ and not goes_on:
                 break  # slower than a smaller stack, no room, or a population's size without a gain
-    choice = StackChoice(choose({k: r for k, r in rates.items() if k <= (runs or k)}), rates)  # its own runs
+    choice = StackChoice(choices(rates, runs)[0], rates)
     if say is not None:
         shown = ", ".join(f"{k}: {r:.0f}" for k, r in sorted(rates.items()))
         say(f"stack size {choice.size}: member-samples/s by stack size {shown} (measured)")
@@ -125,21 +135,11 @@ def measure_precision(member: Member, device: torch.device, memory: TrialMemory,
     return {"precision": chosen, "precision_rates": rates}
 
 
-def _needed(rates: dict[int, float], k: int) -> float:
-    """The rate size ``k`` must reach to be chosen over every smaller size measured (0: none)."""
-    smaller = [r for size, r in rates.items() if size < k and not math.isnan(r)]
-    return max(smaller, default=0.0) * (1 + MARGIN)
-
-
 def _near(rates: dict[int, float], k: int, runs: int = 0) -> bool:
-    """Whether size ``k``'s rate (or, for 1, any larger size's) is within MARGIN of the rate that chooses
-    it (past the trial's ``runs``, a population's: POPULATION_MARGIN), so that a round's noise could
-    flip the choice: a timing of TIMED_S varies by a few percent, and load only slows it down."""
-    if k == 1:
-        return any(_near(rates, size, runs) for size in rates if size > 1)
-    needed, rate = _needed(rates, k), rates.get(k, math.nan)
-    needed *= (1 + POPULATION_MARGIN) / (1 + MARGIN) if runs and k > runs else 1.0
-    return needed > 0 and not math.isnan(rate) and 1 / (1 + MARGIN) < rate / needed < 1 + MARGIN
+    """Whether a round's noise could flip what the rates decide (:func:`choices`): size ``k``'s rate
+    MARGIN higher or lower decides otherwise (a timing of TIMED_S varies by a few percent)."""
+    return not math.isnan(rate := rates.get(k, math.nan)) and len(
+        {choices({**rates, k: rate * f}, runs) for f in (1 + MARGIN, 1 / (1 + MARGIN))}) > 1
 
 
 def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory, needed: float = 0.0) -> float:

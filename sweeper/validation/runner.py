@@ -189,10 +189,9 @@ def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
     members = [Member(seeded(cfg, seed), first) for seed in range(runs * trials)]
     measured = (S.measure(members, device, memory, S.candidate_sizes(runs * trials), trainer.log, runs)
                 if runs * trials > 1 else S.StackChoice(1, source="one run per trial"))
-    own = S.choose({k: r for k, r in measured.rates.items() if k <= runs})  # the trial's own runs
+    own, size = S.choices(measured.rates, runs)  # its own runs; with other trials only on a clear gain
     choice = {**measured.attrs(), "stack_size": own, **chosen}
-    pooled = {k: r for k, r in measured.rates.items() if k == own or k > runs}  # own stack or populations
-    if (size := S.choose(pooled, S.POPULATION_MARGIN, own)) > runs:  # other trials: a clear gain over own
+    if size > runs:
         choice["population_size"] = size // own
     host_cache.keep(folder, key, choice)
     return choice
