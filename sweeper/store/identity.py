@@ -30,8 +30,8 @@ class Identity:
             pid_ns = ""
         return cls(host=host_id(), pid=os.getpid(), driver_id=uuid.uuid4().hex[:12], pid_ns=pid_ns)
 
-    def attrs(self) -> dict[str, Any]:
-        return {"host": self.host, "driver_pid": self.pid, "driver_id": self.driver_id, "pid_ns": self.pid_ns}
+    def attrs(self) -> dict[str, Any]:  # host last: each is its own write, and a host names a whole identity
+        return {"driver_pid": self.pid, "driver_id": self.driver_id, "pid_ns": self.pid_ns, "host": self.host}
 
 
 def host_id() -> str:
