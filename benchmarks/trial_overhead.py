@@ -18,10 +18,17 @@ slows an epoch by ``P_beside / P_alone``; the fixed cost should grow by no more 
 both, and what is left is the sharing (caches, memory bandwidth, the store). The trees alternate per
 round (current first, then the other way round).
 
+Two costs are read per trial instead of differenced: ``outside_s`` (its span less its training call,
+``duration_s``: the worker's set-up, files and store writes) and ``scoring_s`` (its final scoring's own
+time, ``final_scoring_s``, inside the training call: the best weights over valid and test, none for a
+tree older than that attribute). Their growth beside a second trial over an epoch's, at one thread a
+trial, is ``outside_growth_same_threads`` and ``scoring_growth_same_threads``.
+
     python benchmarks/trial_overhead.py [--rev 4d48ecd] [--study studies/transformer_ic.yaml]
                                         [--trials 5] [--rounds 2] [--smoke]
 
-The last line is JSON: {"rev", "study", "layouts": {layout: {tree: {"fixed_s", "epoch_s", "spans"}}},
+The last line is JSON: {"rev", "study", "layouts": {layout: {tree: {"fixed_s", "epoch_s", "outside_s",
+"scoring_s", "rounds"}}},
 "ratios": {layout: current fixed / old fixed}, "growth_vs_sharing": {tree: ...}}.
 """
 from __future__ import annotations
@@ -45,8 +52,9 @@ SMOKE = ["data.synthetic.assets=40", "data.synthetic.dates=200", "data.synthetic
 
 
 def _spans(tree: Path, study: Path, workers: int, epochs: int, trials: int, sets: list[str],
-           pinned: bool = False) -> tuple[list[float], list[float]]:
-    """The store's span of every finished trial of one sweep of ``tree``'s sweeper."""
+           pinned: bool = False) -> tuple[list[float], list[float], list[float]]:
+    """The store's span of every finished trial of one sweep of ``tree``'s sweeper, its time outside the
+    training call, and its final scoring's own time (``final_scoring_s``; a tree before it: none)."""
     import optuna
 
     raw = yaml.safe_load(study.read_text())
@@ -73,17 +81,21 @@ def _spans(tree: Path, study: Path, workers: int, epochs: int, trials: int, sets
         spans = [(t.datetime_complete - t.datetime_start).total_seconds() for t in done_trials]
         # outside the training call (duration_s: the epochs and the final scoring): set-up, files, store
         outside = [span - t.user_attrs["duration_s"] for span, t in zip(spans, done_trials)]
+        scoring = [t.user_attrs["final_scoring_s"] for t in done_trials if "final_scoring_s" in t.user_attrs]
     if len(spans) != trials:
         raise RuntimeError(f"{tree}: {len(spans)} of {trials} trials completed")
-    return spans, outside
+    return spans, outside, scoring
 
 
 def _measure(tree: Path, study: Path, layout: tuple[int, bool], trials: int,
              sets: list[str]) -> dict[str, Any]:
-    (one, out1), (three, out3) = (_spans(tree, study, layout[0], e, trials, sets, layout[1]) for e in (1, 3))
+    (one, out1, sc1), (three, out3, sc3) = (_spans(tree, study, layout[0], e, trials, sets, layout[1])
+                                            for e in (1, 3))
     epoch = (statistics.median(three) - statistics.median(one)) / 2
+    # the final scoring read per trial: inside the training call, so neither "outside" nor an epoch
     return {"fixed_s": statistics.median(one) - epoch, "epoch_s": epoch,
-            "outside_s": statistics.median(out1 + out3), "spans": {"1": one, "3": three}}
+            "outside_s": statistics.median(out1 + out3),
+            "scoring_s": statistics.median(sc1 + sc3) if sc1 + sc3 else None, "spans": {"1": one, "3": three}}
 
 
 def compare(rev: str, study: Path, trials: int, rounds: int, sets: list[str],
@@ -112,7 +124,8 @@ def compare(rev: str, study: Path, trials: int, rounds: int, sets: list[str],
     # a fixed cost's growth beside a second trial over an epoch's (<= 1: sharing the CPU explains it)
     for key, alone, cost in (("growth_vs_sharing", "alone", "fixed_s"),
                              ("growth_vs_sharing_same_threads", "alone_one_core", "fixed_s"),
-                             ("outside_growth_same_threads", "alone_one_core", "outside_s")):
+                             ("outside_growth_same_threads", "alone_one_core", "outside_s"),
+                             ("scoring_growth_same_threads", "alone_one_core", "scoring_s")):
         if alone in lay and "beside" in lay:
             report[key] = {name: _ratio(_ratio(lay["beside"][name][cost], lay[alone][name][cost]),
                                         _ratio(lay["beside"][name]["epoch_s"], lay[alone][name]["epoch_s"]))
@@ -127,10 +140,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over rounds, with each round's figures."""
-    keys = ("fixed_s", "epoch_s", "outside_s")
-    return {**{k: round(statistics.median(r[k] for r in runs), 3) for k in keys},
-            "rounds": [{"fixed_s": round(r["fixed_s"], 3), "epoch_s": round(r["epoch_s"], 3),
-                        "outside_s": round(r["outside_s"], 3),
+    keys = ("fixed_s", "epoch_s", "outside_s", "scoring_s")
+
+    def median(k: str) -> float | None:
+        known = [r[k] for r in runs if r[k] is not None]
+        return round(statistics.median(known), 3) if known else None
+
+    return {**{k: median(k) for k in keys},
+            "rounds": [{**{k: None if r[k] is None else round(r[k], 3) for k in keys},
                         "spans": {e: [round(s, 3) for s in v] for e, v in r["spans"].items()}} for r in runs]}
 
 

@@ -80,8 +80,8 @@ from conftest import real_env
 TESTS = Path(__file__).parent
 GOLDEN = TESTS / "golden"
 
-VOLATILE = {"duration_s", "driver_id", "driver_pid", "pid", "pid_ns", "hostname", "host", "peak_mem_mb",
-            "samples_per_s", "study_uuid", "environment", "sweeper_version", "probe_peak_mem_mb",
+VOLATILE = {"duration_s", "final_scoring_s", "driver_id", "driver_pid", "pid", "pid_ns", "hostname", "host",
+            "peak_mem_mb", "samples_per_s", "study_uuid", "environment", "sweeper_version", "probe_peak_mem_mb",
             "datetime_start", "datetime_complete", "heartbeat", "started_at"}
 # keys added after the records: config keys and the hash of a config that holds them (see the docstring),
 # and best --json's scored_on and its ensemble's alone (issue 42: which dates each figure covers)

@@ -173,6 +173,7 @@ def test_trial_overhead_smoke_times_both_trees_in_every_layout():
     assert (out["rev"], out["trials"], out["rounds"]) == ("HEAD", 2, 1)
     assert set(out["growth_vs_sharing_same_threads"]) == {"current", "old"}
     assert set(out["outside_growth_same_threads"]) == {"current", "old"}
+    assert set(out["scoring_growth_same_threads"]) == {"current", "old"}
     for layout in ("alone", "alone_one_core", "beside"):
         for tree in ("current", "old"):
             (run,) = out["layouts"][layout][tree]["rounds"]
@@ -185,6 +186,8 @@ def test_trial_overhead_smoke_times_both_trees_in_every_layout():
             # the median of the four trials' spans less their training calls: each under its own span (a
             # 3-epoch trial's can exceed a 1-epoch trial's whole span under load)
             assert 0 < run["outside_s"] < max(one + three)
+            # the final scoring's own time, read per trial (both trees have final_scoring_s)
+            assert 0 < run["scoring_s"] < max(one + three)
         lay = out["layouts"][layout]
         old = lay["old"]["fixed_s"]
         assert out["ratios"][layout] == (round(lay["current"]["fixed_s"] / old, 3) if old else None)

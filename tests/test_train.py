@@ -19,7 +19,8 @@ from toy_panel import toy_config, toy_panel
 
 RESULT_KEYS = {"val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",
                "best_epoch", "epochs_run", "batch_size", "micro_batch_size", "accum_steps", "precision",
-               "samples_per_s", "peak_mem_mb", "duration_s", "eval_batch_size", "probe_peak_mem_mb"}
+               "samples_per_s", "peak_mem_mb", "duration_s", "eval_batch_size", "probe_peak_mem_mb",
+               "final_scoring_s"}
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_ic", "val_rank_ic", "val_icir", "samples_per_s",
               "peak_mem_mb", "lr", "micro_batch_size", "accum_steps"}
 
@@ -72,6 +73,7 @@ def test_result_metrics_and_frames(panel):
     assert (m["oracle_val_ic"], m["oracle_test_ic"]) == (0.91, 0.92)
     assert (m["batch_size"], m["micro_batch_size"], m["accum_steps"], m["precision"]) == (64, 64, 1, "fp32")
     assert m["eval_batch_size"] == 256 and math.isnan(m["probe_peak_mem_mb"])  # nothing is probed on the CPU
+    assert 0 < m["final_scoring_s"] < m["duration_s"]  # the final scoring's own time is part of the run's
     assert m["epochs_run"] == 3 and len(result.history) == 3
     assert all(set(h) == EPOCH_KEYS for h in result.history)
     # the stored scores come from the best epoch's weights, through `predict`

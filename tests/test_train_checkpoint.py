@@ -9,7 +9,7 @@ from sweeper.core.checkpoint import checkpoint_meta, config_mismatch
 from sweeper.errors import Interrupted
 from toy_panel import toy_config, toy_panel
 
-TIMING = {"samples_per_s", "peak_mem_mb", "duration_s"}
+TIMING = {"samples_per_s", "peak_mem_mb", "duration_s", "final_scoring_s"}
 
 
 

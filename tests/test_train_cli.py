@@ -9,7 +9,7 @@ from sweeper.cli import main
 
 KEYS = {"val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir", "best_epoch",
         "epochs_run", "batch_size", "micro_batch_size", "accum_steps", "precision", "samples_per_s", "peak_mem_mb",
-        "duration_s", "oracle_val_ic", "oracle_test_ic"}
+        "duration_s", "final_scoring_s", "oracle_val_ic", "oracle_test_ic"}
 
 
 def test_train_json_prints_the_final_metrics(study_file):
@@ -23,6 +23,7 @@ def test_train_json_prints_the_final_metrics(study_file):
     assert metrics["epochs_run"] == 2 and metrics["batch_size"] == 256
     assert metrics["precision"] == "fp32" and metrics["accum_steps"] == 1
     assert metrics["oracle_test_ic"] > 0.05
+    assert 0 < metrics["final_scoring_s"] < metrics["duration_s"]
     assert -1 <= metrics["val_ic"] <= 1
 
 

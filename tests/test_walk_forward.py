@@ -161,6 +161,10 @@ def test_a_trials_duration_counts_each_stack_once():
     assert training_seconds(runs, RunGrid(2, 2, stack=2)) == 6.25  # a fold's two seeds, then the next
     assert training_seconds(runs, RunGrid(2, 2, stack=1)) == 12.5  # one run after another: their sum
     assert training_seconds(runs[:3], RunGrid(2, 2, stack=4)) == 3.25  # cut short: what ran
+    # the trial's final_scoring_s: each stack's final scoring, counted as its training time is
+    scoring = [TrainingRun(f, r, r, {"final_scoring_s": t / 10}) for (f, r), t in zip(RunGrid(2, 2).cells(), times)]
+    assert training_seconds(scoring, RunGrid(2, 2, stack=2), "final_scoring_s") == 0.625
+    assert training_seconds(scoring, RunGrid(2, 2, stack=2)) == 0.0  # no duration_s reported: none counted
 
 
 # ---------------------------------------------------------------- real sweeps through the CLI

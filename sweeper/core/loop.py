@@ -299,19 +299,19 @@ def _finish(run: Run, stop_reason: StopReason, tick: Callable[[], None],
     # on valid, to the bit, and valid is not run again
     known = [lane.best_valid for lane in lanes if lane.best_valid is not None]
     valid = known if len(lanes) == len(known) and run.step.forward is stack else None
+    began = time.perf_counter()  # its own time is a trial's fixed cost (final_scoring_s, issue 41)
     scored = final_scores(stack, [lane.panel for lane in lanes], run.step.device, plan.eval_batch_size, tick,
                           valid, which)
     for k, scores in zip(which, scored):
-        lanes[k].result = _result(run, lanes[k], scores, stop_reason)
+        lanes[k].result = _result(run, lanes[k], scores, stop_reason, time.perf_counter() - began)
     return [lanes[k].result for k in which]
 
 
-def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason) -> TrainResult:
+def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason, scoring_s: float) -> TrainResult:
     plan, progress = run.plan, lane.progress
     final, daily, predictions = scores
-    metrics: dict[str, float | str] = {**final}
-    metrics.update(
-        val_loss=progress.best_metrics.get("val_loss", math.nan), best_epoch=progress.best_epoch,
+    metrics: dict[str, float | str] = {**final, "final_scoring_s": scoring_s}
+    metrics.update(val_loss=progress.best_metrics.get("val_loss", math.nan), best_epoch=progress.best_epoch,
         epochs_run=progress.epoch, batch_size=plan.batch_size, micro_batch_size=run.micro,
         accum_steps=math.ceil(plan.batch_size / run.micro),
         eval_batch_size=plan.eval_batch_size * len(run.lanes),  # the rows of one stacked evaluation

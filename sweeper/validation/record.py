@@ -38,18 +38,19 @@ def attrs_of(out: R.TrialRuns, cfg: SweeperConfig) -> tuple[float, dict[str, Any
         attrs.update(test_ic=report["ic"], test_rank_ic=report["rank_ic"], test_icir=report["icir"])
         attrs[K.SEED_TEST_IC] = [r.metrics.get("test_ic") for r in members]
         attrs[K.SEED_TEST_RANK_IC] = [r.metrics.get("test_rank_ic") for r in members]
-    attrs.update(stop_reason=out.stop_reason, duration_s=training_seconds(out.runs, out.grid))
+    attrs.update(stop_reason=out.stop_reason, duration_s=training_seconds(out.runs, out.grid),
+                 final_scoring_s=training_seconds(out.runs, out.grid, "final_scoring_s"))
     return objective(out.runs, cfg, out.predictions), attrs
 
 
-def training_seconds(runs: list[TrainingRun], grid: RunGrid) -> float:
-    """The trial's training time (``duration_s``): its stacks one after another, each counted
-    once. The members of a stack train together, each reporting the stack's time, so summing
-    every run's would count a stack of K members K times."""
+def training_seconds(runs: list[TrainingRun], grid: RunGrid, key: str = "duration_s") -> float:
+    """The trial's training time (``duration_s``; ``final_scoring_s``: of its final scorings): its stacks one
+    after another, each counted once. The members of a stack train together, each reporting the stack's
+    time, so summing every run's would count a stack of K members K times."""
     stacks: dict[int, float] = {}
     for r in runs:
         k = grid.stack_of(r.fold, r.repeat)
-        stacks[k] = max(stacks.get(k, 0.0), float(r.metrics.get("duration_s") or 0.0))
+        stacks[k] = max(stacks.get(k, 0.0), float(r.metrics.get(key) or 0.0))
     return sum(stacks.values())
 
 
