@@ -56,6 +56,11 @@ def here(tmp_path, monkeypatch):
 
 CASES = {
     "yaml syntax": ({"text": "study:\n  name: bad\n  n_trials: [1\n"}, ["YAML syntax error", "line 3"]),
+    # a second section would replace the first whole (its batch size, lr, loss...) without a word
+    "repeated section": ({"text": "study:\n  name: bad\ntrain:\n  lr: 0.01\ntrain:\n  epochs: 2\n"},
+                         ["line 5, column 1", "the key 'train' is given twice (the second would replace the first)"]),
+    "repeated key": ({"text": "study:\n  name: bad\ntrain: {epochs: 8, epochs: 3}\n"},
+                     ["line 3, column 20", "the key 'epochs' is given twice"]),
     "unknown key": ({"train": {"epocs": 2}}, ["unknown key 'train.epocs'; did you mean 'train.epochs'?"]),
     "wrong type": ({"train": {"epochs": "many"}}, ["train.epochs: Input should be a valid integer", "'many'"]),
     "low > high": ({"search_space": {"train.lr": {"type": "float", "low": 0.1, "high": 0.01}}}, ["search_space.train.lr", "low (0.1) > high (0.01)"]),

@@ -61,12 +61,26 @@ def validate_config(raw: dict[str, Any], source: str) -> SweeperConfig:
         raise ConfigError(f"{source}: {_format_error(errors[0])}{more}") from None
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's loaders let a repeated key replace the first (a second ``train:`` section drops every key of
+    the first without a word); YAML 1.2 says keys are unique, and this loader holds to that."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if (key := self.construct_object(key_node, deep=deep)) in seen and key != "<<":
+                why = f"the key {key!r} is given twice (the second would replace the first)"
+                raise yaml.constructor.ConstructorError(None, None, why, key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: study file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeys)  # a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
