@@ -80,6 +80,10 @@ CASES = {
     "grace period under two heartbeats": (
         {"study": {"name": "bad", "heartbeat_interval": 10, "grace_period": 15}},
         ["study: grace_period (15) must be at least 2 x heartbeat_interval (10)"]),
+    # found before the study is created (it was found after, by a traceback, with trial 0 WAITING in
+    # a new study); /proc takes no folders, even from root, whom os.access lets write anywhere
+    "unwritable run folder": ({"study": {"name": "bad", "artifacts": "/proc/sweeper-runs"}},
+                              ["study.artifacts: the run folder /proc/sweeper-runs cannot be made or written here"]),
 }
 
 
@@ -94,7 +98,8 @@ def test_bad_study_file(here, monkeypatch, name):
     assert line.startswith("Error: ")
     for fragment in fragments:
         assert fragment in line, line
-    if name not in ("bad sampler option", "unreachable storage", "gpu index", "gpu uuid", "model path does not import"):
+    if name not in ("bad sampler option", "unreachable storage", "gpu index", "gpu uuid", "model path does not import",
+                    "unwritable run folder"):
         assert str(path) in line
 
 

@@ -73,6 +73,8 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
                                lambda request, timeout: launch.run("check", request, timeout, server=server),
                                builtins_in_child=server is not None)
     slots = plan_slots(cfg.devices) if devices else []
+    if devices:  # a host that runs trials keeps their files (``db init`` runs none)
+        run_folder.check_writable(run_dir(cfg))
     url = cfg.study.resolved_storage
     check_reachable(url)
     artifacts = cfg.study.resolved_artifacts

@@ -12,12 +12,15 @@ store (its files are keyed by unique ids) and reports the user wrote.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import optuna
 
 from sweeper.atomic import write_text
 from sweeper.config import SweeperConfig
+from sweeper.errors import ConfigError
 from sweeper.store import layout
 from sweeper.store.layout import STUDY_OWNED, owner_file, previous_dir
 from sweeper.store.trial_folder import move
@@ -42,6 +45,20 @@ def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh
     record = {"study": study_name, "study_uuid": study_uuid, "storage": storage}
     write_text(owner_file(run_dir), json.dumps(record, indent=2) + "\n")
     return lines
+
+
+def check_writable(run_dir: Path) -> None:
+    """Pre-flight: ``run_dir`` can be made and written, tried with a folder made and removed in its nearest
+    existing parent (``os.access`` says yes to root on a read-only mount), so that a sweep never creates its
+    study and then finds it cannot keep a trial's files."""
+    parent = run_dir.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".sweeper-check-", dir=parent))
+    except OSError as exc:  # a file where a folder should be, too
+        raise ConfigError(f"study.artifacts: the run folder {run_dir} cannot be made or written here "
+                          f"({parent}: {exc.strerror})") from None
 
 
 def _owner(run_dir: Path) -> str | None:
