@@ -197,3 +197,21 @@ def test_a_stopped_job_is_interrupted_and_claimable_again(job, study, tmp_path):
     assert _stored(study) == {"state": "interrupted", "host": "h1", "driver": "d1", "at": AT,
                               "error": "the sweep stopped before the baseline ended"}
     assert S.claim(study, NullLock(), "h2", "d2") is True
+
+
+@pytest.mark.parametrize("raised, after", [
+    (KeyboardInterrupt(), {"state": "interrupted", "error": "KeyboardInterrupt: "}),  # Ctrl-C of `sweeper baseline`
+    (ValueError("bad fold"), {"state": "failed", "error": "ValueError: bad fold"}),
+])
+def test_a_fit_stopped_by_ctrl_c_is_interrupted_and_claimed_again(study, monkeypatch, tmp_path, raised, after):
+    from sweeper.baseline import job as J
+
+    def fit(*_args, **_kwargs):
+        raise raised
+
+    monkeypatch.setattr(J, "fit_study", fit)
+    with pytest.raises(type(raised)):
+        J.compute(validate_config(TINY, "tiny"), study, 1, "h1", "d1", tmp_path)
+    assert _stored(study) == {**after, "host": "h1", "driver": "d1", "at": AT}
+    # an interrupted fit says nothing about the baseline: the next sweep computes it; a failed one is kept
+    assert S.claim(study, NullLock(), "h2", "d2") is (after["state"] == "interrupted")

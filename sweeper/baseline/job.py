@@ -90,7 +90,8 @@ def write_files(result: BaselineResult, run_dir: str | Path) -> layout.BaselineF
 def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, driver: str,
             run_dir: str | Path | None = None) -> dict[str, Any]:
     """Fit the baseline of ``study`` (its config ``cfg``), write its files and attributes; returns
-    the ``baseline`` attribute. Raises what the fit raises, after recording ``failed``."""
+    the ``baseline`` attribute. Raises what the fit raises, after recording ``failed`` (``interrupted`` on
+    Ctrl-C or SIGTERM: no fault of the baseline's, so a later sweep computes it again)."""
     from sweeper.data import load_panel
     from sweeper.data.folds import fold_layout, fold_spans
 
@@ -105,7 +106,8 @@ def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, 
         attr = summary(result, cfg, threads, dates)
         study.set_user_attr(RESULT, attr)
     except BaseException as exc:
-        mark(study, State.FAILED, host, driver, error=f"{type(exc).__name__}: {exc}")
+        stopped = State.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else State.FAILED
+        mark(study, stopped, host, driver, error=f"{type(exc).__name__}: {exc}")
         raise
     mark(study, State.DONE, host, driver)
     return attr
