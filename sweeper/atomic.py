@@ -63,6 +63,19 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise full from exc
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be made or written (None: it can), tried by making and removing a folder in its
+    nearest existing parent (``os.access`` says yes to root on a read-only mount): a check before the work."""
+    parent = folder.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".sweeper-check-", dir=parent))
+    except OSError as exc:  # a file where a folder should be, too
+        return f"{parent}: {exc.strerror}"
+    return None
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically."""
     with atomic_path(path) as tmp:

@@ -76,6 +76,19 @@ sets_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 
 
+def _writable(_ctx: click.Context, _param: click.Parameter, path: Path) -> Path:
+    from sweeper.atomic import unwritable
+
+    if (why := unwritable(path.parent)) is not None:  # before the command's work, not after it
+        raise UserError(f"-o {path}: cannot be written ({why})")
+    return path
+
+
+def output_option(what: str) -> Any:
+    return click.option("-o", "--output", "out", required=True, callback=_writable, help=what,
+                        type=click.Path(dir_okay=False, path_type=Path))
+
+
 def _echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str, allow_nan=False))
 
@@ -246,8 +259,7 @@ def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> Non
 @main.command("report")
 @study_file
 @storage_option
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The HTML file to write (self-contained, works offline).")
+@output_option("The HTML file to write (self-contained, works offline).")
 def report_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One HTML page: history, importances, learning curves, devices, IC and selection bias."""
     from sweeper.inspect.report import write_report
@@ -272,8 +284,7 @@ def report_cmd(study: Path, storage: str | None, out: Path) -> None:
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("--allow-unrefit", is_flag=True,
               help="With --data: score with the best trial's own weights though another trial has a refit.")
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="preds.parquet (or .csv): columns date, asset, pred, label.")
+@output_option("preds.parquet (or .csv): columns date, asset, pred, label.")
 def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None, start: str | None,
                 end: str | None, data: Path | None, device: str | None, allow_unrefit: bool,
                 out: Path) -> None:
@@ -337,8 +348,7 @@ def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: boo
 @main.command("export")
 @study_file
 @storage_option
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="trials.parquet or trials.csv.")
+@output_option("trials.parquet or trials.csv.")
 def export_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One row per trial: state, value, params, user attributes, times and duration."""
     from sweeper.inspect.export import trials_frame, write_table

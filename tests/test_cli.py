@@ -50,6 +50,56 @@ def test_bad_study_file_exits_2_without_traceback(tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("command", ["export", "report", "predict"])
+def test_an_output_that_cannot_be_written_exits_2_before_the_work(tmp_path, monkeypatch, command):
+    # /proc takes no files, even from root (whom a permission check lets write anywhere); it was a
+    # traceback after the work (predict's whole scoring), from the atomic write
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "s.yaml"
+    good.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    result = CliRunner().invoke(main, [command, str(good), "-o", "/proc/sweeper-out/t.parquet"],
+                                catch_exceptions=False)
+    assert result.exit_code == 2
+    assert result.output.strip() == ("Error: -o /proc/sweeper-out/t.parquet: cannot be written "
+                                     "(/proc: No such file or directory)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing read, nothing written
+
+
+def test_a_panel_cache_that_cannot_be_made_exits_2(tmp_path, monkeypatch):
+    # a service user's read-only home holds the default cache: one line that says what to set
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SWEEPER_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", "/proc/sweeper-home")
+    good = tmp_path / "s.yaml"
+    good.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    result = CliRunner().invoke(main, ["validate", str(good)], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "Error: data.cache_dir: the panel cache /proc/sweeper-home/.cache/sweeper/panels cannot be made or "
+        "written (/proc: No such file or directory); set data.cache_dir or $SWEEPER_CACHE_DIR to a writable "
+        "folder, or data.cache: false")
+
+
+def test_a_dashboard_port_in_use_exits_2(tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "s.yaml"
+    good.write_text("study: {name: s, storage: 'sqlite:///s.db'}\n"
+                    "data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    import optuna
+
+    optuna.create_study(study_name="s", storage="sqlite:///s.db")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["dashboard", str(good), "--port", str(port)], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: --host 127.0.0.1 --port {port}: cannot serve there (Address already in use)")
+
+
 def test_set_type_error_exits_2(tmp_path):
     good = tmp_path / "s.yaml"
     good.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")

@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sweeper.atomic import write_text
+from sweeper.atomic import unwritable, write_text
 from sweeper.config import DataConfig
+from sweeper.errors import ConfigError
 
 # the builder imports torch and the split rule pandas; the driver only asks where the cache is
 # (cache_root): both load where an entry is keyed, read or written
@@ -73,6 +74,9 @@ def entry_key(fingerprint: str, cfg: DataConfig) -> str:
 def cached(cfg: DataConfig, fingerprint: str, make: Callable[[Alloc], Built]) -> tuple[Built, Path]:
     """The entry of ``(fingerprint, cfg)``, mapped read-only; built with ``make`` if missing."""
     root = cache_root(cfg)
+    if (why := unwritable(root / _LOCKS)) is not None:  # e.g. a service user's read-only home
+        raise ConfigError(f"data.cache_dir: the panel cache {root} cannot be made or written ({why}); set "
+                          f"data.cache_dir or ${ENV_DIR} to a writable folder, or data.cache: false")
     (root / _LOCKS).mkdir(parents=True, exist_ok=True)
     key = entry_key(fingerprint, cfg)
     entry = root / key

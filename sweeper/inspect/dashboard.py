@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from wsgiref.types import WSGIApplication
 
 from sweeper.config import SweeperConfig
+from sweeper.errors import ConfigError
 from sweeper.store import artifact_store, open_storage, redact
 
 
@@ -22,7 +23,10 @@ def serve(cfg: SweeperConfig, *, storage_url: str | None, host: str, port: int,
     store = artifact_store(cfg.study.resolved_artifacts)
     echo(f"optuna-dashboard for study {cfg.study.name!r} ({redact(url)})")
     echo(f"open http://{host}:{port}/dashboard/")
-    run_server(storage, host=host, port=port, artifact_store=store)
+    try:
+        run_server(storage, host=host, port=port, artifact_store=store)
+    except OSError as exc:  # the port taken, or an address not here (a request's own errors stay inside)
+        raise ConfigError(f"--host {host} --port {port}: cannot serve there ({exc.strerror or exc})") from exc
 
 
 def app(cfg: SweeperConfig, storage_url: str | None = None) -> WSGIApplication:

@@ -12,13 +12,11 @@ store (its files are keyed by unique ids) and reports the user wrote.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import optuna
 
-from sweeper.atomic import write_text
+from sweeper.atomic import unwritable, write_text
 from sweeper.config import SweeperConfig
 from sweeper.errors import ConfigError
 from sweeper.store import layout
@@ -48,17 +46,10 @@ def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh
 
 
 def check_writable(run_dir: Path) -> None:
-    """Pre-flight: ``run_dir`` can be made and written, tried with a folder made and removed in its nearest
-    existing parent (``os.access`` says yes to root on a read-only mount), so that a sweep never creates its
-    study and then finds it cannot keep a trial's files."""
-    parent = run_dir.absolute()
-    while not parent.exists():
-        parent = parent.parent
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".sweeper-check-", dir=parent))
-    except OSError as exc:  # a file where a folder should be, too
-        raise ConfigError(f"study.artifacts: the run folder {run_dir} cannot be made or written here "
-                          f"({parent}: {exc.strerror})") from None
+    """Pre-flight: ``run_dir`` can be made and written, so that a sweep never creates its study and then
+    finds it cannot keep a trial's files."""
+    if (why := unwritable(run_dir)) is not None:
+        raise ConfigError(f"study.artifacts: the run folder {run_dir} cannot be made or written here ({why})")
 
 
 def _owner(run_dir: Path) -> str | None:
