@@ -18,6 +18,16 @@ class Tiny(nn.Module):
         return self.scale * self.linear(x[:, -1]).squeeze(-1)
 
 
+class NoWeights(nn.Module):
+    """Returns a feature as it is: nothing to train (every trial failed in the optimizer's set-up)."""
+
+    def __init__(self, n_features: int, lookback: int) -> None:
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, -1, 0]
+
+
 class WrongShape(nn.Module):
     """Returns [B, 1] instead of [B]: build_model must refuse it."""
 

@@ -106,6 +106,12 @@ def test_wrong_output_shape_is_caught_at_build_time():
         build_model(ModelConfig(name="custom_model:WrongShape"), 4, 5)
 
 
+def test_a_model_with_nothing_to_train_is_caught_at_build_time():
+    with pytest.raises(ConfigError, match=r"^model.name 'custom_model:NoWeights': the model has no trainable "
+                                          r"parameters$"):
+        build_model(ModelConfig(name="custom_model:NoWeights"), 4, 5)
+
+
 def test_bad_constructor_kwargs_are_a_config_error():
     with pytest.raises(ConfigError, match="unexpected keyword argument 'widht'"):
         build_model(ModelConfig(name="custom_model:Tiny", widht=3), 4, 5)

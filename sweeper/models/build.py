@@ -76,6 +76,8 @@ def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Mo
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.name {model_cfg.name!r}: expected a torch.nn.Module, "
                           f"got {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):  # nothing an optimizer could train
+        raise ConfigError(f"model.name {model_cfg.name!r}: the model has no trainable parameters")
     # a [B, 1] output would silently broadcast against [B] labels in the loss: catch it now
     name, was_training = model_cfg.name, model.training
     model.eval()
