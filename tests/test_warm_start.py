@@ -149,6 +149,11 @@ def test_enqueue_files(study_file):
     trials = _trials(path)
     assert len(trials) == 3 and (trials[2].params, trials[2].user_attrs[MARK]) == ({"train.lr": 0.003},
                                                                                   "one.yaml#0")
+    # the budget is used: a set would wait for good (it did, with exit 0); refused, with what to add
+    out = _cli("run", path, "--enqueue", "one.yaml", code=2)
+    assert out.strip() == ("Error: --enqueue: study 'tiny' has used its budget (3 trials finished, study.n_trials "
+                           "3), so its 1 set(s) would never run; add --set study.n_trials=4")
+    assert len(_trials(path)) == 3
 
 
 def test_a_missing_source_is_an_error_before_anything_is_written(study_file):
