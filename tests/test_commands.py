@@ -37,6 +37,10 @@ def test_status_best_and_drift(study_file):
     out = _cli("run", path, code=2)
     assert "train.lr (0.001 -> 0.05)" in out and "search_space.train.lr.high (0.01 -> 0.02)" in out
     assert "--force" in out
+    # another synthetic panel: its fingerprint differs, and there is no data file to name (it said "None")
+    other = {**raw, "data": {**raw["data"], "synthetic": {**raw["data"]["synthetic"], "seed": 9}}}
+    path.write_text(yaml.safe_dump(other))
+    assert "): the synthetic panel is not the data this study was run on" in _cli("run", path, code=2)
 
     raw["study"]["n_trials"] = 3  # the budget may change
     path.write_text(yaml.safe_dump(raw))

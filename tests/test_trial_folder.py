@@ -85,7 +85,7 @@ def test_predict_of_a_trial_pruned_before_its_last_fold_says_it_has_no_model(tmp
     files.folder.mkdir(parents=True)
     files.config.write_text(yaml.safe_dump(to_dict(load_config(path))))
     out = _cli("predict", path, "--trial", 0, "-o", "p.csv", code=2)
-    assert "removed by study.keep" not in out
+    assert "weights are gone" not in out
     assert "trial 0 has no model: it was pruned before its last fold" in out, out
     assert "fold 2, seed 1" in out, out  # the model run that never finished
 

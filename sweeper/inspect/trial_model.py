@@ -48,8 +48,8 @@ def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None =
     ``sweeper gc``) removed are a DataError with the command that retrains the trial."""
     path = files.weights
     if weights_removed(trial, files):
-        raise DataError(f"{path}: trial {trial.number}'s weights were removed by study.keep; retrain it "
-                        f"with its params as a new trial: {retrain_command(trial, study_file)}")
+        raise DataError(f"{path}: trial {trial.number}'s weights are gone (study.keep, gc, or by hand); "
+                        f"retrain it with its params as a new trial: {retrain_command(trial, study_file)}")
     if not path.exists():
         never = no_model(trial)
         raise DataError(f"{path}: missing; trial {trial.number} " + (

@@ -88,9 +88,10 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
     if stacking:  # train.max_stack is no drift key: auto resumes any study, a number must match
         differ.append(stacking)
     if stored.get("data_fingerprint") not in (None, attrs["data_fingerprint"]):
-        differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}):"
-                      f" the data file {attrs['config']['data'].get('path')} is not the data this study "
-                      "was run on")
+        path = attrs["config"]["data"].get("path")
+        differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}): "
+                      f"{f'the data file {path}' if path else 'the synthetic panel'} is not the data this "
+                      "study was run on")
     if differ and not force:
         raise ConfigDrift(f"study {study.study_name!r} was created with a different config; these keys "
                           f"differ: {'; '.join(differ)}. Revert them, use a new study.name, or pass --force "
