@@ -9,6 +9,7 @@ import atexit
 import functools
 import gc
 import json
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -74,6 +75,18 @@ storage_option = click.option("--storage", default=None, metavar="URL",
 sets_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                            help="Override a config key by dotted name (repeatable), e.g. train.lr=3e-4.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+SETS = "sweeper.sets"  # ctx.meta: a read command's --set, which _load applies
+
+
+def read_options(command: Any) -> Any:
+    """STUDY, --storage and --set for the commands that read a study: a study run with ``--set
+    study.name=...`` is read with the same --set (``_load`` applies it; the signatures do not carry it)."""
+    def keep(ctx: click.Context, _param: click.Parameter, sets: tuple[str, ...]) -> None:
+        ctx.meta[SETS] = sets
+
+    sets = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", expose_value=False,
+                        callback=keep, help="Override a config key by dotted name (repeatable), as run.")
+    return study_file(storage_option(sets(command)))
 
 
 def _writable(_ctx: click.Context, _param: click.Parameter, path: Path) -> Path:
@@ -97,10 +110,11 @@ def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
     from sweeper.config import load_config
     from sweeper.models.paths import model_search_path
 
-    cfg = load_config(path, sets)
+    ctx = click.get_current_context(silent=True)
+    cfg = load_config(path, sets or (ctx.meta.get(SETS, ()) if ctx is not None else ()))
     # model.name module:Class is found beside the study file, here and in every worker,
     # for as long as the command runs
-    if (ctx := click.get_current_context(silent=True)) is not None:
+    if ctx is not None:
         ctx.with_resource(model_search_path(path))
     return cfg
 
@@ -123,7 +137,7 @@ def sweep_command(name: str, must_exist: bool, doc: str) -> None:
     def command(study: Path, sets: tuple[str, ...], storage: str | None, force: bool,
                 enqueue: tuple[Path, ...]) -> None:
         from sweeper.dispatch.forkserver import ForkServer
-        hint = f"interrupted; run `sweeper run {study}` again to resume"
+        hint = f"interrupted; run `sweeper run {shlex.quote(str(study))}` again to resume"
         click.get_current_context().meta[INTERRUPTED_HINT] = hint
         cfg = _load(study, sets)
         ForkServer.shared()  # its preload overlaps the driver's imports and checks; exit stops it
@@ -189,8 +203,7 @@ def train_cmd(study: Path, sets: tuple[str, ...], as_json: bool) -> None:
 # ------------------------------------------------------------- inspect
 
 @main.command("status")
-@study_file
-@storage_option
+@read_options
 @json_option
 def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """Counts by state, the best trial, and the running trials."""
@@ -204,8 +217,7 @@ def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 
 
 @main.command("best")
-@study_file
-@storage_option
+@read_options
 @json_option
 def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """The best trial's params, valid and test metrics, long-short view, top-3 ensemble and weight file."""
@@ -222,8 +234,7 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 
 
 @main.command("baseline")
-@study_file
-@storage_option
+@read_options
 @json_option
 def baseline_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """Train the LightGBM baseline on the study's train split; store its val and test IC."""
@@ -244,8 +255,7 @@ def baseline_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 
 
 @main.command("dashboard")
-@study_file
-@storage_option
+@read_options
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind; loopback by default.")
@@ -257,8 +267,7 @@ def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> Non
 
 
 @main.command("report")
-@study_file
-@storage_option
+@read_options
 @output_option("The HTML file to write (self-contained, works offline).")
 def report_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One HTML page: history, importances, learning curves, devices, IC and selection bias."""
@@ -270,8 +279,7 @@ def report_cmd(study: Path, storage: str | None, out: Path) -> None:
 
 
 @main.command("predict")
-@study_file
-@storage_option
+@read_options
 @click.option("--trial", default="best", show_default=True, metavar="N|best|topK",
               help="Trial number, best, or topK: the mean per-date z-score of the K best trials.")
 @click.option("--split", default=None, type=click.Choice(["valid", "test", "train", "all"]),
@@ -307,8 +315,7 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
 
 
 @main.command("refit")
-@study_file
-@storage_option
+@read_options
 @click.option("--trial", default="best", show_default=True, metavar="N|best",
               help="Trial number, or best: the best feasible COMPLETE trial.")
 @click.option("--until", default=None, metavar="DATE",
@@ -346,8 +353,7 @@ def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: boo
 
 
 @main.command("export")
-@study_file
-@storage_option
+@read_options
 @output_option("trials.parquet or trials.csv.")
 def export_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One row per trial: state, value, params, user attributes, times and duration."""

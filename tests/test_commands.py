@@ -49,6 +49,19 @@ def test_status_best_and_drift(study_file):
 
 
 @pytest.mark.slow
+def test_a_study_run_with_set_is_read_with_the_same_set(study_file):
+    # the read commands took no --set: a study named by one could not be read at all
+    path = study_file({"study": {"n_trials": 1}, "model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
+    renamed = ("--set", "study.name=other", "--set", "study.storage=sqlite:///runs/other/study.db")
+    _cli("run", path, *renamed)
+    status = json.loads(_cli("status", path, *renamed, "--set", "study.n_trials=1", "--json"))
+    assert (status["study"], status["finished"], status["n_trials"]) == ("other", 1, 1)
+    assert json.loads(_cli("best", path, *renamed, "--json"))["trial"] == 0
+    assert "wrote" in _cli("export", path, *renamed, "-o", "t.csv")
+    _cli("best", path, code=2)  # the file's own study was never run
+
+
+@pytest.mark.slow
 def test_budget_and_devices_may_change_without_force(study_file):
     path = study_file({"study": {"n_trials": 1}, "model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
     _cli("run", path)

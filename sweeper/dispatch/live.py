@@ -4,6 +4,7 @@ style: the driver has no branches for output, and a view never polls the study).
 """
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from typing import Any, TextIO
@@ -88,7 +89,7 @@ class PlainView(NullView):
             self._say(line)
         if result.message:
             self._say(result.message)
-        study_file = plan.study_file
+        study_file = shlex.quote(plan.study_file)  # a line to paste: a path with spaces stays one argument
         if result.interrupted:
             self._say("interrupted: running trials stopped at their next step; each resumes from its last "
                       f"end-of-epoch checkpoint. Resume with: sweeper resume {study_file}")
