@@ -11,8 +11,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.config import StudyConfig
 from sweeper.errors import FailReason
-from sweeper.store import layout, outage
 from sweeper.store import optuna_private as private
+from sweeper.store import outage
 from sweeper.store.identity import Identity, pid_alive
 from sweeper.study.ending import fail_trial
 from sweeper.study.retry_rule import retry_plan
@@ -82,14 +82,13 @@ def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
         fail_trial(study, trial_id, FailReason.INTERRUPTED, reasons[trial_id])
 
 
-def reconcile(study: optuna.Study, cfg: StudyConfig, ident: Identity,
-              run_dir: Path | None = None) -> list[FrozenTrial]:
+def reconcile(study: optuna.Study, cfg: StudyConfig, ident: Identity, run_dir: Path) -> list[FrozenTrial]:
     """Fail stale RUNNING trials (dead drivers) and enqueue every due retry, each naming the trial whose
-    checkpoint in ``run_dir`` (default: the study's run folder, which a sweep has taken for the study) it
-    resumes. Call under the claim lock. Returns the trials as they stand after the failing."""
+    checkpoint in ``run_dir`` (the run folder a sweep has taken for the study) it resumes. Call under the
+    claim lock. Returns the trials as they stand after the failing."""
     fail_dead_local(study, ident)
     fail_stale(study, cfg, ident)
     trials = study.get_trials(deepcopy=False)
-    for failed, attrs in retry_plan(trials, cfg, layout.run_dir(cfg) if run_dir is None else run_dir):
+    for failed, attrs in retry_plan(trials, cfg, run_dir):
         study.enqueue_trial(failed.params, user_attrs=attrs)
     return trials
