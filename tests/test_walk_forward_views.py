@@ -32,10 +32,15 @@ def test_epoch_lines_name_the_fold_and_seed_and_the_end_line_the_objective():
     # a holdout trial's one run: its rows name fold 1, seed 1 (the one layout), its lines do not
     holdout = PlainView(out)
     holdout.epoch(SLOT, 4, 1, {"fold": 1, "repeat": 1, "val_ic": 0.02, "train_loss": 1.0, "micro_batch_size": 64})
+    # a pruned trial's value is its best epoch's; the study keeps Optuna's (its last report): said so
+    view.trial_ended(SLOT, 6, TrialState.PRUNED, 0.0037, None)
+    view.trial_ended(SLOT, 7, TrialState.PRUNED, None, None)  # cut short before its last fold: no value
     assert _lines(out) == ["trial 3 fold 2 seed 1 epoch 2: val_ic=0.0312 loss=1.0100 mb=256",
                            "trial 5 fold 1 seed 2 (stack of 4) epoch 1: val_ic=0.0100 loss=1.0000 mb=64",
                            "trial 3 complete: lcb(val_ic)=0.0117",
-                           "trial 4 epoch 1: val_ic=0.0200 loss=1.0000 mb=64"]
+                           "trial 4 epoch 1: val_ic=0.0200 loss=1.0000 mb=64",
+                           "trial 6 pruned: lcb(val_ic)=0.0037 (its best epoch; the study keeps its last epoch's)",
+                           "trial 7 pruned: lcb(val_ic)=-"]
 
 
 def test_the_objective_is_the_metric_unless_lcb():

@@ -69,7 +69,10 @@ class PlainView(NullView):
     def trial_ended(self, slot: Slot, number: int, state: TrialState, value: float | None,
                     reason: str | None) -> None:
         tail = f" ({reason})" if reason else ""
-        self._say(f"trial {number} {state.name.lower()}{tail}: {self.objective}={fmt(value)}")
+        # its best epoch's, as the trial's val_ic attribute; Optuna stores a pruned trial's last report
+        pruned = state == TrialState.PRUNED and value is not None
+        kept = " (its best epoch; the study keeps its last epoch's)" if pruned else ""
+        self._say(f"trial {number} {state.name.lower()}{tail}: {self.objective}={fmt(value)}{kept}")
 
     def warn(self, slot: Slot, text: str) -> None:
         self._say(f"warning from {slot.label}: {text}")
