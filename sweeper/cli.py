@@ -137,14 +137,16 @@ def sweep_command(name: str, must_exist: bool, doc: str) -> None:
     def command(study: Path, sets: tuple[str, ...], storage: str | None, force: bool,
                 enqueue: tuple[Path, ...]) -> None:
         from sweeper.dispatch.forkserver import ForkServer
-        hint = f"interrupted; run `sweeper run {shlex.quote(str(study))}` again to resume"
+        # the lines to paste name the study as given: a study named by --set is read with the same --set
+        args = shlex.join([str(study), *(word for s in sets for word in ("--set", s))])
+        hint = f"interrupted; run `sweeper run {args}` again to resume"
         click.get_current_context().meta[INTERRUPTED_HINT] = hint
         cfg = _load(study, sets)
         ForkServer.shared()  # its preload overlaps the driver's imports and checks; exit stops it
         from sweeper.dispatch.live import default_view
         from sweeper.dispatch.run import run
         result = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
-                     study_file=str(study), enqueue=enqueue)
+                     study_file=args, enqueue=enqueue)
         sys.exit(result.exit_code)
 
     force = click.option("--force", is_flag=True,

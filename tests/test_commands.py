@@ -53,7 +53,10 @@ def test_a_study_run_with_set_is_read_with_the_same_set(study_file):
     # the read commands took no --set: a study named by one could not be read at all
     path = study_file({"study": {"n_trials": 1}, "model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
     renamed = ("--set", "study.name=other", "--set", "study.storage=sqlite:///runs/other/study.db")
-    _cli("run", path, *renamed)
+    out = _cli("run", path, *renamed)
+    # the lines to paste carry the --set that names the study (they named the file's own study)
+    args = f"{path} --set study.name=other --set study.storage=sqlite:///runs/other/study.db"
+    assert f"next: sweeper best {args} | sweeper report {args} -o report.html | sweeper dashboard {args}" in out
     status = json.loads(_cli("status", path, *renamed, "--set", "study.n_trials=1", "--json"))
     assert (status["study"], status["finished"], status["n_trials"]) == ("other", 1, 1)
     assert json.loads(_cli("best", path, *renamed, "--json"))["trial"] == 0

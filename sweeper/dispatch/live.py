@@ -4,7 +4,6 @@ style: the driver has no branches for output, and a view never polls the study).
 """
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from typing import Any, TextIO
@@ -92,7 +91,7 @@ class PlainView(NullView):
             self._say(line)
         if result.message:
             self._say(result.message)
-        study_file = shlex.quote(plan.study_file)  # a line to paste: a path with spaces stays one argument
+        study_file = plan.study_file
         if result.interrupted:
             self._say("interrupted: running trials stopped at their next step; each resumes from its last "
                       f"end-of-epoch checkpoint. Resume with: sweeper resume {study_file}")

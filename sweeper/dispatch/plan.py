@@ -21,6 +21,6 @@ class Plan:
     artifacts: str
     slots: list[Slot]
     panel: PanelSummary
-    study_file: str = "STUDY.yaml"
+    study_file: str = "STUDY.yaml"  # the study file and its --set, shell-quoted: the lines to paste
     # the parameter sets to enqueue when the study is opened (warm start, config, --enqueue)
     queue: Queue = field(default_factory=Queue)
