@@ -8,6 +8,7 @@ the second for a kill. In a worker the driver's ``stop`` command or the end of i
 """
 from __future__ import annotations
 
+import os
 import signal
 import time
 from types import FrameType
@@ -36,6 +37,16 @@ class StopToken:
         self.request(signum)
         if self.raise_at_once:
             raise StopRequested(signum)
+
+    def hung_up(self, signum: int, frame: FrameType | None) -> None:
+        """The SIGHUP handler: the terminal is gone (closed, an ssh session lost), so what would be printed
+        to it goes nowhere (a write to a hung-up terminal fails) and the sweep drains as on SIGTERM; the
+        slot logs keep every trial's lines."""
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(quiet, fd)
+        os.close(quiet)
+        self(signum, frame)
 
     def request(self, signum: int | None = None) -> None:
         self.count += 1

@@ -136,7 +136,8 @@ def _signal_test(study_file, signum, code):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == code, out
-    assert f"sweeper resume {path}" in out
+    # after a hang-up nothing is printed (the terminal is gone); the slot logs keep the trials' lines
+    assert (f"sweeper resume {path}" in out) is (signum != signal.SIGHUP), out
     study = _study(path)
     assert not study.get_trials(states=(TrialState.RUNNING,))
     interrupted = [t.number for t in study.get_trials(states=(TrialState.FAIL,))]
@@ -155,6 +156,30 @@ def test_sigint_checkpoints_and_exits_130(study_file):
 
 def test_sigterm_behaves_like_ctrl_c(study_file):
     _signal_test(study_file, signal.SIGTERM, 143)
+
+
+def test_a_hang_up_drains_as_sigterm_does(study_file):
+    # the terminal closed or the ssh session lost: it killed the driver at once, its trials left RUNNING
+    # until their heartbeats went stale (nohup, which ignores SIGHUP, keeps the sweep running instead)
+    _signal_test(study_file, signal.SIGHUP, 129)
+
+
+def test_under_nohup_a_hang_up_is_ignored(study_file):
+    path = study_file(SLOW, replace=("model",))
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # what nohup does
+    try:
+        _wait_for_checkpointed_running(path)
+        os.kill(proc.pid, signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None  # still sweeping
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and f"sweeper resume {path}" in out, out
 
 
 def test_worker_sigkill_is_a_crash_and_is_retried(study_file):

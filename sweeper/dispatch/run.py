@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import optuna
 from optuna.trial import TrialState
@@ -174,10 +175,14 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
 
 @contextmanager
 def _signals_to(stop: StopToken) -> Iterator[None]:
-    """SIGINT and SIGTERM go to ``stop`` while the sweep runs; raising at once outside the loop
+    """SIGINT, SIGTERM and SIGHUP go to ``stop`` while the sweep runs; raising at once outside the loop
     (before it there is nothing to drain) until ``_sweep`` says otherwise."""
     stop.raise_at_once = True
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers: dict[signal.Signals, Callable[[int, FrameType | None], None]] = {signal.SIGINT: stop,
+                                                                                 signal.SIGTERM: stop}
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:  # ignored (nohup): the sweep outlives the terminal
+        handlers[signal.SIGHUP] = stop.hung_up
+    previous = {s: signal.signal(s, handler) for s, handler in handlers.items()}
     try:
         yield
     finally:
