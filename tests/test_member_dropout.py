@@ -22,22 +22,28 @@ RUNS = [(0.3, 3e-3, 0.0, 0), (0.0, 1e-2, 0.1, 1), (0.1, 1e-3, 0.01, 7), (0.5, 5e
 STEPS, BATCH = 5, 32
 
 
-def _trained(members: list[Member]) -> list[dict[str, torch.Tensor]]:
+def _trained(members: list[Member], uneven: bool = False) -> list[dict[str, torch.Tensor]]:
     """Each member's weights after STEPS steps of the loop's stacked step (its lanes, its stack
-    seeded as the loop seeds it, its AdamW), on the same rows of its own panel whatever its stack."""
+    seeded as the loop seeds it, its AdamW), on the same rows of its own panel whatever its stack.
+    ``uneven``: each member's batches are its own size (an IC loss's whole dates, a shorter fold's
+    last batch), so a stack pads the shorter members' to the longest's."""
     step = stack_step(members, torch.device("cpu"))
     step.forward.train()
     for s in range(STEPS):
         rows: list[Rows | None] = []
         for member, lane in zip(members, step.lanes):
             g = torch.Generator().manual_seed(1000 * s + member.cfg.train.seed)
-            rows.append(Rows(lane.batcher.index[torch.randperm(lane.batcher.n_samples, generator=g)[:BATCH]]))
+            size = BATCH - 3 * ((member.cfg.train.seed + s) % 4) if uneven else BATCH
+            rows.append(Rows(lane.batcher.index[torch.randperm(lane.batcher.n_samples, generator=g)[:size]]))
         step(rows, BATCH)
     return [step.stack.member_state(k) for k in range(len(members))]
 
 
 @pytest.mark.parametrize(("name", "variant"), [
     ("mlp", {}), ("lstm", {}), ("gru", {}),
+    # members whose batches differ in size: a shorter member draws masks for its own rows only (it drew
+    # for the padded rows too, which moved its generator on, and its scores with the stack's size)
+    ("mlp", {"uneven": True}), ("lstm", {"uneven": True}), ("transformer", {"uneven": True}),
     # the recurrence a GPU runs, here on the CPU: its masks are the kernel's too
     ("lstm", {"written_out": True}), ("gru", {"written_out": True}),
     ("transformer", {}), ("transformer", {"gradient_checkpointing": True}),
@@ -46,12 +52,13 @@ def test_a_stack_member_draws_its_lone_runs_dropout_masks(name, variant, monkeyp
     variant = dict(variant)
     if variant.pop("written_out", False):
         monkeypatch.setattr(recurrent, "KERNEL_DEVICES", ())
+    uneven = variant.pop("uneven", False)
     panel = toy_panel()
     members = [Member(toy_config(model={"name": name, "dropout": p, **MODELS[name], **variant}, lr=lr,
                                  weight_decay=wd, seed=seed), panel) for p, lr, wd, seed in RUNS]
-    stacked = _trained(members)
+    stacked = _trained(members, uneven)
     for k, member in enumerate(members):
-        for key, want in _trained([member])[0].items():
+        for key, want in _trained([member], uneven)[0].items():
             got = stacked[k][key]
             if key.endswith("self_attn.in_proj_bias"):
                 # the key bias shifts every score of a query alike, which softmax cancels: its

@@ -23,7 +23,7 @@ from sweeper.core.precision import Precision
 from sweeper.core.schedule import Rows
 from sweeper.data import Batcher
 from sweeper.data.batches import gather_stack
-from sweeper.models.stacked.base import StackedModule
+from sweeper.models.stacked.base import StackedModule, member_rows
 
 
 class StackStep:
@@ -102,6 +102,7 @@ class StackStep:
             present = [part[0] if part is not None else lane.batcher.index[:1]
                        for lane, part in zip(self.lanes, parts)]
             sizes = [len(part[0]) if part is not None else 0 for part in parts]
+            member_rows(self.stack, None if min(sizes) == max(sizes) else sizes)  # a shorter member's dropout
             got = gather_stack([lane.batcher for lane in self.lanes], present, max(sizes))
             weights = on_device([part[1] if part is not None else 0.0 for part in parts], self.device)
             with self.precision.autocast():

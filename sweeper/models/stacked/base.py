@@ -78,15 +78,19 @@ class MemberDropout(nn.Module):
     empty_like(x).bernoulli_(1 - p).div_(1 - p)``, then ``x * noise``, and nothing drawn where
     ``p == 0``. ``bernoulli_`` fills a tensor in its memory order, so ``x[k]`` must be laid out as
     its lone run's dropout input is (the models see to it where torch's layers lay it out
-    otherwise: an LSTM's sequences, the attention's output)."""
+    otherwise: an LSTM's sequences, the attention's output). A member whose batch is shorter than the
+    stack's (``rows``, set by the step: an IC loss's whole dates, a shorter fold) draws for its own
+    rows only (dimension ``batch_dim`` of ``x[k]``), as its lone run does; its padding keeps its value."""
 
     generators: list[torch.Generator] | None
+    rows: list[int] | None = None  # each member's own rows in this step (None: every member's are all)
 
-    def __init__(self, p: Sequence[float]) -> None:
+    def __init__(self, p: Sequence[float], batch_dim: int = 0) -> None:
         super().__init__()
         self.rates = [float(v) for v in p]
         self.any = any(v > 0 for v in p)
         self.generators = None
+        self.batch_dim = batch_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or not self.any:
@@ -96,12 +100,35 @@ class MemberDropout(nn.Module):
         # empty_like keeps x's strides: member k's slice is laid out as its lone run's noise
         noise = torch.empty_like(x)
         for k, p in enumerate(self.rates):
-            if p > 0:  # the same double 1 - p as F.dropout's, so the same draw and the same scale
-                generator = None if self.generators is None else self.generators[k]
+            rows = x.shape[1 + self.batch_dim] if self.rows is None else self.rows[k]
+            if p == 0 or rows == 0:
+                noise[k].fill_(1.0)  # F.dropout draws nothing at p = 0 (nor a run with no rows here)
+                continue
+            # the same double 1 - p as F.dropout's, so the same draw and the same scale
+            generator = None if self.generators is None else self.generators[k]
+            if rows == x.shape[1 + self.batch_dim]:
                 noise[k].bernoulli_(1 - p, generator=generator).div_(1 - p)
             else:
-                noise[k].fill_(1.0)  # F.dropout draws nothing at p = 0
+                noise[k].fill_(1.0)
+                mask = _rows_like(x[k], self.batch_dim, rows).bernoulli_(1 - p, generator=generator)
+                noise[k].narrow(self.batch_dim, 0, rows).copy_(mask.div_(1 - p))
         return x * noise
+
+
+def _rows_like(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
+    """An empty tensor of ``x``'s shape but ``rows`` along ``dim``, its dimensions in ``x``'s memory order:
+    a lone run's tensor of that many rows, which ``bernoulli_`` fills in the same order."""
+    order = sorted(range(x.dim()), key=x.stride, reverse=True)
+    shape = [rows if d == dim else x.shape[d] for d in order]
+    laid = torch.empty(shape, dtype=x.dtype, device=x.device)
+    return laid.permute([order.index(d) for d in range(x.dim())])
+
+
+def member_rows(stack: nn.Module, rows: list[int] | None) -> None:
+    """Tell ``stack``'s dropouts each member's own rows in the next step (None: all of them)."""
+    for module in stack.modules():
+        if isinstance(module, MemberDropout):
+            module.rows = rows
 
 
 class StackedModule(nn.Module):

@@ -49,7 +49,7 @@ class StackedRNN(nn.Module):
                 param = nn.Parameter(torch.empty(members, *shape).uniform_(-bound, bound))
                 self.register_parameter(f"{name}_l{layer}", param)
         # as nn.LSTM: dropout on each layer's output sequence except the top layer's
-        self.dropout = MemberDropout(dropout)
+        self.dropout = MemberDropout(dropout, batch_dim=1)  # on [L, B, H] sequences
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1:  # a stack of one: nn.LSTM's / nn.GRU's own call, every layer at once
