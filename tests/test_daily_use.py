@@ -10,6 +10,7 @@ in this process; a test that writes (a refit) works on its own copy of the study
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import time
@@ -108,6 +109,14 @@ def test_predict_refuses_an_unrefit_best_while_another_trial_has_a_refit(here):
     cli(here, "refit", "study.yaml")  # a fresh refit of the best: nothing to refuse
     out = cli(here, "predict", "study.yaml", "--data", "new.parquet", "--start", start, "-o", "p.parquet")
     assert f"note: using the refit of trial {best}, trained to {record['until']}" in out
+    assert "in-sample" not in out  # dates after the refit's window
+    # the refit's own window given as --data: its IC there is in-sample, and a note says so (it did not)
+    whole, _ = synthetic_frame(SYNTH["assets"], SYNTH["dates"] + 40, SYNTH["features"], SYNTH["seed"])
+    whole.to_parquet(here / "all.parquet", index=False)
+    out = cli(here, "predict", "study.yaml", "--data", "all.parquet", "-o", "p.parquet")
+    last = json.loads((here / f"runs/tiny/trials/{best}/refit/refit.json").read_text())["last_target"]
+    assert re.search(rf"note: \d+ of the \d+ dates scored are on or before {last}, the last target date a "
+                     r"refit trained on: their IC is in-sample \(score later dates, or --start after it\)", out), out
 
 
 @pytest.mark.slow

@@ -138,7 +138,7 @@ def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int =
     frames = [predictor.frame(t, split, data=data, start=start, end=end) for t in members]
     source, same = _source(study, predictor, members[0], data)
     used = {t.number: predictor.refits[t.number] for t in members if t.number in predictor.refits}
-    notes = list(predictor.notes)
+    notes = list(predictor.notes) + _in_sample(frames[0], used)
     refitted = [str(t.number) for t in members if data is None and predictor.has_refit(t)]
     if refitted:  # scoring the dates a refit trained on would be leakage
         notes.append(f"trial {', '.join(refitted)} has a refit: the study's own dates are scored with "
@@ -148,6 +148,18 @@ def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int =
                       source=source, same_data=same, notes=notes,
                       refits={n: str(r.get("until")) for n, r in used.items()},
                       weights=weights_line(study.user_attrs, members, used))
+
+
+def _in_sample(frame: pd.DataFrame, used: dict[int, dict[str, Any]]) -> list[str]:
+    """A note where a refit scores dates it trained on (``--data`` holds its window): an in-sample IC."""
+    if not used or frame.empty:
+        return []
+    seen = max(str(r.get("last_target")) for r in used.values())
+    dates = pd.to_datetime(frame["date"]).drop_duplicates()
+    if not (inside := int((dates <= pd.Timestamp(seen)).sum())):
+        return []
+    return [f"{inside} of the {len(dates)} dates scored are on or before {seen}, the last target date a "
+            "refit trained on: their IC is in-sample (score later dates, or --start after it)"]
 
 
 def _source(study: optuna.Study, predictor: Predictor, trial: FrozenTrial,
