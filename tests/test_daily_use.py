@@ -161,10 +161,13 @@ def test_best_says_which_dates_each_figure_covers(swept):
     assert ("  long-short, q=5 buckets, dates 2 apart (gross: equal weights, no costs); valid: the last fold's "
             f"valid block, {span(last['dates'])}:") in lines
     at = next(k for k, line in enumerate(lines) if line.startswith("  top3 ensemble (trials "))
-    assert lines[at + 1:at + 3] == [
-        f"    valid dates: the last fold's valid block, {span(last['dates'])}",
+    assert lines[at + 1] == f"    valid dates: the last fold's valid block, {span(last['dates'])}"
+    # the ensemble's long-short lines sit under it, before its best member alone (they read as the member's)
+    member = next(k for k in range(at, len(lines)) if "alone on the same dates" in lines[k])
+    assert [line.split(":")[0] for line in lines[at + 2:member]] == ["      valid", "      test"]
+    assert lines[member] == (
         f"    trial {trial.number} alone on the same dates: valid ic {alone['valid']['ic']:.4f}  rank_ic "
-        f"{alone['valid']['rank_ic']:.4f}  test ic {alone['test']['ic']:.4f}  rank_ic {alone['test']['rank_ic']:.4f}"]
+        f"{alone['valid']['rank_ic']:.4f}  test ic {alone['test']['ic']:.4f}  rank_ic {alone['test']['rank_ic']:.4f}")
     # item 6: params at 4 significant digits on the screen, every digit in --json
     assert f"  params: train.lr={trial.params['train.lr']:.4g}" in lines
     assert best["params"] == trial.params

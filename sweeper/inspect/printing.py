@@ -321,9 +321,11 @@ def ensemble_lines(ens: dict[str, Any] | None, why: str | None = None,
     lines = [f"top{ens['k']} ensemble (trials {', '.join(map(str, ens['trials']))}): {_ic_pair(ens)}"]
     said, alone = scope_words(scope), ens.get("alone")
     lines += [f"  valid dates: {said}"] if said else []
+    # the ensemble's own long-short lines, under it (after its best member's line they read as the member's)
+    lines += ["  " + line for line in portfolio_lines(ens.get("portfolio"))[1:]]
     if alone:  # a best --json from before has none
         lines.append(f"  trial {alone['trial']} alone on the same dates: {_ic_pair(alone)}")
-    return lines + ["  " + line for line in portfolio_lines(ens.get("portfolio"))[1:]]
+    return lines
 
 
 def _ic_pair(ics: dict[str, Any]) -> str:
