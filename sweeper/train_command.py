@@ -85,7 +85,19 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
             from sweeper.inspect.printing import stack_line
 
             console.print(stack_line(choice), highlight=False, soft_wrap=True)
-        m = {**record.summary(train_runs(panel, trainer), trainer.cfg), **choice}
+        out = train_runs(panel, trainer)
+        m = {**record.summary(out, trainer.cfg), **choice}
+    if out.cut_short is not None:  # as a sweep's trial: PRUNED, no objective (some runs' scores are none)
+        m.update(value=None, cut_short=str(out.cut_short))
+        ran, runs = len(out.runs), trainer.cfg.validation.runs
+        console.print(f"stopped ({out.cut_short}) after {ran} of {runs} runs: the figures below are of "
+                      "those runs; a sweep records the trial PRUNED, with no value",
+                      highlight=False, soft_wrap=True)
+    _say_scores(console, m)
+    return {k: plain(v) for k, v in m.items()}
+
+
+def _say_scores(console: Any, m: dict[str, Any]) -> None:
     if "fold_val_ic" in m:
         console.print(f"folds: val_ic {' '.join(_cell(v) for v in m['fold_val_ic'])}  "
                       f"(mean {_cell(m.get('val_ic'))}, se {_cell(m.get('val_ic_se'))})", highlight=False)
@@ -96,5 +108,4 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
     if m.get("oracle_test_ic"):
         console.print(f"oracle IC: valid {m['oracle_val_ic']:.4f}  test {m['oracle_test_ic']:.4f}  "
                       f"(test reached {m['test_ic'] / m['oracle_test_ic']:.0%})", highlight=False)
-    return {k: plain(v) for k, v in m.items()}
 

@@ -36,3 +36,18 @@ def test_train_prints_a_table_per_epoch(study_file):
     assert [line.split()[0] for line in lines[header + 1: header + 4]] == ["1", "2", "3"]
     assert any(line.startswith("valid: ic") for line in lines)
     assert any(line.startswith("test:  ic") for line in lines)
+
+
+def test_train_cut_short_by_max_minutes_says_so_and_gives_no_value(study_file):
+    # the trial's time ran out after its first run: its figures are that run's, not its seeds' ensemble,
+    # and a sweep records it PRUNED with no value; it printed a value labelled as the ensemble's
+    path = study_file({"model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
+    sets = ["train.epochs=100000", "train.max_minutes=0.01", "validation.repeats=2", "train.max_stack=1",
+            "train.patience=100000"]
+    result = CliRunner().invoke(main, ["train", str(path), *[a for s in sets for a in ("--set", s)], "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert ("stopped (time) after 1 of 2 runs: the figures below are of those runs; a sweep records the trial "
+            "PRUNED, with no value") in result.output
+    metrics = json.loads(result.output[result.output.index("{"):])
+    assert (metrics["value"], metrics["cut_short"], metrics["stop_reason"]) == (None, "time", "time")
