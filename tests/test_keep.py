@@ -258,7 +258,12 @@ def test_gc_dry_run_lists_and_removes_nothing_then_gc_removes(study_file, workdi
     report = json.loads(_cli("best", path, "--json"))
     assert (report["trial"], report["weights"], report["weights_removed"]) == (best.number, None, True)
     assert report["retrain"] == retrain_command(best, str(path))
-    assert f"  weights: removed (study.keep); retrain: {report['retrain']}\n" in _cli("status", path)
+    assert f"  weights: gone (study.keep, gc, or by hand); retrain: {report['retrain']}\n" in _cli("status", path)
+    # a top-3 ensemble member with neither weights nor predictions: the retrain command its error gives
+    # names the study file (it said `sweeper run STUDY`), as best's own line does
+    from sweeper.inspect.frames import TrialFrames
+
+    assert TrialFrames(load_config(path), study, study_file=str(path)).predictor.study_file == str(path)
 
 
 # Needs the integrator's wiring of retention.collect into the worker (after each trial):

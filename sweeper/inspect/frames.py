@@ -34,8 +34,9 @@ class TrialFrames:
     where the trial has them, else the :class:`Predictor`'s (made on first need, with one load
     of the data for every trial it predicts)."""
 
-    def __init__(self, cfg: SweeperConfig, study: optuna.Study, predictor: Predictor | None = None) -> None:
-        self.cfg, self.study = cfg, study
+    def __init__(self, cfg: SweeperConfig, study: optuna.Study, predictor: Predictor | None = None,
+                 study_file: str | None = None) -> None:
+        self.cfg, self.study, self.study_file = cfg, study, study_file
         self.run_dir = files_folder(cfg, study)  # this study's files, wherever another study put them
         self._predictor = predictor
         self._frames: dict[tuple[int, str], pd.DataFrame] = {}
@@ -46,7 +47,7 @@ class TrialFrames:
         if self._predictor is None:
             from sweeper.inspect.trial_model import Predictor  # torch: only for a trial without files
 
-            self._predictor = Predictor(self.cfg, self.study)
+            self._predictor = Predictor(self.cfg, self.study, study_file=self.study_file)
         return self._predictor
 
     def config(self, trial: FrozenTrial) -> SweeperConfig:

@@ -112,7 +112,7 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
     # 4 significant digits: a sampled lr's 17 digits say nothing (best --json keeps them all)
     lines.append("params: " + ", ".join(f"{k}={fmt(v, '.4g') if isinstance(v, float) else v}"
                                         for k, v in best["params"].items()))
-    removed = best.get("weights_removed") and f"removed (study.keep); retrain: {best['retrain']}"
+    removed = best.get("weights_removed") and f"gone (study.keep, gc, or by hand); retrain: {best['retrain']}"
     for line in [*lines, f"weights: {removed or best['weights'] or '-'}"]:
         console.print("  " + line, highlight=False, soft_wrap=True)
 

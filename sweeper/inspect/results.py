@@ -134,7 +134,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
         from sweeper.inspect.longshort import portfolio_report
 
         # the trials' stored predictions; a trial without them is predicted, with one load of the data
-        frames = TrialFrames(cfg, study)
+        frames = TrialFrames(cfg, study, study_file=study_file)  # named in a retrain command
         out.update(portfolio_report(cfg, study, best, frames))
         out.update(ic_views.group_neutral_report(cfg, frames, best))
     return out
