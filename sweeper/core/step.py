@@ -36,6 +36,7 @@ class StackStep:
         self.optimizer, self.scaler = optimizer, scaler
         self.precision, self.criterion, self.lanes, self.dropout = precision, criterion, lanes, dropout
         self.device = flat.values.device
+        self.rows: list[int] | None = None  # each member's rows, told to the dropouts when uneven
 
     @contextmanager
     def preserved(self) -> Iterator[None]:
@@ -102,7 +103,9 @@ class StackStep:
             present = [part[0] if part is not None else lane.batcher.index[:1]
                        for lane, part in zip(self.lanes, parts)]
             sizes = [len(part[0]) if part is not None else 0 for part in parts]
-            member_rows(self.stack, None if min(sizes) == max(sizes) else sizes)  # a shorter member's dropout
+            if (rows := None if min(sizes) == max(sizes) else sizes) != self.rows:  # a shorter one's dropout
+                member_rows(self.stack, rows)
+                self.rows = rows
             got = gather_stack([lane.batcher for lane in self.lanes], present, max(sizes))
             weights = on_device([part[1] if part is not None else 0.0 for part in parts], self.device)
             with self.precision.autocast():
