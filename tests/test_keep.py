@@ -264,6 +264,13 @@ def test_gc_dry_run_lists_and_removes_nothing_then_gc_removes(study_file, workdi
     from sweeper.inspect.frames import TrialFrames
 
     assert TrialFrames(load_config(path), study, study_file=str(path)).predictor.study_file == str(path)
+    # a finished trial's daily IC file removed (study.keep.predictions): the selection-bias figures leave
+    # it out, and say so (they read as if every trial were counted)
+    other = next(n for n in rest if n != best.number)
+    Path(f"runs/tiny/trials/{other}/daily_ic_valid.csv").unlink()
+    report = json.loads(_cli("best", path, "--json"))
+    assert report["selection"]["trials_without_files"] == 1
+    assert "  1 more finished trials have no daily IC file (study.keep): the bias is understated\n" in _cli("best", path)
 
 
 # Needs the integrator's wiring of retention.collect into the worker (after each trial):

@@ -248,6 +248,9 @@ def selection_lines(sel: dict[str, Any] | None) -> list[str]:
              f"{fmt(sel.get('expected_max_null_ic'))}",
              f"  deflated val IC {fmt(sel.get('deflated_ic'))}  P(fluke) {fmt(sel.get('p_fluke'), '.1%')}  "
              f"PBO {fmt(sel.get('pbo'), '.2f')}"]
+    if unread := sel.get("trials_without_files"):
+        lines.append(f"  {unread} more finished trials have no daily IC file (study.keep): "
+                     "the bias is understated")
     if sel.get("se_from") == "folds":
         blocks = "the folds" if sel.get("pbo_blocks") == "folds" else "the dates"
         lines.append(f"  standard errors from the fold ICs (best: se {fmt(sel.get('best_val_ic_se'))} over "
