@@ -213,7 +213,10 @@ def test_selection_bias_panel_is_selection_summary(big):
             daily[t.number] = pd.read_csv(path)["ic"].to_numpy()
     expected = selection_summary(daily, big["study"].best_trial.number, horizon=2)  # data.horizon: lag 1
     meta = fig["layout"]["meta"]["selection"]
-    assert meta.keys() == expected.keys()
+    # and how many finished trials it left out for want of a daily file: the ones without one here
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert meta.keys() == {*expected, "trials_without_files"}
+    assert meta["trials_without_files"] == len(finished) - len(daily)
     for key, value in expected.items():
         assert meta[key] == pytest.approx(value, rel=1e-12), key
     assert meta["n_trials"] == 59  # numbers 0..59 minus the FAIL (7) plus the best (134)
