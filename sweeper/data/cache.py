@@ -74,10 +74,12 @@ def entry_key(fingerprint: str, cfg: DataConfig) -> str:
 def cached(cfg: DataConfig, fingerprint: str, make: Callable[[Alloc], Built]) -> tuple[Built, Path]:
     """The entry of ``(fingerprint, cfg)``, mapped read-only; built with ``make`` if missing."""
     root = cache_root(cfg)
-    if (why := unwritable(root / _LOCKS)) is not None:  # e.g. a service user's read-only home
+    try:
+        (root / _LOCKS).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. a service user's read-only home (the probe says why, off the usual path)
+        why = unwritable(root / _LOCKS) or exc.strerror
         raise ConfigError(f"data.cache_dir: the panel cache {root} cannot be made or written ({why}); set "
-                          f"data.cache_dir or ${ENV_DIR} to a writable folder, or data.cache: false")
-    (root / _LOCKS).mkdir(parents=True, exist_ok=True)
+                          f"data.cache_dir or ${ENV_DIR} to a writable folder, or data.cache: false") from exc
     key = entry_key(fingerprint, cfg)
     entry = root / key
     with _locked(root, key, fcntl.LOCK_SH):

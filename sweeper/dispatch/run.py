@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 import optuna
 from optuna.trial import TrialState
@@ -178,11 +177,10 @@ def _signals_to(stop: StopToken) -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP go to ``stop`` while the sweep runs; raising at once outside the loop
     (before it there is nothing to drain) until ``_sweep`` says otherwise."""
     stop.raise_at_once = True
-    handlers: dict[signal.Signals, Callable[[int, FrameType | None], None]] = {signal.SIGINT: stop,
-                                                                                 signal.SIGTERM: stop}
-    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:  # ignored (nohup): the sweep outlives the terminal
-        handlers[signal.SIGHUP] = stop.hung_up
-    previous = {s: signal.signal(s, handler) for s, handler in handlers.items()}
+    # a SIGHUP that is ignored (nohup) stays so: the sweep outlives the terminal, as asked
+    hup = (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL else ()
+    previous = {s: signal.signal(s, stop.hung_up if s == signal.SIGHUP else stop)
+                for s in (signal.SIGINT, signal.SIGTERM, *hup)}
     try:
         yield
     finally:

@@ -190,17 +190,24 @@ def read_enqueue_file(path: str | Path, cfg: C.SweeperConfig) -> list[StartSet]:
     return sets
 
 
-def _finished(cfg: C.SweeperConfig) -> int | None:
-    """How many trials of the study have finished; None when it does not exist yet (read-only)."""
+def _has_study(cfg: C.SweeperConfig) -> bool:
+    """Whether the study already exists (created, with its config): read-only."""
     try:
         storage = open_storage(cfg.study.resolved_storage, create=False)
     except StorageError:  # no database yet, or no tables in it: a new study
-        return None
-    name = cfg.study.name
-    if not any(s.study_name == name and "config" in s.user_attrs for s in storage.get_all_studies()):
-        return None
-    return len(optuna.load_study(study_name=name, storage=storage).get_trials(
-        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        return False
+    return any(s.study_name == cfg.study.name and "config" in s.user_attrs for s in storage.get_all_studies())
+
+
+def _check_budget(cfg: C.SweeperConfig, sets: int) -> None:
+    """``--enqueue`` sets for an existing study that has used its budget would wait for good: refused."""
+    storage = open_storage(cfg.study.resolved_storage, create=False)
+    study = optuna.load_study(study_name=cfg.study.name, storage=storage)
+    finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    if finished >= cfg.study.n_trials:
+        raise ConfigError(f"--enqueue: study {cfg.study.name!r} has used its budget ({finished} trials "
+                          f"finished, study.n_trials {cfg.study.n_trials}), so its {sets} set(s) "
+                          f"would never run; add --set study.n_trials={finished + sets}")
 
 
 def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Queue:
@@ -210,12 +217,10 @@ def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Que
     one of them, at most ``study.n_trials`` of them (a note says how many were left out). An
     existing study's source study is not read: a warm start is applied once, when it is created."""
     always = tuple(s for path in enqueue for s in read_enqueue_file(path, cfg))
-    finished = _finished(cfg)
-    if always and finished is not None and finished >= cfg.study.n_trials:  # they would wait for good
-        raise ConfigError(f"--enqueue: study {cfg.study.name!r} has used its budget ({finished} trials "
-                          f"finished, study.n_trials {cfg.study.n_trials}), so its {len(always)} set(s) "
-                          f"would never run; add --set study.n_trials={finished + len(always)}")
-    new_warm = cfg.study.warm_start is not None and finished is None
+    exists = _has_study(cfg)
+    if always and exists:
+        _check_budget(cfg, len(always))
+    new_warm = cfg.study.warm_start is not None and not exists
     warm, notes = warm_start_sets(cfg) if new_warm else ([], [])
     first = list(warm)
     if cfg.study.start_from_config:
