@@ -66,9 +66,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def unwritable(folder: Path) -> str | None:
     """Why ``folder`` cannot be made or written (None: it can), tried by making and removing a folder in its
     nearest existing parent (``os.access`` says yes to root on a read-only mount): a check before the work."""
-    parent = folder.absolute()
-    while not parent.exists():
-        parent = parent.parent
+    parent = nearest_existing(folder)
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".sweeper-check-", dir=parent))
     except OSError as exc:  # a file where a folder should be, too

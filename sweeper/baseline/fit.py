@@ -89,8 +89,7 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
         frame = frame_of(panel, rows_of, booster.predict(rows_of.X, num_iteration=best))
         rows[split] = len(frame)
         report = M.ic_report(frame)
-        scores.update({f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"],
-                       f"{p}_icir": report["icir"]})
+        scores.update({f"{p}_{k}": report[k] for k in ("ic", "rank_ic", "icir")})
         predictions[split], daily[split] = frame, M.daily_ic(frame)
     return BaselineResult(scores=scores, predictions=predictions, daily=daily, best_iteration=best,
                           elapsed_s=time.perf_counter() - started, lightgbm_version=lgb.__version__,
@@ -134,8 +133,7 @@ def _merged(fits: list[BaselineResult], elapsed_s: float) -> BaselineResult:
     per_fold = [{"fold": k + 1, **{m: f.scores[m] for m in ("val_ic", "val_rank_ic", "val_icir")},
                  "best_iteration": f.best_iteration, "rows": {s: f.rows[s] for s in ("train", "valid")},
                  "subsampled": f.subsampled, "elapsed_s": f.elapsed_s} for k, f in enumerate(fits)]
-    rows = {"train": sum(f.rows["train"] for f in fits), "valid": sum(f.rows["valid"] for f in fits),
-            "test": last.rows["test"]}
+    rows = {**{s: sum(f.rows[s] for f in fits) for s in ("train", "valid")}, "test": last.rows["test"]}
     # the subsampled folds' figures summed (folds: which, 1-based; limit and by: the last one's). Each
     # fold is subsampled alone, to baseline.max_rows, since each fit holds only its own train window
     subs = [(k + 1, s) for k, f in enumerate(fits) if (s := f.subsampled)]

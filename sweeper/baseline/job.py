@@ -37,12 +37,6 @@ from sweeper.validation.grid import RunGrid
 RESULT = "baseline"  # the study user attribute of the result
 
 
-def _series(frame: Any) -> dict[str, list[Any]]:
-    out = {"date": [str(d)[:10] for d in frame["date"]]}
-    # "fold": walk-forward folds' valid blocks, as the trials' daily_ic_valid.csv
-    return out | {k: plain(frame[k].tolist()) for k in ("ic", "rank_ic", "fold") if k in frame}
-
-
 def fold_summary(folds: list[dict[str, Any]], spans: list[dict[str, list[str]]]) -> dict[str, Any]:
     """The walk-forward keys of the ``baseline`` attribute, as the trials' (one entry per fold):
     ``fold_val_ic`` (its mean is ``val_ic``), ``val_ic_se`` (std ddof=1 / sqrt(k)),
@@ -71,7 +65,10 @@ def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int,
                params={k: v for k, v in result.params.items() if k != "num_threads"},
                num_boost_round=cfg.baseline.num_boost_round,
                early_stopping_rounds=cfg.baseline.early_stopping_rounds,
-               daily={split: _series(frame) for split, frame in result.daily.items()}, finished=_now())
+               # "fold": walk-forward folds' valid blocks, as the trials' daily_ic_valid.csv
+               daily={split: {"date": [str(d)[:10] for d in f["date"]],
+                              **{k: plain(f[k].tolist()) for k in ("ic", "rank_ic", "fold") if k in f}}
+                      for split, f in result.daily.items()}, finished=_now())
     return out
 
 

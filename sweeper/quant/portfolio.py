@@ -47,7 +47,7 @@ class LongShort:
 
     def summary(self) -> LongShortSummary:
         """The figures of docs/inspect.md; None where undefined (JSON-safe)."""
-        step = _step(self.horizon)
+        step = max(int(self.horizon), 1)
         mean = float(self.ls.mean()) if len(self.ls) else math.nan
         std = float(self.ls.std(ddof=1)) if len(self.ls) >= 2 else math.nan
         return {
@@ -64,41 +64,41 @@ class LongShort:
         }
 
 
-def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5, *, pred: str = "pred",
-               label: str = "label", date: str = "date", asset: str = "asset") -> LongShort:
+def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5) -> LongShort:
     """The long-short series of ``frame`` (docs/inspect.md has every definition)."""
     if quantiles < 2:
         raise ValueError(f"quantiles must be >= 2, got {quantiles}")
     # rows with a finite pred and label on every h-th date that has >= 2q of them, in frame order
-    x = pd.to_numeric(frame[pred], errors="coerce").to_numpy(np.float64)
-    y = pd.to_numeric(frame[label], errors="coerce").to_numpy(np.float64)
-    rows = frame[np.isfinite(x) & np.isfinite(y) & frame[date].notna().to_numpy()]
-    per_date = rows.groupby(date, sort=True).size()
-    rows = rows[rows[date].isin(per_date.index[per_date.to_numpy() >= 2 * quantiles][::_step(horizon)])]
+    x = pd.to_numeric(frame["pred"], errors="coerce").to_numpy(np.float64)
+    y = pd.to_numeric(frame["label"], errors="coerce").to_numpy(np.float64)
+    rows = frame[np.isfinite(x) & np.isfinite(y) & frame["date"].notna().to_numpy()]
+    per_date = rows.groupby("date", sort=True).size()
+    used = per_date.index[per_date.to_numpy() >= 2 * quantiles][::max(int(horizon), 1)]
+    rows = rows[rows["date"].isin(used)]
     if rows.empty:
         empty = np.zeros(0)
         return LongShort(np.array([], dtype=object), empty, np.zeros((0, quantiles)), empty,
                          horizon, quantiles)
-    period, dates = pd.factorize(rows[date], sort=True)
-    bucket = _buckets(rows, period, pred, quantiles)
-    y = rows[label].to_numpy(np.float64)
+    period, dates = pd.factorize(rows["date"], sort=True)
+    bucket = _buckets(rows, period, quantiles)
+    y = rows["label"].to_numpy(np.float64)
     key = period * quantiles + bucket
     sums = np.bincount(key, y, len(dates) * quantiles).reshape(-1, quantiles)
     counts = np.bincount(key, minlength=len(dates) * quantiles).reshape(-1, quantiles)
     means = sums / counts  # every bucket of a used date holds at least 2 rows
-    codes, _ = pd.factorize(rows[asset])
+    codes, _ = pd.factorize(rows["asset"])
     top = bucket == quantiles - 1
     return LongShort(np.asarray(dates), means[:, -1] - means[:, 0], means,
                      _turnover(period[top], codes[top], len(dates)), horizon, quantiles)
 
 
-def _buckets(rows: pd.DataFrame, period: np.ndarray, pred: str, quantiles: int) -> np.ndarray:
+def _buckets(rows: pd.DataFrame, period: np.ndarray, quantiles: int) -> np.ndarray:
     """0-based bucket of each row: ``pd.qcut`` of its ``rank(method="first")`` within its date.
 
     A date with n rows has the ranks 1..n, so its buckets are those of ``pd.qcut(1..n)``:
     one qcut per distinct n (pandas' own edges, float rounding included), then a lookup.
     """
-    by_date = pd.Series(rows[pred].to_numpy(np.float64)).groupby(period)
+    by_date = pd.Series(rows["pred"].to_numpy(np.float64)).groupby(period)
     ranks = by_date.rank(method="first").to_numpy().astype(np.int64)
     sizes = np.bincount(period)[period]
     out = np.empty(len(rows), dtype=np.int64)
@@ -127,7 +127,3 @@ def max_drawdown(ls: np.ndarray) -> float:
         return math.nan
     curve = np.concatenate([[0.0], np.cumsum(np.asarray(ls, dtype=np.float64))])
     return float((np.maximum.accumulate(curve) - curve).max())
-
-
-def _step(horizon: int) -> int:
-    return max(int(horizon), 1)
