@@ -43,11 +43,9 @@ class SweeperGroup(click.Group):
             return super().invoke(ctx)
         except SweeperError as exc:
             raise UserError(str(exc)) from None
-        except StorageOutage as exc:
-            click.echo(f"Error: {exc}", err=True)
-            ctx.exit(1)
-        except DiskFull as exc:  # outside a trial (the run folder's set-up, a report): not a user mistake
-            click.echo(f"Error: {exc}; free space and run the command again", err=True)
+        except (StorageOutage, DiskFull) as exc:  # a full disk outside a trial: not a user error
+            again = "; free space and run the command again" if isinstance(exc, DiskFull) else ""
+            click.echo(f"Error: {exc}{again}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt as exc:  # Ctrl-C or a StopRequested (click prints "Aborted!", exits 1)
             click.echo(ctx.meta.get(INTERRUPTED_HINT, "interrupted"), err=True)

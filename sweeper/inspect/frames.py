@@ -34,11 +34,10 @@ class TrialFrames:
     where the trial has them, else the :class:`Predictor`'s (made on first need, with one load
     of the data for every trial it predicts)."""
 
-    def __init__(self, cfg: SweeperConfig, study: optuna.Study, predictor: Predictor | None = None,
-                 study_file: str | None = None) -> None:
+    def __init__(self, cfg: SweeperConfig, study: optuna.Study, study_file: str | None = None) -> None:
         self.cfg, self.study, self.study_file = cfg, study, study_file
         self.run_dir = files_folder(cfg, study)  # this study's files, wherever another study put them
-        self._predictor = predictor
+        self._predictor: Predictor | None = None
         self._frames: dict[tuple[int, str], pd.DataFrame] = {}
         self.predicted: list[tuple[int, str]] = []  # the frames the model had to be run for
 

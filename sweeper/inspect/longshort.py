@@ -36,10 +36,9 @@ def best_long_short(cfg: SweeperConfig, predictor: TrialFrames, best: FrozenTria
 
 
 def portfolio_report(cfg: SweeperConfig, study: optuna.Study, best: FrozenTrial,
-                     predictor: TrialFrames | None = None) -> dict[str, Any]:
+                     predictor: TrialFrames) -> dict[str, Any]:
     """The ``best --json`` keys ``portfolio``, ``constant_pred_dates``, ``ensemble`` (each None
     with a ``*_unavailable`` reason when it cannot be computed)."""
-    predictor = predictor or TrialFrames(cfg, study)
     out: dict[str, Any] = {}
     try:
         views = best_long_short(cfg, predictor, best)
@@ -55,17 +54,16 @@ def portfolio_report(cfg: SweeperConfig, study: optuna.Study, best: FrozenTrial,
     return out
 
 
-def ensemble_report(cfg: SweeperConfig, study: optuna.Study, predictor: TrialFrames,
-                    k: int = ENSEMBLE_K) -> dict[str, Any]:
-    """The top-``k`` ensemble's IC and long-short figures on valid and test, and ``alone``: its
-    best member's IC on the same rows (under walk-forward both are the last fold's valid block,
-    not the dates of the best trial's val_ic, the mean over every fold's).
+def ensemble_report(cfg: SweeperConfig, study: optuna.Study, predictor: TrialFrames) -> dict[str, Any]:
+    """The top-K ensemble's IC and long-short figures on valid and test, and ``alone``: its best
+    member's IC on the same rows (under walk-forward both are the last fold's valid block, not
+    the dates of the best trial's val_ic, the mean over every fold's).
 
     The horizon of the long-short step is the longest of the members' (a study that tunes
     ``data.horizon`` has one label, whose overlap the widest setting describes best)."""
-    members = top_trials(study, k)
+    members = top_trials(study, ENSEMBLE_K)
     horizon = max(predictor.config(t).data.horizon for t in members)
-    out: dict[str, Any] = {"k": k, "trials": [t.number for t in members], "portfolio": {},
+    out: dict[str, Any] = {"k": ENSEMBLE_K, "trials": [t.number for t in members], "portfolio": {},
                            "alone": {"trial": members[0].number}}
     for split in SCORED:
         frame = ensemble([predictor.frame(t, split) for t in members])

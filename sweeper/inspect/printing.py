@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from sweeper.baseline.compare import state_words
 from sweeper.validation import contract as K
 
 if TYPE_CHECKING:
@@ -33,8 +34,6 @@ def print_status(report: dict[str, Any]) -> None:
 
         console.print(f"run folder {folder['path']}: {human_bytes(folder['bytes'])}", highlight=False,
                       soft_wrap=True)
-    from sweeper.baseline.compare import state_words
-
     console.print("baseline: " + state_words(report.get("baseline_state"),
                                              {} if report.get("baseline_done") else None), highlight=False)
     if report["fail_reasons"]:
@@ -275,8 +274,6 @@ def ic_time_lines(best: dict[str, Any]) -> list[str]:
 
 def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = None) -> list[str]:
     """The best trial against the LightGBM baseline (``sweeper best`` and ``status``)."""
-    from sweeper.baseline.compare import state_words
-
     if not base:
         return [f"baseline: - ({state_words(state, None)})"]
     lines = [f"baseline LightGBM: valid ic {fmt(base.get('val_ic'))}  test ic {fmt(base.get('test_ic'))}  "
