@@ -38,10 +38,8 @@ RESULT = "baseline"  # the study user attribute of the result
 
 
 def fold_summary(folds: list[dict[str, Any]], spans: list[dict[str, list[str]]]) -> dict[str, Any]:
-    """The walk-forward keys of the ``baseline`` attribute, as the trials' (one entry per fold):
-    ``fold_val_ic`` (its mean is ``val_ic``), ``val_ic_se`` (std ddof=1 / sqrt(k)),
-    ``worst_fold_val_ic``, ``fold_val_rank_ic``, ``fold_val_icir``, ``fold_best_iteration``,
-    ``fold_rows``, ``fold_subsampled``, ``fold_elapsed_s``, the fold layout and ``folds`` (k)."""
+    """The walk-forward keys of the ``baseline`` attribute, named as the trials' (each ``fold_*`` one
+    entry per fold; the mean of ``fold_val_ic`` is ``val_ic``), the fold layout and ``folds`` (k)."""
     ic = [f["val_ic"] for f in folds]
     finite = [v for v in ic if math.isfinite(v)]
     return {"folds": len(folds), "fold_val_ic": plain(ic), "val_ic_se": plain(fold_standard_error(ic)),

@@ -51,7 +51,6 @@ def ic_time_figure(data: StudyData) -> go.Figure:
     fig = make_subplots(rows=len(panels), cols=len(SPLITS), subplot_titles=titles,
                         horizontal_spacing=0.08, vertical_spacing=0.12)
     months: dict[str, dict[str, Any]] = {}
-    years = 1
     for row, (kind, frames) in enumerate(panels.items(), start=1):
         months[kind] = {}
         for col, split in enumerate(SPLITS, start=1):
@@ -59,7 +58,7 @@ def ic_time_figure(data: StudyData) -> go.Figure:
                 continue
             trace, months[kind][split] = month_heatmap(frames[split], f"{who[kind]} {split}")
             fig.add_trace(trace, row=row, col=col)
-            years = max(years, len(months[kind][split]))
+    years = max([1, *(len(table) for tables in months.values() for table in tables.values())])
     meta: dict[str, Any] = {"trial": data.best.number, "months": months,
                             "ic_by_year": ic_by_year_report(panels["best"]), **data.group_neutral}
     height = max(int(LAYOUT["height"]), len(panels) * (120 + ROW_HEIGHT * years))

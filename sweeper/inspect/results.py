@@ -172,13 +172,11 @@ def scored_on(study_attrs: dict[str, Any], portfolio: bool) -> dict[str, Any]:
 
 
 def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) -> dict[str, Any]:
-    """``best --json``'s fold keys: ``validation`` (the scheme block), ``fold_val_ic``,
-    ``val_ic_se``, ``worst_fold_val_ic``, ``seed_val_ic_sd`` and ``seed_ensemble_val_ic``
-    (repeats > 1), ``fold_best_epoch``, ``folds_run``, the fold layout (the trial's, else the
-    study's), the same for a ``study.metric`` other than val_ic, and ``test_model``: the run
-    whose model scores test_ic and is in weights.pt (the grid's model run: ``fold``, ``repeat``
-    1-based as in ``runs/fold-<f>.seed-<r>/``, and its ``seed``). Empty for a trial that recorded
-    no fold figures (a trial of one run), whose output stays as it was."""
+    """``best --json``'s fold keys: ``validation`` (the scheme block), the trial's :data:`FOLD_KEYS`
+    (and a ``study.metric`` other than val_ic's), the fold layout (the trial's, else the study's), and
+    ``test_model``: the run whose model scores test_ic and is in weights.pt (the grid's model run:
+    ``fold``, ``repeat`` 1-based as in ``runs/fold-<f>.seed-<r>/``, and its ``seed``). Empty for a
+    trial that recorded no fold figures (a trial of one run), whose output stays as it was."""
     ua = trial.user_attrs
     if K.FOLD_VAL_IC not in ua:
         return {}

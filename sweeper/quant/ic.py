@@ -49,8 +49,7 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     daily IC files'), plus ``constant_pred`` (1 on a date whose prediction was constant, else 0)
     with ``flag_constant``. Dates without a correlation are absent."""
     check_columns(df, (pred, label, date))
-    x = pd.to_numeric(df[pred], errors="coerce").to_numpy(np.float64)
-    y = pd.to_numeric(df[label], errors="coerce").to_numpy(np.float64)
+    x, y = (pd.to_numeric(df[c], errors="coerce").to_numpy(np.float64) for c in (pred, label))
     keep = np.isfinite(x) & np.isfinite(y) & df[date].notna().to_numpy()
     x, y = x[keep], y[keep]
     codes, uniques = pd.factorize(df[date].to_numpy()[keep], sort=True)
@@ -58,8 +57,8 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     rx, ry = (pd.Series(v).groupby(codes).rank(method="average").to_numpy(np.float64) for v in (x, y))
     varies = _varies_by_group(codes, x, y, n_groups)  # ranks vary where the values do: one test for both
     constant = (np.bincount(codes, minlength=n_groups) >= 2) & ~varies[0] & varies[1]  # they score 0
-    ic = np.where(constant, 0.0, grouped_pearson(codes, x, y, n_groups, varies))
-    rank_ic = np.where(constant, 0.0, grouped_pearson(codes, rx, ry, n_groups, varies))
+    ic, rank_ic = (np.where(constant, 0.0, grouped_pearson(codes, a, b, n_groups, varies))
+                   for a, b in ((x, y), (rx, ry)))
     ok = np.isfinite(ic) & np.isfinite(rank_ic)
     out = pd.DataFrame({"date": uniques[ok], "ic": ic[ok], "rank_ic": rank_ic[ok]})
     if flag_constant:
@@ -92,11 +91,8 @@ def grouped_pearson(codes: np.ndarray, x: np.ndarray, y: np.ndarray, n_groups: i
     Pearson of the package (the synthetic oracle uses it too)."""
     n = np.bincount(codes, minlength=n_groups).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        dx = x - (np.bincount(codes, x, n_groups) / n)[codes]
-        dy = y - (np.bincount(codes, y, n_groups) / n)[codes]
-        sxy = np.bincount(codes, dx * dy, n_groups)
-        sxx = np.bincount(codes, dx * dx, n_groups)
-        syy = np.bincount(codes, dy * dy, n_groups)
+        dx, dy = (v - (np.bincount(codes, v, n_groups) / n)[codes] for v in (x, y))
+        sxy, sxx, syy = (np.bincount(codes, a * b, n_groups) for a, b in ((dx, dy), (dx, dx), (dy, dy)))
         corr = np.clip(sxy / np.sqrt(sxx * syy), -1.0, 1.0)
     x_varies, y_varies = varies or _varies_by_group(codes, x, y, n_groups)
     return np.where((n >= 2) & x_varies & y_varies, corr, np.nan)
@@ -209,16 +205,14 @@ def ic_loss(pred: torch.Tensor, label: torch.Tensor, group: torch.Tensor) -> tor
     dtype = torch.promote_types(pred.dtype, torch.float32)
     keep = torch.isfinite(label)
     zero = torch.zeros((), dtype=dtype, device=pred.device)
-    x = torch.where(keep, pred.to(dtype), zero)
-    y = torch.where(keep, label.to(dtype), zero)
+    x, y = (torch.where(keep, v.to(dtype), zero) for v in (pred, label))
     uniq, codes = torch.unique(group, return_inverse=True)
 
     def group_sum(v: torch.Tensor) -> torch.Tensor:
         return torch.zeros(uniq.numel(), dtype=v.dtype, device=v.device).index_add(0, codes, v)
 
     n = group_sum(keep.to(dtype))
-    dx = torch.where(keep, x - (group_sum(x) / n.clamp(min=1))[codes], zero)
-    dy = torch.where(keep, y - (group_sum(y) / n.clamp(min=1))[codes], zero)
+    dx, dy = (torch.where(keep, v - (group_sum(v) / n.clamp(min=1))[codes], zero) for v in (x, y))
     sxx, syy, sxy = group_sum(dx * dx), group_sum(dy * dy), group_sum(dx * dy)
     tiny = torch.finfo(dtype).tiny
     # a NaN prediction makes sxx NaN: keep that group so the NaN reaches the loss

@@ -43,8 +43,7 @@ def demean_within(frame: pd.DataFrame, group: str = "group") -> pd.DataFrame:
     over the pairs the IC scores (rows without a group or a finite pred and label dropped first); a
     group of one asset on a date is dropped too: demeaned, it would add weight without information."""
     check_columns(frame, ("date", "pred", "label", group), "group-neutral IC")
-    pred = pd.to_numeric(frame["pred"], errors="coerce").to_numpy(np.float64)
-    label = pd.to_numeric(frame["label"], errors="coerce").to_numpy(np.float64)
+    pred, label = (pd.to_numeric(frame[c], errors="coerce").to_numpy(np.float64) for c in ("pred", "label"))
     keep = np.isfinite(pred) & np.isfinite(label) & frame[group].notna().to_numpy()
     out = pd.DataFrame({"date": frame["date"].to_numpy()[keep], "group": frame[group].to_numpy()[keep],
                         "pred": pred[keep], "label": label[keep]})

@@ -69,8 +69,7 @@ def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5) -> LongSho
     if quantiles < 2:
         raise ValueError(f"quantiles must be >= 2, got {quantiles}")
     # rows with a finite pred and label on every h-th date that has >= 2q of them, in frame order
-    x = pd.to_numeric(frame["pred"], errors="coerce").to_numpy(np.float64)
-    y = pd.to_numeric(frame["label"], errors="coerce").to_numpy(np.float64)
+    x, y = (pd.to_numeric(frame[c], errors="coerce").to_numpy(np.float64) for c in ("pred", "label"))
     rows = frame[np.isfinite(x) & np.isfinite(y) & frame["date"].notna().to_numpy()]
     per_date = rows.groupby("date", sort=True).size()
     used = per_date.index[per_date.to_numpy() >= 2 * quantiles][::max(int(horizon), 1)]
