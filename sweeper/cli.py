@@ -328,8 +328,7 @@ def refit_cmd(study: Path, storage: str | None, trial: str, until: str | None, d
     from sweeper.store.studies import load_existing
 
     cfg = _load(study)
-    done = refit(cfg, load_existing(cfg, storage), trial=trial, until=until, device=device)
-    for line in done.lines():
+    for line in refit(cfg, load_existing(cfg, storage), trial=trial, until=until, device=device).lines():
         click.echo(line)
 
 

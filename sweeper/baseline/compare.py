@@ -30,8 +30,7 @@ def paired_t(dates_a: np.ndarray, ic_a: np.ndarray, dates_b: np.ndarray, ic_b: n
     """``{mean_diff, t_stat, n_dates}`` of ``a - b`` on the dates both have a finite IC."""
     a = {str(d)[:10]: float(v) for d, v in zip(dates_a, ic_a) if math.isfinite(float(v))}
     b = {str(d)[:10]: float(v) for d, v in zip(dates_b, ic_b) if math.isfinite(float(v))}
-    shared = sorted(set(a) & set(b))
-    diff = np.array([a[d] - b[d] for d in shared], dtype=np.float64)
+    diff = np.array([a[d] - b[d] for d in sorted(set(a) & set(b))], dtype=np.float64)
     mean, se = (float(diff.mean()) if len(diff) else None), hac_standard_error(diff, lag)  # NaN under 2 dates
     t = mean / se if mean is not None and math.isfinite(se) and se > 0 else None
     return {"mean_diff": mean, "t_stat": t, "n_dates": len(diff)}
@@ -76,9 +75,6 @@ def state_words(state: dict[str, Any] | None, attr: dict[str, Any] | None) -> st
     """Whether the study's baseline is done, in words (``sweeper status`` and ``best``)."""
     if state is None:
         return "not computed (`sweeper baseline STUDY` computes it)" if attr is None else "done"
-    where = f" on {state.get('host') or '?'}" if state.get("host") else ""
-    if state.get("state") == "failed":
-        return f"failed{where}: {state.get('error', '?')}"
-    if state.get("state") == "running":
-        return f"running{where} since {state.get('at', '?')}"
-    return "done"
+    where = f" on {state['host']}" if state.get("host") else ""
+    return {"failed": f"failed{where}: {state.get('error', '?')}",
+            "running": f"running{where} since {state.get('at', '?')}"}.get(str(state.get("state")), "done")

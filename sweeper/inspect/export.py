@@ -43,8 +43,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
                           for col in raw.columns})
     frame["duration_s"] = frame.pop("duration").dt.total_seconds()
     names = [str(c) for c in frame.columns]  # the dotted names made just above
-    params = sorted(c for c in names if c.startswith("params."))
-    user = sorted(c for c in names if c.startswith("user_attrs."))
+    params, user = (sorted(c for c in names if c.startswith(p)) for p in ("params.", "user_attrs."))
     frame = frame[[c for c in FIXED if c in frame] + params + user]
     spread = {c: _per_fold(frame[c]) for c in user if c.startswith("user_attrs.fold_")}
     for column in params + user:

@@ -92,9 +92,8 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
     lines += fold_lines(best)[0 if scheme else 1:]
     stacked = best.get("stack_size_from") not in (None, "one run per trial") or "precision_rates" in best
     lines += [stack_line(best)] if stacked else []
-    if best.get("population"):
-        shared = ", ".join(map(str, best["population"]))
-        lines.append(f"trained as one stack with trials {shared} (study.population)")
+    if shared := best.get("population"):
+        lines.append(f"trained as one stack with trials {', '.join(map(str, shared))} (study.population)")
     lines += [constraints_line(best)] if "constraints" in best or best.get("infeasible") else []
     lines += selection_lines(best.get("selection")) + baseline_lines(best.get("baseline"),
                                                                      best.get("baseline_state"))

@@ -220,11 +220,9 @@ def constraints_report(cfg: SweeperConfig, best: FrozenTrial, trials: list[Froze
 
 
 def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | None = None) -> dict[str, Any]:
-    """Counts by state, the best trial, the running trials (:func:`running`), the devices' last
-    samples, and ``run_folder``: the run folder's ``path`` and the ``bytes`` of every file under it.
-    With stale running trials: ``stale`` (their numbers), ``grace_period`` and ``reap``. With
-    folds or seed repeats: ``validation`` (the scheme block), the study's fold layout and,
-    per running trial, the ``fold``, ``seed`` and ``epoch`` it is in."""
+    """``status --json``: counts by state, the best trial, the running trials (:func:`running`), the
+    devices' last samples and the run folder's size; with stale running trials, what reaps them; with
+    folds or seed repeats, the scheme, the fold layout and the fold, seed and epoch of each running trial."""
     trials = study.get_trials(deepcopy=False)
     counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
     fails = Counter(t.user_attrs.get("fail_reason", "unknown") for t in trials if t.state == TrialState.FAIL)
@@ -261,8 +259,7 @@ def run_position(step: int | None, cfg: SweeperConfig, params: dict[str, Any],
     if step is None or step < 1 or (stack is None and cfg.train.max_stack == "auto"):
         return {"fold": None, "seed": None, "epoch": None}
     epochs = int(params.get("train.epochs", cfg.train.epochs))
-    grid = dataclasses.replace(RunGrid.of(cfg, stack), epochs=epochs)
-    fold, seed, epoch = grid.position(step)
+    fold, seed, epoch = dataclasses.replace(RunGrid.of(cfg, stack), epochs=epochs).position(step)
     return {"fold": fold + 1, "seed": seed + 1, "epoch": epoch}
 
 

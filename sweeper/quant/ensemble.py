@@ -19,8 +19,7 @@ def zscore_by_date(frame: pd.DataFrame, pred: str = "pred", date: str = "date") 
     grouped = x.groupby(frame[date].to_numpy())
     mean, std = grouped.transform("mean"), grouped.transform("std")
     z = ((x - mean) / std).to_numpy()
-    flat = ~(std.to_numpy() > 0) & np.isfinite(x.to_numpy())
-    return np.where(flat, 0.0, z)
+    return np.where(~(std.to_numpy() > 0) & np.isfinite(x.to_numpy()), 0.0, z)  # no spread: 0
 
 
 def ensemble(frames: list[pd.DataFrame]) -> pd.DataFrame:

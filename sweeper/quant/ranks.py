@@ -38,7 +38,6 @@ def average_ranks_torch(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     import torch
     keyed = torch.where(valid, x, torch.tensor(math.inf, dtype=x.dtype, device=x.device))
     ordered, order = torch.sort(keyed, dim=1)
-    first = torch.searchsorted(ordered, ordered, right=False)
-    last = torch.searchsorted(ordered, ordered, right=True)
+    first, last = (torch.searchsorted(ordered, ordered, right=right) for right in (False, True))
     mean_rank = (first + last + 1).to(x.dtype) / 2  # mean of the 1-based ranks first+1 .. last
     return torch.empty_like(mean_rank).scatter_(1, order, mean_rank)
