@@ -1,5 +1,5 @@
 """Fake GPUs, for tests and drills on machines without any, and the one place that
-chooses between them and the real ones: the GPUs a process sees (:func:`gpu_reader`) and
+chooses between them and the real ones: the GPUs a process sees (:func:`probe`) and
 what a worker's trials train on (:func:`trial_device`).
 
 - ``SWEEPER_FAKE_GPUS=N``: the GPUs this process sees are N fake 80 GB GPUs, not NVML's;
@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from sweeper.devices.nvml import GPU, NvmlProbe, read_nvml
 from sweeper.errors import DeviceError, OutOfMemory
@@ -49,17 +48,19 @@ CPU_BF16_ENV = "SWEEPER_FAKE_CPU_BF16"
 TOTAL_MB = 81920
 BUSY_PID = 999_999  # "someone else": never a pid of ours in tests
 BUSY_MB = 30_000
+N = TypeVar("N", int, float)
 
 
-def gpu_reader() -> Callable[[], NvmlProbe]:
-    """What reads this process's GPUs: the fakes while ``SWEEPER_FAKE_GPUS`` is set, else NVML."""
-    return read_fakes if os.environ.get(GPUS_ENV, "").strip() else read_nvml
+def probe() -> NvmlProbe:
+    """Read every GPU this process sees at once: the fakes while ``SWEEPER_FAKE_GPUS`` is set, else
+    through NVML. Never raises for a missing driver."""
+    return (read_fakes if os.environ.get(GPUS_ENV, "").strip() else read_nvml)()
 
 
 def read_fakes() -> NvmlProbe:
-    count = _env_int(GPUS_ENV, os.environ[GPUS_ENV])
-    busy = {_env_int(BUSY_ENV, part) for part in os.environ.get(BUSY_ENV, "").split(",") if part.strip()}
-    total = _env_int(GPU_MEMORY_ENV, raw) if (raw := os.environ.get(GPU_MEMORY_ENV, "").strip()) else TOTAL_MB
+    count = _env_number(GPUS_ENV, os.environ[GPUS_ENV])
+    busy = {_env_number(BUSY_ENV, part) for part in os.environ.get(BUSY_ENV, "").split(",") if part.strip()}
+    total = _env_or(GPU_MEMORY_ENV, TOTAL_MB)
     return NvmlProbe([_fake_gpu(k, k in busy, total) for k in range(count)], driver="fake", fake=True)
 
 
@@ -73,44 +74,37 @@ def _fake_gpu(index: int, busy: bool, total: int) -> GPU:
                capability=(9, 0), slot_env={SLOT_ENV: "1"})
 
 
-def _env_int(name: str, value: str) -> int:
+def _env_number(name: str, value: str, kind: type[N] = int) -> N:
+    """``value`` of the variable ``name``: a whole number >= 0 (``kind`` float: seconds > 0)."""
     try:
-        number = int(value.strip())
+        number = kind(value.strip())
     except ValueError:
         number = -1
-    if number < 0:
-        raise DeviceError(f"environment variable {name}: expected a whole number >= 0, got {value!r}")
+    if not (number > 0 if kind is float else number >= 0):
+        what = "seconds > 0" if kind is float else "a whole number >= 0"
+        raise DeviceError(f"environment variable {name}: expected {what}, got {value!r}")
     return number
+
+
+def _env_or(name: str, default: N, kind: type[N] = int) -> N:
+    """The variable ``name`` as :func:`_env_number` reads it; unset, ``default`` (production's)."""
+    raw = os.environ.get(name, "").strip()
+    return _env_number(name, raw, kind) if raw else default
 
 
 # ------------------------------------------------------------------ the clocks a test shortens
 
-
-def _env_seconds(name: str, default: float) -> float:
-    """The seconds the clock ``name`` is set to, else ``default`` (production's)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise DeviceError(f"environment variable {name}: expected seconds > 0, got {raw!r}")
-    return seconds
-
-
 # (default) -> seconds: the floor of a trial's grace past train.max_minutes, the interval of the
 # driver's GPU samples, how long a SQLite call waits for the lock
-timeout_grace_floor_s = functools.partial(_env_seconds, TIMEOUT_GRACE_ENV)
-telemetry_interval_s = functools.partial(_env_seconds, TELEMETRY_INTERVAL_ENV)
-sqlite_busy_timeout_s = functools.partial(_env_seconds, SQLITE_BUSY_TIMEOUT_ENV)
+timeout_grace_floor_s = functools.partial(_env_or, TIMEOUT_GRACE_ENV, kind=float)
+telemetry_interval_s = functools.partial(_env_or, TELEMETRY_INTERVAL_ENV, kind=float)
+sqlite_busy_timeout_s = functools.partial(_env_or, SQLITE_BUSY_TIMEOUT_ENV, kind=float)
 
 
 def cpu_bf16() -> bool | None:
     """``SWEEPER_FAKE_CPU_BF16`` as a bool; None: unset (the CPU itself is asked)."""
     raw = os.environ.get(CPU_BF16_ENV, "").strip()
-    return None if not raw else bool(_env_int(CPU_BF16_ENV, raw))
+    return None if not raw else bool(_env_number(CPU_BF16_ENV, raw))
 
 
 # ------------------------------------------------------------------ a worker's trials

@@ -1,5 +1,6 @@
 """The GPUs this process sees, and what is reported of them: telemetry samples and the
-study's environment. No CUDA context, ever (see :mod:`~sweeper.devices.nvml`)."""
+study's environment, read by :func:`~sweeper.devices.fake.probe`. No CUDA context, ever (see
+:mod:`~sweeper.devices.nvml`)."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from sweeper.devices.fake import gpu_reader
-from sweeper.devices.nvml import GPU, NvmlProbe
+from sweeper.devices.fake import probe
+from sweeper.devices.nvml import GPU
 
 
 class TelemetrySample(TypedDict):
@@ -23,12 +24,6 @@ class TelemetrySample(TypedDict):
     mem_used_mb: int
     mem_total_mb: int
     n_procs: int
-
-
-def probe() -> NvmlProbe:
-    """Read every GPU at once: through NVML, or the fakes of tests (:mod:`~sweeper.devices.fake`).
-    Never raises for a missing driver."""
-    return gpu_reader()()
 
 
 def list_gpus() -> list[GPU]:

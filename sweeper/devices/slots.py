@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sweeper.config import DevicesConfig
-from sweeper.devices.gpus import probe
+from sweeper.devices.fake import probe
 from sweeper.devices.nvml import GPU, NvmlProbe
 from sweeper.errors import DeviceError
 

@@ -151,9 +151,6 @@ class Driver:
         """FAIL a claimed trial that never reached a worker as interrupted (a retry runs it)."""
         self._fail(trial_id, FailReason.INTERRUPTED, why)
 
-    def claim_due(self) -> bool:
-        return self.schedule.due()
-
     def _seen(self, trials: list[FrozenTrial]) -> bool:
         """The study as the last claim read it: the view's progress and the stop rule's
         study-wide counts, with no query of their own. False (the claim then asks Optuna for

@@ -35,13 +35,13 @@ class ForkServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._cond = threading.Condition()
-        self._pids: dict[int, int] = {}  # request -> pid
-        self._codes: dict[int, int] = {}  # request -> exit code (a long-lived server's pids may recur)
+        # ("pid" or "code", request) -> its pid, its exit code (by request: a long-lived server's pids recur)
+        self._answers: dict[tuple[str, int], int] = {}
         self._next = 0
         self._gone = False
 
     @classmethod
-    def start(cls, log: IO[bytes] | None = None) -> ForkServer | None:
+    def start(cls) -> ForkServer | None:
         """The server, starting; None where it is off or cannot start (children then start fresh)."""
         if not USE_FORK_SERVER:
             return None
@@ -51,8 +51,8 @@ class ForkServer:
         try:
             server._proc = subprocess.Popen(
                 [sys.executable, *SERVER, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL,
-                env=env, start_new_session=True)  # a terminal's Ctrl-C reaches only the driver
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                start_new_session=True)  # a terminal's Ctrl-C reaches only the driver
         except OSError:
             ours.close()
             return None
@@ -67,8 +67,6 @@ class ForkServer:
         """This process's server, started by its first sweep (again once the last one died or was
         stopped); None where it is off or cannot start."""
         global _shared
-        if not USE_FORK_SERVER:
-            return None
         with _shared_lock:
             if _shared is None or not _shared.alive:
                 _shared = cls.start()
@@ -93,10 +91,8 @@ class ForkServer:
                     self._cond.notify_all()
                     return
                 msg = json.loads(data)
-                if "pid" in msg:
-                    self._pids[msg["req"]] = msg["pid"]
-                elif "exit" in msg:
-                    self._codes[msg["req"]] = msg["code"]
+                key = "code" if "exit" in msg else "pid"
+                self._answers[key, msg["req"]] = msg[key]
                 self._cond.notify_all()
 
     def spawn(self, job: str, argv: list[str], env: dict[str, str], out: int, err: int) -> ForkedProc | None:
@@ -118,17 +114,12 @@ class ForkServer:
             os.close(in_r)  # the child holds its own copy now
         return ForkedProc(self, req, os.fdopen(in_w, "wb"))
 
-    def pid_of(self, req: int) -> int | None:
+    def answer(self, key: str, req: int, timeout: float | None) -> int | None:
+        """Request ``req``'s pid (``key`` "pid") or exit code ("code") once the server sends it; None
+        past ``timeout``, or once the server is gone (a code then -9: its children were killed with it)."""
         with self._cond:
-            self._cond.wait_for(lambda: req in self._pids or self._gone, timeout=launch.SPAWN_WAIT_S)
-            return self._pids.get(req)
-
-    def code_of(self, req: int, timeout: float | None) -> int | None:
-        with self._cond:
-            self._cond.wait_for(lambda: req in self._codes or self._gone, timeout=timeout)
-            if req not in self._codes and self._gone:
-                return -9  # the server died: its children were killed with it
-            return self._codes.get(req)
+            self._cond.wait_for(lambda: (key, req) in self._answers or self._gone, timeout=timeout)
+            return self._answers.get((key, req), -9 if self._gone and key == "code" else None)
 
     def stop(self) -> None:
         """Kill it at once: after the driver has shut its workers down it holds nothing (a straggler
@@ -166,7 +157,7 @@ class ForkedProc:
     def pid(self) -> int:
         """Its pid (and process group: sweeper.child); waits for the server's answer."""
         if self._pid is None:
-            if (pid := self._server.pid_of(self._req)) is None:
+            if (pid := self._server.answer("pid", self._req, launch.SPAWN_WAIT_S)) is None:
                 raise ProcessLookupError("the fork server did not start the child")
             self._pid = pid
         return self._pid
@@ -186,5 +177,5 @@ class ForkedProc:
             except ProcessLookupError:
                 self.returncode = -9
                 return self.returncode
-            self.returncode = self._server.code_of(self._req, timeout)
+            self.returncode = self._server.answer("code", self._req, timeout)
         return self.returncode

@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig
 from sweeper.devices import Slot
+from sweeper.dispatch.claim import ClaimSchedule
 from sweeper.dispatch.handle import WorkerHandle
 from sweeper.dispatch.packer import Held, Packer, first_per_gpu, workers_by_gpu
 from sweeper.dispatch.stopping import TrialEnd
@@ -30,8 +31,8 @@ class Launcher(Protocol):
     """What a strategy may ask of the driver."""
 
     workers: list[WorkerHandle]
+    schedule: ClaimSchedule  # when a claim is due
 
-    def claim_due(self) -> bool: ...
     def claim(self, population: bool = False) -> list[optuna.Trial]: ...
     def start(self, w: WorkerHandle, trials: list[tuple[int, int, dict[str, Any]]], **run: Any) -> None: ...
     def spawn(self, w: WorkerHandle) -> None: ...
@@ -43,13 +44,14 @@ class Dispatch(Protocol):
 
     def first_workers(self, workers: list[WorkerHandle]) -> list[WorkerHandle]: ...
     def start_trials(self, d: Launcher) -> None: ...
-    def release_held(self, d: Launcher, why: str) -> None: ...
-    def seen(self, trials: list[FrozenTrial]) -> None: ...
-    def measured(self, number: int, peak_mb: object) -> None: ...
-    def ended(self, end: TrialEnd) -> None: ...
+    # null behaviour (SlotDispatch's): nothing held, nothing measured
+    def release_held(self, d: Launcher, why: str) -> None: return
+    def seen(self, trials: list[FrozenTrial]) -> None: return
+    def measured(self, number: int, peak_mb: object) -> None: return
+    def ended(self, end: TrialEnd) -> None: return
 
 
-class SlotDispatch:
+class SlotDispatch(Dispatch):
     """Every worker starts at once; each free one takes the next claimed trial."""
 
     # A slot's CPU threads are its trial's: the baseline job runs with them in the slot's turn, so
@@ -60,19 +62,12 @@ class SlotDispatch:
         return workers
 
     def start_trials(self, d: Launcher) -> None:
-        if not d.claim_due():
+        if not d.schedule.due():
             return
         for w in (w for w in d.workers if w.idle):
             if not (trials := d.claim(population=True)):
                 return
             d.start(w, [(private.trial_id(t), t.number, t.params) for t in trials])
-
-    # null behaviour: nothing held, nothing measured
-    def release_held(self, d: Launcher, why: str) -> None: ...
-
-    def seen(self, trials: list[FrozenTrial]) -> None: ...
-    def measured(self, number: int, peak_mb: object) -> None: ...
-    def ended(self, end: TrialEnd) -> None: ...
 
 
 class PackedDispatch:
@@ -94,7 +89,7 @@ class PackedDispatch:
 
     def start_trials(self, d: Launcher) -> None:
         """Start one trial after another where it fits, until nothing more can start now."""
-        while self.held is not None or d.claim_due():
+        while self.held is not None or d.schedule.due():
             idle, spare = workers_by_gpu(d.workers)
             if self.held is None:
                 if self.packer.gate(idle) is None:

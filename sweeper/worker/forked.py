@@ -36,7 +36,7 @@ import selectors
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sweeper import child
@@ -193,19 +193,18 @@ def _environ(env: dict[str, str], cwd: str) -> None:
     driver's process, each with its own folder and PYTHONPATH, so the server's (:data:`_STARTED_WITH`) go."""
     os.environ.clear()
     os.environ.update(env)
-    theirs = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    folder = [] if sys.flags.safe_path else [cwd]  # -P / PYTHONSAFEPATH: no folder goes first
-    rest = [p for p in sys.path if p not in _STARTED_WITH and p not in theirs]
-    sys.path[:] = [*folder, *theirs, *rest]
+    theirs = _python_path(env, cwd)
+    sys.path[:] = [*theirs, *(p for p in sys.path if p not in _STARTED_WITH and p not in theirs)]
 
 
-def _python_path() -> set[str]:
-    """What the server's start put on sys.path before the interpreter's own: its folder, its PYTHONPATH."""
-    folder = set() if sys.flags.safe_path else {sys.path[0]}
-    return {*folder, *(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)}
+def _python_path(env: Mapping[str, str], folder: str) -> list[str]:
+    """What ``python -m`` started in ``folder`` with ``env`` puts on sys.path before the interpreter's
+    own: that folder (none under -P / PYTHONSAFEPATH), then its PYTHONPATH."""
+    first = [] if sys.flags.safe_path else [folder]
+    return [*first, *(os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
 
 
-_STARTED_WITH = _python_path()
+_STARTED_WITH = set(_python_path(os.environ, sys.path[0]))  # the server's own
 
 
 def run(fd: int) -> int:
