@@ -112,7 +112,7 @@ def stale_check_later(seconds: float) -> None:
     from sweeper.dispatch import retries
     from sweeper.store import outage
 
-    retries._suspects.first_seen = {k: v - seconds for k, v in retries._suspects.first_seen.items()}
+    retries._first_seen = {k: v - seconds for k, v in retries._first_seen.items()}
     outage._last_trouble -= seconds
 
 

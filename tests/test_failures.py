@@ -19,11 +19,11 @@ from optuna.trial import TrialState
 from conftest import PROBE
 from sweeper.config import load_config
 from sweeper.core import checkpoint_epoch
-from sweeper.dispatch import notices
+from sweeper.dispatch import view as view_module
 from sweeper.dispatch.live import NullView
-from sweeper.dispatch.notices import Warnings
 from sweeper.dispatch.run import run
 from sweeper.dispatch.telemetry import Telemetry
+from sweeper.dispatch.view import Warnings
 from sweeper.worker.heartbeat import Heartbeat
 
 
@@ -226,7 +226,7 @@ def test_a_failed_artifact_upload_is_logged_and_shown_once(study_file, workdir):
 
 
 def test_repeated_warnings_are_held_back_and_counted(monkeypatch):
-    monkeypatch.setattr(notices, "WARN_REPEAT_S", 0.3)
+    monkeypatch.setattr(view_module, "WARN_REPEAT_S", 0.3)
     view, slot, other = Recorder(), types.SimpleNamespace(label="cpu0"), types.SimpleNamespace(label="cpu1")
     warnings = Warnings(view)
     for _ in range(3):

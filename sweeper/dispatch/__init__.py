@@ -13,9 +13,8 @@ processes, decide who runs what and when the sweep stops).
 - :mod:`~sweeper.dispatch.claim`: counting the budget and asking for a trial, under the claim lock;
 - :mod:`~sweeper.dispatch.retries`: failing stale trials and queueing retries;
 - :mod:`~sweeper.dispatch.baseline_job`: the LightGBM baseline as a job on a free worker slot;
-- :mod:`~sweeper.dispatch.notices`: worker warnings through the view, repeats held back;
-- :mod:`~sweeper.dispatch.view` and :mod:`~sweeper.dispatch.live`: the live view's protocol, and
-  the views (rich, plain lines, nothing);
+- :mod:`~sweeper.dispatch.view` and :mod:`~sweeper.dispatch.live`: the live view's protocol (worker
+  warnings through it, repeats held back), and the views (rich, plain lines, nothing);
 - :mod:`~sweeper.dispatch.telemetry`: the GPU sampling thread.
 
 It may import :mod:`sweeper.worker` (the protocol it speaks) and :mod:`sweeper.study`; neither

@@ -28,10 +28,9 @@ from sweeper.dispatch.baseline_job import BaselineJob
 from sweeper.dispatch.claim import ClaimSchedule, claim
 from sweeper.dispatch.forkserver import ForkServer
 from sweeper.dispatch.handle import Running, WorkerHandle
-from sweeper.dispatch.notices import Warnings
 from sweeper.dispatch.stopping import StopRule, TrialEnd
 from sweeper.dispatch.strategies import dispatch_for
-from sweeper.dispatch.view import View
+from sweeper.dispatch.view import View, Warnings
 from sweeper.errors import FailReason, StopRequested, StorageOutage, one_line, say
 from sweeper.interrupt import StopToken
 from sweeper.store.identity import Identity

@@ -44,10 +44,6 @@ class Packed:
     measured_mb: float | None = None  # the largest peak it has reported
     shared_with: int = 0  # the most other trials of ours on its GPU at once
 
-    @property
-    def charge(self) -> float:
-        return charge_mb(self.allotted_mb, self.measured_mb)
-
 
 @dataclass
 class Held:
@@ -147,7 +143,7 @@ class Packer:
         for uuid in gpus:
             gpu, mine = self.gpus[uuid], [p for p in self.running.values() if p.gpu == uuid]
             rooms[uuid] = Room(total_mb=gpu.total_mb, used_mb=gpu.used_mb, util=gpu.util,
-                               charges=tuple(p.charge for p in mine),
+                               charges=tuple(charge_mb(p.allotted_mb, p.measured_mb) for p in mine),
                                exclusive=any(p.exclusive for p in mine))
         return rooms
 

@@ -31,23 +31,19 @@ def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
                        f"driver {ua['driver_pid']} on {ident.host} is gone")
 
 
-class _Suspects:
-    """Other drivers' RUNNING trials this process has seen stale, and when it first saw each so."""
-
-    def __init__(self) -> None:
-        self.first_seen: dict[tuple[int, int], float] = {}
-
-    def due(self, study_id: int, trial_ids: set[int], wait_s: float) -> set[int]:
-        """The trials seen stale on two looks ``wait_s`` apart, with no storage trouble
-        seen by this process since the first; remembers the rest, forgets the others."""
-        now, trouble = time.monotonic(), outage.last_trouble()
-        seen = {key: now if trouble >= (first := self.first_seen.get(key, now)) else first
-                for key in ((study_id, trial_id) for trial_id in trial_ids)}
-        self.first_seen = {k: v for k, v in self.first_seen.items() if k[0] != study_id} | seen
-        return {k[1] for k, first in seen.items() if now - first >= wait_s}
+# other drivers' RUNNING trials this process has seen stale, (study, trial) -> when it first saw each so
+_first_seen: dict[tuple[int, int], float] = {}
 
 
-_suspects = _Suspects()
+def _due(study_id: int, trial_ids: set[int], wait_s: float) -> set[int]:
+    """The trials seen stale on two looks ``wait_s`` apart, with no storage trouble
+    seen by this process since the first; remembers the rest, forgets the others."""
+    global _first_seen
+    now, trouble = time.monotonic(), outage.last_trouble()
+    seen = {key: now if trouble >= (first := _first_seen.get(key, now)) else first
+            for key in ((study_id, trial_id) for trial_id in trial_ids)}
+    _first_seen = {k: v for k, v in _first_seen.items() if k[0] != study_id} | seen
+    return {k[1] for k, first in seen.items() if now - first >= wait_s}
 
 
 def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
@@ -78,7 +74,7 @@ def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         ours = {private.trial_id(t) for t in running if t.user_attrs.get("driver_id") == ident.driver_id}
         reasons = {t: why for t, why in reasons.items() if t not in ours}
-    for trial_id in _suspects.due(study_id, set(reasons), cfg.grace_period):
+    for trial_id in _due(study_id, set(reasons), cfg.grace_period):
         fail_trial(study, trial_id, FailReason.INTERRUPTED, reasons[trial_id])
 
 

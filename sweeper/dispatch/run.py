@@ -232,9 +232,7 @@ def summarize(study: optuna.Study, driver: Driver) -> SweepResult:
     ending, signum, message = driver.rule.ending(), driver.stop.signum or signal.SIGINT, driver.rule.message
     try:
         trials = study.get_trials(deepcopy=False)
-        best = best_trial(study)
+        counts, best = {s.name: sum(t.state == s for t in trials) for s in TrialState}, best_trial(study)
     except StopRequested:  # stopped while the store is away: no counts to show
-        return SweepResult(counts={}, best=None, ending=ending, signum=signum,
-                           message="the store did not answer; the summary is left out")
-    counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
+        counts, best, message = {}, None, "the store did not answer; the summary is left out"
     return SweepResult(counts=counts, best=best, ending=ending, signum=signum, message=message)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 import optuna
 
@@ -18,8 +19,13 @@ SAMPLERS: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
     "tpe": optuna.samplers.TPESampler,  # constant_liar=True is Optuna 5's default
     "random": optuna.samplers.RandomSampler, "cmaes": optuna.samplers.CmaEsSampler,
     "gp": optuna.samplers.GPSampler, "qmc": optuna.samplers.QMCSampler}
-PRUNERS = {"percentile": optuna.pruners.PercentilePruner}  # the others: no start-up in trials, or below
 MEDIAN_STARTUP = 4  # build_pruner's median pruner waits for 4 finished trials (Optuna's own: 5)
+# name -> (what builds it, the options set unless given); "none" ignores any options
+PRUNERS: dict[str, tuple[Callable[..., optuna.pruners.BasePruner], dict[str, Any]]] = {
+    "median": (optuna.pruners.MedianPruner, {"n_startup_trials": MEDIAN_STARTUP, "n_warmup_steps": 1}),
+    "percentile": (optuna.pruners.PercentilePruner, {"percentile": 25.0}),
+    "asha": (optuna.pruners.SuccessiveHalvingPruner, {}), "hyperband": (optuna.pruners.HyperbandPruner, {}),
+    "wilcoxon": (optuna.pruners.WilcoxonPruner, {}), "none": (lambda **_: optuna.pruners.NopPruner(), {})}
 
 
 def build_sampler(cfg: SamplerConfig, seed: int | None = None) -> optuna.samplers.BaseSampler:
@@ -52,30 +58,21 @@ def startup_trials(cfg: StudyConfig) -> int:
     TPE's and GP's 10, CMA-ES's 1, the percentile pruner's 5, the median pruner's 4 from build_pruner;
     0 for those without one)."""
     sampler = cfg.sampler.options.get("n_startup_trials", _default(SAMPLERS[cfg.sampler.name]))
-    pruner = cfg.pruner.options.get("n_startup_trials", MEDIAN_STARTUP if cfg.pruner.name == "median"
-                                    else _default(PRUNERS.get(cfg.pruner.name)))
+    build, defaults = PRUNERS[cfg.pruner.name]
+    pruner = cfg.pruner.options.get("n_startup_trials", defaults.get("n_startup_trials", _default(build)))
     return max(int(sampler), int(pruner))
 
 
-def _default(cls: Callable[..., object] | None) -> int:
+def _default(cls: Callable[..., object]) -> int:
     """``cls``'s own default ``n_startup_trials`` (read from its signature, so it follows Optuna's), or 0."""
-    param = inspect.signature(cls).parameters.get("n_startup_trials") if cls is not None else None
+    param = inspect.signature(cls).parameters.get("n_startup_trials")
     return 0 if param is None or param.default is inspect.Parameter.empty else int(param.default)
 
 
 def build_pruner(cfg: PrunerConfig) -> optuna.pruners.BasePruner:
-    opts = dict(cfg.options)
-    builders = {
-        "median": lambda: optuna.pruners.MedianPruner(
-            **{"n_startup_trials": MEDIAN_STARTUP, "n_warmup_steps": 1, **opts}),
-        "percentile": lambda: optuna.pruners.PercentilePruner(**{"percentile": 25.0, **opts}),
-        "asha": lambda: optuna.pruners.SuccessiveHalvingPruner(**opts),
-        "hyperband": lambda: optuna.pruners.HyperbandPruner(**opts),
-        "wilcoxon": lambda: optuna.pruners.WilcoxonPruner(**opts),
-        "none": lambda: optuna.pruners.NopPruner(),
-    }
+    build, defaults = PRUNERS[cfg.name]
     try:
-        return builders[cfg.name]()
+        return build(**{**defaults, **cfg.options})
     except TypeError as exc:
         raise ConfigError(f"study.pruner.options: {exc}") from None
 

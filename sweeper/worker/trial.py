@@ -39,7 +39,6 @@ from sweeper.errors import (
 from sweeper.interrupt import StopToken
 from sweeper.plain import plain
 from sweeper.store import artifact_store, open_storage
-from sweeper.store import optuna_private as private
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
 from sweeper.store.outage import watch
 from sweeper.study import convergence, retention, stacking
@@ -120,8 +119,8 @@ class TrialRunner:
     def _open(self, trial_id: int, number: int) -> _Open:
         files = trial_files(self.run_dir, number)
         files.folder.mkdir(parents=True, exist_ok=True)
-        return _Open(optuna.Trial(self.study, trial_id), self.storage.get_trial(trial_id), files,
-                     functools.partial(_log, files.log))
+        return _Open(trial_id, number, optuna.Trial(self.study, trial_id), self.storage.get_trial(trial_id),
+                     files, functools.partial(_log, files.log))
 
     def _train(self, opened: list[_Open], started: float) -> None:
         """Each trial's runs (its folds and seeds; one run without either), the trials of a population
@@ -263,6 +262,8 @@ class TrialRunner:
 class _Open:
     """One trial of a worker's run, from its claim to its end."""
 
+    trial_id: int
+    number: int
     trial: optuna.Trial
     frozen: FrozenTrial
     files: TrialFiles
@@ -270,14 +271,6 @@ class _Open:
     hook: OptunaHook | None = None
     outcome: tuple[TrialState, float | None, dict[str, Any]] | None = None  # None: another driver took it
     ended: bool | None = None  # recorded: whether the worker may go on (None: not yet)
-
-    @property
-    def number(self) -> int:
-        return self.frozen.number
-
-    @property
-    def trial_id(self) -> int:
-        return private.trial_id(self.trial)
 
     def warn(self, text: str) -> None:
         """One line about a problem that does not end the trial: in the trial's log and the
