@@ -19,10 +19,10 @@ from optuna.trial import TrialState
 from conftest import PROBE
 from sweeper.config import load_config
 from sweeper.core import checkpoint_epoch
+from sweeper.devices.gpus import Telemetry
 from sweeper.dispatch import view as view_module
 from sweeper.dispatch.live import NullView
 from sweeper.dispatch.run import run
-from sweeper.dispatch.telemetry import Telemetry
 from sweeper.dispatch.view import Warnings
 from sweeper.worker.heartbeat import Heartbeat
 

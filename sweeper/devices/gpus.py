@@ -1,17 +1,23 @@
-"""The GPUs this process sees, and what is reported of them: telemetry samples and the
-study's environment, read by :func:`~sweeper.devices.fake.probe`. No CUDA context, ever (see
+"""The GPUs this process sees, and what is reported of them: telemetry samples (and the sweep's
+thread that takes them, :class:`Telemetry`) and the study's environment, read by
+:func:`~sweeper.devices.fake.probe`. No CUDA context, ever (see
 :mod:`~sweeper.devices.nvml`)."""
 from __future__ import annotations
 
+import csv
 import importlib.util
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from sweeper.devices.fake import probe
+from sweeper.devices.fake import probe, telemetry_interval_s
 from sweeper.devices.nvml import GPU
+from sweeper.errors import one_line, say
+
+INTERVAL_S = 5.0  # seconds between a sweep's GPU samples (a test shortens it through sweeper.devices.fake)
 
 
 class TelemetrySample(TypedDict):
@@ -66,3 +72,45 @@ def _torch_build() -> tuple[str | None, str | None]:
     except Exception:  # noqa: BLE001 - an odd build stamp only leaves the versions out of the record
         return None, None
     return names.get("__version__"), names.get("cuda")
+
+
+class Telemetry:
+    """The sweep's GPU timeline: a thread that samples each GPU every few seconds into devices.csv."""
+
+    def __init__(self, path: Path, slots: list[Any], interval: float | None = None) -> None:
+        self.path = path
+        self.enabled = any(s.kind == "gpu" for s in slots)
+        self.interval = interval or telemetry_interval_s(INTERVAL_S)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="telemetry")
+        self._told: set[str] = set()  # errors already reported: each distinct one once
+
+    def start(self) -> None:
+        if self.enabled:
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._sample()
+            except Exception as exc:  # noqa: BLE001 - samples are a report's extra; the sweep goes on
+                if (error := one_line(exc)) not in self._told:
+                    self._told.add(error)
+                    say(f"GPU telemetry failed ({error}); {self.path} misses samples while it does "
+                        "(the sweep goes on)")
+            if self._stop.wait(self.interval):
+                return
+
+    def _sample(self) -> None:
+        if rows := telemetry():
+            new = not self.path.exists()
+            with self.path.open("a", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                if new:
+                    writer.writeheader()
+                writer.writerows(rows)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

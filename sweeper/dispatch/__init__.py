@@ -14,8 +14,7 @@ processes, decide who runs what and when the sweep stops).
 - :mod:`~sweeper.dispatch.retries`: failing stale trials and queueing retries;
 - :mod:`~sweeper.dispatch.baseline_job`: the LightGBM baseline as a job on a free worker slot;
 - :mod:`~sweeper.dispatch.view` and :mod:`~sweeper.dispatch.live`: the live view's protocol (worker
-  warnings through it, repeats held back), and the views (rich, plain lines, nothing);
-- :mod:`~sweeper.dispatch.telemetry`: the GPU sampling thread.
+  warnings through it, repeats held back), and the views (rich, plain lines, nothing).
 
 It may import :mod:`sweeper.worker` (the protocol it speaks) and :mod:`sweeper.study`; neither
 imports it (``tests/test_architecture.py``).

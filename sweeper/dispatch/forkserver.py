@@ -11,6 +11,7 @@ straggler dies with it, :func:`stop_shared`); the last one is stopped at the pro
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import socket
@@ -37,7 +38,7 @@ class ForkServer:
         self._cond = threading.Condition()
         # ("pid" or "code", request) -> its pid, its exit code (by request: a long-lived server's pids recur)
         self._answers: dict[tuple[str, int], int] = {}
-        self._next = 0
+        self._ids = itertools.count(1)  # requests (the driver's thread alone asks)
         self._gone = False
 
     @classmethod
@@ -100,9 +101,7 @@ class ForkServer:
         if not self.alive:
             return None
         in_r, in_w = os.pipe()
-        with self._cond:
-            self._next += 1
-            req = self._next
+        req = next(self._ids)
         msg = json.dumps({"req": req, "env": env, "cwd": os.getcwd(), "job": job, "argv": argv}).encode()
         try:
             assert self._sock is not None

@@ -18,11 +18,11 @@ from optuna.trial import TrialState
 
 from sweeper import config as C
 from sweeper import launch
+from sweeper.devices.gpus import Telemetry
 from sweeper.dispatch.driver import Driver
 from sweeper.dispatch.forkserver import ForkServer, stop_shared
 from sweeper.dispatch.plan import Plan
 from sweeper.dispatch.stopping import SweepResult
-from sweeper.dispatch.telemetry import Telemetry
 from sweeper.dispatch.view import View
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
 from sweeper.interrupt import NEVER, StopToken

@@ -19,17 +19,11 @@ from sweeper.worker import protocol
 PROGRESS_EVERY_S = 5.0  # the most a progress event waits; shorter when study.stall_timeout is short
 
 
-def progress_interval(stall_timeout: float | None) -> float:
-    """How often to report progress: several times within the stall timeout, so that one
-    slow pipe or busy driver turn never makes a live trial look stalled."""
-    return PROGRESS_EVERY_S if stall_timeout is None else min(PROGRESS_EVERY_S, stall_timeout / 4)
-
-
 class OptunaHook(NullHook):
     """Reports the objective each epoch, prunes, logs metrics.csv, and tells the driver."""
 
     def __init__(self, trial: optuna.Trial, metric: str, number: int, metrics_csv: Path,
-                 stop: StopToken, progress_every: float = PROGRESS_EVERY_S) -> None:
+                 stop: StopToken, stall_timeout: float | None = None) -> None:
         self.trial, self.metric, self.number = trial, metric, number
         self.metrics_csv, self.stop = metrics_csv, stop
         self.pruned, self.steps = False, 0
@@ -37,7 +31,9 @@ class OptunaHook(NullHook):
         # stack's offset is added to its epoch, and metrics.csv rows say which fold and seed they are
         self.offset = 0
         self.runs: list[dict[str, int]] = [{}]
-        self.progress_every = progress_every
+        # progress several times within study.stall_timeout: one slow pipe or busy driver turn
+        # never makes a live trial look stalled
+        self.progress_every = min(PROGRESS_EVERY_S, stall_timeout / 4 if stall_timeout else math.inf)
         self._next_progress = 0.0  # the first step is reported at once
 
     def on_probe(self, peak_mb: float | None) -> None:

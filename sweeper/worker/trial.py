@@ -47,7 +47,7 @@ from sweeper.study.samplers import build_pruner
 from sweeper.validation.grid import RunGrid
 from sweeper.worker import adoption, constraints, protocol
 from sweeper.worker.heartbeat import Heartbeat
-from sweeper.worker.hook import OptunaHook, progress_interval
+from sweeper.worker.hook import OptunaHook
 
 if TYPE_CHECKING:
     from sweeper.validation.runner import Trainer, TrialRuns
@@ -179,7 +179,7 @@ class TrialRunner:
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
         files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
         o.hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop,
-                            progress_interval(self.cfg.study.stall_timeout))
+                            self.cfg.study.stall_timeout)
         panel = self.panels.load(cfg.data)
         o.hook.tick()  # the data is loaded: progress, for the stall watchdog
         trainer = Trainer(cfg, o.hook, started, self.device, o.log,
@@ -210,8 +210,7 @@ class TrialRunner:
             raise NonFiniteLoss(out.failure)
         record.write_files(out, o.files)
         value, attrs = record.attrs_of(out, trainer.cfg)
-        pruned = o.hook is not None and o.hook.pruned
-        o.outcome = _judged(o.trial, trainer.cfg, out, value, attrs, pruned=pruned)
+        o.outcome = _judged(o.trial, trainer.cfg, out, value, attrs, pruned=bool(o.hook and o.hook.pruned))
 
     def _finish(self, o: _Open) -> bool:
         assert o.outcome is not None
