@@ -132,23 +132,18 @@ def _write(entry: Path, make: Callable[[Alloc], Built]) -> None:
         for name in ARRAYS:
             getattr(built, name).flush()  # on disk before the entry can be seen
         np.save(tmp / "dates.npy", built.dates)
-        write_text(tmp / "meta.json", json.dumps(_meta(built)))
+        meta = {"version": CACHE_VERSION, "shapes": {n: list(getattr(built, n).shape) for n in ARRAYS},
+                "assets": [str(a) for a in built.assets], "features": list(built.features),
+                "splits": {k: list(v) for k, v in built.splits.items()}, "norm_stats": built.norm_stats,
+                "oracle_ic": built.oracle_ic, "leak_corr": built.leak_corr, "leak_rows": built.leak_rows,
+                "created": time.time()}
+        write_text(tmp / "meta.json", json.dumps(meta))
         del built
         # the whole folder appears at once: an entry is complete or absent
         os.rename(tmp, entry)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _meta(b: Built) -> dict:
-    from sweeper.data.build import ARRAYS
-
-    return {"version": CACHE_VERSION, "shapes": {n: list(getattr(b, n).shape) for n in ARRAYS},
-            "assets": [str(a) for a in b.assets], "features": list(b.features),
-            "splits": {k: list(v) for k, v in b.splits.items()}, "norm_stats": b.norm_stats,
-            "oracle_ic": b.oracle_ic, "leak_corr": b.leak_corr, "leak_rows": b.leak_rows,
-            "created": time.time()}
 
 
 def evict(root: Path, max_bytes: float, keep: str = "") -> list[str]:
@@ -164,7 +159,8 @@ def evict(root: Path, max_bytes: float, keep: str = "") -> list[str]:
         elif path.name.startswith(_TRASH):
             shutil.rmtree(path, ignore_errors=True)
         elif path.is_dir() and not path.name.startswith("."):
-            entries.append((path.stat().st_mtime, _size(path), path))
+            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            entries.append((path.stat().st_mtime, size, path))
     total = sum(size for _t, size, _p in entries)
     removed = []
     for _used, size, path in sorted(entries, key=lambda e: e[0]):
@@ -187,10 +183,6 @@ def _trash(entry: Path) -> None:
     trash = entry.parent / f"{_TRASH}{entry.name}-{uuid.uuid4().hex[:8]}"
     os.rename(entry, trash)
     shutil.rmtree(trash, ignore_errors=True)
-
-
-def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
 @contextlib.contextmanager

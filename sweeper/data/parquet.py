@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -28,6 +29,7 @@ from sweeper.errors import DataError
 ORACLE_KEY = b"sweeper.oracle_ic"
 ORACLE_DAILY_KEY = b"sweeper.oracle_daily_ic"
 _HASH_CHUNK = 1 << 20
+T = TypeVar("T")
 
 
 def read_schema(path: Path) -> pa.Schema:
@@ -187,10 +189,13 @@ def oracle_from_metadata(metadata: dict[bytes, bytes]) -> OracleFn:
     split's target dates. An older file has only the figures of the default split
     (``b"sweeper.oracle_ic"``), which are returned as they are. None without either.
     """
-    if (daily := _daily_oracle(metadata.get(ORACLE_DAILY_KEY))) is not None:
+    daily = _entry(metadata.get(ORACLE_DAILY_KEY), lambda v: (
+        np.array(v["dates"], dtype="datetime64[ns]"),
+        np.array([np.nan if x is None else float(x) for x in v["ic"]], dtype=np.float64)))
+    if daily is not None and len(daily[0]) == len(daily[1]):  # else: fall back to the fixed figures
         days, values = daily
         return lambda dates, splits: oracle_on_splits(days, values, dates, splits)
-    fixed = _fixed_oracle(metadata.get(ORACLE_KEY))
+    fixed = _entry(metadata.get(ORACLE_KEY), lambda v: {str(k): float(x) for k, x in v.items()})
     return lambda dates, splits: fixed
 
 
@@ -208,22 +213,12 @@ def daily_oracle_json(days: np.ndarray, values: np.ndarray) -> bytes:
                        "ic": [float(v) if np.isfinite(v) else None for v in values]}).encode()
 
 
-def _daily_oracle(raw: bytes | None) -> tuple[np.ndarray, np.ndarray] | None:
+def _entry(raw: bytes | None, read: Callable[[Any], T]) -> T | None:
+    """``read`` of a JSON metadata entry; None for none, or a foreign or damaged one."""
     try:
-        value = json.loads(raw or "")  # none: a ValueError, as a damaged one
-        days = np.array(value["dates"], dtype="datetime64[ns]")
-        values = np.array([np.nan if v is None else float(v) for v in value["ic"]], dtype=np.float64)
+        return read(json.loads(raw or ""))  # none: a ValueError, as a damaged one
     except (ValueError, TypeError, KeyError, AttributeError):
-        return None  # a foreign or damaged entry: fall back to the fixed figures
-    return (days, values) if len(days) == len(values) else None
-
-
-def _fixed_oracle(raw: bytes | None) -> dict[str, float] | None:
-    try:
-        value = json.loads(raw or "")  # none: a ValueError, as a damaged one
-        return {str(k): float(v) for k, v in value.items()}
-    except (ValueError, TypeError, AttributeError):
-        return None  # a foreign or damaged entry: the panel simply has no oracle
+        return None
 
 
 def file_fingerprint(path: str | Path, selection: Mapping[str, object], memo: Path | None = None) -> str:

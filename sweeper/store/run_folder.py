@@ -89,15 +89,10 @@ def _restore(back: Path, run_dir: Path) -> list[str]:
 
 
 def files_folder(cfg: SweeperConfig, study: optuna.Study) -> Path:
-    """The folder holding ``study``'s files now: its run folder, or ``previous/<uuid>/`` when
-    another study has taken it over (:func:`study_dir` of its run folder)."""
-    return study_dir(layout.run_dir(cfg), study.user_attrs.get("study_uuid"))
-
-
-def study_dir(run_dir: Path, study_uuid: str | None) -> Path:
-    """Where this study's trial files are now: ``run_dir`` itself, or ``previous/<uuid>/`` when
-    another study took the folder over since (the same layout: trials/, logs/). Readers
-    (best, predict, report, gc) go there, so they never read another study's weights."""
+    """The folder holding ``study``'s files now: its run folder, or ``previous/<uuid>/`` when another
+    study took the folder over since (the same layout: trials/, logs/). Readers (best, predict,
+    report, gc) go there, so they never read another study's weights."""
+    run_dir, study_uuid = layout.run_dir(cfg), study.user_attrs.get("study_uuid")
     if (owner := _owner(run_dir)) is None or study_uuid is None or owner == study_uuid:
         return run_dir
     return previous_dir(run_dir, study_uuid)  # absent if its files never were here: none to read

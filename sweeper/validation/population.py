@@ -20,11 +20,6 @@ from sweeper.core.checkpoint import member_states
 from sweeper.core.hooks import Checkpointer, EpochHook
 
 
-def owners(sizes: Sequence[int]) -> list[list[int]]:
-    """Each trial's member indices in the stack, given how many members each trial has there."""
-    return [list(range(sum(sizes[:t]), sum(sizes[:t + 1]))) for t in range(len(sizes))]
-
-
 class PopulationHook:
     """The core's hook for a stack of several trials' runs (``hooks[t]``: trial ``t``'s own, whose
     members are ``members[t]``, consecutive)."""

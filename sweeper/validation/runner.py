@@ -41,7 +41,7 @@ from sweeper.errors import StopReason
 from sweeper.models import build_model
 from sweeper.store.layout import SPLITS
 from sweeper.validation.grid import RunGrid, seeded
-from sweeper.validation.population import PopulationCheckpointer, PopulationHook, owners
+from sweeper.validation.population import PopulationCheckpointer, PopulationHook
 from sweeper.validation.run_files import RunStore
 from sweeper.validation.scores import TrainingRun, ensemble_frame
 
@@ -284,8 +284,11 @@ def _train_stack(parts: list[Part], panels: dict[int, Panel]) -> list[int]:
     members = []
     for trainer, out, cells in parts:
         for fold, seed in cells:
-            cfg = seeded(trainer.cfg, seed)
-            _say_run(trainer, cfg, out.folds[fold], seed, out, out.spans[fold] if out.spans else {})
+            cfg, dates = seeded(trainer.cfg, seed), out.spans[fold] if out.spans else {}
+            spans = ", ".join(f"{name} {a}..{b}" for name, (a, b) in dates.items())  # train, valid
+            if trainer.log is not None:
+                trainer.log(f"{out.grid.label(fold)}, seed {seed + 1}/{cfg.validation.repeats} "
+                            f"(train.seed {cfg.train.seed})" + (f": {spans}" if spans else ""))
             members.append(Member(cfg, _scored(out.grid, panels[fold], fold, seed)))
         trainer.hook.begin([out.grid.columns(f, r) for f, r in cells], out.grid.step(*cells[0], 0))
     settled: dict[int, bool] = {}  # part -> whether its trial ends here
@@ -339,7 +342,8 @@ def _stack_hook(parts: list[Part], settle: Callable[[int, list[TrainResult]], No
                            if trainer.store is not None else NullCheckpointer())
     if len(parts) == 1:
         return parts[0][0].hook, checkpoints[0]
-    members = owners([len(cells) for _, _, cells in parts])
+    sizes = [len(cells) for _, _, cells in parts]  # each trial's members in the stack, trial after trial
+    members = [list(range(sum(sizes[:t]), sum(sizes[:t + 1]))) for t in range(len(parts))]
     hook = PopulationHook([trainer.hook for trainer, _, _ in parts], members, settle)
     saved = PopulationCheckpointer([(ks, c, seeded(trainer.cfg, cells[0][1]))
                                     for ks, c, (trainer, _, cells) in zip(members, checkpoints, parts)],
@@ -377,12 +381,3 @@ def _keep(trainer: Trainer, out: TrialRuns, panel: Panel, fold: int, seed: int, 
     if is_model and seed == 0:
         out.model = result
     return run
-
-
-def _say_run(trainer: Trainer, cfg: SweeperConfig, fold: Fold, seed: int, out: TrialRuns,
-             dates: dict[str, list[str]]) -> None:
-    say = trainer.log or (lambda line: None)
-    where = out.grid.label(fold.index)
-    say(f"{where}, seed {seed + 1}/{cfg.validation.repeats} (train.seed {cfg.train.seed})"
-        + (f": train {dates['train'][0]}..{dates['train'][1]}, valid {dates['valid'][0]}..{dates['valid'][1]}"
-           if dates else ""))

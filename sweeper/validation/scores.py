@@ -70,12 +70,6 @@ def objective(runs: Sequence[TrainingRun], cfg: SweeperConfig,
     return mean - se if cfg.study.resolved_direction == "maximize" else mean + se
 
 
-def seed_sd(runs: Sequence[TrainingRun], key: str = "val_ic") -> float:
-    """Mean over folds of the std (ddof=1) of the seed scores in the fold (folds with >= 2 seeds)."""
-    seeds = [[_num(r.metrics.get(key)) for r in fold] for fold in _by_fold(runs)]
-    return _mean([statistics.stdev(v) for v in seeds if len(v) >= 2 and all(math.isfinite(x) for x in v)])
-
-
 def ensemble_frame(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """The seed ensemble's ``date, asset, pred, label``: per row, the mean of the seeds' predictions."""
     stacked = pd.concat([f[["date", "asset", "pred", "label"]] for f in frames], ignore_index=True)
@@ -108,7 +102,9 @@ def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: i
         attrs[K.FOLD_DATES] = spans
     if grid.repeats > 1:
         per_fold = ensemble_fold_scores(runs, predictions)
-        attrs.update({K.SEED_VAL_IC_SD: seed_sd(runs), K.FOLD_SEED_ENSEMBLE_VAL_IC: per_fold,
+        seeds = [[_num(r.metrics.get("val_ic")) for r in fold] for fold in _by_fold(runs)]
+        sd = _mean([statistics.stdev(v) for v in seeds if len(v) >= 2 and all(math.isfinite(x) for x in v)])
+        attrs.update({K.SEED_VAL_IC_SD: sd, K.FOLD_SEED_ENSEMBLE_VAL_IC: per_fold,
                       K.SEED_ENSEMBLE_VAL_IC: _mean(per_fold)})
     attrs[K.FOLD_BEST_EPOCH] = [int(statistics.median_low([int(r.metrics.get("best_epoch") or 0) for r in f]))
                                 for f in _by_fold(runs)]
