@@ -119,15 +119,6 @@ def _tune_postgres(engine: sqlalchemy.Engine) -> None:
         dbapi_conn.commit()
 
 
-def prepare_sqlite_file(url: str) -> None:
-    """Create the folder and switch the file to WAL (persistent) before Optuna opens it."""
-    if (path := sqlite_path(url)) is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.closing(sqlite3.connect(path, timeout=sqlite_busy_timeout_s())) as conn:
-        conn.execute("PRAGMA journal_mode=WAL")
-
-
 # What the storage call running on this thread does (READ, WRITE or DURABLE), for the "begin" hook
 _txn = threading.local()
 READ, WRITE, DURABLE = "read", "write", "durable"
@@ -190,14 +181,12 @@ class SweeperStorage(RDBStorage):
             except optuna.exceptions.UpdateFinishedTrialError:
                 # a retry refused because the trial is finished: if it is finished the way
                 # this call asked, the attempt that seemed lost did commit
-                if len(tries) > 1 and self._landed(trial_id, state, values):
+                stored = RDBStorage.get_trial(self, trial_id) if len(tries) > 1 else None
+                if (stored is not None and stored.state == state
+                        and (values is None or stored.values == [float(v) for v in values])):
                     return True
                 raise
         return self._through(DURABLE, attempt)
-
-    def _landed(self, trial_id: int, state: TrialState, values: Sequence[float] | None) -> bool:
-        stored = RDBStorage.get_trial(self, trial_id)
-        return stored.state == state and (values is None or stored.values == [float(v) for v in values])
 
 
 def _routed(name: str, mode: str) -> Callable[..., Any]:
@@ -226,8 +215,10 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     url = normalize_url(url)
     if (path := sqlite_path(url)) is not None and not path.exists() and not create:
         raise StorageError(f"storage {url}: no such database file {path}")
-    if create:
-        prepare_sqlite_file(url)
+    if create and path is not None:  # the folder, and the file in WAL (persistent) before Optuna opens it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(sqlite3.connect(path, timeout=sqlite_busy_timeout_s())) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
     try:
         with quiet_optuna(), schema_guard(url, create) as ready:
             storage = SweeperStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
