@@ -82,10 +82,8 @@ def _tune_sqlite(engine: sqlalchemy.Engine) -> None:
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # autocommit at the driver level, so that the "begin" hook below owns BEGIN
         dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout = {int(sqlite_busy_timeout_s() * 1000)}")
-        cur.execute("PRAGMA synchronous = FULL")
-        cur.close()
+        dbapi_conn.execute(f"PRAGMA busy_timeout = {int(sqlite_busy_timeout_s() * 1000)}")
+        dbapi_conn.execute("PRAGMA synchronous = FULL")
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:

@@ -90,7 +90,7 @@ class AdvisoryLock:
     the store's outage policy.
     """
 
-    def __init__(self, engine: sqlalchemy.Engine, key: str, policy: outage.OutagePolicy | None = None,
+    def __init__(self, engine: sqlalchemy.Engine, key: str, policy: outage.OutagePolicy,
                  stop: StopToken = NEVER) -> None:
         self.engine, self.stop, self.policy = engine, stop, policy
         self.name, self.key = key, advisory_key(key)
@@ -99,23 +99,21 @@ class AdvisoryLock:
 
     def __enter__(self) -> AdvisoryLock:
         try:
-            acquire(self._try, f"the claim lock {self.name!r}", self.stop)
+            acquire(lambda: self.policy.call(self._try), f"the claim lock {self.name!r}", self.stop)
         except BaseException:
             self._drop_pending()
             raise
         return self
 
     def _try(self) -> bool:
-        def once() -> bool:
-            self._drop_pending()
-            self._pending = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            if not self._pending.exec_driver_sql(f"SELECT pg_try_advisory_lock({self.key})").scalar():
-                self._pending.close()
-                self._pending = None
-                return False
-            self._conn, self._pending = self._pending, None
-            return True
-        return self.policy.call(once) if self.policy is not None else once()
+        self._drop_pending()
+        self._pending = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        if not self._pending.exec_driver_sql(f"SELECT pg_try_advisory_lock({self.key})").scalar():
+            self._pending.close()
+            self._pending = None
+            return False
+        self._conn, self._pending = self._pending, None
+        return True
 
     def _drop_pending(self) -> None:
         """A try cut short (an error, Ctrl-C) may hold the lock: end its session."""

@@ -57,14 +57,10 @@ class RunGrid:
                              "trial (the study's stack_size attribute): pass it to RunGrid.of")
 
     @property
-    def runs(self) -> int:
-        return self.folds * self.repeats
-
-    @property
     def single(self) -> bool:
         """One run (holdout, one seed): the trial's scores are that run's, with nothing to
         aggregate over folds or seeds. Its files are laid out as every trial's."""
-        return self.runs == 1
+        return self.folds * self.repeats == 1
 
     @property
     def folded(self) -> bool:
