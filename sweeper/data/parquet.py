@@ -28,7 +28,6 @@ from sweeper.errors import DataError
 
 ORACLE_KEY = b"sweeper.oracle_ic"
 ORACLE_DAILY_KEY = b"sweeper.oracle_daily_ic"
-_HASH_CHUNK = 1 << 20
 T = TypeVar("T")
 
 
@@ -222,7 +221,7 @@ def _entry(raw: bytes | None, read: Callable[[Any], T]) -> T | None:
 
 
 def file_fingerprint(path: str | Path, selection: Mapping[str, object], memo: Path | None = None) -> str:
-    """sha256 of the file bytes (read in chunks) plus the column selection.
+    """sha256 of the file bytes (read in chunks, hashlib.file_digest) plus the column selection.
 
     With ``memo`` (the panel cache's folder), the fingerprint of a file whose path, inode, size and
     modification time (in ns) are unchanged is read back instead of re-reading the file: every worker would
@@ -237,10 +236,8 @@ def file_fingerprint(path: str | Path, selection: Mapping[str, object], memo: Pa
         known = record.read_text().strip()
         if len(known) == 64:
             return known
-    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
-            digest.update(chunk)
+        digest = hashlib.file_digest(fh, "sha256")
     digest.update(chosen.encode())
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)

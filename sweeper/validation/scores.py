@@ -96,8 +96,14 @@ def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: i
     grid = RunGrid.of(cfg)
     if grid.single:  # one run's figures are the trial's: nothing to aggregate over folds or seeds
         return attrs
-    for key in dict.fromkeys(["val_ic", cfg.study.metric]):
-        attrs.update(_fold_figures(runs, cfg, key, grid))
+    for key in dict.fromkeys(["val_ic", cfg.study.metric]):  # fold_<key>, <key>_se, worst_fold_<key>
+        scores = fold_scores(runs, key)
+        attrs.update({K.fold_key(key): scores, K.se_key(key): standard_error(runs, key)})
+        if grid.folded:
+            finite = [v for v in scores if math.isfinite(v)]
+            # the worst of a minimised metric (val_loss) is its largest; val_ic's is its smallest
+            worst = max if key == cfg.study.metric and cfg.study.resolved_direction == "minimize" else min
+            attrs[K.worst_key(key)] = worst(finite) if finite else math.nan
     if grid.folded:
         attrs[K.FOLD_DATES] = spans
     if grid.repeats > 1:
@@ -110,18 +116,6 @@ def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: i
                                 for f in _by_fold(runs)]
     attrs[K.FOLDS_RUN] = folds_run
     return attrs
-
-
-def _fold_figures(runs: Sequence[TrainingRun], cfg: SweeperConfig, key: str, grid: RunGrid) -> dict[str, Any]:
-    """``fold_<key>``, ``<key>_se`` and, over folds, ``worst_fold_<key>``."""
-    scores = fold_scores(runs, key)
-    out: dict[str, Any] = {K.fold_key(key): scores, K.se_key(key): standard_error(runs, key)}
-    if grid.folded:
-        finite = [v for v in scores if math.isfinite(v)]
-        # the worst of a minimised metric (val_loss) is its largest; val_ic's is its smallest
-        worst = max if key == cfg.study.metric and cfg.study.resolved_direction == "minimize" else min
-        out[K.worst_key(key)] = worst(finite) if finite else math.nan
-    return out
 
 
 def daily_valid(frames: Mapping[tuple[int, int], pd.DataFrame]) -> pd.DataFrame:
