@@ -15,11 +15,9 @@ if TYPE_CHECKING:
 
 def artifact_store(location: str) -> FileSystemArtifactStore | Boto3ArtifactStore:
     """FileSystemArtifactStore under a folder; Boto3ArtifactStore for ``s3://bucket``."""
-    from optuna.artifacts import FileSystemArtifactStore
+    from optuna.artifacts import Boto3ArtifactStore, FileSystemArtifactStore  # boto3 itself loads on use
 
     if (bucket := check_artifacts(location)) is not None:
-        from optuna.artifacts import Boto3ArtifactStore
-
         return Boto3ArtifactStore(bucket)
     base = artifacts_dir(location)
     base.mkdir(parents=True, exist_ok=True)
