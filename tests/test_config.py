@@ -99,6 +99,21 @@ def test_sets_are_type_checked(tmp_path):
         C.load_config(path, ["train.epochs"])
 
 
+def test_sets_reach_a_search_space_param_by_its_dotted_name(tmp_path):
+    """search_space is keyed by dotted names: --set search_space.train.lr.high sets train.lr's high (it
+    used to make a param "train" and fail with "search_space.train.type: Field required")."""
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n"
+                    "search_space:\n  train.lr: {type: float, low: 0.001, high: 0.01, log: true}\n")
+    cfg = C.load_config(path, ["search_space.train.lr.high=0.1", "search_space.model.dropout={type: float, "
+                               "low: 0.0, high: 0.3}", "search_space.train.lr.log=false"])
+    assert cfg.search_space["train.lr"].model_dump(exclude_none=True) == {
+        "type": "float", "low": 0.001, "high": 0.1, "log": False}
+    assert cfg.search_space["model.dropout"].high == 0.3
+    with pytest.raises(ConfigError, match=r"search_space.train.lr: low \(0.001\) > high \(0.0001\)"):
+        C.load_config(path, ["search_space.train.lr.high=0.0001"])
+
+
 def test_custom_model_kwargs_are_the_rest_of_the_section():
     cfg = C.validate_config(_with(model={"name": "pkg.mod:Net", "width": 7, "dropout": 0.2}), "s.yaml")
     assert cfg.model.custom_kwargs() == {"dropout": 0.2, "width": 7}

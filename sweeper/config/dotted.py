@@ -16,12 +16,22 @@ from sweeper.config.schema import ParamSpec, SweeperConfig
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node = raw
-    *parents, last = key.split(".")
+    *parents, last = _parts(key)
     for part in parents:
         if not isinstance(node.get(part), dict):
             node[part] = {}
         node = node[part]
     node[last] = value
+
+
+def _parts(key: str) -> list[str]:
+    """``key``'s path; ``search_space`` is keyed by dotted names, each one part of it:
+    ``search_space.train.lr.high`` is the ``high`` of the param ``train.lr``."""
+    head, _, rest = key.partition(".")
+    if head != "search_space" or not rest:
+        return key.split(".")
+    name, _, field = rest.rpartition(".")
+    return [head, name, field] if name and field in ParamSpec.model_fields else [head, rest]
 
 
 def to_dict(cfg: SweeperConfig) -> dict[str, Any]:
