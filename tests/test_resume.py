@@ -34,9 +34,15 @@ def _study(path):
     return optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
 
 
+def _hang_up_as_a_terminal_does():
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a suite run under nohup passes SIGHUP ignored on
+
+
 def _start(path, *args):
+    # SIGHUP as a terminal's session has it: a sweep keeps an ignored SIGHUP ignored (nohup)
     return subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_hang_up_as_a_terminal_does)
 
 
 def _wait_for_checkpointed_running(path, timeout=60.0):
