@@ -45,7 +45,7 @@ from sweeper.data.folds import MIN_TRAIN_DATES
 from sweeper.data.load import recipe
 from sweeper.data.panel import Panel
 from sweeper.data.split import purge_gap, split_widths
-from sweeper.errors import ConfigError, DataError
+from sweeper.errors import ConfigError, DataError, StopReason
 from sweeper.inspect.predict import pick_trial
 from sweeper.inspect.trial_model import read_refit, trial_config
 from sweeper.store.layout import RefitFiles, TrialFiles, trial_files
@@ -89,16 +89,19 @@ class Refit:
 
 def refit_epochs(trial: FrozenTrial) -> tuple[int, str]:
     """``(E, where it came from)``: the median of the trial's ``fold_best_epoch`` (a trial of
-    several runs) when it has one, else its ``best_epoch``; rounded half up, at least 1."""
+    several runs) when it has one, else its ``best_epoch``; rounded half up, at least 1. A trial that
+    ``train.max_minutes`` cut short says so: its best epoch may be early only because its training was."""
+    timed_out = trial.user_attrs.get("stop_reason") == StopReason.TIME
+    cut = ", of a training cut short by train.max_minutes" if timed_out else ""
     folds = trial.user_attrs.get(K.FOLD_BEST_EPOCH)
     if isinstance(folds, list) and folds:
         median = float(statistics.median(folds))
-        return max(1, math.floor(median + 0.5)), f"the median best epoch of {len(folds)} fold(s)"
+        return max(1, math.floor(median + 0.5)), f"the median best epoch of {len(folds)} fold(s){cut}"
     best = trial.user_attrs.get("best_epoch")
     if not isinstance(best, (int, float)) or not math.isfinite(best) or best < 1:
         raise ConfigError(f"--trial {trial.number}: trial {trial.number} ({trial.state.name}) has no best "
                           "epoch (user attrs fold_best_epoch, best_epoch) to refit with; pick a finished one")
-    return max(1, math.floor(float(best) + 0.5)), "its best epoch"
+    return max(1, math.floor(float(best) + 0.5)), f"its best epoch{cut}"
 
 
 def parse_until(until: str | None) -> np.datetime64 | None:

@@ -196,6 +196,16 @@ def test_a_walk_forward_trial_refits_with_its_median_fold_best_epoch(study_file)
     assert record["target_dates"] == SYNTH["dates"] - (LOOKBACK - 1) - HORIZON
 
 
+def test_a_trial_cut_short_by_time_says_so_in_its_epochs():
+    """Its best epoch may be its last only because train.max_minutes stopped it (refit used to say nothing)."""
+    cut = optuna.trial.create_trial(state=TrialState.COMPLETE, value=0.1,
+                                    user_attrs={"best_epoch": 3, "stop_reason": "time"})
+    assert refit_epochs(cut) == (3, "its best epoch, of a training cut short by train.max_minutes")
+    cut.user_attrs.update(fold_best_epoch=[2, 3])
+    assert refit_epochs(cut) == (3, "the median best epoch of 2 fold(s), of a training cut short by "
+                                    "train.max_minutes")
+
+
 def test_a_trial_without_a_best_epoch_is_refused():
     trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": "nan"})
     with pytest.raises(ConfigError, match=r"has no best epoch .*best_epoch"):
