@@ -201,6 +201,20 @@ def test_unparseable_dates(tmp_path):
     raises(cfg(path), path, "column 'date'", "'2021-13-45'", "cannot parse")
 
 
+def test_text_dates_are_read_in_one_format(tmp_path):
+    """Day-first text was guessed value by value: 04/01/2021 read as 1 April, 13/01/2021 as 13 January, and
+    the panel's order scrambled without a word. Now one format reads them all, or the file is refused."""
+    frame = long_frame()
+    day_first = frame.assign(date=frame.date.dt.strftime("%d/%m/%Y"))  # the first date, 04/01/2021: ambiguous
+    path = write(day_first, tmp_path / "d.parquet")
+    raises(cfg(path), path, "column 'date'", "cannot parse", "'13/01/2021'", "in one format")
+    ref = load_panel(cfg(write(frame, tmp_path / "ref.parquet")))
+    us = load_panel(cfg(write(frame.assign(date=frame.date.dt.strftime("%m/%d/%Y")), tmp_path / "us.parquet")))
+    np.testing.assert_array_equal(us.dates, ref.dates)
+    late = day_first.iloc[np.argsort(-frame.date.dt.day.to_numpy() // 13, kind="stable")]  # 13/01/2021 first
+    np.testing.assert_array_equal(load_panel(cfg(write(late, tmp_path / "late.parquet"))).dates, ref.dates)
+
+
 def test_missing_dates(tmp_path):
     frame = long_frame()
     frame.loc[3, "date"] = pd.NaT

@@ -6,6 +6,7 @@ with no per-row Python; :func:`sweeper.data.build.scatter` then puts the values 
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,8 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
         sample = uniques[int(np.flatnonzero(bad)[0])]
         sample = sample.item() if isinstance(sample, np.generic) else sample
         raise DataError(f"{source}: column '{col}': cannot parse {int(bad.sum())} distinct date value(s), "
-                        f"e.g. {sample!r}; expected dates, timestamps, ISO date strings or YYYYMMDD integers")
+                        f"e.g. {sample!r}; expected dates, timestamps, ISO date strings or YYYYMMDD integers "
+                        "(text dates in one format, which the first one sets: 2024-06-03 is never ambiguous)")
     remap, dates = pd.factorize(parsed.astype("datetime64[ns]"), sort=True)
     return remap[codes], np.asarray(dates, dtype="datetime64[ns]")
 
@@ -86,10 +88,13 @@ def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
         return pd.DatetimeIndex(pd.to_datetime(pd.Index(text), errors="coerce", format="%Y%m%d"))
     if not _is_text(uniques):
         return pd.DatetimeIndex(pd.to_datetime(uniques, errors="coerce"))
-    # ISO first (fast, unambiguous); only what fails gets the slower per-value parser
+    # ISO first (fast, unambiguous); what fails is read in one format, pandas' guess from the first such
+    # value: guessed per value, 04/01/2010 was 1 April and 13/01/2010 13 January in one column
     parsed = pd.Series(pd.to_datetime(uniques, errors="coerce", format="ISO8601"))
     if (retry := parsed.isna().to_numpy()).any():
-        parsed[retry] = pd.to_datetime(uniques[retry], errors="coerce", format="mixed")
+        with warnings.catch_warnings():  # its guess is said by the error on what it cannot read
+            warnings.simplefilter("ignore", UserWarning)
+            parsed[retry] = pd.to_datetime(uniques[retry], errors="coerce")
     return pd.DatetimeIndex(parsed)
 
 
