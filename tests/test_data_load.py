@@ -215,6 +215,17 @@ def test_text_dates_are_read_in_one_format(tmp_path):
     np.testing.assert_array_equal(load_panel(cfg(write(late, tmp_path / "late.parquet"))).dates, ref.dates)
 
 
+def test_time_zone_aware_dates_keep_their_wall_time(tmp_path):
+    """An A-share panel stamped at Asia/Shanghai midnight was moved to the previous day's 16:00 (UTC): every
+    split one day early and its predictions matching none of its rows. A zone west of UTC kept its days."""
+    frame = long_frame()
+    ref = load_panel(cfg(write(frame, tmp_path / "ref.parquet")))
+    for zone in ("Asia/Shanghai", "America/New_York"):
+        aware = frame.assign(date=frame.date.dt.tz_localize(zone))
+        np.testing.assert_array_equal(load_panel(cfg(write(aware, tmp_path / f"{zone[:4]}.parquet"))).dates,
+                                      ref.dates)
+
+
 def test_missing_dates(tmp_path):
     frame = long_frame()
     frame.loc[3, "date"] = pd.NaT

@@ -47,7 +47,7 @@ from sweeper.errors import ConfigError
 if TYPE_CHECKING:
     from sweeper.data.build import Alloc, Built
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: time-zone-aware dates at their wall time (1: in UTC)
 ENV_DIR = "SWEEPER_CACHE_DIR"
 GB = 10**9
 _TMP, _TRASH, _LOCKS = ".tmp-", ".trash-", ".locks"

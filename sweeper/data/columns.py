@@ -66,8 +66,8 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
     plain = np.asarray(values, dtype=object) if _is_text(values) else values
     codes, uniques = _factorize(plain, source, col, "date")
     parsed = _to_datetime(pd.Index(uniques))
-    if getattr(parsed, "tz", None) is not None:
-        parsed = parsed.tz_convert("UTC").tz_localize(None)
+    if getattr(parsed, "tz", None) is not None:  # wall time: a Shanghai midnight is its day, not 16:00 UTC
+        parsed = parsed.tz_localize(None)
     if (bad := np.asarray(parsed.isna())).any():
         sample = uniques[int(np.flatnonzero(bad)[0])]
         sample = sample.item() if isinstance(sample, np.generic) else sample
@@ -92,8 +92,7 @@ def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
     # value: guessed per value, 04/01/2010 was 1 April and 13/01/2010 13 January in one column
     parsed = pd.Series(pd.to_datetime(uniques, errors="coerce", format="ISO8601"))
     if (retry := parsed.isna().to_numpy()).any():
-        with warnings.catch_warnings():  # its guess is said by the error on what it cannot read
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings(action="ignore", category=UserWarning):  # the error says its guess
             parsed[retry] = pd.to_datetime(uniques[retry], errors="coerce")
     return pd.DatetimeIndex(parsed)
 

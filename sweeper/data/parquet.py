@@ -62,10 +62,9 @@ def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: P
             what = "label" if label and name == cfg.label else "feature"
             raise DataError(f"{path}: {what} column '{name}' has type {dtype}; "
                             "expected a numeric type (int or float)")
-    dtype = schema.field(cfg.date_col).type
-    if not (pa.types.is_timestamp(dtype) or pa.types.is_date(dtype) or pa.types.is_string(dtype)
-            or pa.types.is_large_string(dtype) or pa.types.is_dictionary(dtype)
-            or pa.types.is_integer(dtype)):
+    dtype, t = schema.field(cfg.date_col).type, pa.types
+    if not any(is_kind(dtype) for is_kind in (t.is_timestamp, t.is_date, t.is_string, t.is_large_string,
+                                              t.is_dictionary, t.is_integer)):
         raise DataError(f"{path}: date column '{cfg.date_col}' has type {dtype}; "
                         "expected a timestamp, a date, ISO date strings or YYYYMMDD integers")
 
@@ -177,6 +176,8 @@ def _keys(col: pa.ChunkedArray) -> Keys:
 def _values(col: pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_dictionary(col.type):
         col = col.cast(col.type.value_type)
+    if pa.types.is_timestamp(col.type) and col.type.tz:  # wall time: a Shanghai midnight is its day
+        col = pc.local_timestamp(col)
     return col.to_numpy(zero_copy_only=False)
 
 
