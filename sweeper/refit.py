@@ -114,7 +114,7 @@ def parse_until(until: str | None) -> np.datetime64 | None:
     if day is None or pd.isna(day):
         raise ConfigError(f"--until: cannot parse the date {until!r} (expected e.g. 2014-06-30)")
     if day.tzinfo is not None:
-        day = day.tz_convert("UTC").tz_localize(None)
+        day = day.tz_localize(None)  # its wall time, as the panel's dates (sweeper.data.columns)
     return day.to_datetime64().astype("datetime64[ns]")
 
 
