@@ -89,6 +89,17 @@ class Frozen(nn.Module):
         return self.linear(x[:, -1]).squeeze(-1) + 0.0 * self.unused
 
 
+class Double(nn.Module):
+    """float64 weights: the flat AdamW keeps float32 state, so every step of every trial failed."""
+
+    def __init__(self, n_features: int, lookback: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n_features, 1).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x[:, -1].double()).squeeze(-1).float()
+
+
 class TinyLSTM(nn.Module):
     """An nn.LSTM on the window: torch.func.vmap has no batching rule for it, so its stacks run
     each member's forward in turn."""

@@ -131,7 +131,7 @@ def test_best_and_status_show_the_baseline(default_study):
 
 @pytest.mark.slow
 def test_report_has_the_cumulative_figure(default_study):
-    from sweeper.inspect.figures_baseline import baseline_figure
+    from sweeper.inspect.figures_ic import baseline_figure
     from sweeper.inspect.report import load
 
     with pytest.MonkeyPatch.context() as mp:

@@ -172,6 +172,15 @@ def test_missing_column(tmp_path, key, value):
     raises(cfg(path, **{key: value}), path, f"column '{missing}'", f"data.{key}", "not found")
 
 
+@pytest.mark.parametrize("key,column", [("data.label", "label"), ("data.asset_col", "asset")])
+def test_a_key_column_named_as_a_feature_is_refused(tmp_path, key, column):
+    """The label named in data.features was trained on (val IC 0.48) once the leak guard was raised."""
+    frame = long_frame().assign(asset=lambda f: f.asset.str[1:].astype(int))  # a numeric asset id
+    path = write(frame, tmp_path / "p.parquet")
+    raises(cfg(path, features=["f1", column], max_feature_label_corr=1.0), path,
+           f"column '{column}' ({key}) cannot be a feature (data.features)")
+
+
 def test_no_numeric_feature_column(tmp_path):
     path = write(long_frame()[["date", "asset", "sector", "label"]], tmp_path / "p.parquet")
     raises(cfg(path), path, "no numeric feature columns", "data.features")

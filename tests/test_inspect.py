@@ -24,6 +24,7 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+import torch
 import yaml
 from click.testing import CliRunner
 from optuna.trial import TrialState
@@ -275,6 +276,16 @@ def test_predict_on_another_parquet_file(inside):
 
 def test_predict_refuses_what_it_cannot_do(inside):
     assert "has no trial 99" in cli("predict", "study.yaml", "--trial", "99", "-o", "x.parquet", code=2)
+    # weights that the model's code no longer builds (a layer added since): one line, not a traceback
+    weights = Path(f"runs/live/trials/{inside['study'].best_trial.number}/weights.pt")
+    kept = weights.read_bytes()
+    torch.save({"fc2.weight": torch.zeros(1)}, weights)
+    try:
+        said = cli("predict", "study.yaml", "-o", "x.parquet", code=2)
+    finally:
+        weights.write_bytes(kept)
+    assert f"trial {inside['study'].best_trial.number}'s weights do not fit the model " in said
+    assert "builds now (was its code changed?): Error(s) in loading state_dict" in said and "Traceback" not in said
     assert "no such file" in cli("predict", "study.yaml", "--data", "nope.parquet", "-o", "x.parquet", code=2)
     assert "expected a .parquet or .csv" in cli("export", "study.yaml", "-o", "x.xlsx", code=2)
     assert not Path("x.parquet").exists() and not Path("x.xlsx").exists()
@@ -322,6 +333,26 @@ def _text(value: object) -> str:
 
 
 # ------------------------------------------------------------------ status, best, report
+
+
+def test_trials_that_never_trained_are_not_counted_as_files_study_keep_removed(tmp_path):
+    """A config the model refused is PRUNED with fail_reason config and never had a daily IC file: it was
+    counted among the trials study.keep left out ("the bias is understated")."""
+    from optuna.trial import create_trial
+
+    from sweeper.inspect.results import selection_report
+
+    study = optuna.create_study(direction="maximize")
+    rng = np.random.default_rng(0)
+    daily = {}
+    for n in range(3):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.01 * n, user_attrs={"val_ic": 0.01 * n}))
+        daily[n] = pd.Series(rng.normal(0.01 * n, 0.05, 40), index=pd.bdate_range("2021-01-04", periods=40))
+    study.add_trial(create_trial(state=TrialState.PRUNED, user_attrs={"fail_reason": "config"}))
+    study.add_trial(create_trial(state=TrialState.PRUNED, user_attrs={"val_ic": 0.0}))  # its file removed
+    trials = study.get_trials()
+    report = selection_report(study, tmp_path, trials[2], trials, 1, daily)
+    assert report is not None and report["trials_without_files"] == 1
 
 
 def test_best_and_status_show_oracle_fraction_and_deflated_ic(inside):

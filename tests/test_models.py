@@ -112,6 +112,13 @@ def test_a_model_with_nothing_to_train_is_caught_at_build_time():
         build_model(ModelConfig(name="custom_model:NoWeights"), 4, 5)
 
 
+def test_a_float64_model_is_caught_at_build_time():
+    """It passed validate, then every trial crashed in the optimizer (its state is float32)."""
+    with pytest.raises(ConfigError, match=r"^model.name 'custom_model:Double': its parameters must be float32 "
+                                          r"\(train.precision .*\), not torch.float64$"):
+        build_model(ModelConfig(name="custom_model:Double"), 4, 5)
+
+
 def test_bad_constructor_kwargs_are_a_config_error():
     with pytest.raises(ConfigError, match="unexpected keyword argument 'widht'"):
         build_model(ModelConfig(name="custom_model:Tiny", widht=3), 4, 5)

@@ -83,6 +83,8 @@ def read_plan(cfg: DataConfig) -> tuple[Path, list[str], dict[bytes, bytes]]:
         raise DataError(f"{path}: no numeric feature columns besides '{cfg.date_col}', "
                         f"'{cfg.asset_col}' and '{cfg.label}' (data.features)")
     features = select_columns(candidates, list(schema.names), cfg.features, cfg.exclude, str(path))
+    if named := [f"'{v}' ({k})" for k, v in keys.items() if v in features]:  # the label is the answer itself
+        raise DataError(f"{path}: column {named[0]} cannot be a feature (data.features)")
     check_types(schema, cfg, features, path)
     return path, features, dict(schema.metadata or {})
 

@@ -1,12 +1,13 @@
-"""Report figures 6-8, trusting the IC: validation against test IC per trial, the best
-trial's daily and cumulative IC, and the selection bias of picking the best of many
-(:mod:`sweeper.quant.selection`)."""
+"""Report figures 6-8 and 12, trusting the IC: validation against test IC per trial, the best
+trial's daily and cumulative IC, the selection bias of picking the best of many
+(:mod:`sweeper.quant.selection`), and its cumulative daily IC against the LightGBM baseline's."""
 from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
 from optuna.trial import TrialState
 
+from sweeper.baseline.compare import baseline_daily
 from sweeper.inspect.figures_base import LAYOUT, SPLIT_COLORS, TWO_AXES, StudyData, empty, finite
 from sweeper.inspect.results import read_daily, selection_report
 from sweeper.store.layout import trial_files
@@ -92,3 +93,24 @@ def selection_figure(data: StudyData) -> go.Figure:
     return fig.update_layout(**LAYOUT, title=f"{summary['n_trials']} trials; P(best IC is a fluke) "
                              + (f"{p:.1%}" if p is not None else "-"), xaxis_title=axis,
                              yaxis_title="trials", meta={"selection": summary})
+
+
+def baseline_figure(data: StudyData) -> go.Figure:
+    """Cumulative daily IC, best trial (solid) and baseline (dashed), per split."""
+    if not (attr := data.study.user_attrs.get("baseline")):
+        return empty("no LightGBM baseline yet (sweeper baseline STUDY, or report.baseline in a sweep)")
+    traces = []
+    files = trial_files(data.run_dir, data.best.number) if data.best is not None else None
+    for split, color in SPLIT_COLORS.items():
+        if (base := baseline_daily(attr, split)) is not None:
+            traces.append(go.Scatter(x=base[0], y=np.nancumsum(base[1]), name=f"baseline ({split})",
+                                     line={"color": color, "dash": "dash"}))
+        daily = read_daily(files.daily_ic(split)) if files is not None else None
+        if daily is not None and data.best is not None:
+            dates = daily["date"].tolist() if "date" in daily else list(range(len(daily["ic"])))
+            traces.append(go.Scatter(x=dates, y=np.nancumsum(daily["ic"]), line={"color": color},
+                                     name=f"trial {data.best.number} ({split})"))
+    return go.Figure(traces).update_layout(
+        **LAYOUT, title="cumulative daily IC: best trial (solid) and LightGBM baseline (dashed)",
+        xaxis_title="date", yaxis_title="cumulative IC",
+        meta={"baseline": {k: attr.get(k) for k in ("val_ic", "test_ic")}})

@@ -93,8 +93,10 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
 
     if best.number not in daily:
         return None
-    # finished trials whose daily file study.keep removed: left out, so the bias is understated
-    unread = {"trials_without_files": sum(t.state in FINISHED and t.number not in daily for t in trials)}
+    # finished trials whose daily file study.keep removed (a refused config's never had one): left out, so
+    # the bias is understated
+    unread = {"trials_without_files": sum(t.state in FINISHED and t.number not in daily
+                                          and t.user_attrs.get("fail_reason") != "config" for t in trials)}
     if not K.folded(study.user_attrs):  # one fold (or a study from before folds)
         return {**selection_summary(daily, best.number, horizons), **unread}
     fold_ics = {t.number: t.user_attrs.get(K.FOLD_VAL_IC) or [] for t in trials if t.number in daily}

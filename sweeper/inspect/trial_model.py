@@ -31,7 +31,7 @@ from sweeper.data.load import PanelMemo
 from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
 from sweeper.data.scoring import own_scoring_panel
-from sweeper.errors import DataError, SweeperError
+from sweeper.errors import ConfigError, DataError, SweeperError
 from sweeper.inspect.trials import model_dates, trial_config
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
@@ -163,7 +163,11 @@ class Predictor:
         frames = []
         for weights in members:
             model = build_model(tcfg.model, len(panel.features), tcfg.data.lookback)
-            model.load_state_dict(weights)
+            try:
+                model.load_state_dict(weights)
+            except (RuntimeError, KeyError) as exc:  # the model's code changed since the trial trained
+                raise ConfigError(f"trial {trial.number}'s weights do not fit the model {tcfg.model.name!r} "
+                                  f"builds now (was its code changed?): {str(exc).splitlines()[0]}") from None
             frames.append(predict(model.to(device), on_device, name, device,
                                   tcfg.train.resolved_eval_batch_size))
         return frames[0] if len(frames) == 1 else ensemble_frame(frames)
