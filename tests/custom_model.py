@@ -100,6 +100,13 @@ class Double(nn.Module):
         return self.linear(x[:, -1].double()).squeeze(-1).float()
 
 
+class Typo(Tiny):
+    """Exempts from weight decay a parameter it does not have (``linear.weigth``): it was decayed silently."""
+
+    def no_weight_decay(self) -> set[str]:
+        return {"linear.weigth"}
+
+
 class TinyLSTM(nn.Module):
     """An nn.LSTM on the window: torch.func.vmap has no batching rule for it, so its stacks run
     each member's forward in turn."""

@@ -119,6 +119,12 @@ def test_a_float64_model_is_caught_at_build_time():
         build_model(ModelConfig(name="custom_model:Double"), 4, 5)
 
 
+def test_a_weight_decay_exemption_that_names_no_parameter_is_caught_at_build_time():
+    with pytest.raises(ConfigError, match=r"^model.name 'custom_model:Typo': no_weight_decay\(\) names no "
+                                          r"parameter \['linear.weigth'\]$"):
+        build_model(ModelConfig(name="custom_model:Typo"), 4, 5)
+
+
 def test_bad_constructor_kwargs_are_a_config_error():
     with pytest.raises(ConfigError, match="unexpected keyword argument 'widht'"):
         build_model(ModelConfig(name="custom_model:Tiny", widht=3), 4, 5)

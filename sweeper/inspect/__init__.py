@@ -8,11 +8,10 @@
 - :mod:`~sweeper.inspect.figures_base`: the study data and layout the report's figures share;
 - :mod:`~sweeper.inspect.figures_search`: report figures 1-4 (history, importances, parallel, curves);
 - :mod:`~sweeper.inspect.figures_devices`: report figure 5 (trials per slot, utilisation, GPU telemetry);
-- :mod:`~sweeper.inspect.figures_ic`: report figures 6-8 and 12 (valid vs test IC, daily IC, selection bias,
-  the best trial against the LightGBM baseline);
+- :mod:`~sweeper.inspect.figures_ic`: report figures 6-8, 12 and 13 (valid vs test IC, daily IC, selection
+  bias, the best trial against the LightGBM baseline, fold ICs of the top trials);
 - :mod:`~sweeper.inspect.figures_portfolio`: report figures 9-10 (bucket means, cumulative long-short);
 - :mod:`~sweeper.inspect.figures_time`: report figure 11 (mean daily IC by year and month);
-- :mod:`~sweeper.inspect.figures_folds`: report figure 13 (fold ICs of the top trials);
 - :mod:`~sweeper.inspect.longshort`: the long-short view and the top-K ensemble beside the best trial;
 - :mod:`~sweeper.inspect.ic_views`: IC by year and group-neutral IC of the best trial and the baseline;
 - :mod:`~sweeper.inspect.trials`: a stored trial read back without torch (its config, its files);

@@ -26,8 +26,13 @@ from sweeper.config import SweeperConfig
 from sweeper.errors import SweeperError
 from sweeper.inspect.figures_base import StudyData, finite
 from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, utilisation
-from sweeper.inspect.figures_folds import folds_figure
-from sweeper.inspect.figures_ic import baseline_figure, daily_figure, overfit_figure, selection_figure
+from sweeper.inspect.figures_ic import (
+    baseline_figure,
+    daily_figure,
+    folds_figure,
+    overfit_figure,
+    selection_figure,
+)
 from sweeper.inspect.figures_portfolio import buckets_figure, longshort_figure
 from sweeper.inspect.figures_search import curves_figure, history_figure, importance_figure, parallel_figure
 from sweeper.inspect.figures_time import ic_time_figure
