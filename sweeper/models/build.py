@@ -78,8 +78,8 @@ def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Mo
                           f"got {type(model).__name__}")
     if not any(p.requires_grad for p in model.parameters()):  # nothing an optimizer could train
         raise ConfigError(f"model.name {model_cfg.name!r}: the model has no trainable parameters")
-    exempt: set[str] = getattr(model, "no_weight_decay", set)()  # a name that matches nothing: decayed
-    if unknown := sorted(set(exempt) - {name for name, _ in model.named_parameters()}):
+    exempt = set(getattr(model, "no_weight_decay", set)())  # any iterable of names; one that matches nothing
+    if unknown := sorted(exempt - {name for name, _ in model.named_parameters()}):  # would be decayed
         raise ConfigError(f"model.name {model_cfg.name!r}: no_weight_decay() names no parameter {unknown}")
     if odd := sorted({str(p.dtype) for p in model.parameters()} - {str(torch.float32)}):  # as AdamW's state
         raise ConfigError(f"model.name {model_cfg.name!r}: its parameters must be float32 (train.precision "
