@@ -3,6 +3,7 @@ from any folder, with no PYTHONPATH; a model that kills the interpreter while th
 checks it is one clean error; model shapes a trial may sample are built in advance."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -413,3 +414,22 @@ def test_the_same_files_in_another_folder_and_a_module_on_the_python_path_are_ch
     assert validate(bare, on_path) == 3  # a helper beside it changed
     (lib / "mynet.py").write_text(MARKED + "\n# edited\n")
     assert validate(bare, on_path) == 4
+
+
+@pytest.mark.slow
+def test_a_study_whose_model_code_changed_is_refused_until_reverted(folders):
+    """A resumed study ranks its trials as one model's: an edited model file is drift, named by its
+    fingerprint (the sha256 of the module's files' sha256s), and the reverted file resumes."""
+    proj, _other = folders
+    path = _study(proj)
+    sweeper_cli(proj, "db", "init", str(path))
+    stored = optuna.load_study(study_name="study", storage=f"sqlite:///{proj}/runs/study/study.db").user_attrs
+    own = hashlib.sha256(hashlib.sha256(MYNET.encode()).hexdigest().encode()).hexdigest()
+    assert stored["model_fingerprint"] == own
+    (proj / "mynet.py").write_text(MYNET + "\n# edited\n")
+    edited = hashlib.sha256(hashlib.sha256((MYNET + "\n# edited\n").encode()).hexdigest().encode()).hexdigest()
+    out = sweeper_cli(proj, "db", "init", str(path), code=2).output
+    assert f"model code ({own[:12]} -> {edited[:12]}): the files of the study's user model changed" in out
+    assert "--force" in out and "Traceback" not in out
+    (proj / "mynet.py").write_text(MYNET)
+    assert "already there (" in sweeper_cli(proj, "db", "init", str(path)).output

@@ -66,6 +66,18 @@ def check_key(jobs: list[dict[str, Any]], n_features: int, lookback: int) -> str
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def source_digest(names: list[str]) -> str | None:
+    """sha256 of the files that the user models among ``names`` (``module:Class``) are imported
+    from, by content only (the same files on another host or in another folder read the same);
+    None with no user model, or when a module's files cannot be found to hash."""
+    files: list[str] = []
+    for top in sorted({str(n).partition(":")[0].partition(".")[0] for n in names if ":" in str(n)}):
+        if (found := _module_files(top, model_import_dirs())) is None:
+            return None
+        files += sorted(found.values())
+    return hashlib.sha256(" ".join(files).encode()).hexdigest() if files else None
+
+
 def _module_files(top: str, folders: list[str]) -> dict[str, str] | None:
     """The files of the top-level module ``top`` as the child will import it (the search folders
     first, then the Python path), each by where it was found and its sha256 (a file found on the

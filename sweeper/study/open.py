@@ -11,6 +11,7 @@ import optuna
 from sweeper import __version__
 from sweeper import config as C
 from sweeper.errors import ConfigDrift, StudyNotFound
+from sweeper.models.check_cache import source_digest
 from sweeper.store import SweeperStorage, quiet_optuna
 from sweeper.store.locks import ClaimLock
 from sweeper.study.samplers import build_pruner, build_sampler, driver_seed
@@ -27,9 +28,13 @@ def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str
     fixed for the whole study (``data.split.*``). ``features`` are the columns the study's data
     selection resolved to. ``study_uuid`` is the study's identity, stored once when it is
     created: a study of the same name in another storage, or one re-created after its database
-    was deleted, has another (a checkpoint and a run folder say which study they belong to by it)."""
+    was deleted, has another (a checkpoint and a run folder say which study they belong to by it).
+    ``model_fingerprint``: the user models' source (None with only built-in ones)."""
+    spec = cfg.search_space.get("model.name")
+    models = [cfg.model.name, *(spec.choices or [] if spec is not None else [])]
     return {"study_uuid": uuid.uuid4().hex, "config": C.to_dict(cfg), "config_hash": C.config_hash(cfg),
             "sweeper_version": __version__, "environment": environment, "data_fingerprint": panel.fingerprint,
+            "model_fingerprint": source_digest(models),
             "split_dates": panel.split_dates, K.FOLD_DATES: panel.folds,
             "split_widths": {k: getattr(cfg.data.split, k) for k in ("lookback", "horizon", "embargo")},
             "features": panel.features, "oracle_ic": panel.oracle_ic, "data_source": panel.source}
@@ -63,9 +68,10 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
             for key, value in attrs.items():
                 study.set_user_attr(key, value)
         else:
-            if "study_uuid" not in study.user_attrs:  # created by a sweeper before the identity existed
-                study.set_user_attr("study_uuid", attrs["study_uuid"])
             check_compatible(study, attrs, force)
+            for key in ("study_uuid", "model_fingerprint"):  # a study created by a sweeper before these
+                if key not in study.user_attrs:
+                    study.set_user_attr(key, attrs[key])
         if study.metric_names is None:  # optuna-dashboard's axis and trials_dataframe's column name it
             with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
                 study.set_metric_names([C.objective_label(cfg.study.metric, cfg.validation)])
@@ -92,6 +98,10 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
         differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}): "
                       f"{f'the data file {path}' if path else 'the synthetic panel'} is not the data this "
                       "study was run on")
+    if (was := stored.get("model_fingerprint")) not in (None, now := attrs["model_fingerprint"]) and now:
+        differ.append(f"model code ({was[:12]} -> {now[:12]}): "
+                      "the files of the study's user model changed since it was run, and its trials would "
+                      "rank two models as one")
     if differ and not force:
         raise ConfigDrift(f"study {study.study_name!r} was created with a different config; these keys "
                           f"differ: {'; '.join(differ)}. Revert them, use a new study.name, or pass --force "
