@@ -172,9 +172,11 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
     from sweeper.dispatch.run import prepare
     from sweeper.inspect.printing import split_lines
     from sweeper.models.check import runs_line
+    from sweeper.study.open import check_resumable
     from sweeper.study.stacking import population_line
 
     plan = prepare(_load(study, sets), storage)
+    check_resumable(plan.cfg, plan.storage_url, plan.panel)  # what `sweeper run` would refuse
     click.echo(f"{study}: ok")
     click.echo(f"  data: {plan.panel.source} ({plan.panel.fingerprint[:12]})")
     for line in split_lines(plan.panel, plan.cfg.data):

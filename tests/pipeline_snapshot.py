@@ -84,9 +84,10 @@ VOLATILE = {"duration_s", "final_scoring_s", "driver_id", "driver_pid", "pid", "
             "peak_mem_mb", "samples_per_s", "study_uuid", "environment", "sweeper_version", "probe_peak_mem_mb",
             "datetime_start", "datetime_complete", "heartbeat", "started_at"}
 # keys added after the records: config keys and the hash of a config that holds them (see the docstring),
-# and best --json's scored_on and its ensemble's alone (issue 42: which dates each figure covers)
+# and best --json's scored_on and its ensemble's alone (issue 42: which dates each figure covers), and the
+# study's model_fingerprint (a user model's files; None for the records' built-in MLP)
 NEWER = {"max_stack", "train.max_stack", "config_hash", "stack_size", "stack_size_from", "stack_rates",
-         "scored_on", "alone", "population", "study.population", "trials_without_files"}
+         "scored_on", "alone", "population", "study.population", "trials_without_files", "model_fingerprint"}
 # train.max_stack and study.population in a config.yaml
 NEWER_KEY_LINE = re.compile(r"^  (max_stack|population): .*\n", re.MULTILINE)
 VOLATILE_FILES = {"study.db", "study.db.lock", "owner.json", "devices.csv"}

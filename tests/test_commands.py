@@ -37,6 +37,7 @@ def test_status_best_and_drift(study_file):
     out = _cli("run", path, code=2)
     assert "train.lr (0.001 -> 0.05)" in out and "search_space.train.lr.high (0.01 -> 0.02)" in out
     assert "--force" in out
+    assert _cli("validate", path, code=2) == out  # validate says what run would refuse (it said ok)
     # another synthetic panel: its fingerprint differs, and there is no data file to name (it said "None")
     other = {**raw, "data": {**raw["data"], "synthetic": {**raw["data"]["synthetic"], "seed": 9}}}
     path.write_text(yaml.safe_dump(other))

@@ -297,3 +297,24 @@ def test_the_budget_line_of_one_sqlite_driver_counts_its_trials_in_words():
     assert Driver._budget_line(driver) == "budget reached: study.n_trials=1 trial is finished"
     driver.cfg.study.n_trials = 3
     assert Driver._budget_line(driver) == "budget reached: study.n_trials=3 trials are finished"
+
+
+@pytest.mark.slow
+def test_predict_after_the_data_file_grew_scores_the_studys_own_dates(tmp_path):
+    """A file that gained dates since the study ran: ``predict`` scores the split's stored dates
+    with each trial's own statistics (as --data does), not splits recomputed on the longer file."""
+    whole, _ = synthetic_frame(SYNTH["assets"], SYNTH["dates"] + 40, SYNTH["features"], SYNTH["seed"])
+    days = sorted(whole["date"].unique())
+    whole[whole["date"] < days[SYNTH["dates"]]].to_parquet(tmp_path / "panel.parquet", index=False)
+    raw = merge(TINY, {"study": {"n_trials": 1}, "data": {"synthetic": None, "path": "panel.parquet"}})
+    swept_study(tmp_path, raw)
+    cli(tmp_path, "predict", "study.yaml", "--split", "test", "-o", "before.parquet")
+    test_dates = stored(tmp_path).user_attrs["split_dates"]["test"]
+    whole.to_parquet(tmp_path / "panel.parquet", index=False)  # 40 more dates
+    out = cli(tmp_path, "predict", "study.yaml", "--split", "test", "-o", "after.parquet")
+    assert "warning: the data differs from the data the study was run on (fingerprint changed)" in out
+    assert ("note: the study's data file changed since the study ran: each split is its stored dates, "
+            "normalised with each trial's own statistics, as --data scores a file") in out
+    before, after = pd.read_parquet(tmp_path / "before.parquet"), pd.read_parquet(tmp_path / "after.parquet")
+    assert [str(after["date"].min())[:10], str(after["date"].max())[:10]] == test_dates
+    pd.testing.assert_frame_equal(before, after, rtol=1e-5)

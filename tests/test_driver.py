@@ -120,6 +120,7 @@ def test_stored_attributes(study_file):
     attrs = study.user_attrs
     assert attrs["config"]["model"]["name"] == "mlp"
     assert len(attrs["config_hash"]) == 16 and attrs["sweeper_version"]
+    assert attrs["model_fingerprint"] is None  # a built-in model's code is sweeper's, by its version
     assert "torch" in attrs["environment"]
     t = study.get_trials()[0]
     for key in ("val_ic", "val_rank_ic", "val_icir", "val_loss", "test_ic", "test_rank_ic", "test_icir",

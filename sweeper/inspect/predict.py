@@ -136,7 +136,7 @@ def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int =
         refit = data is not None and any(predictor.has_refit(t) for t in members)
         split = "all" if start or end or refit else "valid"
     frames = [predictor.frame(t, split, data=data, start=start, end=end) for t in members]
-    source, same = _source(study, predictor, members[0], data)
+    source, same = (str(data), None) if data is not None else predictor.study_data
     used = {t.number: predictor.refits[t.number] for t in members if t.number in predictor.refits}
     notes = list(predictor.notes) + _in_sample(frames[0], used)
     refitted = [str(t.number) for t in members if data is None and predictor.has_refit(t)]
@@ -160,16 +160,6 @@ def _in_sample(frame: pd.DataFrame, used: dict[int, dict[str, Any]]) -> list[str
         return []
     return [f"{inside} of the {len(dates)} dates scored are on or before {seen}, the last target date a "
             "refit trained on: their IC is in-sample (score later dates, or --start after it)"]
-
-
-def _source(study: optuna.Study, predictor: Predictor, trial: FrozenTrial,
-            data: str | Path | None) -> tuple[str, bool | None]:
-    """The data predicted, and whether it is the data the study was run on (None: unknown)."""
-    if data is not None:
-        return str(data), None
-    own = predictor.own_panel(predictor.config(trial))
-    stored = study.user_attrs.get("data_fingerprint")
-    return own.source, None if stored is None else stored == own.fingerprint
 
 
 def refuse_unrefit(study: optuna.Study, best: FrozenTrial, predictor: Predictor,

@@ -17,6 +17,7 @@ always scored with the trial's own weights: a refit has trained on its valid and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig
 from sweeper.data.folds import fold_layout, fold_panel
-from sweeper.data.load import PanelMemo
+from sweeper.data.load import PanelMemo, recipe
 from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
 from sweeper.data.scoring import own_scoring_panel
@@ -41,6 +42,8 @@ from sweeper.validation.scores import ensemble_frame
 
 SPLITS = ("valid", "test", "train", "all")
 RANGE = "range"  # the split name of a --start/--end selection
+MOVED = ("the study's data file changed since the study ran: each split is its stored dates, normalised "
+         "with each trial's own statistics, as --data scores a file")
 
 
 def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None = None) -> dict[str, Any]:
@@ -151,6 +154,10 @@ class Predictor:
             raise DataError(f"{used.weights}: missing beside its refit.json; run `sweeper refit` again")
         first = _state_dict(used.weights) if refit else load_weights(files, trial, self.study_file)
         members = [first, *(_state_dict(p) for p in used.other_members())]
+        if data is None and self.study_data[1] is False and tcfg.data.path:
+            data = tcfg.data.path  # it changed: the study's stored dates, scored with the trial's own weights
+            if MOVED not in self.notes:
+                self.notes.append(MOVED)
         panel = (self.own_panel(tcfg) if data is None
                  else self._new_panel(tcfg, used.norm_stats, trial, Path(data)))
         panel, name = restrict(panel, split, start, end)
@@ -171,6 +178,14 @@ class Predictor:
             frames.append(predict(model.to(device), on_device, name, device,
                                   tcfg.train.resolved_eval_batch_size))
         return frames[0] if len(frames) == 1 else ensemble_frame(frames)
+
+    @functools.cached_property
+    def study_data(self) -> tuple[str, bool | None]:
+        """The study's data (its source), and whether it is still the data the study was run on
+        (None: unknown), by the fingerprint of the study's own data section (a trial's searched
+        features would read another)."""
+        how, stored = recipe(self.cfg.data), self.study.user_attrs.get("data_fingerprint")
+        return how.source, None if stored is None else how.fingerprint == stored
 
     def own_panel(self, tcfg: SweeperConfig) -> Panel:
         """The study's data loaded with a trial's data config, every present row scoreable.

@@ -10,7 +10,7 @@ import optuna
 
 from sweeper import __version__
 from sweeper import config as C
-from sweeper.errors import ConfigDrift, StudyNotFound
+from sweeper.errors import ConfigDrift, StorageError, StudyNotFound
 from sweeper.models.check_cache import source_digest
 from sweeper.store import SweeperStorage, quiet_optuna
 from sweeper.store.locks import ClaimLock
@@ -81,6 +81,18 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
         seed = driver_seed(cfg.study.sampler.seed, n_trials, driver_id)
         study.sampler = build_sampler(cfg.study.sampler, seed)
     return study, created
+
+
+def check_resumable(cfg: C.SweeperConfig, storage_url: str, panel: PanelSummary) -> None:
+    """``sweeper validate``'s view of a resume, read only: ConfigDrift where ``sweeper run`` would
+    refuse the study file; nothing when the study (or its database) does not exist yet."""
+    from sweeper.store.studies import load_existing
+
+    try:
+        study = load_existing(cfg, storage_url)
+    except (StudyNotFound, StorageError):  # nothing to resume: a run creates it
+        return
+    check_compatible(study, study_attrs(cfg, panel, {}), force=False)
 
 
 def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:
