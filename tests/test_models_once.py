@@ -2,7 +2,11 @@
 stack of one is the one-member model the lone loop trained, bit for bit on the CPU: the same
 initial weights drawn from the same seed, the same outputs in train mode (dropout drawn from the
 same generator) and in eval mode (torch's fast paths included), the same gradients. The
-reference is the lone models as they were (tests/reference_models.py)."""
+reference is the lone models as they were (tests/reference_models.py).
+
+One exception, on purpose (issue 41: a trial's final scoring): a transformer pooled at its last
+position evaluates its top layer at that position alone, within float rounding of the whole
+layer's output (torch's fused kernel rounds otherwise), in about half its time on a CPU."""
 from __future__ import annotations
 
 import pytest
@@ -68,7 +72,14 @@ def test_a_stack_of_one_is_the_lone_model_to_the_bit(case):
     reference.eval()
     ours.eval()
     with torch.no_grad():  # eval mode: the transformer's fast path, as nn.TransformerEncoderLayer's
-        assert torch.equal(ours(x), reference(x))
+        _same_in_eval(case, ours(x), reference(x))
+
+
+def _same_in_eval(case: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    if CASES[case]["name"] == "transformer" and CASES[case].get("pooling", "last") == "last":
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # its last position alone
+    else:
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("case", ["mlp", "lstm-2", "transformer"])
@@ -82,6 +93,6 @@ def test_weights_saved_by_the_lone_model_load_into_its_stack_of_one(case):
     ours.eval()
     x = torch.randn(8, L, F, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        assert torch.equal(ours(x), reference(x))
+        _same_in_eval(case, ours(x), reference(x))
     with pytest.raises(KeyError, match="member state does not match"):
         ours.load_state_dict({"nonsense": torch.zeros(1)})

@@ -38,7 +38,8 @@ def _ask(study, cfg, n):
 def _open(url, cfg, driver_id):
     storage = open_storage(url)
     return open_study(storage, cfg, attrs={"config": {"study": {"direction": "maximize"}, "data": {}},
-                                           "data_fingerprint": "x", "study_uuid": uuid.uuid4().hex},
+                                           "data_fingerprint": "x", "study_uuid": uuid.uuid4().hex,
+                                           "model_fingerprint": None},
                       lock=NullLock(), force=True, must_exist=False, driver_id=driver_id)
 
 

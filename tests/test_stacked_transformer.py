@@ -57,6 +57,21 @@ def test_forward_matches_solos(positional: str, pooling: str) -> None:
         torch.testing.assert_close(stack(x), want, **TOL)
 
 
+@pytest.mark.parametrize("members", [1, K])
+def test_an_evaluation_pooled_last_computes_the_top_layers_last_position_alone(members: int) -> None:
+    """The whole top layer, then its last position, against that position alone (issue 41)."""
+    stack = stack_of(solos("learned", "last")[:members], "learned", "last").eval()
+    x = batch()[0][:members]
+    with torch.no_grad():
+        h = stack.project(x) + stack.positions.unsqueeze(1)
+        for layer in stack.encoder.layers:
+            h = layer(h)
+        whole = stack.head(stack.encoder.norm(h)[:, :, -1]).squeeze(-1)
+        top = stack.encoder.layers[-1]
+        assert top.last_position(torch.randn(members, B, L, 16)).shape == (members, B, 1, 16)
+        torch.testing.assert_close(stack(x), whole, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize(("positional", "pooling"), LAYOUTS[:2])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_gradients_match_solos(positional: str, pooling: str, checkpointing: bool) -> None:

@@ -43,7 +43,7 @@ TIMED_S, EVAL_ROWS = 0.5, 4096  # each size's steps timed at least this long, it
 # slowest trial); populations chosen on +11-31 % ran 0.75-1.16x populations off (issue 40, three CPUs)
 POPULATION_MARGIN = 0.35
 # the host keeps each measurement (sweeper.core.host_cache) in the panel cache's root, .stack-sizes/
-CACHE_DIR, CACHE_VERSION = ".stack-sizes", 3  # 2: with the precision measured; 3: evaluation timed
+CACHE_DIR, CACHE_VERSION = ".stack-sizes", 4  # 2: precision; 3: evaluation timed; 4: its last position
 
 
 @dataclass(frozen=True)

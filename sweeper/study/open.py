@@ -64,14 +64,11 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
                                         direction=cfg.study.resolved_direction, load_if_exists=True)
         created = not exists or "config" not in study.user_attrs
         n_trials = len(study.get_trials(deepcopy=False))
-        if created:
-            for key, value in attrs.items():
-                study.set_user_attr(key, value)
-        else:
+        if not created:
             check_compatible(study, attrs, force)
-            for key in ("study_uuid", "model_fingerprint"):  # a study created by a sweeper before these
-                if key not in study.user_attrs:
-                    study.set_user_attr(key, attrs[key])
+        for key, value in attrs.items():  # a study made by a sweeper before these two gains them
+            if created or (key in ("study_uuid", "model_fingerprint") and key not in study.user_attrs):
+                study.set_user_attr(key, value)
         if study.metric_names is None:  # optuna-dashboard's axis and trials_dataframe's column name it
             with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
                 study.set_metric_names([C.objective_label(cfg.study.metric, cfg.validation)])
