@@ -163,6 +163,20 @@ def test_keys_added_by_a_newer_version_are_not_drift_at_their_defaults():
     assert drift(older, tuned) == ["train.max_minutes (None -> 5.0)"]
 
 
+def test_a_search_space_param_removed_or_added_is_one_line_of_drift():
+    from sweeper.config import drift, to_dict
+
+    base = {"data": {"synthetic": {"assets": 8, "dates": 50}}, "search_space": {
+        "train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True},
+        "train.weight_decay": {"type": "float", "low": 1e-4, "high": 0.05, "log": True}}}
+    stored = to_dict(C.validate_config(base, "s.yaml"))
+    fewer = to_dict(C.validate_config({**base, "search_space": {
+        "train.lr": {"type": "float", "low": 1e-3, "high": 2e-2, "log": True},
+        "model.dropout": {"type": "float", "low": 0.0, "high": 0.2}}}, "s.yaml"))
+    assert drift(stored, fewer) == ["search_space.model.dropout (added)", "search_space.train.lr.high (0.01 -> 0.02)",
+                                    "search_space.train.weight_decay (removed)"]
+
+
 def test_where_the_panel_is_cached_is_not_drift():
     from sweeper.config import drift, to_dict
 

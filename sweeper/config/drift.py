@@ -46,4 +46,9 @@ def drift(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     file sets it to something other than its default."""
     with contextlib.suppress(ValidationError):  # a key this version no longer knows: compare as stored
         stored = to_dict(SweeperConfig.model_validate(stored))
-    return [f"{k} ({a!r} -> {b!r})" for k, a, b in differing_keys(stored, current, STUDY_SECTIONS)]
+    old, new = (set(c.get("search_space") or {}) for c in (stored, current))  # a param is one line
+    whole = {f"search_space.{p}": how for params, how in ((old - new, "removed"), (new - old, "added"))
+             for p in params}
+    return sorted([f"{p} ({how})" for p, how in whole.items()] + [
+        f"{k} ({a!r} -> {b!r})" for k, a, b in differing_keys(stored, current, STUDY_SECTIONS)
+        if not k.startswith(tuple(p + "." for p in whole))])
