@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,19 +19,6 @@ from sweeper.plain import plain
 PERIODS_PER_YEAR = 252
 SUMMARY_KEYS = ("long_short_ann_return", "long_short_sharpe", "long_short_max_drawdown", "top_turnover",
                 "n_periods")
-
-
-class LongShortSummary(TypedDict):
-    """:meth:`LongShort.summary`: the figures of docs/inspect.md, None where undefined."""
-
-    long_short_ann_return: float | None
-    long_short_sharpe: float | None
-    long_short_max_drawdown: float | None
-    top_turnover: float | None
-    n_periods: int
-    bucket_mean_label: list[float | None]
-    quantiles: int
-    horizon: int
 
 
 @dataclass
@@ -45,23 +32,19 @@ class LongShort:
     horizon: int
     quantiles: int
 
-    def summary(self) -> LongShortSummary:
+    def summary(self) -> dict[str, Any]:
         """The figures of docs/inspect.md; None where undefined (JSON-safe)."""
         step = max(int(self.horizon), 1)
         mean = float(self.ls.mean()) if len(self.ls) else math.nan
         std = float(self.ls.std(ddof=1)) if len(self.ls) >= 2 else math.nan
-        return {
-            "long_short_ann_return": plain(mean * PERIODS_PER_YEAR / step),
-            "long_short_sharpe": plain(mean / std * math.sqrt(PERIODS_PER_YEAR / step)
-                                       if std > 0 else math.nan),
-            "long_short_max_drawdown": plain(max_drawdown(self.ls)),
-            "top_turnover": plain(float(self.turnover.mean()) if len(self.turnover) else math.nan),
-            "n_periods": len(self.ls),
-            "bucket_mean_label": [plain(float(v)) for v in (self.buckets.mean(axis=0) if len(self.buckets)
-                                                              else np.full(self.quantiles, np.nan))],
-            "quantiles": self.quantiles,
-            "horizon": self.horizon,
-        }
+        buckets = self.buckets.mean(axis=0) if len(self.buckets) else np.full(self.quantiles, np.nan)
+        return {"long_short_ann_return": plain(mean * PERIODS_PER_YEAR / step),
+                "long_short_sharpe": plain(mean / std * math.sqrt(PERIODS_PER_YEAR / step)
+                                           if std > 0 else math.nan),
+                "long_short_max_drawdown": plain(max_drawdown(self.ls)),
+                "top_turnover": plain(float(self.turnover.mean()) if len(self.turnover) else math.nan),
+                "n_periods": len(self.ls), "bucket_mean_label": [plain(float(v)) for v in buckets],
+                "quantiles": self.quantiles, "horizon": self.horizon}
 
 
 def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5) -> LongShort:

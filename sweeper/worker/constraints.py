@@ -37,7 +37,7 @@ def valid_figures(frame: pd.DataFrame, horizon: int, quantiles: int) -> dict[str
     """``{"valid_top_turnover": .., "valid_long_short_sharpe": ..}`` of a valid-split prediction
     frame (``date, asset, pred, label``), as ``sweeper best``'s long-short view computes them."""
     summary = long_short(frame, horizon, quantiles).summary()
-    return {attr: summary[figure] for figure, attr in FIGURES.items()}  # type: ignore[literal-required]
+    return {attr: summary[figure] for figure, attr in FIGURES.items()}
 
 
 def violation(value: float | None, bound: Bound) -> float:
