@@ -119,9 +119,8 @@ class Driver:
             return trials
         if self.rule.stopping():
             return []  # the trials it read say the study is done (the stop rule holds why)
-        foreign = self._foreign_running()
-        if foreign:  # the budget is held by other drivers' trials: look again instead of leaving
-            self.schedule.wait_on(foreign)
+        if foreign := self._foreign_running():
+            self.schedule.wait_on(foreign)  # other drivers' trials hold the budget: look again, not leave
             return []
         self.schedule.clear()
         done = not any(w.running for w in self.workers)

@@ -287,8 +287,7 @@ def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = N
         lines.append("  baseline val_ic per fold: " + ", ".join(fmt(v) for v in base["fold_val_ic"])
                      + "; best - baseline per fold: " + (", ".join(fmt(v, "+.4f") for v in diff) or "-"))
     if sub := base.get("subsampled"):
-        by = sub.get("by", "baseline.max_rows")
-        lines.append(f"  baseline train rows subsampled by dates ({by}): "
+        lines.append(f"  baseline train rows subsampled by dates ({sub.get('by', 'baseline.max_rows')}): "
                      f"{sub['rows_kept']} of {sub['rows_total']}")
     return lines
 

@@ -182,8 +182,7 @@ def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) ->
     ua = trial.user_attrs
     if K.FOLD_VAL_IC not in ua:
         return {}
-    grid = RunGrid.of(cfg)
-    metric = cfg.study.metric
+    grid, metric = RunGrid.of(cfg), cfg.study.metric
     extra = (K.fold_key(metric), K.se_key(metric), K.worst_key(metric)) if metric != "val_ic" else ()
     out: dict[str, Any] = {"validation": cfg.validation.model_dump(),
                            **{k: plain(ua[k]) for k in FOLD_KEYS + extra if k in ua}}
@@ -245,9 +244,8 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
     # a study of one run per trial (holdout, one seed) has no folds or seeds to show: its status
     # stays as it was before either existed
     if not RunGrid.of(cfg).single:
-        report["validation"] = cfg.validation.model_dump()
-        report["metric"] = cfg.study.metric
-        report[K.FOLD_DATES] = K.layout(study.user_attrs)
+        report.update({"validation": cfg.validation.model_dump(), "metric": cfg.study.metric,
+                       K.FOLD_DATES: K.layout(study.user_attrs)})
         for row in report["running"]:  # with several runs the step runs on across folds and seeds
             row.update(run_position(row["epoch"], cfg, row["params"], row["stack_size"]))
     return report

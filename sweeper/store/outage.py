@@ -68,9 +68,8 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def _aftermath_of(err: BaseException) -> BaseException | None:
-    if isinstance(err, sqlalchemy.exc.PendingRollbackError):
-        return err.__context__  # the error being handled when the session was used again
-    return None
+    # a PendingRollbackError's context: the error being handled when the session was used again
+    return err.__context__ if isinstance(err, sqlalchemy.exc.PendingRollbackError) else None
 
 
 def _transient_here(err: BaseException) -> bool:
