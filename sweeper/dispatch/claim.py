@@ -107,8 +107,7 @@ class ClaimSchedule:
     interval, and at once when one of them ends (a cheap poll every WAIT_POLL_S)."""
 
     def __init__(self, interval: float, foreign_running: Callable[[], set[int]]) -> None:
-        self.interval = interval
-        self.foreign_running = foreign_running
+        self.interval, self.foreign_running = interval, foreign_running
         self.waiting_on: set[int] = set()
         self.next_claim = self.next_poll = 0.0
 

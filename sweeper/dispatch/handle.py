@@ -154,9 +154,8 @@ class WorkerHandle:
         """Ask the worker to exit, wait until ``deadline`` (monotonic; default in 10 s), then kill it."""
         self.request_close()
         if self.proc and self.proc.poll() is None:
-            timeout = 10.0 if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                self.proc.wait(timeout=timeout)
+                self.proc.wait(timeout=10.0 if deadline is None else max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.kill()
         if self.proc and self.proc.stdout:

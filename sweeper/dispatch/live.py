@@ -121,8 +121,7 @@ class RichView(PlainView):
         from rich.live import Live
 
         super().start(cfg, plan, study)
-        self.started = time.monotonic()
-        self.n_trials = cfg.study.n_trials
+        self.started, self.n_trials = time.monotonic(), cfg.study.n_trials
         self.run_epochs_per_trial = cfg.validation.runs * cfg.train.epochs
         self.done0 = self.done  # counted by PlainView.start
         self.slots = {s.label: None for s in plan.slots}

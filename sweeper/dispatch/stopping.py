@@ -176,8 +176,7 @@ class StopRule:
     def ending(self) -> Ending:
         if self.stop.requested:
             return Ending.INTERRUPTED
-        failed = self.broken or self.disk_full or self._too_many_failures()
-        return Ending.FAILED if failed else Ending.DONE
+        return Ending.FAILED if self.broken or self.disk_full or self._too_many_failures() else Ending.DONE
 
     def _halted(self) -> bool:
         """A reason that stops the sweep for good, whatever the clock and the counts say."""

@@ -74,8 +74,7 @@ def utilisation(data: StudyData) -> dict[str, Any]:
 
 
 def timeline_figure(data: StudyData) -> go.Figure:
-    spans = _spans(data)
-    use = utilisation(data)
+    spans, use = _spans(data), utilisation(data)
     traces = []
     for state in TrialState:
         rows = [(slot, s, e, t) for slot, items in spans.items() for s, e, t in items if t.state == state]

@@ -116,8 +116,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     best = best_trial(study)
     if best is None:
         return None
-    ua = best.user_attrs
-    trials = study.get_trials(deepcopy=False)
+    ua, trials = best.user_attrs, study.get_trials(deepcopy=False)
     folder = files_folder(cfg, study)  # this study's files, wherever another study put them
     files = layout.trial_files(folder, best.number)
     out = _trial_report(cfg, best, files, study_file)

@@ -107,8 +107,7 @@ def _varies_by_group(codes: np.ndarray, x: np.ndarray, y: np.ndarray,
 
 
 def _report(ic: np.ndarray, rank_ic: np.ndarray, n_constant: int = 0) -> ICReport:
-    mean_ic, icir = _mean_ir(ic)
-    mean_rank, rank_icir = _mean_ir(rank_ic)
+    (mean_ic, icir), (mean_rank, rank_icir) = _mean_ir(ic), _mean_ir(rank_ic)
     return {"ic": mean_ic, "rank_ic": mean_rank, "icir": icir, "rank_icir": rank_icir,
             "n_dates": len(finite(ic)), "n_constant_dates": int(n_constant)}
 

@@ -33,8 +33,7 @@ LOCK_NOTICE_S = 3.0  # a claim takes milliseconds: a longer wait is worth a line
 def acquire(try_once: Callable[[], bool], what: str, stop: StopToken = NEVER) -> None:
     """Call ``try_once`` until it takes the lock. Between tries: StopRequested when
     ``stop`` was requested (a signal's own StopRequested passes through as raised)."""
-    started = time.monotonic()
-    told = False
+    started, told = time.monotonic(), False
     while not try_once():
         if not told and time.monotonic() - started >= LOCK_NOTICE_S:
             say(f"waiting for {what}, held by another sweeper process")

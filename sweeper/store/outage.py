@@ -136,14 +136,12 @@ class OutagePolicy:
     """Retries transient errors of one store until ``limit_s`` after the outage began."""
 
     def __init__(self, store: str, limit_s: float = DEFAULT_OUTAGE_S) -> None:
-        self.store = store
-        self.limit_s = limit_s
+        self.store, self.limit_s = store, limit_s
         self.gave_up = False
         self.stop: StopToken = NEVER  # the sweep's token: a wait for the store gives up when it is requested
         self._lock = threading.Lock()
         self._down_since: float | None = None
-        self._first_error = ""
-        self._episode_retries = 0
+        self._first_error, self._episode_retries = "", 0
 
     def call(self, fn: Callable[[], T], *, max_delay: float = MAX_DELAY_S) -> T:
         """``fn()``, retried through transient errors; StorageOutage past the limit."""
