@@ -1,13 +1,12 @@
-"""The dispatch loop of the driver (parent process): hand claimed trials to worker slots,
-read their events, enforce time limits and the stall watchdog, and survive anything a
-trial does.
+"""The dispatch loop of the driver (parent process): hand claimed trials to worker slots, read their events,
+enforce time limits and the stall watchdog, and survive anything a trial does.
 
-As in Optuna's ``_optimize``: :func:`sweeper.dispatch.run.run` (set-up and cleanup in
-``finally``) -> :meth:`Driver.loop` (slots, events, signals) -> the dispatch strategy
-(:mod:`sweeper.dispatch.strategies`: which worker takes the next trial). Each decision has one
-home: how a trial ends in the store, :mod:`sweeper.study.ending`; what an ended trial
-changes here, :meth:`Driver._ended`; whether the sweep stops, :mod:`sweeper.dispatch.stopping`.
-The view is fed by the events the loop handles; it never reads the study itself.
+As in Optuna's ``_optimize``: :func:`sweeper.dispatch.run.run` (set-up and cleanup in ``finally``) ->
+:meth:`Driver.loop` (slots, events, signals) -> the dispatch strategy (:mod:`sweeper.dispatch.strategies`:
+which worker takes the next trial). Each decision has one home: how a trial ends in the store,
+:mod:`sweeper.study.ending`; what an ended trial changes here, :meth:`Driver._ended`; whether the sweep
+stops, :mod:`sweeper.dispatch.stopping`. The view is fed by the events the loop handles; it never reads the
+study itself.
 """
 from __future__ import annotations
 

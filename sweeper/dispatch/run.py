@@ -45,15 +45,13 @@ SUMMARY_GRACE_S = 10.0  # a stopped summary's child removes the cache entry it w
 
 def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bool = True,
             enqueue: Sequence[str | Path] = (), server: ForkServer | None = None) -> Plan:
-    """Run every check (config names, data, models, devices, storage, the parameter sets to
-    enqueue: ``study.warm_start``'s source study, ``--enqueue`` files) without touching the
-    study or the run folder.
+    """Run every check (config names, data, models, devices, storage, the parameter sets to enqueue:
+    ``study.warm_start``'s source study, ``--enqueue`` files) without touching the study or the run folder.
 
-    ``devices=False`` skips slot planning (``sweeper db init`` runs where there
-    may be no GPU, e.g. a Kubernetes init Job). User models are imported, built and
-    run once in a child process, forked from ``server`` when there is one; with a server the
-    panel is loaded and the built-in models built in its children too, so that this process
-    never imports torch. The model-shapes check's warnings go to stderr."""
+    ``devices=False`` skips slot planning (``sweeper db init`` runs where there may be no GPU, e.g. a
+    Kubernetes init Job). User models are imported, built and run once in a child process, forked from
+    ``server`` when there is one; with a server the panel is loaded and the built-in models built in its
+    children too, so that this process never imports torch. The model-shapes check's warnings go to stderr."""
     from sweeper.devices import plan_slots
     from sweeper.models.shapes import check_study_models
     from sweeper.store import check_reachable

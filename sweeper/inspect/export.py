@@ -1,19 +1,17 @@
 """``sweeper export``: the study's trials as one table (Parquet or CSV).
 
-One row per trial: ``number, state, value, datetime_start, datetime_complete,
-duration_s``, then ``params.<name>`` and ``user_attrs.<name>`` for every param and
-user attribute any trial has (missing: null). Dotted names keep their dots
-(``params.train.lr``), the names the study file and ``--set`` use.
+One row per trial: ``number, state, value, datetime_start, datetime_complete, duration_s``, then
+``params.<name>`` and ``user_attrs.<name>`` for every param and user attribute any trial has (missing: null).
+Dotted names keep their dots (``params.train.lr``), the names the study file and ``--set`` use.
 
-Parquet needs one type per column. A column whose values mix kinds (numbers and
-strings, or lists and dicts such as the study config) holds JSON text instead;
-a column of numbers, of strings or of booleans keeps its type. CSV, as ever, cannot
-tell an empty string from a missing value.
+Parquet needs one type per column. A column whose values mix kinds (numbers and strings, or lists and dicts
+such as the study config) holds JSON text instead; a column of numbers, of strings or of booleans keeps its
+type. CSV, as ever, cannot tell an empty string from a missing value.
 
-A fold list (a ``fold_*`` user attribute of numbers: ``fold_val_ic``, ``fold_best_epoch``, ...,
-one entry per walk-forward fold) is JSON text like every list, and is also spread over
-one float column per fold right after it, 1-based: ``user_attrs.fold_val_ic_1``,
-``user_attrs.fold_val_ic_2``, ... (NaN where a trial has fewer folds, e.g. a pruned one).
+A fold list (a ``fold_*`` user attribute of numbers: ``fold_val_ic``, ``fold_best_epoch``, ..., one entry per
+walk-forward fold) is JSON text like every list, and is also spread over one float column per fold right after
+it, 1-based: ``user_attrs.fold_val_ic_1``, ``user_attrs.fold_val_ic_2``, ... (NaN where a trial has fewer
+folds, e.g. a pruned one).
 """
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""Report figure 11, IC through time: a year x month heatmap of mean daily IC, one panel per
-split (valid, test) for the best trial and, when its daily IC files exist, for the
-LightGBM baseline. A model whose IC comes from one good year shows it here, where the
-mean over the split hides it.
+"""Report figure 11, IC through time: a year x month heatmap of mean daily IC, one panel per split (valid,
+test) for the best trial and, when its daily IC files exist, for the LightGBM baseline. A model whose IC comes
+from one good year shows it here, where the mean over the split hides it.
 
-``layout.meta``: ``months`` (``{"best"|"baseline": {split: {year: [12 means, null for a
-month without a day]}}}``), ``ic_by_year`` (the best trial's, as ``best --json`` has it)
-and, with ``data.group_col``, ``group_neutral`` and ``group_col``.
+``layout.meta``: ``months`` (``{"best"|"baseline": {split: {year: [12 means, null for a month without a
+day]}}}``), ``ic_by_year`` (the best trial's, as ``best --json`` has it) and, with ``data.group_col``,
+``group_neutral`` and ``group_col``.
 """
 from __future__ import annotations
 

@@ -51,10 +51,9 @@ def ic_by_year_report(frames: dict[str, pd.DataFrame]) -> dict[str, dict[str, fl
 
 
 def group_neutral_report(cfg: SweeperConfig, predictor: TrialFrames, best: FrozenTrial) -> dict[str, Any]:
-    """The ``best --json`` key ``group_neutral``: ``{split: {ic, rank_ic, icir, n_dates}}`` of
-    the best trial's predictions demeaned within (date, group); None with
-    ``group_neutral_unavailable`` (the reason) when they cannot be computed. Empty without
-    ``data.group_col``."""
+    """The ``best --json`` key ``group_neutral``: ``{split: {ic, rank_ic, icir, n_dates}}`` of the best
+    trial's predictions demeaned within (date, group); None with ``group_neutral_unavailable`` (the reason)
+    when they cannot be computed. Empty without ``data.group_col``."""
     if cfg.data.group_col is None:
         return {}
     from sweeper.data.parquet import read_groups  # the sweeper.data package imports torch

@@ -1,14 +1,13 @@
 """``sweeper report``: one self-contained HTML page about a study.
 
-The plotly figures, built with ``plotly.graph_objects`` from one read of the
-study (optuna.visualization re-reads the trials per plot and draws one trace per
-trial, which is far too slow at 500 trials), are those of ``SECTIONS``, in its order. Each
-figure's module is in the package map (:mod:`sweeper.inspect`). This module loads
-the study and lays out the page.
+The plotly figures, built with ``plotly.graph_objects`` from one read of the study (optuna.visualization
+re-reads the trials per plot and draws one trace per trial, which is far too slow at 500 trials), are those of
+``SECTIONS``, in its order. Each figure's module is in the package map (:mod:`sweeper.inspect`). This module
+loads the study and lays out the page.
 
-plotly.js is inlined once, so the file works offline. Each figure's JSON sits in
-its own ``<script type="application/json" id="fig-NAME">`` tag; machine-readable
-figures (counts, utilisation, the selection summary) are in its ``layout.meta``.
+plotly.js is inlined once, so the file works offline. Each figure's JSON sits in its own
+``<script type="application/json" id="fig-NAME">`` tag; machine-readable figures (counts, utilisation, the
+selection summary) are in its ``layout.meta``.
 """
 from __future__ import annotations
 

@@ -252,9 +252,8 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
 
 def run_position(step: int | None, cfg: SweeperConfig, params: dict[str, Any],
                  stack: int | None = None) -> dict[str, int | None]:
-    """Which fold, seed (both 1-based) and epoch a running trial is in, from its last
-    intermediate step (the grid's position of it, in stacks of the trial's ``stack`` size); all
-    None before its first epoch ends."""
+    """Which fold, seed (both 1-based) and epoch a running trial is in, from its last intermediate step (the
+    grid's position of it, in stacks of the trial's ``stack`` size); all None before its first epoch ends."""
     if step is None or step < 1 or (stack is None and cfg.train.max_stack == "auto"):
         return {"fold": None, "seed": None, "epoch": None}
     epochs = int(params.get("train.epochs", cfg.train.epochs))

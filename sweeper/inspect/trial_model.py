@@ -1,18 +1,17 @@
-"""A trial's model, rebuilt and applied: its resolved config, its weights, the panel it
-scores and the normalisation statistics that panel needs.
+"""A trial's model, rebuilt and applied: its resolved config, its weights, the panel it scores and the
+normalisation statistics that panel needs.
 
-The study's own data is loaded with the trial's data config, exactly as the trial was
-trained (same split, same normalisation), and predicted through
-:func:`sweeper.core.predict` with the trial's ``train.eval_batch_size``: the IC of the
-valid output is the trial's stored ``val_ic``. Another file (``--data``) is scored with
-:func:`sweeper.data.scoring.scoring_panel`: the trial's features, normalised with the
-statistics of the trial's train split (``trials/<n>/norm_stats.json``; a trial without
-that file has them re-fitted on the study's train split, and the notes say so).
+The study's own data is loaded with the trial's data config, exactly as the trial was trained (same split,
+same normalisation), and predicted through :func:`sweeper.core.predict` with the trial's
+``train.eval_batch_size``: the IC of the valid output is the trial's stored ``val_ic``. Another file
+(``--data``) is scored with :func:`sweeper.data.scoring.scoring_panel`: the trial's features, normalised with
+the statistics of the trial's train split (``trials/<n>/norm_stats.json``; a trial without that file has them
+re-fitted on the study's train split, and the notes say so).
 
-A trial with a refit (``sweeper refit``: ``trials/<n>/refit/``, complete once its
-``refit.json`` is written) has ``--data`` scored with the refit's weights and statistics
-instead, and :attr:`Predictor.refits` holds the record of each refit used. The study's own splits are
-always scored with the trial's own weights: a refit has trained on its valid and test dates.
+A trial with a refit (``sweeper refit``: ``trials/<n>/refit/``, complete once its ``refit.json`` is written)
+has ``--data`` scored with the refit's weights and statistics instead, and :attr:`Predictor.refits` holds the
+record of each refit used. The study's own splits are always scored with the trial's own weights: a refit has
+trained on its valid and test dates.
 """
 from __future__ import annotations
 
@@ -190,10 +189,9 @@ class Predictor:
     def own_panel(self, tcfg: SweeperConfig) -> Panel:
         """The study's data loaded with a trial's data config, every present row scoreable.
 
-        Under walk-forward folds it is the model run's fold's panel (the grid's, the last fold):
-        the trial's model trained on that fold's window with its normalisation, and scoring the
-        study's own valid split would score dates that fold trained on (its valid block is the
-        one the model has not seen)."""
+        Under walk-forward folds it is the model run's fold's panel (the grid's, the last fold): the trial's
+        model trained on that fold's window with its normalisation, and scoring the study's own valid split
+        would score dates that fold trained on (its valid block is the one the model has not seen)."""
         from sweeper.data import load_panel
 
         def make() -> Panel:

@@ -1,6 +1,5 @@
-"""A stored trial read back without torch: its resolved config (``trials/<n>/config.yaml``), the
-order of the study's top trials (``best``, ``predict --trial topK``, the ensemble) and the dates
-its model run saw."""
+"""A stored trial read back without torch: its resolved config (``trials/<n>/config.yaml``), the order of the
+study's top trials (``best``, ``predict --trial topK``, the ensemble) and the dates its model run saw."""
 from __future__ import annotations
 
 from typing import Any
@@ -17,11 +16,10 @@ from sweeper.validation import contract as K
 
 
 def trial_config(files: TrialFiles, study: SweeperConfig | None = None) -> SweeperConfig:
-    """The trial's resolved config, its data file where the study file ``study`` says it is now
-    (a study file read from another folder, or a folder moved, names the same data by another
-    path; the data's fingerprint says whether it is the same). A trial written before the split
-    was pinned per study (no ``data.split.lookback``) used its own lookback, horizon and embargo:
-    keep them."""
+    """The trial's resolved config, its data file where the study file ``study`` says it is now (a study file
+    read from another folder, or a folder moved, names the same data by another path; the data's fingerprint
+    says whether it is the same). A trial written before the split was pinned per study (no
+    ``data.split.lookback``) used its own lookback, horizon and embargo: keep them."""
     if not (path := files.config).exists():
         raise DataError(f"{path}: missing; the trial's resolved config is written when it starts")
     raw = yaml.safe_load(path.read_text())

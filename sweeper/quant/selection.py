@@ -1,19 +1,17 @@
 """How much of the best trial's validation IC is luck: selection-bias statistics.
 
-With N trials and no real signal, the best validation score is still high by chance.
-The statistics here treat each trial's daily validation IC series as its "returns"
-(see docs/domain, "Choosing the best of many trials inflates the result"). An h-day label
-makes neighbouring daily ICs overlap, so every standard error is Newey-West with lag h-1
-(:mod:`sweeper.quant.hac`), and trials are lined up by date, not by position.
+With N trials and no real signal, the best validation score is still high by chance. The statistics here treat
+each trial's daily validation IC series as its "returns" (see docs/domain, "Choosing the best of many trials
+inflates the result"). An h-day label makes neighbouring daily ICs overlap, so every standard error is
+Newey-West with lag h-1 (:mod:`sweeper.quant.hac`), and trials are lined up by date, not by position.
 :func:`selection_summary` gives all the figures for a finished study: :func:`null_max_ic`,
 :func:`deflated_sharpe` and :func:`pbo` (Probability of Backtest Overfitting, CSCV).
 
-Under walk-forward folds a trial's daily validation ICs are its folds' valid
-blocks end to end, each block scored by that fold's model. :func:`selection_summary` then
-takes each trial's standard error from its fold ICs (:func:`fold_standard_error`: the spread
-of the score from one period to the next, which the daily noise within a block understates)
-and cuts PBO's blocks along the folds (:func:`fold_blocks`), so that no block mixes two
-folds' models (docs/inspect.md, "Selection bias under walk-forward").
+Under walk-forward folds a trial's daily validation ICs are its folds' valid blocks end to end, each block
+scored by that fold's model. :func:`selection_summary` then takes each trial's standard error from its fold
+ICs (:func:`fold_standard_error`: the spread of the score from one period to the next, which the daily noise
+within a block understates) and cuts PBO's blocks along the folds (:func:`fold_blocks`), so that no block
+mixes two folds' models (docs/inspect.md, "Selection bias under walk-forward").
 
 Only the standard library's ``NormalDist`` is needed (no scipy).
 """
@@ -110,13 +108,12 @@ def _probabilistic_sharpe(x: np.ndarray, sr: float, sr0: float, days: float) -> 
 def pbo(matrix: np.ndarray, n_blocks: int = 16, blocks: list[np.ndarray] | None = None) -> float:
     """Probability of Backtest Overfitting of a T x N matrix of daily ICs (dates x trials).
 
-    CSCV: cut the dates into ``n_blocks`` contiguous blocks (or take ``blocks``, lists of row
-    positions, e.g. :func:`fold_blocks`; then ``n_blocks`` is their count); for every way of choosing half
-    of them as in-sample, pick the trial with the best in-sample mean IC and rank its
-    out-of-sample mean IC among all trials (average rank for ties). PBO is the share of
-    splits where that rank is below the median, i.e. logit(rank / (N+1)) < 0; a rank exactly
-    at the median counts one half, so that pure noise scores 0.5 on average. NaN days
-    are left out of the means; a trial with no day in a half ranks last there.
+    CSCV: cut the dates into ``n_blocks`` contiguous blocks (or take ``blocks``, lists of row positions, e.g.
+    :func:`fold_blocks`; then ``n_blocks`` is their count); for every way of choosing half of them as
+    in-sample, pick the trial with the best in-sample mean IC and rank its out-of-sample mean IC among all
+    trials (average rank for ties). PBO is the share of splits where that rank is below the median, i.e.
+    logit(rank / (N+1)) < 0; a rank exactly at the median counts one half, so that pure noise scores 0.5 on
+    average. NaN days are left out of the means; a trial with no day in a half ranks last there.
     """
     m = np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2 or m.shape[1] < 2:
@@ -160,23 +157,20 @@ def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
                       folds: np.ndarray | None = None) -> dict[str, int | float | str | None]:
     """Selection-bias figures for a study whose trials have these daily validation ICs.
 
-    ``daily`` maps trial number -> daily IC series (NaN days allowed): a ``pd.Series``
-    indexed by date, or an array (then its position is its date). Every series is lined
-    up on the best trial's dates, so a trial scored on other dates is compared on the
-    dates it shares with the best (and one that shares none adds only to N). ``horizon``
-    is the label horizon (one for all, or per trial): the Newey-West lag is horizon - 1.
-    PBO takes the trials with a value on at least 90% of the best trial's dates and needs
-    >= 2 of them and >= 16 dates (4 blocks of 4); otherwise it is None. Every undefined
-    figure is None, so the dict is JSON-safe.
+    ``daily`` maps trial number -> daily IC series (NaN days allowed): a ``pd.Series`` indexed by date, or an
+    array (then its position is its date). Every series is lined up on the best trial's dates, so a trial
+    scored on other dates is compared on the dates it shares with the best (and one that shares none adds only
+    to N). ``horizon`` is the label horizon (one for all, or per trial): the Newey-West lag is horizon - 1.
+    PBO takes the trials with a value on at least 90% of the best trial's dates and needs >= 2 of them and >=
+    16 dates (4 blocks of 4); otherwise it is None. Every undefined figure is None, so the dict is JSON-safe.
 
-    Walk-forward (``fold_ics``: trial number -> its fold ICs, ``fold_val_ic``): each trial's
-    standard error is :func:`fold_standard_error` of its fold ICs (a trial with fewer than two,
-    e.g. pruned in fold 1, still counts toward N), ``best_val_ic`` is the mean of the best's
-    fold ICs and ``deflated_ic`` that less the no-signal best; the DSR still reads the best's
-    daily ICs. ``folds`` (the fold of each of the best trial's dates) cuts PBO's blocks along
-    the folds (:func:`fold_blocks`). Added keys: ``se_from`` ("folds"), ``best_val_ic_se``,
-    ``n_folds`` (the best's) and ``pbo_blocks`` ("folds", or "dates" where the folds cannot
-    be cut evenly).
+    Walk-forward (``fold_ics``: trial number -> its fold ICs, ``fold_val_ic``): each trial's standard error is
+    :func:`fold_standard_error` of its fold ICs (a trial with fewer than two, e.g. pruned in fold 1, still
+    counts toward N), ``best_val_ic`` is the mean of the best's fold ICs and ``deflated_ic`` that less the
+    no-signal best; the DSR still reads the best's daily ICs. ``folds`` (the fold of each of the best trial's
+    dates) cuts PBO's blocks along the folds (:func:`fold_blocks`). Added keys: ``se_from`` ("folds"),
+    ``best_val_ic_se``, ``n_folds`` (the best's) and ``pbo_blocks`` ("folds", or "dates" where the folds
+    cannot be cut evenly).
     """
     if best not in daily:
         raise KeyError(f"best trial {best} has no daily IC series")

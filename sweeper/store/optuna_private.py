@@ -29,9 +29,8 @@ CACHED_STORAGE_WRITES = frozenset({"_create_new_trial", "_set_trial_param", "_ge
 
 
 def backend(study: optuna.Study) -> HeartbeatStorage:
-    """The storage a study writes through. Optuna has no public accessor, and
-    sweeper must write user attrs and states of trials it does not hold an
-    ``optuna.Trial`` for (a worker's trial, failed by the driver)."""
+    """The storage a study writes through. Optuna has no public accessor, and sweeper must write user attrs
+    and states of trials it does not hold an ``optuna.Trial`` for (a worker's trial, failed by the driver)."""
     # a sweeper study's storage is always an RDBStorage (open_storage), behind Optuna's cache
     return cast("HeartbeatStorage", study._storage)
 
@@ -77,11 +76,9 @@ def heartbeat_ages(storage: optuna.storages.BaseStorage, study_id: int) -> dict[
 
 
 def quiet_trials_query_fallback() -> None:
-    """Silence the warning RDBStorage._get_trials logs (the whole failed SQL, then
-    "Falling back to a slower alternative") when its trials query fails and it
-    queries again. In a sweep that failure is nearly always a connection lost in a
-    store outage, which the outage policy already reports in one line and retries;
-    the dump would bury that line. The logger is named after Optuna's private
-    module, hence here."""
+    """Silence the warning RDBStorage._get_trials logs (the whole failed SQL, then "Falling back to a slower
+    alternative") when its trials query fails and it queries again. In a sweep that failure is nearly always a
+    connection lost in a store outage, which the outage policy already reports in one line and retries; the
+    dump would bury that line. The logger is named after Optuna's private module, hence here."""
     logging.getLogger("optuna.storages._rdb.storage").addFilter(
         lambda record: not record.getMessage().startswith("Caught an error from sqlalchemy"))

@@ -1,18 +1,17 @@
-"""Riding out storage outages: which errors mean "the store is away for now",
-and the one policy every storage call retries them through.
+"""Riding out storage outages: which errors mean "the store is away for now", and the one policy every storage
+call retries them through.
 
 A PostgreSQL restart or failover, a dropped connection, or a SQLite file locked past its busy timeout are
-transient: the same call succeeds once the store is back. Anything else (an integrity error, a finished
-trial, a bad query) is not, and is raised at once. Transient errors are retried with capped exponential
-backoff and jitter for up to ``study.storage_outage_s`` seconds from the first failure of the outage; then
-:class:`~sweeper.errors.StorageOutage` ends the process with one message, and a later ``sweeper run``
-resumes.
+transient: the same call succeeds once the store is back. Anything else (an integrity error, a finished trial,
+a bad query) is not, and is raised at once. Transient errors are retried with capped exponential backoff and
+jitter for up to ``study.storage_outage_s`` seconds from the first failure of the outage; then
+:class:`~sweeper.errors.StorageOutage` ends the process with one message, and a later ``sweeper run`` resumes.
 
-The outage is the store's, not one call's: every call and thread of a process that talks to a store shares
-its :class:`OutagePolicy`, so the limit counts from the first failure, and after one give-up the rest give
-up at once (a driver's shutdown must not wait out another outage per call). Waits poll the policy's stop
-token (:mod:`sweeper.interrupt`, handed over by the sweep that opened the store), so Ctrl-C works while the
-store is away.
+The outage is the store's, not one call's: every call and thread of a process that talks to a store shares its
+:class:`OutagePolicy`, so the limit counts from the first failure, and after one give-up the rest give up at
+once (a driver's shutdown must not wait out another outage per call). Waits poll the policy's stop token
+(:mod:`sweeper.interrupt`, handed over by the sweep that opened the store), so Ctrl-C works while the store is
+away.
 """
 from __future__ import annotations
 

@@ -39,9 +39,8 @@ def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
 
 
 def ranked(trials: list[FrozenTrial], maximize: bool) -> list[FrozenTrial]:
-    """The feasible COMPLETE trials with a finite value, best first; of equal values the lower
-    number first. The one order of ``best``, ``predict --trial topK``, ``study.keep``'s top k
-    and a warm start's top k."""
+    """The feasible COMPLETE trials with a finite value, best first; of equal values the lower number first.
+    The one order of ``best``, ``predict --trial topK``, ``study.keep``'s top k and a warm start's top k."""
     sign = -1.0 if maximize else 1.0
     return sorted([t for t in scored(trials) if feasible(t)],
                   key=lambda t: (sign * float(t.value or 0.0), t.number))
