@@ -29,8 +29,7 @@ class PlainView(NullView):
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
-        self.metric = "val_ic"
-        self.objective = "val_ic"  # what a trial's value is called (objective_label)
+        self.metric = self.objective = "val_ic"  # objective: what a trial's value is called (objective_label)
         self.several = False  # a trial of several runs: an epoch's line names its run
 
     def _say(self, line: str) -> None:

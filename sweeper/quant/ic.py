@@ -40,9 +40,6 @@ class ICReport(TypedDict):
     n_constant_dates: int  # dates scored 0 for a constant prediction
 
 
-# ------------------------------------------------------------------ pandas
-
-
 def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date",
              flag_constant: bool = False) -> pd.DataFrame:
     """Per-date Pearson IC and Spearman Rank IC, sorted by date: columns ``date, ic, rank_ic`` (the
@@ -127,9 +124,6 @@ def _mean_ir(series: np.ndarray) -> tuple[float, float]:
     # 2 assets), or absolute (daily ICs that are all zero up to round-off, ~1e-17: their ratio
     # would be one round-off over another)
     return mean, (mean / std if std > max(1e-10 * abs(mean), ROUNDING_SPREAD) else math.nan)
-
-
-# ------------------------------------------------------------------ torch
 
 
 def daily_ic_torch(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
