@@ -76,8 +76,7 @@ class StackedSelfAttention(nn.Module):
         self.out_proj = StackedLinear(members, d_model, d_model, init=False)
         self.dropout = MemberDropout(rates)  # on the attention weights, as nn.MultiheadAttention
 
-    def forward(self, x: torch.Tensor, last: bool = False) -> torch.Tensor:
-        """``last``: the last position's query alone (no dropout: an evaluation), ``[K, B, 1, d]`` out."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, b, length, d = x.shape
         head_dim = d // self.nhead
         # StackedLinear's arithmetic: the in-projection keeps nn.MultiheadAttention's flat names
@@ -89,12 +88,22 @@ class StackedSelfAttention(nn.Module):
             # laid out as nn.MultiheadAttention lays out its output, time-major [L, B, d] seen
             # batch-first, so that dropout1 fills each member's noise in its lone run's order
             return self.out_proj(out.permute(0, 3, 1, 2, 4).reshape(k, length, b, d)).transpose(1, 2)
-        shape, rows = (k * b, self.nhead, length, head_dim), 1 if last else length
-        out = F.scaled_dot_product_attention(q[..., -rows:, :].reshape(k * b, self.nhead, rows, head_dim),
-                                             key.reshape(shape), v.reshape(shape))
+        shape = (k * b, self.nhead, length, head_dim)
+        out = F.scaled_dot_product_attention(q.reshape(shape), key.reshape(shape), v.reshape(shape))
         # batch-first: SDPA's output is laid out [B, L, nhead, hd] underneath, so this is a view
-        out = out.view(k, b, self.nhead, rows, head_dim).transpose(2, 3)
-        return self.out_proj(out.reshape(k, b, rows, d))
+        out = out.view(k, b, self.nhead, length, head_dim).transpose(2, 3)
+        return self.out_proj(out.reshape(k, b, length, d))
+
+    def last_query(self, x: torch.Tensor) -> torch.Tensor:
+        """The last position's query alone over every key, ``[K, B, 1, d]`` (an evaluation: no dropout):
+        q projected for that position only, k and v for all (docs/performance.md: a forward's time)."""
+        k, b, length, d = x.shape
+        head_dim, w, bias = d // self.nhead, self.in_proj_weight, self.in_proj_bias
+        q = stacked_affine(x[:, :, -1:], w[:, :d], bias[:, :d]).view(k * b, 1, self.nhead, head_dim)
+        kv = stacked_affine(x, w[:, d:], bias[:, d:]).view(k, b, length, 2, self.nhead, head_dim)
+        key, v = (t.reshape(k * b, self.nhead, length, head_dim) for t in kv.permute(3, 0, 1, 4, 2, 5))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), key, v)
+        return self.out_proj(out.view(k, b, self.nhead, 1, head_dim).transpose(2, 3).reshape(k, b, 1, d))
 
     def _attend_with_dropout(self, q: torch.Tensor, key: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Attention spelled out, ``[K, B, H, L, hd]`` in and out: SDPA takes one dropout rate and the
@@ -153,8 +162,8 @@ class StackedEncoderLayer(nn.Module):
         """The layer's output at the last position alone, ``[K, B, 1, d]``, in eval mode: all that
         pooling at the last position reads of the top layer (one query's attention over every key,
         one position's feed-forward). Within float rounding of the whole layer's (torch's fused
-        kernel at K = 1 rounds otherwise), in 0.4-0.5x its time on a CPU (docs/performance.md)."""
-        x = x[:, :, -1:] + self.self_attn(self.norm1(x), last=True)
+        kernel at K = 1 rounds otherwise), in a fraction of its time on a CPU (docs/performance.md)."""
+        x = x[:, :, -1:] + self.self_attn.last_query(self.norm1(x))
         return x + self.linear2(F.gelu(self.linear1(self.norm2(x))))
 
 
