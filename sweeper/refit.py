@@ -1,22 +1,20 @@
 """``sweeper refit``: a trial's config trained on every labelled date up to ``--until``, the
 production model (docs/refit.md).
 
-The trial's resolved config trains on every target date from the study's first train target
-(after the lookback's warm-up) to the last one whose label is known by ``until``: with the
-study's pinned widths, the last target ``t`` has ``t + horizon + embargo <= until`` in date
-index terms. Nothing later than ``until`` enters the panel, and the labels of the dates
-between the last target and ``until`` (they reach past it) are dropped too. ``robust_zscore``
-is fitted on this window. There is no valid split and no early stopping: the core trains
-exactly E epochs (:func:`refit_epochs`) with the trial's seed, precision and batch plan, and
-the last epoch's weights are the refit.
+The trial's resolved config trains on every target date from the study's first train target (after the
+lookback's warm-up) to the last one whose label is known by ``until``: with the study's pinned widths, the
+last target ``t`` has ``t + horizon + embargo <= until`` in date index terms. Nothing later than ``until``
+enters the panel, and the labels of the dates between the last target and ``until`` (they reach past it) are
+dropped too. ``robust_zscore`` is fitted on this window. There is no valid split and no early stopping: the
+core trains exactly E epochs (:func:`refit_epochs`) with the trial's seed, precision and batch plan, and the
+last epoch's weights are the refit.
 
 With seed repeats (``validation.repeats``) the trial's model is its seed ensemble, so the refit
 trains every seed (``train.seed + r``) and writes one weights file per seed.
 
-It writes ``trials/<n>/refit/``: ``weights.pt``, ``norm_stats.json``, then ``refit.json``
-(each atomically; the record goes last and is removed first when a refit is replaced, so a
-reader never takes half a refit for one). ``predict --data`` uses it
-(:mod:`sweeper.inspect.trial_model`).
+It writes ``trials/<n>/refit/``: ``weights.pt``, ``norm_stats.json``, then ``refit.json`` (each atomically;
+the record goes last and is removed first when a refit is replaced, so a reader never takes half a refit for
+one). ``predict --data`` uses it (:mod:`sweeper.inspect.trial_model`).
 """
 from __future__ import annotations
 
@@ -48,6 +46,7 @@ from sweeper.data.split import purge_gap, split_widths
 from sweeper.errors import ConfigError, DataError, StopReason
 from sweeper.inspect.predict import pick_trial
 from sweeper.inspect.trial_model import read_refit, trial_config
+from sweeper.models.check_cache import code_changed, source_digest
 from sweeper.store.layout import RefitFiles, TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
 from sweeper.store.trial_folder import remove
@@ -128,6 +127,9 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     began = time.perf_counter()
     day = parse_until(until)  # bad input first: nothing read, nothing written
     chosen = pick_trial(study, trial)  # "best": the best feasible COMPLETE trial; topK is refused
+    if changed := code_changed(study.user_attrs.get("model_fingerprint"), source_digest(cfg)):
+        raise ConfigError(f"{changed}, so a refit would train another model than trial {chosen.number}'s; "
+                          "restore them, or run a new study with the new code")
     epochs, epochs_from = refit_epochs(chosen)
     files = trial_files(files_folder(cfg, study), chosen.number)
     # the trial's config.yaml, or (a trial that never wrote one) its params applied to the study's
@@ -185,11 +187,10 @@ def write_refit(files: TrialFiles, states: list[dict], stats: Any,
 # ---------------------------------------------------------------- the refit's panel
 
 def refit_panel(data: C.DataConfig, until: np.datetime64 | None) -> tuple[Panel, Window]:
-    """The panel of the dates up to ``until``, its train split the refit's window (valid and
-    test empty), built by the panel builder (:func:`sweeper.data.build.build`): normalisation
-    fitted on that window, the leak guard judging it. Rows after ``until`` are dropped before
-    anything is built, and the labels of the dates between the last target and ``until`` (they
-    reach past it) are NaN."""
+    """The panel of the dates up to ``until``, its train split the refit's window (valid and test empty),
+    built by the panel builder (:func:`sweeper.data.build.build`): normalisation fitted on that window, the
+    leak guard judging it. Rows after ``until`` are dropped before anything is built, and the labels of the
+    dates between the last target and ``until`` (they reach past it) are NaN."""
     how = recipe(data)
     keys, blocks, _oracle = how.columns()
     codes = row_codes(keys)  # each row's date index: a row at index <= until stays, so do the indices

@@ -419,17 +419,23 @@ def test_the_same_files_in_another_folder_and_a_module_on_the_python_path_are_ch
 @pytest.mark.slow
 def test_a_study_whose_model_code_changed_is_refused_until_reverted(folders):
     """A resumed study ranks its trials as one model's: an edited model file is drift, named by its
-    fingerprint (the sha256 of the module's files' sha256s), and the reverted file resumes."""
+    fingerprint (the sha256 of the module's files' sha256s), a refit of its trial is refused, and the
+    reverted file resumes."""
     proj, _other = folders
     path = _study(proj)
-    sweeper_cli(proj, "db", "init", str(path))
+    sweeper_cli(proj, "run", str(path))
     stored = optuna.load_study(study_name="study", storage=f"sqlite:///{proj}/runs/study/study.db").user_attrs
     own = hashlib.sha256(hashlib.sha256(MYNET.encode()).hexdigest().encode()).hexdigest()
     assert stored["model_fingerprint"] == own
     (proj / "mynet.py").write_text(MYNET + "\n# edited\n")
     edited = hashlib.sha256(hashlib.sha256((MYNET + "\n# edited\n").encode()).hexdigest().encode()).hexdigest()
     out = sweeper_cli(proj, "db", "init", str(path), code=2).output
-    assert f"model code ({own[:12]} -> {edited[:12]}): the files of the study's user model changed" in out
+    assert (f"model code ({own[:12]} -> {edited[:12]}): the files of the study's user model changed since it "
+            "ran, and its trials would rank two models as one") in out
     assert "--force" in out and "Traceback" not in out
+    out = sweeper_cli(proj, "refit", str(path), code=2).output  # it would train another model
+    assert out.startswith(f"Error: model code ({own[:12]} -> {edited[:12]}): the files of the study's user model "
+                          "changed since it ran, so a refit would train another model than trial ")
+    assert not list(proj.glob("runs/study/trials/*/refit"))
     (proj / "mynet.py").write_text(MYNET)
     assert "already there (" in sweeper_cli(proj, "db", "init", str(path)).output

@@ -1,8 +1,7 @@
 """Config drift: which dotted keys of a stored config differ from the current one.
 
-Two rules use it: a resumed study refuses a study file whose data, model,
-training or search space changed (:data:`STUDY_SECTIONS`), and a checkpoint only
-continues the run that wrote it (:data:`CHECKPOINT_SECTIONS`).
+Two rules use it: a resumed study refuses a study file whose data, model, training or search space changed
+(:data:`STUDY_SECTIONS`), and a checkpoint only continues the run that wrote it (:data:`CHECKPOINT_SECTIONS`).
 """
 from __future__ import annotations
 

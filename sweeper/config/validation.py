@@ -8,12 +8,11 @@
   from the first date, or ``rolling``, the last ``train_dates`` dates) and validates on it.
   The layout is :mod:`sweeper.data.folds`' (docs/walk-forward.md).
 
-``repeats`` trains every fold (or the holdout run) with seeds ``train.seed + r``; the fold's
-score is the mean of the seed scores. The objective is the mean over folds of
-``study.metric``, or with ``aggregate: lcb`` that mean less one standard error (plus one, for a
-metric that is minimised): a config that is good on every fold beats one that is great on one.
-With ``aggregate: ensemble`` (``repeats >= 2``) a fold's score is instead the score of its seed
-ensemble (the mean of the seeds' predictions), so a pick is judged on the model it deploys.
+``repeats`` trains every fold (or the holdout run) with seeds ``train.seed + r``; the fold's score is the mean
+of the seed scores. The objective is the mean over folds of ``study.metric``, or with ``aggregate: lcb`` that
+mean less one standard error (plus one, for a metric that is minimised): a config that is good on every fold
+beats one that is great on one. With ``aggregate: ensemble`` (``repeats >= 2``) a fold's score is instead the
+score of its seed ensemble (the mean of the seeds' predictions), so a pick is judged on the model it deploys.
 """
 from __future__ import annotations
 

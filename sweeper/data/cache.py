@@ -1,12 +1,11 @@
 """The panel cache: a panel's arrays built once per host, mapped read-only by every process.
 
-An entry is a folder ``<root>/<key>/`` holding ``X.npy``, ``y.npy``, ``y_raw.npy``,
-``mask.npy`` (memory-mappable NumPy files), ``dates.npy`` and ``meta.json`` (assets,
-features, splits, normalisation statistics, oracle IC, the leak guard's figures). The
-key is a sha256 of the data fingerprint (file content and column selection) and of the
-``data`` keys that shape the arrays (normalisations, split, the pinned widths, and the
-lookback when ``robust_zscore`` fits over it), so a study that tunes ``data.lookback``
-with a cross-sectional normalisation shares one entry between its trials.
+An entry is a folder ``<root>/<key>/`` holding ``X.npy``, ``y.npy``, ``y_raw.npy``, ``mask.npy``
+(memory-mappable NumPy files), ``dates.npy`` and ``meta.json`` (assets, features, splits, normalisation
+statistics, oracle IC, the leak guard's figures). The key is a sha256 of the data fingerprint (file content
+and column selection) and of the ``data`` keys that shape the arrays (normalisations, split, the pinned
+widths, and the lookback when ``robust_zscore`` fits over it), so a study that tunes ``data.lookback`` with a
+cross-sectional normalisation shares one entry between its trials.
 
 - **Once per host**: the first process builds under an exclusive ``flock`` on
   ``<root>/.locks/<key>.lock``; the others wait on it and then map what it wrote.

@@ -83,10 +83,9 @@ def _file_recipe(cfg: DataConfig) -> Recipe:
 
 
 class PanelMemo:
-    """The panels this process has loaded, by what made them (a data config, and for a
-    scoring panel its file and statistics), each loaded once; ``keep`` bounds how many stay
-    (a worker keeps one: its next trial usually shares its data). Both the worker and
-    ``predict`` keep theirs here."""
+    """The panels this process has loaded, by what made them (a data config, and for a scoring panel its file
+    and statistics), each loaded once; ``keep`` bounds how many stay (a worker keeps one: its next trial
+    usually shares its data). Both the worker and ``predict`` keep theirs here."""
 
     def __init__(self, keep: int | None = None) -> None:
         self.keep = keep

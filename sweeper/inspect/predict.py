@@ -114,14 +114,12 @@ def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int =
                   split: str | None = None, data: str | Path | None = None, device: str | None = None,
                   start: str | None = None, end: str | None = None, study_file: str | None = None,
                   allow_unrefit: bool = False) -> Prediction:
-    """Predictions of ``trial`` (number, "best" or "topK") on ``split`` of the study's data,
-    or of ``data``. ``study_file`` is named in the retrain command of a trial whose weights
-    study.keep removed, and in the refit command of :func:`refuse_unrefit`, which ``allow_unrefit``
-    turns off.
+    """Predictions of ``trial`` (number, "best" or "topK") on ``split`` of the study's data, or of ``data``.
+    ``study_file`` is named in the retrain command of a trial whose weights study.keep removed, and in the
+    refit command of :func:`refuse_unrefit`, which ``allow_unrefit`` turns off.
 
-    ``split`` None: ``all`` with ``start``/``end``, or where ``data`` is scored by a refit (a
-    refit has trained on the study's valid and test dates: new data is what it is for), else
-    ``valid``."""
+    ``split`` None: ``all`` with ``start``/``end``, or where ``data`` is scored by a refit (a refit has
+    trained on the study's valid and test dates: new data is what it is for), else ``valid``."""
     from sweeper.quant.ensemble import ensemble
 
     if split is not None and split not in SPLITS:

@@ -37,10 +37,9 @@ BUILTIN_CLASSES: dict[str, type[nn.Module]] = {"transformer": StackedTransformer
 
 
 def resolve_model_class(name: str) -> type:
-    """The class behind ``model.name``: a built-in, or ``package.module:Class`` imported from the
-    study file's folder, the current folder, or the Python path, in that order. Raises ConfigError
-    naming ``model.name`` and the import problem, so a study file can be checked without building
-    anything."""
+    """The class behind ``model.name``: a built-in, or ``package.module:Class`` imported from the study file's
+    folder, the current folder, or the Python path, in that order. Raises ConfigError naming ``model.name``
+    and the import problem, so a study file can be checked without building anything."""
     if name in BUILTIN_CLASSES:
         return BUILTIN_CLASSES[name]
     module_name, sep, attr = name.partition(":")

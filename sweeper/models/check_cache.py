@@ -28,7 +28,7 @@ from sweeper.atomic import write_text
 from sweeper.models.paths import model_import_dirs
 
 if TYPE_CHECKING:
-    from sweeper.config import DataConfig
+    from sweeper.config import DataConfig, SweeperConfig
 
 CHECKS_DIR = ".model-checks"
 VERSION = 2  # 2: files by their place in the search order, and modules found on the Python path
@@ -66,16 +66,28 @@ def check_key(jobs: list[dict[str, Any]], n_features: int, lookback: int) -> str
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def source_digest(names: list[str]) -> str | None:
-    """sha256 of the files that the user models among ``names`` (``module:Class``) are imported
-    from, by content only (the same files on another host or in another folder read the same);
-    None with no user model, or when a module's files cannot be found to hash."""
+def source_digest(cfg: SweeperConfig) -> str | None:
+    """sha256 of the files that the study's user models (``module:Class``: its own, and the
+    ``model.name`` choices of its search space) are imported from, by content only (the same files on
+    another host or in another folder read the same); None with no user model, or when a module's
+    files cannot be found to hash."""
+    spec = cfg.search_space.get("model.name")
+    names = [cfg.model.name, *(spec.choices or [] if spec is not None else [])]
     files: list[str] = []
     for top in sorted({str(n).partition(":")[0].partition(".")[0] for n in names if ":" in str(n)}):
         if (found := _module_files(top, model_import_dirs())) is None:
             return None
         files += sorted(found.values())
     return hashlib.sha256(" ".join(files).encode()).hexdigest() if files else None
+
+
+def code_changed(was: str | None, now: str | None) -> str | None:
+    """How a study's user model changed since it ran (``model_fingerprint`` then and now), or None:
+    the same, or not known on either side."""
+    if was in (None, now) or not now:
+        return None
+    return (f"model code ({str(was)[:12]} -> {now[:12]}): the files of the study's user model changed "
+            "since it ran")
 
 
 def _module_files(top: str, folders: list[str]) -> dict[str, str] | None:

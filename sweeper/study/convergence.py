@@ -37,9 +37,8 @@ JUDGE_SEED = 0  # the regret bound's random search: the same trials get the same
 
 @dataclass(frozen=True)
 class Judgement:
-    """One judgement by the Terminator's rule (``Terminator.should_terminate``): converged when
-    the regret bound of a GP over the top trials is below the cross-validation error of the
-    best trial's scores."""
+    """One judgement by the Terminator's rule (``Terminator.should_terminate``): converged when the regret
+    bound of a GP over the top trials is below the cross-validation error of the best trial's scores."""
 
     complete: int  # the COMPLETE trials judged
     best: int  # the best trial's number

@@ -11,7 +11,7 @@ import optuna
 from sweeper import __version__
 from sweeper import config as C
 from sweeper.errors import ConfigDrift, StorageError, StudyNotFound
-from sweeper.models.check_cache import source_digest
+from sweeper.models.check_cache import code_changed, source_digest
 from sweeper.store import SweeperStorage, quiet_optuna
 from sweeper.store.locks import ClaimLock
 from sweeper.study.samplers import build_pruner, build_sampler, driver_seed
@@ -30,11 +30,9 @@ def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str
     created: a study of the same name in another storage, or one re-created after its database
     was deleted, has another (a checkpoint and a run folder say which study they belong to by it).
     ``model_fingerprint``: the user models' source (None with only built-in ones)."""
-    spec = cfg.search_space.get("model.name")
-    models = [cfg.model.name, *(spec.choices or [] if spec is not None else [])]
     return {"study_uuid": uuid.uuid4().hex, "config": C.to_dict(cfg), "config_hash": C.config_hash(cfg),
             "sweeper_version": __version__, "environment": environment, "data_fingerprint": panel.fingerprint,
-            "model_fingerprint": source_digest(models),
+            "model_fingerprint": source_digest(cfg),
             "split_dates": panel.split_dates, K.FOLD_DATES: panel.folds,
             "split_widths": {k: getattr(cfg.data.split, k) for k in ("lookback", "horizon", "embargo")},
             "features": panel.features, "oracle_ic": panel.oracle_ic, "data_source": panel.source}
@@ -48,10 +46,9 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
     call created and that holds no trial yet: one filled by hand with Optuna first runs what it
     holds). Returns the study and whether this call created it.
 
-    Only the driver that creates a study samples with ``study.sampler.seed`` itself,
-    so a fresh single-driver study is reproducible; every driver that joins or
-    resumes one reseeds from the seed, the trials so far and its ``driver_id``
-    (:func:`~sweeper.study.samplers.driver_seed`), so no two repeat each other."""
+    Only the driver that creates a study samples with ``study.sampler.seed`` itself, so a fresh single-driver
+    study is reproducible; every driver that joins or resumes one reseeds from the seed, the trials so far and
+    its ``driver_id`` (:func:`~sweeper.study.samplers.driver_seed`), so no two repeat each other."""
     sampler, pruner = build_sampler(cfg.study.sampler), build_pruner(cfg.study.pruner)
     name = cfg.study.name
     with lock:  # concurrent create_study is a known deadlock; serialise it
@@ -107,10 +104,8 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
         differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}): "
                       f"{f'the data file {path}' if path else 'the synthetic panel'} is not the data this "
                       "study was run on")
-    if (was := stored.get("model_fingerprint")) not in (None, now := attrs["model_fingerprint"]) and now:
-        differ.append(f"model code ({was[:12]} -> {now[:12]}): "
-                      "the files of the study's user model changed since it was run, and its trials would "
-                      "rank two models as one")
+    if changed := code_changed(stored.get("model_fingerprint"), attrs["model_fingerprint"]):
+        differ.append(f"{changed}, and its trials would rank two models as one")
     if differ and not force:
         raise ConfigDrift(f"study {study.study_name!r} was created with a different config; these keys "
                           f"differ: {'; '.join(differ)}. Revert them, use a new study.name, or pass --force "

@@ -1,11 +1,10 @@
 """Which failed trials deserve another go, and with what: the one home of the retry rule.
 
-A pure function of the stored trials and the run folder it finds their checkpoints in (the
-study's own, or ``previous/<uuid>/`` when another study has taken the folder over), read by the
-parent's reconcile (which enqueues the retries, :mod:`sweeper.dispatch.retries`) and by
-``study.keep`` (:mod:`sweeper.study.retention`, in the worker too), which keeps the checkpoint a
-due retry will resume from. A retry names that checkpoint's trial (``resume_from_trial``),
-never its path (:mod:`sweeper.store.trial_folder`).
+A pure function of the stored trials and the run folder it finds their checkpoints in (the study's own, or
+``previous/<uuid>/`` when another study has taken the folder over), read by the parent's reconcile (which
+enqueues the retries, :mod:`sweeper.dispatch.retries`) and by ``study.keep`` (:mod:`sweeper.study.retention`,
+in the worker too), which keeps the checkpoint a due retry will resume from. A retry names that checkpoint's
+trial (``resume_from_trial``), never its path (:mod:`sweeper.store.trial_folder`).
 """
 from __future__ import annotations
 

@@ -31,11 +31,10 @@ PRUNERS: dict[str, tuple[Callable[..., optuna.pruners.BasePruner], dict[str, Any
 def build_sampler(cfg: SamplerConfig, seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler, seeded with ``seed`` when given, else with ``study.sampler.seed``.
 
-    ``study.constraints`` needs nothing here: each worker stores its trial's constraint values
-    with ``Trial.set_constraint`` (:mod:`sweeper.worker.constraints`), and Optuna 5's TPE and GP
-    samplers read them from the stored trials. Their ``constraints_func`` (deprecated in 5.0)
-    would not run anyway: Optuna calls it in the process that tells, the worker, whose study has
-    the default sampler, not this one."""
+    ``study.constraints`` needs nothing here: each worker stores its trial's constraint values with
+    ``Trial.set_constraint`` (:mod:`sweeper.worker.constraints`), and Optuna 5's TPE and GP samplers read them
+    from the stored trials. Their ``constraints_func`` (deprecated in 5.0) would not run anyway: Optuna calls
+    it in the process that tells, the worker, whose study has the default sampler, not this one."""
     return SAMPLERS[cfg.name](seed=cfg.seed if seed is None else seed, **cfg.options)
 
 

@@ -1,14 +1,13 @@
 """A study's stack size: how many of a trial's runs train as one stack, the same for every trial.
 
 The pruner compares trials at the same step, and a trial's steps count its stacks' epochs
-(:meth:`sweeper.validation.grid.RunGrid.step`), so every trial of a study stacks alike. A number
-in ``train.max_stack`` pins the size. ``auto`` (the default): the first trial to start measures
-it on its device (:mod:`sweeper.core.stack_size`) and stores the choice, with the rates it was
-made on, in the study's ``stack_size`` attribute (with ``train.precision: auto`` on a CPU with native
-bf16, the precision measured with it); every later trial, and a resumed study, uses it, so a timing
-blip cannot change a trial's numbers. A study created before ``auto`` existed
-keeps the number it was created with. Resuming with a number other than the study's size is
-refused, as any other config drift.
+(:meth:`sweeper.validation.grid.RunGrid.step`), so every trial of a study stacks alike. A number in
+``train.max_stack`` pins the size. ``auto`` (the default): the first trial to start measures it on its device
+(:mod:`sweeper.core.stack_size`) and stores the choice, with the rates it was made on, in the study's
+``stack_size`` attribute (with ``train.precision: auto`` on a CPU with native bf16, the precision measured
+with it); every later trial, and a resumed study, uses it, so a timing blip cannot change a trial's numbers. A
+study created before ``auto`` existed keeps the number it was created with. Resuming with a number other than
+the study's size is refused, as any other config drift.
 """
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """What a study records of its panel, fixed for the whole study: written to the study's
 attributes by the parent, read back by the view and ``inspect``.
 
-Making it means loading the panel, which means torch. The driver of ``sweeper run`` does not
-import torch (about 2.4 s of CPU on a 2-core box, and 300 MB it would hold for the whole sweep):
-it asks its worker fork server for a child that runs :func:`main` (``python -m
-sweeper.study.summary``: the config as JSON on stdin, as :func:`sweeper.config.to_dict` writes it,
-and one JSON answer line on stdout), and only where there is no server (``validate``, ``db init``)
-calls :func:`summarize_panel` itself.
+Making it means loading the panel, which means torch. The driver of ``sweeper run`` does not import torch
+(about 2.4 s of CPU on a 2-core box, and 300 MB it would hold for the whole sweep): it asks its worker fork
+server for a child that runs :func:`main` (``python -m sweeper.study.summary``: the config as JSON on stdin,
+as :func:`sweeper.config.to_dict` writes it, and one JSON answer line on stdout), and only where there is no
+server (``validate``, ``db init``) calls :func:`summarize_panel` itself.
 """
 from __future__ import annotations
 
