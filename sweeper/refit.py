@@ -139,8 +139,7 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     # exactly E epochs: no time limit, and train's fixed_epochs validates nothing and never stops early
     run_cfg = tcfg.with_train(epochs=epochs, max_minutes=None)
     where = resolve_device(device)
-    # with seed repeats the trial's model is its seed ensemble: the refit trains every seed, in
-    # stacks of the trial's size
+    # seed repeats: the trial's model is its seed ensemble, so every seed trains, in stacks of its size
     seeds = [Member(seeded(run_cfg, r), panel) for r in range(tcfg.validation.repeats)]
     pinned = tcfg.train.max_stack if tcfg.train.max_stack != "auto" else 1
     size = int(chosen.user_attrs.get("stack_size", pinned))
