@@ -1,6 +1,7 @@
 """The built-in transformer, written once with the member count K as a dimension: K >= 1 pre-norm
 encoders under ``nn.TransformerEncoder``'s names (``encoder.layers.N.self_attn.in_proj_weight`` ...,
-K in front): a linear projection plus positions, the encoder, pooling, a linear head.
+K in front): a linear projection plus positions, the encoder, pooling, a linear head. Evaluated and
+pooled at its last position, its top layer computes that position alone (``last_position``).
 
 A stack of one is the one-member model: torch's own ``nn.TransformerEncoderLayer`` (its kernels, its
 eval fast path) on the member's weights, drawn in its order. In a stack of several every linear is
