@@ -127,7 +127,7 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     began = time.perf_counter()
     day = parse_until(until)  # bad input first: nothing read, nothing written
     chosen = pick_trial(study, trial)  # "best": the best feasible COMPLETE trial; topK is refused
-    if changed := code_changed(study.user_attrs.get("model_fingerprint"), source_digest(cfg)):
+    if changed := code_changed(source_digest(cfg), chosen.user_attrs, study.user_attrs):
         raise ConfigError(f"{changed}, so a refit would train another model than trial {chosen.number}'s; "
                           "restore them, or run a new study with the new code")
     epochs, epochs_from = refit_epochs(chosen)

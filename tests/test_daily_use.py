@@ -315,6 +315,9 @@ def test_predict_after_the_data_file_grew_scores_the_studys_own_dates(tmp_path):
     assert "warning: the data differs from the data the study was run on (fingerprint changed)" in out
     assert ("note: the study's data file changed since the study ran: each split is its stored dates, "
             "normalised with each trial's own statistics, as --data scores a file") in out
+    out = sweeper_cli(tmp_path, "baseline", "study.yaml", code=2).output  # it would move its split
+    assert out == (f"Error: {tmp_path / 'panel.parquet'}: the data changed since the study ran (its fingerprint), so "
+                   "a baseline would train and score on other dates than the study's trials; restore it\n")
     before, after = pd.read_parquet(tmp_path / "before.parquet"), pd.read_parquet(tmp_path / "after.parquet")
     assert [str(after["date"].min())[:10], str(after["date"].max())[:10]] == test_dates
     pd.testing.assert_frame_equal(before, after, rtol=1e-5)

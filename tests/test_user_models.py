@@ -416,26 +416,72 @@ def test_the_same_files_in_another_folder_and_a_module_on_the_python_path_are_ch
     assert validate(bare, on_path) == 4
 
 
+def _fingerprint(source: str) -> str:
+    """A one-file model's fingerprint: the sha256 of its name and its content's sha256."""
+    return hashlib.sha256(f"mynet={hashlib.sha256(source.encode()).hexdigest()}".encode()).hexdigest()
+
+
 @pytest.mark.slow
 def test_a_study_whose_model_code_changed_is_refused_until_reverted(folders):
     """A resumed study ranks its trials as one model's: an edited model file is drift, named by its
-    fingerprint (the sha256 of the module's files' sha256s), a refit of its trial is refused, and the
-    reverted file resumes."""
+    fingerprint; a refit or a predict of a trial trained on other code is refused (each trial keeps
+    the fingerprint of the code it trained), and the reverted file resumes."""
     proj, _other = folders
     path = _study(proj)
     sweeper_cli(proj, "run", str(path))
-    stored = optuna.load_study(study_name="study", storage=f"sqlite:///{proj}/runs/study/study.db").user_attrs
-    own = hashlib.sha256(hashlib.sha256(MYNET.encode()).hexdigest().encode()).hexdigest()
-    assert stored["model_fingerprint"] == own
+    study = optuna.load_study(study_name="study", storage=f"sqlite:///{proj}/runs/study/study.db")
+    own, edited = _fingerprint(MYNET), _fingerprint(MYNET + "\n# edited\n")
+    assert study.user_attrs["model_fingerprint"] == own
+    assert [t.user_attrs["model_fingerprint"] for t in study.get_trials()] == [own, own]
     (proj / "mynet.py").write_text(MYNET + "\n# edited\n")
-    edited = hashlib.sha256(hashlib.sha256((MYNET + "\n# edited\n").encode()).hexdigest().encode()).hexdigest()
+    (proj / "helpers.py").write_text("def hidden_width(width):\n    return width  # a helper: not the model's own\n")
     out = sweeper_cli(proj, "db", "init", str(path), code=2).output
-    assert (f"model code ({own[:12]} -> {edited[:12]}): the files of the study's user model changed since it "
-            "ran, and its trials would rank two models as one") in out
+    changed = f"model code ({own[:12]} -> {edited[:12]}): the files of the study's user model changed since it ran"
+    assert f"{changed}, and its trials would rank two models as one" in out
     assert "--force" in out and "Traceback" not in out
-    out = sweeper_cli(proj, "refit", str(path), code=2).output  # it would train another model
-    assert out.startswith(f"Error: model code ({own[:12]} -> {edited[:12]}): the files of the study's user model "
-                          "changed since it ran, so a refit would train another model than trial ")
-    assert not list(proj.glob("runs/study/trials/*/refit"))
+    out = sweeper_cli(proj, "refit", str(path), "--trial", "0", code=2).output  # it would train another model
+    assert out == (f"Error: {changed}, so a refit would train another model than trial 0's; restore them, or run "
+                   "a new study with the new code\n")
+    out = sweeper_cli(proj, "predict", str(path), "--trial", "1", "-o", "p.parquet", code=2).output
+    assert out.startswith(f"Error: {changed}, so trial 1's weights would score another model than it trained")
+    assert not list(proj.glob("runs/study/trials/*/refit")) and not (proj / "p.parquet").exists()
+    # --force: the new trial trains the edited code, and records it; a refit of it is that model's
+    sweeper_cli(proj, "run", str(path), "--force", "--set", "study.n_trials=3")
+    assert study.get_trials()[2].user_attrs["model_fingerprint"] == edited
+    sweeper_cli(proj, "refit", str(path), "--trial", "2")
     (proj / "mynet.py").write_text(MYNET)
     assert "already there (" in sweeper_cli(proj, "db", "init", str(path)).output
+    out = sweeper_cli(proj, "refit", str(path), "--trial", "2", code=2).output
+    assert out.startswith(f"Error: model code ({edited[:12]} -> {own[:12]}): ")
+
+
+def test_the_model_fingerprint_names_each_file_and_leaves_out_the_files_beside_a_module(tmp_path, monkeypatch):
+    """Two files' contents swapped in a package change it; a file beside a one-file module found on the
+    Python path (another module's) does not."""
+    from sweeper.config import validate_config
+    from sweeper.models.check_cache import source_digest
+
+    study, lib, empty = tmp_path / "study", tmp_path / "lib", tmp_path / "empty"
+    for folder in (study / "pkg", lib, empty):
+        folder.mkdir(parents=True)
+    (study / "pkg" / "__init__.py").write_text("")
+    (study / "pkg" / "small.py").write_text("WIDTH = 8\n")
+    (study / "pkg" / "large.py").write_text("WIDTH = 64\n")
+    (lib / "libnet.py").write_text("class Net: ...\n")
+    (lib / "unrelated.py").write_text("X = 1\n")
+    monkeypatch.chdir(empty)
+    monkeypatch.setenv("SWEEPER_MODEL_PATH", str(study))
+    monkeypatch.syspath_prepend(str(lib))
+
+    def digest(name: str) -> str | None:
+        return source_digest(validate_config({"model": {"name": name}, "data": {"synthetic": {}}}, "s.yaml"))
+
+    before = digest("pkg.net:Net")
+    (study / "pkg" / "small.py").write_text("WIDTH = 64\n")
+    (study / "pkg" / "large.py").write_text("WIDTH = 8\n")
+    assert before is not None and digest("pkg.net:Net") != before
+    mine = digest("libnet:Net")
+    (lib / "unrelated.py").write_text("X = 2\n")
+    content = hashlib.sha256((lib / "libnet.py").read_bytes()).hexdigest()
+    assert mine == digest("libnet:Net") == hashlib.sha256(f"libnet={content}".encode()).hexdigest()
+    assert digest("mlp") is None  # a built-in model's code is sweeper's

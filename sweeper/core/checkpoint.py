@@ -2,10 +2,9 @@
 and which run it may continue.
 
 A state holds tensors, numbers, strings, lists and dicts only, so it loads with
-``torch.load(weights_only=True)``. It is one file, replaced atomically at every save, that names
-its own epoch and config (no sidecar file could name another epoch): :func:`checkpoint_meta`
-reads them through a memory map without loading the tensors, so that a retry can replay exactly
-the intermediate values its checkpoint covers.
+``torch.load(weights_only=True)``. It is one file, replaced atomically at every save, that names its own epoch
+and config (no sidecar file could name another epoch): :func:`checkpoint_meta` reads them through a memory map
+without loading the tensors, so that a retry can replay exactly the intermediate values its checkpoint covers.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""What a host keeps of its run-time measurements (the stack size, the CPU eval batch), so that a run
-of the same shape on the same machine (``sweeper train`` again, a new study) does not pay for one
-twice: a folder per kind under the panel cache's root, one JSON file per key. A key is what the
-measurement depends on plus the machine that made it (the device and its name, the CPU's model,
-torch's threads and version); an entry that cannot be read is measured again, one that cannot be
-written is only measured again."""
+"""What a host keeps of its run-time measurements (the stack size, the CPU eval batch), so that a run of the
+same shape on the same machine (``sweeper train`` again, a new study) does not pay for one twice: a folder per
+kind under the panel cache's root, one JSON file per key. A key is what the measurement depends on plus the
+machine that made it (the device and its name, the CPU's model, torch's threads and version); an entry that
+cannot be read is measured again, one that cannot be written is only measured again."""
 from __future__ import annotations
 
 import contextlib

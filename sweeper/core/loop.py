@@ -123,9 +123,8 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
 
 def _judge(run: Run, epoch: int, epochs: int, pruned: bool, hook: EpochHook,
            reason: StopReason) -> StopReason:
-    """Whether the stack goes on after ``epoch``: pruned, every member stopped, or out of time; the
-    members the hook stops alone (a population's pruned trial) and those whose own epochs are done
-    are masked."""
+    """Whether the stack goes on after ``epoch``: pruned, every member stopped, or out of time; the members
+    the hook stops alone (a population's pruned trial) and those whose own epochs are done are masked."""
     lanes = run.lanes
     if pruned:
         return StopReason.PRUNED

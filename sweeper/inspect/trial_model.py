@@ -33,6 +33,7 @@ from sweeper.data.panel import Panel
 from sweeper.data.scoring import own_scoring_panel
 from sweeper.errors import ConfigError, DataError, SweeperError
 from sweeper.inspect.trials import model_dates, trial_config
+from sweeper.models.check_cache import code_changed, source_digest
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
 from sweeper.study.retention import no_model, retrain_command, weights_removed
@@ -119,7 +120,7 @@ class Predictor:
         self.study_file = study_file  # named in the retrain command of a trial whose weights are gone
         self.run_dir = files_folder(cfg, study)  # this study's files, wherever another study put them
         self._device_name = device
-        self.notes: list[str] = []
+        self.notes: dict[str, None] = {}  # each said once, in order
         self.refits: dict[int, dict[str, Any]] = {}  # trial -> its refit's record, for each refit used
         self._panels = PanelMemo()
         self._frames: dict[tuple, pd.DataFrame] = {}
@@ -145,9 +146,11 @@ class Predictor:
 
         files = trial_files(self.run_dir, trial.number)
         tcfg = trial_config(files, self.cfg)
+        if changed := code_changed(source_digest(tcfg), trial.user_attrs, self.study.user_attrs):
+            raise ConfigError(f"{changed}, so trial {trial.number}'s weights would score another model than "
+                              "it trained; restore them, or run a new study with the new code")
         refit = read_refit(files) if data is not None else None  # the study's own dates: its own weights
-        # a missing file fails before any data is read; with seed repeats, every seed's weights
-        # (the trial's model is the mean of their predictions)
+        # a missing file fails before any data is read; with seed repeats every seed's (their mean: the model)
         used = files.refit_files if refit else files  # the refit's model files, or the trial's own
         if refit and not used.weights.exists():
             raise DataError(f"{used.weights}: missing beside its refit.json; run `sweeper refit` again")
@@ -155,8 +158,7 @@ class Predictor:
         members = [first, *(_state_dict(p) for p in used.other_members())]
         if data is None and self.study_data[1] is False and tcfg.data.path:
             data = tcfg.data.path  # it changed: the study's stored dates, scored with the trial's own weights
-            if MOVED not in self.notes:
-                self.notes.append(MOVED)
+            self.notes[MOVED] = None
         panel = (self.own_panel(tcfg) if data is None
                  else self._new_panel(tcfg, used.norm_stats, trial, Path(data)))
         panel, name = restrict(panel, split, start, end)
@@ -233,8 +235,8 @@ class Predictor:
             return saved, {}  # the study's dates are unknown: --split all or --start/--end only
         note = (f"trial {trial.number} has no {kept.name} (it was trained before trials saved one): "
                 "robust_zscore was re-fitted on the study's train split")
-        if saved is None and tcfg.data.feature_norm == "robust_zscore" and note not in self.notes:
-            self.notes.append(note)
+        if saved is None and tcfg.data.feature_norm == "robust_zscore":
+            self.notes[note] = None
         stats = saved or own.norm_stats
         assert stats is not None, "a loaded panel carries the statistics it was normalised with (data.build)"
         return stats, split_dates or {k: v for k, v in own.split_dates().items() if k != "all"}

@@ -67,27 +67,28 @@ def check_key(jobs: list[dict[str, Any]], n_features: int, lookback: int) -> str
 
 
 def source_digest(cfg: SweeperConfig) -> str | None:
-    """sha256 of the files that the study's user models (``module:Class``: its own, and the
-    ``model.name`` choices of its search space) are imported from, by content only (the same files on
-    another host or in another folder read the same); None with no user model, or when a module's
-    files cannot be found to hash."""
+    """sha256 of the files of the study's user models (``module:Class``, its own and its search space's), each
+    by its path from the module's own folder and its content (the same on another host or folder; the files
+    beside a one-file module are not its own); None with none, or a module whose files cannot be found."""
     spec = cfg.search_space.get("model.name")
     names = [cfg.model.name, *(spec.choices or [] if spec is not None else [])]
     files: list[str] = []
     for top in sorted({str(n).partition(":")[0].partition(".")[0] for n in names if ":" in str(n)}):
         if (found := _module_files(top, model_import_dirs())) is None:
             return None
-        files += sorted(found.values())
-    return hashlib.sha256(" ".join(files).encode()).hexdigest() if files else None
+        for where, sha in found.items():
+            if top in (parts := Path(where.split(":", 1)[-1]).with_suffix("").parts):
+                files.append(f"{'/'.join(parts[parts.index(top):])}={sha}")
+    return hashlib.sha256(" ".join(sorted(files)).encode()).hexdigest() if files else None
 
 
-def code_changed(was: str | None, now: str | None) -> str | None:
-    """How a study's user model changed since it ran (``model_fingerprint`` then and now), or None:
-    the same, or not known on either side."""
-    if was in (None, now) or not now:
+def code_changed(now: str | None, *stored: dict[str, Any]) -> str | None:
+    """How the user model's files (``now``, :func:`source_digest`) changed since the first of ``stored`` (a
+    trial's user attributes, then its study's) that records them (``model_fingerprint``); None: unchanged."""
+    was = str(next((s["model_fingerprint"] for s in stored if s.get("model_fingerprint")), now))
+    if not now or was == now:
         return None
-    return (f"model code ({str(was)[:12]} -> {now[:12]}): the files of the study's user model changed "
-            "since it ran")
+    return f"model code ({was[:12]} -> {now[:12]}): the files of the study's user model changed since it ran"
 
 
 def _module_files(top: str, folders: list[str]) -> dict[str, str] | None:

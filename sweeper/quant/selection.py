@@ -50,11 +50,10 @@ def expected_max(n: int) -> float:
 def null_max_ic(daily_ics: list[np.ndarray], lags: list[int] | None = None) -> float:
     """The mean IC the best of these N trials would reach with no signal: median SE * E[max_N].
 
-    SE is each trial's Newey-West standard error of its mean IC with its ``lags`` entry
-    (default 0: std(daily, ddof=1) / sqrt(T)). The median (not the mean) across trials keeps
-    one degenerate trial, e.g. a diverged model with wild daily ICs, from inflating the bar.
-    Every trial counts toward N (each one was a chance to get lucky) but only trials with
-    >= 2 finite days give an SE. NaN if none does.
+    SE is each trial's Newey-West standard error of its mean IC with its ``lags`` entry (default 0: std(daily,
+    ddof=1) / sqrt(T)). The median (not the mean) across trials keeps one degenerate trial, e.g. a diverged
+    model with wild daily ICs, from inflating the bar. Every trial counts toward N (each one was a chance to
+    get lucky) but only trials with >= 2 finite days give an SE. NaN if none does.
     """
     lags = lags if lags is not None else [0] * len(daily_ics)
     return _null_ic(list(map(hac_standard_error, daily_ics, lags)))
@@ -70,12 +69,11 @@ def deflated_sharpe(daily_best: np.ndarray, sr_trials: list[float], n_trials: in
                     null_ic: float | None = None, lag: int = 0) -> dict[str, float]:
     """Deflated Sharpe Ratio of the selected trial's daily ICs (Bailey & Lopez de Prado 2014).
 
-    DSR = Phi((SR - SR0) sqrt(T'-1) / sqrt(1 - g3 SR + (g4-1)/4 SR^2)), SR0 = sd(sr_trials) E[max_N],
-    where SR = mean/std(ddof=1) of the daily ICs (the ICIR), g3 their skew and g4 their
-    (non-excess) kurtosis. T' is the number of days the series is worth once their overlap
-    is counted: T / the Newey-West variance ratio with ``lag`` (T itself for lag 0).
-    ``dsr`` is the probability that the true SR beats the best a signal-free search of
-    ``n_trials`` would find; ``p_fluke = 1 - dsr``.
+    DSR = Phi((SR - SR0) sqrt(T'-1) / sqrt(1 - g3 SR + (g4-1)/4 SR^2)), SR0 = sd(sr_trials) E[max_N], where SR
+    = mean/std(ddof=1) of the daily ICs (the ICIR), g3 their skew and g4 their (non-excess) kurtosis. T' is
+    the number of days the series is worth once their overlap is counted: T / the Newey-West variance ratio
+    with ``lag`` (T itself for lag 0). ``dsr`` is the probability that the true SR beats the best a
+    signal-free search of ``n_trials`` would find; ``p_fluke = 1 - dsr``.
 
     ``deflated_ic`` = mean IC - ``null_ic``; without ``null_ic`` the best trial's own SE
     stands in for the trials' median SE (see :func:`null_max_ic`).

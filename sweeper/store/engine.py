@@ -143,10 +143,9 @@ class SweeperStorage(RDBStorage):
     :class:`~sweeper.store.outage.OutagePolicy`, and tells the SQLite "begin" hook whether it only reads
     (deferred), writes (IMMEDIATE) or changes a trial's state (IMMEDIATE, synced to disk at commit).
 
-    A retried write whose first attempt did commit (the connection dropped before
-    the reply) is harmless for upserts; a finished trial told again is recognised
-    in :meth:`set_trial_state_values`. A trial created twice by ``ask`` in an
-    outage is left RUNNING without a heartbeat; the stale check fails and re-queues it.
+    A retried write whose first attempt did commit (the connection dropped before the reply) is harmless for
+    upserts; a finished trial told again is recognised in :meth:`set_trial_state_values`. A trial created
+    twice by ``ask`` in an outage is left RUNNING without a heartbeat; the stale check fails and re-queues it.
     """
 
     outage_policy: outage.OutagePolicy | None = None

@@ -104,7 +104,7 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
         differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}): "
                       f"{f'the data file {path}' if path else 'the synthetic panel'} is not the data this "
                       "study was run on")
-    if changed := code_changed(stored.get("model_fingerprint"), attrs["model_fingerprint"]):
+    if changed := code_changed(attrs["model_fingerprint"], stored):
         differ.append(f"{changed}, and its trials would rank two models as one")
     if differ and not force:
         raise ConfigDrift(f"study {study.study_name!r} was created with a different config; these keys "

@@ -1,8 +1,7 @@
 """A population: several trials of one shape trained as one stack (issue 40), each still its own trial.
 
-The runner (:func:`sweeper.validation.runner.train_population`) lays the trials' runs side by side in
-one stack, trial after trial, and hands the core these two objects in place of one trial's hook and
-checkpointer:
+The runner (:func:`sweeper.validation.runner.train_population`) lays the trials' runs side by side in one
+stack, trial after trial, and hands the core these two objects in place of one trial's hook and checkpointer:
 
 - :class:`PopulationHook` tells each trial's own hook about its own members only (its metrics, its
   intermediate value, its pruning decision), and stops a trial's members alone when its hook prunes

@@ -37,6 +37,7 @@ from sweeper.errors import (
     one_line,
 )
 from sweeper.interrupt import StopToken
+from sweeper.models.check_cache import source_digest
 from sweeper.plain import plain
 from sweeper.store import artifact_store, open_storage
 from sweeper.store.layout import ARTIFACTS, TrialFiles, trial_files
@@ -191,6 +192,8 @@ class TrialRunner:
         trainer, choice = pin_stack_size(panel, trainer, functools.partial(stacking.resolve, self.study, cfg),
                                          trials)
         cfg = trainer.cfg
+        if fingerprint := source_digest(cfg):  # the user model's code this trial trains (refit, predict)
+            choice = {**choice, "model_fingerprint": fingerprint}
         for key, value in choice.items():
             trial.set_user_attr(key, value)
         files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))  # with the stack size

@@ -3,15 +3,14 @@ encoders under ``nn.TransformerEncoder``'s names (``encoder.layers.N.self_attn.i
 K in front): a linear projection plus positions, the encoder, pooling, a linear head. Evaluated and
 pooled at its last position, its top layer computes that position alone (``last_position``).
 
-A stack of one is the one-member model: torch's own ``nn.TransformerEncoderLayer`` (its kernels, its
-eval fast path) on the member's weights, drawn in its order. In a stack of several every linear is
-one batched matmul, layer norms normalise without affine and then apply each member's scale and
-shift, and attention is one ``scaled_dot_product_attention`` over ``K * B`` sequences. Dropout sits
-where ``nn.TransformerEncoderLayer`` puts it, with each member's own rate and generator, and draws
-each member's masks as its lone run's layer draws them, in its order: the attention weights
-``[B, nhead, L, L]`` (SDPA's math path, which torch takes when it drops out), ``dropout1`` on the
-attention's output (time-major underneath, as ``nn.MultiheadAttention`` leaves it), the
-feed-forward's ``dropout``, then ``dropout2``.
+A stack of one is the one-member model: torch's own ``nn.TransformerEncoderLayer`` (its kernels, its eval fast
+path) on the member's weights, drawn in its order. In a stack of several every linear is one batched matmul,
+layer norms normalise without affine and then apply each member's scale and shift, and attention is one
+``scaled_dot_product_attention`` over ``K * B`` sequences. Dropout sits where ``nn.TransformerEncoderLayer``
+puts it, with each member's own rate and generator, and draws each member's masks as its lone run's layer
+draws them, in its order: the attention weights ``[B, nhead, L, L]`` (SDPA's math path, which torch takes when
+it drops out), ``dropout1`` on the attention's output (time-major underneath, as ``nn.MultiheadAttention``
+leaves it), the feed-forward's ``dropout``, then ``dropout2``.
 """
 from __future__ import annotations
 
