@@ -61,3 +61,11 @@ def test_the_live_eta_is_estimated_from_epochs_before_the_first_trial_ends():
     assert view.eta(now=160.0) == "ETA ~7.0 min (from the epochs so far)"
     view.trial_ended(SLOT, 0, TrialState.COMPLETE, 0.01, None)  # then the finished trials' pace
     assert view.eta(now=220.0) == "ETA 6.0 min"  # 3 left at 120 s each
+
+
+def test_a_trial_start_line_shows_each_param_as_it_was_drawn():
+    out = io.StringIO()
+    PlainView(out).trial_started(SLOT, 2, {"train.lr": 0.0012345678, "model.gradient_checkpointing": True,
+                                           "train.batch_size": 512, "model.pooling": "mean"})
+    assert _lines(out) == ["trial 2 started on cpu0: train.lr=0.001235 model.gradient_checkpointing=True "
+                           "train.batch_size=512 model.pooling=mean"]  # a boolean read 1 (and 1.0000 in best)

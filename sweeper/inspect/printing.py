@@ -19,7 +19,8 @@ def fmt(value: object, spec: str = ".4f") -> str:
     """``value`` formatted with ``spec``; ``-`` for None and non-finite floats."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    return format(value, spec) if isinstance(value, (int, float)) else str(value)
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)  # True is no "1.0000"
+    return format(value, spec) if numeric else str(value)
 
 
 def print_status(report: dict[str, Any]) -> None:
