@@ -203,6 +203,21 @@ def test_duplicated_date_asset_rows(tmp_path):
     raises(cfg(path), path, "'date', 'asset'", "3 duplicated", "(2021-01-05, S2)")
 
 
+def test_a_days_rows_stamped_at_two_times_are_refused_and_intraday_bars_are_not(tmp_path):
+    """Two sources merged, half the assets at 15:00: each time became a date (the panel's dates
+    doubled, its windows half empty, its purge half as many calendar days). Bars of a day, each asset
+    at every time, are dates of their own."""
+    frame = long_frame()
+    frame.loc[frame.asset.isin(["S1", "S3"]), "date"] += pd.Timedelta(hours=15)
+    path = write(frame, tmp_path / "p.parquet")
+    assert raises(cfg(path), path) == (f"{path}: column 'date': a day's rows at several times (2021-01-04T00:00 "
+                                       "and 2021-01-04T15:00), each asset's at one; expected one time a day "
+                                       "(normalise the timestamps to the day)")
+    bars = pd.concat([long_frame(n_dates=20), long_frame(n_dates=20, seed=1).assign(
+        date=lambda f: f.date + pd.Timedelta(hours=15))], ignore_index=True)
+    assert len(load_panel(cfg(write(bars, tmp_path / "bars.parquet"))).dates) == 40
+
+
 def test_unparseable_dates(tmp_path):
     frame = long_frame().assign(date=lambda f: f.date.dt.strftime("%Y-%m-%d"))
     frame.loc[11, "date"] = "2021-13-45"
