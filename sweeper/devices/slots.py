@@ -42,11 +42,9 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
     if cfg.gpus == "none":
         return cpu_slots(cfg.cpu_workers)
     found = probe()
-    if cfg.gpus == "auto":
-        if not (chosen := visible(found.gpus)):
-            return cpu_slots(cfg.cpu_workers)
-    else:
-        chosen = _select(found, cfg.gpus)
+    chosen = visible(found.gpus) if cfg.gpus == "auto" else _select(found, cfg.gpus)
+    if cfg.gpus == "auto" and not chosen:
+        return cpu_slots(cfg.cpu_workers)
     if cfg.skip_busy:
         chosen = _skip_busy(chosen, cfg.busy_memory_mb)
     return gpu_slots(chosen, slots_per_gpu(cfg))
