@@ -56,12 +56,10 @@ def is_transient(exc: BaseException) -> bool:
     by that failure: Optuna's ``_get_trials`` catches an ``OperationalError`` (the connection died
     mid-query) to retry the query without its IN clause, and that second query raises it.
     """
-    seen = 0
     err: BaseException | None = exc
-    while err is not None and seen < 6:
-        if _transient_here(err):
-            return True
-        seen += 1
+    for _ in range(6):
+        if err is None or _transient_here(err):
+            return err is not None
         err = err.__cause__ or getattr(err, "orig", None) or _aftermath_of(err)
     return False
 
