@@ -93,8 +93,7 @@ def model_frames(cfg: SweeperConfig, result: TrainResult, panel: Panel, device: 
     from sweeper.core import predict  # read at the call: a test counts the calls
 
     where = resolve_device(device)
-    on_device = panel.to(where, cfg.data.device_share)
-    scoring = own_scoring_panel(on_device)
+    scoring = own_scoring_panel(panel.to(where, cfg.data.device_share))
     same_batches = alone and result.metrics.get("eval_batch_size") == cfg.train.resolved_eval_batch_size
     frames, model = {}, None
     for split in SPLITS:
@@ -158,8 +157,7 @@ def pin_eval_batch(panel: Panel, trainer: Trainer) -> Trainer:
     if cfg.train.eval_batch_size != "auto" or (trainer.memory or trial_memory(device)).reader() is not None:
         return trainer
     folder, key = cache_root(cfg.data) / E.CACHE_DIR, E.cache_key(cfg, len(panel.features))
-    size = E.read_kept(folder, key)
-    if size is None:
+    if (size := E.read_kept(folder, key)) is None:
         evaluated = max(Batcher(panel, split, device).n_samples for split in ("valid", "test"))
         with torch.random.fork_rng(devices=[]):  # the measured model's init must not move the trial's RNG
             model = build_model(cfg.model, len(panel.features), cfg.data.lookback).to(device)
