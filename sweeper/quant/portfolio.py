@@ -63,9 +63,8 @@ def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5) -> LongSho
                          horizon, quantiles)
     period, dates = pd.factorize(rows["date"], sort=True)
     bucket = _buckets(rows, period, quantiles)
-    y = rows["label"].to_numpy(np.float64)
     key = period * quantiles + bucket
-    sums = np.bincount(key, y, len(dates) * quantiles).reshape(-1, quantiles)
+    sums = np.bincount(key, rows["label"].to_numpy(np.float64), len(dates) * quantiles).reshape(-1, quantiles)
     counts = np.bincount(key, minlength=len(dates) * quantiles).reshape(-1, quantiles)
     means = sums / counts  # every bucket of a used date holds at least 2 rows
     codes, _ = pd.factorize(rows["asset"])

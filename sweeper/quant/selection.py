@@ -85,8 +85,7 @@ def deflated_sharpe(daily_best: np.ndarray, sr_trials: list[float], n_trials: in
     spread = finite(sr_trials)  # SR0 is 0 when nothing was selected; a spread needs two trials
     sr0 = (0.0 if n_trials == 1 else math.nan if len(spread) < 2
            else float(np.std(spread, ddof=1)) * expected_max(n_trials))
-    if null_ic is None:
-        null_ic = hac_standard_error(x, lag) * expected_max(n_trials)
+    null_ic = hac_standard_error(x, lag) * expected_max(n_trials) if null_ic is None else null_ic
     mean_ic = float(x.mean()) if len(x) else math.nan
     dsr = _probabilistic_sharpe(x, sr, sr0, effective_days(x, lag))
     return {"sr": sr, "sr0": sr0, "dsr": dsr, "p_fluke": 1 - dsr, "deflated_ic": mean_ic - null_ic}
