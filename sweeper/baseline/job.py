@@ -114,13 +114,13 @@ def run_command(cfg: C.SweeperConfig, study: optuna.Study) -> dict[str, Any]:
     with them), of all slots otherwise."""
     from optuna.trial import TrialState
 
-    from sweeper.data.load import recipe
+    from sweeper.data.load import still_the_data
     from sweeper.devices.slots import cpu_count, plan_slots
     from sweeper.errors import DataError, SweeperError
     from sweeper.store.identity import Identity
 
-    if study.user_attrs.get("data_fingerprint") not in (None, (how := recipe(cfg.data)).fingerprint):
-        raise DataError(f"{how.source}: the data changed since the study ran (its fingerprint), so a "
+    if (data := still_the_data(cfg.data, study.user_attrs.get("data_fingerprint")))[1] is False:
+        raise DataError(f"{data[0]}: the data changed since the study ran (its fingerprint), so a "
                         "baseline would train and score on other dates than the study's trials; restore it")
     try:
         slots = plan_slots(cfg.devices)

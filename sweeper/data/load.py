@@ -47,6 +47,11 @@ def recipe(cfg: DataConfig) -> Recipe:
     return _synthetic_recipe(cfg) if cfg.synthetic is not None else _file_recipe(cfg)
 
 
+def still_the_data(cfg: DataConfig, fingerprint: str | None) -> tuple[str, bool | None]:
+    """``cfg``'s data (its source), and whether its fingerprint is still ``fingerprint`` (None: unknown)."""
+    return (how := recipe(cfg)).source, None if fingerprint is None else how.fingerprint == fingerprint
+
+
 def load_panel(cfg: DataConfig) -> Panel:
     """Read ``cfg.path`` (or generate ``cfg.synthetic``) into a Panel; raises DataError.
 

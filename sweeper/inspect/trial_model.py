@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial
 
 from sweeper.config import SweeperConfig
 from sweeper.data.folds import fold_layout, fold_panel
-from sweeper.data.load import PanelMemo, recipe
+from sweeper.data.load import PanelMemo, still_the_data
 from sweeper.data.normalize import NormStats
 from sweeper.data.panel import Panel
 from sweeper.data.scoring import own_scoring_panel
@@ -120,6 +120,7 @@ class Predictor:
         self.study_file = study_file  # named in the retrain command of a trial whose weights are gone
         self.run_dir = files_folder(cfg, study)  # this study's files, wherever another study put them
         self._device_name = device
+        self.code_now = source_digest(cfg)  # the user models' files now: the study's names, every trial's
         self.notes: dict[str, None] = {}  # each said once, in order
         self.refits: dict[int, dict[str, Any]] = {}  # trial -> its refit's record, for each refit used
         self._panels = PanelMemo()
@@ -146,7 +147,7 @@ class Predictor:
 
         files = trial_files(self.run_dir, trial.number)
         tcfg = trial_config(files, self.cfg)
-        if changed := code_changed(source_digest(tcfg), trial.user_attrs, self.study.user_attrs):
+        if changed := code_changed(self.code_now, trial.user_attrs, self.study.user_attrs):
             raise ConfigError(f"{changed}, so trial {trial.number}'s weights would score another model than "
                               "it trained; restore them, or run a new study with the new code")
         refit = read_refit(files) if data is not None else None  # the study's own dates: its own weights
@@ -182,11 +183,9 @@ class Predictor:
 
     @functools.cached_property
     def study_data(self) -> tuple[str, bool | None]:
-        """The study's data (its source), and whether it is still the data the study was run on
-        (None: unknown), by the fingerprint of the study's own data section (a trial's searched
-        features would read another)."""
-        how, stored = recipe(self.cfg.data), self.study.user_attrs.get("data_fingerprint")
-        return how.source, None if stored is None else how.fingerprint == stored
+        """The study's data (its source), and whether it is still the data the study was run on (None:
+        unknown), by its own data section's fingerprint (a trial's searched features would read another)."""
+        return still_the_data(self.cfg.data, self.study.user_attrs.get("data_fingerprint"))
 
     def own_panel(self, tcfg: SweeperConfig) -> Panel:
         """The study's data loaded with a trial's data config, every present row scoreable.

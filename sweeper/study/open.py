@@ -78,8 +78,7 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
 
 
 def check_resumable(cfg: C.SweeperConfig, storage_url: str, panel: PanelSummary) -> None:
-    """``sweeper validate``'s view of a resume, read only: ConfigDrift where ``sweeper run`` would
-    refuse the study file; nothing when the study (or its database) does not exist yet."""
+    """``validate``'s read-only resume check: ConfigDrift where ``run`` would refuse (no study yet: none)."""
     from sweeper.store.studies import load_existing
 
     try:
