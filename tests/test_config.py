@@ -99,6 +99,25 @@ def test_sets_are_type_checked(tmp_path):
         C.load_config(path, ["train.epochs"])
 
 
+@pytest.mark.parametrize("override, message", [
+    ("train.epochs=true", "train.epochs: expected a number (got True)"),
+    ("train.lr=true", "train.lr: expected a number (got True)"),
+    ("train.lr=false", "train.lr: Input should be greater than 0 (got False)"),  # its bound speaks first
+    ("study.sampler.seed=false", "study.sampler.seed: expected a number (got False)"),
+    ("validation.repeats=yes", "validation.repeats: expected a number (got True)"),
+    ("model.hidden_size=true", "model.hidden_size: expected a number (got True)"),
+])
+def test_true_or_false_is_never_read_as_a_number(tmp_path, override, message):
+    """pydantic's lax mode reads True as 1: ``epochs: yes`` would train one epoch without a word."""
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    with pytest.raises(ConfigError) as exc:
+        C.load_config(path, [override])
+    assert str(exc.value) == f"{path}: {message}"
+    flags = C.load_config(path, ["model.gradient_checkpointing=true", "validation.repeats=2"])
+    assert flags.model.gradient_checkpointing is True and flags.validation.repeats == 2
+
+
 def test_sets_reach_a_search_space_param_by_its_dotted_name(tmp_path):
     """search_space is keyed by dotted names: --set search_space.train.lr.high sets train.lr's high (it
     used to make a param "train" and fail with "search_space.train.type: Field required")."""

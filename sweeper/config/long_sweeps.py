@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
+
+from sweeper.config.section import Section
 
 KEPT = ("checkpoints", "weights", "predictions")
 
 
-class KeepConfig(BaseModel, extra="forbid"):
+class KeepConfig(Section):
     """What survives a finished trial (applied as trials finish, and by ``sweeper gc``).
 
     - ``checkpoints``: ``none`` (the default: a finished trial's ``checkpoint.pt`` is removed;
@@ -57,7 +59,7 @@ class KeepConfig(BaseModel, extra="forbid"):
         return all(getattr(self, key) == "all" for key in KEPT)
 
 
-class WarmStartConfig(BaseModel, extra="forbid"):
+class WarmStartConfig(Section):
     """``study.warm_start``: enqueue the ``top_k`` best parameter sets of another study
     (best first) into a new study, before the sampler's own trials."""
 
@@ -66,7 +68,7 @@ class WarmStartConfig(BaseModel, extra="forbid"):
     top_k: int = Field(5, ge=1)
 
 
-class Bound(BaseModel, extra="forbid"):
+class Bound(Section):
     """``{max: X}`` and/or ``{min: X}``: the feasible range of one valid-split figure."""
 
     min: float | None = None
@@ -81,7 +83,7 @@ class Bound(BaseModel, extra="forbid"):
         return self
 
 
-class BaselineConfig(BaseModel, extra="forbid"):
+class BaselineConfig(Section):
     """``baseline``: the LightGBM model trained on the study's own dates and features
     (``sweeper baseline``). ``lags``: each date's features plus those of this many earlier
     dates. ``params``: LightGBM parameters over the defaults (Qlib's Alpha158 configuration,

@@ -11,16 +11,13 @@ import os
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from sweeper.config.long_sweeps import BaselineConfig, Bound, KeepConfig, WarmStartConfig
+from sweeper.config.section import Section
 from sweeper.config.validation import ValidationConfig
 
 BUILTIN_MODELS = ("transformer", "lstm", "gru", "mlp")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
 
 def _one_or_auto(v: int | str) -> int | str:  # the validator of every count that can be 'auto'
@@ -29,18 +26,18 @@ def _one_or_auto(v: int | str) -> int | str:  # the validator of every count tha
     return v
 
 
-class SamplerConfig(_Strict):
+class SamplerConfig(Section):
     name: Literal["tpe", "random", "cmaes", "gp", "qmc"] = "tpe"
     seed: int | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class PrunerConfig(_Strict):
+class PrunerConfig(Section):
     name: Literal["median", "percentile", "asha", "hyperband", "wilcoxon", "none"] = "median"
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class StudyConfig(_Strict):
+class StudyConfig(Section):
     name: str = "sweep"
     storage: str | None = None
     artifacts: str | None = None
@@ -120,7 +117,7 @@ class StudyConfig(_Strict):
         return self.artifacts or os.path.join(self._root, "runs", self.name)
 
 
-class SyntheticConfig(_Strict):
+class SyntheticConfig(Section):
     assets: int = Field(300, ge=2)
     dates: int = Field(1000, ge=10)
     features: int = Field(16, ge=2)
@@ -130,7 +127,7 @@ class SyntheticConfig(_Strict):
 SplitPart = float | tuple[str, str]
 
 
-class SplitConfig(_Strict):
+class SplitConfig(Section):
     """Fractions of the dates, or explicit inclusive [start, end] date ranges.
 
     ``lookback``, ``horizon`` and ``embargo`` are the values the split is computed with, so
@@ -164,7 +161,7 @@ class SplitConfig(_Strict):
         return self
 
 
-class DataConfig(_Strict):
+class DataConfig(Section):
     path: str | None = None
     synthetic: SyntheticConfig | None = None
     date_col: str = "date"
@@ -196,7 +193,7 @@ class DataConfig(_Strict):
         return self
 
 
-class ModelConfig(BaseModel, extra="allow"):
+class ModelConfig(Section, extra="allow"):
     """Built-in models take the named fields; a ``package.module:Class`` model
     takes every key the user set except ``name`` as constructor kwargs."""
 
@@ -240,7 +237,7 @@ EVAL_BATCH_START = 16384  # train.eval_batch_size: auto where nothing measured i
 ENSEMBLE_METRICS = ("val_ic", "val_rank_ic", "val_icir")  # what validation.aggregate: ensemble can score
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Section):
     epochs: int = Field(20, ge=1)
     batch_size: int | Literal["auto"] = 1024
     max_batch_size: int = Field(65536, ge=1)
@@ -281,7 +278,7 @@ class TrainConfig(_Strict):
                 else "cross_section" if self.loss == "ic" else "random")
 
 
-class DevicesConfig(_Strict):
+class DevicesConfig(Section):
     gpus: Literal["auto", "none"] | list[int | str] = "auto"
     # auto: trials packed on each GPU by their measured memory (sweeper.devices.room)
     trials_per_gpu: Literal["auto"] | int = 1
@@ -297,7 +294,7 @@ class DevicesConfig(_Strict):
     _workers = field_validator("cpu_workers", "trials_per_gpu")(_one_or_auto)
 
 
-class ParamSpec(_Strict):
+class ParamSpec(Section):
     type: Literal["float", "int", "categorical"]
     low: float | None = None
     high: float | None = None
@@ -329,7 +326,7 @@ class ParamSpec(_Strict):
         return self
 
 
-class ReportConfig(_Strict):
+class ReportConfig(Section):
     """What ``sweeper best`` and ``sweeper report`` show beyond the IC."""
 
     quantiles: int = Field(5, ge=2)
@@ -337,7 +334,7 @@ class ReportConfig(_Strict):
     baseline: Literal["lightgbm"] | None = "lightgbm"
 
 
-class SweeperConfig(_Strict):
+class SweeperConfig(Section):
     study: StudyConfig = Field(default_factory=StudyConfig)
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)

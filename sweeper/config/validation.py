@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
+
+from sweeper.config.section import Section
 
 
-class ValidationConfig(BaseModel, extra="forbid"):
+class ValidationConfig(Section):
     scheme: Literal["holdout", "walk_forward"] = "holdout"
     folds: int = Field(4, ge=2)
     window: Literal["expanding", "rolling"] = "expanding"

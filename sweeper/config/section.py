@@ -1,0 +1,19 @@
+"""The base of every study-file section: an unknown key is refused, and true or false is never read as a
+number (pydantic's lax mode reads ``epochs: yes`` or ``--set train.lr=true`` as 1)."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidatorFunctionWrapHandler, field_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        read = handler(value)
+        if isinstance(value, bool) and not isinstance(read, bool):
+            raise ValueError("expected a number")
+        return read
