@@ -37,7 +37,7 @@ from optuna.trial import FrozenTrial
 from sweeper import __version__
 from sweeper import config as C
 from sweeper.atomic import atomic_path, write_text
-from sweeper.data.build import build, in_memory, to_panel
+from sweeper.data.build import build, check_usable, in_memory, to_panel
 from sweeper.data.columns import row_codes
 from sweeper.data.folds import MIN_TRAIN_DATES
 from sweeper.data.load import recipe
@@ -192,6 +192,7 @@ def refit_panel(data: C.DataConfig, until: np.datetime64 | None) -> tuple[Panel,
     dates between the last target and ``until`` (they reach past it) are NaN."""
     how = recipe(data)
     keys, blocks, _oracle = how.columns()
+    check_usable(keys)  # an empty file has no window to speak of
     codes = row_codes(keys)  # each row's date index: a row at index <= until stays, so do the indices
     window = refit_window(codes.dates, data, until)
     keep = codes.date <= window.until  # nothing after until

@@ -246,6 +246,15 @@ def test_bad_input_exits_2_naming_the_key_and_writes_nothing(study):
     assert f"--trial {failed.number}: trial {failed.number} (FAIL) has no best epoch" in out
     assert "Traceback" not in out and not folder.exists()
     assert not Path(f"runs/tiny/trials/{failed.number}").exists()
+    # the study's file emptied, or its labels all missing: the panel builder's words, not an IndexError
+    full = pd.read_parquet("panel.parquet")
+    full.iloc[:0].to_parquet("panel.parquet")
+    assert "panel.parquet: no usable rows: the data has no rows" in cli("refit", "study.yaml", code=2)
+    full.assign(label=np.nan).to_parquet("panel.parquet")
+    assert f"column 'label': no usable rows: none of the {len(full)} rows has a finite label" in cli(
+        "refit", "study.yaml", code=2)
+    assert not folder.exists()
+    full.to_parquet("panel.parquet")
     # an --until past the data's last date is its last date
     cli("refit", "study.yaml", "--until", "2030-01-01")
     assert refit_of(number)[0]["until"] == str(panel_dates()[-1])[:10]

@@ -62,11 +62,7 @@ def build(keys: Columns, blocks: Iterable[tuple[int, np.ndarray]], cfg: DataConf
     ``(first column, [R, C] values)`` of the feature columns ``keys.feature_names``. ``splits``:
     target-date indices the caller chose (``sweeper refit``'s window, with empty valid and
     test); by default ``data.split``'s (:mod:`sweeper.data.split`)."""
-    if len(keys.label) == 0:
-        raise DataError(f"{keys.source}: no usable rows: the data has no rows")
-    if not np.isfinite(keys.label).any():
-        raise DataError(f"{keys.source}: column '{keys.label_col}': no usable rows: "
-                        f"none of the {len(keys.label)} rows has a finite label")
+    check_usable(keys)
     codes = row_codes(keys)
     if splits is None:
         lookback, horizon, embargo = split_widths(cfg)
@@ -86,6 +82,15 @@ def build(keys: Columns, blocks: Iterable[tuple[int, np.ndarray]], cfg: DataConf
                  features=list(keys.feature_names), splits=splits, norm_stats=stats,
                  oracle_ic=oracle(codes.dates, splits), leak_corr=[float(c) for c in corr],
                  leak_rows=[float(r) for r in rows])
+
+
+def check_usable(keys: Columns) -> None:
+    """The data has rows, some with a finite label (the builder's first check, and a refit's)."""
+    if len(keys.label) == 0:
+        raise DataError(f"{keys.source}: no usable rows: the data has no rows")
+    if not np.isfinite(keys.label).any():
+        raise DataError(f"{keys.source}: column '{keys.label_col}': no usable rows: "
+                        f"none of the {len(keys.label)} rows has a finite label")
 
 
 def scatter(keys: Columns, codes: Codes, blocks: Iterable[tuple[int, np.ndarray]],
