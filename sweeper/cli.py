@@ -240,13 +240,13 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 @json_option
 def baseline_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """Train the LightGBM baseline on the study's train split; store its val and test IC."""
-    from sweeper.baseline.job import run_command, subsample_line
+    from sweeper.baseline.job import caveats, run_command
     from sweeper.inspect.printing import fmt
     from sweeper.store.studies import load_existing
 
     cfg = _load(study)
     attr = run_command(cfg, load_existing(cfg, storage))
-    if line := subsample_line(attr):
+    for line in caveats(attr):
         click.echo(line, err=True)
     if as_json:
         _echo_json({k: v for k, v in attr.items() if k != "daily"})

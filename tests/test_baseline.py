@@ -75,6 +75,7 @@ def test_saved_predictions_rescore_to_the_stored_ic(default_study):
     assert out["val_ic"] == attr["val_ic"] and out["test_ic"] == attr["test_ic"]
     assert out["lightgbm_version"] == attr["lightgbm_version"] and out["elapsed_s"] > 0
     assert out["subsampled"] is None and out["n_features"] == 16 and out["lags"] == 0
+    assert out["constant_predictions"] == []
     assert 1 <= out["best_iteration"] <= 1000
     # the defaults are Qlib's Alpha158 configuration
     assert {k: out["params"][k] for k in QLIB_ALPHA158} == QLIB_ALPHA158
@@ -183,6 +184,28 @@ def test_a_panel_over_max_rows_is_subsampled_by_dates_and_says_so(study_file):
     per_date = pd.Series(panel.dates[t]).value_counts()
     kept = pd.to_datetime(trained["date"]).value_counts()
     assert (per_date[kept.index] == kept).all() and len(kept) == sub["dates_kept"]
+
+
+def test_a_baseline_that_predicts_one_value_says_so_and_what_to_set(study_file):
+    """On TINY's ~400 train rows Qlib's lambda_l1 (206) and lambda_l2 (581) leave every tree a leaf:
+    an IC of 0 that is no model's, which sweeper baseline and best say, with the setting that fits."""
+    path = study_file()
+    _cli("db", "init", path)
+    result = _cli("baseline", path, "--json")
+    out = json.loads(result.stdout)
+    assert out["constant_predictions"] == ["valid", "test"] and out["val_ic"] == out["test_ic"] == 0.0
+    assert (f"baseline: LightGBM predicted one value for every row of valid and test, so its IC there is 0 "
+            f"and no model's: no tree split its {out['rows']['train']} train rows.") in result.stderr
+    assert "set baseline.params: {lambda_l1: 0, lambda_l2: 0}" in result.stderr
+    study = optuna.load_study(study_name="tiny", storage=load_config(path).study.resolved_storage)
+    assert study.user_attrs["baseline"]["constant_predictions"] == ["valid", "test"]
+    from sweeper.inspect.printing import baseline_lines
+    assert baseline_lines(study.user_attrs["baseline"])[-1] == \
+        "  baseline predicted one value on valid and test: its IC is no model's"
+    result = _cli("baseline", path, "--json", "--set", "baseline.params={lambda_l1: 0, lambda_l2: 0}")
+    out = json.loads(result.stdout)
+    assert out["constant_predictions"] == [] and out["val_ic"] != 0.0
+    assert "predicted one value" not in result.stderr
 
 
 @pytest.mark.slow

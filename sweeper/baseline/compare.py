@@ -21,6 +21,7 @@ from sweeper.quant.hac import hac_standard_error, lag_for_horizon
 SPLITS = {"valid": "val", "test": "test"}
 KEPT = ("val_ic", "val_rank_ic", "val_icir", "test_ic", "test_rank_ic", "test_icir", "best_iteration",
         "elapsed_s", "lightgbm_version", "rows", "subsampled", "n_features", "lags", "threads",
+        "constant_predictions",
         # walk-forward folds (sweeper.baseline.job.fold_summary)
         "folds", "fold_val_ic", "val_ic_se", "worst_fold_val_ic", "fold_best_iteration")
 

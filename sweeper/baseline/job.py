@@ -60,6 +60,7 @@ def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int,
     out.update(elapsed_s=round(result.elapsed_s, 3), lightgbm_version=result.lightgbm_version,
                rows=result.rows, subsampled=result.subsampled, best_iteration=result.best_iteration,
                n_features=result.n_features, lags=cfg.baseline.lags, threads=threads,
+               constant_predictions=result.constant,
                params={k: v for k, v in result.params.items() if k != "num_threads"},
                num_boost_round=cfg.baseline.num_boost_round,
                early_stopping_rounds=cfg.baseline.early_stopping_rounds,
@@ -133,15 +134,22 @@ def run_command(cfg: C.SweeperConfig, study: optuna.Study) -> dict[str, Any]:
     return compute(cfg, study, threads, ident.host, ident.driver_id)
 
 
-def subsample_line(attr: dict[str, Any]) -> str | None:
-    """The words for a subsampled train split (None when every train row was used)."""
-    if not (sub := attr.get("subsampled")):
-        return None
-    by = sub.get("by", "baseline.max_rows")
-    folds = sub.get("folds")  # walk-forward folds: each fold's train window is subsampled alone
-    where = f" in fold{'s' if len(folds) > 1 else ''} {', '.join(map(str, folds))} (summed)" if folds else ""
-    return (f"baseline: train rows subsampled by dates ({by}){where}: {sub['rows_kept']} of "
-            f"{sub['rows_total']} rows, {sub['dates_kept']} of {sub['dates_total']} dates")
+def caveats(attr: dict[str, Any]) -> list[str]:
+    """What to know before reading the baseline's figures: a subsampled train split, and a model that
+    predicted one value on every date (its IC 0 is no model's)."""
+    lines = []
+    if sub := attr.get("subsampled"):
+        by, folds = sub.get("by", "baseline.max_rows"), sub.get("folds")  # folds: each subsampled alone
+        where = f" in fold{'s' if len(folds) > 1 else ''} {', '.join(map(str, folds))} (summed)" \
+            if folds else ""
+        lines.append(f"baseline: train rows subsampled by dates ({by}){where}: {sub['rows_kept']} of "
+                     f"{sub['rows_total']} rows, {sub['dates_kept']} of {sub['dates_total']} dates")
+    if constant := attr.get("constant_predictions"):
+        lines.append(f"baseline: LightGBM predicted one value for every row of {' and '.join(constant)}, "
+                     f"so its IC there is 0 and no model's: no tree split its {attr['rows']['train']} train "
+                     "rows. Its regularisation (Qlib's lambda_l1 and lambda_l2) is sized for panels of "
+                     "millions of rows; on a small one set baseline.params: {lambda_l1: 0, lambda_l2: 0}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         # one line, as every sweeper process says what went wrong (the log is read by people)
         print(f"baseline: failed: {one_line(exc)}", file=sys.stderr, flush=True)
         return ExitCode.FAILED
-    if line := subsample_line(attr):
+    for line in caveats(attr):
         print(line, file=sys.stderr, flush=True)
     folds = f" (val: the mean of {attr['folds']} folds, one booster each; test: the last fold's)" \
         if attr.get("folds") else ""
