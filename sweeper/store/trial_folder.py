@@ -63,11 +63,6 @@ class TrialFolder:
             log(f"removing {files.runs}: a trial skips only the runs its retry source finished")
             shutil.rmtree(files.runs, ignore_errors=True)
 
-    def copy_checkpoint_from(self, checkpoint: Path) -> None:
-        """The checkpoint a retry continues, copied to this trial's checkpoint (atomically)."""
-        with atomic_path(self.files.checkpoint) as tmp:
-            shutil.copyfile(checkpoint, tmp)
-
     def copy_runs_from(self, source: TrialFiles, cells: Iterable[Cell],
                        members: Collection[Cell]) -> list[Cell]:
         """Copy the finished runs among ``cells`` (those with a ``result.json``) of the source

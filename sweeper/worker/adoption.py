@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from sweeper import config as C
-from sweeper.core.checkpoint import checkpoint_meta, config_mismatch
+from sweeper.core.checkpoint import checkpoint_meta, config_mismatch, copy_checkpoint
 from sweeper.store import optuna_private as private
 from sweeper.store.layout import TrialFiles
 from sweeper.store.trial_folder import TrialFolder, resume_checkpoint
@@ -65,7 +65,7 @@ def _continue(study: optuna.Study, trial: optuna.Trial, frozen: FrozenTrial, fol
     fold, seed, epoch = where
     origin = TrialFiles(source.parent)  # the source trial's folder: its metrics.csv and runs/
     done = folder.copy_runs_from(origin, grid.cells(), grid.members)
-    folder.copy_checkpoint_from(source)
+    copy_checkpoint(source, folder.files.checkpoint)
     step = grid.step(fold, seed, epoch)
     # the interrupted trial's intermediate values up to the checkpoint's step, reported once
     storage = private.backend(study)
