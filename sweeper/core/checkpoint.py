@@ -23,7 +23,7 @@ from sweeper.config.drift import CHECKPOINT_SECTIONS, differing_keys
 from sweeper.core.batch_plan import BatchPlan
 from sweeper.core.lanes import Lane
 from sweeper.core.step import StackStep
-from sweeper.errors import ConfigError, StopReason
+from sweeper.errors import StopReason
 
 # what a checkpoint keeps of a run's Progress (a lone run's, or a stack member's)
 PROGRESS_KEYS = ("best", "best_epoch", "best_state", "best_metrics", "bad_epochs", "nonfinite_steps",
@@ -178,9 +178,3 @@ def config_mismatch(stored: dict, cfg: SweeperConfig) -> str | None:
     key = diffs[0][0]
     old, new = flatten(stored).get(key), flatten(current).get(key)
     return f"the checkpoint was written by a different run: {key} was {old!r}, now {new!r}"
-
-
-def check_same_config(state: dict, cfg: SweeperConfig) -> None:
-    """A checkpoint continues only the run it came from: model, train and data must match."""
-    if problem := config_mismatch(state.get("config", {}), cfg):
-        raise ConfigError(problem)

@@ -28,7 +28,7 @@ import torch
 
 from sweeper.config import SweeperConfig
 from sweeper.core.batch_plan import BatchPlan, shrink_micro
-from sweeper.core.checkpoint import check_same_config, restore_stack, stack_state
+from sweeper.core.checkpoint import config_mismatch, restore_stack, stack_state
 from sweeper.core.device import TrialMemory, resolve_device, trial_memory
 from sweeper.core.evaluate import Scores, final_scores, split_scores, stacked_predict_rows
 from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHook
@@ -40,7 +40,7 @@ from sweeper.core.progress import epoch_line, mean
 from sweeper.core.schedule import epoch_rows
 from sweeper.core.step import Lane, StackStep, plan_stack
 from sweeper.data import Panel
-from sweeper.errors import Interrupted, NonFiniteLoss, StopReason
+from sweeper.errors import ConfigError, Interrupted, NonFiniteLoss, StopReason
 from sweeper.models.stacked.build import build_stack
 
 # Steps between host syncs. A step leaves its loss and non-finite flag on the device; the
@@ -154,7 +154,8 @@ def prepare(members: Sequence[Member], device: torch.device, checkpoint: Checkpo
     date_rows = max(lane.runs.largest if lane.runs is not None and criterion.whole_dates else 1
                     for lane in lanes)
     if (state := checkpoint.load()) is not None:
-        check_same_config(state, cfg)
+        if problem := config_mismatch(state.get("config", {}), cfg):  # it continues only its own run
+            raise ConfigError(problem)
         first = restore_stack(state, step) + 1
         plan = BatchPlan(int(state["batch_size"]), int(state["micro_batch_size"]),
                          int(state.get("eval_batch_size", max(1, tc.resolved_eval_batch_size // len(lanes)))))
