@@ -106,7 +106,7 @@ def train_stack(members: Sequence[Member], *, device: torch.device | str | None 
     for epoch in range(run.first_epoch, epochs + 1):
         if stop_reason != StopReason.EPOCHS:
             break
-        stop_reason, seconds = _train_epoch(run, epoch, hook, tc.resolved_batch_order, say)
+        stop_reason, seconds = _train_epoch(run, epoch, hook, tc.resolved_batch_order)
         # ---- end of epoch: each member validates and keeps its best weights; the hook hears the stack
         rows = _validate(run, epoch, seconds, hook.tick, fixed_epochs, say)
         # report first, then save: a checkpoint never holds an epoch the hook has not seen
@@ -199,8 +199,7 @@ def stack_step(members: Sequence[Member], device: torch.device,
     return StackStep(stack, forward, flat, optimizer, scaler, precision, criterion, lanes, dropout)
 
 
-def _train_epoch(run: Run, epoch: int, hook: EpochHook, order: str,
-                 say: Callable[[str], None]) -> tuple[StopReason, float]:
+def _train_epoch(run: Run, epoch: int, hook: EpochHook, order: str) -> tuple[StopReason, float]:
     """One epoch's steps, each member on its own batches: (TIME if the deadline passed, seconds)."""
     tc, lanes = run.lanes[0].cfg.train, run.lanes
     run.step.forward.train()
@@ -218,7 +217,7 @@ def _train_epoch(run: Run, epoch: int, hook: EpochHook, order: str,
         if hook.should_stop():  # a flag read, not a device sync
             raise Interrupted(f"stop requested during epoch {epoch}; "
                               f"the last checkpoint holds epoch {epoch - 1}")
-        micro = run.step.until_it_fits(batch, micro, run.shrink, say)
+        micro = run.step.until_it_fits(batch, micro, run.shrink, run.say)
         if max(lane.steps.unread for lane in lanes) >= SYNC_EVERY:
             _sync(lanes, hook, epoch)
         if time.monotonic() > run.deadline:
