@@ -52,9 +52,8 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
 
 def slots_per_gpu(cfg: DevicesConfig) -> int:
     """Worker slots per GPU: ``trials_per_gpu``; ``auto``: the most trials packing may run on one GPU."""
-    if cfg.trials_per_gpu == "auto":
-        return cfg.max_trials_per_gpu or AUTO_MAX_TRIALS_PER_GPU
-    return int(cfg.trials_per_gpu)
+    auto = cfg.trials_per_gpu == "auto"
+    return (cfg.max_trials_per_gpu or AUTO_MAX_TRIALS_PER_GPU) if auto else int(cfg.trials_per_gpu)
 
 
 def gpu_slots(gpus: list[GPU], trials_per_gpu: int) -> list[Slot]:
