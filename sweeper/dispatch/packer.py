@@ -11,6 +11,7 @@ A claimed trial that fits no GPU yet (too big for the room left, or needing a GP
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -161,10 +162,8 @@ class Packer:
             self.peaks[shape] = peak
 
     def _write(self, trial_id: int, key: str, value: Any) -> None:
-        try:
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # finished: shared with fewer
             private.backend(self.study).set_trial_user_attr(trial_id, key, value)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            pass  # it finished meanwhile: it shared the GPU with fewer
 
 
 def first_per_gpu(workers: list[WorkerHandle]) -> list[WorkerHandle]:
