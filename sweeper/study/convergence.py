@@ -8,7 +8,6 @@ it is used here, behind this module, with its FutureWarning silenced in one plac
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,8 @@ from typing import Any
 import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+
+from sweeper.store.studies import scored
 
 
 def report_scores(trial: optuna.Trial, scores: list[float]) -> None:
@@ -70,8 +71,7 @@ def judge(trials: list[FrozenTrial], maximize: bool, min_n_trials: int) -> Judge
     The evaluators are called on the trials the caller already holds (the claim's), not on a
     study: ``should_terminate(study)`` would read every trial again, and it gives only the
     verdict, not the two figures the log line quotes. The GP runs with torch on the CPU."""
-    complete = [t for t in trials if t.state == TrialState.COMPLETE
-                and t.value is not None and math.isfinite(t.value)]
+    complete = scored(trials)
     if len(complete) < min_n_trials:
         return None
     from optuna.terminator import CrossValidationErrorEvaluator, RegretBoundEvaluator
