@@ -117,6 +117,14 @@ def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
     return cfg
 
 
+def _load_existing(path: Path, storage: str | None, sets: tuple[str, ...] = ()) -> tuple[Any, Any]:
+    """The config at ``path`` and its stored study, which must exist (the read commands)."""
+    from sweeper.store.studies import load_existing
+
+    cfg = _load(path, sets)
+    return cfg, load_existing(cfg, storage)
+
+
 @click.group(cls=SweeperGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sweeper")
 def main() -> None:
@@ -211,10 +219,9 @@ def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """Counts by state, the best trial, and the running trials."""
     from sweeper.inspect.printing import print_status
     from sweeper.inspect.results import status_report
-    from sweeper.store.studies import load_existing
 
-    cfg = _load(study)
-    report = status_report(load_existing(cfg, storage), cfg, study_file=str(study))
+    cfg, found = _load_existing(study, storage)
+    report = status_report(found, cfg, study_file=str(study))
     (_echo_json if as_json else print_status)(report)
 
 
@@ -225,10 +232,9 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """The best trial's params, valid and test metrics, long-short view, top-3 ensemble and weight file."""
     from sweeper.inspect.printing import print_best
     from sweeper.inspect.results import best_report
-    from sweeper.store.studies import load_existing
 
-    cfg = _load(study)
-    report = best_report(load_existing(cfg, storage), cfg, portfolio=True, study_file=str(study))
+    cfg, found = _load_existing(study, storage)
+    report = best_report(found, cfg, portfolio=True, study_file=str(study))
     if report is None:
         feasible = " feasible" if cfg.study.constraints else ""  # study.constraints: the rest are not ranked
         raise UserError(f"study {cfg.study.name!r} has no completed{feasible} trial yet")
@@ -242,10 +248,8 @@ def baseline_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """Train the LightGBM baseline on the study's train split; store its val and test IC."""
     from sweeper.baseline.job import caveats, run_command
     from sweeper.inspect.printing import fmt
-    from sweeper.store.studies import load_existing
 
-    cfg = _load(study)
-    attr = run_command(cfg, load_existing(cfg, storage))
+    attr = run_command(*_load_existing(study, storage))
     for line in caveats(attr):
         click.echo(line, err=True)
     if as_json:
@@ -301,10 +305,8 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
     """Apply a trial's best weights (or the top-K ensemble) to a split, a date range or --data."""
     from sweeper.inspect.export import write_table
     from sweeper.inspect.predict import predict_trial
-    from sweeper.store.studies import load_existing
 
-    cfg = _load(study)
-    result = predict_trial(cfg, load_existing(cfg, storage), trial=trial, split=split, data=data,
+    result = predict_trial(*_load_existing(study, storage), trial=trial, split=split, data=data,
                            device=device, start=start, end=end, study_file=str(study),
                            allow_unrefit=allow_unrefit)
     write_table(result.frame, out)
@@ -327,10 +329,8 @@ def refit_cmd(study: Path, storage: str | None, trial: str, until: str | None, d
     """Train a trial's config on every labelled date up to --until: the production model
     that predict --data then uses (docs/refit.md)."""
     from sweeper.refit import refit
-    from sweeper.store.studies import load_existing
 
-    cfg = _load(study)
-    for line in refit(cfg, load_existing(cfg, storage), trial=trial, until=until, device=device).lines():
+    for line in refit(*_load_existing(study, storage), trial=trial, until=until, device=device).lines():
         click.echo(line)
 
 
@@ -342,11 +342,9 @@ def refit_cmd(study: Path, storage: str | None, trial: str, until: str | None, d
 def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: bool) -> None:
     """Apply study.keep to the study's trial files now, and print what it frees."""
     from sweeper.store.run_folder import files_folder
-    from sweeper.store.studies import load_existing
     from sweeper.study.retention import collect
 
-    cfg = _load(study, sets)
-    found = load_existing(cfg, storage)
+    cfg, found = _load_existing(study, storage, sets)
     freed = collect(found, cfg, files_folder(cfg, found), dry_run=dry_run,
                     warn=lambda line: click.echo(f"warning: {line}", err=True))
     for line in freed.lines():
@@ -359,9 +357,8 @@ def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: boo
 def export_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One row per trial: state, value, params, user attributes, times and duration."""
     from sweeper.inspect.export import trials_frame, write_table
-    from sweeper.store.studies import load_existing
 
-    frame = trials_frame(load_existing(_load(study), storage))
+    frame = trials_frame(_load_existing(study, storage)[1])
     write_table(frame, out)
     click.echo(f"wrote {out}: {len(frame)} trials, {frame.shape[1]} columns")
 
