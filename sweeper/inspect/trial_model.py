@@ -126,9 +126,6 @@ class Predictor:
         self._panels = PanelMemo()
         self._frames: dict[tuple, pd.DataFrame] = {}
 
-    def config(self, trial: FrozenTrial) -> SweeperConfig:
-        return trial_config(trial_files(self.run_dir, trial.number), self.cfg)
-
     def has_refit(self, trial: FrozenTrial) -> bool:
         return read_refit(trial_files(self.run_dir, trial.number)) is not None
 
