@@ -103,8 +103,7 @@ def range_splits(dates: np.ndarray, ranges: tuple[tuple[str, str], ...], lookbac
                             "order")
     out: dict[str, tuple[int, int]] = {}
     for k, name in enumerate(SPLITS):
-        start, stop = bounds[k]
-        start = max(start, lookback - 1)
+        start, stop = max(bounds[k][0], lookback - 1), bounds[k][1]
         if k < 2:
             stop = min(stop, bounds[k + 1][0] - gap)
         if stop <= start:
