@@ -76,6 +76,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 SETS = "sweeper.sets"  # ctx.meta: a read command's --set, which _load applies
 
 
+def study_options(command: Any) -> Any:
+    """STUDY, --set and --storage for the commands that run or change a study."""
+    return study_file(sets_option(storage_option(command)))
+
+
 def read_options(command: Any) -> Any:
     """STUDY, --storage and --set for the commands that read a study: a study run with ``--set
     study.name=...`` is read with the same --set (``_load`` applies it; the signatures do not carry it)."""
@@ -161,7 +166,7 @@ def sweep_command(name: str, must_exist: bool, doc: str) -> None:
                            type=click.Path(dir_okay=False, path_type=Path), metavar="PARAMS.yaml",
                            help="Run these parameter sets (a YAML list of {search_space key: value}) "
                                 "ahead of the sampler's; repeatable.")
-    for option in (enqueue, force, storage_option, sets_option, study_file):
+    for option in (enqueue, force, study_options):
         command = option(command)
     main.command(name, help=doc)(command)
 
@@ -171,9 +176,7 @@ sweep_command("resume", True, "Resume the sweep in STUDY; fails if the study doe
 
 
 @main.command("validate")
-@study_file
-@sets_option
-@storage_option
+@study_options
 def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
     """Check config, data, storage and devices without training, and without touching the
     study or the run folder (with data.cache the panel cache entry is built, as a run would)."""
@@ -335,9 +338,7 @@ def refit_cmd(study: Path, storage: str | None, trial: str, until: str | None, d
 
 
 @main.command("gc")
-@study_file
-@sets_option
-@storage_option
+@study_options
 @click.option("--dry-run", is_flag=True, help="List what study.keep would remove, with sizes; remove none.")
 def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: bool) -> None:
     """Apply study.keep to the study's trial files now, and print what it frees."""
@@ -384,9 +385,7 @@ def db_group() -> None:
 
 
 @db_group.command("init")
-@study_file
-@sets_option
-@storage_option
+@study_options
 def db_init_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
     """Create the tables and the study once, before the hosts start (idempotent)."""
     from sweeper.dispatch.run import init_db
