@@ -194,14 +194,14 @@ def test_a_baseline_that_predicts_one_value_says_so_and_what_to_set(study_file):
     result = _cli("baseline", path, "--json")
     out = json.loads(result.stdout)
     assert out["constant_predictions"] == ["valid", "test"] and out["val_ic"] == out["test_ic"] == 0.0
-    assert (f"baseline: LightGBM predicted one value for every row of valid and test, so its IC there is 0 "
+    assert (f"baseline: LightGBM predicted one value on every date of valid and test, so its IC there is 0 "
             f"and no model's: no tree split its {out['rows']['train']} train rows.") in result.stderr
     assert "set baseline.params: {lambda_l1: 0, lambda_l2: 0}" in result.stderr
     study = optuna.load_study(study_name="tiny", storage=load_config(path).study.resolved_storage)
     assert study.user_attrs["baseline"]["constant_predictions"] == ["valid", "test"]
     from sweeper.inspect.printing import baseline_lines
     assert baseline_lines(study.user_attrs["baseline"])[-1] == \
-        "  baseline predicted one value on valid and test: its IC is no model's"
+        "  baseline predicted one value a date on valid and test: no model's IC"
     result = _cli("baseline", path, "--json", "--set", "baseline.params={lambda_l1: 0, lambda_l2: 0}")
     out = json.loads(result.stdout)
     assert out["constant_predictions"] == [] and out["val_ic"] != 0.0

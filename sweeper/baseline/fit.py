@@ -55,7 +55,6 @@ class BaselineResult:
     model_text: str = field(default="", repr=False)
     # walk-forward folds: one entry per fold (:func:`fit_folds`); None with one fold
     folds: list[dict[str, Any]] | None = None
-    constant: list[str] = field(default_factory=list)  # splits predicted one value on every date
 
 
 def lgb_params(cfg: BaselineConfig, threads: int, seed: int) -> dict[str, Any]:
@@ -92,12 +91,10 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
         report = M.ic_report(frame)
         scores.update({f"{p}_{k}": report[k] for k in ("ic", "rank_ic", "icir")})
         predictions[split], daily[split] = frame, M.daily_ic(frame)
-    constant = [split for split in splits if predictions[split]["pred"].nunique() == 1]  # no tree split
     return BaselineResult(scores=scores, predictions=predictions, daily=daily, best_iteration=best,
                           elapsed_s=time.perf_counter() - started, lightgbm_version=lgb.__version__,
                           params=params, rows=rows, n_features=len(valid.names),
-                          subsampled=subsampled, train_rows=train_rows, model_text=booster.model_to_string(),
-                          constant=constant)
+                          subsampled=subsampled, train_rows=train_rows, model_text=booster.model_to_string())
 
 
 def fit_study(panel: Panel, cfg: SweeperConfig, threads: int = 1, seed: int = 0) -> BaselineResult:
@@ -151,7 +148,6 @@ def _merged(fits: list[BaselineResult], elapsed_s: float) -> BaselineResult:
         daily={"valid": _with_fold([f.daily["valid"] for f in fits]), "test": last.daily["test"]},
         lightgbm_version=last.lightgbm_version, params=last.params, n_features=last.n_features,
         subsampled=subsampled, model_text=last.model_text, folds=per_fold,
-        constant=[s for s in ("valid", "test") if any(s in f.constant for f in fits)],
         train_rows=_with_fold([f.train_rows for f in fits if f.train_rows is not None]))
 
 

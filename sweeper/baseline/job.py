@@ -60,7 +60,8 @@ def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int,
     out.update(elapsed_s=round(result.elapsed_s, 3), lightgbm_version=result.lightgbm_version,
                rows=result.rows, subsampled=result.subsampled, best_iteration=result.best_iteration,
                n_features=result.n_features, lags=cfg.baseline.lags, threads=threads,
-               constant_predictions=result.constant,
+               constant_predictions=[split for split, f in result.predictions.items()  # no tree split
+                                     if len(f) and f.groupby("date")["pred"].nunique().eq(1).all()],
                params={k: v for k, v in result.params.items() if k != "num_threads"},
                num_boost_round=cfg.baseline.num_boost_round,
                early_stopping_rounds=cfg.baseline.early_stopping_rounds,
@@ -145,7 +146,7 @@ def caveats(attr: dict[str, Any]) -> list[str]:
         lines.append(f"baseline: train rows subsampled by dates ({by}){where}: {sub['rows_kept']} of "
                      f"{sub['rows_total']} rows, {sub['dates_kept']} of {sub['dates_total']} dates")
     if constant := attr.get("constant_predictions"):
-        lines.append(f"baseline: LightGBM predicted one value for every row of {' and '.join(constant)}, "
+        lines.append(f"baseline: LightGBM predicted one value on every date of {' and '.join(constant)}, "
                      f"so its IC there is 0 and no model's: no tree split its {attr['rows']['train']} train "
                      "rows. Its regularisation (Qlib's lambda_l1 and lambda_l2) is sized for panels of "
                      "millions of rows; on a small one set baseline.params: {lambda_l1: 0, lambda_l2: 0}")
