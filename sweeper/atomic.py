@@ -13,12 +13,13 @@ are the same rule for writes that are not atomic (logs, CSVs).
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from sweeper.errors import DiskFull
@@ -78,6 +79,16 @@ def write_text(path: str | Path, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def append_csv(path: Path, rows: Sequence[Mapping[str, object]]) -> None:
+    """Append ``rows`` to the CSV at ``path`` (not atomically), with the header first in a new file."""
+    new = not path.exists()
+    with path.open("a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
 
 
 def disk_full(exc: BaseException, path: str | Path | None = None) -> bool:

@@ -4,7 +4,6 @@ thread that takes them, :class:`Telemetry`) and the study's environment, read by
 :mod:`~sweeper.devices.nvml`)."""
 from __future__ import annotations
 
-import csv
 import importlib.util
 import platform
 import sys
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
+from sweeper.atomic import append_csv
 from sweeper.devices.fake import probe, telemetry_interval_s
 from sweeper.devices.nvml import GPU
 from sweeper.errors import one_line, say
@@ -103,12 +103,7 @@ class Telemetry:
 
     def _sample(self) -> None:
         if rows := telemetry():
-            new = not self.path.exists()
-            with self.path.open("a", newline="") as fh:
-                writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-                if new:
-                    writer.writeheader()
-                writer.writerows(rows)
+            append_csv(self.path, rows)
 
     def stop(self) -> None:
         self._stop.set()

@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 
+from sweeper.atomic import append_csv
 from sweeper.core.hooks import NullHook
 from sweeper.interrupt import StopToken
 from sweeper.validation.grid import RunGrid, named_run
@@ -60,7 +61,7 @@ class OptunaHook(NullHook):
     def _record(self, columns: dict[str, int], epoch: int, metrics: dict[str, Any]) -> float | None:
         """One run's epoch in metrics.csv and to the driver (with its fold and repeat, and the size
         of the stack it trains in: the driver's view says which run this is); its finite metric value."""
-        append_csv(self.metrics_csv, {**columns, "epoch": epoch, **metrics})
+        append_csv(self.metrics_csv, [{**columns, "epoch": epoch, **metrics}])
         protocol.emit(protocol.EPOCH, number=self.number, epoch=epoch,
                       metrics={**columns, **metrics, "stack": len(self.runs)})
         value = metrics.get(self.metric)
@@ -79,15 +80,6 @@ class OptunaHook(NullHook):
             protocol.emit(protocol.PROGRESS, number=self.number, steps=self.steps)
 
 
-def append_csv(path: Path, row: dict[str, Any]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(row))
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
-
-
 def copy_csv_upto(src: Path, dst: Path, step: int, grid: RunGrid) -> None:
     """The rows of ``src`` up to the grid's ``step``, appended to ``dst`` (a retry's replayed
     history; a row's step is :meth:`RunGrid.step_of_row`), each naming its run as the retry's own
@@ -95,4 +87,4 @@ def copy_csv_upto(src: Path, dst: Path, step: int, grid: RunGrid) -> None:
     with src.open() as fh:
         rows = [r for r in csv.DictReader(fh) if grid.step_of_row(r) <= step]
     for row in rows:
-        append_csv(dst, {**grid.columns(*named_run(row)), **row})
+        append_csv(dst, [{**grid.columns(*named_run(row)), **row}])
