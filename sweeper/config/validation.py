@@ -2,17 +2,14 @@
 
 - ``scheme: holdout`` (the default): one train block, one valid block (``data.split``), one
   training run per trial; every study written before this section existed means this.
-- ``scheme: walk_forward``: the dates before the test split (less its purge) are cut into
-  ``folds`` valid blocks that march forward in time, the last one ending where the test
-  split's purge begins; each fold trains on the dates before its block (``window: expanding``,
-  from the first date, or ``rolling``, the last ``train_dates`` dates) and validates on it.
-  The layout is :mod:`sweeper.data.folds`' (docs/walk-forward.md).
+- ``scheme: walk_forward``: ``folds`` valid blocks that march forward in time before the test split, each
+  fold training on the dates before its block (``window: expanding`` or ``rolling``): the layout, and what
+  each of its keys means, is :mod:`sweeper.data.folds`' (docs/walk-forward.md).
 
-``repeats`` trains every fold (or the holdout run) with seeds ``train.seed + r``; the fold's score is the mean
-of the seed scores. The objective is the mean over folds of ``study.metric``, or with ``aggregate: lcb`` that
-mean less one standard error (plus one, for a metric that is minimised): a config that is good on every fold
-beats one that is great on one. With ``aggregate: ensemble`` (``repeats >= 2``) a fold's score is instead the
-score of its seed ensemble (the mean of the seeds' predictions), so a pick is judged on the model it deploys.
+``repeats`` trains every fold (or the holdout run) with seeds ``train.seed + r``; ``aggregate`` says how the
+seed and fold scores make the objective (:mod:`sweeper.validation.scores`): with ``lcb`` a config that is good
+on every fold beats one that is great on one; with ``ensemble`` (``repeats >= 2``) a fold's score is its seed
+ensemble's (the mean of the seeds' predictions), so a pick is judged on the model it deploys.
 """
 from __future__ import annotations
 
@@ -29,9 +26,7 @@ class ValidationConfig(Section):
     window: Literal["expanding", "rolling"] = "expanding"
     # rolling only: target dates in each fold's train window (null: as many as the first fold has)
     train_dates: int | None = Field(None, ge=1)
-    # target dates in each valid block (null: the dates before the test split, less the purges,
-    # in folds + 1 equal parts, the first of which is the first fold's train window, as
-    # scikit-learn's TimeSeriesSplit)
+    # target dates in each valid block (null: the default cut, sweeper.data.folds)
     valid_dates: int | None = Field(None, ge=1)
     repeats: int = Field(1, ge=1)
     aggregate: Literal["mean", "lcb", "ensemble"] = "mean"
