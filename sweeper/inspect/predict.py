@@ -10,14 +10,10 @@ to a split of the study's data or to another file.
 - ``--split``: ``valid`` (the default), ``test``, ``train`` or ``all`` (every date with a
   full lookback window); ``--start``/``--end`` keep the split's dates within that range (and
   make ``all`` the default, as does ``--data`` scored by a refit). Under walk-forward folds the
-  study's own ``train`` and ``valid`` are the last fold's: the trial's model trained on that
-  fold, and its valid block is the one valid period the model has not seen.
-- ``--data``: another file, scored with the trial's features and normalisation statistics
-  (nothing is re-fitted on it); it needs only ``lookback - 1`` dates of history before the
-  first date to score, and it may lack the label (live use). Its train / valid / test are
-  the study's date ranges. A trial with a refit (``sweeper refit``) scores it with the
-  refit's weights and statistics, and a note says so (of an ensemble: how many members had
-  one); the study's own splits are always scored with the trial's own weights.
+  study's own ``train`` and ``valid`` are the last fold's (``Predictor.own_panel`` says why).
+- ``--data``: another file, scored as :mod:`sweeper.data.scoring` says (the trial's features and
+  statistics, no label needed), with a trial's refit where it has one (:mod:`sweeper.inspect.trial_model`);
+  a note says so (of an ensemble: how many members had one).
 
 Rows: every present (date, asset) with a full lookback window. A row whose label is not
 known (the latest dates of a file) is predicted too, with a NaN label.
