@@ -2,19 +2,17 @@
 them. The one home of that rule (the policy itself is :class:`sweeper.config.KeepConfig`).
 
 - checkpoints (``checkpoint.pt``): ``all`` keeps every one; ``none`` and ``top_k`` remove a
-  trial's checkpoint unless it is *live*: its trial is RUNNING or WAITING, it is what a
-  WAITING or RUNNING trial resumes from, or its trial failed and is due a retry (which
-  resumes from it). ``top_k`` also keeps the top k trials' checkpoints. With a checkpoint
-  go the ``runs/*/weights.pt`` an interrupted walk-forward trial left for its retry;
+  trial's checkpoint unless it is *live* (:class:`~sweeper.store.trial_folder.Liveness`).
+  ``top_k`` also keeps the top k trials' checkpoints. With a checkpoint go the
+  ``runs/*/weights.pt`` an interrupted walk-forward trial left for its retry;
 - weights (``weights.pt``) and predictions (``daily_ic_*.csv``, ``predictions_*.parquet``):
   ``top_k`` removes those of every finished (COMPLETE, PRUNED, FAIL) trial outside the top k.
 
-The top k are the k best COMPLETE trials with a finite value, best first, ties to the lower number: the order
-of ``sweeper best`` and ``predict --trial topK``. The list only shrinks as a study goes on (a finished trial's
-value never changes, more trials only push it down), so a collector reading an older snapshot of the study
-removes less, never more: several workers may collect at once. A removed file's copy in the folder artifact
-store (``<run_dir>/artifacts/<id>``, uploaded for optuna-dashboard) is removed with it; the dashboard then
-lists the artifact without its file.
+The top k are the first k of :func:`sweeper.store.studies.ranked`. The list only shrinks as a study goes on
+(a finished trial's value never changes, more trials only push it down), so a collector reading an older
+snapshot of the study removes less, never more: several workers may collect at once. A removed file's copy
+in the folder artifact store (``<run_dir>/artifacts/<id>``, uploaded for optuna-dashboard) is removed with
+it; the dashboard then lists the artifact without its file.
 """
 from __future__ import annotations
 
