@@ -76,8 +76,7 @@ def mark(study: optuna.Study, state: State, host: str, driver: str, error: str |
 
 
 def claim(study: optuna.Study, lock: ClaimLock, host: str, driver: str) -> bool:
-    """Take the study's baseline run: True, with ``running`` written, when the claim rule allows it;
-    False otherwise. Under the claim lock, so of two drivers that ask at once one gets it."""
+    """Take the baseline run under the claim lock: True, with ``running`` written, when the rule allows it."""
     with lock:
         if not claimable(read(study)):
             return False
