@@ -48,8 +48,7 @@
         model.txt                 the booster (LightGBM's text format)
 
 Hosts may share a run folder, so each host writes its own slot logs. A folder holds the
-files of one study (:mod:`sweeper.store.run_folder`): a study of the same name in another
-storage, or one re-created after its database was deleted, moves the other's aside.
+files of one study; :mod:`sweeper.store.run_folder` moves another study's aside.
 
 Every name above is spelled here and nowhere else. A path is worked out from the run folder
 and the trial's number when it is used, never read back from a stored string: a study moved
