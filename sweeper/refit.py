@@ -186,10 +186,9 @@ def write_refit(files: TrialFiles, states: list[dict], stats: Any,
 # ---------------------------------------------------------------- the refit's panel
 
 def refit_panel(data: C.DataConfig, until: np.datetime64 | None) -> tuple[Panel, Window]:
-    """The panel of the dates up to ``until``, its train split the refit's window (valid and test empty),
-    built by the panel builder (:func:`sweeper.data.build.build`): normalisation fitted on that window, the
-    leak guard judging it. Rows after ``until`` are dropped before anything is built, and the labels of the
-    dates between the last target and ``until`` (they reach past it) are NaN."""
+    """The panel of the dates up to ``until`` (its rows and labels: the module docstring), its train split the
+    refit's window (valid and test empty), built by the panel builder (:func:`sweeper.data.build.build`):
+    normalisation fitted on that window, the leak guard judging it."""
     how = recipe(data)
     keys, blocks, _oracle = how.columns()
     check_usable(keys)  # an empty file has no window to speak of
