@@ -131,8 +131,7 @@ class StackedEncoderLayer(nn.Module):
         self.norm2 = StackedLayerNorm(members, d_model)
         self.dropout1 = MemberDropout(rates)
         self.dropout2 = MemberDropout(rates)
-        # a stack of one runs torch's own layer (its kernels, its eval fast path) on the member's
-        # weights: a template on the meta device, outside the module tree (it holds no tensor)
+        # a stack of one's torch layer: a meta-device template outside the module tree (it holds no tensor)
         self._torch = [nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, rates[0],
                                                   activation="gelu", batch_first=True, norm_first=True,
                                                   device="meta")]
