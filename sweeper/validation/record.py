@@ -76,8 +76,7 @@ def first_seed_predictions(out: R.TrialRuns) -> dict[str, pd.DataFrame]:
 
 
 def write_files(out: R.TrialRuns, files: TrialFiles) -> None:
-    """The trial's own files from its runs: daily_ic_valid.csv, and the model run's weights
-    (moved: the run's folder keeps no second copy), norm_stats.json and daily_ic_test.csv."""
+    """The trial's own files: daily_ic_valid.csv and its model's (:meth:`TrialFolder.take_model`)."""
     with atomic_path(files.daily_ic("valid")) as tmp:
         daily_valid(out.daily).to_csv(tmp, index=False)
     TrialFolder.of(files).take_model(out.grid.members)
