@@ -201,7 +201,7 @@ def test_a_baseline_that_predicts_one_value_says_so_and_what_to_set(study_file):
     assert study.user_attrs["baseline"]["constant_predictions"] == ["valid", "test"]
     from sweeper.inspect.printing import baseline_lines
     assert baseline_lines(study.user_attrs["baseline"])[-1] == \
-        "  baseline predicted one value a date on valid and test: no model's IC"
+        "  baseline: one value a date on valid and test (no tree split): no model IC"
     result = _cli("baseline", path, "--json", "--set", "baseline.params={lambda_l1: 0, lambda_l2: 0}")
     out = json.loads(result.stdout)
     assert out["constant_predictions"] == [] and out["val_ic"] != 0.0

@@ -106,16 +106,29 @@ def test_sets_are_type_checked(tmp_path):
     ("study.sampler.seed=false", "study.sampler.seed: expected a number (got False)"),
     ("validation.repeats=yes", "validation.repeats: expected a number (got True)"),
     ("model.hidden_size=true", "model.hidden_size: expected a number (got True)"),
+    ("baseline.lags=true", "baseline.lags: expected a number (got True)"),  # config.long_sweeps' sections
+    ("search_space.train.lr.low=true", "search_space.train.lr.low: expected a number (got True)"),
 ])
 def test_true_or_false_is_never_read_as_a_number(tmp_path, override, message):
-    """pydantic's lax mode reads True as 1: ``epochs: yes`` would train one epoch without a word."""
+    """pydantic's lax mode reads True as 1: ``--set train.epochs=true`` would train one epoch unsaid."""
     path = tmp_path / "s.yaml"
-    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n"
+                    "search_space:\n  train.lr: {type: float, low: 0.001, high: 0.01}\n")
     with pytest.raises(ConfigError) as exc:
         C.load_config(path, [override])
     assert str(exc.value) == f"{path}: {message}"
-    flags = C.load_config(path, ["model.gradient_checkpointing=true", "validation.repeats=2"])
-    assert flags.model.gradient_checkpointing is True and flags.validation.repeats == 2
+
+
+def test_a_yes_in_the_study_file_is_no_number_and_true_or_false_still_sets_a_flag(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\ntrain:\n  epochs: yes\n")
+    with pytest.raises(ConfigError) as exc:
+        C.load_config(path)
+    assert str(exc.value) == f"{path}: train.epochs: expected a number (got True)"
+    flags = C.load_config(path, ["train.epochs=3", "model.gradient_checkpointing=true",
+                                 "study.retry_timeouts=yes"])
+    assert flags.train.epochs == 3 and flags.model.gradient_checkpointing is True
+    assert flags.study.retry_timeouts is True
 
 
 def test_sets_reach_a_search_space_param_by_its_dotted_name(tmp_path):

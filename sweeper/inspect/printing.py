@@ -291,7 +291,7 @@ def baseline_lines(base: dict[str, Any] | None, state: dict[str, Any] | None = N
         lines.append(f"  baseline train rows subsampled by dates ({sub.get('by', 'baseline.max_rows')}): "
                      f"{sub['rows_kept']} of {sub['rows_total']}")
     if constant := base.get("constant_predictions"):  # sweeper baseline says why and what to set
-        lines.append(f"  baseline predicted one value a date on {' and '.join(constant)}: no model's IC")
+        lines.append(f"  baseline: one value a date on {' and '.join(constant)} (no tree split): no model IC")
     return lines
 
 
