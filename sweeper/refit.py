@@ -38,7 +38,7 @@ from sweeper import __version__
 from sweeper import config as C
 from sweeper.atomic import atomic_path, write_text
 from sweeper.data.build import build, check_usable, in_memory, to_panel
-from sweeper.data.columns import row_codes
+from sweeper.data.columns import row_codes, user_day
 from sweeper.data.folds import MIN_TRAIN_DATES
 from sweeper.data.load import recipe
 from sweeper.data.panel import Panel
@@ -104,17 +104,7 @@ def refit_epochs(trial: FrozenTrial) -> tuple[int, str]:
 
 
 def parse_until(until: str | None) -> np.datetime64 | None:
-    if until is None:
-        return None
-    try:
-        day = pd.Timestamp(str(until))
-    except (ValueError, TypeError):
-        day = None
-    if day is None or pd.isna(day):
-        raise ConfigError(f"--until: cannot parse the date {until!r} (expected e.g. 2014-06-30)")
-    if day.tzinfo is not None:
-        day = day.tz_localize(None)  # its wall time, as the panel's dates (sweeper.data.columns)
-    return day.to_datetime64().astype("datetime64[ns]")
+    return None if until is None else user_day(until, "--until")  # its wall time, as the panel's dates
 
 
 def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best", until: str | None = None,
@@ -217,7 +207,7 @@ def refit_window(dates: np.ndarray, data: C.DataConfig, until: np.datetime64 | N
     first = lookback - 1
     train = data.split.train
     if not isinstance(train, float):  # date ranges: the study's train split starts at its own
-        first = max(first, int(np.searchsorted(dates, pd.Timestamp(train[0]).to_datetime64(), side="left")))
+        first = max(first, int(np.searchsorted(dates, user_day(train[0], "data.split.train"), side="left")))
     stop = last - gap + 1
     if stop - first < MIN_TARGET_DATES:
         earliest = first + MIN_TARGET_DATES - 1 + gap

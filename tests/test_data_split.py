@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from sweeper.config import DataConfig, SplitConfig, SyntheticConfig
 from sweeper.data import load_panel
+from sweeper.data.scoring import date_range
 from sweeper.data.split import fraction_sizes, fraction_splits, min_budget, split_dates
 from sweeper.errors import DataError
 
@@ -76,6 +77,17 @@ def test_date_ranges_with_a_wide_gap_are_not_trimmed():
                         test=("2020-03-13", "2020-03-20"))
     splits = split_dates(DATES, split, lookback=1, horizon=2, embargo=0, where="x")
     assert splits == {"train": (0, 23), "valid": (32, 43), "test": (52, 58)}
+
+
+def test_days_outside_datetime64_ns_are_open_ends():
+    """9999-12-31, the usual open end, wrapped around in datetime64[ns] to 1816-03-29 (and 1000-01-01 to
+    2169): a test split to 9999-12-31 'selected no dates', predict --end 9999-12-31 found no row."""
+    split = SplitConfig(train=("1000-01-01", "2020-01-31"), valid=("2020-02-14", "2020-02-28"),
+                        test=("2020-03-13", "9999-12-31"))
+    splits = split_dates(DATES, split, lookback=1, horizon=2, embargo=0, where="x")
+    assert splits == {"train": (0, 23), "valid": (32, 43), "test": (52, 60)}
+    assert date_range(DATES, ["2020-03-13", "9999-12-31"], 1) == (52, 60)
+    assert date_range(DATES, ["0001-01-01", "2020-01-31"], 5) == (4, 23)
 
 
 def test_overlapping_date_ranges_are_refused():

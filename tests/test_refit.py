@@ -27,7 +27,7 @@ from sweeper.config import DataConfig
 from sweeper.core import train
 from sweeper.data import synth, write_synthetic
 from sweeper.errors import ConfigError
-from sweeper.refit import Refit, refit_epochs, refit_panel
+from sweeper.refit import Refit, Window, parse_until, refit_epochs, refit_panel, refit_window
 from sweeper.store import open_storage
 
 SYNTH = {"assets": 24, "dates": 160, "features": 3, "seed": 1}
@@ -204,6 +204,14 @@ def test_a_trial_cut_short_by_time_says_so_in_its_epochs():
     cut.user_attrs.update(fold_best_epoch=[2, 3])
     assert refit_epochs(cut) == (3, "the median best epoch of 2 fold(s), of a training cut short by "
                                     "train.max_minutes")
+
+
+def test_an_until_past_2262_is_the_data_s_last_date():
+    """--until 9999-12-31 wrapped around in datetime64[ns]: 'refused: --until 1816-03-29: 0 target dates'."""
+    dates = pd.bdate_range("2020-01-01", periods=60).to_numpy("datetime64[ns]")
+    data = DataConfig(path="p.parquet", lookback=5, horizon=2)
+    assert refit_window(dates, data, parse_until("9999-12-31")) == refit_window(dates, data, None)
+    assert refit_window(dates, data, None) == Window(first=4, stop=58, until=59)  # the purge of 2 dates
 
 
 def test_a_trial_without_a_best_epoch_is_refused():

@@ -86,6 +86,19 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
     return remap[codes], np.asarray(dates, dtype="datetime64[ns]")
 
 
+def user_day(value: object, where: str) -> np.datetime64:
+    """A day given by hand (a split bound, --until, --start, --end) at its wall time, as the panel's dates.
+    Past datetime64[ns]'s years 1677-2262 it is clamped: 9999-12-31, the usual open end, wrapped to 1816."""
+    try:
+        day = pd.Timestamp(str(value))
+    except (ValueError, TypeError):
+        day = None
+    if not isinstance(day, pd.Timestamp):  # None, or NaT
+        raise DataError(f"{where}: cannot parse the date {value!r} (expected e.g. 2014-06-30)")
+    day = day.tz_localize(None) if day.tzinfo is not None else day  # a Shanghai midnight is its day
+    return min(max(day, pd.Timestamp.min), pd.Timestamp.max).as_unit("ns").to_datetime64()
+
+
 def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:
     if pd.api.types.is_integer_dtype(uniques.dtype) or pd.api.types.is_float_dtype(uniques.dtype):
         # integers such as 20200102 (the usual date form of A-share data) as dates. A number is

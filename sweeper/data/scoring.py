@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 from sweeper.config import DataConfig
 from sweeper.data.build import in_memory, scatter
-from sweeper.data.columns import row_codes
+from sweeper.data.columns import row_codes, user_day
 from sweeper.data.normalize import NormStats, normalize_features
 from sweeper.data.panel import Panel
 from sweeper.data.parquet import file_fingerprint, read_scoring_columns
@@ -56,23 +55,16 @@ def scoring_panel(cfg: DataConfig, path: str | Path, features: list[str], stats:
 
 
 def date_range(dates: np.ndarray, days: Sequence[str | None], lookback: int,
-               where: str = "") -> tuple[int, int]:
+               where: str = "date") -> tuple[int, int]:
     """``[start, stop)`` of the dates within the inclusive ``[first, last]`` days (an open end
     when one is None), never before ``lookback - 1`` (a target needs a full window)."""
     if not days:
         return (0, 0)
     first, last = days
-    start = 0 if first is None else int(np.searchsorted(dates, _day(first, where), side="left"))
-    stop = len(dates) if last is None else int(np.searchsorted(dates, _day(last, where), side="right"))
+    start = 0 if first is None else int(np.searchsorted(dates, user_day(first, where), side="left"))
+    stop = len(dates) if last is None else int(np.searchsorted(dates, user_day(last, where), side="right"))
     start = max(start, lookback - 1)
     return (start, max(stop, start))
-
-
-def _day(value: str, where: str) -> np.datetime64:
-    try:
-        return pd.Timestamp(str(value)).to_datetime64().astype("datetime64[ns]")
-    except (ValueError, TypeError):
-        raise DataError(f"{where or 'date'}: cannot parse the date {value!r}") from None
 
 
 def own_scoring_panel(panel: Panel) -> Panel:

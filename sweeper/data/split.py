@@ -11,9 +11,9 @@ import itertools
 import math
 
 import numpy as np
-import pandas as pd
 
 from sweeper.config import DataConfig, SplitConfig
+from sweeper.data.columns import user_day
 from sweeper.errors import DataError
 
 SPLITS = ("train", "valid", "test")
@@ -115,10 +115,7 @@ def range_splits(dates: np.ndarray, ranges: tuple[tuple[str, str], ...], lookbac
 
 
 def _range_indices(dates: np.ndarray, name: str, rng: tuple[str, str], where: str) -> tuple[int, int]:
-    try:
-        lo, hi = (pd.Timestamp(v).to_datetime64().astype("datetime64[ns]") for v in rng)
-    except (ValueError, TypeError):
-        raise DataError(f"{where}: data.split.{name}: cannot parse the date range {list(rng)}") from None
+    lo, hi = (user_day(v, f"{where}: data.split.{name}") for v in rng)
     start = int(np.searchsorted(dates, lo, side="left"))
     stop = int(np.searchsorted(dates, hi, side="right"))
     if stop <= start:
