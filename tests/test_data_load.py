@@ -181,6 +181,16 @@ def test_a_key_column_named_as_a_feature_is_refused(tmp_path, key, column):
            f"column '{column}' ({key}) cannot be a feature (data.features)")
 
 
+@pytest.mark.parametrize("column", ["f1", "label", "date"])
+def test_a_column_name_given_twice_is_refused(tmp_path, column):
+    """pyarrow writes a table with one name twice (after a join, say): a feature's twin was a KeyError
+    traceback, the label's or the date's 'not found' in a list that showed it twice."""
+    table = pa.Table.from_pandas(long_frame(), preserve_index=False)
+    path = tmp_path / "p.parquet"
+    pq.write_table(table.append_column(column, table.column("f1")), path)
+    raises(cfg(path), f"{path}: column '{column}' appears 2 times; expected each column name once")
+
+
 def test_no_numeric_feature_column(tmp_path):
     path = write(long_frame()[["date", "asset", "sector", "label"]], tmp_path / "p.parquet")
     raises(cfg(path), path, "no numeric feature columns", "data.features")

@@ -37,9 +37,14 @@ def read_schema(path: Path) -> pa.Schema:
     if not path.is_file():
         raise DataError(f"{path}: is not a file; data.path must name a Parquet file")
     try:
-        return pq.read_schema(path)
+        schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: not a Parquet file ({exc})") from None
+    # pyarrow writes one name twice (a join's both sides); Arrow then finds neither by that name
+    if twice := [name for name in dict.fromkeys(schema.names) if schema.names.count(name) > 1]:
+        raise DataError(f"{path}: column '{twice[0]}' appears {schema.names.count(twice[0])} times; "
+                        "expected each column name once")
+    return schema
 
 
 def is_numeric(dtype: pa.DataType) -> bool:
