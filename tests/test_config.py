@@ -183,6 +183,27 @@ def test_unquoted_yaml_dates_in_split_ranges(tmp_path):
     assert cfg.data.split.test == ("2020-01-10", "2020-12-31")
 
 
+def test_yyyymmdd_numbers_in_split_ranges(tmp_path):
+    """The date column may hold YYYYMMDD integers; the same form in the split was a 'valid number' error."""
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n  split:\n"
+                    "    train: [20150101, 20181231]\n    valid: [2019-01-10, 20191231]\n"
+                    "    test: [20200110, 20201231]\n")
+    split = C.load_config(path).data.split
+    assert (split.train, split.valid, split.test) == (("20150101", "20181231"), ("2019-01-10", "20191231"),
+                                                      ("20200110", "20201231"))
+
+
+@pytest.mark.parametrize("roles", [{"asset_col": "label"}, {"label": "date"}, {"group_col": "asset"},
+                                   {"date_col": "d", "asset_col": "d"}])
+def test_one_column_in_two_roles_is_refused(roles):
+    """``asset_col: label`` trained on thousands of one-date 'assets' with an IC of .21, without a word."""
+    msg = _err({"data": {"path": "p.parquet", **roles}})
+    names = {"date_col": "date", "asset_col": "asset", "label": "label", "group_col": None, **roles}
+    first, second = [k for k in names if names[k] == list(roles.values())[-1]]
+    assert f"{first} and {second} both name the column '{names[first]}'; one each" in msg, msg
+
+
 def test_keys_added_by_a_newer_version_are_not_drift_at_their_defaults():
     from sweeper.config import drift, to_dict
 

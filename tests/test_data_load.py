@@ -296,7 +296,31 @@ def test_feature_patterns_and_exclusions(tmp_path):
     assert load_panel(cfg(path, exclude=["fwd_*", "f?"])).features == ["mom_5", "mom_20", "vol_5"]
     assert load_panel(cfg(path, features=["[mv]*"], exclude=["*_20"])).features == ["mom_5", "vol_5"]
     raises(cfg(path, features=["beta_*"]), path, "pattern 'beta_*'", "data.features", "matches no numeric column")
-    raises(cfg(path, exclude=["*"]), path, "no feature columns left", "data.exclude")
+    raises(cfg(path, exclude=["*"]), path, "no feature column selected", "exclude ['*']")
+    raises(cfg(path, features=[]), path, "no feature column selected (data.features [], exclude [])")
+
+
+def test_a_column_named_like_a_pattern_is_taken_by_its_name(tmp_path):
+    """``ret[5]`` was read as a pattern (r, e, t, then the character 5) and matched nothing."""
+    path = write(long_frame().assign(**{"ret[5]": 1.0, "ret5": 2.0}), tmp_path / "p.parquet")
+    assert load_panel(cfg(path, features=["ret[5]", "f1"])).features == ["ret[5]", "f1"]
+    assert load_panel(cfg(path, features=["ret[0-9]"])).features == ["ret5"]  # a pattern that names no column
+
+
+def test_decimal_columns_are_numbers(tmp_path):
+    """A SQL NUMERIC export (decimal128) was skipped as a feature without a word, and refused as the label."""
+    frame = long_frame().round({"f1": 6, "f2": 6, "label": 6})
+    ref = load_panel(cfg(write(frame, tmp_path / "ref.parquet")))
+    as_decimal = pa.Table.from_pandas(frame, preserve_index=False)
+    for name in ("f1", "label"):
+        at = as_decimal.schema.get_field_index(name)
+        as_decimal = as_decimal.set_column(at, name, as_decimal.column(name).cast(pa.decimal128(18, 6)))
+    pq.write_table(as_decimal, tmp_path / "d.parquet")
+    panel = load_panel(cfg(tmp_path / "d.parquet"))
+    assert panel.features == ref.features == ["f1", "f2"] and panel.splits == ref.splits
+    # a decimal is cast to float32 at once, the float64 through its rounding: within a float32 step
+    torch.testing.assert_close(panel.X, ref.X, rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(panel.y_raw, ref.y_raw, rtol=1e-6, atol=1e-7, equal_nan=True)
 
 
 def test_no_rows(tmp_path):

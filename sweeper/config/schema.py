@@ -144,9 +144,10 @@ class SplitConfig(Section):
     @field_validator("train", "valid", "test", mode="before")
     @classmethod
     def _dates_to_text(cls, v: Any) -> Any:
-        # YAML reads an unquoted 2015-01-01 as a date; the split wants the text
+        # YAML reads an unquoted 2015-01-01 as a date, 20150101 as a number; the split wants the text
         if isinstance(v, (list, tuple)):
-            return tuple(x.isoformat() if isinstance(x, datetime.date) else x for x in v)
+            return tuple(x.isoformat() if isinstance(x, datetime.date) else str(x) if type(x) is int else x
+                         for x in v)
         return v
 
     @model_validator(mode="after")
@@ -190,6 +191,9 @@ class DataConfig(Section):
             raise ValueError("set data.path to a Parquet file, or data.synthetic for the built-in panel")
         if self.path is not None and self.synthetic is not None:
             raise ValueError("set data.synthetic: null to use data.path (both are set)")
+        roles = {k: getattr(self, k) for k in ("date_col", "asset_col", "label", "group_col")}
+        if twice := [k for k, v in roles.items() if v is not None and list(roles.values()).count(v) > 1]:
+            raise ValueError(f"{twice[0]} and {twice[1]} both name the column '{roles[twice[0]]}'; one each")
         return self
 
 

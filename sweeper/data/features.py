@@ -2,8 +2,8 @@
 
 - ``data.features: null`` takes every candidate column (for a Parquet file, every numeric
   column but the date, asset and label columns);
-- an entry with a glob character (``*``, ``?``, ``[``) is a pattern matched with
-  :func:`fnmatch.fnmatchcase` against the candidates, in the file's column order; a
+- an entry with a glob character (``*``, ``?``, ``[``) that is not a column's own name (``ret[5]``) is a
+  pattern matched with :func:`fnmatch.fnmatchcase` against the candidates, in the file's column order; a
   pattern that matches nothing is an error (a typo should not silently drop features);
 - any other entry is a column name and must exist (it may be of any type, so a text
   column named on purpose gets the type check's clear message);
@@ -28,7 +28,7 @@ def select(candidates: list[str], columns: list[str], features: list[str] | None
     """
     chosen: list[str] = []
     for entry in candidates if features is None else features:
-        if features is not None and _GLOB & set(entry):
+        if features is not None and _GLOB & set(entry) and entry not in columns:
             if not (matched := [c for c in candidates if fnmatchcase(c, entry)]):
                 raise DataError(f"{where}: the pattern '{entry}' (data.features) matches no numeric column; "
                                 f"the candidates are: {shown(candidates)}")
@@ -40,7 +40,7 @@ def select(candidates: list[str], columns: list[str], features: list[str] | None
             chosen.append(entry)
     kept = [c for c in dict.fromkeys(chosen) if not any(fnmatchcase(c, pat) for pat in exclude)]
     if not kept:
-        raise DataError(f"{where}: no feature columns left after data.exclude {exclude} (data.features)")
+        raise DataError(f"{where}: no feature column selected (data.features {features}, exclude {exclude})")
     return kept
 
 
