@@ -13,6 +13,7 @@ import torch
 from conftest import real_env
 from sweeper.config import DataConfig, SplitConfig, SyntheticConfig
 from sweeper.data import load_panel, write_synthetic
+from sweeper.data.scoring import scoring_panel
 from sweeper.errors import DataError
 
 
@@ -321,6 +322,22 @@ def test_decimal_columns_are_numbers(tmp_path):
     # a decimal is cast to float32 at once, the float64 through its rounding: within a float32 step
     torch.testing.assert_close(panel.X, ref.X, rtol=1e-5, atol=1e-6, equal_nan=True)
     torch.testing.assert_close(panel.y_raw, ref.y_raw, rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+def test_a_feature_without_any_value_is_refused(tmp_path):
+    """A feature all null (or all inf) in an export or a live feed was trained on as zeros, and
+    ``predict --data`` scored a model with it as zeros, without a word."""
+    frame = long_frame()
+    for name, value in (("nan", np.nan), ("inf", np.inf)):
+        path = write(frame.assign(f2=value), tmp_path / f"{name}.parquet")
+        raises(cfg(path), path, "feature column 'f2' has no finite value", "data.exclude")
+    trained = cfg(write(frame, tmp_path / "p.parquet"))
+    panel = load_panel(trained)
+    live = write(frame.assign(f1=np.nan, label=np.nan), tmp_path / "live.parquet")
+    with pytest.raises(DataError, match=f"^{live}: feature column 'f1' has no finite value; mend the file"):
+        scoring_panel(trained, live, panel.features, panel.norm_stats)
+    some = write(frame.assign(f1=frame.f1.where(frame.asset == "S0"), label=np.nan), tmp_path / "s.parquet")
+    assert scoring_panel(trained, some, panel.features, panel.norm_stats).X.shape == panel.X.shape
 
 
 def test_no_rows(tmp_path):

@@ -111,10 +111,15 @@ def scatter(keys: Columns, codes: Codes, blocks: Iterable[tuple[int, np.ndarray]
     mask = alloc("mask", (T, N), np.dtype(bool))
     mask[...] = False
     mask[codes.date, codes.asset] = True
-    # infinities are as unusable as NaN and would poison every statistic
+    # inf is as unusable as NaN (it poisons every statistic); a feature with no finite value is a broken file
+    seen = np.zeros(F, dtype=bool)
     for a in range(0, T, _DATES):
         part = X[a:a + _DATES]
-        part[~np.isfinite(part)] = np.nan
+        part[bad := ~np.isfinite(part)] = np.nan
+        seen |= ~bad.all(axis=(0, 1))
+    if empty := [name for name, value in zip(keys.feature_names, seen) if not value]:
+        raise DataError(f"{keys.source}: feature column '{empty[0]}' has no finite value; mend the file "
+                        "(or drop it from training with data.exclude)")
     y_raw[~np.isfinite(y_raw)] = np.nan
     return X, y_raw, mask
 
