@@ -92,7 +92,8 @@ class Telemetry:
     def _loop(self) -> None:
         while True:
             try:
-                self._sample()
+                if rows := telemetry():
+                    append_csv(self.path, rows)
             except Exception as exc:  # noqa: BLE001 - samples are a report's extra; the sweep goes on
                 if (error := one_line(exc)) not in self._told:
                     self._told.add(error)
@@ -100,10 +101,6 @@ class Telemetry:
                         "(the sweep goes on)")
             if self._stop.wait(self.interval):
                 return
-
-    def _sample(self) -> None:
-        if rows := telemetry():
-            append_csv(self.path, rows)
 
     def stop(self) -> None:
         self._stop.set()
