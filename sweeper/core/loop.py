@@ -265,10 +265,9 @@ def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fi
     # the stack's forward takes every member's rows (a stopped one's too, its predictions unused)
     every: list[torch.Tensor | None] = [None] * len(lanes) if fixed_epochs else list(
         stacked_predict_rows(step.forward, [lane.valid for lane in lanes], plan.eval_batch_size, tick))
-    preds = [every[k] for k in live]
     rows: list[dict | None] = [None] * len(lanes)
-    for k, pred in zip(live, preds):
-        lane = lanes[k]
+    for k in live:
+        lane, pred = lanes[k], every[k]
         scores = NO_SCORES if pred is None else split_scores(pred, lane.valid, step.criterion)
         metrics = {"epoch": epoch, "train_loss": lane.steps.mean_loss, **scores,
                    "samples_per_s": lane.seen / max(seconds, 1e-9), "peak_mem_mb": run.memory.peak_mb(),
