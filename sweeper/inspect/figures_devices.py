@@ -21,8 +21,7 @@ def _spans(data: StudyData) -> Spans:
     hosts = len({t.user_attrs.get("host") for t in data.trials if "device" in t.user_attrs})
     spans: Spans = {}
     for t in data.trials:
-        device = t.user_attrs.get("device")
-        if device is None or t.datetime_start is None:
+        if (device := t.user_attrs.get("device")) is None or t.datetime_start is None:
             continue
         slot = f"{t.user_attrs.get('host')}/{device}" if hosts > 1 else str(device)
         if (end := t.datetime_complete or (data.now if t.state == TrialState.RUNNING else None)) is not None:

@@ -21,8 +21,7 @@ from sweeper.validation import contract as K
 def overfit_figure(data: StudyData) -> go.Figure:
     rows = [(t.number, t.user_attrs.get("val_ic"), t.user_attrs.get("test_ic"))
             for t in data.trials if t.state == TrialState.COMPLETE]
-    rows = [r for r in rows if finite(r[1]) and finite(r[2])]
-    if not rows:
+    if not (rows := [r for r in rows if finite(r[1]) and finite(r[2])]):
         return empty("no complete trial has both val_ic and test_ic")
     numbers, val, test = (np.array(c) for c in zip(*rows))
     traces = [go.Scatter(x=val, y=test, mode="markers", customdata=numbers, name="trials",

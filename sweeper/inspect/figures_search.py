@@ -80,8 +80,7 @@ def curves_figure(data: StudyData) -> go.Figure:
     which draws as fast as one line however many trials there are."""
     traces, counts = [], {}
     for state in TrialState:
-        trials = [t for t in data.trials if t.state == state and t.intermediate_values]
-        if not trials:
+        if not (trials := [t for t in data.trials if t.state == state and t.intermediate_values]):
             continue
         steps = [sorted(t.intermediate_values) for t in trials]
         xs = [x for s in steps for x in (*s, np.nan)]

@@ -113,8 +113,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     run on the data only for a trial without them); ``ic_by_year`` only reads the daily IC files. When the
     best trial's weights were removed (``study.keep``, ``sweeper gc``), ``weights_removed``
     and ``retrain``: the command that runs its params again (``study_file`` names the study)."""
-    best = best_trial(study)
-    if best is None:
+    if (best := best_trial(study)) is None:
         return None
     ua, trials = best.user_attrs, study.get_trials(deepcopy=False)
     folder = files_folder(cfg, study)  # this study's files, wherever another study put them

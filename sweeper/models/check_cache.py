@@ -97,8 +97,7 @@ def _module_files(top: str, folders: list[str]) -> dict[str, str] | None:
     Python path with every ``.py`` file beside it, which it may import); None when no file of it
     is found (a module an import hook provides, such as an editable install's)."""
     for i, where in [(i, [f]) for i, f in enumerate(folders)] + [(-1, None)]:
-        spec = importlib.machinery.PathFinder.find_spec(top, where)
-        if spec is None:
+        if (spec := importlib.machinery.PathFinder.find_spec(top, where)) is None:
             continue
         base = f"{i}:" if i >= 0 else ""  # a search folder by its place; the Python path by path
         root = Path(where[0]) if where else None

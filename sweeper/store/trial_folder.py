@@ -139,8 +139,7 @@ def resumes(attrs: Mapping[str, Any]) -> int | str | None:
     older retry's ``resume_from`` path), or such a path naming no trial folder; None for nothing."""
     if (number := attrs.get(RESUME_FROM_TRIAL)) is not None:
         return int(number)
-    path = attrs.get(RESUME_FROM)
-    if not path:
+    if not (path := attrs.get(RESUME_FROM)):
         return None
     found = trial_of_checkpoint(str(path))
     return str(path) if found is None else found

@@ -90,8 +90,7 @@ def check_resumable(cfg: C.SweeperConfig, storage_url: str, panel: PanelSummary)
 
 def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) -> None:
     stored = study.user_attrs
-    asked = attrs["config"]["study"]["direction"]
-    if asked and study.direction.name.lower() != asked:
+    if (asked := attrs["config"]["study"]["direction"]) and study.direction.name.lower() != asked:
         raise ConfigDrift(f"study {study.study_name!r} was created to {study.direction.name.lower()}, "
                           "the study file asks otherwise")
     differ = C.drift(stored.get("config", {}), attrs["config"])

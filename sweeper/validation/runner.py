@@ -310,8 +310,7 @@ def _settle(part: Part, panels: dict[int, Panel], results: list[TrainResult], al
     """A trial's runs of one stack kept (or its failure noted); whether the trial ends with them. One
     ``early`` (pruned while the others train on) is finished at once (``Trainer.finished``)."""
     trainer, out, cells = part
-    failed = next((r.failure for r in results if r.failure), None)
-    if failed is not None:
+    if (failed := next((r.failure for r in results if r.failure), None)) is not None:
         out.failure = failed
         return True
     runs = [_keep(trainer, out, panels[fold], fold, seed, seeded(trainer.cfg, seed), result, alone)

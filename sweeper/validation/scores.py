@@ -121,8 +121,7 @@ def trial_attrs(runs: Sequence[TrainingRun], cfg: SweeperConfig, *, folds_run: i
 def daily_valid(frames: Mapping[tuple[int, int], pd.DataFrame]) -> pd.DataFrame:
     """``daily_ic_valid.csv`` of the trial: per valid date the mean over seeds of the runs' daily
     ic and rank_ic, with the fold (1-based); the blocks are disjoint, so each date appears once."""
-    parts = [frame.assign(fold=fold + 1) for (fold, _repeat), frame in frames.items()]
-    if not parts:
+    if not (parts := [frame.assign(fold=fold + 1) for (fold, _repeat), frame in frames.items()]):
         return pd.DataFrame(columns=["date", "ic", "rank_ic", "fold"])
     both = pd.concat(parts, ignore_index=True)
     out = both.groupby(["fold", "date"], sort=True, as_index=False)[["ic", "rank_ic"]].mean()

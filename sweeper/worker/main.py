@@ -73,8 +73,7 @@ def main() -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # user models named by dotted path, like `python -m`
     commands = Commands(sys.stdin)
-    init = commands.next()
-    if init is None or init.get("op") != protocol.INIT:
+    if (init := commands.next()) is None or init.get("op") != protocol.INIT:
         return 2
     from sweeper.worker.trial import TrialRunner  # heavy imports (torch) after the handshake starts
 
