@@ -139,9 +139,8 @@ def collect(study: optuna.Study, cfg: SweeperConfig, run_dir: str | Path, *, dry
     if cfg.study.keep.keeps_all():
         return Freed(dry_run=dry_run)
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    paths = removable(study.get_trials(deepcopy=False), cfg.study, run_dir, maximize)
     freed, failed = Freed(dry_run=dry_run), []
-    for path in paths:
+    for path in removable(study.get_trials(deepcopy=False), cfg.study, run_dir, maximize):
         try:
             size = remove(path, dry_run=dry_run)
         except OSError as exc:
