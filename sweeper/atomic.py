@@ -40,6 +40,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     ...     torch.save(state, tmp)
     """
     path = Path(path)
+    if path.exists() and not (path.is_file() or path.is_dir()):  # a device or a FIFO (-o /dev/null, a pipe):
+        yield path  # written in place; a rename would put a plain file where it was (in /dev, as root)
+        return
+    path = path.resolve() if path.is_symlink() else path  # the link's target is replaced, not the link
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # a leading dot keeps half-written files out of globs such as *.parquet
@@ -83,10 +87,9 @@ def write_text(path: str | Path, text: str) -> None:
 
 def append_csv(path: Path, rows: Sequence[Mapping[str, object]]) -> None:
     """Append ``rows`` to the CSV at ``path`` (not atomically), with the header first in a new file."""
-    new = not path.exists()
     with path.open("a", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        if new:
+        if fh.tell() == 0:  # a new (or empty) file
             writer.writeheader()
         writer.writerows(rows)
 

@@ -94,10 +94,22 @@ def read_options(command: Any) -> Any:
 
 def _writable(_ctx: click.Context, _param: click.Parameter, path: Path) -> Path:
     from sweeper.atomic import unwritable
-
-    if (why := unwritable(path.parent)) is not None:  # before the command's work, not after it
+    # before the command's work, not after it; a device or a FIFO is written in place (click refuses a folder)
+    if (path.is_file() or not path.exists()) and (why := unwritable(path.resolve().parent)) is not None:
         raise UserError(f"-o {path}: cannot be written ({why})")
     return path
+
+
+def _device(_ctx: click.Context, _param: click.Parameter, name: str | None) -> str | None:
+    """A --device that torch cannot use here: one line with torch's reason, before the command's work,
+    not torch's traceback after the study and its data are loaded (torch is imported only then)."""
+    if name is not None:
+        import torch
+        try:
+            torch.empty(0, device=name)
+        except (RuntimeError, AssertionError) as exc:  # a typo, a GPU past the last; a CPU build asserts
+            raise UserError(f"--device {name}: {str(exc).splitlines()[0]}") from None
+    return name
 
 
 def output_option(what: str) -> Any:
@@ -112,7 +124,6 @@ def _echo_json(obj: Any) -> None:
 def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
     from sweeper.config import load_config
     from sweeper.models.paths import model_search_path
-
     ctx = click.get_current_context(silent=True)
     cfg = load_config(path, sets or (ctx.meta.get(SETS, ()) if ctx is not None else ()))
     # model.name module:Class is found beside the study file, here and in every worker,
@@ -125,7 +136,6 @@ def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
 def _load_existing(path: Path, storage: str | None, sets: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """The config at ``path`` and its stored study, which must exist (the read commands)."""
     from sweeper.store.studies import load_existing
-
     cfg = _load(path, sets)
     return cfg, load_existing(cfg, storage)
 
@@ -162,10 +172,9 @@ def sweep_command(name: str, must_exist: bool, doc: str) -> None:
 
     force = click.option("--force", is_flag=True,
                          help="Resume even if the config drifted from the stored one.")
-    enqueue = click.option("--enqueue", "enqueue", multiple=True,
-                           type=click.Path(dir_okay=False, path_type=Path), metavar="PARAMS.yaml",
-                           help="Run these parameter sets (a YAML list of {search_space key: value}) "
-                                "ahead of the sampler's; repeatable.")
+    enqueue = click.option("--enqueue", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+                           metavar="PARAMS.yaml", help="Run these parameter sets (a YAML list of "
+                           "{search_space key: value}) ahead of the sampler's; repeatable.")
     for option in (enqueue, force, study_options):
         command = option(command)
     main.command(name, help=doc)(command)
@@ -185,7 +194,6 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
     from sweeper.models.check import runs_line
     from sweeper.study.open import check_resumable
     from sweeper.study.stacking import population_line
-
     plan = prepare(_load(study, sets), storage)
     check_resumable(plan.cfg, plan.storage_url, plan.panel)  # what `sweeper run` would refuse
     click.echo(f"{study}: ok")
@@ -207,7 +215,6 @@ def validate_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> Non
 def train_cmd(study: Path, sets: tuple[str, ...], as_json: bool) -> None:
     """Train once with the study's defaults (no sweep)."""
     from sweeper.train_command import train_once
-
     metrics = train_once(_load(study, sets), quiet=as_json)
     if as_json:
         _echo_json(metrics)
@@ -222,7 +229,6 @@ def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """Counts by state, the best trial, and the running trials."""
     from sweeper.inspect.printing import print_status
     from sweeper.inspect.results import status_report
-
     cfg, found = _load_existing(study, storage)
     report = status_report(found, cfg, study_file=str(study))
     (_echo_json if as_json else print_status)(report)
@@ -235,7 +241,6 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """The best trial's params, valid and test metrics, long-short view, top-3 ensemble and weight file."""
     from sweeper.inspect.printing import print_best
     from sweeper.inspect.results import best_report
-
     cfg, found = _load_existing(study, storage)
     if (report := best_report(found, cfg, portfolio=True, study_file=str(study))) is None:
         feasible = " feasible" if cfg.study.constraints else ""  # study.constraints: the rest are not ranked
@@ -250,7 +255,6 @@ def baseline_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     """Train the LightGBM baseline on the study's train split; store its val and test IC."""
     from sweeper.baseline.job import caveats, run_command
     from sweeper.inspect.printing import fmt
-
     attr = run_command(*_load_existing(study, storage))
     for line in caveats(attr):
         click.echo(line, err=True)
@@ -270,7 +274,6 @@ def baseline_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> None:
     """Serve optuna-dashboard for this study's storage and artifacts."""
     from sweeper.inspect.dashboard import serve
-
     serve(_load(study), storage_url=storage, host=host, port=port, echo=click.echo)
 
 
@@ -280,7 +283,6 @@ def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> Non
 def report_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One HTML page: history, importances, learning curves, devices, IC and selection bias."""
     from sweeper.inspect.report import write_report
-
     summary = write_report(_load(study), out, storage_url=storage)
     click.echo(f"wrote {out}: {summary['trials']} trials, {len(summary['figures'])} figures "
                f"in {summary['seconds']:.1f} s")
@@ -297,7 +299,7 @@ def report_cmd(study: Path, storage: str | None, out: Path) -> None:
 @click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Another Parquet file with the study's columns (the label may be missing); "
                    "a trial's refit, when it has one, scores it.")
-@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+@click.option("--device", callback=_device, help="torch device (default: cuda if available, else cpu).")
 @click.option("--allow-unrefit", is_flag=True,
               help="With --data: score with the best trial's own weights though another trial has a refit.")
 @output_option("preds.parquet (or .csv): columns date, asset, pred, label.")
@@ -307,7 +309,6 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
     """Apply a trial's best weights (or the top-K ensemble) to a split, a date range or --data."""
     from sweeper.inspect.export import write_table
     from sweeper.inspect.predict import predict_trial
-
     result = predict_trial(*_load_existing(study, storage), trial=trial, split=split, data=data,
                            device=device, start=start, end=end, study_file=str(study),
                            allow_unrefit=allow_unrefit)
@@ -326,12 +327,11 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
               help="Trial number, or best: the best feasible COMPLETE trial.")
 @click.option("--until", default=None, metavar="DATE",
               help="Train on the labels known by DATE [default: the data's last date].")
-@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+@click.option("--device", callback=_device, help="torch device (default: cuda if available, else cpu).")
 def refit_cmd(study: Path, storage: str | None, trial: str, until: str | None, device: str | None) -> None:
     """Train a trial's config on every labelled date up to --until: the production model
     that predict --data then uses (docs/refit.md)."""
     from sweeper.refit import refit
-
     for line in refit(*_load_existing(study, storage), trial=trial, until=until, device=device).lines():
         click.echo(line)
 
@@ -343,7 +343,6 @@ def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: boo
     """Apply study.keep to the study's trial files now, and print what it frees."""
     from sweeper.store.run_folder import files_folder
     from sweeper.study.retention import collect
-
     cfg, found = _load_existing(study, storage, sets)
     freed = collect(found, cfg, files_folder(cfg, found), dry_run=dry_run,
                     warn=lambda line: click.echo(f"warning: {line}", err=True))
@@ -357,7 +356,6 @@ def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: boo
 def export_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One row per trial: state, value, params, user attributes, times and duration."""
     from sweeper.inspect.export import trials_frame, write_table
-
     frame = trials_frame(_load_existing(study, storage)[1])
     write_table(frame, out)
     click.echo(f"wrote {out}: {len(frame)} trials, {frame.shape[1]} columns")
@@ -367,7 +365,6 @@ def export_cmd(study: Path, storage: str | None, out: Path) -> None:
 def doctor_cmd() -> None:
     """Report Python, torch, CUDA, GPUs (through NVML), optuna and SQLite."""
     from sweeper.inspect.doctor import doctor
-
     report = doctor()
     width = max(len(k) for k, _ in report.rows) if report.rows else 0
     for key, value in report.rows:
@@ -388,7 +385,6 @@ def db_group() -> None:
 def db_init_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None:
     """Create the tables and the study once, before the hosts start (idempotent)."""
     from sweeper.dispatch.run import init_db
-
     result = init_db(_load(study, sets), storage)
     state = "created" if result.created else f"already there ({result.n_trials} trials)"
     click.echo(f"study {result.study!r} in {result.storage}: {state}")
@@ -410,7 +406,6 @@ def data_group() -> None:
 def synth_cmd(out: Path, assets: int, dates: int, features: int, seed: int) -> None:
     """Write the synthetic panel (with its oracle IC) to OUT.parquet."""
     from sweeper.data import write_synthetic
-
     oracle = write_synthetic(out, assets=assets, dates=dates, features=features, seed=seed)
     click.echo(f"wrote {out}: {assets} assets x {dates} dates x {features} features (seed {seed})")
     click.echo("oracle IC: " + "  ".join(f"{k} {v:.4f}" for k, v in oracle.items()))

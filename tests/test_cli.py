@@ -1,13 +1,18 @@
 """The click shell: every command has --help; domain errors exit 2 with one line."""
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
+import threading
 
 import click
+import optuna
 import pytest
 from click.testing import CliRunner
 
+from conftest import TINY, merge, real_env, swept_study
 from sweeper.cli import main
 
 
@@ -63,6 +68,50 @@ def test_an_output_that_cannot_be_written_exits_2_before_the_work(tmp_path, monk
     assert result.output.strip() == ("Error: -o /proc/sweeper-out/t.parquet: cannot be written "
                                      "(/proc: No such file or directory)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing read, nothing written
+
+
+@pytest.mark.slow
+def test_an_output_that_is_a_fifo_or_a_link_is_written_through_not_replaced(tmp_path):
+    # the atomic write renamed a plain file over either: as root, `-o /dev/null` replaced the device itself
+    (tmp_path / "s.yaml").write_text("study: {name: s, storage: 'sqlite:///s.db'}\n"
+                                     "data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/s.db")
+    study.add_trial(optuna.trial.create_trial(
+        params={"x": 1.0}, distributions={"x": optuna.distributions.FloatDistribution(0, 2)}, value=0.5))
+    os.mkfifo(tmp_path / "pipe.csv")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "link.csv").symlink_to("out/real.csv")  # its target does not exist yet
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append((tmp_path / "pipe.csv").read_text()), daemon=True)
+    reader.start()
+    for out in ("pipe.csv", "link.csv"):
+        done = subprocess.run([sys.executable, "-m", "sweeper.cli", "export", "s.yaml", "-o", out],
+                              cwd=tmp_path, env=real_env(), capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stdout) == (0, f"wrote {out}: 1 trials, 7 columns\n"), done.stderr
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO((tmp_path / "pipe.csv").lstat().st_mode)
+    assert (tmp_path / "link.csv").is_symlink() and os.readlink(tmp_path / "link.csv") == "out/real.csv"
+    assert got == [(tmp_path / "out" / "real.csv").read_text()]
+    assert got[0].splitlines()[0] == "number,state,value,datetime_start,datetime_complete,duration_s,params.x"
+    assert got[0].splitlines()[1].startswith("0,COMPLETE,0.5,") and len(got[0].splitlines()) == 2
+    assert sorted(p.name for p in tmp_path.glob(".*")) == []  # no temporary file left beside either
+
+
+@pytest.mark.slow
+def test_a_device_torch_cannot_use_exits_2_before_the_work(tmp_path):
+    # it was torch's traceback (exit 1), after the study and the data were loaded
+    import torch
+
+    swept_study(tmp_path, merge(TINY, {"study": {"n_trials": 1}}))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "study.db" not in p.name)
+    with pytest.raises(RuntimeError) as typo:
+        torch.device("gpu0")
+    for command, out in (("predict", ["-o", "p.parquet"]), ("refit", [])):
+        args = [sys.executable, "-m", "sweeper.cli", command, "study.yaml", "--device", "gpu0", *out]
+        done = subprocess.run(args, cwd=tmp_path, env=real_env(), capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == f"Error: --device gpu0: {str(typo.value).splitlines()[0]}\n"
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "study.db" not in p.name) == before
 
 
 def test_a_panel_cache_that_cannot_be_made_exits_2(tmp_path, monkeypatch):
