@@ -112,8 +112,13 @@ def _device(_ctx: click.Context, _param: click.Parameter, name: str | None) -> s
     return name
 
 
-def output_option(what: str) -> Any:
-    return click.option("-o", "--output", "out", required=True, callback=_writable, help=what,
+def output_option(what: str, table: bool = False) -> Any:
+    def check(ctx: click.Context, param: click.Parameter, path: Path) -> Path:
+        if table:  # a table's name says its format: asked before the work too
+            from sweeper.inspect.export import table_format
+            table_format(path)
+        return _writable(ctx, param, path)
+    return click.option("-o", "--output", "out", required=True, callback=check, help=what,
                         type=click.Path(dir_okay=False, path_type=Path))
 
 
@@ -302,7 +307,7 @@ def report_cmd(study: Path, storage: str | None, out: Path) -> None:
 @click.option("--device", callback=_device, help="torch device (default: cuda if available, else cpu).")
 @click.option("--allow-unrefit", is_flag=True,
               help="With --data: score with the best trial's own weights though another trial has a refit.")
-@output_option("preds.parquet (or .csv): columns date, asset, pred, label.")
+@output_option("preds.parquet (or .csv): columns date, asset, pred, label.", table=True)
 def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None, start: str | None,
                 end: str | None, data: Path | None, device: str | None, allow_unrefit: bool,
                 out: Path) -> None:
@@ -352,7 +357,7 @@ def gc_cmd(study: Path, sets: tuple[str, ...], storage: str | None, dry_run: boo
 
 @main.command("export")
 @read_options
-@output_option("trials.parquet or trials.csv.")
+@output_option("trials.parquet or trials.csv.", table=True)
 def export_cmd(study: Path, storage: str | None, out: Path) -> None:
     """One row per trial: state, value, params, user attributes, times and duration."""
     from sweeper.inspect.export import trials_frame, write_table

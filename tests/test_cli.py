@@ -70,6 +70,18 @@ def test_an_output_that_cannot_be_written_exits_2_before_the_work(tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing read, nothing written
 
 
+@pytest.mark.parametrize("command", ["export", "predict"])
+def test_a_table_name_of_no_known_format_exits_2_before_the_work(tmp_path, monkeypatch, command):
+    """``predict -o preds.txt`` was refused only after the whole scoring."""
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "s.yaml"
+    good.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    result = CliRunner().invoke(main, [command, str(good), "-o", "t.txt"], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert result.output.strip() == "Error: t.txt: expected a .parquet or .csv file name"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing read, nothing written
+
+
 @pytest.mark.slow
 def test_an_output_that_is_a_fifo_or_a_link_is_written_through_not_replaced(tmp_path):
     # the atomic write renamed a plain file over either: as root, `-o /dev/null` replaced the device itself

@@ -81,10 +81,15 @@ def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def write_table(frame: pd.DataFrame, out: str | Path) -> None:
-    out = Path(out)
+def table_format(out: Path) -> str:
+    """The suffix of a table's file name, which says its format (the CLI asks before a command's work)."""
     if (suffix := out.suffix.lower()) not in FORMATS:
         raise ConfigError(f"{out}: expected a .parquet or .csv file name")
+    return suffix
+
+
+def write_table(frame: pd.DataFrame, out: str | Path) -> None:
+    suffix = table_format(out := Path(out))
     with atomic_path(out) as tmp:
         (frame.to_csv if suffix == ".csv" else frame.to_parquet)(tmp, index=False)
 
