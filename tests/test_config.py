@@ -216,22 +216,6 @@ def test_keys_added_by_a_newer_version_are_not_drift_at_their_defaults():
     assert drift(older, tuned) == ["train.max_minutes (None -> 5.0)"]
 
 
-def test_the_default_direction_written_out_is_not_drift():
-    """``direction: maximize`` added to a val_ic study's file was refused as drift (None -> 'maximize')."""
-    from sweeper.config import drift, to_dict
-
-    base = {"data": {"synthetic": {"assets": 8, "dates": 50}}}
-    stored = to_dict(C.validate_config(base, "s.yaml"))
-    stored["study"]["direction"] = None  # as every study before this change stored it
-    for metric, direction in (("val_ic", "maximize"), ("val_loss", "minimize")):
-        stored["study"]["metric"] = metric
-        same = to_dict(C.validate_config({**base, "study": {"metric": metric, "direction": direction}}, "s.yaml"))
-        assert same["study"]["direction"] == direction and drift(stored, same) == []
-    other = to_dict(C.validate_config({**base, "study": {"direction": "maximize"}}, "s.yaml"))
-    assert drift(stored, other) == ["study.direction ('minimize' -> 'maximize')",
-                                    "study.metric ('val_loss' -> 'val_ic')"]
-
-
 def test_a_search_space_param_removed_or_added_is_one_line_of_drift():
     from sweeper.config import drift, to_dict
 

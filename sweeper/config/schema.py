@@ -96,7 +96,6 @@ class StudyConfig(Section):
         if self.sampler.name == "gp" and self.pruner.name != "none":
             raise ValueError(f"sampler gp learns from complete trials only: with pruner {self.pruner.name} "
                              "it keeps proposing pruned configs; set pruner: {name: none}, or use tpe")
-        self.direction = self.resolved_direction  # the default written out in a study file is no drift
         return self
 
     @property
