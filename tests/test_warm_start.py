@@ -191,3 +191,40 @@ def test_a_study_filled_by_hand_first_runs_what_it_holds(study_file):
     by_hand.enqueue_trial({"train.lr": 0.007})
     assert "enqueued" not in _cli("db", "init", path, code=0)
     assert [(t.state, t.user_attrs) for t in _trials(path)] == [(TrialState.WAITING, {})]
+
+
+SEARCHED_ONLY = '''from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, n_features, lookback, depth=1, act="relu"):
+        super().__init__()
+        hidden = [nn.Tanh() if act == "tanh" else nn.ReLU(), nn.Linear(4, 4)] * (depth - 1)
+        self.net = nn.Sequential(nn.Linear(n_features, 4), *hidden, nn.Linear(4, 1))
+
+    def forward(self, x):
+        return self.net(x[:, -1]).squeeze(-1)
+'''
+
+
+def test_a_user_models_argument_that_only_the_search_space_names_is_the_samplers(study_file):
+    # depth and act are the constructor's, named only in search_space (act only when depth > 1):
+    # the study file's own set leaves them to the sampler, as an --enqueue set's left-out keys
+    Path("searched.py").write_text(SEARCHED_ONLY)
+    space = {"train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True},
+             "model.depth": {"type": "int", "low": 1, "high": 3},
+             "model.act": {"type": "categorical", "choices": ["relu", "tanh"],
+                           "when": {"model.depth": [2, 3]}}}
+    path = study_file({"study": {"n_trials": 3}, "model": {"name": "searched:Net"}, "train": {"lr": 0.004},
+                       "search_space": space}, replace=("model", "search_space"))
+    assert _cli("validate", path, code=0).startswith(f"{path}: ok\n")
+    out = _sweeper("run", path)
+    assert "enqueued 1 parameter set ahead of the sampler's: the study file's own values (config)\n" in out
+    assert "start from config" not in out
+    trials = _trials(path)
+    assert [(t.state, t.user_attrs.get(MARK)) for t in trials] == [
+        (TrialState.COMPLETE, "config"), (TrialState.COMPLETE, None), (TrialState.COMPLETE, None)]
+    assert trials[0].params["train.lr"] == 0.004
+    for t in trials:  # act is sampled exactly where its condition on the sampled depth holds
+        act = {"model.act"} if t.params["model.depth"] > 1 else set()
+        assert set(t.params) == {"train.lr", "model.depth"} | act

@@ -18,8 +18,7 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node = raw
     *parents, last = _parts(key)
     for part in parents:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
+        node[part] = node[part] if isinstance(node.get(part), dict) else {}
         node = node[part]
     node[last] = value
 
@@ -42,11 +41,10 @@ def to_dict(cfg: SweeperConfig) -> dict[str, Any]:
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in tree.items():
-        dotted = f"{prefix}{key}"
         if isinstance(value, dict) and value and key != "options":
-            flat.update(flatten(value, dotted + "."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
-            flat[dotted] = value
+            flat[f"{prefix}{key}"] = value
     return flat
 
 
@@ -55,15 +53,17 @@ def config_hash(cfg: SweeperConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def config_value(cfg: SweeperConfig, key: str) -> Any:
-    """The value at dotted ``key`` (``model.name``, ``train.lr``); KeyError if absent."""
+def config_value(cfg: SweeperConfig, key: str, *default: Any) -> Any:
+    """The value at dotted ``key`` (``model.name``, ``train.lr``); if absent, ``default`` or KeyError."""
     node: Any = cfg
     for part in key.split("."):
-        if isinstance(node, dict):
+        if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, BaseModel) and (part in type(node).model_fields
                                               or part in (node.model_extra or {})):
             node = getattr(node, part)
+        elif default:
+            return default[0]
         else:
             raise KeyError(key)
     return node
@@ -71,6 +71,6 @@ def config_value(cfg: SweeperConfig, key: str) -> Any:
 
 def condition_met(spec: ParamSpec, cfg: SweeperConfig, chosen: dict[str, Any]) -> bool:
     """Whether ``spec``'s ``when`` holds: each key's value as ``chosen`` so far, else as ``cfg`` sets it."""
-    return all((chosen[key] if key in chosen else config_value(cfg, key))
+    return all((chosen[key] if key in chosen else config_value(cfg, key, None))
                in (expected if isinstance(expected, list) else [expected])
                for key, expected in (spec.when or {}).items())

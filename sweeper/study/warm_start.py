@@ -98,9 +98,11 @@ def fit(spec: C.ParamSpec, value: Any) -> Any:
 
 def config_set(cfg: C.SweeperConfig) -> tuple[StartSet | None, list[str]]:
     """The study file's values for the search-space keys that are active with them and that the
-    space can suggest (the sampler draws the others, each with a note); None when none is."""
-    params, refused = _fitted(cfg, {key: C.config_value(cfg, key) for key in ordered(cfg.search_space)
-                                    if C.condition_met(cfg.search_space[key], cfg, {})})
+    space can suggest (the sampler draws the others, each with a note, and those the file does not
+    set, a user model's argument say, as an --enqueue set's left-out keys); None when none is."""
+    params, refused = _fitted(cfg, {key: given for key in ordered(cfg.search_space)
+                                    if C.condition_met(cfg.search_space[key], cfg, {})
+                                    and (given := C.config_value(cfg, key, None)) is not None})
     notes = [f"start from config: {key}={value!r} is {why}; the sampler draws it"
              for key, value, why in refused]
     return (StartSet(params, "config") if params else None), notes
@@ -147,10 +149,9 @@ def warm_start_sets(cfg: C.SweeperConfig) -> tuple[list[StartSet], list[str]]:
     if not best:
         raise ConfigError(f"study.warm_start.study: study {warm.study!r} has no completed trial "
                           "to start from")
-    sets, notes = [], []
-    if len(best) < warm.top_k:
-        notes.append(f"warm start: study {warm.study!r} has {len(best)} completed trials, "
-                     f"fewer than top_k {warm.top_k}")
+    sets = []
+    notes = [f"warm start: study {warm.study!r} has {len(best)} completed trials, fewer than top_k "
+             f"{warm.top_k}"] if len(best) < warm.top_k else []
     for t in best:
         params, refused = _fitted(cfg, t.params)
         notes += [f"warm start: dropped {key if key not in cfg.search_space else f'{key}={value!r}'} ({why}) "
@@ -170,8 +171,7 @@ def read_enqueue_file(path: str | Path, cfg: C.SweeperConfig) -> list[StartSet]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: --enqueue file not found")
-    raw: Any = C.read_yaml(path)
-    entries = [raw] if isinstance(raw, dict) else raw
+    entries = [raw] if isinstance(raw := C.read_yaml(path), dict) else raw
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{path}: expected a list of mappings of search_space keys to values")
     sets = []
