@@ -232,6 +232,27 @@ def test_validate_names_the_shapes_the_model_cannot_take(folders):
 
 
 @pytest.mark.slow
+def test_a_numeric_model_key_the_file_does_not_set_is_built_at_its_low_bound(folders):
+    """``model.hiden: {type: int}`` (a typo) passed validate and failed every trial: only categorical keys
+    were built. Such a key, set nowhere else (a user model's own argument), joins each shape at its low."""
+    proj, other = folders
+    typo = _study(proj, "typo.yaml", search_space={"model.hiden": {"type": "int", "low": 8, "high": 16}})
+    done = _validate(other, typo)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "Error: search_space: none of the 1 model shapes can be built: model.hiden=8: model.name 'mynet:Net': "
+        "constructing it with n_features=3, lookback=5 and {'hiden': 8, 'width': 8} failed (TypeError: "
+        "Net.__init__() got an unexpected keyword argument 'hiden')")
+    # the same search on a real argument the file leaves to the sampler: built at width 5, which fails
+    width = _study(proj, "width.yaml", model={"name": "mynet:Net"},
+                   search_space={"model.width": {"type": "int", "low": 5, "high": 9}})
+    assert _validate(other, width).stderr.strip() == (
+        "Error: search_space: none of the 1 model shapes can be built: model.width=5: model.name 'mynet:Net': "
+        "constructing it with n_features=3, lookback=5 and {'width': 5} failed (ValueError: width 5 is not "
+        "supported)")
+
+
+@pytest.mark.slow
 def test_run_warns_of_the_shapes_too(folders):
     proj, other = folders
     done = _cli(other, "run", str(_builtin_study(proj)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import Any, cast
 
 from sweeper import config as C
 from sweeper.errors import ConfigError
@@ -26,12 +26,16 @@ def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[di
             if key.startswith("model.") and spec.type == "categorical"
             and not all(isinstance(c, float) and not c.is_integer() for c in spec.choices or [])]
     choices = [cfg.search_space[k].choices or [] for k in keys]
+    # numeric keys the file does not set (a user model's own arguments) join each shape at their low bound:
+    # a typo among them (model.hiden) fails here, as in a categorical key, not in every trial
+    unset = {k: s.low if s.type == "float" else int(cast(float, s.low)) for k, s in cfg.search_space.items()
+             if k.startswith("model.") and s.type != "categorical" and C.config_value(cfg, k, None) is None}
     # conditions can only shrink the count so much
     if not keys or math.prod(map(len, choices)) > limit * limit:
-        return None if keys else []
+        return None if keys else [_active(cfg, unset)] if unset else []
     seen: dict[tuple, dict[str, Any]] = {}
     for values in itertools.product(*choices):
-        combo = _active(cfg, dict(zip(keys, values)))
+        combo = _active(cfg, {**unset, **dict(zip(keys, values))})
         seen.setdefault(tuple(combo.items()), combo)
     return list(seen.values()) if len(seen) <= limit else None
 
