@@ -106,8 +106,8 @@ def _device(_ctx: click.Context, _param: click.Parameter, name: str | None) -> s
     if name is not None:
         import torch
         try:
-            torch.empty(0, device=name)
-        except (RuntimeError, AssertionError) as exc:  # a typo, a GPU past the last; a CPU build asserts
+            torch.zeros(1, device=name).tolist()  # read back: meta makes tensors that hold no data
+        except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a typo, a GPU past the last
             raise UserError(f"--device {name}: {str(exc).splitlines()[0]}") from None
     return name
 

@@ -123,6 +123,11 @@ def test_a_device_torch_cannot_use_exits_2_before_the_work(tmp_path):
         done = subprocess.run(args, cwd=tmp_path, env=real_env(), capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stdout) == (2, "")
         assert done.stderr == f"Error: --device gpu0: {str(typo.value).splitlines()[0]}\n"
+    meta = [sys.executable, "-m", "sweeper.cli", "predict", "study.yaml", "--device", "meta",
+            "-o", "p.parquet"]  # a device whose tensors hold no data: it failed only in the scoring
+    done = subprocess.run(meta, cwd=tmp_path, env=real_env(), capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, "Error: --device meta: Cannot copy out of meta tensor; "
+                                                 "no data!\n")
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "study.db" not in p.name) == before
 
 
