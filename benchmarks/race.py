@@ -12,23 +12,22 @@ other (the side that goes first alternates with the seed), each on the whole box
   read back from its SQLite store; its pick is what ``sweeper best --json`` names, and the pick's
   test IC is that trial's (its seed ensemble's under ``validation.repeats >= 2``).
 - **plain loop**: what a user writes from Optuna's docs, in this file (:func:`plain_worker`): as many
-  processes as sweeper has CPU slots (``sweeper.devices.cpu_slots(devices.cpu_workers)``), each with
-  one torch thread, running ``study.optimize`` on one SQLite study (created first, as ``optuna
-  create-study`` would) with ``TPESampler`` whatever the file's sampler is (the file's sampler options
-  that TPE takes, such as ``n_startup_trials``; seed = the race's
-  sampler seed + the process's index, so the two processes do not draw the same start-up trials) and
-  ``MedianPruner`` (the file's pruner options), ``trial.report`` / ``trial.should_prune()`` each
-  epoch. The panel is sweeper's own (``sweeper.data.load_panel`` of the same config: the same split,
-  purge and normalisation; the panel cache is built once before either side starts), served by a
-  per-sample ``Dataset`` (a window of ``lookback`` dates of one asset's features -> its normalised
-  label) and a ``DataLoader`` (shuffled, ``train.batch_size`` a batch, ``train.samples_per_epoch``
-  an epoch; with ``train.loss: ic`` a batch is whole dates, as an IC loss needs). The model is
-  ``sweeper.models.build_model`` of the trial's params; ``torch.optim.AdamW`` (the trial's lr and
-  weight decay), ``CosineAnnealingLR`` over the trial's steps, gradient clipping ``train.grad_clip``,
-  early stopping on val IC after ``train.patience`` epochs; the best epoch's weights are scored on
-  test. Val and test IC: :func:`plain_ic`, the daily Pearson IC averaged over dates of
-  ``sweeper.quant.ic.ic_report``, the function sweeper's final scoring gives ``val_ic`` / ``test_ic``
-  with. Its processes count the clock from after their imports (their data loading inside it, as
+  processes as sweeper has CPU slots (``sweeper.devices.cpu_slots(devices.cpu_workers)``), each with one
+  torch thread, running ``study.optimize`` on one SQLite study (created first, as ``optuna create-study``
+  would) with ``TPESampler`` whatever the file's sampler is (the file's sampler options that TPE takes, such
+  as ``n_startup_trials``; seed = the race's sampler seed + the process's index, so the two processes do not
+  draw the same start-up trials) and ``MedianPruner`` (the file's median options, else ``LOOP_PRUNER``),
+  ``trial.report`` / ``trial.should_prune()`` each epoch. The panel is sweeper's own
+  (``sweeper.data.load_panel`` of the same config: the same split, purge and normalisation; the panel cache
+  is built once before either side starts), served by a per-sample ``Dataset`` (a window of ``lookback``
+  dates of one asset's features -> its normalised label) and a ``DataLoader`` (shuffled,
+  ``train.batch_size`` a batch, ``train.samples_per_epoch`` an epoch; with ``train.loss: ic`` a batch is
+  whole dates, as an IC loss needs). The model is ``sweeper.models.build_model`` of the trial's params;
+  ``torch.optim.AdamW`` (the trial's lr and weight decay), ``CosineAnnealingLR`` over the trial's steps,
+  gradient clipping ``train.grad_clip``, early stopping on val IC after ``train.patience`` epochs; the best
+  epoch's weights are scored on test. Val and test IC: :func:`plain_ic`, the daily Pearson IC averaged over
+  dates of ``sweeper.quant.ic.ic_report``, the function sweeper's final scoring gives ``val_ic`` /
+  ``test_ic`` with. Its processes count the clock from after their imports (their data loading inside it, as
   sweeper's workers'); no trial starts after it on either side and the running ones finish.
 
 **Sampler seeds.** Both sides' sampler seed is the study file's + 10 x the data seed (sweeper's
@@ -78,6 +77,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ("mlp", "lstm", "transformer")
+# the loop's median pruner when the study file's is not one: the options every shipped file had when the
+# race began (a user's loop does not change with sweeper's pruner)
+LOOP_PRUNER = {"n_startup_trials": 4, "n_warmup_steps": 2}
 SAMPLER_STRIDE = 10  # data seed d races with sampler seed file + 10 d on both sides (the loop: + its index)
 SMOKE = ["data.synthetic.assets=40", "data.synthetic.dates=200", "data.synthetic.features=4",
          "data.lookback=5", "train.epochs=2", "train.samples_per_epoch=1024"]
@@ -237,7 +239,8 @@ def plain_worker(spec: dict[str, Any]) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = load_config(spec["study_file"], spec["sets"])
     sc, pc = cfg.study.sampler, cfg.study.pruner
-    assert pc.name == "median", "the plain loop uses the study file's median pruner"
+    # the file's median pruner options; a file that prunes otherwise (or not at all) does not move the loop's
+    options = pc.options if pc.name == "median" else LOOP_PRUNER
     panel = load_panel(cfg.data)  # sweeper's loader: the same split, purge and normalisation
     data = {split: Windows(panel, split) for split in ("train", "valid", "test")}
     seed = None if sc.seed is None else sc.seed + spec["index"]
@@ -245,7 +248,7 @@ def plain_worker(spec: dict[str, Any]) -> None:
     tpe = inspect.signature(optuna.samplers.TPESampler).parameters
     sampler = optuna.samplers.TPESampler(seed=seed, **{k: v for k, v in sc.options.items() if k in tpe})
     study = optuna.load_study(study_name=spec["name"], storage=spec["storage"], sampler=sampler,
-                              pruner=optuna.pruners.MedianPruner(**pc.options))
+                              pruner=optuna.pruners.MedianPruner(**options))
     left = spec["clock"] - (time.monotonic() - began)
     if left > 0:
         study.optimize(lambda trial: _objective(trial, cfg, data), timeout=left)
