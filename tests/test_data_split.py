@@ -90,6 +90,20 @@ def test_days_outside_datetime64_ns_are_open_ends():
     assert date_range(DATES, ["0001-01-01", "2020-01-31"], 5) == (4, 23)
 
 
+def test_a_bare_end_day_keeps_its_row_when_the_panel_is_stamped_with_a_time():
+    """A panel stamped at the 15:00 close: --end 2020-01-31 (or a split's end) meant midnight and dropped
+    the 31st's row; a bare end day is all of that day, an end with a time is that instant."""
+    closes = DATES + np.timedelta64(15, "h")
+    assert date_range(closes, ["2020-01-01", "2020-01-31"], 1) == date_range(DATES, ["2020-01-01", "2020-01-31"], 1)
+    assert date_range(closes, ["2020-01-01", "2020-01-31"], 1) == (0, 23)  # 23 business days, the 31st's kept
+    assert date_range(closes, ["2020-01-02", "2020-01-31 14:59"], 1) == (1, 22)
+    split = SplitConfig(train=("2020-01-01", "2020-01-31"), valid=("2020-02-14", "2020-02-28"),
+                        test=("2020-03-13", "2020-03-24"))
+    assert split_dates(closes, split, lookback=1, horizon=2, embargo=0, where="x") == split_dates(
+        DATES, split, lookback=1, horizon=2, embargo=0, where="x") == {
+        "train": (0, 23), "valid": (32, 43), "test": (52, 60)}
+
+
 def test_overlapping_date_ranges_are_refused():
     split = SplitConfig(train=("2020-01-01", "2020-02-10"), valid=("2020-02-01", "2020-02-20"),
                         test=("2020-02-21", "2020-03-20"))

@@ -86,8 +86,9 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
     return remap[codes], np.asarray(dates, dtype="datetime64[ns]")
 
 
-def user_day(value: object, where: str) -> np.datetime64:
-    """A day given by hand (a split bound, --until, --start, --end) at its wall time, as the panel's dates.
+def user_day(value: object, where: str, end: bool = False) -> np.datetime64:
+    """A day given by hand (a split bound, --until, --start, --end) at its wall time, as the panel's dates;
+    an ``end`` given as a bare day is its last instant (a panel stamped at 15:00 keeps that day's row).
     Past datetime64[ns]'s years 1677-2262 it is clamped: 9999-12-31, the usual open end, wrapped to 1816."""
     try:
         day = pd.Timestamp(str(value))
@@ -95,8 +96,10 @@ def user_day(value: object, where: str) -> np.datetime64:
         day = None
     if not isinstance(day, pd.Timestamp):  # None, or NaT
         raise DataError(f"{where}: cannot parse the date {value!r} (expected e.g. 2014-06-30)")
-    day = day.tz_localize(None) if day.tzinfo is not None else day  # a Shanghai midnight is its day
-    return min(max(day, pd.Timestamp.min), pd.Timestamp.max).as_unit("ns").to_datetime64()
+    day = min(max(day.tz_localize(None), pd.Timestamp.min), pd.Timestamp.max)  # Shanghai midnight: its day
+    if end and not any(c in str(value) for c in ":T") and day < pd.Timestamp.max - pd.Timedelta(days=1):
+        day += pd.Timedelta(days=1) - pd.Timedelta(1, "ns")  # a bare day, with no time: all of it
+    return day.as_unit("ns").to_datetime64()
 
 
 def _to_datetime(uniques: pd.Index) -> pd.DatetimeIndex:

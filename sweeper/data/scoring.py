@@ -62,7 +62,7 @@ def date_range(dates: np.ndarray, days: Sequence[str | None], lookback: int,
         return (0, 0)
     first, last = days
     start = 0 if first is None else int(np.searchsorted(dates, user_day(first, where), side="left"))
-    stop = len(dates) if last is None else int(np.searchsorted(dates, user_day(last, where), side="right"))
+    stop = len(dates) if last is None else int(np.searchsorted(dates, user_day(last, where, True), "right"))
     start = max(start, lookback - 1)
     return (start, max(stop, start))
 

@@ -115,7 +115,7 @@ def range_splits(dates: np.ndarray, ranges: tuple[tuple[str, str], ...], lookbac
 
 
 def _range_indices(dates: np.ndarray, name: str, rng: tuple[str, str], where: str) -> tuple[int, int]:
-    lo, hi = (user_day(v, f"{where}: data.split.{name}") for v in rng)
+    lo, hi = (user_day(v, f"{where}: data.split.{name}", end=k == 1) for k, v in enumerate(rng))
     start = int(np.searchsorted(dates, lo, side="left"))
     stop = int(np.searchsorted(dates, hi, side="right"))
     if stop <= start:
