@@ -324,6 +324,16 @@ def test_decimal_columns_are_numbers(tmp_path):
     torch.testing.assert_close(panel.y_raw, ref.y_raw, rtol=1e-6, atol=1e-7, equal_nan=True)
 
 
+def test_a_boolean_column_is_a_0_1_feature(tmp_path):
+    """A flag column (halted, is_st) was skipped by ``features: null`` without a word, and refused by name."""
+    flag = np.random.default_rng(1).random(len(long_frame())) < 0.3
+    as_bool = load_panel(cfg(write(long_frame().assign(halted=flag), tmp_path / "b.parquet")))
+    as_float = load_panel(cfg(write(long_frame().assign(halted=flag.astype(float)), tmp_path / "f.parquet")))
+    assert as_bool.features == as_float.features == ["f1", "f2", "halted"]
+    torch.testing.assert_close(as_bool.X, as_float.X, rtol=0, atol=0, equal_nan=True)
+    assert load_panel(cfg(tmp_path / "b.parquet", features=["halted"])).features == ["halted"]
+
+
 def test_a_feature_without_any_value_is_refused(tmp_path):
     """A feature all null (or all inf) in an export or a live feed was trained on as zeros, and
     ``predict --data`` scored a model with it as zeros, without a word."""

@@ -47,8 +47,9 @@ def read_schema(path: Path) -> pa.Schema:
     return schema
 
 
-def is_numeric(dtype: pa.DataType) -> bool:
-    return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype)
+def is_numeric(dtype: pa.DataType) -> bool:  # a boolean is a 0/1 flag (halted, is_st): a number
+    return any(is_kind(dtype) for is_kind in (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal,
+                                              pa.types.is_boolean))
 
 
 def _require(schema: pa.Schema, keys: Iterable[tuple[str, str]], path: Path) -> None:
@@ -66,7 +67,7 @@ def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: P
         if not is_numeric(dtype):
             what = "label" if label and name == cfg.label else "feature"
             raise DataError(f"{path}: {what} column '{name}' has type {dtype}; "
-                            "expected a numeric type (int, float or decimal)")
+                            "expected a numeric type (int, float, decimal or bool)")
     dtype, t = schema.field(cfg.date_col).type, pa.types
     if not any(is_kind(dtype) for is_kind in (t.is_timestamp, t.is_date, t.is_string, t.is_large_string,
                                               t.is_dictionary, t.is_integer)):
