@@ -76,14 +76,15 @@ class Refit:
         seeds = r.get("seeds") or [r["seed"]]  # a seed ensemble's refit trains every seed
         trained = (f"seed {seeds[0]}" if len(seeds) == 1
                    else f"{len(seeds)} seeds ({', '.join(map(str, seeds))})")
-        said = [f"refit trial {r['trial']}: {r['epochs']} epochs ({r['epochs_from']}) on {r['target_dates']} "
-                f"target dates {r['first_target']} to {r['last_target']} ({r['rows']} rows), labels known "
-                f"by {r['until']}; {trained}, {r['device']}, {r['duration_s']:.1f} s"]
+        epochs = f"{r['epochs']} epoch{'s' * (r['epochs'] != 1)}"
         old = self.replaced
         again = (f"; it replaced the refit trained to {old.get('until')} ({old.get('created', '?')[:19]})"
                  if old else "")
-        said.append(f"wrote {self.folder}/ ({', '.join(RefitFiles(self.folder).names)}){again}")
-        return said
+        weights = [RefitFiles(self.folder).member_weights(k).name for k in range(len(seeds))]  # one a seed
+        return [f"refit trial {r['trial']}: {epochs} ({r['epochs_from']}) on {r['target_dates']} target "
+                f"dates {r['first_target']} to {r['last_target']} ({r['rows']} rows), labels known "
+                f"by {r['until']}; {trained}, {r['device']}, {r['duration_s']:.1f} s",
+                f"wrote {self.folder}/ ({', '.join([*weights, *RefitFiles.names[1:]])}){again}"]
 
 
 def refit_epochs(trial: FrozenTrial) -> tuple[int, str]:
@@ -104,7 +105,7 @@ def refit_epochs(trial: FrozenTrial) -> tuple[int, str]:
 
 
 def parse_until(until: str | None) -> np.datetime64 | None:
-    return None if until is None else user_day(until, "--until")  # its wall time, as the panel's dates
+    return None if until is None else user_day(until, "--until", end=True)  # a bare day: all of it
 
 
 def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best", until: str | None = None,

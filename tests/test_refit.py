@@ -212,6 +212,8 @@ def test_an_until_past_2262_is_the_data_s_last_date():
     data = DataConfig(path="p.parquet", lookback=5, horizon=2)
     assert refit_window(dates, data, parse_until("9999-12-31")) == refit_window(dates, data, None)
     assert refit_window(dates, data, None) == Window(first=4, stop=58, until=59)  # the purge of 2 dates
+    # stamped at the 15:00 close: --until 2020-03-24 (the last day) knows that day's label too
+    assert refit_window(dates + np.timedelta64(15, "h"), data, parse_until("2020-03-24")) == Window(4, 58, 59)
 
 
 def test_a_trial_without_a_best_epoch_is_refused():
@@ -308,8 +310,13 @@ def test_the_refit_line_names_every_seed_it_trained():
               "seeds": [0, 1, 2, 3], "device": "cpu", "duration_s": 4.04}
     head = ("refit trial 3: 2 epochs (its best epoch) on 90 target dates 2010-01-08 to 2010-05-14 (2000 rows), "
             "labels known by 2010-05-18; ")
-    assert Refit(record, Path("r"), None).lines()[0] == head + "4 seeds (0, 1, 2, 3), cpu, 4.0 s"
-    assert Refit({**record, "seeds": [0]}, Path("r"), None).lines()[0] == head + "seed 0, cpu, 4.0 s"
+    assert Refit(record, Path("r"), None).lines() == [
+        head + "4 seeds (0, 1, 2, 3), cpu, 4.0 s",  # and each seed's weights file
+        "wrote r/ (weights.pt, weights.seed-2.pt, weights.seed-3.pt, weights.seed-4.pt, norm_stats.json, refit.json)"]
+    assert Refit({**record, "seeds": [0]}, Path("r"), None).lines() == [
+        head + "seed 0, cpu, 4.0 s", "wrote r/ (weights.pt, norm_stats.json, refit.json)"]
+    one = Refit({**record, "epochs": 1}, Path("r"), None).lines()[0]
+    assert one.startswith("refit trial 3: 1 epoch (its best epoch) on 90 target dates")
 
 
 @pytest.mark.slow

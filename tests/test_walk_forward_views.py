@@ -69,3 +69,17 @@ def test_a_trial_start_line_shows_each_param_as_it_was_drawn():
                                            "train.batch_size": 512, "model.pooling": "mean"})
     assert _lines(out) == ["trial 2 started on cpu0: train.lr=0.001235 model.gradient_checkpointing=True "
                            "train.batch_size=512 model.pooling=mean"]  # a boolean read 1 (and 1.0000 in best)
+
+
+def test_the_closing_hint_offers_best_only_when_a_trial_completed():
+    from types import SimpleNamespace
+
+    from sweeper.dispatch.stopping import Ending, SweepResult
+
+    out = io.StringIO()
+    # no best trial: the config and the panel are not read
+    PlainView(out).close(SweepResult({"FAIL": 2, "PRUNED": 1}, None, Ending.DONE), None,  # type: ignore[arg-type]
+                         SimpleNamespace(study_file="s.yaml"))  # type: ignore[arg-type]
+    assert _lines(out) == ["trials: fail 2, pruned 1",
+                           "next: sweeper status s.yaml | sweeper report s.yaml -o report.html | "
+                           "sweeper dashboard s.yaml"]

@@ -90,11 +90,11 @@ class PlainView(NullView):
             self._say(line)
         if result.message:
             self._say(result.message)
-        study_file = plan.study_file
+        study_file, look = plan.study_file, ("best" if result.best is not None else "status")
         if result.interrupted:
             self._say("interrupted: running trials stopped at their next step; each resumes from its last "
                       f"end-of-epoch checkpoint. Resume with: sweeper resume {study_file}")
-        self._say(f"next: sweeper best {study_file} | sweeper report {study_file} -o report.html | "
+        self._say(f"next: sweeper {look} {study_file} | sweeper report {study_file} -o report.html | "
                   f"sweeper dashboard {study_file}")
 
 
