@@ -15,9 +15,8 @@ from sweeper.core.batch_search import CudaMemory, MemoryReader
 def resolve_device(device: torch.device | str | None) -> torch.device:
     """None: the current CUDA device if there is one, else the CPU; "cuda" gets its index."""
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    unnumbered = device.type == "cuda" and device.index is None
+    return torch.device("cuda", torch.cuda.current_device()) if unnumbered else device
 
 
 def seed_everything(seed: int) -> None:

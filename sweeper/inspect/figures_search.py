@@ -70,9 +70,8 @@ def _dimension(name: str, values: list[Any], dist: BaseDistribution) -> dict[str
         return {"label": name, "values": [choices.index(v) for v in values],
                 "tickvals": list(range(len(choices))), "ticktext": [str(c) for c in choices]}
     x = np.asarray(values, dtype=np.float64)
-    if getattr(dist, "log", False):
-        return {"label": f"log10({name})", "values": np.log10(x)}
-    return {"label": name, "values": x}
+    log = getattr(dist, "log", False)
+    return {"label": f"log10({name})" if log else name, "values": np.log10(x) if log else x}
 
 
 def curves_figure(data: StudyData) -> go.Figure:

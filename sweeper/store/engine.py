@@ -155,9 +155,8 @@ class SweeperStorage(RDBStorage):
         _txn.mode, _txn.depth = mode, outer[1] + 1
         try:
             # nested (get_best_trial -> get_trial): the outermost call retries
-            if outer[1] or self.outage_policy is None:
-                return fn()
-            return self.outage_policy.call(fn, max_delay=max_delay)
+            policy = None if outer[1] else self.outage_policy
+            return fn() if policy is None else policy.call(fn, max_delay=max_delay)
         finally:
             _txn.mode, _txn.depth = outer
 

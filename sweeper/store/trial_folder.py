@@ -154,9 +154,7 @@ def resume_checkpoint(run_dir: str | Path, attrs: Mapping[str, Any]) -> Path | N
 
 def resume_attrs(source: int | str | None) -> dict[str, Any]:
     """The user attrs that say a retry resumes ``source`` (see :func:`resumes`)."""
-    if source is None:
-        return {}
-    return {RESUME_FROM: source} if isinstance(source, str) else {RESUME_FROM_TRIAL: source}
+    return {} if source is None else {RESUME_FROM if isinstance(source, str) else RESUME_FROM_TRIAL: source}
 
 
 @dataclass(frozen=True)

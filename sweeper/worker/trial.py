@@ -150,9 +150,8 @@ class TrialRunner:
         having stopped under them (a retry continues each)."""
         if not isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
             return as_disk_full(exc, o.files.folder) or exc
-        if self.storage.get_trial(o.trial_id).state.is_finished():
-            return None
-        return Interrupted(f"its population's stack stopped: another driver finished a trial of it ({exc})")
+        return None if self.storage.get_trial(o.trial_id).state.is_finished() else Interrupted(
+            f"its population's stack stopped: another driver finished a trial of it ({exc})")
 
     def _ended_early(self, o: _Open, trainer: Trainer, out: TrialRuns) -> None:
         """A trial pruned while the rest of its population trains on: recorded now, so that the
