@@ -77,9 +77,8 @@ class Refit:
         trained = (f"seed {seeds[0]}" if len(seeds) == 1
                    else f"{len(seeds)} seeds ({', '.join(map(str, seeds))})")
         epochs = f"{r['epochs']} epoch{'s' * (r['epochs'] != 1)}"
-        old = self.replaced
         again = (f"; it replaced the refit trained to {old.get('until')} ({old.get('created', '?')[:19]})"
-                 if old else "")
+                 if (old := self.replaced) else "")
         weights = [RefitFiles(self.folder).member_weights(k).name for k in range(len(seeds))]  # one a seed
         return [f"refit trial {r['trial']}: {epochs} ({r['epochs_from']}) on {r['target_dates']} target "
                 f"dates {r['first_target']} to {r['last_target']} ({r['rows']} rows), labels known "

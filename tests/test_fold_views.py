@@ -179,6 +179,14 @@ def test_lcb_is_named_in_the_text(wf):
     raw["validation"]["aggregate"] = "lcb"
     wf["path"].write_text(yaml.safe_dump(raw))
     assert "objective = mean - 1 se over folds of val_ic" in cli("best", str(wf["path"]))
+    # the report called a trial's value val_ic, beside the valid IC (the mean over folds) it is not
+    cli("report", str(wf["path"]), "-o", "r.html")
+    page, best = (wf["root"] / "r.html").read_text(), best_of(wf["study"])
+    assert f"best: trial {best.number}, lcb(val_ic) {best.value:.4f}, valid IC" in page
+    figures = figures_of(page)
+    assert figures["history"]["layout"]["yaxis"]["title"]["text"] == "lcb(val_ic)"
+    assert figures["folds"]["data"][0]["name"] == f"trial {best.number} (lcb(val_ic) {best.value:.4f})"
+    assert figures["curves"]["layout"]["yaxis"]["title"]["text"] == "val_ic"  # each epoch reports val_ic
 
 
 def test_holdout_best_and_status_unchanged(holdout):

@@ -35,7 +35,7 @@ class StudyData:
     """Everything the figures read, loaded once."""
 
     name: str
-    metric: str
+    metric: str  # what a trial's value is called (lcb(val_ic) under validation.aggregate: lcb)
     maximize: bool
     trials: list[FrozenTrial]
     run_dir: Path
@@ -48,6 +48,7 @@ class StudyData:
     long_short_note: str | None = None       # why there is no long-short view
     # with data.group_col: best --json's group_neutral (and group_col or the reason it is missing)
     group_neutral: dict[str, Any] = field(default_factory=dict)
+    epoch_metric: str = "val_ic"  # what each epoch reports (curves), where metric may be an aggregate of it
 
     @property
     def folded(self) -> bool:

@@ -91,7 +91,7 @@ def curves_figure(data: StudyData) -> go.Figure:
                                  name=f"{state.name.lower()} ({len(trials)})",
                                  line={"width": 1, "color": STATE_COLORS.get(state.name)}, opacity=0.6,
                                  hovertemplate="trial %{customdata}<br>epoch %{x}: %{y:.4f}<extra></extra>"))
-    return go.Figure(traces).update_layout(**LAYOUT, title=f"{data.metric} per epoch, by trial state",
-                                           xaxis_title="epoch", yaxis_title=data.metric,
+    return go.Figure(traces).update_layout(**LAYOUT, title=f"{data.epoch_metric} per epoch, by trial state",
+                                           xaxis_title="epoch", yaxis_title=data.epoch_metric,
                                            meta={"trials_by_state": counts})
 

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from optuna.trial import TrialState
 
 from sweeper.atomic import write_text
-from sweeper.config import SweeperConfig
+from sweeper.config import SweeperConfig, objective_label
 from sweeper.errors import SweeperError
 from sweeper.inspect.figures_base import StudyData, finite
 from sweeper.inspect.figures_devices import telemetry_figure, timeline_figure, utilisation
@@ -70,8 +70,9 @@ def load(study: optuna.Study, run_dir: str | Path, metric: str,
     study's data only where it stored no predictions)."""
     trials = study.get_trials(deepcopy=False)
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    data = StudyData(name=study.study_name, metric=metric, maximize=maximize, trials=trials,
-                     run_dir=Path(run_dir), study=study, best=best_trial(study),
+    objective = metric if cfg is None else objective_label(metric, cfg.validation)  # what a value is
+    data = StudyData(name=study.study_name, metric=objective, maximize=maximize, trials=trials,
+                     run_dir=Path(run_dir), study=study, best=best_trial(study), epoch_metric=metric,
                      daily_valid=valid_daily_ics(trials, run_dir),
                      horizons=1 if cfg is None else trial_horizons(trials, cfg))
     if cfg is not None and data.best is not None:
