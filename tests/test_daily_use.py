@@ -142,6 +142,7 @@ def test_best_says_which_dates_each_figure_covers(swept):
     every = {"over": "all folds", "dates": [folds[0]["valid"][0], folds[-1]["valid"][1]]}
     last, test = {"over": "last fold", "dates": folds[-1]["valid"]}, {"over": "test", "dates": split["test"]}
     assert best["scored_on"] == {"metrics": {"valid": every, "test": test},
+                                 "group_neutral": {"valid": last, "test": test},  # the model run's frames
                                  "portfolio": {"valid": last, "test": test},
                                  "ensemble": {"valid": last, "test": test}}
     # the ensemble beside its best member on the same rows: the last fold's valid block, and test

@@ -83,3 +83,20 @@ def test_the_closing_hint_offers_best_only_when_a_trial_completed():
     assert _lines(out) == ["trials: fail 2, pruned 1",
                            "next: sweeper status s.yaml | sweeper report s.yaml -o report.html | "
                            "sweeper dashboard s.yaml"]
+
+
+def test_the_group_neutral_valid_ic_says_when_it_is_the_last_fold_s():
+    """Under walk-forward it is computed on the model run's frames, the last fold's valid block, and was
+    printed under the valid IC by year of every fold without saying so."""
+    from sweeper.inspect.printing import ic_time_lines
+
+    best = {"group_col": "sector", "group_neutral": {"valid": {"ic": 0.0215, "rank_ic": 0.02},
+                                                     "test": {"ic": 0.011, "rank_ic": 0.012}},
+            "scored_on": {"group_neutral": {"valid": {"over": "last fold", "dates": ["2021-05-06", "2021-05-27"]},
+                                            "test": {"over": "test", "dates": ["2021-06-10", "2021-12-30"]}}}}
+    assert ic_time_lines(best) == [
+        "group-neutral IC (demeaned within sector per date): valid (the last fold's valid block, 2021-05-06 to "
+        "2021-05-27) ic 0.0215 rank_ic 0.0200  test ic 0.0110 rank_ic 0.0120"]
+    best["scored_on"]["group_neutral"]["valid"] = {"over": "valid", "dates": ["2021-05-06", "2021-05-27"]}
+    assert ic_time_lines(best) == ["group-neutral IC (demeaned within sector per date): valid ic 0.0215 "
+                                   "rank_ic 0.0200  test ic 0.0110 rank_ic 0.0120"]  # holdout: as before

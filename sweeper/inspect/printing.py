@@ -102,8 +102,7 @@ def print_best(best: dict[str, Any], console: Console | None = None, scheme: boo
     if "portfolio" in best:  # best --portfolio: the long-short view, constant predictions, the top-K ensemble
         lines += portfolio_lines(best["portfolio"], best.get("portfolio_unavailable"),
                                  _scope(best, "portfolio"))
-        constant = best.get("constant_pred_dates") or {}
-        if any(constant.values()):
+        if any((constant := best.get("constant_pred_dates") or {}).values()):
             lines.append("constant predictions (scored IC 0): " + ", ".join(
                 f"{split} {n} dates" for split, n in constant.items()))
     if "ensemble" in best:
@@ -266,8 +265,9 @@ def ic_time_lines(best: dict[str, Any]) -> list[str]:
         if (neutral := best["group_neutral"]) is None:
             lines.append(f"group-neutral IC: - ({best.get('group_neutral_unavailable')})")
         else:
-            splits = "  ".join(f"{split} ic {fmt(v.get('ic'))} rank_ic {fmt(v.get('rank_ic'))}"
-                               for split, v in neutral.items())
+            where = {"valid": f" ({w})" if (w := scope_words(_scope(best, "group_neutral"))) else ""}
+            splits = "  ".join(f"{split}{where.get(split, '')} ic {fmt(v.get('ic'))} "
+                               f"rank_ic {fmt(v.get('rank_ic'))}" for split, v in neutral.items())
             lines.append(f"group-neutral IC (demeaned within {best.get('group_col')} per date): {splits}")
     return lines
 

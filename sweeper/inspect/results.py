@@ -157,15 +157,15 @@ def _trial_report(cfg: SweeperConfig, best: FrozenTrial, files: layout.TrialFile
 
 
 def scored_on(study_attrs: dict[str, Any], portfolio: bool) -> dict[str, Any]:
-    """``best --json``'s ``scored_on``: for each block (``metrics``; with ``portfolio``, the
-    ``portfolio`` and the ``ensemble``) the dates of its valid and test figures: ``over`` (``valid``:
+    """``best --json``'s ``scored_on``: for each block (``metrics``, ``group_neutral``; with ``portfolio``,
+    the ``portfolio`` and the ``ensemble``) the dates of its valid and test figures: ``over`` (``valid``:
     the valid split; under walk-forward ``all folds``, the mean over every fold's valid block, or
     ``last fold``, the model run's block; ``test``) and ``dates`` ([first, last])."""
     folds, model = K.layout(study_attrs), model_dates(study_attrs)
     test = {"over": "test", "dates": model.get("test")}
     own = {"over": "last fold" if folds else "valid", "dates": model.get("valid")}
     mean = {"over": "all folds", "dates": [folds[0]["valid"][0], folds[-1]["valid"][-1]]} if folds else own
-    out = {"metrics": {"valid": mean, "test": test}}
+    out = {"metrics": {"valid": mean, "test": test}, "group_neutral": {"valid": own, "test": test}}
     if portfolio:
         out.update(portfolio={"valid": own, "test": test}, ensemble={"valid": own, "test": test})
     return out
