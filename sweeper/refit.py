@@ -79,11 +79,10 @@ class Refit:
         epochs = f"{r['epochs']} epoch{'s' * (r['epochs'] != 1)}"
         again = (f"; it replaced the refit trained to {old.get('until')} ({old.get('created', '?')[:19]})"
                  if (old := self.replaced) else "")
-        weights = [RefitFiles(self.folder).member_weights(k).name for k in range(len(seeds))]  # one a seed
         return [f"refit trial {r['trial']}: {epochs} ({r['epochs_from']}) on {r['target_dates']} target "
                 f"dates {r['first_target']} to {r['last_target']} ({r['rows']} rows), labels known "
                 f"by {r['until']}; {trained}, {r['device']}, {r['duration_s']:.1f} s",
-                f"wrote {self.folder}/ ({', '.join([*weights, *RefitFiles.names[1:]])}){again}"]
+                f"wrote {self.folder}/ ({', '.join(RefitFiles(self.folder).names(len(seeds)))}){again}"]
 
 
 def refit_epochs(trial: FrozenTrial) -> tuple[int, str]:

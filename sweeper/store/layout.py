@@ -136,8 +136,9 @@ class RefitFiles(_Model):
     """``trials/<n>/refit/``: ``sweeper refit``'s production model (refit.json written last)."""
 
     record = _File("refit.json")
-    # the file names, in the order they are written (what ``sweeper refit`` prints)
-    names = (WEIGHTS, NORM_STATS, "refit.json")
+
+    def names(self, seeds: int) -> list[str]:  # in the order they are written (what ``sweeper refit`` prints)
+        return [*(self.member_weights(k).name for k in range(seeds)), NORM_STATS, self.record.name]
 
 
 class TrialFiles(_Model):
