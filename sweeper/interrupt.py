@@ -27,8 +27,7 @@ class StopToken:
     would deadlock there). Waits poll a plain flag instead."""
 
     def __init__(self) -> None:
-        self.requested = False
-        self.count = 0
+        self.requested, self.count = False, 0
         self.signum: int | None = None
         self.raise_at_once = False
 

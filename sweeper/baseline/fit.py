@@ -33,8 +33,7 @@ from sweeper.validation.grid import RunGrid
 # Qlib's LGBModel kwargs of the Alpha158 benchmark; its ``loss: mse`` is LightGBM's objective
 QLIB_ALPHA158: dict[str, Any] = {
     "objective": "mse", "colsample_bytree": 0.8879, "learning_rate": 0.2, "subsample": 0.8789,
-    "lambda_l1": 205.6999, "lambda_l2": 580.9768, "max_depth": 8, "num_leaves": 210,
-}
+    "lambda_l1": 205.6999, "lambda_l2": 580.9768, "max_depth": 8, "num_leaves": 210}
 
 
 @dataclass

@@ -39,5 +39,4 @@ __all__ = [
     "ModelConfig", "ParamSpec", "PrunerConfig", "SamplerConfig", "SplitConfig", "StudyConfig",
     "SweeperConfig", "SyntheticConfig", "TrainConfig", "ValidationConfig", "WarmStartConfig", "condition_met",
     "config_hash", "config_value", "drift", "flatten", "load_config", "objective_label", "read_yaml",
-    "to_dict", "unknown_model", "validate_config", "with_overrides",
-]
+    "to_dict", "unknown_model", "validate_config", "with_overrides"]

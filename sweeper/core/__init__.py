@@ -32,8 +32,6 @@ from sweeper.core.hooks import Checkpointer, EpochHook, NullCheckpointer, NullHo
 from sweeper.core.lanes import Member
 from sweeper.core.loop import TrainResult, train, train_stack
 
-__all__ = [
-    "Checkpointer", "EpochHook", "FileCheckpointer", "Member", "NullCheckpointer", "NullHook",
-    "TrainResult", "checkpoint_epoch", "copy_checkpoint", "predict", "predict_rows", "resolve_device",
-    "train", "train_stack",
-]
+__all__ = ["Checkpointer", "EpochHook", "FileCheckpointer", "Member", "NullCheckpointer", "NullHook",
+           "TrainResult", "checkpoint_epoch", "copy_checkpoint", "predict", "predict_rows", "resolve_device",
+           "train", "train_stack"]

@@ -17,12 +17,8 @@ import torch
 
 from sweeper.errors import OutOfMemory
 
-OOM_MESSAGES = (
-    "out of memory",
-    "CUDA error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "DefaultCPUAllocator: can't allocate memory",
-)
+OOM_MESSAGES = ("out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
+                "DefaultCPUAllocator: can't allocate memory")
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -153,8 +149,7 @@ def find_micro_batch(try_step: Callable[[int], None], mem: MemoryReader, *, star
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     if lo < minimum:
-        budget_mib = result.budget_bytes / 2**20
-        raise OutOfMemory(f"no micro-batch of at least {minimum} rows fits in memory "
-                          f"(tried {result.tried}; budget {budget_mib:.0f} MiB){why_minimum}")
+        raise OutOfMemory(f"no micro-batch of at least {minimum} rows fits in memory (tried {result.tried}; "
+                          f"budget {result.budget_bytes / 2**20:.0f} MiB){why_minimum}")
     result.micro_batch = lo
     return result

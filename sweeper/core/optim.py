@@ -86,8 +86,7 @@ class StackedAdamW:
         self.weight_decay = torch.tensor(self.base_weight_decay, device=dev)
         self.factor = torch.ones_like(self.lr)  # the schedule's multiplier, set before each step
         self.steps = torch.zeros_like(self.lr)
-        self.exp_avg = torch.zeros_like(flat.values)
-        self.exp_avg_sq = torch.zeros_like(flat.values)
+        self.exp_avg, self.exp_avg_sq = torch.zeros_like(flat.values), torch.zeros_like(flat.values)
         self.torch_adamw = _torch_adamw(self) if len(self.base_lr) == 1 else None
 
     def set_factors(self, factors: Sequence[float]) -> None:

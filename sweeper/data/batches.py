@@ -29,17 +29,14 @@ class Batcher:
     :func:`sweeper.core.schedule.epoch_rows`), or of every sample in order, to evaluate."""
 
     def __init__(self, panel: Panel, split: str, device: torch.device | str) -> None:
-        self.panel = panel
-        self.split = split
-        self.device = torch.device(device)
+        self.panel, self.split, self.device = panel, split, torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._home = panel.X.device
         T, N, F = panel.X.shape
         self._n_assets = N
         self._xflat = panel.X.reshape(T * N, F)
-        self._yflat = panel.y.reshape(-1)
-        self._rawflat = panel.y_raw.reshape(-1)
+        self._yflat, self._rawflat = panel.y.reshape(-1), panel.y_raw.reshape(-1)
         # flat-row offsets of a window's dates: (t + k) * N + i = cell + k * N
         self._row_offsets = torch.arange(-panel.lookback + 1, 1, device=self._home) * N
         self._copy = self._home != self.device

@@ -241,10 +241,8 @@ def file_fingerprint(path: str | Path, selection: Mapping[str, object], memo: Pa
     st = path.stat()
     sign = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{chosen}"
     record = memo / ".fingerprints" / hashlib.sha256(sign.encode()).hexdigest()[:32] if memo else None
-    if record is not None and record.exists():
-        known = record.read_text().strip()
-        if len(known) == 64:
-            return known
+    if record is not None and record.exists() and len(known := record.read_text().strip()) == 64:
+        return known
     with open(path, "rb") as fh:
         digest = hashlib.file_digest(fh, "sha256")
     digest.update(chosen.encode())

@@ -92,8 +92,7 @@ class StopRule:
                  objective: str | None = None) -> None:
         self.cfg, self.stop, self.run_dir = cfg, stop, run_dir
         self.objective = objective or cfg.metric  # what a trial's value is called (config.objective_label)
-        self.started = time.monotonic()
-        self.failures_in_row = 0
+        self.started, self.failures_in_row = time.monotonic(), 0
         self.exhausted = False  # the last claim found the budget used up
         self.broken = False  # a worker exited before it was ready too often
         self.disk_full = False  # a trial failed as disk: start no more (each would fail the same way)

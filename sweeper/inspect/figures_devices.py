@@ -84,8 +84,7 @@ def timeline_figure(data: StudyData) -> go.Figure:
             x=[(r[2] - r[1]).total_seconds() * 1000 for r in rows],
             customdata=[[r[3].number, _sharing(r[3])] for r in rows],
             orientation="h", name=state.name.lower(), marker_color=STATE_COLORS.get(state.name),
-            hovertemplate="trial %{customdata[0]}<br>%{base} for %{x:.0f} ms%{customdata[1]}"
-                          "<extra></extra>"))
+            hovertemplate="trial %{customdata[0]}<br>%{base} for %{x:.0f} ms%{customdata[1]}<extra></extra>"))
     frac = use["fraction"]
     title = (f"{use['slots']} slots, utilisation {frac:.1%}" if frac is not None
              else "no trial has started on a slot")

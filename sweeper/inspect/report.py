@@ -58,8 +58,7 @@ SECTIONS = {
     "longshort": ("10. Best trial: cumulative long-short return", longshort_figure),
     "ic_time": ("11. IC through time: mean daily IC by year and month", ic_time_figure),
     "baseline": ("12. Best trial against the LightGBM baseline: cumulative daily IC", baseline_figure),
-    "folds": ("13. Walk-forward: validation IC per fold of the top trials", folds_figure),
-}
+    "folds": ("13. Walk-forward: validation IC per fold of the top trials", folds_figure)}
 FIGURES = tuple(name for name in SECTIONS if name != "folds")
 
 

@@ -28,8 +28,6 @@ from sweeper.store.engine import (
 from sweeper.store.locks import AdvisoryLock, FileLock, NullLock, advisory_key, claim_lock
 from sweeper.store.urls import normalize_url, redact
 
-__all__ = [
-    "PG_MAX_OVERFLOW", "PG_POOL_SIZE", "AdvisoryLock", "FileLock", "NullLock", "SweeperStorage",
-    "advisory_key", "artifact_store", "check_artifacts", "check_reachable", "claim_lock", "normalize_url",
-    "open_storage", "quiet_optuna", "redact",
-]
+__all__ = ["PG_MAX_OVERFLOW", "PG_POOL_SIZE", "AdvisoryLock", "FileLock", "NullLock", "SweeperStorage",
+           "advisory_key", "artifact_store", "check_artifacts", "check_reachable", "claim_lock",
+           "normalize_url", "open_storage", "quiet_optuna", "redact"]

@@ -52,12 +52,10 @@ def _deserves_retry(t: FrozenTrial, reason: str, attempt: int, cfg: StudyConfig)
         FailReason.INTERRUPTED: attempt < MAX_INTERRUPTED_RETRIES,
         # no fault of the trial's: once space is freed it resumes from its last good checkpoint
         FailReason.DISK: attempt < MAX_INTERRUPTED_RETRIES,
-        FailReason.CRASH: crashes_left,
-        FailReason.STALL: crashes_left,  # a hang is retried like a crash
+        FailReason.CRASH: crashes_left, FailReason.STALL: crashes_left,  # a hang is retried like a crash
         FailReason.TIMEOUT: cfg.retry_timeouts and crashes_left,
         # out of memory beside other trials (trials_per_gpu: auto): once more, with a GPU to itself
         FailReason.OOM: (int(t.user_attrs.get("gpu_shared_with") or 0) > 0
-                         and not t.user_attrs.get("exclusive_gpu")),
-    }
+                         and not t.user_attrs.get("exclusive_gpu"))}
     return rules.get(reason, False)
 

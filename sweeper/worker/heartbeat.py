@@ -23,8 +23,7 @@ class Heartbeat:
 
     def __init__(self, storage: Any, trial_id: int, interval: float,
                  warn: Callable[[str], None] = lambda text: None) -> None:
-        self._stop = threading.Event()
-        self._warn = warn
+        self._stop, self._warn = threading.Event(), warn
         self._thread = threading.Thread(target=self._beat, args=(storage, trial_id, interval), daemon=True,
                                         name="heartbeat")
 

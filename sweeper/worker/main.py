@@ -29,11 +29,9 @@ class Commands:
     the worker's stop token, which the training loop and any wait for the store watch."""
 
     def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.stop = StopToken()
+        self.stream, self.stop = stream, StopToken()
         self._queue: list[dict[str, Any]] = []
-        self._ready = threading.Condition()
-        self._closed = False
+        self._ready, self._closed = threading.Condition(), False
         threading.Thread(target=self._read, daemon=True, name="commands").start()
 
     def _read(self) -> None:

@@ -50,8 +50,7 @@ class LineDecoder:
     """
 
     def __init__(self, on_error: Callable[[str], None] = lambda line: None) -> None:
-        self._buf = b""
-        self.on_error = on_error
+        self._buf, self.on_error = b"", on_error
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
         self._buf += chunk

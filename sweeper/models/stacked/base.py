@@ -89,8 +89,7 @@ class MemberDropout(nn.Module):
         super().__init__()
         self.rates = [float(v) for v in p]
         self.any = any(v > 0 for v in p)
-        self.generators = None
-        self.batch_dim = batch_dim
+        self.generators, self.batch_dim = None, batch_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or not self.any:
@@ -189,8 +188,7 @@ class SoloStack(StackedModule):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.members = 1
-        self.model = model
+        self.members, self.model = 1, model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x[0]).unsqueeze(0)

@@ -171,8 +171,7 @@ class StackedEncoder(nn.Module):
 
     def __init__(self, layers: list[StackedEncoderLayer], norm: StackedLayerNorm) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(layers)
-        self.norm = norm
+        self.layers, self.norm = nn.ModuleList(layers), norm
 
 
 def _replaying(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -229,8 +228,7 @@ class StackedTransformer(StackedModule):
         layers = [StackedEncoderLayer(members, d_model, nhead, dim_feedforward, rates)
                   for _ in range(num_layers)]
         self.encoder = StackedEncoder(layers, StackedLayerNorm(members, d_model))
-        self.pooling = pooling
-        self.gradient_checkpointing = gradient_checkpointing
+        self.pooling, self.gradient_checkpointing = pooling, gradient_checkpointing
         self.head = StackedLinear(members, d_model, 1, init=False)
         self._reset_parameters()
 
