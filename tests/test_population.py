@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+import torch
 import yaml
 from optuna.trial import TrialState
 
@@ -159,6 +160,57 @@ def test_a_member_that_goes_non_finite_fails_its_trial_alone(study_file):
     assert [o.failure for o in (outs[0], outs[2])] == [None, None]
     solo = train_runs(panel, Trainer(cfgs[2], NullHook(), time.monotonic()))
     _close(outs[2].runs[0].metrics, solo.runs[0].metrics)
+
+
+def test_a_member_that_goes_non_finite_ends_its_trial_at_once(study_file):
+    """Told the moment its member fails, not when the stack ends: a Ctrl-C, crash or timeout that
+    stops the others later is not its outcome (it would be retried from before its NaN)."""
+    cfgs = _cfgs(study_file, {"train": {"epochs": 3, "nonfinite_patience": 2}},
+                 [MEMBERS[0], {**MEMBERS[2], "train.lr": 1e30}])
+    hooks, ended = [_Prunes(None), _Prunes(None)], []
+    trainers = [Trainer(c, h, time.monotonic(),
+                        finished=lambda out: ended.append((out.failure, list(hooks[0].epochs))))
+                for c, h in zip(cfgs, hooks)]
+    outs = train_population(load_panel(cfgs[0].data), trainers)
+    assert len(ended) == 1 and "non-finite" in ended[0][0] and ended[0][1] == []  # during epoch 1
+    assert outs[1].failure == ended[0][0] and hooks[0].epochs == [1, 2, 3]
+
+
+def test_a_trial_pruned_at_the_epoch_its_patience_ends_is_pruned_and_trains_no_later_fold(study_file):
+    """Its member stopped by its patience at epoch E, the pruner prunes its trial at E: it ends then,
+    pruned, as alone, and does not go on to its second walk-forward fold (it used to, and the pruner's
+    next answer decided its state)."""
+    over = {"validation": {"scheme": "walk_forward", "folds": 2}, "train": {"epochs": 6, "max_stack": 1}}
+    cfgs = _cfgs(study_file, over, [MEMBERS[0] | {"train.patience": 10},
+                                    MEMBERS[2] | {"train.patience": 1, "train.lr": 0.02}])
+    panel = load_panel(cfgs[0].data)
+    (alone, *_) = train_runs(panel, Trainer(cfgs[1], NullHook(), time.monotonic())).runs
+    stops = alone.metrics["epochs_run"]
+    assert alone.stop_reason == "early_stop" and stops < 6
+    hooks, ended = [_Prunes(None), _Prunes(stops)], []
+    trainers = [Trainer(c, h, time.monotonic(), finished=lambda out: ended.append(list(hooks[0].epochs)))
+                for c, h in zip(cfgs, hooks)]
+    outs = train_population(panel, trainers)
+    assert ended == [list(range(1, stops + 1))] and hooks[1].epochs == list(range(1, stops + 1))
+    assert [(r.fold, r.stop_reason, r.metrics["epochs_run"]) for r in outs[1].runs] == [(0, "pruned", stops)]
+    assert outs[1].cut_short == "pruned" and len(outs[0].runs) == 2
+
+
+def test_a_lone_members_checkpoint_keeps_a_gpu_dropout_state_as_the_cuda_generators():
+    """A population's member alone draws its dropout from the global generator: on a GPU the CUDA
+    one, whose Philox state (16 bytes) the CPU generator refuses (a retry crashed on it)."""
+    from sweeper.core.checkpoint import member_states
+
+    philox = [torch.arange(16, dtype=torch.uint8) + k for k in range(2)]
+    cpu_rng = torch.get_rng_state()
+    state = {"values": torch.zeros(2, 3), "optimizer": {"exp_avg": torch.zeros(2, 3)},
+             "scaler": {"scale": torch.ones(2)}, "rng": {"torch": cpu_rng, "cuda": []},
+             "members": [{"dropout": philox[0]}, {"dropout": philox[1]}], "eval_batch_size": 8}
+    cfg = load_config(Path(__file__).parent.parent / "studies" / "mlp_ic.yaml")
+    mine = member_states(state, [1], cfg)
+    assert torch.equal(mine["rng"]["torch"], cpu_rng) and len(mine["rng"]["cuda"]) == 1
+    assert torch.equal(mine["rng"]["cuda"][0], philox[1]) and mine["members"] == [{"dropout": None}]
+    assert torch.equal(mine["values"], torch.zeros(1, 3)) and mine["eval_batch_size"] == 16
 
 
 class _StopAfter(NullHook):

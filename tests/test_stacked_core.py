@@ -160,7 +160,7 @@ class _Recorder:
     def members_to_stop(self):
         return ()
 
-    def member_failed(self, k):
+    def member_failed(self, k, why):
         return None
 
 

@@ -106,9 +106,11 @@ def member_states(state: dict, which: Sequence[int], cfg: SweeperConfig) -> dict
     rows = torch.tensor(list(which), dtype=torch.long)
     members = [state["members"][k] for k in which]
     rng = state["rng"]
-    if len(members) == 1 and members[0]["dropout"] is not None and members[0]["dropout"].numel():
-        # alone it draws its dropout from the global generator (on the CPU: the same state's format)
-        rng, members = {**rng, "torch": members[0]["dropout"]}, [{**members[0], "dropout": None}]
+    if len(members) == 1 and (own := members[0]["dropout"]) is not None and own.numel():
+        # alone it draws its dropout from the global generator: the CPU's (the same state's format) or,
+        # on a GPU, the CUDA one (a Philox state of 16 bytes, which the CPU's generator refuses)
+        key, value = ("torch", own) if own.numel() == torch.get_rng_state().numel() else ("cuda", [own])
+        rng, members = {**rng, key: value}, [{**members[0], "dropout": None}]
     share = len(state["members"]) // len(members)  # the stack's evaluation rows, shared by fewer
     return {**state, "values": state["values"][rows],
             "optimizer": {k: v[rows] for k, v in state["optimizer"].items()},

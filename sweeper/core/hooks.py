@@ -29,8 +29,9 @@ class EpochHook(Protocol):
     # stack's members of one trial, sweeper.validation.population); the others train on
     def members_to_stop(self) -> Collection[int]: ...
     # member ``k``'s loss or gradients stayed non-finite past train.nonfinite_patience: the members
-    # that stop with it (its trial's), the others training on; None: the stack ends (NonFiniteLoss)
-    def member_failed(self, k: int) -> Collection[int] | None: ...
+    # that stop with it (its trial's; ``why``: the NonFiniteLoss), the others training on; None: the
+    # stack ends (NonFiniteLoss)
+    def member_failed(self, k: int, why: str) -> Collection[int] | None: ...
     # the members of members_to_stop scored before the stack ends (their TrainResults), so that
     # their trial ends now
     def members_done(self, results: dict[int, Any]) -> None: ...
@@ -49,7 +50,7 @@ class NullHook:
     def members_to_stop(self) -> Collection[int]:
         return ()
 
-    def member_failed(self, k: int) -> Collection[int] | None:
+    def member_failed(self, k: int, why: str) -> Collection[int] | None:
         return None
 
     def members_done(self, results: dict[int, Any]) -> None: ...

@@ -128,7 +128,8 @@ def _judge(run: Run, epoch: int, epochs: int, pruned: bool, hook: EpochHook,
     lanes = run.lanes
     if pruned:
         return StopReason.PRUNED
-    alone = [k for k in hook.members_to_stop() if not lanes[k].stopped]
+    # a pruned trial's members, with those its patience stopped this epoch (a later stack would train them)
+    alone = list(hook.members_to_stop())
     _stop(lanes, alone, StopReason.PRUNED)
     done = [k for k, lane in enumerate(lanes) if lane.cfg.train.epochs == epoch < epochs]
     _stop(lanes, done, StopReason.EPOCHS)
@@ -242,7 +243,7 @@ def _sync(lanes: list[Lane], hook: EpochHook, epoch: int) -> None:
         member = f"stack member {index + 1}, " if len(lanes) > 1 else ""
         error = NonFiniteLoss(f"loss or gradients non-finite for {lane.progress.nonfinite_steps} "
                               f"consecutive steps ({member}epoch {epoch}, train.lr={lane.cfg.train.lr:g})")
-        if (others := hook.member_failed(index)) is None:
+        if (others := hook.member_failed(index, str(error))) is None:
             raise error
         lane.failure = str(error)
         _stop(lanes, [index, *others], StopReason.EARLY_STOP)

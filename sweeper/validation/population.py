@@ -24,8 +24,10 @@ class PopulationHook:
     members are ``members[t]``, consecutive)."""
 
     def __init__(self, hooks: Sequence[EpochHook], members: Sequence[list[int]],
-                 settle: Callable[[int, list[Any]], None] = lambda t, results: None) -> None:
-        self.hooks, self.members, self.settle = list(hooks), [list(m) for m in members], settle
+                 settle: Callable[[int, list[Any]], None] = lambda t, results: None,
+                 fail: Callable[[int, str], None] = lambda t, why: None) -> None:
+        self.hooks, self.members = list(hooks), [list(m) for m in members]
+        self.settle, self.fail = settle, fail
         self.pruned: set[int] = set()  # trials whose hook pruned them
         self.failed: set[int] = set()  # trials one of whose members failed
         self.settled: set[int] = set()  # trials whose results came before the stack ended
@@ -61,9 +63,10 @@ class PopulationHook:
                 self.settled.add(t)
                 self.settle(t, [results[k] for k in ks])
 
-    def member_failed(self, k: int) -> Collection[int] | None:
+    def member_failed(self, k: int, why: str) -> Collection[int] | None:
         t = next(t for t, ks in enumerate(self.members) if k in ks)
         self.failed.add(t)
+        self.fail(t, why)  # told now: whatever stops the stack later is not its outcome
         return self.members[t]
 
     def should_stop(self) -> bool:

@@ -294,7 +294,12 @@ def _train_stack(parts: list[Part], panels: dict[int, Panel]) -> list[int]:
     def settle(t: int, results: list[TrainResult]) -> None:
         settled[t] = _settle(parts[t], panels, results, alone=len(members) == 1, early=True)
 
-    hook, checkpoint = _stack_hook(parts, settle)
+    def fail(t: int, why: str) -> None:  # a member non-finite: its trial ends now, as pruned ones do
+        (trainer, out, _), settled[t] = parts[t], True
+        out.failure = why
+        trainer.finished(out)
+
+    hook, checkpoint = _stack_hook(parts, settle, fail)
     lead = parts[0][0]
     results = iter(train_stack(members, device=lead.device, hook=hook, checkpoint=checkpoint, log=lead.log,
                                started=lead.started, memory=lead.memory))
@@ -325,8 +330,8 @@ def _settle(part: Part, panels: dict[int, Panel], results: list[TrainResult], al
     return out.cut_short is not None or early
 
 
-def _stack_hook(parts: list[Part], settle: Callable[[int, list[TrainResult]], None]
-                ) -> tuple[EpochHook, Checkpointer]:
+def _stack_hook(parts: list[Part], settle: Callable[[int, list[TrainResult]], None],
+                fail: Callable[[int, str], None]) -> tuple[EpochHook, Checkpointer]:
     """One trial's own hook and checkpoint (stamped with its runs: a stack of one as the run it is);
     a population's, which speak to each trial's (:mod:`sweeper.validation.population`) and settle a
     pruned trial's runs as soon as they are scored."""
@@ -341,7 +346,7 @@ def _stack_hook(parts: list[Part], settle: Callable[[int, list[TrainResult]], No
         return parts[0][0].hook, checkpoints[0]
     sizes = [len(cells) for _, _, cells in parts]  # each trial's members in the stack, trial after trial
     members = [list(range(sum(sizes[:t]), sum(sizes[:t + 1]))) for t in range(len(parts))]
-    hook = PopulationHook([trainer.hook for trainer, _, _ in parts], members, settle)
+    hook = PopulationHook([trainer.hook for trainer, _, _ in parts], members, settle, fail)
     saved = PopulationCheckpointer([(ks, c, seeded(trainer.cfg, cells[0][1]))
                                     for ks, c, (trainer, _, cells) in zip(members, checkpoints, parts)],
                                    lambda: hook.ended)
