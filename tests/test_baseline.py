@@ -24,6 +24,7 @@ from sweeper.data import Batcher, load_panel, synth
 from sweeper.quant import ic as M
 from sweeper.quant.hac import hac_standard_error
 from sweeper.store import layout
+from sweeper.store.identity import Identity
 from sweeper.store.locks import NullLock
 
 # the default synthetic panel (300 assets x 1000 dates x 16 features), one short trial
@@ -214,8 +215,8 @@ def test_claimed_once_and_a_failure_is_recorded(study_file):
     _cli("db", "init", path)
     cfg = load_config(path)
     study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
-    assert claim(study, NullLock(), "h1", "d1") is True
-    assert claim(study, NullLock(), "h2", "d2") is False
+    assert claim(study, NullLock(), Identity("h1", 1, "d1")) is True
+    assert claim(study, NullLock(), Identity("h2", 1, "d2")) is False
     assert study.user_attrs["baseline_state"]["host"] == "h1"
     config = path.parent / "resolved.json"
     from sweeper.config import to_dict

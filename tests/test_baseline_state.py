@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import optuna
@@ -37,6 +38,10 @@ def _stored(study):
     return study.user_attrs.get("baseline_state")
 
 
+def _who(host, driver, pid=4242):
+    return Identity(host=host, pid=pid, driver_id=driver, pid_ns="boot:pid:[1]")
+
+
 def test_the_stored_names_and_exit_codes_are_the_ones_on_disk():
     assert S.ATTR == "baseline_state"
     assert [s.value for s in State] == ["running", "done", "failed", "interrupted"]
@@ -52,16 +57,17 @@ def test_the_claim_rule(stored, claimable):
 
 
 def test_a_claim_writes_running_once_and_an_interrupted_run_is_claimed_again(study):
-    assert S.claim(study, NullLock(), "h1", "d1") is True
-    first = {"state": "running", "host": "h1", "driver": "d1", "at": AT}
+    assert S.claim(study, NullLock(), _who("h1", "d1")) is True
+    first = {"state": "running", "host": "h1", "driver": "d1", "at": AT, "pid": 4242, "pid_ns": "boot:pid:[1]"}
     assert _stored(study) == first
-    assert S.claim(study, NullLock(), "h2", "d2") is False  # running: taken
+    assert S.claim(study, NullLock(), _who("h2", "d2")) is False  # running: taken
     assert _stored(study) == first
     assert S.settle(study, State.INTERRUPTED, "h1", "d1", S.STOPPED) is True
     assert _stored(study) == {"state": "interrupted", "host": "h1", "driver": "d1", "at": AT,
                               "error": "the sweep stopped before the baseline ended"}
-    assert S.claim(study, NullLock(), "h2", "d2") is True
-    assert _stored(study) == {"state": "running", "host": "h2", "driver": "d2", "at": AT}
+    assert S.claim(study, NullLock(), _who("h2", "d2")) is True
+    assert _stored(study) == {"state": "running", "host": "h2", "driver": "d2", "at": AT, "pid": 4242,
+                              "pid_ns": "boot:pid:[1]"}
 
 
 @pytest.mark.parametrize("end", [State.DONE, State.FAILED])
@@ -70,12 +76,29 @@ def test_done_and_failed_are_never_claimed_again(study, end):
     before = dict(_stored(study))
     assert before == {"state": str(end), "host": "h1", "driver": "d1", "at": AT,
                       **({"error": "LightGBMError: x"} if end is State.FAILED else {})}
-    assert S.claim(study, NullLock(), "h2", "d2") is False
+    assert S.claim(study, NullLock(), _who("h2", "d2")) is False
     assert _stored(study) == before
 
 
+def test_a_running_baseline_whose_driver_died_is_claimed_again_where_its_pid_is_seen_gone(study):
+    """A driver killed -9 (or by the OOM killer) while its baseline ran left it ``running`` for good: no
+    later sweep computed it. Another driver of the same process table takes it over; one that cannot
+    see that pid (another host or namespace) cannot tell, and a live driver's run is left alone."""
+    top = int(Path("/proc/sys/kernel/pid_max").read_text())
+    dead = next(pid for pid in range(top - 1, 1, -1) if not Path(f"/proc/{pid}").exists())  # no such process
+    here = Identity.current()
+    S.claim(study, NullLock(), Identity(here.host, dead, "d1", here.pid_ns))
+    assert _stored(study)["pid"] == dead and _stored(study)["pid_ns"] == here.pid_ns
+    assert S.claim(study, NullLock(), Identity("elsewhere", 1, "d2", here.pid_ns)) is False
+    assert S.claim(study, NullLock(), Identity(here.host, 1, "d2", "another:ns")) is False
+    assert S.claim(study, NullLock(), here) is True
+    assert _stored(study)["driver"] == here.driver_id and _stored(study)["pid"] == os.getpid()
+    assert S.claim(study, NullLock(), Identity(here.host, 1, "d3", here.pid_ns)) is False  # it lives
+    assert not S.claimable({"state": "running", "host": here.host, "driver": "d0"}, here)  # older: no pid
+
+
 def test_the_sweep_settles_only_its_own_running_run(study):
-    S.claim(study, NullLock(), "h1", "d1")
+    S.claim(study, NullLock(), _who("h1", "d1"))
     assert S.settle(study, State.FAILED, "h2", "d2", "not ours") is False  # another driver's run
     S.mark(study, State.DONE, "h1", "d1")  # the job recorded its end first
     assert S.settle(study, State.FAILED, "h1", "d1", "exited") is False
@@ -172,7 +195,7 @@ def test_the_sweeps_job_follows_the_claim_rule_and_takes_the_turn(job, study, tm
 
 
 @pytest.mark.parametrize("code, after", [
-    (0, {"state": "running", "host": "h1", "driver": "d1", "at": AT}),  # the job records done itself
+    (0, {"state": "running", "host": "h1", "driver": "d1", "at": AT, "pid": 1, "pid_ns": ""}),  # the job records done
     (75, {"state": "interrupted", "host": "h1", "driver": "d1", "at": AT, "error": "the study's storage "
           "was away; see {log}"}),
     (3, {"state": "failed", "host": "h1", "driver": "d1", "at": AT, "error": "the baseline job exited "
@@ -196,7 +219,7 @@ def test_a_stopped_job_is_interrupted_and_claimable_again(job, study, tmp_path):
     assert w.idle and not job.running
     assert _stored(study) == {"state": "interrupted", "host": "h1", "driver": "d1", "at": AT,
                               "error": "the sweep stopped before the baseline ended"}
-    assert S.claim(study, NullLock(), "h2", "d2") is True
+    assert S.claim(study, NullLock(), _who("h2", "d2")) is True
 
 
 @pytest.mark.parametrize("raised, after", [
@@ -214,4 +237,4 @@ def test_a_fit_stopped_by_ctrl_c_is_interrupted_and_claimed_again(study, monkeyp
         J.compute(validate_config(TINY, "tiny"), study, 1, "h1", "d1", tmp_path)
     assert _stored(study) == {**after, "host": "h1", "driver": "d1", "at": AT}
     # an interrupted fit says nothing about the baseline: the next sweep computes it; a failed one is kept
-    assert S.claim(study, NullLock(), "h2", "d2") is (after["state"] == "interrupted")
+    assert S.claim(study, NullLock(), _who("h2", "d2")) is (after["state"] == "interrupted")

@@ -1,8 +1,9 @@
 """The baseline's states, in one home: the study user attribute ``baseline_state``, the one claim
 rule, the transitions, and the exit codes of ``python -m sweeper.baseline.job``.
 
-``baseline_state`` is ``{state, host, driver, at[, error]}`` (``at``: UTC, ISO 8601 to the
-second; ``error`` on ``failed`` and ``interrupted``). The states and who moves between them::
+``baseline_state`` is ``{state, host, driver, at[, error]}`` (``at``: UTC, ISO 8601 to the second;
+``error`` on ``failed`` and ``interrupted``; a sweep's ``running`` adds its ``pid`` and ``pid_ns``).
+The states and who moves between them::
 
     (none) | interrupted ──claim──► running ──► done          the job, when its fit is recorded
                                         │ ├──► failed        the job (its error), or the sweep for a
@@ -11,7 +12,8 @@ second; ``error`` on ``failed`` and ``interrupted``). The states and who moves b
     any ──compute──► running                                 ``sweeper baseline``: asked for by name
 
 The one claim rule (:data:`CLAIMABLE`, :func:`claim`): a sweep takes the study's baseline only when the
-study has none yet or the last one was interrupted, under the claim lock, so of two drivers that ask at once
+study has none yet, the last one was interrupted, or its driver died without a word (``kill -9``, out of
+memory: a running one whose pid this host sees gone), under the claim lock, so of two drivers that ask at once
 one gets it and a resume never computes a done (or failed) one again. The sweep settles only its own run
 (:func:`settle`): a state another driver or the job itself wrote since is left as it is.
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 import optuna
 
+from sweeper.store.identity import Identity
 from sweeper.store.locks import ClaimLock
 
 ATTR = "baseline_state"  # the study user attribute (status, best and the report read it by name)
@@ -60,27 +63,32 @@ def read(study: optuna.Study) -> dict[str, Any] | None:
     return stored if isinstance(stored, dict) else None
 
 
-def claimable(stored: dict[str, Any] | None) -> bool:
-    """The one claim rule: no baseline yet, or one in a :data:`CLAIMABLE` state."""
-    return stored is None or stored.get("state") in CLAIMABLE
+def claimable(stored: dict[str, Any] | None, ident: Identity | None = None) -> bool:
+    """The one claim rule: no baseline yet, one in a :data:`CLAIMABLE` state, or one whose driver is
+    gone (as ``ident`` sees it) while it says ``running``."""
+    if stored is None or stored.get("state") in CLAIMABLE:
+        return True
+    return ident is not None and stored.get("state") == State.RUNNING and ident.sees_dead(
+        stored.get("host"), stored.get("pid"), stored.get("pid_ns"))
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def mark(study: optuna.Study, state: State, host: str, driver: str, error: str | None = None) -> None:
+def mark(study: optuna.Study, state: State, host: str, driver: str, error: str | None = None,
+         **who: Any) -> None:
     """Record ``state``, stamped now, whatever was stored: the job's transitions, ``sweeper baseline``'s."""
-    stored = {"state": str(state), "host": host, "driver": driver, "at": _now()}
+    stored = {"state": str(state), "host": host, "driver": driver, "at": _now(), **who}
     study.set_user_attr(ATTR, stored if error is None else {**stored, "error": error})
 
 
-def claim(study: optuna.Study, lock: ClaimLock, host: str, driver: str) -> bool:
+def claim(study: optuna.Study, lock: ClaimLock, ident: Identity) -> bool:
     """Take the baseline run under the claim lock: True, with ``running`` written, when the rule allows it."""
     with lock:
-        if not claimable(read(study)):
+        if not claimable(read(study), ident):
             return False
-        mark(study, State.RUNNING, host, driver)
+        mark(study, State.RUNNING, ident.host, ident.driver_id, pid=ident.pid, pid_ns=ident.pid_ns)
         return True
 
 

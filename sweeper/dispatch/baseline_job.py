@@ -48,7 +48,7 @@ class BaselineJob:
             return
         self.tried = True
         try:
-            if not state.claim(self.study, self.lock, self.ident.host, self.ident.driver_id):
+            if not state.claim(self.study, self.lock, self.ident):
                 return
         except Exception as exc:  # noqa: BLE001 - the baseline never ends the sweep
             # nothing of ours is stored: the state stays as it was, and a later sweep may try

@@ -13,7 +13,7 @@ from sweeper.config import StudyConfig
 from sweeper.errors import FailReason
 from sweeper.store import optuna_private as private
 from sweeper.store import outage
-from sweeper.store.identity import Identity, pid_alive
+from sweeper.store.identity import Identity
 from sweeper.study.ending import fail_trial
 from sweeper.study.retry_rule import retry_plan
 
@@ -22,11 +22,9 @@ def fail_dead_local(study: optuna.Study, ident: Identity) -> None:
     """Fail now the RUNNING trials of a driver on this host whose process is gone (certainly stale)
     instead of waiting out the heartbeat grace period."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        ua = t.user_attrs
-        if (ua.get("host") != ident.host or ua.get("driver_id") == ident.driver_id or "driver_pid" not in ua
-                or ua.get("pid_ns", ident.pid_ns) != ident.pid_ns):  # trials of older versions have none
-            continue
-        if not pid_alive(int(ua["driver_pid"])):
+        ua = t.user_attrs  # (trials of older versions have no pid_ns)
+        if ua.get("driver_id") != ident.driver_id and ident.sees_dead(ua.get("host"), ua.get("driver_pid"),
+                                                                      ua.get("pid_ns", ident.pid_ns)):
             fail_trial(study, private.trial_id(t), FailReason.INTERRUPTED,
                        f"driver {ua['driver_pid']} on {ident.host} is gone")
 

@@ -33,6 +33,11 @@ class Identity:
     def attrs(self) -> dict[str, Any]:  # host last: each is its own write, and a host names a whole identity
         return {"driver_pid": self.pid, "driver_id": self.driver_id, "pid_ns": self.pid_ns, "host": self.host}
 
+    def sees_dead(self, host: Any, pid: Any, pid_ns: Any) -> bool:
+        """Whether driver ``pid`` on ``host`` is certainly gone (killed, out of memory): judged only where
+        its process table is this one (host, boot and pid namespace); a record with no pid is not."""
+        return host == self.host and pid_ns == self.pid_ns and pid is not None and not pid_alive(int(pid))
+
 
 def host_id() -> str:
     """This host's id: ``SWEEPER_HOST_ID`` (two pods, or a host renamed), else its name. The one
