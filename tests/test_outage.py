@@ -26,7 +26,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from pg_server import pg_url, skip_unless_required  # noqa: F401 - fixture
-from sweeper.errors import StorageOutage
+from sweeper.errors import StopRequested, StorageError, StorageOutage
 from sweeper.store import AdvisoryLock, advisory_key, open_storage
 from sweeper.store import outage as outage_module
 from sweeper.store.outage import is_transient
@@ -71,6 +71,19 @@ def test_sqlite_locked_past_the_busy_timeout_is_transient_a_bad_query_is_not(sql
     with pytest.raises(optuna.exceptions.DuplicatedStudyError) as dup:
         storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], "s")
     assert not is_transient(dup.value)
+
+
+def test_a_trial_ended_by_the_store_being_away_is_interrupted_not_a_crash():
+    """Past study.storage_outage_s, or stopped (a drain) while the store was away: the trial is failed as
+    ``interrupted`` (retried as such), not as a ``crash`` that spends study.retries and counts toward
+    the consecutive-failure stop."""
+    from sweeper.worker.trial import _failed
+
+    for exc in (StorageOutage("storage x has been unreachable for 61 s"), StopRequested(signal.SIGTERM)):
+        state, value, attrs = _failed(exc, lambda line: None)
+        assert (state, value, attrs["fail_reason"], attrs["stop_reason"]) == \
+               (TrialState.FAIL, None, "interrupted", "interrupted")
+    assert _failed(RuntimeError("boom"), lambda line: None)[2]["fail_reason"] == "crash"
 
 
 def test_a_refused_postgresql_connection_is_transient():
@@ -440,6 +453,23 @@ def test_a_postgresql_restart_mid_sweep_loses_nothing(study_file, throwaway_pg):
     assert "is unavailable" in logs and "Traceback" not in logs
     print(f"\nPostgreSQL down {outage:.1f} s mid-sweep: sweep {wall:.1f} s, exit 0, {len(trials)} trials "
           f"({states.count(TrialState.COMPLETE)} complete), {_retries(logs)} retries logged")
+
+
+@pytest.mark.slow
+def test_a_worker_that_opens_the_store_while_it_restarts_waits_for_it(throwaway_pg):
+    """A driver's child (``checked``) opening the store while it restarts rides the outage out: it
+    used to exit before it was ready, and three such exits in a row stopped the sweep as a broken
+    worker. A first open (the driver's: a wrong address is the likelier cause) does not wait."""
+    open_storage(throwaway_pg.url).engine.dispose()  # the tables, as the driver made them
+    throwaway_pg.stop()
+    with pytest.raises(StorageError, match="cannot connect"):
+        open_storage(throwaway_pg.url, outage_s=30)
+    timer = threading.Timer(3, throwaway_pg.start)
+    timer.start()
+    began = time.monotonic()
+    storage = open_storage(throwaway_pg.url, outage_s=60, checked=True)
+    timer.join()
+    assert time.monotonic() - began >= 3 and storage.get_all_studies() == []
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from sqlalchemy import event
 
 from sweeper.config.anchor import sqlite_path
 from sweeper.devices import fake
-from sweeper.errors import StorageError
+from sweeper.errors import StorageError, StorageOutage
 from sweeper.store import optuna_private as private
 from sweeper.store import outage
 from sweeper.store.identity import host_id
@@ -206,7 +206,8 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     than being created: read-only commands must not write. ``outage_s`` (``study.storage_outage_s``): how
     long calls ride out an outage of this store (None: the store's current limit). ``checked=True``: the
     driver that started this process checked the schema's version against this Optuna, so it is not checked
-    again (RDBStorage's check reads alembic's migration scripts: about 0.2 s of every worker's start).
+    again (RDBStorage's check reads alembic's migration scripts: about 0.2 s of every worker's start), and a
+    store away now is an outage to ride out (a worker that exits before it is ready is counted broken).
     """
     url = normalize_url(url)
     if (path := sqlite_path(url)) is not None and not path.exists() and not create:
@@ -215,12 +216,18 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.closing(sqlite3.connect(path, timeout=sqlite_busy_timeout_s())) as conn:
             conn.execute("PRAGMA journal_mode=WAL")
-    try:
+
+    def connect() -> SweeperStorage:
         with quiet_optuna(), schema_guard(url, create) as ready:
-            storage = SweeperStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
-                                     skip_compatibility_check=checked and ready,
-                                     heartbeat_interval=heartbeat_interval, grace_period=grace_period)
-    except StorageError:
+            return SweeperStorage(url, engine_kwargs=engine_kwargs(url), skip_table_creation=ready,
+                                  skip_compatibility_check=checked and ready,
+                                  heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+
+    policy = outage.for_url(url)
+    policy.limit_s = policy.limit_s if outage_s is None else outage_s
+    try:
+        storage = policy.call(connect) if checked else connect()
+    except (StorageError, StorageOutage):
         raise
     except Exception as exc:  # noqa: BLE001 - any driver error means "unreachable"
         raise StorageError(f"storage {redact(url)}: cannot connect: {_first_line(exc)}") from None
@@ -229,9 +236,7 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     elif is_postgres(url):
         _tune_postgres(storage.engine)
     storage.engine.dispose()  # connections opened before the hooks existed are not tuned: drop them
-    storage.outage_policy = outage.for_url(url)
-    if outage_s is not None:
-        storage.outage_policy.limit_s = outage_s
+    storage.outage_policy = policy
     return storage
 
 

@@ -32,6 +32,8 @@ from sweeper.errors import (
     FailReason,
     Interrupted,
     NonFiniteLoss,
+    StopRequested,
+    StorageOutage,
     SweeperError,
     TrialFailure,
     one_line,
@@ -314,8 +316,9 @@ def _failed(exc: BaseException, log: Callable[[str], None]) -> tuple[TrialState,
         # FAIL trials, so a FAIL would let it sample the region again; a PRUNED trial with no
         # intermediate values ranks below every other trial, so TPE moves away from it.
         return TrialState.PRUNED, None, fail_attrs(FailReason.CONFIG, message)
-    reason = exc.reason if isinstance(exc, TrialFailure) else FailReason.CRASH
-    return TrialState.FAIL, None, fail_attrs(reason, message)
+    # the store away past study.storage_outage_s, or a stop while it was: the trial's own fault it is not
+    away = FailReason.INTERRUPTED if isinstance(exc, (StorageOutage, StopRequested)) else FailReason.CRASH
+    return TrialState.FAIL, None, fail_attrs(exc.reason if isinstance(exc, TrialFailure) else away, message)
 
 
 def _log(path: Path, line: str) -> None:
