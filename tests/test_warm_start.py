@@ -14,6 +14,7 @@ from optuna.trial import TrialState, create_trial
 from conftest import sweeper_cli
 from sweeper.cli import main
 from sweeper.config import load_config
+from sweeper.errors import StopRequested
 
 pytestmark = pytest.mark.slow  # every test here starts a real process
 
@@ -118,6 +119,24 @@ def _cli(*args: object, code: int) -> str:
     result = CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
     assert result.exit_code == code, result.output
     return result.output
+
+
+def test_a_create_stopped_once_its_config_was_stored_still_runs_the_files_values_once(study_file, monkeypatch):
+    """Ctrl-C (or kill -9, or the store away) just after a new study's ``config`` attribute was stored left
+    a study that looked created, and no later run enqueued the file's own values: they come first now."""
+    path = study_file()
+    real = optuna.Study.set_user_attr
+
+    def stopped_after_config(self, key, value):
+        real(self, key, value)
+        if key == "config":
+            raise StopRequested()
+
+    monkeypatch.setattr(optuna.Study, "set_user_attr", stopped_after_config)
+    assert CliRunner().invoke(main, ["db", "init", str(path)]).exit_code != 0
+    monkeypatch.undo()
+    _cli("db", "init", path, code=0)
+    assert [t.user_attrs["warm_start_from"] for t in _trials(path)] == ["config"]
 
 
 def test_enqueue_files(study_file):

@@ -63,14 +63,14 @@ def open_study(storage: SweeperStorage, cfg: C.SweeperConfig, *, attrs: dict[str
         n_trials = len(study.get_trials(deepcopy=False))
         if not created:
             check_compatible(study, attrs, force)
+        # after the drift check, before the attributes: once ``config`` is stored no rerun enqueues them
+        queue.apply(study, new=created and not n_trials)
         for key, value in attrs.items():  # a study made by a sweeper before these two gains them
             if created or (key in ("study_uuid", "model_fingerprint") and key not in study.user_attrs):
                 study.set_user_attr(key, value)
         if study.metric_names is None:  # optuna-dashboard's axis and trials_dataframe's column name it
             with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
                 study.set_metric_names([C.objective_label(cfg.study.metric, cfg.validation)])
-        # after the drift check: a study refused is left untouched
-        queue.apply(study, new=created and not n_trials)
     if not created:
         seed = driver_seed(cfg.study.sampler.seed, n_trials, driver_id)
         study.sampler = build_sampler(cfg.study.sampler, seed)
