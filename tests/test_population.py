@@ -66,6 +66,19 @@ def test_a_population_gives_each_trial_its_solo_run(study_file):
     assert [out.runs[0].metrics["epochs_run"] for out in together] == [3, 2, 3]
 
 
+def test_each_trial_of_a_population_logs_its_own_epochs_and_end(study_file):
+    """A member's epoch and done lines go to its own trial's log (they all went to the first trial's, and
+    the others' logs had none of their training)."""
+    cfgs, logs = _cfgs(study_file), [[], [], []]
+    outs = train_population(load_panel(cfgs[0].data), [Trainer(c, NullHook(), time.monotonic(), log=log.append)
+                                                       for c, log in zip(cfgs, logs)])
+    for log, out, cfg in zip(logs, outs, cfgs):
+        epochs = [line for line in log if line.startswith("epoch ")]
+        assert [line.split()[1] for line in epochs] == [f"{e}/{cfg.train.epochs}" for e in range(1, 4)][
+            :out.runs[0].metrics["epochs_run"]]
+        assert [line.split(":")[0] for line in log if line.startswith("done")] == ["done (epochs)"]
+
+
 class _Steps(NullHook):
     """Keeps the steps a trial reports, as its OptunaHook would report them (offset + epoch)."""
 
@@ -163,10 +176,11 @@ def test_a_member_that_goes_non_finite_fails_its_trial_alone(study_file):
 
 
 def test_a_member_that_goes_non_finite_ends_its_trial_at_once(study_file):
-    """Told the moment its member fails, not when the stack ends: a Ctrl-C, crash or timeout that
-    stops the others later is not its outcome (it would be retried from before its NaN)."""
-    cfgs = _cfgs(study_file, {"train": {"epochs": 3, "nonfinite_patience": 2}},
-                 [MEMBERS[0], {**MEMBERS[2], "train.lr": 1e30}])
+    """Told the moment its members fail (both its seeds, in one sync: once), not when the stack ends: a
+    Ctrl-C, crash or timeout that stops the others later is not its outcome (it would be retried from
+    before its NaN)."""
+    cfgs = _cfgs(study_file, {"train": {"epochs": 3, "nonfinite_patience": 2, "max_stack": 2},
+                              "validation": {"repeats": 2}}, [MEMBERS[0], {**MEMBERS[2], "train.lr": 1e30}])
     hooks, ended = [_Prunes(None), _Prunes(None)], []
     trainers = [Trainer(c, h, time.monotonic(),
                         finished=lambda out: ended.append((out.failure, list(hooks[0].epochs))))

@@ -28,9 +28,8 @@ class EpochHook(Protocol):
     # after each on_epoch that did not stop the stack: the members to stop now (pruned: a population
     # stack's members of one trial, sweeper.validation.population); the others train on
     def members_to_stop(self) -> Collection[int]: ...
-    # member ``k``'s loss or gradients stayed non-finite past train.nonfinite_patience: the members
-    # that stop with it (its trial's; ``why``: the NonFiniteLoss), the others training on; None: the
-    # stack ends (NonFiniteLoss)
+    # member ``k``'s loss or gradients stayed non-finite past train.nonfinite_patience (``why``): the
+    # members that stop with it (its trial's), the others training on; None: the stack ends (NonFiniteLoss)
     def member_failed(self, k: int, why: str) -> Collection[int] | None: ...
     # the members of members_to_stop scored before the stack ends (their TrainResults), so that
     # their trial ends now

@@ -19,10 +19,11 @@ from sweeper.models import build_model
 
 @dataclass
 class Member:
-    """One run of a stack: its config (its own ``train.seed``, any per-member setting) and panel."""
+    """One run of a stack: its config (its own ``train.seed``, any per-member setting), panel and log."""
 
     cfg: SweeperConfig
     panel: Panel
+    log: Callable[[str], None] | None = None  # its epoch and done lines' (its trial's); None: the stack's
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Lane:
     rng: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
     best_valid: torch.Tensor | None = None  # its best epoch's valid predictions (see loop._validate)
     result: Any = None  # its TrainResult once scored (loop._finish; a pruned one before the stack ends)
+    log: Callable[[str], None] | None = None  # Member.log
 
     def new_epoch(self) -> None:
         self.steps, self.seen = EpochSteps(), 0
@@ -70,7 +72,7 @@ def build_lane(member: Member, device: torch.device) -> tuple[Lane, torch.nn.Mod
     return Lane(cfg, panel, batcher, Batcher(panel, "valid", device), torch.Generator().manual_seed(tc.seed),
                 DateRuns(batcher) if order == "cross_section" else None, steps,
                 lr_factor(tc.schedule, tc.warmup_frac, steps * tc.epochs),
-                rng=torch.get_rng_state()), solo  # taken after the model's draws
+                rng=torch.get_rng_state(), log=member.log), solo  # rng: taken after the model's draws
 
 
 def lane_batch_size(tc: TrainConfig, lanes: Sequence[Lane]) -> int:

@@ -281,7 +281,7 @@ def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fi
         if not fixed_epochs and lane.progress.bad_epochs >= lane.cfg.train.patience:
             lane.stopped = True  # masked from now on: it keeps its best epoch and changes no more
         rows[k] = metrics
-        say(epoch_line(metrics, lane.cfg.train.epochs))
+        (lane.log or say)(epoch_line(metrics, lane.cfg.train.epochs))
     return rows
 
 
@@ -322,8 +322,8 @@ def _result(run: Run, lane: Lane, scores: Scores, stop_reason: StopReason, scori
     reason = lane.reason or (StopReason.EARLY_STOP if lane.stopped and stop_reason == StopReason.EPOCHS
                              else stop_reason)
     seed = f"train.seed {lane.cfg.train.seed}, " if len(run.lanes) > 1 else ""
-    run.say(f"done ({reason}): {seed}best epoch {progress.best_epoch}, val_ic {metrics['val_ic']:.4f}, "
-        f"test_ic {metrics['test_ic']:.4f}")
+    (lane.log or run.say)(f"done ({reason}): {seed}best epoch {progress.best_epoch}, "
+                          f"val_ic {metrics['val_ic']:.4f}, test_ic {metrics['test_ic']:.4f}")
     return TrainResult(metrics, progress.history, progress.best_state, daily, predictions,
                        stopped_by_hook=reason == StopReason.PRUNED, stop_reason=reason, failure=lane.failure)
 

@@ -206,7 +206,7 @@ class Driver:
         if self.rule.interrupted:
             return
         if w.early_exits >= MAX_EARLY_EXITS:
-            # a worker that dies before it is ready (storage refused, too many connections,
+            # a worker that dies before it is ready (the store away past study.storage_outage_s,
             # a broken install) would otherwise be respawned forever
             self.rule.worker_broken(
                 f"stopped: the worker for {w.slot.label} exited {w.early_exits} times before it was ready "

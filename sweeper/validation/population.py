@@ -65,8 +65,9 @@ class PopulationHook:
 
     def member_failed(self, k: int, why: str) -> Collection[int] | None:
         t = next(t for t, ks in enumerate(self.members) if k in ks)
-        self.failed.add(t)
-        self.fail(t, why)  # told now: whatever stops the stack later is not its outcome
+        if t not in self.failed:  # told once (its other members' steps may fail in the same sync)
+            self.failed.add(t)
+            self.fail(t, why)  # now: whatever stops the stack later is not its outcome
         return self.members[t]
 
     def should_stop(self) -> bool:

@@ -287,7 +287,7 @@ def _train_stack(parts: list[Part], panels: dict[int, Panel]) -> list[int]:
             if trainer.log is not None:
                 trainer.log(f"{out.grid.label(fold)}, seed {seed + 1}/{cfg.validation.repeats} "
                             f"(train.seed {cfg.train.seed})" + (f": {spans}" if spans else ""))
-            members.append(Member(cfg, _scored(out.grid, panels[fold], fold, seed)))
+            members.append(Member(cfg, _scored(out.grid, panels[fold], fold, seed), trainer.log))
         trainer.hook.begin([out.grid.columns(f, r) for f, r in cells], out.grid.step(*cells[0], 0))
     settled: dict[int, bool] = {}  # part -> whether its trial ends here
 
@@ -295,9 +295,8 @@ def _train_stack(parts: list[Part], panels: dict[int, Panel]) -> list[int]:
         settled[t] = _settle(parts[t], panels, results, alone=len(members) == 1, early=True)
 
     def fail(t: int, why: str) -> None:  # a member non-finite: its trial ends now, as pruned ones do
-        (trainer, out, _), settled[t] = parts[t], True
-        out.failure = why
-        trainer.finished(out)
+        parts[t][1].failure, settled[t] = why, True
+        parts[t][0].finished(parts[t][1])
 
     hook, checkpoint = _stack_hook(parts, settle, fail)
     lead = parts[0][0]
