@@ -38,8 +38,7 @@ class FileCheckpointer:
     retry ever continues it (:mod:`sweeper.worker.adoption`). The core does not read it."""
 
     def __init__(self, path: str | Path, owner: dict[str, Any] | None = None) -> None:
-        self.path = Path(path)
-        self.owner = owner
+        self.path, self.owner = Path(path), owner
 
     def load(self) -> dict | None:
         return torch.load(self.path, map_location="cpu", weights_only=True) if self.path.exists() else None
@@ -95,8 +94,7 @@ def stack_state(cfg: SweeperConfig, epoch: int, lanes: list[Lane], step: StackSt
                      **{k: getattr(lane.progress, k) for k in PROGRESS_KEYS}}
                     for lane, gen in zip(lanes, dropout)],
         "batch_size": plan.batch_size, "micro_batch_size": plan.micro_batch,
-        "eval_batch_size": plan.eval_batch_size, "config": to_dict(cfg),
-    }
+        "eval_batch_size": plan.eval_batch_size, "config": to_dict(cfg)}
 
 
 def member_states(state: dict, which: Sequence[int], cfg: SweeperConfig) -> dict:
@@ -122,8 +120,7 @@ def restore_stack(state: dict, step: StackStep) -> int:
     """Continue from :func:`stack_state` (or from a lone run's checkpoint of an older sweeper, as
     the stack of one it now is); returns the epoch it holds."""
     lanes = step.lanes
-    if state.get("kind") != "stack":
-        state = _from_lone(state, step)
+    state = state if state.get("kind") == "stack" else _from_lone(state, step)
     if len(state["members"]) != len(lanes):
         raise ValueError("the checkpoint is not this stack's")
     with torch.no_grad():

@@ -65,9 +65,8 @@ class StackStep:
                 g.set_state(state)
             release_memory()
 
-    def until_it_fits(
-        self, batch: list[Rows | None], micro: int, shrink: Callable[[int], int], say: Callable[[str], None]
-    ) -> int:
+    def until_it_fits(self, batch: list[Rows | None], micro: int, shrink: Callable[[int], int],
+                      say: Callable[[str], None]) -> int:
         """The step, redone in micro-batches half the size after an OOM; returns the micro-batch."""
         while True:
             ok, _ = attempt(self, batch, micro)

@@ -45,8 +45,7 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
     chosen = visible(found.gpus) if cfg.gpus == "auto" else _select(found, cfg.gpus)
     if cfg.gpus == "auto" and not chosen:
         return cpu_slots(cfg.cpu_workers)
-    if cfg.skip_busy:
-        chosen = _skip_busy(chosen, cfg.busy_memory_mb)
+    chosen = _skip_busy(chosen, cfg.busy_memory_mb) if cfg.skip_busy else chosen
     return gpu_slots(chosen, slots_per_gpu(cfg))
 
 

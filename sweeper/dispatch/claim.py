@@ -121,8 +121,7 @@ class ClaimSchedule:
         return False
 
     def wait_on(self, foreign: set[int]) -> None:
-        self.waiting_on = foreign
-        self.next_claim = time.monotonic() + self.interval
+        self.waiting_on, self.next_claim = foreign, time.monotonic() + self.interval
 
     def clear(self) -> None:
         self.waiting_on = set()

@@ -64,8 +64,7 @@ class Driver:
                 "run_dir": str(run_dir), "artifacts": artifacts,
                 "driver": {"host": ident.host, "pid": ident.pid, "driver_id": ident.driver_id}}
         self.workers = [WorkerHandle(s, init, run_dir, server) for s in slots]
-        self.sel = selectors.DefaultSelector()
-        self.stop = stop or StopToken()
+        self.sel, self.stop = selectors.DefaultSelector(), stop or StopToken()
         objective = C.objective_label(cfg.study.metric, cfg.validation)
         self.rule = StopRule(cfg.study, self.stop, run_dir, objective)
         self.dispatch = dispatch_for(cfg, slots, study)

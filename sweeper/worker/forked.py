@@ -52,8 +52,7 @@ PRELOAD = (
     "sqlalchemy.dialects.postgresql", "optuna.storages._rdb.storage", "alembic.command", "alembic.config",
     "alembic.migration", "alembic.script", "optuna.artifacts",
     "sweeper.worker.main", "sweeper.worker.trial", "sweeper.validation.runner", "sweeper.validation.record",
-    "lightgbm", "sweeper.baseline.job",  # lightgbm only loads its library: no OpenMP region runs here
-)
+    "lightgbm", "sweeper.baseline.job")  # lightgbm only loads its library: no OpenMP region runs here
 # what is forked before the preload has ended (the rest is held until then, :func:`serve`)
 EARLY_JOBS = ("summary", "check")
 MAX_MESSAGE = 1 << 20

@@ -39,8 +39,7 @@ class FuncStack(StackedModule):
         params, buffers = stack_module_state(list(members))
         # a template on the meta device: functional_call reads its structure, never its tensors
         self._template = [copy.deepcopy(members[0]).to("meta")]
-        self._names = list(params)
-        self._buffer_names = list(buffers)
+        self._names, self._buffer_names = list(params), list(buffers)
         # what a one-member state dict holds (a non-persistent buffer is rebuilt, not loaded)
         persistent = set(members[0].state_dict())
         self._state_names = [n for n in self._names + self._buffer_names if n in persistent]

@@ -63,8 +63,7 @@ class StackedRNN(nn.Module):
         # its lone run's kernel drops out between layers, and its dropout draws the same masks
         seq = x.transpose(1, 2)
         for layer in range(self.num_layers):
-            if layer:
-                seq = self.dropout(seq)
+            seq = self.dropout(seq) if layer else seq
             seq = one_layer(seq, layer, last=layer == self.num_layers - 1)
         return seq
 

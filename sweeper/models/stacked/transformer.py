@@ -51,8 +51,7 @@ class StackedLayerNorm(nn.Module):
     def __init__(self, members: int, d: int, eps: float = LAYER_NORM_EPS) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(members, d))
-        self.bias = nn.Parameter(torch.zeros(members, d))
+        self.weight, self.bias = nn.Parameter(torch.ones(members, d)), nn.Parameter(torch.zeros(members, d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1:  # a stack of one: nn.LayerNorm's own call
