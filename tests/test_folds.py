@@ -138,6 +138,16 @@ def test_a_layout_that_cannot_fit_names_the_keys(default_panel):
     with pytest.raises(ConfigError, match=r"^validation\.train_dates: 12 target dates is too short a rolling "
                                           r"window; it needs at least 20"):
         fold_layout(default_panel, default_study(window="rolling", train_dates=12))
+    # longer than the first fold can have: its window was cut to what there was, so the folds' lengths
+    # differed (an expanding layout in all but name)
+    first = fold_layout(default_panel, default_study(window="rolling"))[0].train
+    most = first[1] - first[0]
+    folds = fold_layout(default_panel, default_study(window="rolling", train_dates=most))
+    assert {f.train[1] - f.train[0] for f in folds} == {most}
+    with pytest.raises(ConfigError, match=rf"^validation\.train_dates: {most + 1} target dates is too long a "
+                                          rf"rolling window; the first fold has {most} before its purge: set at "
+                                          r"most that, or fewer validation\.folds$"):
+        fold_layout(default_panel, default_study(window="rolling", train_dates=most + 1))
 
 
 def test_validate_prints_the_folds_and_refuses_a_layout_that_cannot_fit(tmp_path, monkeypatch):
