@@ -132,6 +132,25 @@ def test_too_little_history_says_how_many_dates_are_needed_and_there_are(swept, 
                    f"the data has 3, {str(days[0])[:10]} to {str(days[-1])[:10]})\n")
 
 
+@pytest.mark.slow
+def test_a_start_whose_first_dates_have_too_little_history_says_which_are_not_predicted(here):
+    """--start at a new file's first date: its first lookback - 1 dates cannot be predicted (too little
+    history). They were left out without a word, a live signal silently missing days."""
+    first = new_dates(here, 5)
+    days = sorted(pd.read_parquet(here / "new.parquet")["date"].unique())
+    start = str(days[0])[:10]
+    out = cli(here, "predict", "study.yaml", "--data", "new.parquet", "--start", start, "--allow-unrefit",
+              "-o", "p.parquet")
+    assert (f"note: --start {start}: the {LOOKBACK - 1} dates {start} to {str(days[LOOKBACK - 2])[:10]} have too "
+            f"little history in the data to predict (a row needs {LOOKBACK} dates, its own and the "
+            f"{LOOKBACK - 1} before it)\n") in out
+    predicted = pd.read_parquet(here / "p.parquet")
+    assert str(predicted["date"].min())[:10] == first and predicted["date"].nunique() == 5
+    out = cli(here, "predict", "study.yaml", "--data", "new.parquet", "--start", first, "--allow-unrefit",
+              "-o", "p.parquet")
+    assert "too little history" not in out
+
+
 # ------------------------------------------------------------- 3. every figure says its dates
 
 @pytest.mark.slow

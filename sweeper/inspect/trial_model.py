@@ -80,8 +80,10 @@ def read_refit(files: TrialFiles) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def restrict(panel: Panel, split: str, start: str | None, end: str | None) -> tuple[Panel, str]:
-    """``(panel, split name)``: the split itself, or its dates within ``[start, end]``."""
+def restrict(panel: Panel, split: str, start: str | None, end: str | None,
+             notes: dict[str, None]) -> tuple[Panel, str]:
+    """``(panel, split name)``: the split itself, or its dates within ``[start, end]``; ``notes`` gains the
+    dates from ``start`` on with too little history to predict (which a live signal would miss)."""
     from sweeper.data.scoring import date_range
 
     if split not in panel.splits:
@@ -91,6 +93,11 @@ def restrict(panel: Panel, split: str, start: str | None, end: str | None) -> tu
         return panel, split
     a, b = panel.splits[split]
     s, e = date_range(panel.dates, [start, end], panel.lookback, "--start/--end")
+    asked = date_range(panel.dates, [start, end], 1, "--start/--end")[0]  # before a full window's clamp
+    if start is not None and asked < s < min(b, e):
+        notes[f"--start {start}: the {s - asked} dates {' to '.join(panel.days((asked, s)))} have too little "
+              f"history in the data to predict (a row needs {panel.lookback} dates, its own and the "
+              f"{panel.lookback - 1} before it)"] = None
     splits = {**panel.splits, RANGE: (max(a, s), max(min(b, e), max(a, s)))}
     return dataclasses.replace(panel, splits=splits, _cache={}), RANGE
 
@@ -152,14 +159,14 @@ class Predictor:
         used = files.refit_files if refit else files  # the refit's model files, or the trial's own
         if refit and not used.weights.exists():
             raise DataError(f"{used.weights}: missing beside its refit.json; run `sweeper refit` again")
-        first = _state_dict(used.weights) if refit else load_weights(files, trial, self.study_file)
-        members = [first, *(_state_dict(p) for p in used.other_members())]
+        members = [_state_dict(used.weights) if refit else load_weights(files, trial, self.study_file),
+                   *(_state_dict(p) for p in used.other_members())]
         if data is None and self.study_data[1] is False and tcfg.data.path:
             data = tcfg.data.path  # it changed: the study's stored dates, scored with the trial's own weights
             self.notes[MOVED] = None
         panel = (self.own_panel(tcfg) if data is None
                  else self._new_panel(tcfg, used.norm_stats, trial, Path(data)))
-        panel, name = restrict(panel, split, start, end)
+        panel, name = restrict(panel, split, start, end, self.notes)
         if len(panel.sample_index(name)) == 0:
             raise DataError(no_rows(panel, split, name, trial.number, tcfg.data.lookback, (start, end)))
         device = resolve_device(self._device_name)
