@@ -116,7 +116,11 @@ def test_true_or_false_is_never_read_as_a_number(tmp_path, override, message):
                     "search_space:\n  train.lr: {type: float, low: 0.001, high: 0.01}\n")
     with pytest.raises(ConfigError) as exc:
         C.load_config(path, [override])
-    assert str(exc.value) == f"{path}: {message}"
+    assert str(exc.value) == f"{path} with --set {override}: {message}"
+    with pytest.raises(ConfigError) as exc:  # a --set's mistake was put to the study file's account
+        C.load_config(path, ["train.epocs=3", "train.lr=0.01"])
+    assert str(exc.value) == (f"{path} with --set train.epocs=3 train.lr=0.01: unknown key 'train.epocs'; "
+                              "did you mean 'train.epochs'?")
 
 
 def test_a_yes_in_the_study_file_is_no_number_and_true_or_false_still_sets_a_flag(tmp_path):
