@@ -97,6 +97,26 @@ def test_a_running_baseline_whose_driver_died_is_claimed_again_where_its_pid_is_
     assert not S.claimable({"state": "running", "host": here.host, "driver": "d0"}, here)  # older: no pid
 
 
+def test_the_running_job_stamps_its_own_pid_so_a_later_sweep_here_can_judge_it(study, monkeypatch, tmp_path):
+    """The job re-marks ``running`` as it starts (a sweep claimed it, or ``sweeper baseline`` asked): with
+    no pid that mark hid the claim's, and a killed sweep's baseline stayed ``running`` for good."""
+    from sweeper.baseline import job as J
+
+    seen = []
+
+    def fit(*_args, **_kwargs):
+        seen.append((dict(_stored(study)), S.claimable(_stored(study), Identity.current())))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(J, "fit_study", fit)
+    here = Identity.current()
+    with pytest.raises(ValueError):
+        J.compute(validate_config(TINY, "tiny"), study, 1, here.host, "d1", tmp_path)
+    ((stored, claimable),) = seen
+    assert (stored["host"], stored["pid"], stored["pid_ns"]) == (here.host, os.getpid(), here.pid_ns)
+    assert claimable is False  # this process lives: its run is not taken (a gone pid's is: the test above)
+
+
 def test_the_sweep_settles_only_its_own_running_run(study):
     S.claim(study, NullLock(), _who("h1", "d1"))
     assert S.settle(study, State.FAILED, "h2", "d2", "not ours") is False  # another driver's run

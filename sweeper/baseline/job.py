@@ -31,6 +31,7 @@ from sweeper.errors import one_line
 from sweeper.plain import plain
 from sweeper.quant.selection import fold_standard_error
 from sweeper.store import layout
+from sweeper.store.identity import Identity
 from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid
 
@@ -92,7 +93,8 @@ def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, 
     from sweeper.data import load_panel
     from sweeper.data.folds import fold_layout, fold_spans
 
-    mark(study, State.RUNNING, host, driver)  # whatever was stored: a sweep claimed it, or asked by name
+    here = Identity.current()  # its pid: a later sweep on this host takes over a run whose process is gone
+    mark(study, State.RUNNING, host, driver, pid=here.pid, pid_ns=here.pid_ns)  # claimed, or asked by name
     try:
         panel = load_panel(cfg.data)
         seed = cfg.study.sampler.seed if cfg.study.sampler.seed is not None else 0
