@@ -163,8 +163,10 @@ def sweep_command(name: str, must_exist: bool, doc: str) -> None:
     def command(study: Path, sets: tuple[str, ...], storage: str | None, force: bool,
                 enqueue: tuple[Path, ...]) -> None:
         from sweeper.dispatch.forkserver import ForkServer
-        # the lines to paste name the study as given: a study named by --set is read with the same --set
-        args = shlex.join([str(study), *(word for s in sets for word in ("--set", s))])
+        from sweeper.store.urls import redact
+        # the lines to paste name the study as given: by its --set and --storage (its password hidden)
+        args = shlex.join([str(study), *(word for s in sets for word in ("--set", s)),
+                           *(("--storage", redact(storage)) if storage else ())])
         hint = f"interrupted; run `sweeper run {args}` again to resume"
         click.get_current_context().meta[INTERRUPTED_HINT] = hint
         cfg = _load(study, sets)

@@ -60,6 +60,11 @@ def test_a_study_run_with_set_is_read_with_the_same_set(study_file):
     assert f"next: sweeper best {args} | sweeper report {args} -o report.html | sweeper dashboard {args}" in out
     status = json.loads(_cli("status", path, *renamed, "--set", "study.n_trials=1", "--json"))
     assert (status["study"], status["finished"], status["n_trials"]) == ("other", 1, 1)
+    # and by its --storage (they named the file's own store: a resume there made another study)
+    out = _cli("run", path, "--storage", "sqlite:///elsewhere.db")
+    args = f"{path} --storage sqlite:///elsewhere.db"
+    assert f"next: sweeper best {args} | sweeper report {args} -o report.html | sweeper dashboard {args}" in out
+    assert json.loads(_cli("status", path, "--storage", "sqlite:///elsewhere.db", "--json"))["finished"] == 1
     assert json.loads(_cli("best", path, *renamed, "--json"))["trial"] == 0
     assert "wrote" in _cli("export", path, *renamed, "-o", "t.csv")
     _cli("best", path, code=2)  # the file's own study was never run

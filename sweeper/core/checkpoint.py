@@ -105,8 +105,7 @@ def member_states(state: dict, which: Sequence[int], cfg: SweeperConfig) -> dict
     members = [state["members"][k] for k in which]
     rng = state["rng"]
     if len(members) == 1 and (own := members[0]["dropout"]) is not None and own.numel():
-        # alone it draws its dropout from the global generator: the CPU's (the same state's format) or,
-        # on a GPU, the CUDA one (a Philox state of 16 bytes, which the CPU's generator refuses)
+        # alone it draws dropout from the global generator: the CPU's, or on a GPU the CUDA one's (16 bytes)
         key, value = ("torch", own) if own.numel() == torch.get_rng_state().numel() else ("cuda", [own])
         rng, members = {**rng, key: value}, [{**members[0], "dropout": None}]
     share = len(state["members"]) // len(members)  # the stack's evaluation rows, shared by fewer
