@@ -74,8 +74,7 @@ class Refit:
     def lines(self) -> list[str]:
         r = self.record
         seeds = r.get("seeds") or [r["seed"]]  # a seed ensemble's refit trains every seed
-        trained = (f"seed {seeds[0]}" if len(seeds) == 1
-                   else f"{len(seeds)} seeds ({', '.join(map(str, seeds))})")
+        trained = f"seed {seeds[0]}" if len(seeds) == 1 else f"{len(seeds)} seeds ({str(seeds)[1:-1]})"
         epochs = f"{r['epochs']} epoch{'s' * (r['epochs'] != 1)}"
         again = (f"; it replaced the refit trained to {old.get('until')} ({old.get('created', '?')[:19]})"
                  if (old := self.replaced) else "")
@@ -150,8 +149,9 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
 
 def _dates(panel: Panel, window: Window, data: C.DataConfig) -> dict[str, Any]:
     horizon, embargo = split_widths(data)[1:]
-    return {"until": _iso(panel.dates[window.until]), "first_target": _iso(panel.dates[window.first]),
-            "last_target": _iso(panel.dates[window.stop - 1]), "target_dates": window.stop - window.first,
+    days = panel.sample_index("train")[:, 0].unique()  # the target dates it trained on: those with a label
+    return {"until": _iso(panel.dates[window.until]), "first_target": _iso(panel.dates[int(days[0])]),
+            "last_target": _iso(panel.dates[int(days[-1])]), "target_dates": len(days),
             "horizon": horizon, "embargo": embargo}
 
 

@@ -164,6 +164,15 @@ def test_a_refit_to_until_never_reads_a_later_label(study):
     cli("refit", "study.yaml", "--until", str(until)[:10])
     _, moved = refit_of(study.best_trial.number)
     assert not all(torch.equal(moved[k], weights[k]) for k in weights)
+    # its last 5 target dates without a label (a file whose labels stop early): the record and its line
+    # said it trained to the window's last date (predict's in-sample note then judged by it)
+    panel.loc[panel["date"].between(dates[last - 4], dates[last]), "label"] = np.nan
+    panel.to_parquet("panel.parquet", index=False)
+    out = cli("refit", "study.yaml", "--until", str(until)[:10])
+    unlabelled, _ = refit_of(study.best_trial.number)
+    assert (unlabelled["last_target"], unlabelled["target_dates"]) == (str(dates[last - 5])[:10],
+                                                                       record["target_dates"] - 5)
+    assert f"{record['target_dates'] - 5} target dates {record['first_target']} to {dates[last - 5]:%Y-%m-%d}" in out
 
 
 # ---------------------------------------------------------------- 3. the epochs
