@@ -2,7 +2,7 @@
 rule, the transitions, and the exit codes of ``python -m sweeper.baseline.job``.
 
 ``baseline_state`` is ``{state, host, driver, at[, error]}`` (``at``: UTC, ISO 8601 to the second;
-``error`` on ``failed`` and ``interrupted``; a sweep's ``running`` adds its ``pid`` and ``pid_ns``).
+``error`` on ``failed`` and ``interrupted``; ``running`` adds the ``pid`` and ``pid_ns`` that run it).
 The states and who moves between them::
 
     (none) | interrupted ──claim──► running ──► done          the job, when its fit is recorded

@@ -34,7 +34,7 @@ class Identity:
         return {"driver_pid": self.pid, "driver_id": self.driver_id, "pid_ns": self.pid_ns, "host": self.host}
 
     def sees_dead(self, host: Any, pid: Any, pid_ns: Any) -> bool:
-        """Whether driver ``pid`` on ``host`` is certainly gone: judged only in its own process table."""
+        """Whether process ``pid`` on ``host`` is certainly gone: judged only in its own process table."""
         return host == self.host and pid_ns == self.pid_ns and pid is not None and not pid_alive(int(pid))
 
 
