@@ -122,5 +122,4 @@ def load_config(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Swe
     if isinstance(raw, dict):  # anything else is validate_config's error
         for key, value in parse_sets(sets).items():
             set_dotted(raw, key, value)
-    # a problem is the file's or a --set's: the message names both where there are --sets
     return anchored(validate_config(raw, f"{path}{' with --set ' + ' '.join(sets) if sets else ''}"), path)

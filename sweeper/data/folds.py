@@ -65,11 +65,13 @@ def fold_layout(panel: Panel, cfg: SweeperConfig) -> list[Fold]:
                                          f"each needs at least {need_train} (the larger of "
                                          f"{MIN_TRAIN_DATES} and data.lookback)")
     length = v.train_dates if v.train_dates is not None else first_train
-    if v.window == "rolling" and not need_train <= length <= first_train:  # (every fold trains on as many)
-        why = (f"short a rolling window; it needs at least {need_train} (the larger of {MIN_TRAIN_DATES} and "
-               "data.lookback)" if length < need_train else f"long a rolling window; the first fold has "
-               f"{first_train} before its purge: set at most that, or fewer validation.folds")
-        raise ConfigError(f"validation.train_dates: {length} target dates is too {why}")
+    if v.window == "rolling" and length < need_train:
+        raise ConfigError(f"validation.train_dates: {length} target dates is too short a rolling window; it "
+                          f"needs at least {need_train} (the larger of {MIN_TRAIN_DATES} and data.lookback)")
+    if v.window == "rolling" and length > first_train:  # else the folds would train on different lengths
+        raise ConfigError(f"validation.train_dates: {length} target dates is too long a rolling window; "
+                          f"the first fold has {first_train} before its purge: set at most that, or fewer "
+                          "validation.folds")
     return [Fold(i, (max(first, start - gap - length) if v.window == "rolling" else first, start - gap),
                  (start, start + size)) for i, start in enumerate(starts)]
 

@@ -82,8 +82,7 @@ def read_refit(files: TrialFiles) -> dict[str, Any] | None:
 
 def restrict(panel: Panel, split: str, start: str | None, end: str | None,
              notes: dict[str, None]) -> tuple[Panel, str]:
-    """``(panel, split name)``: the split itself, or its dates within ``[start, end]``; ``notes`` gains the
-    dates from ``start`` on with too little history to predict (which a live signal would miss)."""
+    """``(panel, split name)``: the split, or its days in ``[start, end]``; ``notes``: days with no window."""
     from sweeper.data.scoring import date_range
 
     if split not in panel.splits:
