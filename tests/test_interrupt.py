@@ -1,7 +1,8 @@
 """Ctrl-C and SIGTERM while ``sweeper run`` waits for the study's lock, which another
 process holds: before the driver starts (it waits while opening the study) and in
 the middle of a sweep (it waits to claim the next trial). Exit 130 (143) within a
-few seconds, with no traceback, no "Aborted!", and no new trial or worker."""
+few seconds, with no traceback, no "Aborted!", and no new trial or worker. And a sweep whose
+stdout loses its reader (`| head`), which runs on to its end."""
 from __future__ import annotations
 
 import fcntl
@@ -140,3 +141,22 @@ def test_ctrl_c_while_waiting_for_the_claim_lock_mid_sweep(study_file):
     trials = _trials()
     assert len(trials) == before
     assert not [t for t in trials if t.state == TrialState.RUNNING]
+
+
+def test_a_sweep_whose_stdout_reader_leaves_runs_to_its_end(study_file):
+    """``sweeper run STUDY | head -1`` (or a ``| tee`` that Ctrl-C ended first): the lines have no
+    reader, but the sweep goes on to its last trial and exits 0, where click exited 1 at the next line."""
+    path = study_file({"study": {"n_trials": 3}})
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip(), "no first line"
+        proc.stdout.close()  # what head does after its line
+        err = proc.stderr.read()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Broken pipe" not in err, err
+    assert [t.state for t in _trials()] == [TrialState.COMPLETE] * 3

@@ -4,6 +4,7 @@ style: the driver has no branches for output, and a view never polls the study).
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -33,8 +34,10 @@ class PlainView(NullView):
         self.several = False  # a trial of several runs: an epoch's line names its run
 
     def _say(self, line: str) -> None:
-        self.stream.write(f"[{time.strftime('%H:%M:%S')}] {line}\n")
-        self.stream.flush()
+        try:
+            print(f"[{time.strftime('%H:%M:%S')}] {line}", file=self.stream, flush=True)
+        except BrokenPipeError:  # the reader left (`| head`, a `| tee` that Ctrl-C ended): the sweep goes
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())  # on unheard (click would exit 1)
 
     def start(self, cfg: SweeperConfig, plan: Plan, study: optuna.Study) -> None:
         from sweeper.store import redact
@@ -83,8 +86,7 @@ class PlainView(NullView):
             line = f"best: trial {best.number}  {name}={fmt(best.value)}"
             line += "" if name == "val_ic" else f"  val_ic={fmt(ua.get('val_ic'))}"
             line += f"  test_ic={fmt(ua.get('test_ic'))}"
-            oracle = plan.panel.oracle_ic
-            frac = oracle_fractions(ua, oracle).get("test_ic_oracle_fraction")
+            frac = oracle_fractions(ua, oracle := plan.panel.oracle_ic).get("test_ic_oracle_fraction")
             if frac is not None and oracle is not None:
                 line += f"  ({frac:.0%} of the oracle test IC {oracle['test']:.4f})"
             self._say(line)

@@ -91,8 +91,7 @@ class TrialFolder:
             member = self.files.run_files(fold, seed)
             if member.weights.exists():
                 os.replace(member.weights, self.files.member_weights(seed))
-        run = self.files.run_files(*members[0])
-        test = self.files.daily_ic("test")
+        run, test = self.files.run_files(*members[0]), self.files.daily_ic("test")
         for src, dst in ((run.norm_stats, self.files.norm_stats), (run.daily_ic("test"), test)):
             if src.exists():
                 with atomic_path(dst) as tmp:

@@ -66,8 +66,7 @@ class FuncStack(StackedModule):
         return {name: own[_key(name)] for name in self._state_names}
 
     def _tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        own = dict(self.named_parameters())
-        bufs = dict(self.named_buffers())
+        own, bufs = dict(self.named_parameters()), dict(self.named_buffers())
         return ({n: own[_key(n)] for n in self._names}, {n: bufs[_key(n)] for n in self._buffer_names})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

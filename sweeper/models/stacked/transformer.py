@@ -128,8 +128,7 @@ class StackedEncoderLayer(nn.Module):
         self.linear2 = StackedLinear(members, dim_feedforward, d_model, init=False)
         self.norm1 = StackedLayerNorm(members, d_model)
         self.norm2 = StackedLayerNorm(members, d_model)
-        self.dropout1 = MemberDropout(rates)
-        self.dropout2 = MemberDropout(rates)
+        self.dropout1, self.dropout2 = MemberDropout(rates), MemberDropout(rates)
         # a stack of one's torch layer: a meta-device template outside the module tree (it holds no tensor)
         self._torch = [nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, rates[0],
                                                   activation="gelu", batch_first=True, norm_first=True,
