@@ -189,6 +189,25 @@ def test_lcb_is_named_in_the_text(wf):
     assert figures["curves"]["layout"]["yaxis"]["title"]["text"] == "val_ic"  # each epoch reports val_ic
 
 
+@pytest.mark.parametrize("scheme", ["walk_forward", "holdout"])
+def test_the_valid_oracle_is_left_out_under_walk_forward(scheme, request):
+    """The stored oracle covers data.split's valid block, and a walk-forward val_ic the folds' own
+    blocks: under walk-forward best, its text and the report say nothing of a valid oracle (they
+    showed the fraction of one), and keep the test one; holdout keeps both."""
+    at = request.getfixturevalue("wf" if scheme == "walk_forward" else "holdout")
+    at["study"].set_user_attr("oracle_ic", {"train": 0.1, "valid": 0.05, "test": 0.08})
+    ua, folded = best_of(at["study"]).user_attrs, scheme == "walk_forward"
+    out = json.loads(cli("best", str(at["path"]), "--json"))
+    assert out["oracle_val_ic"] == (None if folded else 0.05) and out["oracle_test_ic"] == 0.08
+    assert out.get("val_ic_oracle_fraction") == (None if folded else ua["val_ic"] / 0.05)
+    assert out["test_ic_oracle_fraction"] == ua["test_ic"] / 0.08
+    text = cli("best", str(at["path"]))
+    assert ("oracle valid IC 0.0500" in text) is not folded and "oracle test IC 0.0800" in text
+    cli("report", str(at["path"]), "-o", "r.html")
+    page = Path("r.html").read_text()
+    assert ("of the oracle 0.0500" in page) is not folded and "of the oracle 0.0800" in page
+
+
 def test_holdout_best_and_status_unchanged(holdout):
     out = json.loads(cli("best", str(holdout["path"]), "--json"))
     assert out["trial"] == 5

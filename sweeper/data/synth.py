@@ -115,8 +115,7 @@ def generate(assets: int, dates: int, features: int, seed: int) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     x = simulate_features(rng, dates, assets, features)
     signal = planted_signal(x)
-    label = forward_label(rng, signal)
-    present = presence(rng, dates, assets)
+    label, present = forward_label(rng, signal), presence(rng, dates, assets)
     t_idx, a_idx = np.nonzero(present)
     values = x[BURN_IN:][t_idx, a_idx].astype(np.float32)
     values[rng.random(values.shape) < NAN_RATE] = np.nan

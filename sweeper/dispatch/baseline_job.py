@@ -3,9 +3,8 @@ docs/baseline.md): after the first trial of this driver ended on some slot, ``py
 sweeper.baseline.job`` runs there with the slot's threads, taking the slot's turn where the strategy says so
 (:func:`sweeper.dispatch.strategies.honours_turn`), so it never delays a first trial.
 
-Once per study: :mod:`sweeper.baseline.state` says who claims it and who records each of its ends (this
-driver settles only its own run). Nothing here raises into the loop: the sweep goes on whatever the
-baseline does.
+Once per study: :mod:`sweeper.baseline.state` says who claims it and who records each of its ends (this driver
+settles only its own run). Nothing here raises into the loop: the sweep goes on whatever the baseline does.
 """
 from __future__ import annotations
 

@@ -37,6 +37,7 @@ from sweeper.inspect.figures_search import curves_figure, history_figure, import
 from sweeper.inspect.figures_time import ic_time_figure
 from sweeper.inspect.printing import ic_time_lines, portfolio_lines, selection_lines
 from sweeper.inspect.results import trial_horizons, valid_daily_ics
+from sweeper.quant.oracle import study_oracle
 from sweeper.store import layout
 from sweeper.store.run_folder import files_folder
 from sweeper.store.studies import best_trial, load_existing
@@ -104,7 +105,8 @@ def write_report(cfg: SweeperConfig, out: str | Path, storage_url: str | None = 
     study = load_existing(cfg, storage_url)
     data = load(study, files_folder(cfg, study), cfg.study.metric, cfg)
     figures = build_figures(data)
-    write_text(Path(out), render_html(data, figures, oracle=study.user_attrs.get("oracle_ic")))
+    oracle = study_oracle(study.user_attrs, cfg.validation.walk_forward)
+    write_text(Path(out), render_html(data, figures, oracle=oracle))
     return {"path": str(out), "trials": len(data.trials), "figures": list(figures),
             "seconds": time.perf_counter() - started}
 

@@ -24,7 +24,7 @@ from sweeper.config import SweeperConfig, objective_label
 from sweeper.inspect import ic_views
 from sweeper.inspect.trials import model_dates
 from sweeper.plain import plain
-from sweeper.quant.oracle import oracle_fractions
+from sweeper.quant.oracle import oracle_fractions, study_oracle
 from sweeper.store import layout
 from sweeper.store import optuna_private as private
 from sweeper.store.run_folder import files_folder
@@ -123,7 +123,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     out["scored_on"] = scored_on(study.user_attrs, portfolio)  # which dates each figure covers
     out.update({k: plain(ua[k]) for k in STACK_KEYS if k in ua})  # how its runs stacked, and why
     out.update(constraints_report(cfg, best, trials))
-    if oracle := study.user_attrs.get("oracle_ic"):
+    if oracle := study_oracle(study.user_attrs, cfg.validation.walk_forward):
         out.update(oracle_val_ic=oracle.get("valid"), oracle_test_ic=oracle.get("test"),
                    **oracle_fractions(ua, oracle))
     out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg),

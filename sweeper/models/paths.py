@@ -68,8 +68,7 @@ def import_model_module(module_name: str) -> ModuleType:
 
 
 def _put_first(folders: list[str]) -> None:
-    # kept on sys.path (not only while importing) so a model's own later imports of its
-    # sibling files work too
+    # kept on sys.path (not only while importing) so a model's own later imports of its sibling files work too
     if folders == _ADDED and sys.path[:len(folders)] == folders:
         return
     for folder in _ADDED:

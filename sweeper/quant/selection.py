@@ -96,8 +96,7 @@ def _probabilistic_sharpe(x: np.ndarray, sr: float, sr0: float, days: float) -> 
         return math.nan
     centred = x - x.mean()
     m2 = float(np.mean(centred**2))
-    skew = float(np.mean(centred**3)) / m2**1.5
-    kurt = float(np.mean(centred**4)) / m2**2
+    skew, kurt = float(np.mean(centred**3)) / m2**1.5, float(np.mean(centred**4)) / m2**2
     var = 1 - skew * sr + (kurt - 1) / 4 * sr**2
     return _NORMAL.cdf((sr - sr0) * math.sqrt(days - 1) / math.sqrt(var)) if var > 0 else math.nan
 

@@ -36,9 +36,8 @@ class StackedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(members, out_features)) if bias else None
         if not init:  # its model draws it in its own order (init_linear)
             return
-        # nn.Linear's initialisation per member, and for a stack of one draw for draw nn.Linear's
-        # (a stack is usually loaded from one-member models, but one built alone must start where
-        # K fresh nn.Linear would)
+        # nn.Linear's initialisation per member, and for a stack of one draw for draw nn.Linear's (a stack is
+        # usually loaded from one-member models, but one built alone must start where K fresh nn.Linear would)
         bound = 1 / math.sqrt(in_features) if in_features else 0.0
         with torch.no_grad():
             for k in range(members):

@@ -182,8 +182,7 @@ def _replaying(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     generators = list({id(g): g for m in layer.modules()
                        if isinstance(m, MemberDropout) and m.any and m.generators is not None
                        for g in m.generators}.values())
-    before = [g.get_state() for g in generators]
-    calls = 0
+    before, calls = [g.get_state() for g in generators], 0
 
     def run(h: torch.Tensor) -> torch.Tensor:
         nonlocal calls
