@@ -1,13 +1,12 @@
 """sweeper: hyperparameter sweeps for deep-learning alpha models.
 
-The flow, one floor per package (docs/architecture.md): :mod:`sweeper.config` (the study file,
-validated once) -> :mod:`sweeper.dispatch` (the driver) -> :mod:`sweeper.worker` (the child) ->
+The flow, one floor per package (docs/architecture.md): :mod:`sweeper.config` (the study file, validated
+once) -> :mod:`sweeper.dispatch` (the driver) -> :mod:`sweeper.worker` (the child) ->
 :mod:`sweeper.validation` (a trial's runs) -> :mod:`sweeper.core` (the training loop, on
 :mod:`sweeper.data` and :mod:`sweeper.models`) -> :mod:`sweeper.quant` (the figures) ->
 :mod:`sweeper.store` (where everything is kept) -> :mod:`sweeper.inspect` (what a user reads);
-:mod:`sweeper.study` holds the rules over the stored study that several floors read,
-:mod:`sweeper.devices` the GPUs and slots, :mod:`sweeper.baseline` the LightGBM baseline. The
-modules at the top:
+:mod:`sweeper.study` holds the rules over the stored study that several floors read, :mod:`sweeper.devices`
+the GPUs and slots, :mod:`sweeper.baseline` the LightGBM baseline. The modules at the top:
 
 - :mod:`~sweeper.cli`: the ``sweeper`` command line, a thin click shell;
 - :mod:`~sweeper.train_command`: ``sweeper train``, one trial's runs without a sweep;

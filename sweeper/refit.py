@@ -125,8 +125,7 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
             else C.with_overrides(cfg, chosen.params, f"trial {chosen.number} params"))
     panel, window = refit_panel(tcfg.data, day)
     # exactly E epochs: no time limit, and train's fixed_epochs validates nothing and never stops early
-    run_cfg = tcfg.with_train(epochs=epochs, max_minutes=None)
-    where = resolve_device(device)
+    run_cfg, where = tcfg.with_train(epochs=epochs, max_minutes=None), resolve_device(device)
     # seed repeats: the trial's model is its seed ensemble, so every seed trains, in stacks of its size
     seeds = [Member(seeded(run_cfg, r), panel) for r in range(tcfg.validation.repeats)]
     pinned = tcfg.train.max_stack if tcfg.train.max_stack != "auto" else 1

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from sweeper.cli import main
+from sweeper.store import layout
 
 
 def _cli(*args, code=0):
@@ -47,6 +49,36 @@ def test_status_best_and_drift(study_file):
     path.write_text(yaml.safe_dump(raw))
     _cli("run", path, "--force")
     assert json.loads(_cli("status", path, "--json"))["finished"] == 3
+
+
+@pytest.mark.slow
+def test_a_data_file_that_grew_is_refused_even_with_force_until_its_dates_are_pinned(study_file, workdir):
+    """Daily use: the panel gains dates, and a split given as fractions moves with them. --force ranked the
+    new trials, scored on other valid and test dates, with the study's; it is refused with the pin to paste,
+    and with the pin the study carries on, on its own dates."""
+    from sweeper.data.synth import synthetic_frame
+
+    frame, _ = synthetic_frame(24, 200, 3, 1)
+    days = sorted(frame["date"].unique())
+    frame[frame["date"] <= days[159]].to_parquet(workdir / "panel.parquet")
+    path = study_file({"study": {"n_trials": 1}, "data": {"path": "panel.parquet", "synthetic": None}})
+    _cli("run", path)
+    frame.to_parquet(workdir / "panel.parquet")  # 40 dates more
+    out = _cli("run", path, "--force", "--set", "study.n_trials=2", code=2)
+    pin = ("data.split: {train: [2010-01-08, 2010-05-14], valid: [2010-05-19, 2010-06-30], "
+           "test: [2010-07-05, 2010-08-13]}")
+    assert out == ("Error: study 'tiny' scores its trials on train 2010-01-08 to 2010-05-14, valid 2010-05-19 to "
+                   "2010-06-30, test 2010-07-05 to 2010-08-13; this data and data.split give train 2010-01-08 to "
+                   "2010-06-17, valid 2010-06-22 to 2010-08-13, test 2010-08-18 to 2010-10-08, so its trials "
+                   f"would be ranked on other dates. Pin them ({pin}, with --force) or use a new study.name\n")
+    assert json.loads(_cli("status", path, "--json"))["finished"] == 1  # nothing ran
+    raw = yaml.safe_load(path.read_text())
+    raw["data"]["split"] = yaml.safe_load(pin.split(": ", 1)[1])
+    path.write_text(yaml.safe_dump(raw))
+    _cli("run", path, "--force", "--set", "study.n_trials=2")
+    assert json.loads(_cli("status", path, "--json"))["finished"] == 2
+    valid = [pd.read_csv(layout.trial_files(workdir / "runs/tiny", k).daily_ic("valid"))["date"] for k in (0, 1)]
+    assert list(valid[1]) == list(valid[0]) and (valid[0].iloc[0], valid[0].iloc[-1]) == ("2010-05-19", "2010-06-30")
 
 
 @pytest.mark.slow

@@ -1,13 +1,12 @@
 """How many runs share a stack: measured on the device, not set.
 
-On a GPU a small model's step is launch-bound, so K members cost little more than one and
-stacking pays as far as memory allows; on a CPU the work grows with K and the gain depends on the
-model (an MLP gains, an LSTM loses to torch's fused kernel run member by member). So
-:func:`measure` times real training steps (the trial's config and data, each member with its own
-seed) and evaluation forwards, in the trial's proportion, at each candidate size, in interleaved
-rounds so that load from other processes hits every size alike, and :func:`choose` takes the
-largest size that beats every smaller one by :data:`MARGIN` in member-samples per second. A size
-whose batch probe finds no room is out.
+On a GPU a small model's step is launch-bound, so K members cost little more than one and stacking
+pays as far as memory allows; on a CPU the work grows with K and the gain depends on the model (an
+MLP gains, an LSTM loses to torch's fused kernel run member by member). So :func:`measure` times real
+training steps (the trial's config and data, each member with its own seed) and evaluation forwards,
+in the trial's proportion, at each candidate size, in interleaved rounds so that load from other
+processes hits every size alike, and :func:`choose` takes the largest size that beats every smaller
+one by :data:`MARGIN` in member-samples per second. A size whose batch probe finds no room is out.
 On a CPU with native bf16, :func:`measure_precision` first times fp32 against bf16 alike.
 """
 from __future__ import annotations

@@ -9,11 +9,10 @@ cross-sectional normalisation shares one entry between its trials.
 
 - **Once per host**: the first process builds under an exclusive ``flock`` on
   ``<root>/.locks/<key>.lock``; the others wait on it and then map what it wrote.
-- **Never half an entry**: the arrays are written into ``<root>/.tmp-<key>-...`` (as
-  file-backed maps, so the build holds no second copy), flushed, ``meta.json`` last, and
-  the folder is renamed into place in one step. A crash leaves a ``.tmp-`` folder that is
-  never read and is removed by the next eviction; an entry that fails to open (damaged
-  by hand, a truncated file) is removed and rebuilt.
+- **Never half an entry**: the arrays are written into ``<root>/.tmp-<key>-...`` (as file-backed maps,
+  so the build holds no second copy), flushed, ``meta.json`` last, and the folder is renamed into
+  place in one step. A crash leaves a ``.tmp-`` folder that is never read and is removed by the next
+  eviction; an entry that fails to open (damaged by hand, a truncated file) is removed and rebuilt.
 - **Read-only maps**: ``np.load(mmap_mode="r")``; the pages are the page cache's, shared
   by every process that maps them, so a host holds one copy however many workers train.
 - **Eviction**: after a build, the entries least recently used are removed until the

@@ -10,8 +10,7 @@ what a worker's trials train on (:func:`trial_device`).
 - ``SWEEPER_FAKE_TRIAL_MEMORY_MB``: on such a slot, the peak memory every trial reports (its
   batch probe's, each epoch's); a trial allotted less runs out of memory at its start;
 - ``SWEEPER_FAKE_CPU_BF16=0|1``: whether this CPU runs bf16 natively, so ``train.precision: auto``
-  is measured on it (unset: torch's oneDNN says); the suite sets 0, so its numbers are fp32's on
-  every box.
+  is measured on it (unset: torch's oneDNN says); the suite sets 0, so its numbers are fp32's on every box.
 
 And the clocks a test shortens (seconds; unset, production's own value):
 

@@ -1,12 +1,10 @@
 """``sweeper predict``: a trial's best weights, or an ensemble of the best trials, applied
 to a split of the study's data or to another file.
 
-- ``--trial N`` or ``best``: one trial, rebuilt from its resolved config
-  (``trials/<n>/config.yaml``) with ``weights.pt`` (see :mod:`sweeper.inspect.trial_model`);
-  its valid IC is the stored ``val_ic``.
-- ``--trial topK`` (``top3``): the K best COMPLETE trials by the study metric; the output
-  ``pred`` is the mean of their per-date z-scored predictions
-  (:func:`sweeper.quant.ensemble.ensemble`).
+- ``--trial N`` or ``best``: one trial, rebuilt from its resolved config (``trials/<n>/config.yaml``)
+  with ``weights.pt`` (see :mod:`sweeper.inspect.trial_model`); its valid IC is the stored ``val_ic``.
+- ``--trial topK`` (``top3``): the K best COMPLETE trials by the study metric; the output ``pred``
+  is the mean of their per-date z-scored predictions (:func:`sweeper.quant.ensemble.ensemble`).
 - ``--split``: ``valid`` (the default), ``test``, ``train`` or ``all`` (every date with a
   full lookback window); ``--start``/``--end`` keep the split's dates within that range (and
   make ``all`` the default, as does ``--data`` scored by a refit). Under walk-forward folds the

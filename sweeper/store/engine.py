@@ -103,8 +103,7 @@ def _tune_sqlite(engine: sqlalchemy.Engine) -> None:
 PG_SESSION_SETTINGS = (
     # A startup option ("-c timezone=UTC") is not enough: libpq sends PGTZ as a
     # startup parameter too, and the server applies it last.
-    "SET TIME ZONE 'UTC'",
-    *(f"SET tcp_keepalives_{k} = {v}" for k, v in PG_KEEPALIVE.items()))
+    "SET TIME ZONE 'UTC'", *(f"SET tcp_keepalives_{k} = {v}" for k, v in PG_KEEPALIVE.items()))
 
 
 def _tune_postgres(engine: sqlalchemy.Engine) -> None:
