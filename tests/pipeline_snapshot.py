@@ -52,6 +52,11 @@ with the record's trial-level file); the two files the record cannot have (the r
 run in ``metrics.csv`` rows and ``daily_ic_valid.csv`` (``fold``, ``repeat``: 1) are taken out.
 Every value compares exactly still.
 
+On 2026-12-07 every ``walk_forward*`` record was edited by hand, not rewritten: under walk-forward
+``best`` no longer shows the study's valid oracle (it covered ``data.split``'s valid block, where the
+trials' val_ic is the folds' mean), so each record's ``best.oracle_val_ic`` became null and its
+``best.val_ic_oracle_fraction`` was removed; nothing else in them changed.
+
 Taken out (they vary between two runs of the same code): wall times and throughput, memory
 peaks, pids, host names, driver ids, uuids (the study's and the artifact store's ids), the
 environment, and the text of log files (their lines carry times). Kept: every param, state,

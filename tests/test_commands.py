@@ -52,10 +52,10 @@ def test_status_best_and_drift(study_file):
 
 
 @pytest.mark.slow
-def test_a_data_file_that_grew_is_refused_even_with_force_until_its_dates_are_pinned(study_file, workdir):
-    """Daily use: the panel gains dates, and a split given as fractions moves with them. --force ranked the
-    new trials, scored on other valid and test dates, with the study's; it is refused with the pin to paste,
-    and with the pin the study carries on, on its own dates."""
+def test_a_data_file_that_grew_moves_the_split_which_the_drift_message_names_with_its_pin(study_file, workdir):
+    """Daily use: the panel gains dates, and a split given as fractions moves with them. The refusal named
+    only the fingerprint, and --force ranked new trials, scored on other valid and test dates, with the
+    study's: the message names the dates and the pin to paste, and with the pin the study carries on on its own."""
     from sweeper.data.synth import synthetic_frame
 
     frame, _ = synthetic_frame(24, 200, 3, 1)
@@ -64,17 +64,18 @@ def test_a_data_file_that_grew_is_refused_even_with_force_until_its_dates_are_pi
     path = study_file({"study": {"n_trials": 1}, "data": {"path": "panel.parquet", "synthetic": None}})
     _cli("run", path)
     frame.to_parquet(workdir / "panel.parquet")  # 40 dates more
-    out = _cli("run", path, "--force", "--set", "study.n_trials=2", code=2)
+    out = _cli("run", path, "--set", "study.n_trials=2", code=2)
     pin = ("data.split: {train: [2010-01-08, 2010-05-14], valid: [2010-05-19, 2010-06-30], "
            "test: [2010-07-05, 2010-08-13]}")
-    assert out == ("Error: study 'tiny' scores its trials on train 2010-01-08 to 2010-05-14, valid 2010-05-19 to "
-                   "2010-06-30, test 2010-07-05 to 2010-08-13; this data and data.split give train 2010-01-08 to "
-                   "2010-06-17, valid 2010-06-22 to 2010-08-13, test 2010-08-18 to 2010-10-08, so its trials "
-                   f"would be ranked on other dates. Pin them ({pin}, with --force) or use a new study.name\n")
-    assert json.loads(_cli("status", path, "--json"))["finished"] == 1  # nothing ran
+    assert ("; split dates (train 2010-01-08 to 2010-05-14, valid 2010-05-19 to 2010-06-30, test 2010-07-05 to "
+            "2010-08-13 -> train 2010-01-08 to 2010-06-17, valid 2010-06-22 to 2010-08-13, test 2010-08-18 to "
+            "2010-10-08): new trials would be scored on other dates than its trials so far and ranked with "
+            f"them; {pin} keeps its dates. Revert them") in out
+    assert _cli("validate", path, code=2) == out
     raw = yaml.safe_load(path.read_text())
     raw["data"]["split"] = yaml.safe_load(pin.split(": ", 1)[1])
     path.write_text(yaml.safe_dump(raw))
+    assert "split dates" not in _cli("run", path, code=2)  # the fingerprint and the split's keys only
     _cli("run", path, "--force", "--set", "study.n_trials=2")
     assert json.loads(_cli("status", path, "--json"))["finished"] == 2
     valid = [pd.read_csv(layout.trial_files(workdir / "runs/tiny", k).daily_ic("valid"))["date"] for k in (0, 1)]

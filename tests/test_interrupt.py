@@ -152,8 +152,8 @@ def test_a_sweep_whose_stdout_reader_leaves_runs_to_its_end(study_file):
     try:
         assert proc.stdout.readline().strip(), "no first line"
         proc.stdout.close()  # what head does after its line
+        proc.wait(timeout=120)  # its stderr is a few lines: no pipe fills while it runs
         err = proc.stderr.read()
-        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

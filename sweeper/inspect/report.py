@@ -36,8 +36,7 @@ from sweeper.inspect.figures_portfolio import buckets_figure, longshort_figure
 from sweeper.inspect.figures_search import curves_figure, history_figure, importance_figure, parallel_figure
 from sweeper.inspect.figures_time import ic_time_figure
 from sweeper.inspect.printing import ic_time_lines, portfolio_lines, selection_lines
-from sweeper.inspect.results import trial_horizons, valid_daily_ics
-from sweeper.quant.oracle import study_oracle
+from sweeper.inspect.results import study_oracle, trial_horizons, valid_daily_ics
 from sweeper.store import layout
 from sweeper.store.run_folder import files_folder
 from sweeper.store.studies import best_trial, load_existing
@@ -105,8 +104,7 @@ def write_report(cfg: SweeperConfig, out: str | Path, storage_url: str | None = 
     study = load_existing(cfg, storage_url)
     data = load(study, files_folder(cfg, study), cfg.study.metric, cfg)
     figures = build_figures(data)
-    oracle = study_oracle(study.user_attrs, cfg.validation.walk_forward)
-    write_text(Path(out), render_html(data, figures, oracle=oracle))
+    write_text(Path(out), render_html(data, figures, oracle=study_oracle(study.user_attrs)))
     return {"path": str(out), "trials": len(data.trials), "figures": list(figures),
             "seconds": time.perf_counter() - started}
 

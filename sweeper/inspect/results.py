@@ -24,7 +24,7 @@ from sweeper.config import SweeperConfig, objective_label
 from sweeper.inspect import ic_views
 from sweeper.inspect.trials import model_dates
 from sweeper.plain import plain
-from sweeper.quant.oracle import oracle_fractions, study_oracle
+from sweeper.quant.oracle import oracle_fractions
 from sweeper.store import layout
 from sweeper.store import optuna_private as private
 from sweeper.store.run_folder import files_folder
@@ -105,6 +105,13 @@ def selection_report(study: optuna.Study, run_dir: str | Path, best: FrozenTrial
     return {**selection_summary(daily, best.number, horizons, fold_ics=fold_ics, folds=folds), **unread}
 
 
+def study_oracle(study_attrs: dict[str, Any]) -> dict[str, float] | None:
+    """The study's stored oracle IC per split, less the valid one under walk-forward (its stored fold
+    layout): it covers data.split's valid block, where a trial's val_ic is the mean over the folds' own."""
+    oracle = study_attrs.get("oracle_ic")
+    return {k: v for k, v in oracle.items() if k != "valid" or not K.folded(study_attrs)} if oracle else None
+
+
 def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = False,
                 study_file: str | None = None) -> dict[str, Any] | None:
     """The best trial in full. ``portfolio=True`` adds the long-short view and the top-3
@@ -123,7 +130,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     out["scored_on"] = scored_on(study.user_attrs, portfolio)  # which dates each figure covers
     out.update({k: plain(ua[k]) for k in STACK_KEYS if k in ua})  # how its runs stacked, and why
     out.update(constraints_report(cfg, best, trials))
-    if oracle := study_oracle(study.user_attrs, cfg.validation.walk_forward):
+    if oracle := study_oracle(study.user_attrs):
         out.update(oracle_val_ic=oracle.get("valid"), oracle_test_ic=oracle.get("test"),
                    **oracle_fractions(ua, oracle))
     out["selection"] = selection_report(study, folder, best, trials, trial_horizons(trials, cfg),

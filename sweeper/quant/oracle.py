@@ -12,10 +12,3 @@ def oracle_fractions(attrs: dict[str, Any], oracle: dict[str, float] | None) -> 
     return {f"{key}_oracle_fraction": attrs[key] / oracle[split]
             for split, key in (("valid", "val_ic"), ("test", "test_ic"))
             if oracle and oracle.get(split) and attrs.get(key) is not None}
-
-
-def study_oracle(study_attrs: dict[str, Any], walk_forward: bool) -> dict[str, float] | None:
-    """The study's stored oracle IC per split, less the valid one under walk-forward: it covers
-    data.split's valid block, where a trial's val_ic is the mean over the folds' own blocks."""
-    oracle = study_attrs.get("oracle_ic")
-    return {k: v for k, v in oracle.items() if k != "valid" or not walk_forward} if oracle else None

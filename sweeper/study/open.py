@@ -104,15 +104,13 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
                       "study was run on")
     if changed := code_changed(attrs["model_fingerprint"], stored):
         differ.append(f"{changed}, and its trials would rank two models as one")
+    # a data file that grew moves a split of fractions: its new trials would be judged on another window
+    if (old := stored.get("split_dates")) not in (None, new := attrs.get("split_dates")):
+        say = lambda dates: ", ".join(f"{k} {a} to {b}" for k, (a, b) in dates.items())  # noqa: E731
+        pin = ", ".join(f"{k}: [{a}, {b}]" for k, (a, b) in old.items())
+        differ.append(f"split dates ({say(old)} -> {say(new)}): new trials would be scored on other dates "
+                      f"than its trials so far and ranked with them; data.split: {{{pin}}} keeps its dates")
     if differ and not force:
         raise ConfigDrift(f"study {study.study_name!r} was created with a different config; these keys "
                           f"differ: {'; '.join(differ)}. Revert them, use a new study.name, or pass --force "
                           "to resume anyway.")
-    # even with --force: a data file that grew moves a split given as fractions, and its trials scored on
-    # other dates than the study's would be ranked with them
-    if (old := stored.get("split_dates")) not in (None, new := attrs.get("split_dates")):
-        say = lambda dates: ", ".join(f"{k} {a} to {b}" for k, (a, b) in dates.items())  # noqa: E731
-        pin = ", ".join(f"{k}: [{a}, {b}]" for k, (a, b) in old.items())
-        raise ConfigDrift(f"study {study.study_name!r} scores its trials on {say(old)}; this data and "
-                          f"data.split give {say(new)}, so its trials would be ranked on other dates. Pin "
-                          f"them (data.split: {{{pin}}}, with --force) or use a new study.name")
