@@ -106,6 +106,6 @@ def _say_scores(console: Any, m: dict[str, Any]) -> None:
     console.print(f"test:  ic {_cell(m.get('test_ic'))}  rank_ic {_cell(m.get('test_rank_ic'))}  "
                   f"icir {_cell(m.get('test_icir'))}", highlight=False)
     if m.get("oracle_test_ic"):
-        console.print(f"oracle IC: valid {m['oracle_val_ic']:.4f}  test {m['oracle_test_ic']:.4f}  "
+        console.print(f"oracle IC: valid {_cell(m.get('oracle_val_ic'))}  test {m['oracle_test_ic']:.4f}  "
                       f"(test reached {m['test_ic'] / m['oracle_test_ic']:.0%})", highlight=False)
 

@@ -51,3 +51,13 @@ def test_train_cut_short_by_max_minutes_says_so_and_gives_no_value(study_file):
             "PRUNED, with no value") in result.output
     metrics = json.loads(result.output[result.output.index("{"):])
     assert (metrics["value"], metrics["cut_short"], metrics["stop_reason"]) == (None, "time", "time")
+
+
+def test_train_under_walk_forward_prints_no_valid_oracle(study_file):
+    """A fold's valid block has no oracle figure (NaN): the line said `valid nan`; it says `-`, as every
+    other figure that is not there, and keeps the test oracle and the fraction reached."""
+    path = study_file({"validation": {"scheme": "walk_forward", "folds": 2}, "train": {"epochs": 1}})
+    result = CliRunner().invoke(main, ["train", str(path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("oracle IC:"))
+    assert line.startswith("oracle IC: valid -  test 0.") and "nan" not in line and "(test reached " in line
