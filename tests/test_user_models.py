@@ -126,6 +126,24 @@ def _states(cwd: Path, study: str) -> list[str]:
     return [t.state.name for t in loaded.get_trials()]
 
 
+@pytest.mark.slow
+def test_a_model_file_named_like_a_python_module_is_named_as_the_cause(folders):
+    """A random.py in the folder a command runs in hides Python's own random from every ``python -m``
+    started there (its start-up imports it), so the model check's child died and the message said only
+    ``exit code 1``: it names the file now. The driver is the installed ``sweeper`` script, whose own
+    path does not start with that folder."""
+    proj, _ = folders
+    (proj / "random.py").write_text(MYNET)
+    path = _study(proj, model={"name": "random:Net", "width": 8})
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SWEEPER_MODEL_PATH", "SWEEPER_FAKE_GPUS")}
+    done = subprocess.run([str(Path(sys.executable).with_name("sweeper")), "validate", str(path)], cwd=proj,
+                          env={**env, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == ("Error: model.name 'random:Net': checking it killed the Python process (exit code 1); "
+                           "random.py hides Python's own module 'random' from every process started here: "
+                           "rename it\n")
+
+
 # ---------------------------------------------------------------- every command finds it
 
 @pytest.mark.slow

@@ -101,7 +101,10 @@ def _check_children(jobs: list[Job], pending: list[int], results: list[str | Non
         clean = False
         culprit = pending[len(answers)]
         death = _how(code) if code is None else f"killed the Python process ({_how(code)})"
-        results[culprit] = f"model.name {jobs[culprit].name!r}: checking it {death}"
+        top = jobs[culprit].name.partition(":")[0].partition(".")[0]  # a random.py here kills Python
+        hides = (f"; {top}.py hides Python's own module {top!r} from every process started here: rename it"
+                 if top in sys.stdlib_module_names else "")
+        results[culprit] = f"model.name {jobs[culprit].name!r}: checking it {death}{hides}"
         if jobs[culprit].fatal:
             raise ConfigError(results[culprit])
         pending = pending[len(answers) + 1:]
