@@ -237,8 +237,7 @@ def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     from sweeper.inspect.printing import print_status
     from sweeper.inspect.results import status_report
     cfg, found = _load_existing(study, storage)
-    report = status_report(found, cfg, study_file=str(study))
-    (_echo_json if as_json else print_status)(report)
+    (_echo_json if as_json else print_status)(status_report(found, cfg, study_file=str(study)))
 
 
 @main.command("best")

@@ -23,6 +23,7 @@ import sweeper.child
 from sweeper.config import ModelConfig, SweeperConfig
 from sweeper.errors import ConfigError
 from sweeper.models import check_cache
+from sweeper.models.paths import top_module
 
 # a large model on a CPU takes a while to construct; a check that hangs must end anyway
 CHECK_TIMEOUT_S = 600.0
@@ -101,7 +102,7 @@ def _check_children(jobs: list[Job], pending: list[int], results: list[str | Non
         clean = False
         culprit = pending[len(answers)]
         death = _how(code) if code is None else f"killed the Python process ({_how(code)})"
-        top = jobs[culprit].name.partition(":")[0].partition(".")[0]  # a random.py here kills Python
+        top = top_module(jobs[culprit].name)  # a random.py where the command runs kills Python at start-up
         hides = (f"; {top}.py hides Python's own module {top!r} from every process started here: rename it"
                  if top in sys.stdlib_module_names else "")
         results[culprit] = f"model.name {jobs[culprit].name!r}: checking it {death}{hides}"

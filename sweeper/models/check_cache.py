@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeper.atomic import write_text
-from sweeper.models.paths import model_import_dirs
+from sweeper.models.paths import model_import_dirs, top_module
 
 if TYPE_CHECKING:
     from sweeper.config import DataConfig, SweeperConfig
@@ -53,7 +53,7 @@ def check_key(jobs: list[dict[str, Any]], n_features: int, lookback: int) -> str
                     files[f"{i}:{path.name}"] = _sha256(path)
                 elif (path / "__init__.py").is_file():
                     files[f"{i}:{path.name}/"] = "package"  # it may shadow a module found later
-    for top in sorted({str(job["name"]).partition(":")[0].partition(".")[0] for job in jobs}):
+    for top in sorted({top_module(job["name"]) for job in jobs}):
         if (found := _module_files(top, folders)) is None:
             return None
         files.update(found)
@@ -73,7 +73,7 @@ def source_digest(cfg: SweeperConfig) -> str | None:
     spec = cfg.search_space.get("model.name")
     names = [cfg.model.name, *(spec.choices or [] if spec is not None else [])]
     files: list[str] = []
-    for top in sorted({str(n).partition(":")[0].partition(".")[0] for n in names if ":" in str(n)}):
+    for top in sorted({top_module(n) for n in names if ":" in str(n)}):
         if (found := _module_files(top, model_import_dirs())) is None:
             return None
         for where, sha in found.items():

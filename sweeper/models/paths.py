@@ -45,11 +45,16 @@ def model_search_path(study_file: str | Path) -> Iterator[None]:
             os.environ[MODEL_PATH_ENV] = before
 
 
+def top_module(name: str) -> str:
+    """The top-level module of a ``model.name`` or a module's name: ``pkg.mynet:Net`` -> ``pkg``."""
+    return str(name).partition(":")[0].partition(".")[0]
+
+
 def import_model_module(module_name: str) -> ModuleType:
     """Import ``module_name`` (``mynet`` or ``pkg.mynet``) as a study's model module: its top-level
     name from :func:`model_import_dirs` first, else from the Python path. Raises ImportError when a
     different module of that name is already loaded, rather than use the wrong one."""
-    top = module_name.partition(".")[0]
+    top = top_module(module_name)
     folders = model_import_dirs()
     _put_first(folders)
     importlib.invalidate_caches()  # a model file written a moment ago must be seen

@@ -12,5 +12,4 @@ training the trials it is handed. It never imports :mod:`sweeper.dispatch`
 - :mod:`~sweeper.worker.protocol`: the JSON-lines messages between driver and worker (the driver
   reads it too).
 
-This ``__init__`` imports nothing, so importing one module loads only what that module needs.
-"""
+This ``__init__`` imports nothing, so importing one module loads only what that module needs."""

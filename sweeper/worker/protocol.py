@@ -13,8 +13,7 @@ such as a failed heartbeat or artifact upload), ``memory`` (number, peak_mb: the
 measured to need, sent when its batch probe has measured it, for packing trials on a GPU) and ``end``
 (number, state, value, reason, metrics).
 
-Both sides import this module, and only this one, to speak to each other.
-"""
+Both sides import this module, and only this one, to speak to each other."""
 from __future__ import annotations
 
 import json

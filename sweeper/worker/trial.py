@@ -2,8 +2,7 @@
 with the shared core, write its artifacts, and finish it.
 
 Everything the trial produces lives in its folder of the run layout (:mod:`sweeper.store.layout`) and is
-also registered in Optuna's artifact store so optuna-dashboard lists it.
-"""
+also registered in Optuna's artifact store so optuna-dashboard lists it."""
 from __future__ import annotations
 
 import contextlib
