@@ -8,8 +8,7 @@ umask), not mkstemp's 0600: on shared storage a colleague must be able to read a
 
 A write that finds no space (ENOSPC) or no quota (EDQUOT) raises
 :class:`~sweeper.errors.DiskFull` naming the file; :func:`disk_full` and :func:`as_disk_full`
-are the same rule for writes that are not atomic (logs, CSVs).
-"""
+are the same rule for writes that are not atomic (logs, CSVs)."""
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +36,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yields a temporary path beside ``path``; on a clean exit it replaces ``path``.
 
     >>> with atomic_path("weights.pt") as tmp:   # doctest: +SKIP
-    ...     torch.save(state, tmp)
-    """
+    ...     torch.save(state, tmp)"""
     path = Path(path)
     if path.exists() and not (path.is_file() or path.is_dir()):  # a device or a FIFO (-o /dev/null, a pipe):
         yield path  # written in place; a rename would put a plain file where it was (in /dev, as root)

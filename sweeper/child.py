@@ -4,8 +4,7 @@
   Ctrl-C only the driver (a fresh interpreter has them from Popen, before it runs a line);
 - death with its parent, so that no orphan keeps holding a GPU;
 - its stdout set aside for its answers (:func:`answers`) and pointed at stderr, its log, so that
-  nothing it prints (a model, a C library) lands among them.
-"""
+  nothing it prints (a model, a C library) lands among them."""
 from __future__ import annotations
 
 import ctypes

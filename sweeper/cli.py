@@ -1,8 +1,7 @@
 """The ``sweeper`` command line: a thin click shell over the library.
 
 Domain errors (``SweeperError``) become one message and exit code 2 at a
-single boundary, :class:`SweeperGroup`. Nothing else here holds logic.
-"""
+single boundary, :class:`SweeperGroup`. Nothing else here holds logic."""
 from __future__ import annotations
 
 import atexit
@@ -151,8 +150,7 @@ def main() -> None:
     """Hyperparameter sweeps for deep-learning alpha models.
 
     One YAML study file -> an Optuna study in SQLite (or any SQLAlchemy URL),
-    trials on GPU-pinned worker processes, per-epoch IC for pruning.
-    """
+    trials on GPU-pinned worker processes, per-epoch IC for pruning."""
 
 
 # ---------------------------------------------------------------- sweeps

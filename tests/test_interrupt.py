@@ -160,3 +160,25 @@ def test_a_sweep_whose_stdout_reader_leaves_runs_to_its_end(study_file):
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "Broken pipe" not in err, err
     assert [t.state for t in _trials()] == [TrialState.COMPLETE] * 3
+
+
+def test_a_sweep_whose_stderr_reader_leaves_runs_to_its_end(study_file):
+    """``sweeper run STUDY 2>&1 | head -1`` whose first line is stderr's (a wait for the lock another
+    sweeper holds): the stderr lines after it have no reader either, and the sweep goes on to its last
+    trial and exits 0, where click exited 1 at the study's "created" line."""
+    path = study_file({"study": {"n_trials": 2}})
+    holder = LockHolder(DB)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert "waiting for the lock file" in proc.stdout.readline()
+        proc.stdout.close()  # what head does after its line
+    finally:
+        holder.release()
+    try:
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert [t.state for t in _trials()] == [TrialState.COMPLETE] * 2

@@ -8,5 +8,4 @@ and test with the trials' IC code, so ``sweeper best`` can say how much the swee
 - :mod:`~sweeper.baseline.job`: running it for a study (its files and study attributes);
 - :mod:`~sweeper.baseline.state`: its states (``baseline_state``), the one claim rule a sweep
   follows (once per study; an interrupted run may be claimed again) and the job's exit codes;
-- :mod:`~sweeper.baseline.compare`: the best trial against it (daily IC difference, Newey-West t).
-"""
+- :mod:`~sweeper.baseline.compare`: the best trial against it (daily IC difference, Newey-West t)."""

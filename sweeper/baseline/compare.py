@@ -7,8 +7,7 @@ Under walk-forward folds both sides' ``val_ic`` are means over the same valid bl
 is the difference fold by fold, and the valid t-statistic runs over the dates of every block.
 
 Pure: the daily ICs come in as arrays (the inspect layer reads the trial's files), the
-baseline's from its study attribute (:mod:`sweeper.baseline.job`).
-"""
+baseline's from its study attribute (:mod:`sweeper.baseline.job`)."""
 from __future__ import annotations
 
 import math

@@ -10,8 +10,7 @@ last fold's booster's, whose train window ends closest to the test split.
 
 The defaults are Qlib's LightGBM Alpha158 benchmark (examples/benchmarks/LightGBM/
 workflow_config_lightgbm_Alpha158.yaml, and LGBModel.fit's 1000 rounds with early stopping after
-50), except ``num_threads``: the baseline gets the threads of the slot it runs in.
-"""
+50), except ``num_threads``: the baseline gets the threads of the slot it runs in."""
 from __future__ import annotations
 
 import time

@@ -1,8 +1,7 @@
 """Dotted names (``train.lr``, ``model.d_model``): one config, one naming, everywhere.
 
 The YAML file, ``--set``, ``search_space`` keys, Optuna param names and the
-stored study attributes all address a value by the same dotted path.
-"""
+stored study attributes all address a value by the same dotted path."""
 from __future__ import annotations
 
 import hashlib

@@ -2,8 +2,7 @@
 (``study.keep``), which parameter sets a new study starts from (``study.warm_start``), which
 trials are feasible (``study.constraints``) and the LightGBM baseline (``baseline``).
 
-:mod:`sweeper.config.schema` holds them in the sections they belong to.
-"""
+:mod:`sweeper.config.schema` holds them in the sections they belong to."""
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -25,8 +24,7 @@ class KeepConfig(Section):
       predictions (``predictions_*.parquet``), ``all`` (the default) or ``top_k``;
     - ``k``: how many trials ``top_k`` keeps (5).
 
-    ``keep: all`` keeps everything; ``weights: {top_k: 3}`` is ``weights: top_k`` with ``k: 3``.
-    """
+    ``keep: all`` keeps everything; ``weights: {top_k: 3}`` is ``weights: top_k`` with ``k: 3``."""
 
     checkpoints: Literal["none", "top_k", "all"] = "none"
     weights: Literal["top_k", "all"] = "all"

@@ -1,8 +1,7 @@
 """The study file's schema: one pydantic model per section, validated once, at the edge.
 
 Field names are the dotted names users write in YAML, in ``--set key=value``, in
-``search_space`` keys and see in the stored study attributes.
-"""
+``search_space`` keys and see in the stored study attributes."""
 from __future__ import annotations
 
 import datetime

@@ -9,8 +9,7 @@
 ``repeats`` trains every fold (or the holdout run) with seeds ``train.seed + r``; ``aggregate`` says how the
 seed and fold scores make the objective (:mod:`sweeper.validation.scores`): with ``lcb`` a config that is good
 on every fold beats one that is great on one; with ``ensemble`` (``repeats >= 2``) a fold's score is its seed
-ensemble's (the mean of the seeds' predictions), so a pick is judged on the model it deploys.
-"""
+ensemble's (the mean of the seeds' predictions), so a pick is judged on the model it deploys."""
 from __future__ import annotations
 
 from typing import Literal

@@ -21,8 +21,7 @@ No Optuna, no store, no CLI: the sweep drives it through :class:`EpochHook` and
 - :mod:`~sweeper.core.schedule`: torch's AdamW, the learning-rate schedule, an epoch's batches;
 - :mod:`~sweeper.core.evaluate`: predictions, per-epoch validation scores, final scores;
 - :mod:`~sweeper.core.progress`: what the loop carries from epoch to epoch;
-- :mod:`~sweeper.core.device`: device choice, seeding, and the memory a trial is measured by.
-"""
+- :mod:`~sweeper.core.device`: device choice, seeding, and the memory a trial is measured by."""
 from __future__ import annotations
 
 from sweeper.core.checkpoint import FileCheckpointer, checkpoint_epoch, copy_checkpoint

@@ -7,8 +7,7 @@ transformer spills its activations out of the caches and ran 2.2x slower per row
 wins depends on the model and the CPU, so :func:`measure` times the trial's model, forward only, at
 each candidate size up to the longest split (a size past it is one forward, as the largest is), in
 interleaved rounds (load from other processes hits every size alike; the best round of each kept),
-and takes the fastest. The host keeps the choice per shape (:mod:`sweeper.core.host_cache`).
-"""
+and takes the fastest. The host keeps the choice per shape (:mod:`sweeper.core.host_cache`)."""
 from __future__ import annotations
 
 import time

@@ -12,8 +12,7 @@ dropped: it stays in the stack and makes no update, so the stack's shapes, its f
 micro-batch stay as they were. The stack ends when every member has stopped, when the hook prunes the trial,
 or when ``train.max_minutes`` runs out.
 
-Read :func:`train_stack` top to bottom, as nanoGPT's train.py: set-up, the epochs, the scores.
-"""
+Read :func:`train_stack` top to bottom, as nanoGPT's train.py: set-up, the epochs, the scores."""
 from __future__ import annotations
 
 import math

@@ -3,8 +3,7 @@ backward, one per-member update; and the probe that sizes the micro- and evaluat
 
 Nothing here reads a value back from the device: whether a step was non-finite stays a
 device-side flag that the optimizer itself obeys, and the loop reads each member's loss and
-flag later, many steps at a time (see ``loop.SYNC_EVERY``).
-"""
+flag later, many steps at a time (see ``loop.SYNC_EVERY``)."""
 
 from __future__ import annotations
 

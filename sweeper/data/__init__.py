@@ -20,8 +20,7 @@ rules, windows, device placement and the synthetic generator.
 - :mod:`~sweeper.data.synth`: the synthetic panel with a planted signal and a known oracle IC.
 
 The names below load on first use: the driver of ``sweeper run`` reads the panel cache's
-folder (:mod:`sweeper.data.cache`) and never imports torch.
-"""
+folder (:mod:`sweeper.data.cache`) and never imports torch."""
 from __future__ import annotations
 
 import importlib

@@ -3,8 +3,7 @@
 A sample (t, i) is the window X[t-lookback+1 .. t, i, :] with target y[t, i]. A batch is one gather
 (``index_select`` on a GPU, a single-threaded ``np.take`` on the host) of the [T*N, F] view of X at the flat
 row numbers (t + k) * N + i, so there is no per-sample Python. When X stays on the host while training runs
-on CUDA, each batch is gathered into pinned memory and copied with ``non_blocking=True``.
-"""
+on CUDA, each batch is gathered into pinned memory and copied with ``non_blocking=True``."""
 from __future__ import annotations
 
 from collections.abc import Sequence

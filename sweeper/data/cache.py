@@ -18,8 +18,7 @@ cross-sectional normalisation shares one entry between its trials.
 - **Eviction**: after a build, the entries least recently used are removed until the
   cache holds at most ``data.cache_max_gb`` (10^9 bytes), the entry just built excepted.
   An entry another process is opening (shared lock held) is skipped; one already mapped
-  is safe to remove, its maps stay valid until they are closed.
-"""
+  is safe to remove, its maps stay valid until they are closed."""
 from __future__ import annotations
 
 import contextlib

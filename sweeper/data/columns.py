@@ -2,8 +2,7 @@
 [dates, assets, columns] layout.
 
 Vectorised: dates are parsed once per distinct value and dates and assets are factorised to integer codes,
-with no per-row Python; :func:`sweeper.data.build.scatter` then puts the values where the codes say.
-"""
+with no per-row Python; :func:`sweeper.data.build.scatter` then puts the values where the codes say."""
 from __future__ import annotations
 
 import warnings
@@ -69,8 +68,7 @@ def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.nda
     """Row codes into the sorted unique dates (datetime64[ns]); DataError on bad dates.
 
     Only the distinct values are parsed, then re-factorised, so two spellings of
-    one day ("2020-01-02", "2020-01-02 00:00") become one date.
-    """
+    one day ("2020-01-02", "2020-01-02 00:00") become one date."""
     plain = np.asarray(values, dtype=object) if _is_text(values) else values
     codes, uniques = _factorize(plain, source, col, "date")
     parsed = _to_datetime(pd.Index(uniques))

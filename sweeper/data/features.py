@@ -9,8 +9,7 @@
   column named on purpose gets the type check's clear message);
 - ``data.exclude`` patterns (or names) then drop columns from the result.
 
-The result keeps the first occurrence of each column, in the order the entries select them.
-"""
+The result keeps the first occurrence of each column, in the order the entries select them."""
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
@@ -24,8 +23,7 @@ def select(candidates: list[str], columns: list[str], features: list[str] | None
            where: str) -> list[str]:
     """Feature names from ``candidates`` (numeric, not date/asset/label) and ``columns`` (all).
 
-    ``where`` prefixes every error message, e.g. ``"data.parquet"``.
-    """
+    ``where`` prefixes every error message, e.g. ``"data.parquet"``."""
     chosen: list[str] = []
     for entry in candidates if features is None else features:
         if features is not None and _GLOB & set(entry) and entry not in columns:

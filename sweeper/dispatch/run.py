@@ -21,6 +21,7 @@ from sweeper import launch
 from sweeper.devices.gpus import Telemetry
 from sweeper.dispatch.driver import Driver
 from sweeper.dispatch.forkserver import ForkServer, stop_shared
+from sweeper.dispatch.live import unheard
 from sweeper.dispatch.plan import Plan
 from sweeper.dispatch.stopping import SweepResult
 from sweeper.dispatch.view import View
@@ -134,6 +135,7 @@ def init_db(cfg: C.SweeperConfig, storage_url: str | None = None) -> InitResult:
                       n_trials=len(study.get_trials(deepcopy=False)))
 
 
+@unheard()
 def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, force: bool = False,
         must_exist: bool = False, study_file: str = "STUDY.yaml",
         enqueue: Sequence[str | Path] = ()) -> SweepResult:
