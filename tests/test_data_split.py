@@ -192,3 +192,14 @@ def test_sample_index_obeys_the_invariant(lookback, horizon, embargo):
         idx = panel.sample_index(s)
         assert ((idx[:, 0] >= a) & (idx[:, 0] < b)).all()
         assert panel.mask[idx[:, 0], idx[:, 1]].all() and torch.isfinite(panel.y[idx[:, 0], idx[:, 1]]).all()
+
+
+def test_a_null_bound_is_an_open_end():
+    """``valid: [2020-02-14, null]`` (Qlib's segments write an open end so) was refused with pydantic's
+    "data.split.valid.float: Input should be a valid number"; a null start or end is the file's first or
+    last date, the same split as 0001-01-01 and 9999-12-31 give."""
+    split = SplitConfig.model_validate({"train": [None, "2020-01-31"], "valid": ["2020-02-14", "2020-02-28"],
+                                        "test": ["2020-03-13", None]})
+    assert split.train == ("0001-01-01", "2020-01-31") and split.test == ("2020-03-13", "9999-12-31")
+    assert split_dates(DATES, split, lookback=5, horizon=2, embargo=0, where="x") == {
+        "train": (4, 23), "valid": (32, 43), "test": (52, 60)}

@@ -143,10 +143,12 @@ class SplitConfig(Section):
     @field_validator("train", "valid", "test", mode="before")
     @classmethod
     def _dates_to_text(cls, v: Any) -> Any:
-        # YAML reads an unquoted 2015-01-01 as a date, 20150101 as a number; the split wants the text
+        # YAML reads an unquoted 2015-01-01 as a date, 20150101 as a number; the split wants the text.
+        # A null bound is an open end, as Qlib's segments write it: the days past any file's first or last
         if isinstance(v, (list, tuple)):
-            return tuple(x.isoformat() if isinstance(x, datetime.date) else str(x) if type(x) is int else x
-                         for x in v)
+            return tuple(("0001-01-01", "9999-12-31")[k] if x is None and k < 2 else x.isoformat()
+                         if isinstance(x, datetime.date) else str(x) if type(x) is int else x
+                         for k, x in enumerate(v))
         return v
 
     @model_validator(mode="after")

@@ -17,8 +17,7 @@ Blocks hold ``validation.valid_dates`` targets each; by default the region less 
 lookback, a block shorter than :data:`MIN_VALID_DATES`) is a ConfigError naming the keys. The layout depends
 only on the panel's dates and the pinned split widths: every trial of a study is judged on the same folds.
 
-Under ``holdout`` the layout is one fold: the panel's own train and valid splits.
-"""
+Under ``holdout`` the layout is one fold: the panel's own train and valid splits."""
 from __future__ import annotations
 
 import dataclasses

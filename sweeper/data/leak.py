@@ -9,8 +9,7 @@ The check: for each feature, the Pearson correlation of the raw feature with the
 of each train target date (rows present, both values finite, at least 3 of them), averaged over those dates.
 A feature whose absolute mean exceeds ``data.max_feature_label_corr`` is refused with a DataError that names
 it, unless the excess is within the noise of so few rows (3 / sqrt(rows), e.g. 0.07 over 2,000 rows, 0.004
-over 500,000): a tiny panel's chance correlation is not a leak.
-"""
+over 500,000): a tiny panel's chance correlation is not a leak."""
 from __future__ import annotations
 
 import numpy as np
