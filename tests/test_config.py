@@ -187,6 +187,32 @@ def test_unquoted_yaml_dates_in_split_ranges(tmp_path):
     assert cfg.data.split.test == ("2020-01-10", "2020-12-31")
 
 
+def test_a_day_that_is_no_day_reaches_the_split_as_its_text(tmp_path):
+    """2012-13-01 looks like a day to YAML, whose constructor then raised ValueError out of the loader:
+    a traceback and exit 1 for the study file and for --set alike. It is its text now, which the split
+    refuses naming its key (tests/test_data_split.py)."""
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n  split:\n"
+                    "    train: [2015-01-01, 2018-12-31]\n    valid: [2019-13-01, 2019-12-31]\n"
+                    "    test: [2020-01-10, 2020-02-30]\n")
+    split = C.load_config(path).data.split
+    assert (split.valid, split.test) == (("2019-13-01", "2019-12-31"), ("2020-01-10", "2020-02-30"))
+    cfg = C.load_config(path, ["data.split.valid=[2019-01-10, 2019-12-32]"])
+    assert cfg.data.split.valid == ("2019-01-10", "2019-12-32")
+
+
+@pytest.mark.parametrize("valid, shown", [("[2019-01-10]", "[2019-01-10]"), ("[]", "[]"),
+                                          ("[0.1, 0.2, 0.3]", "[0.1, 0.2, 0.3]")])
+def test_a_split_range_of_other_than_two_bounds_says_what_is_expected(tmp_path, valid, shown):
+    """It was pydantic's union message: 'data.split.valid.float: Input should be a valid number'."""
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    with pytest.raises(ConfigError) as exc:
+        C.load_config(path, [f"data.split.valid={valid}"])
+    assert str(exc.value) == (f"{path} with --set data.split.valid={valid}: data.split.valid: expected a "
+                              f"fraction (0.2) or a [start, end] date range, got {shown}")
+
+
 def test_yyyymmdd_numbers_in_split_ranges(tmp_path):
     """The date column may hold YYYYMMDD integers; the same form in the split was a 'valid number' error."""
     path = tmp_path / "s.yaml"

@@ -203,3 +203,13 @@ def test_a_null_bound_is_an_open_end():
     assert split.train == ("0001-01-01", "2020-01-31") and split.test == ("2020-03-13", "9999-12-31")
     assert split_dates(DATES, split, lookback=5, horizon=2, embargo=0, where="x") == {
         "train": (4, 23), "valid": (32, 43), "test": (52, 60)}
+
+
+def test_a_split_bound_that_is_no_day_is_refused_naming_its_key():
+    """The study file's ``valid: [2019-13-01, ...]`` reaches the split as text (tests/test_config.py)."""
+    split = SplitConfig(train=("2020-01-01", "2020-01-31"), valid=("2020-13-01", "2020-02-28"),
+                        test=("2020-03-13", "2020-03-31"))
+    with pytest.raises(DataError) as exc:
+        split_dates(DATES, split, lookback=1, horizon=2, embargo=0, where="p.parquet: column 'date'")
+    assert str(exc.value) == ("p.parquet: column 'date': data.split.valid: cannot parse the date "
+                              "'2020-13-01' (expected e.g. 2014-06-30)")

@@ -73,6 +73,15 @@ class _UniqueKeys(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:
+        try:  # 2012-13-01 looks like a day to YAML and is none: its text, refused with its key's name
+            return super().construct_yaml_timestamp(node)
+        except ValueError:
+            return self.construct_scalar(node)
+
+
+_UniqueKeys.add_constructor("tag:yaml.org,2002:timestamp", _UniqueKeys.construct_yaml_timestamp)
+
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
@@ -99,7 +108,7 @@ def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
         if not eq or not key.strip():
             raise ConfigError(f"--set {item!r}: expected key=value, such as train.lr=0.001")
         try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+            out[key.strip()] = yaml.load(value, Loader=_UniqueKeys) if value.strip() else None
         except yaml.YAMLError:
             out[key.strip()] = value
     return out

@@ -145,8 +145,11 @@ class SplitConfig(Section):
     def _dates_to_text(cls, v: Any) -> Any:
         # YAML reads an unquoted 2015-01-01 as a date, 20150101 as a number; the split wants the text.
         # A null bound is an open end, as Qlib's segments write it: the days past any file's first or last
+        if isinstance(v, (list, tuple)) and len(v) != 2:  # pydantic's own: "valid.float: ... a valid number"
+            raise ValueError("expected a fraction (0.2) or a [start, end] date range, got "
+                             f"[{', '.join(map(str, v))}]")
         if isinstance(v, (list, tuple)):
-            return tuple(("0001-01-01", "9999-12-31")[k] if x is None and k < 2 else x.isoformat()
+            return tuple(("0001-01-01", "9999-12-31")[k] if x is None else x.isoformat()
                          if isinstance(x, datetime.date) else str(x) if type(x) is int else x
                          for k, x in enumerate(v))
         return v

@@ -6,8 +6,7 @@ and applies them everywhere (Qlib's RobustZScoreNorm). Only rows present in the 
 enter any statistic.
 
 The work is done once, on the host, with numpy: it is single-threaded, so a busy machine cannot stall it the
-way it stalls torch's OpenMP threads, and numpy's argsort is several times faster than torch.sort here.
-"""
+way it stalls torch's OpenMP threads, and numpy's argsort is several times faster than torch.sort here."""
 from __future__ import annotations
 
 import math
@@ -44,8 +43,7 @@ def cs_zscore(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Per-date z-score over the assets (axis 1), std with ddof=1 as pandas/Qlib.
 
     ``x``: [D, N, C]; ``valid``: [D, N, C] bool. Invalid entries and dates with
-    fewer than two valid values (or zero spread) come out NaN.
-    """
+    fewer than two valid values (or zero spread) come out NaN."""
     with np.errstate(invalid="ignore", divide="ignore"):
         n = valid.sum(1, keepdims=True, dtype=x.dtype)
         mean = np.where(valid, x, 0).sum(1, keepdims=True) / n
@@ -58,8 +56,7 @@ def cs_rank(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Per-date rank over the assets, ties averaged, scaled to [-0.5, 0.5] and
     multiplied by sqrt(12) so a cross-section has std ~1 (as Qlib's CSRankNorm).
 
-    The lowest valid value maps to -sqrt(3), the highest to +sqrt(3).
-    """
+    The lowest valid value maps to -sqrt(3), the highest to +sqrt(3)."""
     n = valid.sum(1, keepdims=True, dtype=np.float32)
     filled = np.ascontiguousarray(np.moveaxis(np.where(valid, x, np.inf), 1, -1))
     ranks = np.moveaxis(average_ranks(filled), -1, 1)
@@ -78,8 +75,7 @@ def fit_stats(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dates: tuple
 
     Only ``robust_zscore`` fits anything (median and scaled MAD per feature over
     ``fit_dates``); the per-date methods have ``median`` and ``scale`` None. A trial stores
-    this beside its weights, so that new data is normalised with the train statistics.
-    """
+    this beside its weights, so that new data is normalised with the train statistics."""
     median: list[float | None] | None = None
     scale: list[float | None] | None = None
     if method == "robust_zscore":
@@ -103,8 +99,7 @@ def normalize_features(x: torch.Tensor, mask: torch.Tensor, method: str, fit_dat
     """[T, N, F] raw features (NaN = missing) -> normalised, NaN replaced by 0 (a new tensor).
 
     ``fit_dates``: [start, stop) date indices whose rows fit robust_zscore, unless ``stats``
-    (from :func:`fit_stats`, e.g. a trial's saved statistics) already hold the fit.
-    """
+    (from :func:`fit_stats`, e.g. a trial's saved statistics) already hold the fit."""
     if method == "robust_zscore" and (stats is None or stats.get("median") is None):
         stats = fit_stats(x, mask, method, fit_dates, [])
     out = x.numpy().copy()
@@ -117,8 +112,7 @@ def normalize_inplace(x: np.ndarray, mask: np.ndarray, method: str, stats: NormS
 
     Chunks of dates bound the temporaries to a chunk's size: the panel being built
     (perhaps a file-backed map in the panel cache) is the only full-size array.
-    ``stats`` holds robust_zscore's fit (:func:`fit_stats`); other methods ignore it.
-    """
+    ``stats`` holds robust_zscore's fit (:func:`fit_stats`); other methods ignore it."""
     if method == "robust_zscore":
         median, scale = (stats.get("median"), stats.get("scale")) if stats is not None else (None, None)
         assert median is not None and scale is not None, "robust_zscore needs fitted statistics"

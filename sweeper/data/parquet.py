@@ -2,8 +2,7 @@
 
 Contract: long format, one row per (date, asset); a date column (timestamp,
 date, ISO string or YYYYMMDD integer), an asset column (any type, compared as text), numeric
-feature columns and a numeric label column (the forward return).
-"""
+feature columns and a numeric label column (the forward return)."""
 from __future__ import annotations
 
 import hashlib
@@ -195,8 +194,7 @@ def oracle_from_metadata(metadata: dict[bytes, bytes]) -> OracleFn:
     A file from :func:`~sweeper.data.synth.write_synthetic` stores the oracle's daily IC
     (``b"sweeper.oracle_daily_ic"``): the oracle of each split is its mean over that
     split's target dates. An older file has only the figures of the default split
-    (``b"sweeper.oracle_ic"``), which are returned as they are. None without either.
-    """
+    (``b"sweeper.oracle_ic"``), which are returned as they are. None without either."""
     daily = _entry(metadata.get(ORACLE_DAILY_KEY), lambda v: (
         np.array(v["dates"], dtype="datetime64[ns]"),
         np.array([np.nan if x is None else float(x) for x in v["ic"]], dtype=np.float64)))

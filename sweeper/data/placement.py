@@ -1,8 +1,7 @@
 """Where the panel lives while a trial trains: on the device, or pinned on the host.
 
 The rule is a pure function of byte counts so it is testable without a GPU;
-only ``free_device_bytes`` touches CUDA, and only for a CUDA device.
-"""
+only ``free_device_bytes`` touches CUDA, and only for a CUDA device."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

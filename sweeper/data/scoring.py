@@ -10,8 +10,7 @@ nothing about it needs a label:
   (NaN otherwise: "today's" signal has no return yet);
 - the splits are ``all`` (every date with a full lookback window, so the file needs only
   ``lookback - 1`` dates of history before the first date to score) and the study's
-  train / valid / test date ranges, matched by date.
-"""
+  train / valid / test date ranges, matched by date."""
 from __future__ import annotations
 
 import dataclasses
