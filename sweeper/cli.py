@@ -34,6 +34,11 @@ class SweeperGroup(click.Group):
     study.storage_outage_s, or a full disk, exits 1; Ctrl-C exits 130 and SIGTERM 143 (with the
     resume line for a sweep). A sweep that ran its loop carries its own code (SweepResult.exit_code)."""
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        from sweeper.interrupt import unheard
+        with unheard():  # a reader that left (`| head`) leaves the command to run on unheard, to its own code
+            return super().main(*args, **kwargs)
+
     def invoke(self, ctx: click.Context) -> Any:
         _freeze_at_exit()
         # SIGTERM ends a command the way Ctrl-C does; a sweep takes both over while it runs

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
+from typing import Any, TextIO
 
 from sweeper.errors import StopRequested
 
@@ -74,3 +78,43 @@ class _Never(StopToken):
 
 
 NEVER: StopToken = _Never()
+
+
+class _Unheard:
+    """``sys.stdout`` or ``sys.stderr`` while a command runs. When its reader leaves (``| head``, ``2>&1 |
+    head``, a ``| tee`` that Ctrl-C ended) its fd is pointed at /dev/null and the command goes on unheard:
+    click would exit 1 at the next line (a sweep's running trials failed as interrupted)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding: the stream's own
+        if name == "stream":  # an instance made without __init__ (a copy) has none: no endless recursion
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+    def write(self, text: str) -> int:
+        return self._heard(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._heard(self.stream.flush)
+
+    def _heard(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except BrokenPipeError:  # again, into /dev/null: what the stream still buffers goes there too
+            os.dup2(null := os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+            os.close(null)
+            return call(*args)
+
+
+@contextmanager
+def unheard() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` as :class:`_Unheard`: around every command (the CLI's ``main``:
+    its error and interrupted lines come after the command) and a library's ``dispatch.run``."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (_Unheard(s) if s is not None else s for s in saved)  # None: fd 1 or 2 closed
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved

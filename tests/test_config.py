@@ -213,6 +213,30 @@ def test_a_split_range_of_other_than_two_bounds_says_what_is_expected(tmp_path, 
                               f"fraction (0.2) or a [start, end] date range, got {shown}")
 
 
+def test_yaml_merge_keys_take_an_anchors_keys(tmp_path):
+    """``<<: *lr`` was refused as a YAML syntax error ("could not determine a constructor for the tag
+    'tag:yaml.org,2002:merge'"): the loader that refuses a key given twice built the merge key itself."""
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\nsearch_space:\n"
+                    "  train.lr: &lr {type: float, low: 0.0001, high: 0.01, log: true}\n"
+                    "  train.weight_decay:\n    <<: *lr\n    low: 0.00001\n")
+    space = C.load_config(path).search_space
+    assert (space["train.weight_decay"].low, space["train.weight_decay"].high) == (0.00001, 0.01)
+    assert space["train.weight_decay"].log and space["train.lr"].low == 0.0001
+    path.write_text(path.read_text() + "    low: 0.001\n")
+    with pytest.raises(ConfigError, match="the key 'low' is given twice"):
+        C.load_config(path)
+
+
+def test_a_key_given_twice_in_a_set_value_is_refused(tmp_path):
+    """It became the value's text, refused as 'Input should be a valid dictionary' or taken as a name."""
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    with pytest.raises(ConfigError) as exc:
+        C.load_config(path, ["model.name={a: 1, a: 2}"])
+    assert str(exc.value) == "--set 'model.name={a: 1, a: 2}': the key 'a' is given twice (the second would replace the first)"
+
+
 def test_yyyymmdd_numbers_in_split_ranges(tmp_path):
     """The date column may hold YYYYMMDD integers; the same form in the split was a 'valid number' error."""
     path = tmp_path / "s.yaml"

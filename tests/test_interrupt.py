@@ -182,3 +182,24 @@ def test_a_sweep_whose_stderr_reader_leaves_runs_to_its_end(study_file):
             proc.kill()
     assert proc.returncode == 0
     assert [t.state for t in _trials()] == [TrialState.COMPLETE] * 2
+
+
+def test_ctrl_c_after_the_stderr_reader_left_exits_130(study_file):
+    """``sweeper run STUDY 2>&1 | tee log`` and a Ctrl-C that ends tee too, during the lock wait: the
+    interrupted line, written after the sweep let the real streams back, exited 1 (click's broken pipe)."""
+    path = study_file()
+    init_db(load_config(path))
+    holder = LockHolder(DB)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        assert "waiting for the lock file" in proc.stdout.readline()
+        proc.stdout.close()  # tee, ended by the same Ctrl-C
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        holder.release()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130

@@ -67,7 +67,9 @@ class _UniqueKeys(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            if (key := self.construct_object(key_node, deep=deep)) in seen and key != "<<":
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: the parent's merge takes it
+                continue
+            if (key := self.construct_object(key_node, deep=deep)) in seen:
                 why = f"the key {key!r} is given twice (the second would replace the first)"
                 raise yaml.constructor.ConstructorError(None, None, why, key_node.start_mark)
             seen.add(key)
@@ -109,6 +111,8 @@ def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
             raise ConfigError(f"--set {item!r}: expected key=value, such as train.lr=0.001")
         try:
             out[key.strip()] = yaml.load(value, Loader=_UniqueKeys) if value.strip() else None
+        except yaml.constructor.ConstructorError as exc:  # a key twice: not text to take as it is
+            raise ConfigError(f"--set {item!r}: {exc.problem}") from None
         except yaml.YAMLError:
             out[key.strip()] = value
     return out

@@ -36,8 +36,7 @@ def split_dates(dates: np.ndarray, split: SplitConfig, lookback: int, horizon: i
                 where: str) -> dict[str, tuple[int, int]]:
     """``{"train"|"valid"|"test": (start, stop)}`` half-open target-date indices.
 
-    ``where`` prefixes every error message (e.g. ``"data.parquet: column 'date'"``).
-    """
+    ``where`` prefixes every error message (e.g. ``"data.parquet: column 'date'"``)."""
     gap = purge_gap(horizon, embargo)
     train, valid, test = split.train, split.valid, split.test  # all fractions or all date ranges (validated)
     if isinstance(train, float) and isinstance(valid, float) and isinstance(test, float):
@@ -51,8 +50,7 @@ def fraction_sizes(budget: int, fractions: tuple[float, float, float]) -> list[i
 
     Rounding can empty a small split at one budget after filling it at a smaller one
     (0.5/0.17/0.33 of 4 dates is 2/1/1, of 5 dates 3/0/2). From :func:`min_budget` on, an
-    emptied split takes a date from the largest, so every larger budget works too.
-    """
+    emptied split takes a date from the largest, so every larger budget works too."""
     sizes = _rounded(budget, fractions)
     if 0 in sizes and budget >= min_budget(fractions):
         while 0 in sizes:

@@ -20,8 +20,7 @@ And the clocks a test shortens (seconds; unset, production's own value):
 - ``SWEEPER_FAKE_SQLITE_BUSY_TIMEOUT_S``: how long a SQLite call waits for the lock (60 s),
   so the outage tests see "database is locked" at once.
 
-The environment is read at each call, never at import: tests set it after importing.
-"""
+The environment is read at each call, never at import: tests set it after importing."""
 from __future__ import annotations
 
 import functools

@@ -46,8 +46,7 @@ def telemetry() -> list[TelemetrySample]:
 def environment_summary() -> dict[str, Any]:
     """Versions and GPUs, JSON-safe, for the study's user attributes.
 
-    ``torch.version.cuda`` is the CUDA the wheel was built with; reading it creates no context.
-    """
+    ``torch.version.cuda`` is the CUDA the wheel was built with; reading it creates no context."""
     torch_version, torch_cuda = _torch_build()
     found = probe()
     return {"python": platform.python_version(), "torch": torch_version, "torch_cuda": torch_cuda,

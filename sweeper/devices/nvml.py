@@ -3,8 +3,7 @@
 Everything here reads NVML (``nvidia-ml-py``) and never touches ``torch.cuda``: the driver process must not
 hold a CUDA context (it would pin memory on every GPU and make forked workers unusable). Without the NVIDIA
 driver, :func:`read_nvml` finds none. Which reader a process uses, NVML's or the fakes of tests, is
-:func:`sweeper.devices.fake.probe`'s choice.
-"""
+:func:`sweeper.devices.fake.probe`'s choice."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -15,8 +15,7 @@ Another trial starts on a GPU only while its expected peak fits in ``free``. The
 largest measured peak of trials with the same ``model.*`` params; a trial of a shape never measured, or one
 that must have the GPU to itself (``exclusive``: a retry after an OOM while sharing), starts only on a GPU
 where none of ours runs. A GPU where none of ours runs always takes one trial, so a sweep never waits for
-memory that cannot free up, and that trial is given all that is free there.
-"""
+memory that cannot free up, and that trial is given all that is free there."""
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -4,8 +4,7 @@ A :class:`Slot`'s ``env`` is merged into the worker process's environment: a GPU
 named by UUID because CUDA's default device order can differ from NVML's; a CPU slot sees none. Thread
 counts split the machine's cores between slots so concurrent trials don't oversubscribe. A GPU may add to
 its slots' env (``GPU.slot_env``: a fake GPU's train on the CPU). With ``trials_per_gpu: auto`` the driver
-starts a GPU's workers as packing needs them (:mod:`sweeper.dispatch.packer`).
-"""
+starts a GPU's workers as packing needs them (:mod:`sweeper.dispatch.packer`)."""
 from __future__ import annotations
 
 import os
@@ -37,8 +36,7 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
 
     ``skip_busy`` leaves out GPUs that someone else is using: another process holds a compute context on it,
     or more than ``busy_memory_mb`` of its memory is in use (memory catches users NVML can't list, such as
-    processes in other containers). The check is a snapshot at planning time; it doesn't reserve anything.
-    """
+    processes in other containers). The check is a snapshot at planning time; it doesn't reserve anything."""
     if cfg.gpus == "none":
         return cpu_slots(cfg.cpu_workers)
     found = probe()
@@ -76,8 +74,7 @@ def cpu_slots(workers: int | str) -> list[Slot]:
     threads that share cores can make a step many times slower (measured: a small LSTM step went from 0.4 ms
     to 44 ms with 2 threads on a loaded 2-core box), so trials in parallel beat threads within a trial.
     Cores beyond 8 are shared out as threads, since every worker holds its own copy of the panel. An
-    explicit count above the core count still gets 1 thread each.
-    """
+    explicit count above the core count still gets 1 thread each."""
     cores = cpu_count()
     count = min(cores, 8) if workers == "auto" else int(workers)
     threads = max(1, cores // count)
@@ -105,8 +102,7 @@ def visible(gpus: list[GPU]) -> list[GPU]:
     NVML lists every GPU of the node whatever that variable says, so without this a job holding 4 of 8 GPUs
     would start workers on the other jobs' GPUs. As CUDA does, an integer is an index (NVML's PCI bus order,
     which matches CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID, as schedulers assume), a ``GPU-...`` entry
-    matches a UUID by prefix, and the list ends at the first entry that matches nothing.
-    """
+    matches a UUID by prefix, and the list ends at the first entry that matches nothing."""
     if (raw := os.environ.get("CUDA_VISIBLE_DEVICES")) is None:
         return gpus
     out: list[GPU] = []

@@ -17,5 +17,4 @@ processes, decide who runs what and when the sweep stops).
   warnings through it, repeats held back), and the views (rich, plain lines, nothing).
 
 It may import :mod:`sweeper.worker` (the protocol it speaks) and :mod:`sweeper.study`; neither
-imports it (``tests/test_architecture.py``).
-"""
+imports it (``tests/test_architecture.py``)."""

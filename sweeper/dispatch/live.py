@@ -4,11 +4,8 @@ style: the driver has no branches for output, and a view never polls the study).
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any, TextIO
 
 import optuna
@@ -31,7 +28,7 @@ class PlainView(NullView):
     """One line per event, for logs and pipes."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        self.stream = stream  # None: sys.stdout when a line is said (a sweep's is unheard's)
+        self.stream = stream  # None: sys.stdout when a line is said (a sweep's is interrupt.unheard's)
         self.metric = self.objective = "val_ic"  # objective: what a trial's value is called (objective_label)
         self.several = False  # a trial of several runs: an epoch's line names its run
 
@@ -190,42 +187,6 @@ class RichView(PlainView):
         if self.live is not None:
             self.live.stop()
         super().close(result, cfg, plan)
-
-
-class _Unheard:
-    """``sys.stdout`` or ``sys.stderr`` while a sweep runs. When its reader leaves (``| head``, ``2>&1 |
-    head``, a ``| tee`` that Ctrl-C ended) its fd is pointed at /dev/null and the sweep goes on unheard:
-    click would exit 1 at the next line, failing the running trials as interrupted."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-
-    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding: the stream's own
-        return getattr(self.stream, name)
-
-    def write(self, text: str) -> int:
-        return self._heard(self.stream.write, text)
-
-    def flush(self) -> None:
-        self._heard(self.stream.flush)
-
-    def _heard(self, call: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return call(*args)
-        except BrokenPipeError:  # again, into /dev/null: what the stream still buffers goes there too
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
-            return call(*args)
-
-
-@contextmanager
-def unheard() -> Iterator[None]:
-    """The sweep's ``sys.stdout`` and ``sys.stderr`` as :class:`_Unheard` (a decorator of ``run``)."""
-    saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = (_Unheard(s) if s else s for s in saved)  # None where fd 1 or 2 was closed
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
 
 
 def default_view() -> NullView:

@@ -21,12 +21,11 @@ from sweeper import launch
 from sweeper.devices.gpus import Telemetry
 from sweeper.dispatch.driver import Driver
 from sweeper.dispatch.forkserver import ForkServer, stop_shared
-from sweeper.dispatch.live import unheard
 from sweeper.dispatch.plan import Plan
 from sweeper.dispatch.stopping import SweepResult
 from sweeper.dispatch.view import View
 from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
-from sweeper.interrupt import NEVER, StopToken
+from sweeper.interrupt import NEVER, StopToken, unheard
 from sweeper.store import check_artifacts, claim_lock, open_storage, redact, run_folder
 from sweeper.store.identity import Identity
 from sweeper.store.layout import devices_csv, run_dir
