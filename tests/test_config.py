@@ -237,6 +237,21 @@ def test_a_key_given_twice_in_a_set_value_is_refused(tmp_path):
     assert str(exc.value) == "--set 'model.name={a: 1, a: 2}': the key 'a' is given twice (the second would replace the first)"
 
 
+def test_an_explicit_tag_the_value_is_not_is_one_line_with_its_place(tmp_path):
+    """``epochs: !!int two`` raised int()'s ValueError out of the loader: a traceback and exit 1."""
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\ntrain:\n  epochs: !!int two\n")
+    with pytest.raises(ConfigError) as exc:
+        C.load_config(path)
+    assert str(exc.value) == (f"{path}: line 4, column 11: YAML syntax error: int 'two': invalid literal for "
+                              "int() with base 10: 'two'")
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")
+    with pytest.raises(ConfigError, match=r"^--set 'train.epochs=!!int two': int 'two': invalid literal"):
+        C.load_config(path, ["train.epochs=!!int two"])
+    with pytest.raises(ConfigError, match=r"train.epochs: Input should be a valid integer.*\(got 'x'\)"):
+        C.load_config(path, ["train.epochs=!!timestamp x"])  # no day: its text
+
+
 def test_yyyymmdd_numbers_in_split_ranges(tmp_path):
     """The date column may hold YYYYMMDD integers; the same form in the split was a 'valid number' error."""
     path = tmp_path / "s.yaml"

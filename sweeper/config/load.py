@@ -75,10 +75,17 @@ class _UniqueKeys(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, AttributeError) as exc:  # an explicit tag's own: `!!int two`
+            what = f"{node.tag.rsplit(':', 1)[-1]} {node.value!r}: {exc}"
+            raise yaml.constructor.ConstructorError(None, None, what, node.start_mark) from None
+
     def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:
         try:  # 2012-13-01 looks like a day to YAML and is none: its text, refused with its key's name
             return super().construct_yaml_timestamp(node)
-        except ValueError:
+        except (ValueError, AttributeError):  # `!!timestamp x` as well
             return self.construct_scalar(node)
 
 

@@ -6,8 +6,7 @@ As in Optuna's ``_optimize``: :func:`sweeper.dispatch.run.run` (set-up and clean
 which worker takes the next trial). Each decision has one home: how a trial ends in the store,
 :mod:`sweeper.study.ending`; what an ended trial changes here, :meth:`Driver._ended`; whether the sweep
 stops, :mod:`sweeper.dispatch.stopping`. The view is fed by the events the loop handles; it never reads the
-study itself.
-"""
+study itself."""
 from __future__ import annotations
 
 import contextlib

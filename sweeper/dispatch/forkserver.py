@@ -6,8 +6,7 @@ stop it. It is used wherever it starts: on Linux (``USE_FORK_SERVER``).
 One server serves every sweep of a process (:meth:`ForkServer.shared`): a notebook's second sweep,
 or a test session's hundredth, skips its preload (about 3.4 s of CPU, on the first worker's path),
 for an idle process of about 120 MB between sweeps. A sweep that ends by an exception stops it (a
-straggler dies with it, :func:`stop_shared`); the last one is stopped at the process's exit.
-"""
+straggler dies with it, :func:`stop_shared`); the last one is stopped at the process's exit."""
 from __future__ import annotations
 
 import atexit

@@ -57,8 +57,7 @@ def fail_stale(study: optuna.Study, cfg: StudyConfig, ident: Identity) -> None:
 
     RUNNING trials that never got a heartbeat (which Optuna never considers stale) count too: under
     the claim lock only a driver that died between ``ask`` and its first heartbeat (or a lost commit
-    of ``ask``) leaves one.
-    """
+    of ``ask``) leaves one."""
     if (storage := private.backend(study)).get_heartbeat_interval() is None:
         return
     study_id = private.study_id(study)
