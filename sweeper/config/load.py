@@ -118,7 +118,7 @@ def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
             raise ConfigError(f"--set {item!r}: expected key=value, such as train.lr=0.001")
         try:
             out[key.strip()] = yaml.load(value, Loader=_UniqueKeys) if value.strip() else None
-        except yaml.constructor.ConstructorError as exc:  # a key twice: not text to take as it is
+        except yaml.constructor.ConstructorError as exc:  # a key twice, `!!int two`: no text to take as is
             raise ConfigError(f"--set {item!r}: {exc.problem}") from None
         except yaml.YAMLError:
             out[key.strip()] = value
