@@ -19,6 +19,7 @@ import click
 
 from sweeper import __version__
 from sweeper.errors import DiskFull, StopRequested, StorageOutage, SweeperError
+from sweeper.interrupt import unheard
 
 
 class UserError(click.ClickException):
@@ -35,7 +36,6 @@ class SweeperGroup(click.Group):
     resume line for a sweep). A sweep that ran its loop carries its own code (SweepResult.exit_code)."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
-        from sweeper.interrupt import unheard
         with unheard():  # a reader that left (`| head`) leaves the command to run on unheard, to its own code
             return super().main(*args, **kwargs)
 
