@@ -74,6 +74,32 @@ def test_bad_values_name_the_key(raw, fragment):
     assert fragment in message
 
 
+@pytest.mark.parametrize("space, expected", [
+    # every trial drawing these was pruned as a config the model refuses: a quarter of the study, or all of it
+    ({"train.epochs": {"type": "int", "low": 0, "high": 3}},
+     "search_space.train.epochs: low 0 is not a value train.epochs takes: Input should be greater than or equal to 1"),
+    ({"train.loss": {"type": "categorical", "choices": ["mse", "ic_loss"]}},
+     "search_space.train.loss: choice 'ic_loss' is not a value train.loss takes: Input should be 'mse' or 'ic'"),
+    ({"train.max_stack": {"type": "categorical", "choices": ["auto", 0]}},  # a field validator's refusal
+     "search_space.train.max_stack: choice 0 is not a value train.max_stack takes: Value error, must be >= 1 or 'auto'"),
+    ({"model.dropout": {"type": "float", "low": 0.1, "high": 1.5}},
+     "search_space.model.dropout: high 1.5 is not a value model.dropout takes: Input should be less than 1"),
+    ({"data.horizon": {"type": "int", "low": 0, "high": 3}},  # 0 would purge nothing between the splits
+     "search_space.data.horizon: low 0 is not a value data.horizon takes: Input should be greater than or equal to 1"),
+])
+def test_a_search_space_value_its_key_refuses_is_refused_naming_both(space, expected):
+    assert _err(_with(search_space=space)) == f"s.yaml: {expected}"
+
+
+def test_a_search_space_is_not_refused_for_a_rule_that_other_draws_can_meet():
+    # nhead 3 fits another d_model; only the trial that draws d_model 32 with it is pruned
+    cfg = C.validate_config(_with(model={"name": "transformer", "d_model": 32, "nhead": 4}, search_space={
+        "model.nhead": {"type": "categorical", "choices": [2, 3, 4]},
+        "model.d_model": {"type": "categorical", "choices": [24, 32]}}), "s.yaml")
+    assert list(cfg.search_space) == ["model.nhead", "model.d_model"]
+    assert "data.horizon: Input should be greater than or equal to 1" in _err(_with(data={**BASE["data"], "horizon": 0}))
+
+
 def test_yaml_syntax_error_gives_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("study:\n  name: x\n  n_trials: [1, 2\ndata: {}\n")

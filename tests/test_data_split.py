@@ -182,7 +182,7 @@ def test_range_splits_property(cuts, lookback, horizon, embargo):
     assert splits["train"][0] >= cuts[0] and splits["test"][1] == cuts[5] + 1
 
 
-@pytest.mark.parametrize("lookback,horizon,embargo", [(1, 0, 0), (5, 1, 0), (20, 2, 0), (10, 5, 3), (3, 0, 4)])
+@pytest.mark.parametrize("lookback,horizon,embargo", [(1, 1, 0), (5, 1, 0), (20, 2, 0), (10, 5, 3), (3, 1, 4)])
 def test_sample_index_obeys_the_invariant(lookback, horizon, embargo):
     panel = load_panel(DataConfig(synthetic=SyntheticConfig(assets=6, dates=120, features=3, seed=3),
                                   lookback=lookback, horizon=horizon, embargo=embargo))

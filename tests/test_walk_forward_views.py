@@ -100,3 +100,35 @@ def test_the_group_neutral_valid_ic_says_when_it_is_the_last_fold_s():
     best["scored_on"]["group_neutral"]["valid"] = {"over": "valid", "dates": ["2021-05-06", "2021-05-27"]}
     assert ic_time_lines(best) == ["group-neutral IC (demeaned within sector per date): valid ic 0.0215 "
                                    "rank_ic 0.0200  test ic 0.0110 rank_ic 0.0120"]  # holdout: as before
+
+
+def test_the_live_panel_gives_the_terminal_back_when_the_workers_shutdown_is_cut_short(tmp_path):
+    # a second Ctrl-C during the shutdown raises out of run(), which never reaches view.close: the
+    # panel was left started, its cursor hidden on the user's terminal
+    from types import SimpleNamespace
+
+    import pytest
+    from rich.console import Console
+    from rich.live import Live
+
+    from sweeper.dispatch.live import RichView
+    from sweeper.dispatch.run import _sweep
+    from sweeper.errors import StopRequested
+
+    class Shown(RichView):  # start() as the driver's, without a study to read
+        def start(self, cfg, plan, study):  # type: ignore[no-untyped-def]
+            self.live = Live(console=self.console, transient=True)
+            self.live.start()
+
+    out = io.StringIO()
+    view = Shown()
+    view.console = Console(file=out, force_terminal=True)
+
+    def shutdown() -> None:
+        raise StopRequested()  # the second signal
+
+    driver = SimpleNamespace(stop=SimpleNamespace(raise_at_once=False), loop=lambda: None, shutdown=shutdown)
+    with pytest.raises(StopRequested):
+        _sweep(driver, SimpleNamespace(run_dir=tmp_path, slots=[], cfg=None), None, view)  # type: ignore[arg-type]
+    assert not view.live.is_started
+    assert out.getvalue().startswith("\x1b[?25l") and "\x1b[?25h" in out.getvalue()  # hidden, then shown

@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from sweeper.config.long_sweeps import BaselineConfig, Bound, KeepConfig, WarmStartConfig
 from sweeper.config.section import Section
@@ -137,7 +137,7 @@ class SplitConfig(Section):
     valid: SplitPart = 0.2
     test: SplitPart = 0.2
     lookback: int | None = Field(None, ge=1)
-    horizon: int | None = Field(None, ge=0)
+    horizon: int | None = Field(None, ge=1)
     embargo: int | None = Field(None, ge=0)
 
     @field_validator("train", "valid", "test", mode="before")
@@ -178,7 +178,7 @@ class DataConfig(Section):
     group_col: str | None = None
     max_feature_label_corr: float = Field(0.3, gt=0, le=1)
     lookback: int = Field(20, ge=1)
-    horizon: int = Field(2, ge=0)
+    horizon: int = Field(2, ge=1)  # a forward return spans at least one date (and 0 would purge nothing)
     embargo: int = Field(0, ge=0)
     feature_norm: Literal["cs_zscore", "cs_rank", "robust_zscore", "none"] = "cs_zscore"
     label_norm: Literal["cs_rank", "cs_zscore", "none"] = "cs_rank"
@@ -368,6 +368,7 @@ class SweeperConfig(Section):
                              f"{', '.join(ENSEMBLE_METRICS)}; study.metric is {self.study.metric!r}")
         for key, spec in self.search_space.items():  # every key names a field of a tunable section
             _check_space_key(self, key, "search_space")
+            _check_space_values(self, key, spec)
             for cond in (spec.when or {}):
                 _check_space_key(self, cond, f"search_space.{key}.when")
         return self
@@ -400,6 +401,24 @@ def _space_highs(spec: ParamSpec | None) -> list[int]:
     values = [] if spec is None else (spec.choices or []) if spec.type == "categorical" else [spec.high]
     numbers = [int(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return [max(numbers)] if numbers else []
+
+
+def _check_space_values(cfg: SweeperConfig, key: str, spec: ParamSpec) -> None:
+    """A bound or choice its field refuses (``train.epochs`` from 0, a misspelt ``train.loss``): each trial
+    drawing it would be pruned as a config the model refuses. Rules across fields are left to the trials."""
+    section, _, field = key.partition(".")
+    sec = getattr(cfg, section)
+    if field not in type(sec).model_fields or (section == "model" and cfg.model.is_custom):
+        return  # a nested key, or a custom model's keyword
+    for what, value in ([("choice", v) for v in spec.choices or []] if spec.type == "categorical"
+                        else [("low", spec.low), ("high", spec.high)]):
+        value = int(value) if spec.type == "int" else value  # type: ignore[arg-type]
+        try:
+            type(sec).model_validate({**sec.model_dump(), field: value})
+        except ValidationError as e:
+            if own := [err["msg"] for err in e.errors() if err["loc"][:1] == (field,)]:
+                raise ValueError(f"search_space.{key}: {what} {value!r} is not a value {key} takes: "
+                                 f"{own[0]}") from None
 
 
 def _check_space_key(cfg: SweeperConfig, key: str, where: str) -> None:

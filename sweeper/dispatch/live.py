@@ -183,10 +183,9 @@ class RichView(PlainView):
         epochs_left = max(left * self.run_epochs_per_trial - self.run_epochs, 0)
         return f"ETA ~{epochs_left * elapsed / self.run_epochs / 60:.1f} min (from the epochs so far)"
 
-    def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None:
+    def end(self) -> None:  # also when the sweep ends by an exception: the cursor is shown again
         if self.live is not None:
             self.live.stop()
-        super().close(result, cfg, plan)
 
 
 def default_view() -> NullView:

@@ -224,6 +224,7 @@ def _sweep(driver: Driver, plan: Plan, study: optuna.Study, view: View) -> None:
         finally:
             driver.stop.raise_at_once = False  # the summary is quick; a store that is away ends it
             telemetry.stop()
+            view.end()
 
 
 def summarize(study: optuna.Study, driver: Driver) -> SweepResult:

@@ -34,6 +34,7 @@ class View(Protocol):
     def progress(self, finished: int, best: FrozenTrial | None) -> None: return  # as the last claim read it
     def warn(self, slot: Slot, text: str) -> None: return  # a worker's problem that did not end its trial
     def tick(self) -> None: return  # once per loop turn: redraw, if it is time
+    def end(self) -> None: return  # the loop is over, however it ended: let the terminal go
     def close(self, result: SweepResult, cfg: SweeperConfig, plan: Plan) -> None: return
 
 

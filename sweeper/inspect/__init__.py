@@ -20,5 +20,4 @@
 - :mod:`~sweeper.inspect.predict`: ``sweeper predict``, a trial's weights applied to a split or a file;
 - :mod:`~sweeper.inspect.export`: ``sweeper export``, one row per trial to Parquet or CSV;
 - :mod:`~sweeper.inspect.dashboard`: ``sweeper dashboard``, optuna-dashboard over the study;
-- :mod:`~sweeper.inspect.doctor`: ``sweeper doctor``, what this machine offers a sweep.
-"""
+- :mod:`~sweeper.inspect.doctor`: ``sweeper doctor``, what this machine offers a sweep."""

@@ -10,8 +10,7 @@ no data and import no torch. A trial without them (a study swept before, or ``st
 predictions: top_k`` removed them) is predicted as before, and only then is torch imported.
 
 This module imports no torch (``tests/test_readonly_imports.py``); nor does
-:mod:`sweeper.inspect.trials` (a trial's resolved config, the top trials), which it reads.
-"""
+:mod:`sweeper.inspect.trials` (a trial's resolved config, the top trials), which it reads."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -7,8 +7,7 @@ show them (the arithmetic is :mod:`sweeper.quant.ic_time`).
   of ``data.path``, then demeaned within each (date, group). The group never enters the
   panel's tensors: :func:`sweeper.data.parquet.read_groups` reads it beside them.
 * The LightGBM baseline's daily IC files (``<run_dir>/baseline/daily_ic_<split>.csv``,
-  same columns as a trial's) feed the same views when they exist.
-"""
+  same columns as a trial's) feed the same views when they exist."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

@@ -14,8 +14,7 @@ to a split of the study's data or to another file.
   a note says so (of an ensemble: how many members had one).
 
 Rows: every present (date, asset) with a full lookback window. A row whose label is not
-known (the latest dates of a file) is predicted too, with a NaN label.
-"""
+known (the latest dates of a file) is predicted too, with a NaN label."""
 from __future__ import annotations
 
 import re

@@ -7,8 +7,7 @@ loads the study and lays out the page.
 
 plotly.js is inlined once, so the file works offline. Each figure's JSON sits in its own
 ``<script type="application/json" id="fig-NAME">`` tag; machine-readable figures (counts, utilisation, the
-selection summary) are in its ``layout.meta``.
-"""
+selection summary) are in its ``layout.meta``."""
 from __future__ import annotations
 
 import html
@@ -213,5 +212,4 @@ document.querySelectorAll("script.fig").forEach(function (node) {{
   Plotly.newPlot("plot-" + node.id.slice(4), fig.data, fig.layout, {{responsive: true, displaylogo: false}});
 }});
 </script>
-</body></html>
-"""
+</body></html>"""

@@ -4,8 +4,7 @@ much of the best trial's IC survives the selection of the best of many.
 Opening the study and picking its best trial live in :mod:`sweeper.store.studies`;
 where each file is, in :mod:`sweeper.store.layout`.
 
-Read-only: nothing here creates a study or a database file.
-"""
+Read-only: nothing here creates a study or a database file."""
 from __future__ import annotations
 
 import csv
@@ -49,8 +48,7 @@ def read_daily(path: Path) -> dict[str, np.ndarray] | None:
     cells NaN); None if there is no such file.
 
     The csv module, not pandas: a 500-trial report reads 500 of these, and pandas'
-    import and per-call overhead would be most of the report's time.
-    """
+    import and per-call overhead would be most of the report's time."""
     try:
         with path.open(newline="") as fh:
             rows = list(csv.reader(fh))
@@ -69,8 +67,7 @@ def valid_daily_ics(trials: list[FrozenTrial], run_dir: str | Path) -> dict[int,
     """Trial number -> daily validation IC indexed by date, for every finished trial that
     wrote the file (the cross-trial statistics line trials up by date).
 
-    Pruned trials count: each one was a chance to look good by luck.
-    """
+    Pruned trials count: each one was a chance to look good by luck."""
     found = {t.number: read_daily(layout.trial_files(run_dir, t.number).daily_ic("valid"))
              for t in trials if t.state in FINISHED}
     return {n: pd.Series(d["ic"], index=pd.Index(d["date"] if "date" in d else np.arange(len(d["ic"]))))

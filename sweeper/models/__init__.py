@@ -8,8 +8,7 @@
 - :mod:`~sweeper.models.shapes`: the model shapes a search space can sample, each built once.
 
 The names below load on first use: the CLI imports :mod:`~sweeper.models.paths` for every
-command, and ``sweeper status`` should not wait for torch.
-"""
+command, and ``sweeper status`` should not wait for torch."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

@@ -11,8 +11,7 @@ to hash (one an import hook provides, as an editable install's finder does) is n
 
 Why the panel cache's root: it is this host's cache folder, which ``prepare`` may already write
 (the run folder it must not touch, and ``validate`` has none); the panel cache's eviction skips
-dot folders, and an entry is a few hundred bytes.
-"""
+dot folders, and an entry is a few hundred bytes."""
 from __future__ import annotations
 
 import contextlib
