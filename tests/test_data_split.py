@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sweeper.config import DataConfig, SplitConfig, SyntheticConfig
 from sweeper.data import load_panel
 from sweeper.data.scoring import date_range
-from sweeper.data.split import fraction_sizes, fraction_splits, min_budget, split_dates
+from sweeper.data.split import fraction_sizes, fraction_splits, min_budget, split_dates, thin_splits
 from sweeper.errors import DataError
 
 DATES = pd.bdate_range("2020-01-01", periods=60).to_numpy("datetime64[ns]")
@@ -213,3 +213,26 @@ def test_a_split_bound_that_is_no_day_is_refused_naming_its_key():
         split_dates(DATES, split, lookback=1, horizon=2, embargo=0, where="p.parquet: column 'date'")
     assert str(exc.value) == ("p.parquet: column 'date': data.split.valid: cannot parse the date "
                               "'2020-13-01' (expected e.g. 2014-06-30)")
+
+
+def test_a_valid_or_test_split_of_fewer_than_ten_dates_is_named_in_a_warning(tmp_path, monkeypatch):
+    """A holdout valid split of a few dates (a range typed wrong, a short file) was taken without a word,
+    where a walk-forward block that short is refused: the study's best trial would be picked on noise."""
+    import yaml
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    assert thin_splits({"train": 3, "valid": 9, "test": 10}, walk_forward=False) == [
+        "warning: data.split.valid has 9 target dates: a mean IC over fewer than 10 is mostly noise"]
+    # under walk-forward data.split.valid is no block of its own (the folds' are checked there)
+    assert thin_splits({"train": 3, "valid": 2, "test": 4}, walk_forward=True) == [
+        "warning: data.split.test has 4 target dates: a mean IC over fewer than 10 is mostly noise"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({  # 60 - 19 warm-up - 2 x 2 purged: 37 = 22 + 8 + 7
+        "data": {"synthetic": {"assets": 20, "dates": 60, "features": 3}}, "devices": {"gpus": "none"}}))
+    done = CliRunner().invoke(main, ["validate", "s.yaml"], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines()[:2] == [
+        "warning: data.split.valid has 8 target dates: a mean IC over fewer than 10 is mostly noise",
+        "warning: data.split.test has 7 target dates: a mean IC over fewer than 10 is mostly noise"]

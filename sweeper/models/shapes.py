@@ -1,8 +1,7 @@
 """Which models a study can build: its own, every ``model.name`` it may sample, and each combination of the
 categorical model choices in its search space, checked before the sweep (a combination the model cannot
 take, ``nhead`` not dividing ``d_model``, would otherwise surface only when a trial samples it): the invalid
-ones are named in one warning; a study none of whose shapes builds is refused.
-"""
+ones are named in one warning; a study none of whose shapes builds is refused."""
 from __future__ import annotations
 
 import itertools

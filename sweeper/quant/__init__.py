@@ -8,5 +8,4 @@ of selecting the best of many trials. Pure numpy / pandas / torch: no Optuna, no
 - :mod:`~sweeper.quant.oracle`: the fraction of the oracle's IC a trial reached;
 - :mod:`~sweeper.quant.portfolio`: the long-short view: quantile buckets, top minus bottom;
 - :mod:`~sweeper.quant.ensemble`: ensembles of prediction frames;
-- :mod:`~sweeper.quant.selection`: selection-bias statistics of the best of many trials.
-"""
+- :mod:`~sweeper.quant.selection`: selection-bias statistics of the best of many trials."""

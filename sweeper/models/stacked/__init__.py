@@ -6,5 +6,4 @@
 - :mod:`~sweeper.models.stacked.mlp`, :mod:`~sweeper.models.stacked.recurrent`,
   :mod:`~sweeper.models.stacked.transformer`: the built-in models, each written once;
 - :mod:`~sweeper.models.stacked.func`: a user's ``module:Class`` stacked through ``torch.func``;
-- :mod:`~sweeper.models.stacked.build`: a stack from K one-member models, and how a config stacks.
-"""
+- :mod:`~sweeper.models.stacked.build`: a stack from K one-member models, and how a config stacks."""

@@ -1,8 +1,7 @@
 """``model.name`` -> a stack of K members with one-member weights: the built-ins natively, a
 user's ``module:Class`` through ``torch.func`` (:mod:`sweeper.models.stacked.func`). A stack is
 built from K one-member models, each built after seeding with its member's seed, so every member
-starts exactly where its separate run would have started.
-"""
+starts exactly where its separate run would have started."""
 from __future__ import annotations
 
 from collections.abc import Sequence

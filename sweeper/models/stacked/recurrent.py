@@ -9,8 +9,7 @@ time step's input, then one per step applies the hidden weights. The gate order 
 torch's (LSTM i, f, g, o; GRU r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``), so a
 member's output is its one-member model's, up to float rounding. Both run time-major, as the kernel
 runs inside: the dropout between layers draws each member's noise on its ``[L, B, H]`` output
-sequence, from its own generator, which on the CPU is the noise its lone run's kernel draws.
-"""
+sequence, from its own generator, which on the CPU is the noise its lone run's kernel draws."""
 from __future__ import annotations
 
 import math
