@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sweeper.config import DataConfig, SplitConfig, SyntheticConfig
 from sweeper.data import load_panel
 from sweeper.data.scoring import date_range
-from sweeper.data.split import fraction_sizes, fraction_splits, min_budget, split_dates, thin_splits
+from sweeper.data.split import fraction_sizes, fraction_splits, min_budget, split_dates
 from sweeper.errors import DataError
 
 DATES = pd.bdate_range("2020-01-01", periods=60).to_numpy("datetime64[ns]")
@@ -222,6 +222,10 @@ def test_a_valid_or_test_split_of_fewer_than_ten_dates_is_named_in_a_warning(tmp
     from click.testing import CliRunner
 
     from sweeper.cli import main
+    from sweeper.study.summary import PanelSummary
+
+    def thin_splits(n_dates: dict[str, int], walk_forward: bool) -> list[str]:
+        return PanelSummary("s", "f", [], {}, None, n_dates=n_dates).thin_splits(walk_forward)
 
     assert thin_splits({"train": 3, "valid": 9, "test": 10}, walk_forward=False) == [
         "warning: data.split.valid has 9 target dates: a mean IC over fewer than 10 is mostly noise"]

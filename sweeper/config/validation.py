@@ -18,6 +18,8 @@ from pydantic import Field, model_validator
 
 from sweeper.config.section import Section
 
+MIN_VALID_DATES = 10  # a valid block (and a test split): a mean IC over fewer target dates is mostly noise
+
 
 class ValidationConfig(Section):
     scheme: Literal["holdout", "walk_forward"] = "holdout"

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from sweeper.config import DataConfig, SweeperConfig
+from sweeper.config.validation import MIN_VALID_DATES
 from sweeper.data.panel import Panel
-from sweeper.data.split import MIN_VALID_DATES, purge_gap, split_widths
+from sweeper.data.split import purge_gap, split_widths
 from sweeper.errors import ConfigError
 
 MIN_TRAIN_DATES = 20  # target dates a fold's train window needs at least (and at least the lookback)

@@ -16,15 +16,6 @@ from sweeper.data.columns import user_day
 from sweeper.errors import DataError
 
 SPLITS = ("train", "valid", "test")
-MIN_VALID_DATES = 10  # a valid block (and the test split): a mean IC over fewer dates is mostly noise
-
-
-def thin_splits(n_dates: dict[str, int], walk_forward: bool) -> list[str]:
-    """Warnings for a valid (holdout) or test split of fewer than :data:`MIN_VALID_DATES` target dates (a
-    walk-forward valid block that short is refused, sweeper.data.folds)."""
-    named = SPLITS[1 + walk_forward:]
-    return [f"warning: data.split.{k} has {n} target dates: a mean IC over fewer than {MIN_VALID_DATES} is "
-            "mostly noise" for k, n in n_dates.items() if k in named and n < MIN_VALID_DATES]
 
 
 def split_widths(cfg: DataConfig) -> tuple[int, int, int]:

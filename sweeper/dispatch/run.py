@@ -51,7 +51,6 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     Kubernetes init Job). User models are imported, built and run once in a child process, forked from
     ``server`` when there is one; with a server the panel is loaded and the built-in models built in its
     children too, so that this process never imports torch. The model-shapes check's warnings go to stderr."""
-    from sweeper.data.split import thin_splits
     from sweeper.devices import plan_slots
     from sweeper.models.shapes import check_study_models
     from sweeper.store import check_reachable
@@ -70,7 +69,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     notes = check_study_models(cfg, len(summary.features), cfg.data.lookback,
                                lambda request, timeout: launch.run("check", request, timeout, server=server),
                                builtins_in_child=server is not None)
-    notes += thin_splits(summary.n_dates, cfg.validation.walk_forward)
+    notes += summary.thin_splits(cfg.validation.walk_forward)
     slots = plan_slots(cfg.devices) if devices else []
     if devices:  # a host that runs trials keeps their files (``db init`` runs none)
         run_folder.check_writable(run_dir(cfg))

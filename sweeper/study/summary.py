@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper import child, errors
 from sweeper import config as C
+from sweeper.config.validation import MIN_VALID_DATES
 
 if TYPE_CHECKING:
     from sweeper.data.panel import Panel
@@ -52,6 +53,13 @@ class PanelSummary:
                    n_dates={k: stop - start for k, (start, stop) in panel.splits.items()},
                    fold_n_dates=[{"train": f.train[1] - f.train[0], "valid": f.valid[1] - f.valid[0]}
                                  for f in layout])
+
+    def thin_splits(self, walk_forward: bool) -> list[str]:
+        """Warnings for a valid (holdout) or test split of fewer than ``MIN_VALID_DATES`` target dates (a
+        walk-forward valid block that short is refused, sweeper.data.folds)."""
+        named, least = ("valid", "test")[walk_forward:], MIN_VALID_DATES
+        return [f"warning: data.split.{k} has {n} target dates: a mean IC over fewer than {least} is mostly "
+                "noise" for k, n in self.n_dates.items() if k in named and n < least]
 
 
 def summarize_panel(cfg: C.SweeperConfig) -> PanelSummary:
