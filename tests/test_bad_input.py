@@ -84,6 +84,10 @@ CASES = {
     # a new study); /proc takes no folders, even from root, whom os.access lets write anywhere
     "unwritable run folder": ({"study": {"name": "bad", "artifacts": "/proc/sweeper-runs"}},
                               ["study.artifacts: the run folder /proc/sweeper-runs cannot be made or written here"]),
+    # validate said ok, and run pruned every trial as a config the model refuses, exit 0
+    "fp16 on a CPU host": ({"train": {"precision": "fp16"}, "devices": {"cpu_workers": 1}},
+                           ["train.precision: fp16 needs a CUDA device, and this host trains on the CPU (cpu0); "
+                            "use bf16, fp32 or auto"]),
 }
 
 
@@ -99,7 +103,7 @@ def test_bad_study_file(here, monkeypatch, name):
     for fragment in fragments:
         assert fragment in line, line
     if name not in ("bad sampler option", "unreachable storage", "gpu index", "gpu uuid", "model path does not import",
-                    "unwritable run folder"):
+                    "unwritable run folder", "fp16 on a CPU host"):
         assert str(path) in line
 
 

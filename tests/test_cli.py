@@ -6,6 +6,7 @@ import stat
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import click
 import optuna
@@ -80,6 +81,26 @@ def test_a_table_name_of_no_known_format_exits_2_before_the_work(tmp_path, monke
     assert result.exit_code == 2
     assert result.output.strip() == "Error: t.txt: expected a .parquet or .csv file name"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing read, nothing written
+
+
+@pytest.mark.parametrize("command, out, name", [
+    ("report", "s.yaml", "the study file"), ("export", "panel.parquet", "data.path"),
+    ("predict", "./panel.parquet", "data.path"), ("predict", "new.csv", "--data"),
+    ("report", "runs/sweep/study.db", "the study's database")])
+def test_an_output_that_is_a_file_the_command_reads_exits_2_before_the_work(tmp_path, monkeypatch, command,
+                                                                           out, name):
+    # predict -o panel.parquet replaced the study's own panel with its predictions, exit 0; report -o
+    # s.yaml replaced the study file with HTML
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("data: {path: panel.parquet}\n")
+    for kept in ("panel.parquet", "new.csv"):
+        (tmp_path / kept).write_text("kept")
+    more = ["--data", "new.csv"] if out == "new.csv" else []
+    result = CliRunner().invoke(main, [command, "s.yaml", *more, "-o", out], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert result.output.strip() == f"Error: -o {Path(out)}: that is {name}, which this command reads; write to another file"
+    assert [(tmp_path / f).read_text() for f in ("panel.parquet", "new.csv")] == ["kept", "kept"]
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow

@@ -326,6 +326,17 @@ def test_export_round_trips(inside, name):
             assert list(map(_text, left)) == list(map(_text, right)), column
 
 
+def test_export_of_a_study_whose_trials_all_still_run():
+    # the duration column is all None then (object dtype): export raised AttributeError on `.dt`
+    from sweeper.inspect.export import trials_frame
+
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="maximize")
+    study.ask({"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    frame = trials_frame(study)
+    assert list(frame["state"]) == ["RUNNING"] and frame["duration_s"].isna().all()
+    assert frame["duration_s"].dtype == "float64" and list(frame.columns)[-1] == "params.train.lr"
+
+
 def _text(value: object) -> str:
     if isinstance(value, (dict, list)):  # a dict or list attribute (stack_rates) is exported as JSON text
         return json.dumps(value, default=str)

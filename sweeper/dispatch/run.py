@@ -71,6 +71,9 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
                                builtins_in_child=server is not None)
     notes += summary.thin_splits(cfg.validation.walk_forward)
     slots = plan_slots(cfg.devices) if devices else []
+    if slots and cfg.train.precision == "fp16" and all(s.kind == "cpu" for s in slots):  # each trial pruned
+        raise ConfigError("train.precision: fp16 needs a CUDA device, and this host trains on the CPU "
+                          f"({', '.join(s.label for s in slots)}); use bf16, fp32 or auto")
     if devices:  # a host that runs trials keeps their files (``db init`` runs none)
         run_folder.check_writable(run_dir(cfg))
     url = cfg.study.resolved_storage

@@ -38,7 +38,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     # the value's column is ("value", the study's metric name) once the study names its metric
     frame = pd.DataFrame({"value" if col[0] == "value" else ".".join(p for p in col if p): raw[col]
                           for col in raw.columns})
-    frame["duration_s"] = frame.pop("duration").dt.total_seconds()
+    frame["duration_s"] = pd.to_timedelta(frame.pop("duration")).dt.total_seconds()  # None while all run
     names = [str(c) for c in frame.columns]  # the dotted names made just above
     params, user = (sorted(c for c in names if c.startswith(p)) for p in ("params.", "user_attrs."))
     frame = frame[[c for c in FIXED if c in frame] + params + user]
