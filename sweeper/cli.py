@@ -122,25 +122,17 @@ def output_option(what: str, table: bool = False) -> Any:
             from sweeper.inspect.export import table_format
             table_format(path)
         return _writable(ctx, param, path)
-
-    def guarded(command: Any) -> Any:
-        @functools.wraps(command)
-        def run(**kw: Any) -> Any:
-            _not_an_input(kw["out"], kw["study"], kw["storage"], kw.get("data"))
-            return command(**kw)
-        return click.option("-o", "--output", "out", required=True, callback=check, help=what,
-                            type=click.Path(dir_okay=False, path_type=Path))(run)
-    return guarded
+    return click.option("-o", "--output", "out", required=True, callback=check, help=what,
+                        type=click.Path(dir_okay=False, path_type=Path))
 
 
-def _not_an_input(out: Path, study: Path, storage: str | None, data: Path | None) -> None:
+def _not_an_input(cfg: Any, study: Path, params: dict[str, Any]) -> None:
     """``-o`` naming a file the command reads (the study file, its data, --data, its SQLite database)
     would replace it with the output: refused before the work, as an unwritable -o is."""
-    from sweeper.config import load_config
     from sweeper.config.anchor import sqlite_path
-    cfg = load_config(study, click.get_current_context().meta.get(SETS, ()))
-    inputs = {"the study file": study, "data.path": cfg.data.path, "--data": data,
-              "the study's database": sqlite_path(storage or cfg.study.resolved_storage)}
+    inputs = {"the study file": study, "data.path": cfg.data.path, "--data": params.get("data"),
+              "the study's database": sqlite_path(params.get("storage") or cfg.study.resolved_storage)}
+    out = params["out"]
     for name, path in inputs.items():
         if path is not None and Path(path).resolve() == out.resolve():
             raise UserError(f"-o {out}: that is {name}, which this command reads; write to another file")
@@ -159,6 +151,8 @@ def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
     # for as long as the command runs
     if ctx is not None:
         ctx.with_resource(model_search_path(path))
+    if ctx is not None and ctx.params.get("out") is not None:
+        _not_an_input(cfg, path, ctx.params)
     return cfg
 
 

@@ -409,3 +409,29 @@ def test_a_study_made_before_the_anchor_is_used_where_it_is(tmp_path, monkeypatc
     (tmp_path / "exp/runs/t/study.db").write_bytes(b"")  # one beside the study file wins, silently
     assert C.load_config("exp/s.yaml").study.resolved_storage == "sqlite:///exp/runs/t/study.db"
     assert capsys.readouterr().err == ""
+
+
+def test_another_study_files_study_of_the_same_name_here_is_no_old_study(tmp_path, monkeypatch, capsys):
+    """a/s.yaml and b/s.yaml, both study 't' (the default name is one for all): a's sweep, run from a/, put
+    its study in a/runs/t; b's file read from a/ took it for an old study of its own (status showed a's
+    trials, run refused b's config as drift, and --force added b's trials to a's study)."""
+    import json
+
+    from sweeper.store import run_folder
+
+    for x in ("a", "b"):
+        (tmp_path / x).mkdir()
+        (tmp_path / x / "s.yaml").write_text(yaml.safe_dump({"study": {"name": "t"}, **BASE}))
+    run = tmp_path / "a/runs/t"
+    run.mkdir(parents=True)
+    (run / "study.db").write_bytes(b"")
+    run_folder.take(run, "t", "uuid-a", "sqlite:///runs/t/study.db", fresh=True, study_folder=str(tmp_path / "a"))
+    assert json.loads((run / "owner.json").read_text())["study_folder"] == str(tmp_path / "a")
+    monkeypatch.chdir(tmp_path / "a")
+    assert C.load_config("../b/s.yaml").study.resolved_storage == f"sqlite:///{tmp_path}/b/runs/t/study.db"
+    assert C.load_config("s.yaml").study.home == str(tmp_path / "a")
+    assert capsys.readouterr().err == ""
+    # b's own old study, here since before the rule, once its sweep recorded it: still found here
+    run_folder.take(run, "t", "uuid-a", "sqlite:///runs/t/study.db", fresh=False, study_folder=str(tmp_path / "b"))
+    assert C.load_config("../b/s.yaml").study.resolved_storage == "sqlite:///runs/t/study.db"
+    assert "is used where an older sweeper put it" in capsys.readouterr().err

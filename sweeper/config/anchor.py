@@ -11,6 +11,7 @@ it ran from (its data there too, when the file was there): found only there, it 
 with a one-line notice on how to move it."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
     folder = os.path.dirname(os.path.abspath(study_file))
     rel = os.path.relpath(folder)
     root = "" if rel == "." else folder if rel.split(os.sep)[0] == ".." else rel
-    if moves := _old_places(cfg.study, root):
+    if moves := _old_places(cfg.study, root, folder):
         where, how = ", ".join(old for old, _ in moves), " and ".join(f"{a} to {b}" for a, b in moves)
         print(f"sweeper: study {cfg.study.name!r} is used where an older sweeper put it, relative to the "
               f"current folder ({where}); to keep it beside {study_file}, as a new study is, move {how} "
@@ -41,7 +42,16 @@ def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
     study = cfg.study.model_copy(update={
         "storage": cfg.study.storage and sqlite_at(cfg.study.storage, root),
         "artifacts": cfg.study.artifacts and _folder_at(cfg.study.artifacts, root), "warm_start": warm})
-    return cfg.model_copy(update={"data": data, "study": study.located(root)})
+    return cfg.model_copy(update={"data": data, "study": study.located(root, folder)})
+
+
+def _study_folder(run: str) -> str | None:
+    """The study file's folder a run folder's owner.json names (sweeper.store.run_folder.take); None
+    where it names none (written before it was recorded)."""
+    try:
+        return json.loads(Path(run, "owner.json").read_text()).get("study_folder")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -74,9 +84,10 @@ def _data_path(path: str, root: str, study_file: str | Path) -> str:
     return beside if os.path.exists(beside) else path
 
 
-def _old_places(study: StudyConfig, root: str) -> list[tuple[str, str]]:
+def _old_places(study: StudyConfig, root: str, home: str) -> list[tuple[str, str]]:
     """``(where it is, where the rule puts it)`` for the files of a study made before the rule
-    that are found relative to the current folder only (none: it is where the rule says)."""
+    that are found relative to the current folder only (none: it is where the rule says, or the files
+    there are another study file's of the same name, as their run folder's owner.json says)."""
     default = os.path.join("runs", study.name)
     run = study.artifacts if study.artifacts and "://" not in study.artifacts else default
     local = not os.path.isabs(os.path.expanduser(run))
@@ -84,6 +95,8 @@ def _old_places(study: StudyConfig, root: str) -> list[tuple[str, str]]:
     db = str(path) if path is not None and not path.is_absolute() else None
     mark = db or (os.path.join(run, "owner.json") if local else None)
     if not root or mark is None or not os.path.exists(mark) or os.path.exists(os.path.join(root, mark)):
+        return []
+    if local and _study_folder(run) not in (None, home):
         return []
     places = [run] if local and os.path.exists(run) else []
     if db and not (places and Path(db).is_relative_to(run)):  # the default storage moves with its folder

@@ -131,7 +131,8 @@ def with_overrides(cfg: SweeperConfig, overrides: dict[str, Any], source: str) -
     for key, value in overrides.items():
         set_dotted(raw, key, value)
     out = validate_config(raw, source)
-    return out.model_copy(update={"study": out.study.located(cfg.study._root)})  # the same study file's
+    # the same study file's folders
+    return out.model_copy(update={"study": out.study.located(cfg.study._root, cfg.study.home)})
 
 
 def load_config(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> SweeperConfig:

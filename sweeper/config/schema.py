@@ -74,6 +74,7 @@ class StudyConfig(Section):
     # the study file's folder, which the default run folder and storage lie in ('': the current
     # folder): set by sweeper.config.anchor; not a field, so the stored config is what the file says
     _root: str = PrivateAttr("")
+    _home: str = PrivateAttr("")  # the study file's folder, absolute (sweeper.config.anchor)
 
     _population = field_validator("population")(_one_or_auto)
 
@@ -101,11 +102,15 @@ class StudyConfig(Section):
     def resolved_direction(self) -> Literal["maximize", "minimize"]:
         return self.direction or ("minimize" if self.metric == "val_loss" else "maximize")
 
-    def located(self, root: str) -> StudyConfig:
-        """This section with its default run folder in ``root`` (the study file's folder)."""
+    def located(self, root: str, home: str = "") -> StudyConfig:
+        """This section with its default run folder in ``root`` (the study file's folder, as named)."""
         out = self.model_copy()
-        out._root = root
+        out._root, out._home = root, home
         return out
+
+    @property
+    def home(self) -> str:
+        return self._home
 
     @property
     def resolved_storage(self) -> str:

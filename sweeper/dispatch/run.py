@@ -204,7 +204,7 @@ def _set_up(plan: Plan, stop: StopToken, force: bool, must_exist: bool,
     with lock:  # two drivers of one study never move files at once
         started = any(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False))
         lines = run_folder.take(plan.run_dir, plan.cfg.study.name, study.user_attrs["study_uuid"],
-                                redact(plan.storage_url), fresh=not started)
+                                redact(plan.storage_url), fresh=not started, study_folder=plan.cfg.study.home)
     room = retention.space_warning(plan.run_dir, study.get_trials(deepcopy=False), plan.cfg.study.n_trials)
     for line in [*lines, room] if room else lines:
         print(line, file=sys.stderr, flush=True)

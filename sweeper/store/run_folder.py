@@ -26,21 +26,20 @@ from sweeper.store.trial_folder import move
 UNKNOWN = "unknown"  # the owner of files from before owner.json, which no study claimed
 
 
-def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh: bool) -> list[str]:
+def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh: bool,
+         study_folder: str = "") -> list[str]:
     """Make ``run_dir`` this study's; the lines to print (files moved aside or back).
 
     ``fresh``: the study has no trials yet, so files already here without an owner are not
-    its own. Call under the study's claim lock, so that two drivers never move at once."""
+    its own. ``study_folder``: the study file's (sweeper.config.anchor reads it: whose study this is).
+    Call under the study's claim lock, so that two drivers never move at once."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    current = _owner(run_dir)
-    if current == study_uuid:
-        return []
-    lines = []
-    if current is not None or (fresh and _holds_files(run_dir)):
+    lines, current = [], _owner(run_dir)
+    if current != study_uuid and (current is not None or (fresh and _holds_files(run_dir))):
         lines += _move(run_dir, previous_dir(run_dir, current or UNKNOWN))
-    if (back := previous_dir(run_dir, study_uuid)).is_dir():
+    if current != study_uuid and (back := previous_dir(run_dir, study_uuid)).is_dir():
         lines += _restore(back, run_dir)
-    record = {"study": study_name, "study_uuid": study_uuid, "storage": storage}
+    record = {"study": study_name, "study_uuid": study_uuid, "storage": storage, "study_folder": study_folder}
     write_text(owner_file(run_dir), json.dumps(record, indent=2) + "\n")
     return lines
 
