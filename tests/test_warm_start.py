@@ -44,7 +44,9 @@ def test_warm_start_runs_the_sources_best_first_once(study_file):
     best = _best_first(_trials(a))[:3]
     assert len(best) == 3 and all(MARK not in t.user_attrs for t in _trials(a))
 
-    warm = {"study": "a", "storage": "sqlite:///runs/a/study.db", "top_k": 3}
+    # no storage: this study's default, one database per study name, so study a's own (runs/a/study.db); it
+    # was runs/b/study.db, which never holds a, so the key's documented default could not work
+    warm = {"study": "a", "top_k": 3}
     b = study_file({"study": {"name": "b", "n_trials": 4, "warm_start": warm}}, name="b.yaml")
     out = _sweeper("run", b)
     assert f"enqueued 4 parameter sets ahead of the sampler's: a#{best[0].number}, a#{best[1].number}, " \

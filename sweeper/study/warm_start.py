@@ -123,8 +123,9 @@ def _fitted(cfg: C.SweeperConfig,
     return params, refused
 
 
-def _source_study(warm: C.WarmStartConfig, own_storage: str) -> optuna.Study:
-    url = warm.storage or own_storage
+def _source_study(warm: C.WarmStartConfig, own: C.StudyConfig) -> optuna.Study:
+    # null: this study's storage; by default that is one database per study name, so the source's own
+    url = warm.storage or own.storage or own.model_copy(update={"name": warm.study}).resolved_storage
     try:
         storage = open_storage(url, create=False)
     except StorageError as exc:
@@ -143,7 +144,7 @@ def warm_start_sets(cfg: C.SweeperConfig) -> tuple[list[StartSet], list[str]]:
     missing, or has no COMPLETE trial."""
     warm = cfg.study.warm_start
     assert warm is not None
-    source = _source_study(warm, cfg.study.resolved_storage)
+    source = _source_study(warm, cfg.study)
     best = ranked(source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
                   source.direction == optuna.study.StudyDirection.MAXIMIZE)[:warm.top_k]
     if not best:
