@@ -67,6 +67,9 @@ def test_unknown_keys_suggest_closest(raw, expected):
     ({"data": {}}, "set data.path to a Parquet file, or data.synthetic"),
     ({"data": {"synthetic": {}, "path": "x.parquet"}}, "set data.synthetic: null to use data.path"),
     (_with(study={"name": "../evil"}), "study.name: must be a non-empty name"),
+    # it said "add up to 1.1" where the user wrote 0.9: the test split's default was added unsaid
+    (_with(data={**BASE["data"], "split": {"train": 0.7, "valid": 0.2}}),
+     "data.split: split fractions train 0.7 + valid 0.2 + test 0.2 (default) add up to 1.1, more than 1"),
 ])
 def test_bad_values_name_the_key(raw, fragment):
     message = _err(raw)

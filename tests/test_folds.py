@@ -133,8 +133,13 @@ def test_a_layout_that_cannot_fit_names_the_keys(default_panel):
                                           r"valid_dates 13\) in the 784 target dates .* give a first train "
                                           r"window of 2 target dates"):
         fold_layout(default_panel, default_study(folds=60, valid_dates=13))
-    with pytest.raises(ConfigError, match=r"valid blocks of 5 target dates; each needs at least 10"):
+    with pytest.raises(ConfigError, match=r"valid blocks of 5 target dates; each needs at least 10: set fewer "
+                                          r"validation\.folds, or give"):
         fold_layout(default_panel, default_study(folds=150))
+    # it said "set fewer validation.folds or a smaller validation.valid_dates": neither helps
+    with pytest.raises(ConfigError, match=r"valid blocks of 5 target dates; each needs at least 10: set "
+                                          r"validation\.valid_dates to at least 10, or give"):
+        fold_layout(default_panel, default_study(folds=3, valid_dates=5))
     with pytest.raises(ConfigError, match=r"^validation\.train_dates: 12 target dates is too short a rolling "
                                           r"window; it needs at least 20"):
         fold_layout(default_panel, default_study(window="rolling", train_dates=12))

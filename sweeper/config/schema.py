@@ -166,8 +166,10 @@ class SplitConfig(Section):
             raise ValueError("use fractions for all three splits, or date ranges for all three")
         if any(p <= 0 for p in fractions):
             raise ValueError("split fractions must be > 0")
-        if sum(fractions) > 1.0 + 1e-9:
-            raise ValueError(f"split fractions add up to {sum(fractions):g}, more than 1")
+        if sum(fractions) > 1.0 + 1e-9:  # a fraction left out is its default: say so
+            parts = [f"{k} {getattr(self, k):g}{'' if k in self.model_fields_set else ' (default)'}"
+                     for k in ("train", "valid", "test")]
+            raise ValueError(f"split fractions {' + '.join(parts)} add up to {sum(fractions):g}, more than 1")
         return self
 
 

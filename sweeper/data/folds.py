@@ -55,8 +55,10 @@ def fold_layout(panel: Panel, cfg: SweeperConfig) -> list[Fold]:
     size = v.valid_dates if v.valid_dates is not None else (span - gap) // (v.folds + 1)
     need_train = max(MIN_TRAIN_DATES, lookback)
     if size < MIN_VALID_DATES:
+        fix = (f"set validation.valid_dates to at least {MIN_VALID_DATES}" if v.valid_dates is not None
+               else "set fewer validation.folds")  # a smaller valid_dates (the other fix) makes it worse
         raise _too_small(cfg, span, gap, f"valid blocks of {max(size, 0)} target dates; each needs at "
-                                         f"least {MIN_VALID_DATES}")
+                                         f"least {MIN_VALID_DATES}", fix)
     starts = [end - (v.folds - i) * size for i in range(v.folds)]
     first_train = starts[0] - gap - first
     if first_train < need_train:
@@ -75,14 +77,14 @@ def fold_layout(panel: Panel, cfg: SweeperConfig) -> list[Fold]:
                  (start, start + size)) for i, start in enumerate(starts)]
 
 
-def _too_small(cfg: SweeperConfig, span: int, gap: int, what: str) -> ConfigError:
+def _too_small(cfg: SweeperConfig, span: int, gap: int, what: str,
+               fix: str = "set fewer validation.folds or a smaller validation.valid_dates") -> ConfigError:
     v = cfg.validation
     sizes = f"validation.valid_dates {v.valid_dates}" if v.valid_dates is not None else "equal parts"
     return ConfigError(
         f"validation.folds: {v.folds} walk-forward folds ({sizes}) in the {span} target dates before "
-        f"the test split's purge of {gap} dates give {what}: set fewer validation.folds or a smaller "
-        "validation.valid_dates, or give the train and valid splits more dates (data.split.test, "
-        "data.split.*)")
+        f"the test split's purge of {gap} dates give {what}: {fix}, or give the train and valid splits "
+        "more dates (data.split.test, data.split.*)")
 
 
 def fold_spans(panel: Panel, folds: list[Fold]) -> list[dict[str, list[str]]]:
