@@ -54,13 +54,16 @@ def row_codes(cols: Columns) -> Codes:
                         f"duplicated (date, asset) rows, e.g. ({day}, {assets[a_code[first]]}); expected one "
                         "row per date and asset")
     days, day_code = np.unique(dates.astype("datetime64[D]"), return_inverse=True)
-    # several times of one day, each asset's row at one of them: one day's rows stamped two ways (two
-    # sources merged), not intraday bars; each time would count as a date, and the purge in dates shrink
-    if len(days) < len(dates) and not pd.Series(day_code[d_code] * len(assets) + a_code).duplicated().any():
+    # several times of one day, most assets' rows at one of them: one day's rows stamped two ways (two
+    # sources merged), not intraday bars; each time would count as a date, and the purge in dates shrink.
+    # Judged on most (day, asset) cells: one asset's row given in both sources must not hide it
+    on_such_days = np.bincount(day_code)[day_code[d_code]] > 1
+    cells = pd.Series(day_code[d_code] * len(assets) + a_code)[on_such_days].value_counts()
+    if len(days) < len(dates) and (cells > 1).mean() < 0.5:
         first = int(np.flatnonzero(np.diff(day_code) == 0)[0])
         times = " and ".join(np.datetime_as_string(dates[first:first + 2], unit="m"))
         raise DataError(f"{cols.source}: column '{cols.date_col}': a day's rows at several times ({times}), "
-                        "each asset's at one; expected one time a day (normalise the timestamps to the day)")
+                        "most assets' at one; expected one time a day (normalise the timestamps to the day)")
     return Codes(d_code, a_code, dates, assets)
 
 
