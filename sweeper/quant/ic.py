@@ -11,8 +11,7 @@ column of 0.1s gives it a spurious 0.0 where we give no correlation.
 
 Two implementations give the same numbers: pandas for notebooks and reports (:func:`ic_report`,
 :func:`daily_ic`) and vectorised torch on the tensors' own device for the training loop
-(:func:`ic_report_torch`). :func:`ic_loss` is a differentiable per-date Pearson loss.
-"""
+(:func:`ic_report_torch`). :func:`ic_loss` is a differentiable per-date Pearson loss."""
 from __future__ import annotations
 
 import math
@@ -130,8 +129,7 @@ def daily_ic_torch(pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tenso
     """Per-date (Pearson, Spearman) of ``[T, N]`` tensors, as float64 ``[T]`` on their device.
 
     A NaN or inf in either tensor marks the pair missing. Dates with fewer than 2 pairs or a constant label
-    are NaN; a constant prediction scores 0. Fully vectorised: no per-date Python loop, no host copy.
-    """
+    are NaN; a constant prediction scores 0. Fully vectorised: no per-date Python loop, no host copy."""
     import torch
     x, y, valid = _pairs(pred, label)
     constant = _constant_torch(x, y, valid)
@@ -191,8 +189,7 @@ def ic_loss(pred: torch.Tensor, label: torch.Tensor, group: torch.Tensor) -> tor
     groups with fewer than 2 rows or a constant side are left out of the mean. A
     non-finite prediction is kept, so the loss turns NaN and the trainer sees it. If no
     group is usable the loss is a zero that still backpropagates (all-zero gradients).
-    Masks instead of boolean indexing keep host syncs to the one inside ``torch.unique``.
-    """
+    Masks instead of boolean indexing keep host syncs to the one inside ``torch.unique``."""
     import torch
     dtype = torch.promote_types(pred.dtype, torch.float32)
     keep = torch.isfinite(label)

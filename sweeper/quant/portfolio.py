@@ -3,8 +3,7 @@ writes it): quantile buckets, the top-minus-bottom return, its annualised return
 drawdown and the top bucket's turnover. Every definition is in docs/inspect.md ("The long-short
 view"), with ``h`` the label horizon and ``q`` the number of buckets (``report.quantiles``).
 
-Gross figures: equal weights, no costs, no borrow, labels as given.
-"""
+Gross figures: equal weights, no costs, no borrow, labels as given."""
 from __future__ import annotations
 
 import math
@@ -77,8 +76,7 @@ def _buckets(rows: pd.DataFrame, period: np.ndarray, quantiles: int) -> np.ndarr
     """0-based bucket of each row: ``pd.qcut`` of its ``rank(method="first")`` within its date.
 
     A date with n rows has the ranks 1..n, so its buckets are those of ``pd.qcut(1..n)``:
-    one qcut per distinct n (pandas' own edges, float rounding included), then a lookup.
-    """
+    one qcut per distinct n (pandas' own edges, float rounding included), then a lookup."""
     by_date = pd.Series(rows["pred"].to_numpy(np.float64)).groupby(period)
     ranks = by_date.rank(method="first").to_numpy().astype(np.int64)
     sizes = np.bincount(period)[period]

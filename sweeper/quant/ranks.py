@@ -1,7 +1,6 @@
 """Average ranks within each row, ties sharing their mean rank: the one ranking of the package
 (normalisation's ``cs_rank`` ranks numpy cross-sections, Rank IC ``[T, N]`` tensors on their
-device), so that a tie rule is decided once.
-"""
+device), so that a tie rule is decided once."""
 from __future__ import annotations
 
 import math

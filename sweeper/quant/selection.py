@@ -13,8 +13,7 @@ ICs (:func:`fold_standard_error`: the spread of the score from one period to the
 within a block understates) and cuts PBO's blocks along the folds (:func:`fold_blocks`), so that no block
 mixes two folds' models (docs/inspect.md, "Selection bias under walk-forward").
 
-Only the standard library's ``NormalDist`` is needed (no scipy).
-"""
+Only the standard library's ``NormalDist`` is needed (no scipy)."""
 from __future__ import annotations
 
 import itertools
@@ -37,8 +36,7 @@ def expected_max(n: int) -> float:
     """E[max of ``n`` iid standard normals] ~ (1-g)Phi^-1(1-1/n) + g Phi^-1(1-1/(n e)).
 
     1.58 for n=10, 2.53 for 100, 3.26 for 1000; 0 for a single trial (no selection).
-    The cruder sqrt(2 ln n) overstates it by about 0.5 in that range.
-    """
+    The cruder sqrt(2 ln n) overstates it by about 0.5 in that range."""
     if n < 1:
         raise ValueError(f"expected_max needs n >= 1 trials, got {n}")
     if n == 1:
@@ -53,8 +51,7 @@ def null_max_ic(daily_ics: list[np.ndarray], lags: list[int] | None = None) -> f
     SE is each trial's Newey-West standard error of its mean IC with its ``lags`` entry (default 0: std(daily,
     ddof=1) / sqrt(T)). The median (not the mean) across trials keeps one degenerate trial, e.g. a diverged
     model with wild daily ICs, from inflating the bar. Every trial counts toward N (each one was a chance to
-    get lucky) but only trials with >= 2 finite days give an SE. NaN if none does.
-    """
+    get lucky) but only trials with >= 2 finite days give an SE. NaN if none does."""
     lags = lags if lags is not None else [0] * len(daily_ics)
     return _null_ic(list(map(hac_standard_error, daily_ics, lags)))
 
@@ -78,8 +75,7 @@ def deflated_sharpe(daily_best: np.ndarray, sr_trials: list[float], n_trials: in
     ``deflated_ic`` = mean IC - ``null_ic``; without ``null_ic`` the best trial's own SE
     stands in for the trials' median SE (see :func:`null_max_ic`).
     Undefined values are NaN: fewer than 3 days, no spread, or ``n_trials`` > 1 with
-    fewer than 2 finite ``sr_trials``. With ``n_trials == 1`` SR0 is 0 (nothing was selected).
-    """
+    fewer than 2 finite ``sr_trials``. With ``n_trials == 1`` SR0 is 0 (nothing was selected)."""
     x = finite(daily_best)
     sr = _sharpe(x)
     spread = finite(sr_trials)  # SR0 is 0 when nothing was selected; a spread needs two trials
@@ -109,8 +105,7 @@ def pbo(matrix: np.ndarray, n_blocks: int = 16, blocks: list[np.ndarray] | None 
     in-sample, pick the trial with the best in-sample mean IC and rank its out-of-sample mean IC among all
     trials (average rank for ties). PBO is the share of splits where that rank is below the median, i.e.
     logit(rank / (N+1)) < 0; a rank exactly at the median counts one half, so that pure noise scores 0.5 on
-    average. NaN days are left out of the means; a trial with no day in a half ranks last there.
-    """
+    average. NaN days are left out of the means; a trial with no day in a half ranks last there."""
     m = np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2 or m.shape[1] < 2:
         raise ValueError(f"pbo needs a [dates, trials] matrix with >= 2 trials, got shape {m.shape}")
@@ -166,8 +161,7 @@ def selection_summary(daily: Mapping[int, np.ndarray | pd.Series], best: int,
     no-signal best; the DSR still reads the best's daily ICs. ``folds`` (the fold of each of the best trial's
     dates) cuts PBO's blocks along the folds (:func:`fold_blocks`). Added keys: ``se_from`` ("folds"),
     ``best_val_ic_se``, ``n_folds`` (the best's) and ``pbo_blocks`` ("folds", or "dates" where the folds
-    cannot be cut evenly).
-    """
+    cannot be cut evenly)."""
     if best not in daily:
         raise KeyError(f"best trial {best} has no daily IC series")
     series = _align(daily, best)

@@ -1,7 +1,6 @@
 """Optuna's artifact store for a study: a folder, or an S3 bucket.
 
-optuna-dashboard lists what the workers upload here beside each trial.
-"""
+optuna-dashboard lists what the workers upload here beside each trial."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

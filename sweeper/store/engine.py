@@ -9,8 +9,7 @@ Transactions that only read begin deferred: under WAL they never wait for a writ
 ``sweeper status`` do not queue behind a sweep. :class:`SweeperStorage` knows which is which by the Optuna
 method it runs. PostgreSQL gets small pools, pre-ping, TCP keepalives and sessions pinned to UTC, because
 Optuna's heartbeat column has no time zone. Creating Optuna's tables is serialised (an advisory lock on
-PostgreSQL, a file lock on SQLite) because RDBStorage's constructor races with itself on a fresh database.
-"""
+PostgreSQL, a file lock on SQLite) because RDBStorage's constructor races with itself on a fresh database."""
 from __future__ import annotations
 
 import contextlib
@@ -205,8 +204,7 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     long calls ride out an outage of this store (None: the store's current limit). ``checked=True``: the
     driver that started this process checked the schema's version against this Optuna, so it is not checked
     again (RDBStorage's check reads alembic's migration scripts: about 0.2 s of every worker's start), and a
-    store away now is an outage to ride out (a worker that exits before it is ready is counted broken).
-    """
+    store away now is an outage to ride out (a worker that exits before it is ready is counted broken)."""
     url = normalize_url(url)
     if (path := sqlite_path(url)) is not None and not path.exists() and not create:
         raise StorageError(f"storage {url}: no such database file {path}")
@@ -245,8 +243,7 @@ def schema_guard(url: str, create: bool) -> Iterator[bool]:
 
     RDBStorage's constructor runs create_all, inserts the version row and stamps
     alembic, each in its own transaction: on a fresh PostgreSQL database several
-    hosts starting together fail with duplicate keys or deadlock.
-    """
+    hosts starting together fail with duplicate keys or deadlock."""
     if is_postgres(url):
         with _pg_schema_guard(url, create) as ready:
             yield ready

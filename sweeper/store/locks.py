@@ -4,8 +4,7 @@ serialises creating Optuna's tables.
 SQLite studies live on one host, so a ``flock`` on a file beside the database serves; PostgreSQL studies
 span hosts, so they take a session advisory lock. Neither blocks in the kernel or the server: both are tried
 every ``LOCK_POLL_S`` and the wait in between looks for a stop request, so Ctrl-C and SIGTERM end a process
-that waits for a lock another driver holds.
-"""
+that waits for a lock another driver holds."""
 from __future__ import annotations
 
 import contextlib
@@ -86,8 +85,7 @@ class AdvisoryLock:
     if the holder dies the server ends the session (socket closed, or keepalives unanswered) and the lock is
     released. A server restart ends the session too: the lost connection is invalidated, never reused, and
     the next ``with`` takes the lock afresh. Tries that fail because the server is away are retried through
-    the store's outage policy.
-    """
+    the store's outage policy."""
 
     def __init__(self, engine: sqlalchemy.Engine, key: str, policy: outage.OutagePolicy,
                  stop: StopToken = NEVER) -> None:

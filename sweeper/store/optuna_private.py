@@ -2,8 +2,7 @@
 
 Optuna 5 has no public way to do these; ``pyproject.toml`` bounds ``optuna``
 below 6 so that a release that moves them cannot break a sweep silently. A new
-use of a private name belongs here, with its reason, not at the call site.
-"""
+use of a private name belongs here, with its reason, not at the call site."""
 from __future__ import annotations
 
 import logging
@@ -50,8 +49,7 @@ def stale_trial_ids(storage: HeartbeatStorage, study_id: int) -> list[int]:
     """RUNNING trials whose heartbeat is older than the grace period.
 
     The public ``optuna.storages.fail_stale_trials`` fails them at once, before a
-    ``fail_reason`` can be written (Optuna refuses user attrs on finished trials).
-    """
+    ``fail_reason`` can be written (Optuna refuses user attrs on finished trials)."""
     return storage._get_stale_trial_ids(study_id)
 
 
@@ -60,8 +58,7 @@ def heartbeat_ages(storage: optuna.storages.BaseStorage, study_id: int) -> dict[
     row at all), by the database's clock, which stamps the beats and which Optuna's stale check
     reads; ``status`` shows them.
 
-    Optuna has no public reader of heartbeats; its ORM models are the only way to ask.
-    """
+    Optuna has no public reader of heartbeats; its ORM models are the only way to ask."""
     from optuna.storages._rdb import models
 
     rdb: Any = getattr(storage, "_backend", storage)  # a study wraps its RDBStorage in a cache

@@ -11,8 +11,7 @@ The outage is the store's, not one call's: every call and thread of a process th
 :class:`OutagePolicy`, so the limit counts from the first failure, and after one give-up the rest give up at
 once (a driver's shutdown must not wait out another outage per call). Waits poll the policy's stop token
 (:mod:`sweeper.interrupt`, handed over by the sweep that opened the store), so Ctrl-C works while the store is
-away.
-"""
+away."""
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +53,7 @@ def is_transient(exc: BaseException) -> bool:
     wraps the driver's in ``DBAPIError``: the chain of causes is walked to the driver's own error. A
     ``PendingRollbackError`` is the aftermath of an earlier failure in the same transaction, so it is judged
     by that failure: Optuna's ``_get_trials`` catches an ``OperationalError`` (the connection died
-    mid-query) to retry the query without its IN clause, and that second query raises it.
-    """
+    mid-query) to retry the query without its IN clause, and that second query raises it."""
     err: BaseException | None = exc
     for _ in range(6):
         if err is None or _transient_here(err):

@@ -7,8 +7,7 @@ files a new study did not write) those files are moved to ``previous/<their uuid
 where; nothing is overwritten. A study whose files were moved aside gets them back when it runs here again.
 
 Other files stay: the SQLite database (it may be the other study's storage), the artifact
-store (its files are keyed by unique ids) and reports the user wrote.
-"""
+store (its files are keyed by unique ids) and reports the user wrote."""
 from __future__ import annotations
 
 import json

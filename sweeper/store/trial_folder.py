@@ -10,8 +10,7 @@ worked out from the run folder at use time (:func:`resume_checkpoint`), so a stu
 to ``previous/<uuid>/`` finds its retries' sources there. A retry stored before that attribute
 names its source by a path (``resume_from``), from which the trial's number is read.
 
-Nothing here imports torch: ``sweeper gc --dry-run``, ``status`` and ``best`` read no tensor.
-"""
+Nothing here imports torch: ``sweeper gc --dry-run``, ``status`` and ``best`` read no tensor."""
 from __future__ import annotations
 
 import os

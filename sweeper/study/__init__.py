@@ -12,5 +12,4 @@ neither :mod:`sweeper.dispatch` nor :mod:`sweeper.worker` (``tests/test_architec
 - :mod:`~sweeper.study.retention`: ``study.keep``: which finished trials' files go;
 - :mod:`~sweeper.study.convergence`: the Terminator's evaluators over the fold scores.
 
-This ``__init__`` imports nothing.
-"""
+This ``__init__`` imports nothing."""

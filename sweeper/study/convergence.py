@@ -4,8 +4,7 @@
 ``optuna.terminator`` is deprecated since Optuna 4.9 (to leave in 6.0, which ``optuna<6``
 keeps out); it is still the field's own implementation of the rule (Makarova et al. 2022: stop
 when the regret bound of the GP falls below the cross-validation error of the best trial), so
-it is used here, behind this module, with its FutureWarning silenced in one place.
-"""
+it is used here, behind this module, with its FutureWarning silenced in one place."""
 from __future__ import annotations
 
 import warnings

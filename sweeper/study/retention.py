@@ -12,8 +12,7 @@ The top k are the first k of :func:`sweeper.store.studies.ranked`. The list only
 (a finished trial's value never changes, more trials only push it down), so a collector reading an older
 snapshot of the study removes less, never more: several workers may collect at once. A removed file's copy
 in the folder artifact store (``<run_dir>/artifacts/<id>``, uploaded for optuna-dashboard) is removed with
-it; the dashboard then lists the artifact without its file.
-"""
+it; the dashboard then lists the artifact without its file."""
 from __future__ import annotations
 
 import json

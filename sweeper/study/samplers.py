@@ -1,8 +1,7 @@
 """Optuna samplers and pruners built from the study config.
 
 Shared by both sides: the driver samples with the sampler, and each worker
-needs the same pruner to answer ``trial.should_prune()``.
-"""
+needs the same pruner to answer ``trial.should_prune()``."""
 from __future__ import annotations
 
 import hashlib

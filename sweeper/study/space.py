@@ -1,8 +1,7 @@
 """The search space: YAML ``search_space`` specs -> Optuna suggestions -> config overrides.
 
 Parameter names in Optuna are the dotted config keys (``train.lr``), so the
-params a user sees in the dashboard are the names they wrote.
-"""
+params a user sees in the dashboard are the names they wrote."""
 from __future__ import annotations
 
 from typing import Any

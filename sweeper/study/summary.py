@@ -5,8 +5,7 @@ Making it means loading the panel, which means torch. The driver of ``sweeper ru
 (about 2.4 s of CPU on a 2-core box, and 300 MB it would hold for the whole sweep): it asks its worker fork
 server for a child that runs :func:`main` (``python -m sweeper.study.summary``: the config as JSON on stdin,
 as :func:`sweeper.config.to_dict` writes it, and one JSON answer line on stdout), and only where there is no
-server (``validate``, ``db init``) calls :func:`summarize_panel` itself.
-"""
+server (``validate``, ``db init``) calls :func:`summarize_panel` itself."""
 from __future__ import annotations
 
 import dataclasses

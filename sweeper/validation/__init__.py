@@ -11,5 +11,4 @@ walk-forward folds or repeats), trained and scored on all of them (docs/walk-for
 - :mod:`~sweeper.validation.contract`: the fold attributes' names, and whether a study is folded.
 
 This ``__init__`` imports nothing: the grid and the contract are read by commands that must not
-import torch (``best``, ``status``), the runner is not.
-"""
+import torch (``best``, ``status``), the runner is not."""
