@@ -8,6 +8,7 @@ import atexit
 import functools
 import gc
 import json
+import os
 import shlex
 import signal
 import sys
@@ -133,8 +134,9 @@ def _not_an_input(cfg: Any, study: Path, params: dict[str, Any]) -> None:
     inputs = {"the study file": study, "data.path": cfg.data.path, "--data": params.get("data"),
               "the study's database": sqlite_path(params.get("storage") or cfg.study.resolved_storage)}
     out = params["out"]
-    for name, path in inputs.items():
-        if path is not None and Path(path).resolve() == out.resolve():
+    for name, path in inputs.items():  # samefile: a hard link, a case-insensitive file system
+        if path is not None and (os.path.samefile(path, out) if out.exists() and Path(path).exists()
+                                 else Path(path).resolve() == out.resolve()):
             raise UserError(f"-o {out}: that is {name}, which this command reads; write to another file")
 
 

@@ -57,6 +57,11 @@ class StopRequested(KeyboardInterrupt):
         self.signum = signum
 
 
+def fp16_needs_cuda(key: str, training_on: str) -> ConfigError:
+    """The one wording of the rule that fp16 (with its GradScaler) trains on CUDA only."""
+    return ConfigError(f"{key}: fp16 needs a CUDA device (training on {training_on}); use bf16, fp32 or auto")
+
+
 class FailReason(StrEnum):
     """A failed (or, for ``config``, pruned) trial's ``fail_reason`` user attribute."""
 

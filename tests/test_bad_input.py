@@ -85,8 +85,8 @@ CASES = {
     "unwritable run folder": ({"study": {"name": "bad", "artifacts": "/proc/sweeper-runs"}},
                               ["study.artifacts: the run folder /proc/sweeper-runs cannot be made or written here"]),
     # validate said ok, and run pruned every trial as a config the model refuses, exit 0
-    "fp16 on a CPU host": ({"train": {"precision": "fp16"}, "devices": {"cpu_workers": 1}},
-                           ["train.precision: fp16 needs a CUDA device, and this host trains on the CPU (cpu0); "
+    "fp16 on a CPU host": ({"train": {"precision": "fp16"}, "devices": {"gpus": "none", "cpu_workers": 1}},
+                           ["train.precision: fp16 needs a CUDA device (training on the CPU: cpu0); "
                             "use bf16, fp32 or auto"]),
 }
 

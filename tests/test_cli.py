@@ -86,7 +86,8 @@ def test_a_table_name_of_no_known_format_exits_2_before_the_work(tmp_path, monke
 @pytest.mark.parametrize("command, out, name", [
     ("report", "s.yaml", "the study file"), ("export", "panel.parquet", "data.path"),
     ("predict", "./panel.parquet", "data.path"), ("predict", "new.csv", "--data"),
-    ("report", "runs/sweep/study.db", "the study's database")])
+    ("report", "runs/sweep/study.db", "the study's database"),
+    ("export", "hard.parquet", "data.path")])  # a hard link to the panel: the same file by another name
 def test_an_output_that_is_a_file_the_command_reads_exits_2_before_the_work(tmp_path, monkeypatch, command,
                                                                            out, name):
     # predict -o panel.parquet replaced the study's own panel with its predictions, exit 0; report -o
@@ -95,6 +96,7 @@ def test_an_output_that_is_a_file_the_command_reads_exits_2_before_the_work(tmp_
     (tmp_path / "s.yaml").write_text("data: {path: panel.parquet}\n")
     for kept in ("panel.parquet", "new.csv"):
         (tmp_path / kept).write_text("kept")
+    os.link(tmp_path / "panel.parquet", tmp_path / "hard.parquet")
     more = ["--data", "new.csv"] if out == "new.csv" else []
     result = CliRunner().invoke(main, [command, "s.yaml", *more, "-o", out], catch_exceptions=False)
     assert result.exit_code == 2

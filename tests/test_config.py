@@ -11,7 +11,7 @@ BASE = {"data": {"synthetic": {"assets": 20, "dates": 200, "features": 4}}}
 
 def _err(raw: dict) -> str:
     with pytest.raises(ConfigError) as exc:
-        C.validate_config(raw, "s.yaml")
+        C.validate_config(raw, "s.yaml", edge=True)  # as a study file is read
     return str(exc.value)
 
 
@@ -84,11 +84,15 @@ def test_bad_values_name_the_key(raw, fragment):
     ({"train.loss": {"type": "categorical", "choices": ["mse", "ic_loss"]}},
      "search_space.train.loss: choice 'ic_loss' is not a value train.loss takes: Input should be 'mse' or 'ic'"),
     ({"train.max_stack": {"type": "categorical", "choices": ["auto", 0]}},  # a field validator's refusal
-     "search_space.train.max_stack: choice 0 is not a value train.max_stack takes: Value error, must be >= 1 or 'auto'"),
+     "search_space.train.max_stack: choice 0 is not a value train.max_stack takes: must be >= 1 or 'auto'"),
     ({"model.dropout": {"type": "float", "low": 0.1, "high": 1.5}},
      "search_space.model.dropout: high 1.5 is not a value model.dropout takes: Input should be less than 1"),
     ({"data.horizon": {"type": "int", "low": 0, "high": 3}},  # 0 would purge nothing between the splits
-     "search_space.data.horizon: low 0 is not a value data.horizon takes: Input should be greater than or equal to 1"),
+     "search_space.data.horizon: low 0 is not a value data.horizon takes: must be >= 1: a forward return spans a "
+     "date (0 purges nothing between splits)"),
+    ({"train.epochs": {"type": "float", "low": 1, "high": 10}},  # every draw but the bounds was pruned
+     "search_space.train.epochs: draw 4.437694 is not a value train.epochs takes: Input should be a valid integer, got "
+     "a number with a fractional part"),
 ])
 def test_a_search_space_value_its_key_refuses_is_refused_naming_both(space, expected):
     assert _err(_with(search_space=space)) == f"s.yaml: {expected}"
@@ -100,7 +104,23 @@ def test_a_search_space_is_not_refused_for_a_rule_that_other_draws_can_meet():
         "model.nhead": {"type": "categorical", "choices": [2, 3, 4]},
         "model.d_model": {"type": "categorical", "choices": [24, 32]}}), "s.yaml")
     assert list(cfg.search_space) == ["model.nhead", "model.d_model"]
-    assert "data.horizon: Input should be greater than or equal to 1" in _err(_with(data={**BASE["data"], "horizon": 0}))
+    assert _err(_with(data={**BASE["data"], "horizon": 0})) == (
+        "s.yaml: data.horizon: must be >= 1: a forward return spans a date (0 purges nothing between splits) (got 0)")
+
+
+def test_a_stored_config_is_not_judged_again_by_the_study_files_rules():
+    # a trial's config.yaml keeps the search space it was drawn from: a study made before a rule (a dropout
+    # range up to 1.0, a horizon of 0) must still load in predict, report and refit
+    raw = _with(data={**BASE["data"], "horizon": 0},
+                search_space={"model.dropout": {"type": "float", "low": 0.0, "high": 1.0}})
+    assert C.validate_config(raw, "config.yaml").data.horizon == 0
+    assert _err(raw).startswith("s.yaml: data.horizon: must be >= 1")
+    custom = _with(model={"name": "pkg.m:Net"}, search_space={"model.positional": {
+        "type": "categorical", "choices": ["rope", "learned"]}, "model.depth": {"type": "int", "low": 0, "high": 3}})
+    # a built-in model field keeps its values under a custom model too (each trial checks them); its own
+    # keywords (depth) are its constructor's to judge
+    assert _err(custom) == ("s.yaml: search_space.model.positional: choice 'rope' is not a value model.positional "
+                            "takes: Input should be 'learned' or 'sinusoidal'")
 
 
 def test_yaml_syntax_error_gives_line(tmp_path):

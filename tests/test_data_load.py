@@ -231,6 +231,10 @@ def test_a_days_rows_stamped_at_two_times_are_refused_and_intraday_bars_are_not(
     bars = pd.concat([long_frame(n_dates=20), long_frame(n_dates=20, seed=1).assign(
         date=lambda f: f.date + pd.Timedelta(hours=15))], ignore_index=True)
     assert len(load_panel(cfg(write(bars, tmp_path / "bars.parquet"))).dates) == 40
+    # bars where 3 of 5 assets trade once a day (at the first bar): 4 of a day's 7 rows share an asset's day
+    thin = pd.concat([long_frame(n_dates=20), long_frame(n_dates=20, seed=1).query("asset in ['S1', 'S3']").assign(
+        date=lambda f: f.date + pd.Timedelta(hours=15))], ignore_index=True)
+    assert len(load_panel(cfg(write(thin, tmp_path / "thin.parquet"))).dates) == 40
 
 
 def test_unparseable_dates(tmp_path):

@@ -140,6 +140,13 @@ def test_a_layout_that_cannot_fit_names_the_keys(default_panel):
     with pytest.raises(ConfigError, match=r"valid blocks of 5 target dates; each needs at least 10: set "
                                           r"validation\.valid_dates to at least 10, or give"):
         fold_layout(default_panel, default_study(folds=3, valid_dates=5))
+    # at 2 folds, walk-forward's least, "set fewer validation.folds" was offered all the same
+    for dates, said in ((40, r"give valid blocks of \d+ target dates; each needs at least 10: give the train"),
+                        (70, r"each needs at least 20 \(the larger of 20 and data\.lookback\): set a smaller "
+                             r"validation\.valid_dates, or give the train")):
+        small = C.with_overrides(default_study(folds=2), {"data.synthetic.dates": dates, "data.lookback": 5}, "s")
+        with pytest.raises(ConfigError, match=said):
+            fold_layout(load_panel(small.data), small)
     with pytest.raises(ConfigError, match=r"^validation\.train_dates: 12 target dates is too short a rolling "
                                           r"window; it needs at least 20"):
         fold_layout(default_panel, default_study(window="rolling", train_dates=12))

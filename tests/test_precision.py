@@ -59,3 +59,26 @@ def test_explicit_choices_and_refusals_on_the_cpu():
     assert resolve_precision("bf16", cpu).dtype is torch.bfloat16
     with pytest.raises(ConfigError, match="train.precision: fp16 needs a CUDA device"):
         resolve_precision("fp16", cpu)
+
+
+@pytest.mark.parametrize("precision, choices, said", [
+    ("auto", ["bf16", "fp16"], "search_space.train.precision: fp16 needs a CUDA device (training on the CPU: "
+                               "cpu0); use bf16, fp32 or auto"),  # each fp16 draw was pruned
+    ("fp16", ["fp32", "bf16"], None),  # no trial trains at the file's own fp16: nothing to refuse
+    ("fp16", None, "train.precision: fp16 needs a CUDA device (training on the CPU: cpu0); use bf16, fp32 or auto"),
+])
+def test_validate_refuses_fp16_that_a_trial_would_train_at_on_a_host_of_cpus(tmp_path, monkeypatch, precision,
+                                                                             choices, said):
+    import yaml
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    space = {"train.precision": {"type": "categorical", "choices": choices}} if choices else {}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({
+        "data": {"synthetic": {"assets": 20, "dates": 200, "features": 3}}, "train": {"precision": precision},
+        "devices": {"gpus": "none", "cpu_workers": 1}, "search_space": space}))
+    done = CliRunner().invoke(main, ["validate", "s.yaml"], catch_exceptions=False)
+    assert (done.exit_code, done.output.strip() if said else done.output.splitlines()[0]) == (
+        (2, f"Error: {said}") if said else (0, "s.yaml: ok"))

@@ -1,6 +1,7 @@
 """The typed study config: YAML -> validated pydantic model, once, at the edge.
 
 - :mod:`~sweeper.config.schema`: the sections and their fields;
+- :mod:`~sweeper.config.search_space`: a search-space parameter's spec, and what its keys and values may be;
 - :mod:`~sweeper.config.section`: the base of every section (unknown keys, true/false as a number);
 - :mod:`~sweeper.config.load`: reading a study file, ``--set`` overrides, error messages;
 - :mod:`~sweeper.config.anchor`: the study file's relative paths, taken from its folder;

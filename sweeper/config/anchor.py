@@ -28,7 +28,7 @@ def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
     folder = os.path.dirname(os.path.abspath(study_file))
     rel = os.path.relpath(folder)
     root = "" if rel == "." else folder if rel.split(os.sep)[0] == ".." else rel
-    if moves := _old_places(cfg.study, root, folder):
+    if moves := _old_places(cfg.study, root, home := os.path.realpath(folder)):  # home: as any host names it
         where, how = ", ".join(old for old, _ in moves), " and ".join(f"{a} to {b}" for a, b in moves)
         print(f"sweeper: study {cfg.study.name!r} is used where an older sweeper put it, relative to the "
               f"current folder ({where}); to keep it beside {study_file}, as a new study is, move {how} "
@@ -42,7 +42,7 @@ def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
     study = cfg.study.model_copy(update={
         "storage": cfg.study.storage and sqlite_at(cfg.study.storage, root),
         "artifacts": cfg.study.artifacts and _folder_at(cfg.study.artifacts, root), "warm_start": warm})
-    return cfg.model_copy(update={"data": data, "study": study.located(root, folder)})
+    return cfg.model_copy(update={"data": data, "study": study.located(root, home)})
 
 
 def _study_folder(run: str) -> str | None:
@@ -96,7 +96,7 @@ def _old_places(study: StudyConfig, root: str, home: str) -> list[tuple[str, str
     mark = db or (os.path.join(run, "owner.json") if local else None)
     if not root or mark is None or not os.path.exists(mark) or os.path.exists(os.path.join(root, mark)):
         return []
-    if local and _study_folder(run) not in (None, home):
+    if local and _study_folder(run) not in (None, "", home):
         return []
     places = [run] if local and os.path.exists(run) else []
     if db and not (places and Path(db).is_relative_to(run)):  # the default storage moves with its folder

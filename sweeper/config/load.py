@@ -13,7 +13,8 @@ from pydantic_core import ErrorDetails
 
 from sweeper.config.anchor import anchored
 from sweeper.config.dotted import set_dotted
-from sweeper.config.schema import SweeperConfig, unknown_key
+from sweeper.config.schema import EDGE, SweeperConfig
+from sweeper.config.section import unknown_key
 from sweeper.errors import ConfigError
 
 
@@ -46,13 +47,14 @@ def _format_error(err: ErrorDetails) -> str:
     return f"{msg}{shown}" if not key or msg.startswith("unknown key") else f"{key}: {msg}{shown}"
 
 
-def validate_config(raw: dict[str, Any], source: str) -> SweeperConfig:
-    """Validate a raw mapping; any problem becomes one ConfigError naming ``source``."""
+def validate_config(raw: dict[str, Any], source: str, edge: bool = False) -> SweeperConfig:
+    """Validate a raw mapping; any problem becomes one ConfigError naming ``source``. ``edge``: a study
+    file (and its --set), judged by the rules a stored config is not (schema.EDGE)."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of sections (study, data, model, ...), "
                           f"got {type(raw).__name__}")
     try:
-        return SweeperConfig.model_validate(raw)
+        return SweeperConfig.model_validate(raw, context=EDGE if edge else None)
     except ValidationError as exc:
         errors = exc.errors()
         extra = len(errors) - 1
@@ -142,4 +144,5 @@ def load_config(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Swe
     if isinstance(raw, dict):  # anything else is validate_config's error
         for key, value in parse_sets(sets).items():
             set_dotted(raw, key, value)
-    return anchored(validate_config(raw, f"{path}{' with --set ' + ' '.join(sets) if sets else ''}"), path)
+    source = f"{path}{' with --set ' + ' '.join(sets) if sets else ''}"
+    return anchored(validate_config(raw, source, edge=True), path)

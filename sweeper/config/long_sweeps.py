@@ -62,7 +62,7 @@ class WarmStartConfig(Section):
     (best first) into a new study, before the sampler's own trials."""
 
     study: str
-    storage: str | None = None  # null: this study's storage
+    storage: str | None = None  # null: study.storage, else the source's own default database
     top_k: int = Field(5, ge=1)
 
 

@@ -7,16 +7,19 @@ from __future__ import annotations
 import datetime
 import difflib
 import os
-from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from sweeper.config.long_sweeps import BaselineConfig, Bound, KeepConfig, WarmStartConfig
-from sweeper.config.section import Section
+from sweeper.config.search_space import ParamSpec, check_space_key, check_space_values, space_highs
+from sweeper.config.section import Section, unknown_key
 from sweeper.config.validation import ValidationConfig
 
 BUILTIN_MODELS = ("transformer", "lstm", "gru", "mlp")
+# the context of a study file read at the edge (load_config): rules a stored config (a trial's, or one an
+# older version wrote) is not judged by again, so that its study still loads
+EDGE = {"edge": True}
 
 
 def _one_or_auto(v: int | str) -> int | str:  # the validator of every count that can be 'auto'
@@ -185,7 +188,7 @@ class DataConfig(Section):
     group_col: str | None = None
     max_feature_label_corr: float = Field(0.3, gt=0, le=1)
     lookback: int = Field(20, ge=1)
-    horizon: int = Field(2, ge=1)  # a forward return spans at least one date (and 0 would purge nothing)
+    horizon: int = Field(2, ge=0)  # >= 1 at the edge (_spans_a_date)
     embargo: int = Field(0, ge=0)
     feature_norm: Literal["cs_zscore", "cs_rank", "robust_zscore", "none"] = "cs_zscore"
     label_norm: Literal["cs_rank", "cs_zscore", "none"] = "cs_rank"
@@ -195,6 +198,13 @@ class DataConfig(Section):
     cache: bool = True
     cache_dir: str | None = None        # null: $SWEEPER_CACHE_DIR, else ~/.cache/sweeper/panels
     cache_max_gb: float = Field(50.0, ge=0)
+
+    @field_validator("horizon")
+    @classmethod
+    def _spans_a_date(cls, v: int, info: ValidationInfo) -> int:
+        if v < 1 and info.context:
+            raise ValueError("must be >= 1: a forward return spans a date (0 purges nothing between splits)")
+        return v
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:
@@ -309,38 +319,6 @@ class DevicesConfig(Section):
     _workers = field_validator("cpu_workers", "trials_per_gpu")(_one_or_auto)
 
 
-class ParamSpec(Section):
-    type: Literal["float", "int", "categorical"]
-    low: float | None = None
-    high: float | None = None
-    step: float | None = None
-    log: bool = False
-    choices: list[Any] | None = None
-    when: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> ParamSpec:
-        if self.type == "categorical":
-            if not self.choices:
-                raise ValueError("categorical parameter needs a non-empty 'choices' list")
-            if self.low is not None or self.high is not None:
-                raise ValueError("categorical parameter takes 'choices', not low/high")
-            return self
-        if self.low is None or self.high is None:
-            raise ValueError(f"{self.type} parameter needs 'low' and 'high'")
-        if self.choices is not None:
-            raise ValueError(f"{self.type} parameter takes low/high, not 'choices'")
-        if self.low > self.high:
-            raise ValueError(f"low ({self.low:g}) > high ({self.high:g})")
-        if self.log and self.low <= 0:
-            raise ValueError(f"log scale needs low > 0 (got {self.low:g})")
-        if self.log and self.step is not None:
-            raise ValueError("'step' and 'log' cannot be combined")
-        if self.type == "int" and not (float(self.low).is_integer() and float(self.high).is_integer()):
-            raise ValueError("int parameter needs integer low and high")
-        return self
-
-
 class ReportConfig(Section):
     """What ``sweeper best`` and ``sweeper report`` show beyond the IC."""
 
@@ -361,7 +339,7 @@ class SweeperConfig(Section):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
     @model_validator(mode="after")
-    def _consistent(self) -> SweeperConfig:
+    def _consistent(self, info: ValidationInfo) -> SweeperConfig:
         # the standard error that lcb and the Terminator read needs two scores per trial
         if self.validation.runs < 2:
             for key, on in (("validation.aggregate: lcb", self.validation.aggregate == "lcb"),
@@ -374,10 +352,11 @@ class SweeperConfig(Section):
             raise ValueError(f"validation.aggregate: ensemble scores the seed ensemble's "
                              f"{', '.join(ENSEMBLE_METRICS)}; study.metric is {self.study.metric!r}")
         for key, spec in self.search_space.items():  # every key names a field of a tunable section
-            _check_space_key(self, key, "search_space")
-            _check_space_values(self, key, spec)
+            check_space_key(self, key, "search_space")
+            if info.context:
+                check_space_values(self, key, spec, info.context)
             for cond in (spec.when or {}):
-                _check_space_key(self, cond, f"search_space.{key}.when")
+                check_space_key(self, cond, f"search_space.{key}.when")
         return self
 
     @model_validator(mode="after")
@@ -387,7 +366,7 @@ class SweeperConfig(Section):
         # The result is part of the config, so it travels to the workers and into every trial.
         split = self.data.split
         widest = {key: max([getattr(split, key) or 0, getattr(self.data, key),
-                            *_space_highs(self.search_space.get(f"data.{key}"))])
+                            *space_highs(self.search_space.get(f"data.{key}"))])
                   for key in ("lookback", "horizon", "embargo")}
         if any(getattr(split, key) != value for key, value in widest.items()):
             self.data = self.data.model_copy(update={"split": split.model_copy(update=widest)})
@@ -400,55 +379,9 @@ class SweeperConfig(Section):
 
 # ---------------------------------------------------------------- helpers
 
-_TUNABLE = ("model", "train", "data")
-
-
-def _space_highs(spec: ParamSpec | None) -> list[int]:
-    """The largest value a search-space entry can take, as a one-element list (none: empty)."""
-    values = [] if spec is None else (spec.choices or []) if spec.type == "categorical" else [spec.high]
-    numbers = [int(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return [max(numbers)] if numbers else []
-
-
-def _check_space_values(cfg: SweeperConfig, key: str, spec: ParamSpec) -> None:
-    """A bound or choice its field refuses (``train.epochs`` from 0, a misspelt ``train.loss``): each trial
-    drawing it would be pruned as a config the model refuses. Rules across fields are left to the trials."""
-    section, _, field = key.partition(".")
-    sec = getattr(cfg, section)
-    if field not in type(sec).model_fields or (section == "model" and cfg.model.is_custom):
-        return  # a nested key, or a custom model's keyword
-    for what, value in ([("choice", v) for v in spec.choices or []] if spec.type == "categorical"
-                        else [("low", spec.low), ("high", spec.high)]):
-        value = int(value) if spec.type == "int" else value  # type: ignore[arg-type]
-        try:
-            type(sec).model_validate({**sec.model_dump(), field: value})
-        except ValidationError as e:
-            if own := [err["msg"] for err in e.errors() if err["loc"][:1] == (field,)]:
-                raise ValueError(f"search_space.{key}: {what} {value!r} is not a value {key} takes: "
-                                 f"{own[0]}") from None
-
-
-def _check_space_key(cfg: SweeperConfig, key: str, where: str) -> None:
-    section, _, field = key.partition(".")
-    if section not in _TUNABLE or not field:
-        raise ValueError(f"{where}: key {key!r} must be a dotted path such as model.d_model or train.lr")
-    if section == "model" and cfg.model.is_custom:
-        return
-    fields = type(getattr(cfg, section)).model_fields
-    if (head := field.split(".")[0]) not in fields:
-        raise ValueError(f"{where}: " + unknown_key(key, head, fields, prefix=f"{section}."))
-
-
 def unknown_model(name: str) -> str:
     """What a model name that is neither a built-in nor ``module:Class`` is told (config, search space)."""
     close = difflib.get_close_matches(name.lower(), BUILTIN_MODELS, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return (f"unknown model {name!r}: expected one of {', '.join(BUILTIN_MODELS)} or a dotted path "
             f"'package.module:Class'{hint}")
-
-
-def unknown_key(dotted: str, key: str, fields: Iterable[str], prefix: str = "") -> str:
-    """What an unknown key ``dotted`` (whose last part, ``key``, is not one of ``fields``) is told."""
-    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
-    hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
-    return f"unknown key '{dotted}'{hint}"

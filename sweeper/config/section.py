@@ -2,6 +2,8 @@
 number (pydantic's lax mode reads ``epochs: yes`` or ``--set train.lr=true`` as 1)."""
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidatorFunctionWrapHandler, field_validator
@@ -17,3 +19,10 @@ class Section(BaseModel):
         if isinstance(value, bool) and not isinstance(read, bool):
             raise ValueError("expected a number")
         return read
+
+
+def unknown_key(dotted: str, key: str, fields: Iterable[str], prefix: str = "") -> str:
+    """What an unknown key ``dotted`` (whose last part, ``key``, is not one of ``fields``) is told."""
+    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+    hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+    return f"unknown key '{dotted}'{hint}"

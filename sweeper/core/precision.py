@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from sweeper.devices import fake
-from sweeper.errors import ConfigError
+from sweeper.errors import fp16_needs_cuda
 
 DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 NATIVE_BF16_MAJOR = 8  # compute capability 8.0 (Ampere) and later have bf16 tensor cores
@@ -54,6 +54,5 @@ def resolve_precision(requested: str, device: torch.device) -> Precision:
             return Precision("fp32", device.type)
         return Precision("bf16" if native_bf16(device) else "fp16", "cuda")
     if requested == "fp16" and device.type != "cuda":
-        raise ConfigError(f"train.precision: fp16 needs a CUDA device (training on {device.type}); "
-                          "use bf16 or fp32")
+        raise fp16_needs_cuda("train.precision", device.type)
     return Precision(requested, device.type)

@@ -54,17 +54,21 @@ def row_codes(cols: Columns) -> Codes:
                         f"duplicated (date, asset) rows, e.g. ({day}, {assets[a_code[first]]}); expected one "
                         "row per date and asset")
     days, day_code = np.unique(dates.astype("datetime64[D]"), return_inverse=True)
-    # several times of one day, most assets' rows at one of them: one day's rows stamped two ways (two
-    # sources merged), not intraday bars; each time would count as a date, and the purge in dates shrink.
-    # Judged on most (day, asset) cells: one asset's row given in both sources must not hide it
-    on_such_days = np.bincount(day_code)[day_code[d_code]] > 1
-    cells = pd.Series(day_code[d_code] * len(assets) + a_code)[on_such_days].value_counts()
-    if len(days) < len(dates) and (cells > 1).mean() < 0.5:
+    # several times of one day, almost every asset's rows at one of them: one day's rows stamped two ways
+    # (two sources merged), not intraday bars (where an illiquid asset may trade once a day); each time
+    # would count as a date, and the purge in dates shrink. One asset in both sources must not hide it
+    if len(days) < len(dates) and _rows_in_shared_cells(day_code[d_code] * len(assets) + a_code) < 0.05:
         first = int(np.flatnonzero(np.diff(day_code) == 0)[0])
         times = " and ".join(np.datetime_as_string(dates[first:first + 2], unit="m"))
         raise DataError(f"{cols.source}: column '{cols.date_col}': a day's rows at several times ({times}), "
                         "most assets' at one; expected one time a day (normalise the timestamps to the day)")
     return Codes(d_code, a_code, dates, assets)
+
+
+def _rows_in_shared_cells(cells: np.ndarray) -> float:
+    """The share of rows whose (day, asset) cell holds other rows too."""
+    _, inverse, counts = np.unique(cells, return_inverse=True, return_counts=True)
+    return float((counts[inverse] > 1).mean())
 
 
 def parse_dates(values: Keys, source: str, col: str) -> tuple[np.ndarray, np.ndarray]:

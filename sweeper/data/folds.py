@@ -55,8 +55,8 @@ def fold_layout(panel: Panel, cfg: SweeperConfig) -> list[Fold]:
     size = v.valid_dates if v.valid_dates is not None else (span - gap) // (v.folds + 1)
     need_train = max(MIN_TRAIN_DATES, lookback)
     if size < MIN_VALID_DATES:
-        fix = (f"set validation.valid_dates to at least {MIN_VALID_DATES}" if v.valid_dates is not None
-               else "set fewer validation.folds")  # a smaller valid_dates (the other fix) makes it worse
+        fix = (f"set validation.valid_dates to at least {MIN_VALID_DATES}, or " if v.valid_dates is not None
+               else "set fewer validation.folds, or " if v.folds > 2 else "")  # 2 is walk-forward's least
         raise _too_small(cfg, span, gap, f"valid blocks of {max(size, 0)} target dates; each needs at "
                                          f"least {MIN_VALID_DATES}", fix)
     starts = [end - (v.folds - i) * size for i in range(v.folds)]
@@ -77,13 +77,14 @@ def fold_layout(panel: Panel, cfg: SweeperConfig) -> list[Fold]:
                  (start, start + size)) for i, start in enumerate(starts)]
 
 
-def _too_small(cfg: SweeperConfig, span: int, gap: int, what: str,
-               fix: str = "set fewer validation.folds or a smaller validation.valid_dates") -> ConfigError:
+def _too_small(cfg: SweeperConfig, span: int, gap: int, what: str, fix: str | None = None) -> ConfigError:
     v = cfg.validation
+    if fix is None:  # a first train window too short
+        fix = f"set {'fewer validation.folds or ' * (v.folds > 2)}a smaller validation.valid_dates, or "
     sizes = f"validation.valid_dates {v.valid_dates}" if v.valid_dates is not None else "equal parts"
     return ConfigError(
         f"validation.folds: {v.folds} walk-forward folds ({sizes}) in the {span} target dates before "
-        f"the test split's purge of {gap} dates give {what}: {fix}, or give the train and valid splits "
+        f"the test split's purge of {gap} dates give {what}: {fix}give the train and valid splits "
         "more dates (data.split.test, data.split.*)")
 
 

@@ -17,13 +17,14 @@ from optuna.trial import TrialState
 
 from sweeper import config as C
 from sweeper import launch
+from sweeper.devices import Slot
 from sweeper.devices.gpus import Telemetry
 from sweeper.dispatch.driver import Driver
 from sweeper.dispatch.forkserver import ForkServer, stop_shared
 from sweeper.dispatch.plan import Plan
 from sweeper.dispatch.stopping import SweepResult
 from sweeper.dispatch.view import View
-from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound
+from sweeper.errors import ConfigError, StopRequested, StorageError, StudyNotFound, fp16_needs_cuda
 from sweeper.interrupt import NEVER, StopToken, unheard
 from sweeper.store import check_artifacts, claim_lock, open_storage, redact, run_folder
 from sweeper.store.identity import Identity
@@ -71,9 +72,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
                                builtins_in_child=server is not None)
     notes += summary.thin_splits(cfg.validation.walk_forward)
     slots = plan_slots(cfg.devices) if devices else []
-    if slots and cfg.train.precision == "fp16" and all(s.kind == "cpu" for s in slots):  # each trial pruned
-        raise ConfigError("train.precision: fp16 needs a CUDA device, and this host trains on the CPU "
-                          f"({', '.join(s.label for s in slots)}); use bf16, fp32 or auto")
+    _fp16_on_cpus(cfg, slots)
     if devices:  # a host that runs trials keeps their files (``db init`` runs none)
         run_folder.check_writable(run_dir(cfg))
     url = cfg.study.resolved_storage
@@ -84,6 +83,16 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     for note in notes:  # shapes a trial may sample but cannot build, thin splits: worth knowing, not fatal
         print(note, file=sys.stderr, flush=True)
     return Plan(cfg, url, run_dir(cfg), artifacts, slots, summary, queue=queue)
+
+
+def _fp16_on_cpus(cfg: C.SweeperConfig, slots: list[Slot]) -> None:
+    """fp16, the file's or a search-space choice, on a host whose slots are all CPUs: each trial that
+    trained at it would be pruned as a config the model refuses (sweeper.core.precision)."""
+    space = cfg.search_space.get("train.precision")
+    if slots and all(s.kind == "cpu" for s in slots) and "fp16" in (space.choices or [] if space else
+                                                                    [cfg.train.precision]):
+        key = "search_space.train.precision" if space else "train.precision"
+        raise fp16_needs_cuda(key, "the CPU: " + ", ".join(s.label for s in slots))
 
 
 def _summary(cfg: C.SweeperConfig, server: ForkServer | None) -> PanelSummary:
@@ -227,8 +236,8 @@ def _sweep(driver: Driver, plan: Plan, study: optuna.Study, view: View) -> None:
             driver.shutdown()
         finally:
             driver.stop.raise_at_once = False  # the summary is quick; a store that is away ends it
-            telemetry.stop()
             view.end()
+            telemetry.stop()
 
 
 def summarize(study: optuna.Study, driver: Driver) -> SweepResult:

@@ -1,0 +1,84 @@
+"""The ``search_space`` section: one parameter's spec, and the checks that each key names a tunable field
+and that each bound, choice and draw is a value that field takes (at the edge, :data:`schema.EDGE`). ``cfg``
+is a :class:`~sweeper.config.schema.SweeperConfig` (typed ``Any``: the schema imports this module)."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ValidationError, model_validator
+
+from sweeper.config.section import Section, unknown_key
+
+
+class ParamSpec(Section):
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: list[Any] | None = None
+    when: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ParamSpec:
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("categorical parameter needs a non-empty 'choices' list")
+            if self.low is not None or self.high is not None:
+                raise ValueError("categorical parameter takes 'choices', not low/high")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError(f"{self.type} parameter needs 'low' and 'high'")
+        if self.choices is not None:
+            raise ValueError(f"{self.type} parameter takes low/high, not 'choices'")
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) > high ({self.high:g})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log scale needs low > 0 (got {self.low:g})")
+        if self.log and self.step is not None:
+            raise ValueError("'step' and 'log' cannot be combined")
+        if self.type == "int" and not (float(self.low).is_integer() and float(self.high).is_integer()):
+            raise ValueError("int parameter needs integer low and high")
+        return self
+
+
+_TUNABLE = ("model", "train", "data")
+
+
+def space_highs(spec: ParamSpec | None) -> list[int]:
+    """The largest value a search-space entry can take, as a one-element list (none: empty)."""
+    values = [] if spec is None else (spec.choices or []) if spec.type == "categorical" else [spec.high]
+    numbers = [int(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return [max(numbers)] if numbers else []
+
+
+def check_space_values(cfg: Any, key: str, spec: ParamSpec, context: dict[str, Any]) -> None:
+    """A bound, choice or draw its field refuses (``train.epochs`` from 0 or as a float, a misspelt
+    ``train.loss``): each trial drawing it would be pruned as a config the model refuses. Rules across
+    fields are left to the trials; so are a custom model's own keywords (not a built-in model field)."""
+    section, _, field = key.partition(".")
+    if field not in type(sec := getattr(cfg, section)).model_fields:
+        return  # a nested key, or a custom model's keyword
+    low, high = spec.low or 0.0, spec.high or 0.0
+    named = [("low", low), ("high", high)]
+    if spec.type == "float":  # and a draw inside, which no integer bounds make whole
+        named.append(("draw", round(low + (high - low) * 0.381966, 6)))
+    for what, value in [("choice", v) for v in spec.choices or []] if spec.type == "categorical" else named:
+        value = int(value) if spec.type == "int" else value
+        try:
+            type(sec).model_validate({**sec.model_dump(), field: value}, context=context)
+        except ValidationError as e:
+            if own := [err["msg"] for err in e.errors() if err["loc"][:1] == (field,)]:
+                raise ValueError(f"search_space.{key}: {what} {value!r} is not a value {key} takes: "
+                                 f"{own[0].removeprefix('Value error, ')}") from None
+
+
+def check_space_key(cfg: Any, key: str, where: str) -> None:
+    section, _, field = key.partition(".")
+    if section not in _TUNABLE or not field:
+        raise ValueError(f"{where}: key {key!r} must be a dotted path such as model.d_model or train.lr")
+    if section == "model" and cfg.model.is_custom:
+        return
+    fields = type(getattr(cfg, section)).model_fields
+    if (head := field.split(".")[0]) not in fields:
+        raise ValueError(f"{where}: " + unknown_key(key, head, fields, prefix=f"{section}."))
