@@ -96,8 +96,7 @@ def compute(cfg: C.SweeperConfig, study: optuna.Study, threads: int, host: str, 
     mark(study, State.RUNNING, host, driver, pid=here.pid, pid_ns=here.pid_ns)  # claimed, or asked by name
     try:
         panel = load_panel(cfg.data)
-        seed = cfg.study.sampler.seed if cfg.study.sampler.seed is not None else 0
-        result = fit_study(panel, cfg, threads=threads, seed=seed)
+        result = fit_study(panel, cfg, threads=threads, seed=cfg.study.sampler.seed or 0)
         dates = fold_spans(panel, fold_layout(panel, cfg)) if RunGrid.of(cfg).folded else None
         del panel
         write_files(result, run_dir if run_dir is not None else layout.run_dir(cfg))
@@ -120,7 +119,6 @@ def run_command(cfg: C.SweeperConfig, study: optuna.Study) -> dict[str, Any]:
     from sweeper.data.load import still_the_data
     from sweeper.devices.slots import cpu_count, plan_slots
     from sweeper.errors import DataError, SweeperError
-    from sweeper.store.identity import Identity
 
     if (data := still_the_data(cfg.data, study.user_attrs.get("data_fingerprint")))[1] is False:
         raise DataError(f"{data[0]}: the data changed since the study ran (its fingerprint), so a "

@@ -23,8 +23,7 @@ class BatchPlan:
 def shrink_micro(micro: int, minimum: int, batch_size: int, date_rows: int = 1) -> int:
     """The micro-batch after an OOM: half, down to ``train.min_micro_batch``; with the IC loss
     (``date_rows`` > 1) no smaller than the largest date, which one micro-batch must hold whole."""
-    smaller = micro // 2
-    if smaller < min(minimum, batch_size):
+    if (smaller := micro // 2) < min(minimum, batch_size):
         raise OutOfMemory(f"out of memory at micro-batch {micro}; halving it would go below "
                           f"train.min_micro_batch={minimum}")
     if smaller < date_rows:

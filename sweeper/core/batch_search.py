@@ -109,9 +109,8 @@ def _measure(try_step: Callable[[int], None], mem: MemoryReader, size: int, step
     """Peak bytes of ``steps`` steps at ``size``, or None on OOM."""
     mem.reset_peak()
     for _ in range(steps):
-        ok, _ = attempt(try_step, size)
-        if not ok:  # here, not in the except block: the traceback no longer pins tensors
-            release_memory()
+        if not attempt(try_step, size)[0]:
+            release_memory()  # here, not in the except block: the traceback no longer pins tensors
             return None
     return mem.peak_bytes()
 

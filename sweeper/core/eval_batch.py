@@ -39,8 +39,7 @@ def sizes_for(rows: int) -> list[int]:
 def measure(model: nn.Module, batcher: Batcher, rows: int, say: Callable[[str], None] | None = None) -> int:
     """The fastest rows per evaluation forward of ``model`` for a split of ``rows`` rows, timed on this
     CPU on ``batcher``'s rows (any rows of the panel: a row costs what any other does)."""
-    sizes = sizes_for(min(rows, batcher.n_samples))
-    if len(sizes) == 1:
+    if len(sizes := sizes_for(min(rows, batcher.n_samples))) == 1:
         return sizes[0]
     was_training = model.training
     model.eval()

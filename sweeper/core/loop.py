@@ -250,10 +250,8 @@ def _sync(lanes: list[Lane], hook: EpochHook, epoch: int) -> None:
 
 def _stop(lanes: list[Lane], which: Collection[int], reason: StopReason) -> None:
     """Members masked from now on, mid-epoch too (they make no more steps), and why."""
-    for k in which:
-        lane = lanes[k]
-        lane.stopped, lane.rows = True, None
-        lane.reason = lane.reason or reason
+    for lane in (lanes[k] for k in which):
+        lane.stopped, lane.rows, lane.reason = True, None, lane.reason or reason
 
 
 def _validate(run: Run, epoch: int, seconds: float, tick: Callable[[], None], fixed_epochs: bool,

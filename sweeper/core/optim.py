@@ -105,9 +105,8 @@ class StackedAdamW:
         beta1, beta2 = self.betas
         norms = torch.linalg.vector_norm(self.flat.grads.float(), dim=1)  # clip_grad_norm_'s, per row
         finite = torch.isfinite(norms)
-        coef = torch.ones_like(norms)
-        if self.grad_clip:  # torch's clip_grad_norm_: max_norm / (norm + 1e-6), at most 1
-            coef = (self.grad_clip / (norms + 1e-6)).clamp(max=1.0)
+        # torch's clip_grad_norm_: max_norm / (norm + 1e-6), at most 1
+        coef = (self.grad_clip / (norms + 1e-6)).clamp(max=1.0) if self.grad_clip else torch.ones_like(norms)
         go = active * finite
         # a skipped member's gradient may hold inf/NaN: zero it, so that 0 x NaN never reaches a weight
         grad = torch.where(_col(finite), self.flat.grads, 0.0) * _col(torch.where(finite, coef * go, 0.0))

@@ -27,9 +27,8 @@ class Progress:
         self.epoch = epoch
         self.history.append(metrics)
         value = metrics[key]
-        lower = key == "val_loss"
         better = math.isfinite(value) and (self.best is None or not math.isfinite(self.best)
-                                           or (value < self.best if lower else value > self.best))
+                                           or (value < self.best if key == "val_loss" else value > self.best))
         if better or not self.best_state:  # the first epoch is the best until beaten
             self.best, self.best_epoch, self.best_metrics = value, epoch, metrics
             self.best_state = weights()

@@ -76,8 +76,7 @@ def lr_factor(schedule: str, warmup_frac: float, total_steps: int) -> Callable[[
             return (step + 1) / warmup
         if schedule == "constant":
             return 1.0
-        done = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.5 * (1 + math.cos(math.pi * done))
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
     return factor
 
 
@@ -99,8 +98,7 @@ class DateRuns:
     """Where each date's samples sit in a split's sample index (sorted by date), on the host."""
 
     def __init__(self, batcher: Batcher) -> None:
-        dates = batcher.index[:, 0].cpu()
-        self.counts = torch.unique_consecutive(dates, return_counts=True)[1]
+        self.counts = torch.unique_consecutive(batcher.index[:, 0].cpu(), return_counts=True)[1]
         self.starts = torch.cumsum(self.counts, 0) - self.counts
 
     @property

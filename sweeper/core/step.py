@@ -68,8 +68,7 @@ class StackStep:
                       say: Callable[[str], None]) -> int:
         """The step, redone in micro-batches half the size after an OOM; returns the micro-batch."""
         while True:
-            ok, _ = attempt(self, batch, micro)
-            if ok:
+            if attempt(self, batch, micro)[0]:
                 return micro
             self.flat.zero_grad()
             release_memory()  # outside the except: the traceback no longer pins activations

@@ -36,8 +36,7 @@ def select(candidates: list[str], columns: list[str], features: list[str] | None
                             f"{shown(columns)}")
         else:
             chosen.append(entry)
-    kept = [c for c in dict.fromkeys(chosen) if not any(fnmatchcase(c, pat) for pat in exclude)]
-    if not kept:
+    if not (kept := [c for c in dict.fromkeys(chosen) if not any(fnmatchcase(c, pat) for pat in exclude)]):
         raise DataError(f"{where}: no feature column selected (data.features {features}, exclude {exclude})")
     return kept
 

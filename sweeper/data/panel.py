@@ -41,8 +41,7 @@ class Panel:
             if split not in self.splits:
                 raise KeyError(f"unknown split {split!r}; expected one of {sorted(self.splits)}")
             start, stop = self.splits[split]
-            usable = self.mask[start:stop] & torch.isfinite(self.y[start:stop])
-            idx = usable.nonzero()
+            idx = (self.mask[start:stop] & torch.isfinite(self.y[start:stop])).nonzero()
             idx[:, 0] += start
             self._cache[split] = idx
         return self._cache[split]
@@ -62,8 +61,7 @@ class Panel:
     def nbytes(self) -> int:
         """Bytes of the tensors that move with the panel, sample indices included."""
         tensors = sum(getattr(self, name).nbytes for name in _TENSORS)
-        samples = int((self.mask & torch.isfinite(self.y)).sum()) * 2 * 8
-        return tensors + samples
+        return tensors + int((self.mask & torch.isfinite(self.y)).sum()) * 2 * 8
 
     def to(self, device: torch.device | str, share: float) -> Panel:
         """Move to ``device`` when the panel fits in ``share`` of its free memory; else stay on the host in

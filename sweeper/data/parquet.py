@@ -111,9 +111,8 @@ def read_groups(cfg: DataConfig) -> pd.DataFrame:
     path = Path(str(cfg.path))
     if cfg.group_col is None:
         raise DataError(f"{path}: read_groups needs data.group_col")
-    schema = read_schema(path)
-    _require(schema, (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col),
-                      ("data.group_col", cfg.group_col)), path)
+    _require(read_schema(path), (("data.date_col", cfg.date_col), ("data.asset_col", cfg.asset_col),
+                                 ("data.group_col", cfg.group_col)), path)
     table = _table(path, [cfg.date_col, cfg.asset_col, cfg.group_col])
     d_code, dates = parse_dates(_keys(table.column(cfg.date_col)), str(path), cfg.date_col)
     a_code, assets = factorize_assets(_keys(table.column(cfg.asset_col)), str(path), cfg.asset_col)

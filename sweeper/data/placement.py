@@ -28,5 +28,4 @@ def free_device_bytes(device: torch.device) -> int | None:
         return None
     import torch
 
-    free, _total = torch.cuda.mem_get_info(device)
-    return int(free)
+    return int(torch.cuda.mem_get_info(device)[0])  # (free, total)

@@ -60,9 +60,8 @@ def fraction_sizes(budget: int, fractions: tuple[float, float, float]) -> list[i
 
 
 def _rounded(budget: int, fractions: tuple[float, float, float]) -> list[int]:
-    cum = np.cumsum(fractions)
     # half-up rounding with a tolerance so 0.6*1000 is 600, not 599.99..
-    cuts = [0] + [math.floor(c * budget + 0.5 + 1e-9) for c in cum]
+    cuts = [0] + [math.floor(c * budget + 0.5 + 1e-9) for c in np.cumsum(fractions)]
     return [cuts[k + 1] - cuts[k] for k in range(3)]
 
 
@@ -114,8 +113,7 @@ def range_splits(dates: np.ndarray, ranges: tuple[tuple[str, str], ...], lookbac
 def _range_indices(dates: np.ndarray, name: str, rng: tuple[str, str], where: str) -> tuple[int, int]:
     lo, hi = (user_day(v, f"{where}: data.split.{name}", end=k == 1) for k, v in enumerate(rng))
     start = int(np.searchsorted(dates, lo, side="left"))
-    stop = int(np.searchsorted(dates, hi, side="right"))
-    if stop <= start:
+    if (stop := int(np.searchsorted(dates, hi, side="right"))) <= start:
         first, last = (str(np.datetime_as_string(d, unit="D")) for d in (dates[0], dates[-1]))
         raise DataError(f"{where}: data.split.{name} range {list(rng)} selects no dates "
                         f"(the file has {len(dates)} dates from {first} to {last})")

@@ -76,8 +76,7 @@ def signal_terms(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     csum = np.cumsum(f0, axis=0)
     mean = (csum[MEAN_WINDOW:] - csum[:-MEAN_WINDOW]) / MEAN_WINDOW   # mean over (s-10, s]
     term1 = np.tanh(mean[BURN_IN - MEAN_WINDOW:]) * np.sign(f1[BURN_IN:])
-    term2 = f2[BURN_IN:] - f2[BURN_IN - DIFF_LAG:-DIFF_LAG]
-    return term1, term2
+    return term1, f2[BURN_IN:] - f2[BURN_IN - DIFF_LAG:-DIFF_LAG]
 
 
 def planted_signal(x: np.ndarray) -> np.ndarray:
@@ -155,8 +154,7 @@ def synthetic_frame(assets: int, dates: int, features: int,
                     seed: int) -> tuple[pd.DataFrame, dict[str, float]]:
     """(long frame: date, asset, f00.., label; oracle IC per split). Deterministic for a seed."""
     frame = generate(assets, dates, features, seed)
-    oracle = default_oracle(frame, describe(assets, dates, features, seed))
-    return frame.drop(columns=[SIGNAL_COL]), oracle
+    return frame.drop(columns=[SIGNAL_COL]), default_oracle(frame, describe(assets, dates, features, seed))
 
 
 def write_synthetic(path: str | Path, assets: int, dates: int, features: int, seed: int) -> dict[str, float]:

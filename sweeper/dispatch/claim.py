@@ -112,8 +112,7 @@ class ClaimSchedule:
         self.next_claim = self.next_poll = 0.0
 
     def due(self) -> bool:
-        now = time.monotonic()
-        if now >= self.next_claim:
+        if (now := time.monotonic()) >= self.next_claim:
             return True
         if self.waiting_on and now >= self.next_poll:
             self.next_poll = now + WAIT_POLL_S

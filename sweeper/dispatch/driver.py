@@ -120,8 +120,7 @@ class Driver:
             self.schedule.wait_on(foreign)  # other drivers' trials hold the budget: look again, not leave
             return []
         self.schedule.clear()
-        done = not any(w.running for w in self.workers)
-        self.rule.budget_used(self._budget_line() if done else None)
+        self.rule.budget_used(None if any(w.running for w in self.workers) else self._budget_line())
         return []
 
     def _budget_line(self) -> str:

@@ -65,20 +65,18 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     for name in sorted({str(c) for c in (spec.choices or [])} if spec is not None else ()):
         if name not in C.BUILTIN_MODELS and ":" not in name:
             raise ConfigError(f"search_space.model.name: {C.unknown_model(name)}")
+    slots = plan_slots(cfg.devices) if devices else []
+    _fp16_on_cpus(cfg, slots)  # before the panel loads
     summary = _summary(cfg, server)
     # a model's errors are config errors; the shapes a trial may sample but cannot build are notes
     notes = check_study_models(cfg, len(summary.features), cfg.data.lookback,
                                lambda request, timeout: launch.run("check", request, timeout, server=server),
                                builtins_in_child=server is not None)
     notes += summary.thin_splits(cfg.validation.walk_forward)
-    slots = plan_slots(cfg.devices) if devices else []
-    _fp16_on_cpus(cfg, slots)
     if devices:  # a host that runs trials keeps their files (``db init`` runs none)
         run_folder.check_writable(run_dir(cfg))
-    url = cfg.study.resolved_storage
-    check_reachable(url)
-    artifacts = cfg.study.resolved_artifacts
-    check_artifacts(artifacts)
+    check_reachable(url := cfg.study.resolved_storage)
+    check_artifacts(artifacts := cfg.study.resolved_artifacts)
     queue = start_queue(cfg, enqueue)  # after the storage check: it reads the study's storage
     for note in notes:  # shapes a trial may sample but cannot build, thin splits: worth knowing, not fatal
         print(note, file=sys.stderr, flush=True)

@@ -149,12 +149,11 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
 def _trial_report(cfg: SweeperConfig, best: FrozenTrial, files: layout.TrialFiles,
                   study_file: str | None) -> dict[str, Any]:
     """The best trial's number, value, params, metrics and weights (or how to retrain them)."""
-    weights = files.weights
     out = {"trial": best.number, "value": best.value, "metric": cfg.study.metric,
            "objective": objective_label(cfg.study.metric, cfg.validation),  # what "value" is
            "params": best.params,
            "metrics": {k: plain(best.user_attrs.get(k)) for k in BEST_METRICS if k in best.user_attrs},
-           "weights": str(weights) if weights.exists() else None}
+           "weights": str(files.weights) if files.weights.exists() else None}
     if retention.weights_removed(best, files):
         out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
     return out

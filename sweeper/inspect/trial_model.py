@@ -212,8 +212,7 @@ class Predictor:
         if not path.exists():
             raise DataError(f"{path}: no such file (--data)")
         stats, split_dates = self._scoring_inputs(tcfg, kept, trial)
-        key = [str(path), tcfg.data.model_dump(mode="json"), stats, split_dates]
-        return self._panels.get(key,
+        return self._panels.get([str(path), tcfg.data.model_dump(mode="json"), stats, split_dates],
                                 lambda: scoring_panel(tcfg.data, path, stats["features"], stats, split_dates))
 
     def _scoring_inputs(self, tcfg: SweeperConfig, kept: Path,

@@ -10,7 +10,7 @@ from torch import nn
 
 from sweeper.config import ModelConfig
 from sweeper.errors import ConfigError
-from sweeper.models.paths import import_model_module, model_import_dirs
+from sweeper.models.paths import import_model_module, model_import_dirs, top_module
 from sweeper.models.stacked.base import OneMember, StackedModule
 from sweeper.models.stacked.mlp import StackedMLP
 from sweeper.models.stacked.recurrent import StackedRecurrent
@@ -49,9 +49,8 @@ def resolve_model_class(name: str) -> type:
     try:
         module = import_model_module(module_name)
     except Exception as exc:  # noqa: BLE001 - a broken user module can raise anything at import time
-        where = ""
-        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.partition(".")[0]:
-            where = f"; looked in {', '.join(model_import_dirs())} and on the Python path"
+        where = (f"; looked in {', '.join(model_import_dirs())} and on the Python path"
+                 if isinstance(exc, ModuleNotFoundError) and exc.name == top_module(module_name) else "")
         raise ConfigError(f"model.name {name!r}: cannot import module {module_name!r} "
                           f"({type(exc).__name__}: {exc}){where}") from None
     if (cls := getattr(module, attr, None)) is None:

@@ -71,8 +71,7 @@ def check_models(jobs: list[Job], n_features: int, lookback: int, cache: Path | 
         _check_children(jobs, builtins, results, n_features, lookback, child)
     if not pending:
         return results
-    user_jobs = [jobs[i] for i in pending]
-    key = check_cache.check_key([asdict(j) for j in user_jobs], n_features, lookback) if cache else None
+    key = check_cache.check_key([asdict(jobs[i]) for i in pending], n_features, lookback) if cache else None
     kept = check_cache.read(cache, key, len(pending)) if cache is not None and key else None
     if kept is not None:  # only clean checks are kept: no fatal failure, no death
         for i, answer in zip(pending, kept):

@@ -42,8 +42,7 @@ def variance_ratio(x: np.ndarray, lag: int) -> float:
 def hac_standard_error(x: np.ndarray, lag: int) -> float:
     """Newey-West standard error of the mean of ``x``: ``sqrt(s^2 * ratio / T)``."""
     v = finite(x)
-    ratio = variance_ratio(v, lag)
-    if not math.isfinite(ratio):
+    if not math.isfinite(ratio := variance_ratio(v, lag)):
         return float(np.std(v, ddof=1)) / math.sqrt(len(v)) if len(v) >= 2 else math.nan
     return math.sqrt(float(np.var(v, ddof=1)) * ratio / len(v))
 

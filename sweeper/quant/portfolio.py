@@ -96,8 +96,7 @@ def _turnover(period: np.ndarray, codes: np.ndarray, n_periods: int) -> np.ndarr
     key = period.astype(np.int64) * n_assets + codes
     stayed = np.isin(key - n_assets, key) & (period > 0)
     size = np.bincount(period, minlength=n_periods).astype(np.float64)
-    kept = np.bincount(period, stayed.astype(np.float64), n_periods)
-    return (1.0 - kept / size)[1:]
+    return (1.0 - np.bincount(period, stayed.astype(np.float64), n_periods) / size)[1:]
 
 
 def max_drawdown(ls: np.ndarray) -> float:

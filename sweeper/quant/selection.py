@@ -130,8 +130,7 @@ def _overfit_splits(in_sample: np.ndarray, sums: np.ndarray, counts: np.ndarray)
     """How many of these splits (rows of a 0/1 block mask) rank the in-sample winner below the median."""
     is_mean = _safe_mean(in_sample @ sums, in_sample @ counts)
     oos_mean = _safe_mean((1 - in_sample) @ sums, (1 - in_sample) @ counts)
-    winner = np.argmax(is_mean, axis=1)
-    score = np.take_along_axis(oos_mean, winner[:, None], axis=1)
+    score = np.take_along_axis(oos_mean, np.argmax(is_mean, axis=1)[:, None], axis=1)  # the winner's
     rank = (oos_mean < score).sum(1) + 1 + ((oos_mean == score).sum(1) - 1) / 2
     median = (oos_mean.shape[1] + 1) / 2
     return float((rank < median).sum() + 0.5 * (rank == median).sum())

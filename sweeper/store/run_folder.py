@@ -39,7 +39,8 @@ def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh
     if current != study_uuid and (back := previous_dir(run_dir, study_uuid)).is_dir():
         lines += _restore(back, run_dir)
     record = {"study": study_name, "study_uuid": study_uuid, "storage": storage, "study_folder": study_folder}
-    write_text(owner_file(run_dir), json.dumps(record, indent=2) + "\n")
+    if current != study_uuid or _owner(run_dir, "study_folder") != study_folder:  # else no write: a full disk
+        write_text(owner_file(run_dir), json.dumps(record, indent=2) + "\n")
     return lines
 
 
@@ -50,9 +51,9 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"study.artifacts: the run folder {run_dir} cannot be made or written here ({why})")
 
 
-def _owner(run_dir: Path) -> str | None:
+def _owner(run_dir: Path, key: str = "study_uuid") -> str | None:
     try:
-        return str(json.loads(owner_file(run_dir).read_text())["study_uuid"])
+        return str(json.loads(owner_file(run_dir).read_text())[key])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -139,8 +139,7 @@ def resumes(attrs: Mapping[str, Any]) -> int | str | None:
         return int(number)
     if not (path := attrs.get(RESUME_FROM)):
         return None
-    found = trial_of_checkpoint(str(path))
-    return str(path) if found is None else found
+    return str(path) if (found := trial_of_checkpoint(str(path))) is None else found
 
 
 def resume_checkpoint(run_dir: str | Path, attrs: Mapping[str, Any]) -> Path | None:

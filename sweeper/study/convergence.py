@@ -70,8 +70,7 @@ def judge(trials: list[FrozenTrial], maximize: bool, min_n_trials: int) -> Judge
     The evaluators are called on the trials the caller already holds (the claim's), not on a
     study: ``should_terminate(study)`` would read every trial again, and it gives only the
     verdict, not the two figures the log line quotes. The GP runs with torch on the CPU."""
-    complete = scored(trials)
-    if len(complete) < min_n_trials:
+    if len(complete := scored(trials)) < min_n_trials:
         return None
     from optuna.terminator import CrossValidationErrorEvaluator, RegretBoundEvaluator
 

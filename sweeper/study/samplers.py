@@ -46,8 +46,7 @@ def driver_seed(seed: int | None, n_trials: int, driver_id: str) -> int | None:
     ``seed`` still decides it (None stays None: an unseeded sampler is already unique)."""
     if seed is None:
         return None
-    digest = hashlib.sha256(f"{seed}:{n_trials}:{driver_id}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")
+    return int.from_bytes(hashlib.sha256(f"{seed}:{n_trials}:{driver_id}".encode()).digest()[:4], "big")
 
 
 def startup_trials(cfg: StudyConfig) -> int:

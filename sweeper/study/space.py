@@ -27,8 +27,7 @@ def suggest(trial: optuna.Trial, cfg: SweeperConfig) -> dict[str, Any]:
     """Ask ``trial`` for every active parameter; returns the dotted overrides."""
     chosen: dict[str, Any] = {}
     for key in ordered(cfg.search_space):
-        spec = cfg.search_space[key]
-        if condition_met(spec, cfg, chosen):
+        if condition_met(spec := cfg.search_space[key], cfg, chosen):
             chosen[key] = _suggest_one(trial, key, spec)
     return chosen
 

@@ -220,8 +220,7 @@ def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Que
     exists = _has_study(cfg)
     if always and exists:
         _check_budget(cfg, len(always))
-    new_warm = cfg.study.warm_start is not None and not exists
-    warm, notes = warm_start_sets(cfg) if new_warm else ([], [])
+    warm, notes = warm_start_sets(cfg) if cfg.study.warm_start is not None and not exists else ([], [])
     first = list(warm)
     if cfg.study.start_from_config:
         own, own_notes = config_set(cfg)

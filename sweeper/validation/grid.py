@@ -7,8 +7,7 @@ worker's hook and the runner, a retry's replay, ``status``, ``best``, ``predict`
 
 Indices are 0-based here (``fold``, ``seed``) and epochs 1-based, as the core counts them; the
 files and the stored attributes say fold and seed 1-based (``runs/fold-<f>.seed-<r>/``), every
-trial's, a holdout trial's one run too (``fold-1.seed-1``).
-"""
+trial's, a holdout trial's one run too (``fold-1.seed-1``)."""
 from __future__ import annotations
 
 import itertools

@@ -5,8 +5,7 @@ The trial's model is the grid's model run (the last fold's first seed,
 ``daily_ic_test.csv`` are the trial's. With seed repeats the model is the seed ensemble of the last fold:
 its test scores, predictions and ``daily_ic_test.csv`` are the mean of the seeds' predictions', each seed's
 weights are kept, and each seed's own test ICs are attributes (``seed_test_ic``). ``daily_ic_valid.csv``
-holds every fold's valid block (the mean over seeds), with its fold (a holdout trial's: its one fold, 1).
-"""
+holds every fold's valid block (the mean over seeds), with its fold (a holdout trial's: its one fold, 1)."""
 from __future__ import annotations
 
 from typing import Any

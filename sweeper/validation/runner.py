@@ -10,8 +10,7 @@ stamp names its fold and repeat (:func:`~sweeper.validation.grid.named_run`).
 
 The trial stops early, leaving the later runs unrun, when a stack is pruned (the hook reports the
 mean over its members at the grid's global step, so the pruner compares trials at the same stack
-and epoch) or when ``train.max_minutes``, counted from the trial's start, runs out.
-"""
+and epoch) or when ``train.max_minutes``, counted from the trial's start, runs out."""
 from __future__ import annotations
 
 import dataclasses
@@ -338,8 +337,7 @@ def _stack_hook(parts: list[Part], settle: Callable[[int, list[TrainResult]], No
     for trainer, out, cells in parts:
         fold, seed = cells[0]
         dates = out.spans[fold] if out.spans else {}
-        stacked = cells if len(cells) > 1 else None
-        checkpoints.append(trainer.store.checkpointer(fold, seed, dates, stacked)
+        checkpoints.append(trainer.store.checkpointer(fold, seed, dates, cells if len(cells) > 1 else None)
                            if trainer.store is not None else NullCheckpointer())
     if len(parts) == 1:
         return parts[0][0].hook, checkpoints[0]

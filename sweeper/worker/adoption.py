@@ -5,8 +5,7 @@ A checkpoint belongs to one trial of one study on one dataset: its owner stamp
 number and the panel's fingerprint. A trial continues a checkpoint only when it is a retry
 (``resume_from_trial``) of the trial that wrote it, or of a retry of that trial, in the same study,
 on the same data and under the same config. A fresh trial never continues one: a checkpoint left at
-its own path (by a deleted study of the same name, say) is removed, and the log says so.
-"""
+its own path (by a deleted study of the same name, say) is removed, and the log says so."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -99,11 +98,10 @@ def _resume_line(grid: RunGrid, source: str, fold: int, repeat: int, epoch: int,
                  done: list[tuple[int, int]], stack: int) -> str:
     """``resuming in fold 3 (seed 1) from ... at epoch 2; folds 1-2 done`` (1-based; a stack's
     checkpoint: ``resuming the stack of 4 runs led by ...``)."""
-    folded = grid.folds > 1
     full = [f for f in range(1, grid.folds + 1) if all((f, r) in done for r in range(1, grid.repeats + 1))]
     finished = (f"folds {full[0]}-{full[-1]} done" if len(full) > 1 else f"fold {full[0]} done" if full
-                else "no fold done") if folded else f"{len(done)} seeds done"
-    where = f"fold {fold} (seed {repeat})" if folded else f"seed {repeat}"
+                else "no fold done") if grid.folded else f"{len(done)} seeds done"
+    where = f"fold {fold} (seed {repeat})" if grid.folded else f"seed {repeat}"
     if (fold, repeat) in done:  # the checkpoint's run had finished: the next one starts fresh
         return f"resuming from {source} after {where}, which had finished; {finished}"
     lead = f"the stack of {stack} runs led by" if stack > 1 else "in"

@@ -23,8 +23,7 @@ child's ``TrialRunner`` sets them from OMP_NUM_THREADS). It starts no thread, so
 ``tests/test_fork_safety.py`` checks these rules on a real server after its preload.
 
 The server and its children die with the driver (:func:`sweeper.child.set_up`), and the server
-exits on EOF from the driver's socket: a ``kill -9`` of the driver takes them all down with it.
-"""
+exits on EOF from the driver's socket: a ``kill -9`` of the driver takes them all down with it."""
 from __future__ import annotations
 
 import contextlib

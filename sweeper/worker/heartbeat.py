@@ -3,8 +3,7 @@
 Other drivers judge a RUNNING trial dead when its heartbeat is older than ``study.grace_period``; the beat
 therefore runs on its own thread, so a long epoch or a slow write of results never looks like a dead host.
 (For the same reason it beats through a hung training step: the driver's stall watchdog, fed by progress
-events, catches those.)
-"""
+events, catches those.)"""
 from __future__ import annotations
 
 import threading
@@ -18,8 +17,7 @@ class Heartbeat:
     """Records the trial's heartbeat every ``interval`` seconds until stopped.
 
     A failed beat is retried at the next interval; ``warn`` hears of the first failure of a run of them (and
-    of each new kind of error), and of the recovery, so an outage is told once, not every few seconds.
-    """
+    of each new kind of error), and of the recovery, so an outage is told once, not every few seconds."""
 
     def __init__(self, storage: Any, trial_id: int, interval: float,
                  warn: Callable[[str], None] = lambda text: None) -> None:

@@ -45,8 +45,7 @@ class LineDecoder:
     """Splits a byte stream into complete JSON messages, keeping a partial last line.
 
     A line that is not a JSON object is handed to ``on_error`` and skipped: one
-    garbled line must not cost the trial, let alone the driver.
-    """
+    garbled line must not cost the trial, let alone the driver."""
 
     def __init__(self, on_error: Callable[[str], None] = lambda line: None) -> None:
         self._buf, self.on_error = b"", on_error

@@ -188,9 +188,8 @@ class TrialRunner:
         # before the config is written (predict evaluates alike) and the stack size (timed with it)
         trainer = pin_eval_batch(panel, trainer)
         # every trial of the study stacks alike: the study keeps the size its first trial measured
-        trials = stacking.POPULATION_CAP if cfg.study.population == "auto" else 1
         trainer, choice = pin_stack_size(panel, trainer, functools.partial(stacking.resolve, self.study, cfg),
-                                         trials)
+                                         stacking.POPULATION_CAP if cfg.study.population == "auto" else 1)
         cfg = trainer.cfg
         if fingerprint := source_digest(cfg):  # the user model's code this trial trains (refit, predict)
             choice = {**choice, "model_fingerprint": fingerprint}

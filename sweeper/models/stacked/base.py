@@ -116,8 +116,7 @@ def _rows_like(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
     """An empty tensor of ``x``'s shape but ``rows`` along ``dim``, its dimensions in ``x``'s memory order:
     a lone run's tensor of that many rows, which ``bernoulli_`` fills in the same order."""
     order = sorted(range(x.dim()), key=x.stride, reverse=True)
-    shape = [rows if d == dim else x.shape[d] for d in order]
-    laid = torch.empty(shape, dtype=x.dtype, device=x.device)
+    laid = torch.empty([rows if d == dim else x.shape[d] for d in order], dtype=x.dtype, device=x.device)
     return laid.permute([order.index(d) for d in range(x.dim())])
 
 

@@ -99,8 +99,7 @@ class StackedRNN(nn.Module):
         proj_bias = b_ih + b_hh if self.cell == "lstm" else b_ih
         # bmm then add_ rather than baddbmm, here and per step: baddbmm copies its addend into
         # the output before the product, and that measured slower on CPU than adding after
-        flat = seq.reshape(k, steps * batch, -1)
-        proj = torch.bmm(flat, w_ih.transpose(1, 2)).add_(proj_bias.unsqueeze(1))
+        proj = torch.bmm(seq.reshape(k, steps * batch, -1), w_ih.transpose(1, 2)).add_(proj_bias.unsqueeze(1))
         # unbind, not proj[t]: a select's backward zero-fills all of proj at every step
         # (quadratic in L). No copy to [L, K, B, G*H] either: each step's [K, B, G*H] is K
         # contiguous blocks already, and its add_ reads strided rows as fast as contiguous

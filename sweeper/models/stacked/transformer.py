@@ -110,8 +110,7 @@ class StackedSelfAttention(nn.Module):
         weights ``[B, H, L, L]`` of each member."""
         scale = math.sqrt(1.0 / math.sqrt(q.shape[-1]))
         scores = torch.matmul(q * scale, key.transpose(-2, -1) * scale)
-        weights = self.dropout(torch.softmax(scores, dim=-1))
-        return torch.matmul(weights, v)
+        return torch.matmul(self.dropout(torch.softmax(scores, dim=-1)), v)
 
 
 class StackedEncoderLayer(nn.Module):
@@ -263,5 +262,4 @@ class StackedTransformer(StackedModule):
             else:  # an evaluation pooled at the last position reads nothing else of the top layer
                 h = cast(StackedEncoderLayer, layer).last_position(h) if i == top else layer(h)
         h = self.encoder.norm(h)
-        pooled = h[:, :, -1] if self.pooling == "last" else h.mean(dim=2)
-        return self.head(pooled).squeeze(-1)
+        return self.head(h[:, :, -1] if self.pooling == "last" else h.mean(dim=2)).squeeze(-1)
