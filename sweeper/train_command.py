@@ -105,7 +105,7 @@ def _say_scores(console: Any, m: dict[str, Any]) -> None:
                   f"icir {_cell(m.get('val_icir'))}  loss {_cell(m.get('val_loss'))}", highlight=False)
     console.print(f"test:  ic {_cell(m.get('test_ic'))}  rank_ic {_cell(m.get('test_rank_ic'))}  "
                   f"icir {_cell(m.get('test_icir'))}", highlight=False)
-    if m.get("oracle_test_ic"):
+    if m.get("oracle_test_ic") and m.get("test_ic") is not None:  # a run cut short has no test IC
         console.print(f"oracle IC: valid {_cell(m.get('oracle_val_ic'))}  test {m['oracle_test_ic']:.4f}  "
                       f"(test reached {m['test_ic'] / m['oracle_test_ic']:.0%})", highlight=False)
 

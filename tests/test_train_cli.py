@@ -53,6 +53,20 @@ def test_train_cut_short_by_max_minutes_says_so_and_gives_no_value(study_file):
     assert (metrics["value"], metrics["cut_short"], metrics["stop_reason"]) == (None, "time", "time")
 
 
+def test_train_under_walk_forward_cut_short_before_its_last_fold_prints_its_figures(study_file):
+    # the last fold's model gives the test IC: cut short before it, there is none, and the oracle line
+    # divided by it (a KeyError traceback, exit 1, and no JSON)
+    path = study_file({"model": {"name": "mlp", "hidden_size": 8}, "validation": {"scheme": "walk_forward",
+                                                                                   "folds": 2}}, replace=("model",))
+    sets = ["train.epochs=100000", "train.max_minutes=0.01", "train.max_stack=1", "train.patience=100000"]
+    result = CliRunner().invoke(main, ["train", str(path), *[a for s in sets for a in ("--set", s)], "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "test:  ic -  rank_ic -  icir -" in result.output and "oracle IC" not in result.output
+    metrics = json.loads(result.output[result.output.index("{"):])
+    assert (metrics["value"], metrics["cut_short"], "test_ic" in metrics) == (None, "time", False)
+
+
 def test_train_under_walk_forward_prints_no_valid_oracle(study_file):
     """A fold's valid block has no oracle figure (NaN): the line said `valid nan`; it says `-`, as every
     other figure that is not there, and keeps the test oracle and the fraction reached."""
