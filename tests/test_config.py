@@ -199,6 +199,22 @@ def test_sets_reach_a_search_space_param_by_its_dotted_name(tmp_path):
         C.load_config(path, ["search_space.train.lr.high=0.0001"])
 
 
+def test_a_set_mapping_sets_its_keys_and_keeps_the_sections_others(tmp_path):
+    """--set 'train={lr: 0.01}' replaced the file's whole train section, its other keys back at their
+    defaults (20 epochs at batch 1,024 where the file said 2 at 256), without a word."""
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n  split: {train: 0.5}\n"
+                    "train: {epochs: 2, batch_size: 256}\n"
+                    "search_space:\n  train.lr: {type: float, low: 0.001, high: 0.01, log: true}\n")
+    cfg = C.load_config(path, ["train={lr: 0.01}", "data={split: {valid: 0.3}}",
+                               "search_space.train.lr={type: categorical, choices: [0.001, 0.01]}"])
+    assert (cfg.train.lr, cfg.train.epochs, cfg.train.batch_size) == (0.01, 2, 256)
+    assert (cfg.data.split.train, cfg.data.split.valid, cfg.data.synthetic.assets) == (0.5, 0.3, 20)
+    # a search-space parameter's mapping is its whole spec: a float's bounds do not stay beside choices
+    assert cfg.search_space["train.lr"].model_dump(exclude_none=True) == {
+        "type": "categorical", "log": False, "choices": [0.001, 0.01]}
+
+
 def test_custom_model_kwargs_are_the_rest_of_the_section():
     cfg = C.validate_config(_with(model={"name": "pkg.mod:Net", "width": 7, "dropout": 0.2}), "s.yaml")
     assert cfg.model.custom_kwargs() == {"dropout": 0.2, "width": 7}

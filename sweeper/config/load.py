@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from sweeper.config.anchor import anchored
-from sweeper.config.dotted import set_dotted
+from sweeper.config.dotted import flatten, set_dotted
 from sweeper.config.schema import EDGE, SweeperConfig
 from sweeper.config.section import unknown_key
 from sweeper.errors import ConfigError
@@ -142,7 +142,9 @@ def load_config(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Swe
     (:mod:`sweeper.config.anchor`). Raises ConfigError only."""
     raw = read_yaml(path)
     if isinstance(raw, dict):  # anything else is validate_config's error
-        for key, value in parse_sets(sets).items():
-            set_dotted(raw, key, value)
+        for key, value in parse_sets(sets).items():  # a mapping sets its keys (train={lr: 0.01} kept the
+            merged = isinstance(value, dict) and value and not key.startswith("search_space")  # rest default)
+            for k, v in (flatten(value, f"{key}.") if merged else {key: value}).items():
+                set_dotted(raw, k, v)
     source = f"{path}{' with --set ' + ' '.join(sets) if sets else ''}"
     return anchored(validate_config(raw, source, edge=True), path)
