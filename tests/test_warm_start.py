@@ -172,9 +172,17 @@ def test_enqueue_files(study_file):
                                                                                   "one.yaml#0")
     # the budget is used: a set would wait for good (it did, with exit 0); refused, with what to add
     out = _cli("run", path, "--enqueue", "one.yaml", code=2)
-    assert out.strip() == ("Error: --enqueue: study 'tiny' has used its budget (3 trials finished, study.n_trials "
-                           "3), so its 1 set(s) would never run; add --set study.n_trials=4")
+    assert out.strip() == ("Error: --enqueue: study 'tiny' has 3 trials finished or queued ahead of its sets "
+                           "(study.n_trials 3), so 1 of its 1 set(s) would never run; add --set study.n_trials=4")
     assert len(_trials(path)) == 3
+    # room for one of two: the second waited for good, exit 0, and the run said nothing (nor for a new study)
+    Path("two.yaml").write_text("- {train.lr: 0.002}\n- {train.lr: 0.001}\n")
+    out = _cli("run", path, "--enqueue", "two.yaml", "--set", "study.n_trials=4", code=2)
+    assert "so 1 of its 2 set(s) would never run; add --set study.n_trials=5" in out and len(_trials(path)) == 3
+    out = _cli("run", path, "--enqueue", "two.yaml", "--set", "study.n_trials=2", "--set", "study.name=new",
+               "--set", "study.start_from_config=true", code=2)
+    assert ("study 'new' has 1 trials finished or queued ahead of its sets (study.n_trials 2), so 1 of its 2 set(s) "
+            "would never run; add --set study.n_trials=3") in out and not Path("runs/new").exists()  # its config's
 
 
 def test_a_missing_source_is_an_error_before_anything_is_written(study_file):

@@ -199,15 +199,18 @@ def _has_study(cfg: C.SweeperConfig) -> bool:
     return any(s.study_name == cfg.study.name and "config" in s.user_attrs for s in storage.get_all_studies())
 
 
-def _check_budget(cfg: C.SweeperConfig, sets: int) -> None:
-    """``--enqueue`` sets for an existing study that has used its budget would wait for good: refused."""
-    storage = open_storage(cfg.study.resolved_storage, create=False)
-    study = optuna.load_study(study_name=cfg.study.name, storage=storage)
-    finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-    if finished >= cfg.study.n_trials:
-        raise ConfigError(f"--enqueue: study {cfg.study.name!r} has used its budget ({finished} trials "
-                          f"finished, study.n_trials {cfg.study.n_trials}), so its {sets} set(s) "
-                          f"would never run; add --set study.n_trials={finished + sets}")
+def _check_budget(cfg: C.SweeperConfig, sets: int, ahead: int | None) -> None:
+    """``--enqueue`` sets past the budget would wait for good: refused. ``ahead``: a new study's sets
+    queued before them; None: an existing study's trials finished, running or waiting count."""
+    if ahead is None:
+        study = optuna.load_study(study_name=cfg.study.name, storage=open_storage(cfg.study.resolved_storage,
+                                                                                   create=False))
+        ahead = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                             TrialState.RUNNING, TrialState.WAITING)))
+    if (left_out := ahead + sets - cfg.study.n_trials) > 0:
+        raise ConfigError(f"--enqueue: study {cfg.study.name!r} has {ahead} trials finished or queued ahead "
+                          f"of its sets (study.n_trials {cfg.study.n_trials}), so {min(left_out, sets)} of "
+                          f"its {sets} set(s) would never run; add --set study.n_trials={ahead + sets}")
 
 
 def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Queue:
@@ -218,8 +221,6 @@ def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Que
     existing study's source study is not read: a warm start is applied once, when it is created."""
     always = tuple(s for path in enqueue for s in read_enqueue_file(path, cfg))
     exists = _has_study(cfg)
-    if always and exists:
-        _check_budget(cfg, len(always))
     warm, notes = warm_start_sets(cfg) if cfg.study.warm_start is not None and not exists else ([], [])
     first = list(warm)
     if cfg.study.start_from_config:
@@ -231,4 +232,6 @@ def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Que
         notes.append(f"warm start: {', '.join(s.source for s in first[cfg.study.n_trials:])} left out "
                      f"(study.n_trials is {cfg.study.n_trials})")
         first = first[:cfg.study.n_trials]
+    if always:
+        _check_budget(cfg, len(always), None if exists else len(first))
     return Queue(first=tuple(first), always=always, notes=tuple(notes))
