@@ -213,6 +213,14 @@ def test_a_set_mapping_sets_its_keys_and_keeps_the_sections_others(tmp_path):
     # a search-space parameter's mapping is its whole spec: a float's bounds do not stay beside choices
     assert cfg.search_space["train.lr"].model_dump(exclude_none=True) == {
         "type": "categorical", "log": False, "choices": [0.001, 0.01]}
+    # a mapping that names a model (or sampler, pruner) is that one's whole section: a custom model is
+    # not handed the built-in's keywords; options are whole too, and {} is the section's defaults
+    path.write_text(path.read_text() + "model: {name: mlp, hidden_size: 8}\n"
+                    "study: {sampler: {name: tpe, options: {multivariate: true, n_startup_trials: 5}}}\n")
+    cfg = C.load_config(path, ["model={name: pkg.m:Net, width: 7}", "study.sampler.options={n_startup_trials: 2}",
+                               "train={}"])
+    assert (cfg.model.custom_kwargs(), cfg.study.sampler.options) == ({"width": 7}, {"n_startup_trials": 2})
+    assert (cfg.train.epochs, cfg.train.batch_size) == (C.TrainConfig().epochs, C.TrainConfig().batch_size)
 
 
 def test_custom_model_kwargs_are_the_rest_of_the_section():

@@ -75,6 +75,17 @@ def _source_study(url: str) -> None:
         study.add_trial(create_trial(value=value, params=params, distributions={k: dists[k] for k in params}))
 
 
+def test_enqueue_past_a_warm_start_cut_to_the_budget_is_told_the_budget_that_runs_all(study_file):
+    # 3 warm-start sets and the config's, cut to n_trials 2: it said add n_trials=3, then refused again
+    _source_study("sqlite:///src.db")
+    warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 3}
+    path = study_file({"study": {"name": "b", "n_trials": 2, "warm_start": warm}})
+    Path("one.yaml").write_text("- {train.lr: 0.002}\n")
+    out = _cli("run", path, "--enqueue", "one.yaml", code=2)
+    assert ("study 'b' has 2 trials finished or queued ahead of its sets (study.n_trials 2), so 1 of its 1 set(s) "
+            "would never run; add --set study.n_trials=4") in out and not Path("runs/b").exists()
+
+
 def test_warm_start_drops_what_this_space_cannot_take(study_file):
     _source_study("sqlite:///src.db")
     warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 3}
@@ -218,8 +229,16 @@ def test_a_study_filled_by_hand_first_runs_what_it_holds(study_file):
     Path("runs/b").mkdir(parents=True)
     by_hand = optuna.create_study(study_name="b", storage="sqlite:///runs/b/study.db", direction="maximize")
     by_hand.enqueue_trial({"train.lr": 0.007})
+    # --enqueue counts what it holds, not the warm-start and config sets it will not get (it counted
+    # those 2, and 1 set past its budget of 3 would have waited for good)
+    Path("two.yaml").write_text("- {train.lr: 0.002}\n- {train.lr: 0.001}\n")
+    for _ in range(2):
+        by_hand.enqueue_trial({"train.lr": 0.003})
+    out = _cli("run", path, "--enqueue", "two.yaml", "--set", "study.n_trials=4", code=2)
+    assert "study 'b' has 3 trials finished or queued ahead of its sets (study.n_trials 4), so 1 of its 2" in out
+    assert "add --set study.n_trials=5" in out
     assert "enqueued" not in _cli("db", "init", path, code=0)
-    assert [(t.state, t.user_attrs) for t in _trials(path)] == [(TrialState.WAITING, {})]
+    assert [(t.state, t.user_attrs) for t in _trials(path)] == [(TrialState.WAITING, {})] * 3
 
 
 SEARCHED_ONLY = '''from torch import nn

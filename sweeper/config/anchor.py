@@ -45,15 +45,6 @@ def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
     return cfg.model_copy(update={"data": data, "study": study.located(root, home)})
 
 
-def _study_folder(run: str) -> str | None:
-    """The study file's folder a run folder's owner.json names (sweeper.store.run_folder.take); None
-    where it names none (written before it was recorded)."""
-    try:
-        return json.loads(Path(run, "owner.json").read_text()).get("study_folder")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def sqlite_path(url: str) -> Path | None:
     """The database file a SQLite URL names (None for memory or another engine). Here, not in
     :mod:`sweeper.store.urls`: the store reads it too, and the config may not import the store."""
@@ -96,7 +87,11 @@ def _old_places(study: StudyConfig, root: str, home: str) -> list[tuple[str, str
     mark = db or (os.path.join(run, "owner.json") if local else None)
     if not root or mark is None or not os.path.exists(mark) or os.path.exists(os.path.join(root, mark)):
         return []
-    if local and _study_folder(run) not in (None, "", home):
+    try:  # the study file's folder owner.json names (store.run_folder.take; none before it was kept)
+        folder = json.loads(Path(run, "owner.json").read_text()).get("study_folder")
+    except (OSError, ValueError, AttributeError):
+        folder = None
+    if local and folder not in (None, "", home):  # another study file's study of the same name
         return []
     places = [run] if local and os.path.exists(run) else []
     if db and not (places and Path(db).is_relative_to(run)):  # the default storage moves with its folder

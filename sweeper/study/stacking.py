@@ -114,9 +114,7 @@ def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
                           stored.get("population_size", 1)), **precision}
     created = study_attrs.get("config", {}).get("train", {})
     # (no max_stack: created before stacked runs, one run at a time)
-    if created and (stack := created.get("max_stack", 1)) != "auto":
-        return _choice(stack, "study")
-    return None
+    return _choice(stack, "study") if created and (stack := created.get("max_stack", 1)) != "auto" else None
 
 
 def resolve(study: optuna.Study, cfg: SweeperConfig, measure: Callable[[], Choice]) -> Choice:

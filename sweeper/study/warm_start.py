@@ -199,18 +199,22 @@ def _has_study(cfg: C.SweeperConfig) -> bool:
     return any(s.study_name == cfg.study.name and "config" in s.user_attrs for s in storage.get_all_studies())
 
 
-def _check_budget(cfg: C.SweeperConfig, sets: int, ahead: int | None) -> None:
-    """``--enqueue`` sets past the budget would wait for good: refused. ``ahead``: a new study's sets
-    queued before them; None: an existing study's trials finished, running or waiting count."""
-    if ahead is None:
+def _check_budget(cfg: C.SweeperConfig, sets: int, first: int, wanted: int) -> None:
+    """``--enqueue`` sets past the budget would wait for good: refused. Ahead of them: a study's trials
+    finished, running or waiting, or, in a study that holds none (new), its ``first`` sets (``wanted``
+    before ``study.n_trials`` cut them)."""
+    try:
         study = optuna.load_study(study_name=cfg.study.name, storage=open_storage(cfg.study.resolved_storage,
                                                                                    create=False))
-        ahead = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                             TrialState.RUNNING, TrialState.WAITING)))
+        held = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                            TrialState.RUNNING, TrialState.WAITING)))
+    except (StorageError, KeyError):  # no database, or no such study yet
+        held = 0
+    ahead, wanted = (held, held) if held or _has_study(cfg) else (first, wanted)
     if (left_out := ahead + sets - cfg.study.n_trials) > 0:
         raise ConfigError(f"--enqueue: study {cfg.study.name!r} has {ahead} trials finished or queued ahead "
                           f"of its sets (study.n_trials {cfg.study.n_trials}), so {min(left_out, sets)} of "
-                          f"its {sets} set(s) would never run; add --set study.n_trials={ahead + sets}")
+                          f"its {sets} set(s) would never run; add --set study.n_trials={wanted + sets}")
 
 
 def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Queue:
@@ -228,10 +232,11 @@ def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Que
         notes += own_notes
         if own is not None and all(own.params != s.params for s in warm):
             first.append(own)
+    wanted = len(first)
     if len(first) > cfg.study.n_trials:
         notes.append(f"warm start: {', '.join(s.source for s in first[cfg.study.n_trials:])} left out "
                      f"(study.n_trials is {cfg.study.n_trials})")
         first = first[:cfg.study.n_trials]
     if always:
-        _check_budget(cfg, len(always), None if exists else len(first))
+        _check_budget(cfg, len(always), len(first), wanted)
     return Queue(first=tuple(first), always=always, notes=tuple(notes))
