@@ -218,8 +218,9 @@ def test_a_set_mapping_sets_its_keys_and_keeps_the_sections_others(tmp_path):
     path.write_text(path.read_text() + "model: {name: mlp, hidden_size: 8}\n"
                     "study: {sampler: {name: tpe, options: {multivariate: true, n_startup_trials: 5}}}\n")
     cfg = C.load_config(path, ["model={name: pkg.m:Net, width: 7}", "study.sampler.options={n_startup_trials: 2}",
-                               "train={}"])
+                               "train={}", "study={name: other, n_trials: 7}"])
     assert (cfg.model.custom_kwargs(), cfg.study.sampler.options) == ({"width": 7}, {"n_startup_trials": 2})
+    assert (cfg.study.name, cfg.study.n_trials, cfg.study.sampler.name) == ("other", 7, "tpe")  # a study's name
     assert (cfg.train.epochs, cfg.train.batch_size) == (C.TrainConfig().epochs, C.TrainConfig().batch_size)
 
 

@@ -142,11 +142,12 @@ def load_config(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Swe
     (:mod:`sweeper.config.anchor`). Raises ConfigError only."""
     raw = read_yaml(path)
     if isinstance(raw, dict):  # anything else is validate_config's error
-        for key, value in parse_sets(sets).items():  # a mapping sets its keys (train={lr: 0.01} reset the
-            # rest); one that names a model, sampler or pruner, a param's spec, options or {} is whole
-            merged = isinstance(value, dict) and value and "name" not in value and not (
-                key.startswith("search_space") or key.endswith("options"))
-            for k, v in (flatten(value, f"{key}.") if merged else {key: value}).items():
+        for key, value in parse_sets(sets).items():  # a mapping sets its keys (train={lr: 0.01} reset all),
+            # but another model, sampler or pruner, a search-space param's spec, options and {} are whole
+            whole = not isinstance(value, dict) or not value or key.startswith("search_space") or (
+                key.endswith("options") or (key in ("model", "study.sampler", "study.pruner")
+                                            and "name" in value))
+            for k, v in ({key: value} if whole else flatten(value, f"{key}.")).items():
                 set_dotted(raw, k, v)
     source = f"{path}{' with --set ' + ' '.join(sets) if sets else ''}"
     return anchored(validate_config(raw, source, edge=True), path)

@@ -84,8 +84,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
 
 
 def _fp16_on_cpus(cfg: C.SweeperConfig, slots: list[Slot]) -> None:
-    """fp16, the file's or a search-space choice, on a host whose slots are all CPUs: each trial that
-    trained at it would be pruned as a config the model refuses (sweeper.core.precision)."""
+    """fp16 (the file's, or a search-space choice) on a host of CPU slots: each trial at it is pruned."""
     space = cfg.search_space.get("train.precision")
     if slots and all(s.kind == "cpu" for s in slots) and "fp16" in (space.choices or [] if space else
                                                                     [cfg.train.precision]):
