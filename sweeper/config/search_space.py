@@ -59,8 +59,7 @@ def check_space_values(cfg: Any, key: str, spec: ParamSpec, context: dict[str, A
     section, _, field = key.partition(".")
     if field not in type(sec := getattr(cfg, section)).model_fields:
         return  # a nested key, or a custom model's keyword
-    low, high = spec.low or 0.0, spec.high or 0.0
-    named = [("low", low), ("high", high)]
+    named = [("low", low := spec.low or 0.0), ("high", high := spec.high or 0.0)]
     if spec.type == "float":  # and a draw inside, which no integer bounds make whole
         named.append(("draw", round(low + (high - low) * 0.381966, 6)))
     for what, value in [("choice", v) for v in spec.choices or []] if spec.type == "categorical" else named:

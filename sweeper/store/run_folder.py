@@ -33,13 +33,13 @@ def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh
     its own. ``study_folder``: the study file's (sweeper.config.anchor reads it: whose study this is).
     Call under the study's claim lock, so that two drivers never move at once."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    lines, current = [], _owner(run_dir)
+    lines, current = [], (kept := _owner_record(run_dir)).get("study_uuid")
     if current != study_uuid and (current is not None or (fresh and _holds_files(run_dir))):
-        lines += _move(run_dir, previous_dir(run_dir, current or UNKNOWN))
+        lines += _move(run_dir, previous_dir(run_dir, str(current or UNKNOWN)))
     if current != study_uuid and (back := previous_dir(run_dir, study_uuid)).is_dir():
         lines += _restore(back, run_dir)
     record = {"study": study_name, "study_uuid": study_uuid, "storage": storage, "study_folder": study_folder}
-    if current != study_uuid or _owner(run_dir, "study_folder") != study_folder:  # else no write: a full disk
+    if kept != record:  # else no write: a full disk
         write_text(owner_file(run_dir), json.dumps(record, indent=2) + "\n")
     return lines
 
@@ -51,11 +51,12 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"study.artifacts: the run folder {run_dir} cannot be made or written here ({why})")
 
 
-def _owner(run_dir: Path, key: str = "study_uuid") -> str | None:
-    try:
-        return str(json.loads(owner_file(run_dir).read_text())[key])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+def _owner_record(run_dir: Path) -> dict[str, object]:
+    try:  # owner.json's record; empty where there is none that can be read
+        record = json.loads(owner_file(run_dir).read_text())
+    except (OSError, ValueError):
+        record = {}
+    return record if isinstance(record, dict) else {}
 
 
 def _holds_files(run_dir: Path) -> bool:
@@ -92,6 +93,6 @@ def files_folder(cfg: SweeperConfig, study: optuna.Study) -> Path:
     study took the folder over since (the same layout: trials/, logs/). Readers (best, predict,
     report, gc) go there, so they never read another study's weights."""
     run_dir, study_uuid = layout.run_dir(cfg), study.user_attrs.get("study_uuid")
-    if (owner := _owner(run_dir)) is None or study_uuid is None or owner == study_uuid:
+    if _owner_record(run_dir).get("study_uuid") in (None, study_uuid) or study_uuid is None:
         return run_dir
     return previous_dir(run_dir, study_uuid)  # absent if its files never were here: none to read

@@ -199,7 +199,7 @@ def _has_study(cfg: C.SweeperConfig) -> bool:
     return any(s.study_name == cfg.study.name and "config" in s.user_attrs for s in storage.get_all_studies())
 
 
-def _check_budget(cfg: C.SweeperConfig, sets: int, first: int, wanted: int) -> None:
+def _check_budget(cfg: C.SweeperConfig, sets: int, first: int, wanted: int, exists: bool) -> None:
     """``--enqueue`` sets past the budget would wait for good: refused. Ahead of them: a study's trials
     finished, running or waiting, or, in a study that holds none (new), its ``first`` sets (``wanted``
     before ``study.n_trials`` cut them)."""
@@ -210,7 +210,7 @@ def _check_budget(cfg: C.SweeperConfig, sets: int, first: int, wanted: int) -> N
                                                             TrialState.RUNNING, TrialState.WAITING)))
     except (StorageError, KeyError):  # no database, or no such study yet
         held = 0
-    ahead, wanted = (held, held) if held or _has_study(cfg) else (first, wanted)
+    ahead, wanted = (held, held) if held or exists else (first, wanted)
     if (left_out := ahead + sets - cfg.study.n_trials) > 0:
         raise ConfigError(f"--enqueue: study {cfg.study.name!r} has {ahead} trials finished or queued ahead "
                           f"of its sets (study.n_trials {cfg.study.n_trials}), so {min(left_out, sets)} of "
@@ -238,5 +238,5 @@ def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Que
                      f"(study.n_trials is {cfg.study.n_trials})")
         first = first[:cfg.study.n_trials]
     if always:
-        _check_budget(cfg, len(always), len(first), wanted)
+        _check_budget(cfg, len(always), len(first), wanted, exists)
     return Queue(first=tuple(first), always=always, notes=tuple(notes))
