@@ -113,7 +113,9 @@ def test_a_stored_config_is_not_judged_again_by_the_study_files_rules():
     # range up to 1.0, a horizon of 0) must still load in predict, report and refit
     raw = _with(data={**BASE["data"], "horizon": 0},
                 search_space={"model.dropout": {"type": "float", "low": 0.0, "high": 1.0}})
-    assert C.validate_config(raw, "config.yaml").data.horizon == 0
+    stored = C.to_dict(C.validate_config(raw, "config.yaml"))  # as a trial's config.yaml holds it
+    assert (stored["data"]["horizon"], stored["data"]["split"]["horizon"]) == (0, 0)
+    assert C.validate_config(stored, "config.yaml").data.split.horizon == 0  # the pinned split's too
     assert _err(raw).startswith("s.yaml: data.horizon: must be >= 1")
     custom = _with(model={"name": "pkg.m:Net"}, search_space={"model.positional": {
         "type": "categorical", "choices": ["rope", "learned"]}, "model.depth": {"type": "int", "low": 0, "high": 3}})

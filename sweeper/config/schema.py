@@ -145,7 +145,7 @@ class SplitConfig(Section):
     valid: SplitPart = 0.2
     test: SplitPart = 0.2
     lookback: int | None = Field(None, ge=1)
-    horizon: int | None = Field(None, ge=1)
+    horizon: int | None = Field(None, ge=0)
     embargo: int | None = Field(None, ge=0)
 
     @field_validator("train", "valid", "test", mode="before")
