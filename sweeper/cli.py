@@ -427,7 +427,7 @@ def data_group() -> None:
 @click.option("--assets", default=300, show_default=True, type=click.IntRange(min=2))
 @click.option("--dates", default=1000, show_default=True, type=click.IntRange(min=10))
 @click.option("--features", default=16, show_default=True, type=click.IntRange(min=2))
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
 def synth_cmd(out: Path, assets: int, dates: int, features: int, seed: int) -> None:
     """Write the synthetic panel (with its oracle IC) to OUT.parquet."""
     from sweeper.data import write_synthetic

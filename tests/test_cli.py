@@ -218,6 +218,21 @@ def test_data_synth_writes_panel_and_prints_oracle(tmp_path):
     assert "oracle IC:" in result.output and "test" in result.output
 
 
+def test_data_synth_replaces_a_panel_but_never_another_file(tmp_path):
+    study, panel = tmp_path / "s.yaml", tmp_path / "p.parquet"
+    study.write_text("study: {name: mine}\n")
+    synth = ["data", "synth", "--assets", "10", "--dates", "60", "--features", "2"]
+    refused = CliRunner().invoke(main, [*synth, str(study)])
+    assert refused.exit_code == 2
+    assert refused.output.strip().splitlines()[-1] == (
+        f"Error: {study}: exists and is not a Parquet file; write the panel to another file")
+    assert study.read_text() == "study: {name: mine}\n"
+    for seed in ("1", "2"):  # the second run replaces the first panel
+        assert CliRunner().invoke(main, [*synth, str(panel), "--seed", seed]).exit_code == 0
+    negative = CliRunner().invoke(main, [*synth, str(panel), "--seed", "-3"])
+    assert negative.exit_code == 2 and "'--seed': -3 is not in the range x>=0" in negative.output
+
+
 def test_doctor_runs_without_gpu(monkeypatch):
     monkeypatch.delenv("SWEEPER_FAKE_GPUS", raising=False)
     result = CliRunner().invoke(main, ["doctor"], catch_exceptions=False)

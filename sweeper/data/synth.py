@@ -165,6 +165,10 @@ def write_synthetic(path: str | Path, assets: int, dates: int, features: int, se
     check_params(assets, dates, features, str(path))
     if not path.parent.is_dir():
         raise DataError(f"{path}: the folder {path.parent} does not exist")
+    if path.is_file():  # only a panel is replaced, never a study file or notes
+        with path.open("rb") as old:
+            if old.read(4) != b"PAR1":
+                raise DataError(f"{path}: exists and is not a Parquet file; write the panel to another file")
     full = generate(assets, dates, features, seed)
     all_dates = np.unique(full["date"].to_numpy("datetime64[ns]"))
     oracle = default_oracle(full, describe(assets, dates, features, seed))
