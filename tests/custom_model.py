@@ -28,6 +28,18 @@ class NoWeights(nn.Module):
         return x[:, -1, 0]
 
 
+class Detached(nn.Module):
+    """Returns its output detached from the graph (or, with ``cast``, as integers): no step trains it."""
+
+    def __init__(self, n_features: int, lookback: int, cast: bool = False) -> None:
+        super().__init__()
+        self.linear, self.cast = nn.Linear(n_features, 1), cast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x[:, -1]).squeeze(-1)
+        return out.long() if self.cast else out.detach()
+
+
 class WrongShape(nn.Module):
     """Returns [B, 1] instead of [B]: build_model must refuse it."""
 

@@ -9,15 +9,24 @@ from conftest import PROBE
 from sweeper.config import load_config
 from sweeper.dispatch.live import NullView
 from sweeper.dispatch.run import run
+from sweeper.inspect.results import status_report
 
 pytestmark = pytest.mark.slow  # every test here starts a real process
 
 FAKE_UUIDS = [f"GPU-00000000-0000-4000-8000-00000000000{k}" for k in range(4)]
 
 
-def _sweep(path, **kw):
+class Ends(NullView):
+    def __init__(self):
+        self.reasons: dict[int, str | None] = {}
+
+    def trial_ended(self, slot, number, state, value, reason):
+        self.reasons[number] = reason
+
+
+def _sweep(path, view=None, **kw):
     cfg = load_config(path)
-    outcome = run(cfg, view=NullView(), **kw)
+    outcome = run(cfg, view=view or NullView(), **kw)
     study = optuna.load_study(study_name=cfg.study.name, storage=cfg.study.resolved_storage)
     return outcome, study
 
@@ -75,8 +84,16 @@ def test_failing_trials_cost_only_themselves(study_file, monkeypatch):
         "search_space": {"model.kind": {"type": "categorical", "choices": ["mlp", "raise", "exit", "hang"]}},
     })
     _enqueue(path, [{"model.kind": k} for k in ("raise", "exit", "hang", "mlp", "mlp")])
-    outcome, study = _sweep(path)
+    lines = Ends()
+    outcome, study = _sweep(path, view=lines)
     assert outcome.exit_code == 0
+    # each failure's cause on its line of the run's output (it was only "(crash)"), and in status
+    assert {k: lines.reasons[k] for k in range(3)} == {0: "crash: RuntimeError: boom: a bug in the user's model",
+                                                       1: "crash: worker exited with code 3",
+                                                       2: "timeout: trial exceeded train.max_minutes=0.08 by more "
+                                                          "than its 1 s grace for scoring and writing results"}
+    report = status_report(study, load_config(path))
+    assert report["last_failure"] == {"number": 2, "error": lines.reasons[2].removeprefix("timeout: ")}
     reasons = {t.params["model.kind"]: t.user_attrs.get("fail_reason")
                for t in study.get_trials(states=(TrialState.FAIL,))}
     assert reasons == {"raise": "crash", "exit": "crash", "hang": "timeout"}

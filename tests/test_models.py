@@ -106,6 +106,15 @@ def test_wrong_output_shape_is_caught_at_build_time():
         build_model(ModelConfig(name="custom_model:WrongShape"), 4, 5)
 
 
+@pytest.mark.parametrize(("cast", "got"), [(False, "torch.float32, requires_grad=False"),
+                                           (True, "torch.int64, requires_grad=False")])
+def test_an_output_without_a_gradient_is_caught_at_build_time(cast, got):
+    """validate passed it, then every trial crashed in backward ("does not require grad")."""
+    with pytest.raises(ConfigError, match=rf"^model.name 'custom_model:Detached': forward must return a float "
+                                          rf"tensor that carries a gradient; got {got}$"):
+        build_model(ModelConfig(name="custom_model:Detached", cast=cast), 4, 5)
+
+
 def test_a_model_with_nothing_to_train_is_caught_at_build_time():
     with pytest.raises(ConfigError, match=r"^model.name 'custom_model:NoWeights': the model has no trainable "
                                           r"parameters$"):

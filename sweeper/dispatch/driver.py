@@ -190,7 +190,10 @@ class Driver:
         """The one account of a trial of ours that ended: dispatch, stop rule, view, worker."""
         self.dispatch.ended(end)
         self.rule.trial_ended(end)
-        self.view.trial_ended(w.slot, end.number, end.state, end.value, end.reason)
+        error = str(end.metrics.get("error") or "").strip()  # a failure's cause, on its line of the output
+        told = error and end.reason != FailReason.INTERRUPTED  # Ctrl-C's own words say why
+        why = f"{end.reason}: {error.splitlines()[0]}" if told else end.reason
+        self.view.trial_ended(w.slot, end.number, end.state, end.value, why)
         w.trial_ended(end.number, end.failed)
         self.baseline.trial_ended(w)
 
@@ -217,7 +220,7 @@ class Driver:
         trial of a population (they trained as one process's stack)."""
         for number, trial_id in list(run.trials.items()):
             self._fail(trial_id, reason, error, code)
-            self._ended(w, TrialEnd(number, TrialState.FAIL, reason=reason))
+            self._ended(w, TrialEnd(number, TrialState.FAIL, reason=reason, metrics={"error": error}))
 
     def _fail(self, trial_id: int, reason: FailReason, error: str, code: int | None = None) -> None:
         """FAIL a trial this driver ran, recording why; a no-op when it has finished

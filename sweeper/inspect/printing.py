@@ -38,7 +38,10 @@ def print_status(report: dict[str, Any]) -> None:
     console.print("baseline: " + state_words(report.get("baseline_state"),
                                              {} if report.get("baseline_done") else None), highlight=False)
     if report["fail_reasons"]:
-        console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items()))
+        last = report["last_failure"]
+        console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items())
+                      + f"; the last, trial {last['number']}: {last['error'] or 'no error recorded'}",
+                      highlight=False, soft_wrap=True)
     if "validation" in report:
         console.print(validation_line(report["validation"], report.get("metric", "the metric"),
                                       K.folded(report)), highlight=False, soft_wrap=True)

@@ -233,6 +233,8 @@ def status_report(study: optuna.Study, cfg: SweeperConfig, study_file: str | Non
         "study": cfg.study.name, "n_trials": cfg.study.n_trials,
         "finished": counts["COMPLETE"] + counts["PRUNED"], "counts": counts,
         "fail_reasons": dict(fails), "best": best_report(study, cfg, study_file=study_file),
+        "last_failure": next(({"number": t.number, "error": t.user_attrs.get("error")}
+                              for t in reversed(trials) if t.state == TrialState.FAIL), None),
         "running": running(study, trials, cfg.study.grace_period),
         "baseline_state": study.user_attrs.get("baseline_state"),
         "baseline_done": "baseline" in study.user_attrs,

@@ -86,8 +86,7 @@ def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Mo
     name, was_training = model_cfg.name, model.training
     model.eval()
     try:
-        with torch.no_grad():
-            out = model(torch.zeros(2, lookback, n_features))
+        out = model(torch.zeros(2, lookback, n_features))  # with autograd on: a detached output is caught
     except Exception as exc:  # noqa: BLE001 - a user's forward can raise anything
         raise ConfigError(f"model.name {name!r}: a test forward pass on x[2, {lookback}, {n_features}] "
                           f"failed ({type(exc).__name__}: {exc})") from None
@@ -97,4 +96,7 @@ def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Mo
     if shape != (2,):
         raise ConfigError(f"model.name {name!r}: forward(x[B, {lookback}, {n_features}]) must return "
                           f"a tensor of shape [B]; got {shape} for B=2")
+    if not (out.is_floating_point() and out.requires_grad):  # a .detach() or an integer cast: nothing trains
+        raise ConfigError(f"model.name {name!r}: forward must return a float tensor that carries a gradient; "
+                          f"got {out.dtype}, requires_grad={out.requires_grad}")
     return model
