@@ -25,10 +25,12 @@ def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[di
             if key.startswith("model.") and spec.type == "categorical"
             and not all(isinstance(c, float) and not c.is_integer() for c in spec.choices or [])]
     choices = [cfg.search_space[k].choices or [] for k in keys]
-    # numeric keys the file does not set (a user model's own arguments) join each shape at their low bound:
-    # a typo among them (model.hiden) fails here, as in a categorical key, not in every trial
+    # numeric keys the file does not set join each shape at their low bound, and every one of a user model
+    # (its own arguments, as drawn: a float range on an int size): a typo among them (model.hiden), or a
+    # built-in's field the user model has not, fails here, as in a categorical key, not in every trial
     unset = {k: s.low if s.type == "float" else int(cast(float, s.low)) for k, s in cfg.search_space.items()
-             if k.startswith("model.") and s.type != "categorical" and C.config_value(cfg, k, None) is None}
+             if k.startswith("model.") and s.type != "categorical"
+             and (cfg.model.is_custom or C.config_value(cfg, k, None) is None)}
     # conditions can only shrink the count so much
     if not keys or math.prod(map(len, choices)) > limit * limit:
         return None if keys else [_active(cfg, unset)] if unset else []
