@@ -228,7 +228,12 @@ def test_claimed_once_and_a_failure_is_recorded(study_file):
     state = study.user_attrs["baseline_state"]
     assert state["state"] == "failed" and "no-such-objective" in state["error"]
     assert "baseline" not in study.user_attrs
-    assert "baseline: failed on h1: LightGBMError" in _cli("status", path).stdout
+    assert "baseline: failed on h1: ConfigError: baseline.params {'objective': 'no-such-objective'}: LightGBM " \
+           "refuses them (Unknown objective type name: no-such-objective)" in _cli("status", path).stdout
+    # asked for by name: one line, exit 2 (a LightGBMError traceback, exit 1, before)
+    assert _cli("baseline", path, code=2).output.splitlines()[-1] == (
+        "Error: baseline.params {'objective': 'no-such-objective'}: LightGBM refuses them (Unknown objective "
+        "type name: no-such-objective)")
 
 
 def test_the_slot_threads_override_params_num_threads():
@@ -267,7 +272,11 @@ def test_a_sweep_computes_it_once_and_a_resume_does_not_again(study_file):
 def test_a_failing_baseline_never_ends_the_sweep(study_file):
     path = study_file({"study": {"n_trials": 3}, "report": {"baseline": "lightgbm"},
                        "baseline": {"params": {"objective": "no-such-objective"}}})
-    _cli("run", path)
+    said = [line for line in _cli("run", path).stderr.splitlines() if "baseline job" in line]
+    assert len(said) == 1 and said[0].startswith(  # in the run's output: it said nothing before
+        "sweeper: the baseline job exited with code 1: baseline: failed: ConfigError: baseline.params "
+        "{'objective': 'no-such-objective'}: LightGBM refuses them (Unknown objective type name: "
+        "no-such-objective); see runs/tiny/logs/")
     study, states = _sweep_counts(load_config(path))
     assert states == ["COMPLETE"] * 3
     state = study.user_attrs["baseline_state"]

@@ -258,3 +258,19 @@ def test_a_fit_stopped_by_ctrl_c_is_interrupted_and_claimed_again(study, monkeyp
     assert _stored(study) == {**after, "host": "h1", "driver": "d1", "at": AT}
     # an interrupted fit says nothing about the baseline: the next sweep computes it; a failed one is kept
     assert S.claim(study, NullLock(), _who("h2", "d2")) is (after["state"] == "interrupted")
+
+
+def test_status_words_for_each_stored_state():
+    """An interrupted baseline read "done" in status and best (every state but two did)."""
+    from sweeper.baseline.compare import state_words
+
+    stored = {"host": "h1", "at": "2026-12-07T08:00:00", "error": S.STOPPED}
+    words = {s: state_words({**stored, "state": s.value}, None) for s in State}
+    assert words == {
+        State.RUNNING: "running on h1 since 2026-12-07T08:00:00",
+        State.DONE: "done",
+        State.FAILED: f"failed on h1: {S.STOPPED}",
+        State.INTERRUPTED: f"interrupted on h1 ({S.STOPPED}): the next sweep that runs a trial computes it, "
+                           "as `sweeper baseline STUDY` does"}
+    assert state_words(None, None) == "not computed (`sweeper baseline STUDY` computes it)"
+    assert state_words(None, {"val_ic": 0.01}) == "done"

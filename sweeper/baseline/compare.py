@@ -76,5 +76,7 @@ def state_words(state: dict[str, Any] | None, attr: dict[str, Any] | None) -> st
     if state is None:
         return "not computed (`sweeper baseline STUDY` computes it)" if attr is None else "done"
     where = f" on {state['host']}" if state.get("host") else ""
-    return {"failed": f"failed{where}: {state.get('error', '?')}",
-            "running": f"running{where} since {state.get('at', '?')}"}.get(str(state.get("state")), "done")
+    error = state.get("error", "?")
+    return {"failed": f"failed{where}: {error}", "running": f"running{where} since {state.get('at', '?')}",
+            "interrupted": f"interrupted{where} ({error}): the next sweep that runs a trial computes it, "
+                           "as `sweeper baseline STUDY` does"}.get(str(state.get("state")), "done")

@@ -26,6 +26,7 @@ from sweeper.config.long_sweeps import BaselineConfig
 from sweeper.core.evaluate import SPLIT_PREFIX
 from sweeper.data.folds import Fold, fold_layout, fold_panel
 from sweeper.data.panel import Panel
+from sweeper.errors import ConfigError
 from sweeper.quant import ic as M
 from sweeper.validation.grid import RunGrid
 
@@ -72,9 +73,12 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
     params = lgb_params(cfg, threads, seed)
     dtrain = lgb.Dataset(train.X, label=train.y, feature_name=train.names, free_raw_data=True)
     dvalid = lgb.Dataset(valid.X, label=valid.y, reference=dtrain, free_raw_data=True)
-    booster = lgb.train(params, dtrain, num_boost_round=cfg.num_boost_round, valid_sets=[dvalid],
-                        valid_names=["valid"],
-                        callbacks=[lgb.early_stopping(cfg.early_stopping_rounds, verbose=False)])
+    try:
+        booster = lgb.train(params, dtrain, num_boost_round=cfg.num_boost_round, valid_sets=[dvalid],
+                            valid_names=["valid"],
+                            callbacks=[lgb.early_stopping(cfg.early_stopping_rounds, verbose=False)])
+    except lgb.basic.LightGBMError as exc:  # our data is well formed: a baseline.params value it refuses
+        raise ConfigError(f"baseline.params {cfg.params}: LightGBM refuses them ({exc})") from None
     rows, subsampled = {"train": len(train.t), "valid": len(valid.t)}, train.subsampled
     train_rows = pd.DataFrame({"date": panel.dates[train.t], "asset": panel.assets[train.i]})
     del train, dtrain, dvalid

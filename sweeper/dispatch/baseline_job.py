@@ -77,7 +77,11 @@ class BaselineJob:
         if (code := self.proc.poll() if self.proc is not None else None) is None:
             return
         self._release()
-        if (after := state.after_exit(code, baseline_log(self.run_dir, self.ident.host))) is not None:
+        log = baseline_log(self.run_dir, self.ident.host)
+        if code != state.ExitCode.DONE:  # the sweep goes on without it, and says so once, with its last word
+            lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+            say(f"the baseline job exited with code {code}: {lines[-1] if lines else 'no output'}; see {log}")
+        if (after := state.after_exit(code, log)) is not None:
             self._settle(*after)
 
     def stop(self) -> None:

@@ -36,7 +36,8 @@ def print_status(report: dict[str, Any]) -> None:
         console.print(f"run folder {folder['path']}: {human_bytes(folder['bytes'])}", highlight=False,
                       soft_wrap=True)
     console.print("baseline: " + state_words(report.get("baseline_state"),
-                                             {} if report.get("baseline_done") else None), highlight=False)
+                                             {} if report.get("baseline_done") else None),
+                  highlight=False, soft_wrap=True)
     if report["fail_reasons"]:
         last = report["last_failure"]
         console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items())
