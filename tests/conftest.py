@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,15 @@ def _panel_cache(tmp_path_factory):
     # train.precision: auto stays fp32 on every box (measured only where a test asks), so the suite's
     # numbers do not depend on whether this CPU runs bf16 natively
     os.environ["SWEEPER_FAKE_CPU_BF16"] = "0"
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_back():
+    # an interrupted CLI command ignores SIGINT to the process's end (sweeper.cli._ending): here, where
+    # CliRunner runs commands in the test's process, the next test gets its Ctrl-C back
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -2,6 +2,7 @@
 Ctrl-C kills, and nothing goes wrong silently: real workers, real signals, a real SQLite store."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -105,6 +106,32 @@ def test_a_second_ctrl_c_kills_hung_workers_and_fails_their_trials(study_file, w
     assert (ua["fail_reason"], ua["stop_reason"], ua["error"]) == ("interrupted", "interrupted",
                                                                      "killed by a second Ctrl-C")
     assert ua["exit_code"] == -signal.SIGKILL and not _alive(ua["pid"])
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_as_the_driver_exits_is_no_traceback(study_file):
+    """It cut the fork server's reaping short at exit: "Exception ignored in atexit callback", a traceback."""
+    path = study_file({"study": {"n_trials": 2}, "model": {"name": "fault_models:Slow", "step_sleep": 0.05},
+                       "devices": {"cpu_workers": 1}})
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines = iter(proc.stdout.readline, "")
+        assert any("started on" in line for line in lines), "no trial started"
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the group
+        assert any(line.startswith("next:") or "] next:" in line for line in lines)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:  # more, until the driver has exited
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.01)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "Exception ignored" not in out, out
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import atexit
 import itertools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -71,7 +72,7 @@ class ForkServer:
             if _shared is None or not _shared.alive:
                 _shared = cls.start()
                 if _shared is not None:
-                    atexit.register(_shared.stop)
+                    atexit.register(_stop_at_exit, _shared)
             return _shared
 
     @property
@@ -130,6 +131,11 @@ class ForkServer:
         with self._cond:
             self._gone = True
             self._cond.notify_all()
+
+
+def _stop_at_exit(server: ForkServer) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process is ending: a second Ctrl-C is no traceback
+    server.stop()
 
 
 def stop_shared() -> None:
