@@ -21,6 +21,7 @@ from sweeper.baseline.state import claim
 from sweeper.cli import main
 from sweeper.config import BaselineConfig, load_config
 from sweeper.data import Batcher, load_panel, synth
+from sweeper.errors import DiskFull
 from sweeper.quant import ic as M
 from sweeper.quant.hac import hac_standard_error
 from sweeper.store import layout
@@ -292,3 +293,23 @@ def test_report_baseline_null_computes_none(study_file):
     assert states == ["COMPLETE"] * 2
     assert "baseline_state" not in study.user_attrs and "baseline" not in study.user_attrs
     assert not layout.baseline_files(layout.run_dir(load_config(path))).folder.exists()
+
+
+def test_a_write_cut_short_leaves_no_half_written_file(tmp_path, monkeypatch):
+    """A full disk left baseline/predictions_valid.parquet half written ("magic bytes not found")."""
+    frame = pd.DataFrame({"date": pd.to_datetime(["2020-01-02"] * 2), "asset": ["a", "b"],
+                          "pred": [0.1, 0.2], "label": [0.0, 1.0]})
+    daily = pd.DataFrame({"date": ["2020-01-02"], "ic": [1.0], "rank_ic": [1.0]})
+    result = job.BaselineResult(scores={}, predictions={"valid": frame}, daily={"valid": daily},
+                                best_iteration=1, elapsed_s=0.0, lightgbm_version="", params={},
+                                rows={}, n_features=1, model_text="tree")
+
+    def cut_short(self, path, **kw):
+        with open(path, "wb") as out:
+            out.write(b"PAR1 half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", cut_short)
+    with pytest.raises(DiskFull, match=r"^no space left on device writing .*/predictions_valid.parquet"):
+        job.write_files(result, tmp_path)
+    assert [p.name for p in (tmp_path / "baseline").iterdir()] == []

@@ -24,6 +24,7 @@ import optuna
 
 from sweeper import child
 from sweeper import config as C
+from sweeper.atomic import atomic_path, write_text
 from sweeper.baseline.fit import BaselineResult, fit_study
 from sweeper.baseline.state import ExitCode, State, _now, mark
 from sweeper.errors import one_line
@@ -75,12 +76,15 @@ def summary(result: BaselineResult, cfg: C.SweeperConfig, threads: int,
 def write_files(result: BaselineResult, run_dir: str | Path) -> layout.BaselineFiles:
     files = layout.baseline_files(run_dir)
     files.folder.mkdir(parents=True, exist_ok=True)
-    for split, frame in result.predictions.items():
-        frame.to_parquet(files.predictions(split), index=False)
-        result.daily[split].to_csv(files.daily_ic(split), index=False)
+    for split, frame in result.predictions.items():  # each file whole or not at all (a full disk)
+        with atomic_path(files.predictions(split)) as tmp:
+            frame.to_parquet(tmp, index=False)
+        with atomic_path(files.daily_ic(split)) as tmp:
+            result.daily[split].to_csv(tmp, index=False)
     if result.train_rows is not None:
-        result.train_rows.to_parquet(files.train_rows, index=False)
-    files.model.write_text(result.model_text)
+        with atomic_path(files.train_rows) as tmp:
+            result.train_rows.to_parquet(tmp, index=False)
+    write_text(files.model, result.model_text)
     return files
 
 
