@@ -277,8 +277,8 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     from sweeper.inspect.results import best_report
     cfg, found = _load_existing(study, storage)
     if (report := best_report(found, cfg, portfolio=True, study_file=str(study))) is None:
-        feasible = " feasible" if cfg.study.constraints else ""  # study.constraints: the rest are not ranked
-        raise UserError(f"study {cfg.study.name!r} has no completed{feasible} trial yet")
+        from sweeper.store.studies import too_few
+        raise UserError(too_few(found))
     (_echo_json if as_json else print_best)(report)
 
 

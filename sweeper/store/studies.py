@@ -37,6 +37,18 @@ def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
     return next(iter(ranked(trials, maximize)), None)
 
 
+def too_few(study: optuna.Study, k: int = 1) -> str:
+    """Why fewer than ``k`` trials rank: the one wording of ``best``, ``predict``, ``refit`` and ``topK``."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    n, out = len(ranked(done, study.direction == optuna.study.StudyDirection.MAXIMIZE)), n_infeasible(done)
+    which = " feasible" if out else ""
+    if k == 1:
+        why = f": its {out} completed trials are all outside study.constraints" if out else ""
+        return f"study {study.study_name!r} has no completed{which} trial yet{why}"
+    outside = f" ({out} more outside study.constraints)" if out else ""
+    return f"study {study.study_name!r} has {n} completed{which} trials{outside}; top{k} needs {k}"
+
+
 def ranked(trials: list[FrozenTrial], maximize: bool) -> list[FrozenTrial]:
     """The feasible COMPLETE trials with a finite value, best first; of equal values the lower number first.
     The one order of ``best``, ``predict --trial topK``, ``study.keep``'s top k and a warm start's top k."""
