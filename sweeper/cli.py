@@ -104,6 +104,15 @@ def read_options(command: Any) -> Any:
     return study_file(storage_option(sets(command)))
 
 
+def _as_given(study: Path, storage: str | None, sets: tuple[str, ...] | None = None) -> str:
+    """The study as this command was given it: the lines to paste name it by its --set and --storage (a
+    read command's --set from ctx.meta; the password hidden), or they would address another study."""
+    from sweeper.store.urls import redact
+    sets = click.get_current_context().meta.get(SETS, ()) if sets is None else sets
+    return shlex.join([str(study), *(word for s in sets for word in ("--set", s)),
+                       *(("--storage", redact(storage)) if storage else ())])
+
+
 def _writable(_ctx: click.Context, _param: click.Parameter, path: Path) -> Path:
     from sweeper.atomic import unwritable
     # before the command's work, not after it; a device or a FIFO is written in place (click refuses a folder)
@@ -189,10 +198,7 @@ def sweep_command(name: str, must_exist: bool, doc: str) -> None:
     def command(study: Path, sets: tuple[str, ...], storage: str | None, force: bool,
                 enqueue: tuple[Path, ...]) -> None:
         from sweeper.dispatch.forkserver import ForkServer
-        from sweeper.store.urls import redact
-        # the lines to paste name the study as given: by its --set and --storage (its password hidden)
-        args = shlex.join([str(study), *(word for s in sets for word in ("--set", s)),
-                           *(("--storage", redact(storage)) if storage else ())])
+        args = _as_given(study, storage, sets)
         hint = f"interrupted; run `sweeper run {args}` again to resume"
         click.get_current_context().meta[INTERRUPTED_HINT] = hint
         cfg = _load(study, sets)
@@ -265,7 +271,7 @@ def status_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     from sweeper.inspect.printing import print_status
     from sweeper.inspect.results import status_report
     cfg, found = _load_existing(study, storage)
-    (_echo_json if as_json else print_status)(status_report(found, cfg, study_file=str(study)))
+    (_echo_json if as_json else print_status)(status_report(found, cfg, study_file=_as_given(study, storage)))
 
 
 @main.command("best")
@@ -276,7 +282,7 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     from sweeper.inspect.printing import print_best
     from sweeper.inspect.results import best_report
     cfg, found = _load_existing(study, storage)
-    if (report := best_report(found, cfg, portfolio=True, study_file=str(study))) is None:
+    if (report := best_report(found, cfg, portfolio=True, study_file=_as_given(study, storage))) is None:
         from sweeper.store.studies import too_few
         raise UserError(too_few(found))
     (_echo_json if as_json else print_best)(report)
@@ -344,7 +350,7 @@ def predict_cmd(study: Path, storage: str | None, trial: str, split: str | None,
     from sweeper.inspect.export import write_table
     from sweeper.inspect.predict import predict_trial
     result = predict_trial(*_load_existing(study, storage), trial=trial, split=split, data=data,
-                           device=device, start=start, end=end, study_file=str(study),
+                           device=device, start=start, end=end, study_file=_as_given(study, storage),
                            allow_unrefit=allow_unrefit)
     write_table(result.frame, out)
     for note in [result.weights, *result.notes]:

@@ -251,6 +251,11 @@ def test_gc_dry_run_lists_and_removes_nothing_then_gc_removes(study_file, workdi
     words = command.split()
     assert yaml.safe_load(shlex.split(command)[1]) == [study.trials[gone].params]
     assert words[-4:] == ["run", str(path), "--enqueue", f"trial-{gone}.yaml"]
+    # read with --set (a study run as `--set study.name=...`): the command to paste carries it, or it
+    # would run another study
+    out = _cli("predict", path, "--set", "study.name=tiny", "--trial", gone, "-o", "p.csv", code=2)
+    assert out[out.index("echo "):].strip().replace("\n", "").split()[-6:] == [
+        "run", str(path), "--set", "study.name=tiny", "--enqueue", f"trial-{gone}.yaml"]
 
     # the best trial's weights gone too (another policy's gc, or by hand): best says so
     best = top_trials(study, 1)[0]

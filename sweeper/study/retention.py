@@ -213,8 +213,9 @@ def no_model(trial: FrozenTrial) -> str | None:
 
 def retrain_command(trial: FrozenTrial, study_file: str | None) -> str:
     """The shell command that runs ``trial``'s params again as a new trial of the study: its
-    params as a one-line YAML list of one flow mapping, the file ``run --enqueue`` reads."""
+    params as a one-line YAML list of one flow mapping, the file ``run --enqueue`` reads. ``study_file``: the
+    study as the command was given it, shell-quoted (its --set and --storage too)."""
     params = yaml.safe_dump([dict(trial.params)], default_flow_style=True, width=10**6).strip()
     target = f"trial-{trial.number}.yaml"
     return (f"echo {shlex.quote(params)} > {target} && "
-            f"sweeper run {shlex.quote(study_file or 'STUDY')} --enqueue {target}")
+            f"sweeper run {study_file or 'STUDY'} --enqueue {target}")
