@@ -53,7 +53,7 @@ class SweeperGroup(click.Group):
             click.echo(f"Error: {exc}{again}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt as exc:  # Ctrl-C or a StopRequested (click prints "Aborted!", exits 1)
-            _ending()
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # it only exits now: a 2nd Ctrl-C is no "Aborted!"
             click.echo(ctx.meta.get(INTERRUPTED_HINT, "interrupted"), err=True)
             ctx.exit(128 + getattr(exc, "signum", signal.SIGINT))
         finally:
@@ -67,12 +67,6 @@ def _freeze_at_exit() -> None:
     3.87 s for import-and-exit), which on a loaded box is seconds between a Ctrl-C's last line
     and the exit. Finalizers and atexit handlers still run; only the walks are skipped."""
     atexit.register(gc.freeze)
-
-
-def _ending() -> None:
-    """An interrupted command only exits from here, to the process's end: a second Ctrl-C as it does is no
-    "Aborted!" (exit 1) from click, or a traceback from the interpreter's shutdown."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _terminated(signum: int, _frame: FrameType | None) -> None:
@@ -207,8 +201,8 @@ def sweep_command(name: str, must_exist: bool, doc: str) -> None:
         from sweeper.dispatch.run import run
         result = run(cfg, view=default_view(), storage_url=storage, force=force, must_exist=must_exist,
                      study_file=args, enqueue=enqueue)
-        if result.interrupted:
-            _ending()
+        if result.interrupted:  # it only exits now: a second Ctrl-C is no "Aborted!" (exit 1) or traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         sys.exit(result.exit_code)
 
     force = click.option("--force", is_flag=True,

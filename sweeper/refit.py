@@ -89,8 +89,7 @@ def refit_epochs(trial: FrozenTrial) -> tuple[int, str]:
     ``train.max_minutes`` cut short says so: its best epoch may be early only because its training was."""
     timed_out = trial.user_attrs.get("stop_reason") == StopReason.TIME
     cut = ", of a training cut short by train.max_minutes" if timed_out else ""
-    folds = trial.user_attrs.get(K.FOLD_BEST_EPOCH)
-    if isinstance(folds, list) and folds:
+    if isinstance(folds := trial.user_attrs.get(K.FOLD_BEST_EPOCH), list) and folds:
         median = float(statistics.median(folds))
         return max(1, math.floor(median + 0.5)), f"the median best epoch of {len(folds)} fold(s){cut}"
     best = trial.user_attrs.get("best_epoch")
@@ -205,8 +204,7 @@ def refit_window(dates: np.ndarray, data: C.DataConfig, until: np.datetime64 | N
     train = data.split.train
     if not isinstance(train, float):  # date ranges: the study's train split starts at its own
         first = max(first, int(np.searchsorted(dates, user_day(train[0], "data.split.train"), side="left")))
-    stop = last - gap + 1
-    if stop - first < MIN_TARGET_DATES:
+    if (stop := last - gap + 1) - first < MIN_TARGET_DATES:
         earliest = first + MIN_TARGET_DATES - 1 + gap
         hint = f"; the earliest --until is {_iso(dates[earliest])}" if earliest < len(dates) else ""
         asked = "the data's last date" if until is None else _iso(until)

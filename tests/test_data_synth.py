@@ -132,7 +132,7 @@ def test_write_into_a_missing_folder_leaves_nothing(tmp_path):
 
 def test_failed_write_leaves_no_partial_file_and_keeps_the_old_one(tmp_path, monkeypatch):
     path = tmp_path / "s.parquet"
-    path.write_bytes(b"old")
+    path.write_bytes(b"PAR1 old")  # a panel: the only file a synth replaces
 
     def half_then_fail(table, where, **kw):
         with open(where, "wb") as fh:
@@ -142,7 +142,7 @@ def test_failed_write_leaves_no_partial_file_and_keeps_the_old_one(tmp_path, mon
     monkeypatch.setattr(pq, "write_table", half_then_fail)
     with pytest.raises(DataError, match=r"s\.parquet: cannot write the Parquet file \(disk full\)"):
         write_synthetic(path, assets=5, dates=40, features=2, seed=0)
-    assert [p.name for p in tmp_path.iterdir()] == ["s.parquet"] and path.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["s.parquet"] and path.read_bytes() == b"PAR1 old"
 
 
 @pytest.mark.parametrize("kw,needle", [({"assets": 1}, "assets must be >= 2"), ({"dates": 5}, "dates must be >= 10"),

@@ -56,10 +56,8 @@ def every_kth_date(t: np.ndarray, max_rows: int, by: str) -> tuple[np.ndarray, d
         return np.ones(len(t), dtype=bool), None
     dates = np.unique(t)
     step = max(2, math.ceil(len(t) / max_rows))
-    kept = dates[::step]
-    while step < len(dates) and int(np.isin(t, kept).sum()) > max_rows:
+    while int(np.isin(t, kept := dates[::step]).sum()) > max_rows and step < len(dates):
         step += 1
-        kept = dates[::step]
     keep = np.isin(t, kept)
     return keep, {"dates_kept": len(kept), "dates_total": len(dates), "rows_total": len(t),
                   "rows_kept": int(keep.sum()), "limit": max_rows, "by": by}

@@ -94,8 +94,7 @@ def claim(study: optuna.Study, lock: ClaimLock, ident: Identity) -> bool:
 def settle(study: optuna.Study, state: State, host: str, driver: str, error: str) -> bool:
     """The sweep ends its own run as ``state``: only while the stored state is ``running`` by ``driver``
     (the job may have recorded its end first, or another driver claimed it). True when recorded."""
-    now = read(study) or {}
-    if now.get("state") != State.RUNNING or now.get("driver") != driver:
+    if (now := read(study) or {}).get("state") != State.RUNNING or now.get("driver") != driver:
         return False
     mark(study, state, host, driver, error)
     return True

@@ -95,8 +95,7 @@ _UniqueKeys.add_constructor("tag:yaml.org,2002:timestamp", _UniqueKeys.construct
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
+    if not (path := Path(path)).is_file():
         raise ConfigError(f"{path}: study file not found")
     try:
         raw = yaml.load(path.read_text(), Loader=_UniqueKeys)  # a SafeLoader
@@ -140,8 +139,7 @@ def with_overrides(cfg: SweeperConfig, overrides: dict[str, Any], source: str) -
 def load_config(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> SweeperConfig:
     """Read, override and validate a study file, its relative paths taken from its folder
     (:mod:`sweeper.config.anchor`). Raises ConfigError only."""
-    raw = read_yaml(path)
-    if isinstance(raw, dict):  # anything else is validate_config's error
+    if isinstance(raw := read_yaml(path), dict):  # anything else is validate_config's error
         for key, value in parse_sets(sets).items():  # a mapping sets its keys (train={lr: 0.01} reset all),
             # but another model, sampler or pruner, a search-space param's spec, options and {} are whole
             whole = not isinstance(value, dict) or not value or key.startswith("search_space") or (

@@ -59,8 +59,7 @@ def split_scores(pred: torch.Tensor, batcher: Batcher, criterion: Loss) -> dict[
     y = panel.y.to(pred.device)[idx[:, 0], idx[:, 1]]
     loss = float(criterion(pred, y, idx[:, 0])) if len(pred) else math.nan
     p = SPLIT_PREFIX[split]
-    return {f"{p}_loss": loss, f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"],
-            f"{p}_icir": report["icir"]}
+    return {f"{p}_loss": loss, **{f"{p}_{k}": report[k] for k in ("ic", "rank_ic", "icir")}}
 
 
 def stacked_predict_rows(stack: nn.Module, batchers: list[Batcher], batch_size: int,
@@ -142,8 +141,7 @@ def final_scores(stack: nn.Module, panels: list[Panel], device: torch.device, ba
             frame = _frame(batcher, rows)
             flagged = M.daily_ic(frame, flag_constant=True)
             report = M.report_of(flagged)
-            scores.update({f"{p}_ic": report["ic"], f"{p}_rank_ic": report["rank_ic"],
-                           f"{p}_icir": report["icir"]})
+            scores.update({f"{p}_{k}": report[k] for k in ("ic", "rank_ic", "icir")})
             daily[split], predictions[split] = flagged.drop(columns="constant_pred"), frame
         tick()
     return out

@@ -149,9 +149,7 @@ class StackedAdamW:
             for p, span in zip(self.flat.params, self.flat.spans):
                 loaded = self.torch_adamw.state[p]
                 for name, flat in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
-                    view = flat[:, span].view(p.shape)
-                    view.copy_(loaded[name])
-                    loaded[name] = view
+                    loaded[name] = flat[:, span].view(p.shape).copy_(loaded[name])
         return {k: v.clone() for k, v in self.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

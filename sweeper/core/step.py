@@ -76,15 +76,14 @@ class StackStep:
             say(f"out of memory: micro-batch now {micro}")
 
     def __call__(self, batch: list[Rows | None], micro: int) -> None:
-        lanes = self.lanes
         active = on_device([float(rows is not None) for rows in batch], self.device)
         self.flat.zero_grad()
         total = self._accumulate(batch, micro)
         self.scaler.unscale_(self.flat)
-        self.optimizer.set_factors([lane.factor(lane.position) for lane in lanes])
+        self.optimizer.set_factors([lane.factor(lane.position) for lane in self.lanes])
         _, skipped = self.optimizer.step(active)
         self.scaler.update(skipped * active)
-        for index, (lane, rows) in enumerate(zip(lanes, batch)):
+        for index, (lane, rows) in enumerate(zip(self.lanes, batch)):
             if rows is not None:
                 lane.steps.add(total[index], skipped[index])
                 lane.position += 1

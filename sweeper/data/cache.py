@@ -83,8 +83,7 @@ def cached(cfg: DataConfig, fingerprint: str, make: Callable[[Alloc], Built]) ->
         built = open_entry(entry)
     if built is None:
         with _locked(root, key, fcntl.LOCK_EX):
-            built = open_entry(entry)  # another process may have built it while we waited
-            if built is None:
+            if (built := open_entry(entry)) is None:  # another process may have built it while we waited
                 if entry.exists():  # incomplete: out of the way of the rebuild
                     _trash(entry)
                 _write(entry, make)
@@ -101,8 +100,7 @@ def open_entry(entry: Path) -> Built | None:
     from sweeper.data.build import ARRAYS, Built
 
     try:
-        meta = json.loads((entry / "meta.json").read_text())
-        if meta.get("version") != CACHE_VERSION:
+        if (meta := json.loads((entry / "meta.json").read_text())).get("version") != CACHE_VERSION:
             return None
         arrays = {name: np.load(entry / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
         if any(list(arrays[n].shape) != meta["shapes"][n] for n in ARRAYS):

@@ -60,8 +60,7 @@ def fold_layout(panel: Panel, cfg: SweeperConfig) -> list[Fold]:
         raise _too_small(cfg, span, gap, f"valid blocks of {max(size, 0)} target dates; each needs at "
                                          f"least {MIN_VALID_DATES}", fix)
     starts = [end - (v.folds - i) * size for i in range(v.folds)]
-    first_train = starts[0] - gap - first
-    if first_train < need_train:
+    if (first_train := starts[0] - gap - first) < need_train:
         raise _too_small(cfg, span, gap, f"a first train window of {max(first_train, 0)} target dates; "
                                          f"each needs at least {need_train} (the larger of "
                                          f"{MIN_TRAIN_DATES} and data.lookback)")

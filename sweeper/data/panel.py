@@ -66,8 +66,7 @@ class Panel:
     def to(self, device: torch.device | str, share: float) -> Panel:
         """Move to ``device`` when the panel fits in ``share`` of its free memory; else stay on the host in
         pinned memory (batches then copy non_blocking). On the CPU a no-op that queries nothing."""
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
+        if (device := torch.device(device)).type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if self.X.device == device:
             return self

@@ -62,8 +62,7 @@ def _require(schema: pa.Schema, keys: Iterable[tuple[str, str]], path: Path) -> 
 def check_types(schema: pa.Schema, cfg: DataConfig, features: list[str], path: Path,
                 label: bool = True) -> None:
     for name in [*features, *([cfg.label] if label else [])]:
-        dtype = schema.field(name).type
-        if not is_numeric(dtype):
+        if not is_numeric(dtype := schema.field(name).type):
             what = "label" if label and name == cfg.label else "feature"
             raise DataError(f"{path}: {what} column '{name}' has type {dtype}; "
                             "expected a numeric type (int, float, decimal or bool)")

@@ -33,8 +33,7 @@ def scoring_panel(cfg: DataConfig, path: str | Path, features: list[str], stats:
                   split_dates: dict[str, list[str]] | None = None) -> Panel:
     """The panel of ``path`` (see the module docstring); ``stats`` from ``fit_stats``."""
     path = Path(path)
-    cols = read_scoring_columns(path, cfg, features)
-    if len(cols.label) == 0:
+    if len((cols := read_scoring_columns(path, cfg, features)).label) == 0:
         raise DataError(f"{path}: no rows to score")
     if cfg.feature_norm == "robust_zscore" and (stats is None or stats.get("median") is None):
         raise DataError(f"{path}: robust_zscore needs the trial's fitted statistics, and none were given")

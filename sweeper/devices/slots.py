@@ -122,8 +122,7 @@ def visible(gpus: list[GPU]) -> list[GPU]:
 def _select(found: NvmlProbe, wanted: list[int | str]) -> list[GPU]:
     chosen: list[GPU] = []
     for item in wanted:
-        text = str(item).strip().lower()
-        if text.isdigit():
+        if (text := str(item).strip().lower()).isdigit():
             gpu = next((g for g in found.gpus if g.index == int(text)), None)
         else:  # a UUID, with or without its "GPU-" prefix
             key = text if text.startswith("gpu-") else f"gpu-{text}"

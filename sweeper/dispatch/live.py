@@ -193,8 +193,7 @@ def default_view() -> NullView:
 
 def _trials(row: dict[str, Any]) -> str:
     """``trial 7``, or a population's ``trials 4+5+6+7`` (one stack) with the trial last heard first."""
-    numbers = row.get("numbers") or [row["number"]]
-    if len(numbers) == 1:
+    if len(numbers := row.get("numbers") or [row["number"]]) == 1:
         return f"trial {numbers[0]}"
     return f"trials {row['number']}+" + "+".join(str(n) for n in numbers if n != row["number"])
 

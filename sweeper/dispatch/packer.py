@@ -136,8 +136,7 @@ class Packer:
     # ---- inside
 
     def _rooms(self, gpus: Iterable[str]) -> dict[str, Room]:
-        gpus = list(gpus)
-        if gpus:  # no worker free anywhere: nothing to decide, no NVML session to open
+        if gpus := list(gpus):  # no worker free anywhere: nothing to decide, no NVML session to open
             self._read()
         rooms = {}
         for uuid in gpus:

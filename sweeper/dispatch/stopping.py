@@ -145,8 +145,7 @@ class StopRule:
 
     def clock(self, now: float | None = None) -> None:
         """A turn of the driver's loop: study.timeout judged on the clock (``now``: monotonic)."""
-        timeout = self.cfg.timeout
-        if self.timed_out or timeout is None:
+        if self.timed_out or (timeout := self.cfg.timeout) is None:
             return
         if (time.monotonic() if now is None else now) - self.started > timeout:
             self.timed_out = True

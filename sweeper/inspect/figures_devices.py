@@ -95,8 +95,7 @@ def timeline_figure(data: StudyData) -> go.Figure:
 
 def _sharing(t: FrozenTrial) -> str:
     """A packed trial's GPU (trials_per_gpu: auto): the trials beside it, its allotment and peak."""
-    ua = t.user_attrs
-    if ua.get("gpu_mem_allotted_mb") is None:
+    if (ua := t.user_attrs).get("gpu_mem_allotted_mb") is None:
         return ""
     peak = ua.get("peak_mem_mb")
     return (f"<br>GPU shared with {ua.get('gpu_shared_with', 0)} other trial(s); allotted "

@@ -53,8 +53,7 @@ class TrialFrames:
 
     def frame(self, trial: FrozenTrial, split: str) -> pd.DataFrame:
         """The trial's frame of ``split`` (``valid`` or ``test``)."""
-        key = (trial.number, split)
-        if key not in self._frames:
+        if (key := (trial.number, split)) not in self._frames:
             if (stored := trial_files(self.run_dir, trial.number).predictions(split)).exists():
                 self._frames[key] = pd.read_parquet(stored)
             else:

@@ -89,8 +89,7 @@ def parse_trial(which: str | int) -> int | str:
 
 def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
     """``"best"`` or a trial number."""
-    parsed = parse_trial(which)
-    if parsed == "best":
+    if (parsed := parse_trial(which)) == "best":
         if (best := best_trial(study)) is None:
             raise StudyNotFound(too_few(study))
         return best

@@ -190,8 +190,7 @@ def fold_lines(best: dict[str, Any]) -> list[str]:
     over = f"{len(folds)} folds" if walk else f"{best['validation']['repeats']} seeds"
     lines.append(f"val_ic over {over}: mean {fmt(best['metrics'].get('val_ic'))}  "
                  f"se {fmt(best.get('val_ic_se'))}{worst}")
-    metric = best["metric"]
-    if metric != "val_ic" and f"fold_{metric}" in best:  # the objective's own folds
+    if (metric := best["metric"]) != "val_ic" and f"fold_{metric}" in best:  # the objective's own folds
         lines.append(f"{metric} per fold: " + ", ".join(fmt(v) for v in best[f"fold_{metric}"])
                      + f"  se {fmt(best.get(f'{metric}_se'))}")
     if "seed_val_ic_sd" in best or "seed_ensemble_val_ic" in best:

@@ -180,8 +180,7 @@ def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) ->
     ``test_model``: the run whose model scores test_ic and is in weights.pt (the grid's model run:
     ``fold``, ``repeat`` 1-based as in ``runs/fold-<f>.seed-<r>/``, and its ``seed``). Empty for a
     trial that recorded no fold figures (a trial of one run), whose output stays as it was."""
-    ua = trial.user_attrs
-    if K.FOLD_VAL_IC not in ua:
+    if K.FOLD_VAL_IC not in (ua := trial.user_attrs):
         return {}
     grid, metric = RunGrid.of(cfg), cfg.study.metric
     extra = (K.fold_key(metric), K.se_key(metric), K.worst_key(metric)) if metric != "val_ic" else ()

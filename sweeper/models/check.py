@@ -172,8 +172,7 @@ def _how(code: int | None) -> str:
 def main() -> int:
     """The child (:mod:`sweeper.child`): one JSON answer line per job of the request on stdin."""
     answers = sweeper.child.answers()
-    request = json.load(sys.stdin)
-    if "plan" in request:  # stack_plan_line's question
+    if "plan" in (request := json.load(sys.stdin)):  # stack_plan_line's question
         from sweeper.models.build import build_model
         from sweeper.models.stacked.build import stack_plan
 

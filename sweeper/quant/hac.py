@@ -26,8 +26,7 @@ def lag_for_horizon(horizon: int) -> int:
 def variance_ratio(x: np.ndarray, lag: int) -> float:
     """``LRV / s^2 = 1 + 2 sum w_k rho_k``, floored at 1 (a negative autocorrelation is not taken as
     extra information); NaN for fewer than 2 finite days or no spread."""
-    v = finite(x)
-    if len(v) < 2:
+    if len(v := finite(x)) < 2:
         return math.nan
     centred = v - v.mean()
     if (m0 := float(np.dot(centred, centred))) <= 0:

@@ -112,8 +112,7 @@ ROUNDING_SPREAD = 1e-12  # a daily IC series' std at or below this is round-off,
 
 
 def _mean_ir(series: np.ndarray) -> tuple[float, float]:
-    values = finite(series)
-    if len(values) == 0:
+    if len(values := finite(series)) == 0:
         return math.nan, math.nan
     mean = float(values.mean())
     if len(values) < 2:

@@ -55,8 +55,7 @@ def long_short(frame: pd.DataFrame, horizon: int, quantiles: int = 5) -> LongSho
     rows = frame[np.isfinite(x) & np.isfinite(y) & frame["date"].notna().to_numpy()]
     per_date = rows.groupby("date", sort=True).size()
     used = per_date.index[per_date.to_numpy() >= 2 * quantiles][::max(int(horizon), 1)]
-    rows = rows[rows["date"].isin(used)]
-    if rows.empty:
+    if (rows := rows[rows["date"].isin(used)]).empty:
         empty = np.zeros(0)
         return LongShort(np.array([], dtype=object), empty, np.zeros((0, quantiles)), empty,
                          horizon, quantiles)

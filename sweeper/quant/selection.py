@@ -106,8 +106,7 @@ def pbo(matrix: np.ndarray, n_blocks: int = 16, blocks: list[np.ndarray] | None 
     trials (average rank for ties). PBO is the share of splits where that rank is below the median, i.e.
     logit(rank / (N+1)) < 0; a rank exactly at the median counts one half, so that pure noise scores 0.5 on
     average. NaN days are left out of the means; a trial with no day in a half ranks last there."""
-    m = np.asarray(matrix, dtype=np.float64)
-    if m.ndim != 2 or m.shape[1] < 2:
+    if (m := np.asarray(matrix, dtype=np.float64)).ndim != 2 or m.shape[1] < 2:
         raise ValueError(f"pbo needs a [dates, trials] matrix with >= 2 trials, got shape {m.shape}")
     n_blocks = len(blocks) if blocks is not None else n_blocks
     if n_blocks < 2 or n_blocks % 2 or m.shape[0] < n_blocks:

@@ -18,8 +18,7 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 def load_existing(cfg: SweeperConfig, storage_url: str | None = None) -> optuna.Study:
     url = storage_url or cfg.study.resolved_storage
     storage = open_storage(url, create=False)
-    names = [s.study_name for s in storage.get_all_studies()]
-    if cfg.study.name not in names:
+    if cfg.study.name not in (names := [s.study_name for s in storage.get_all_studies()]):
         known = f" (it holds: {', '.join(names)})" if names else ""
         raise StudyNotFound(f"study {cfg.study.name!r} not found in {url}{known}; "
                             "start it with `sweeper run`")

@@ -69,8 +69,7 @@ class TrialFolder:
         back the weights its source had taken into its own folder before it ended."""
         done = []
         for fold, seed in cells:
-            src = source.run_files(fold, seed)
-            if not src.result.exists():
+            if not (src := source.run_files(fold, seed)).result.exists():
                 continue
             dst = self.files.run_files(fold, seed)
             shutil.copytree(src.folder, dst.folder, dirs_exist_ok=True)
@@ -87,8 +86,7 @@ class TrialFolder:
         folder keeps no second copy; a seed ensemble has several), the first member's
         ``norm_stats.json`` and ``daily_ic_test.csv`` copied (atomically)."""
         for fold, seed in members:
-            member = self.files.run_files(fold, seed)
-            if member.weights.exists():
+            if (member := self.files.run_files(fold, seed)).weights.exists():
                 os.replace(member.weights, self.files.member_weights(seed))
         run, test = self.files.run_files(*members[0]), self.files.daily_ic("test")
         for src, dst in ((run.norm_stats, self.files.norm_stats), (run.daily_ic("test"), test)):

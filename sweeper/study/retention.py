@@ -88,8 +88,7 @@ def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path
     """The existing files ``study.keep`` removes from ``trials`` (one snapshot of the study),
     with their artifact store copies. ``run_dir``: the folder holding the study's trials now
     (its run folder, or ``previous/<uuid>/``), where liveness is judged too."""
-    keep = study.keep
-    if keep.keeps_all():
+    if (keep := study.keep).keeps_all():
         return []
     top = {t.number for t in top_k(trials, keep.k, maximize)}
     live = Liveness.of(run_dir, trials, retry_plan(trials, study, run_dir))

@@ -129,8 +129,7 @@ def _source_study(warm: C.WarmStartConfig, own: C.StudyConfig) -> optuna.Study:
         storage = open_storage(url, create=False)
     except StorageError as exc:
         raise ConfigError(f"study.warm_start.storage: {exc}") from None
-    names = [s.study_name for s in storage.get_all_studies()]
-    if warm.study not in names:
+    if warm.study not in (names := [s.study_name for s in storage.get_all_studies()]):
         held = f" (it holds: {', '.join(names)})" if names else " (it holds no study)"
         raise ConfigError(f"study.warm_start.study: no study {warm.study!r} in {redact(url)}{held}")
     with quiet_optuna():
@@ -168,8 +167,7 @@ def read_enqueue_file(path: str | Path, cfg: C.SweeperConfig) -> list[StartSet]:
     """``--enqueue FILE``: a YAML list of mappings (or one mapping) of search-space keys (dotted,
     or nested) to values. Strict: a key outside the search space or a value it cannot take is
     a ConfigError naming the file, the entry and the key."""
-    path = Path(path)
-    if not path.is_file():
+    if not (path := Path(path)).is_file():
         raise ConfigError(f"{path}: --enqueue file not found")
     entries = [raw] if isinstance(raw := C.read_yaml(path), dict) else raw
     if not isinstance(entries, list) or not entries:

@@ -40,8 +40,7 @@ class RunStore:
         self.files, self.stamp, self.grid = files, stamp, grid
 
     def finished(self, fold: int, repeat: int) -> TrainingRun | None:
-        path = self.files.run_files(fold, repeat).result
-        if not path.exists():
+        if not (path := self.files.run_files(fold, repeat).result).exists():
             return None
         raw = json.loads(path.read_text())
         metrics = {k: (math.nan if v is None else v) for k, v in raw["metrics"].items()}
@@ -77,8 +76,7 @@ class RunStore:
         valid frame. ``result.json`` last: the run is finished."""
         files = self.files.run_files(run.fold, run.repeat)
         files.folder.mkdir(parents=True, exist_ok=True)
-        model = self.grid.is_model(run.fold, run.repeat)
-        if model:
+        if model := self.grid.is_model(run.fold, run.repeat):
             with atomic_path(files.weights) as tmp:
                 torch.save(result.best_state, tmp)
             if panel.norm_stats is not None:  # new data (predict --data) is normalised with these

@@ -139,8 +139,7 @@ def pin_stack_size(panel: Panel, trainer: Trainer,
     also says how many do (the choice's ``population``). The same measurement pins ``train.precision:
     auto`` where it is measured (a CPU with native bf16): the choice's ``precision``; without one, auto
     is what it was (fp32 on a CPU), as for a study whose trials trained before it was measured."""
-    cfg = trainer.cfg
-    if cfg.train.max_stack != "auto":
+    if (cfg := trainer.cfg).train.max_stack != "auto":
         return trainer, {"stack_size": cfg.train.max_stack, "stack_size_from": "train.max_stack"}
     choice = decide(lambda: _measure_stack(panel, trainer, trials))
     pinned = cfg.with_train(max_stack=int(choice["stack_size"]),

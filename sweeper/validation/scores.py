@@ -48,8 +48,7 @@ def fold_scores(runs: Sequence[TrainingRun], key: str) -> list[float]:
 
 def standard_error(runs: Sequence[TrainingRun], key: str) -> float:
     """std (ddof=1) / sqrt(n) of the fold scores; with one fold, of its seed scores."""
-    scores = fold_scores(runs, key)
-    if len(scores) < 2:
+    if len(scores := fold_scores(runs, key)) < 2:
         scores = [_num(r.metrics.get(key)) for r in runs]
     finite = [s for s in scores if math.isfinite(s)]
     return statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) >= 2 else math.nan

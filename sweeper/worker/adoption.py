@@ -110,8 +110,7 @@ def _resume_line(grid: RunGrid, source: str, fold: int, repeat: int, epoch: int,
 
 def foreign(meta: dict[str, Any], stamp: dict[str, Any], lineage: list[int]) -> str | None:
     """Why a checkpoint is not this retry's to continue; None when it is."""
-    was = meta.get("owner")
-    if not isinstance(was, dict):
+    if not isinstance(was := meta.get("owner"), dict):
         return "the checkpoint does not say which study wrote it (an older sweeper)"
     if was.get("study_uuid") != stamp["study_uuid"]:
         return (f"the checkpoint belongs to another study (study_uuid {was.get('study_uuid')}, "

@@ -113,8 +113,7 @@ def _fork(ctl: socket.socket, req: dict[str, Any], fds: list[int], not_its: tupl
     would keep, say, a killed worker's event pipe from ever reaching its EOF at the driver)."""
     started_r, started_w = os.pipe()
     server = os.getpid()
-    pid = os.fork()
-    if pid == 0:
+    if (pid := os.fork()) == 0:
         signal.set_wakeup_fd(-1)  # before its pipe closes: a signal would write to a closed descriptor
         for fd in (*not_its, started_r):
             os.close(fd)

@@ -59,8 +59,7 @@ class Commands:
             while not self._queue and not self._closed and not self.stop.requested:
                 self._ready.wait(timeout=1.0)
             while self._queue:
-                msg = self._queue.pop(0)
-                if msg.get("op") != protocol.STOP:
+                if (msg := self._queue.pop(0)).get("op") != protocol.STOP:
                     return msg
             return None
 

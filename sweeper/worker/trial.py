@@ -285,8 +285,7 @@ def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: fl
     """The end-of-trial rules, once for every grid: how a trial that trained ends."""
     from sweeper.validation import record
 
-    cut = pruned or out.cut_short is not None
-    if not cut and not math.isfinite(value):
+    if not (cut := pruned or out.cut_short is not None) and not math.isfinite(value):
         nan = fail_attrs(FailReason.NAN, f"{cfg.study.metric} is not finite")
         return TrialState.FAIL, None, {**attrs, **nan}
     # study.constraints: set on the RUNNING trial, before the tell, so samplers read them
