@@ -307,6 +307,8 @@ def test_feature_patterns_and_exclusions(tmp_path):
     raises(cfg(path, features=["beta_*"]), path, "pattern 'beta_*'", "data.features", "matches no numeric column")
     raises(cfg(path, exclude=["*"]), path, "no feature column selected", "exclude ['*']")
     raises(cfg(path, features=[]), path, "no feature column selected (data.features [], exclude [])")
+    # a typo in exclude kept the column it was meant to drop (a leak), without a word
+    raises(cfg(path, exclude=["fwd_*", "vol5"]), path, "data.exclude ['vol5'] matches no column; the file has: ")
 
 
 def test_a_column_named_like_a_pattern_is_taken_by_its_name(tmp_path):

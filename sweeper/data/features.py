@@ -7,7 +7,8 @@
   pattern that matches nothing is an error (a typo should not silently drop features);
 - any other entry is a column name and must exist (it may be of any type, so a text
   column named on purpose gets the type check's clear message);
-- ``data.exclude`` patterns (or names) then drop columns from the result.
+- ``data.exclude`` patterns (or names) then drop columns from the result; one that matches no column of the
+  file is an error too (a typo would keep the column it was meant to drop).
 
 The result keeps the first occurrence of each column, in the order the entries select them."""
 from __future__ import annotations
@@ -36,6 +37,8 @@ def select(candidates: list[str], columns: list[str], features: list[str] | None
                             f"{shown(columns)}")
         else:
             chosen.append(entry)
+    if typos := [pat for pat in exclude if not any(fnmatchcase(c, pat) for c in columns)]:  # keeps a leak
+        raise DataError(f"{where}: data.exclude {typos} matches no column; the file has: {shown(columns)}")
     if not (kept := [c for c in dict.fromkeys(chosen) if not any(fnmatchcase(c, pat) for pat in exclude)]):
         raise DataError(f"{where}: no feature column selected (data.features {features}, exclude {exclude})")
     return kept
