@@ -93,6 +93,10 @@ def test_bad_values_name_the_key(raw, fragment):
     ({"train.epochs": {"type": "float", "low": 1, "high": 10}},  # every draw but the bounds was pruned
      "search_space.train.epochs: draw 4.437694 is not a value train.epochs takes: Input should be a valid integer, got "
      "a number with a fractional part"),
+    # a condition the study's fixed values never meet: every trial trained the file's lr, without a word
+    ({"train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "when": {"model.name": "lstm"}}},
+     "search_space.train.lr.when: model.name is 'transformer' in this study and not searched, so train.lr is never "
+     "drawn"),
 ])
 def test_a_search_space_value_its_key_refuses_is_refused_naming_both(space, expected):
     assert _err(_with(search_space=space)) == f"s.yaml: {expected}"

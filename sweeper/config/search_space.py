@@ -56,6 +56,7 @@ def check_space_values(cfg: Any, key: str, spec: ParamSpec, context: dict[str, A
     """A bound, choice or draw its field refuses (``train.epochs`` from 0 or as a float, a misspelt
     ``train.loss``): each trial drawing it would be pruned as a config the model refuses. Rules across
     fields are left to the trials; so are a custom model's own keywords (not a built-in model field)."""
+    check_condition(cfg, key, spec)
     section, _, field = key.partition(".")
     if field not in type(sec := getattr(cfg, section)).model_fields:
         return  # a nested key, or a custom model's keyword
@@ -70,6 +71,16 @@ def check_space_values(cfg: Any, key: str, spec: ParamSpec, context: dict[str, A
             if own := [err["msg"] for err in e.errors() if err["loc"][:1] == (field,)]:
                 raise ValueError(f"search_space.{key}: {what} {value!r} is not a value {key} takes: "
                                  f"{own[0].removeprefix('Value error, ')}") from None
+
+
+def check_condition(cfg: Any, key: str, spec: ParamSpec) -> None:
+    """A ``when`` the study's fixed values never meet: ``key`` would never be drawn, without a word."""
+    for cond, expected in (spec.when or {}).items():
+        section, _, field = cond.partition(".")
+        fixed = getattr(getattr(cfg, section), field, None) if cond not in cfg.search_space else None
+        if fixed is not None and fixed not in (expected if isinstance(expected, list) else [expected]):
+            raise ValueError(f"search_space.{key}.when: {cond} is {fixed!r} in this study and not searched, "
+                             f"so {key} is never drawn")
 
 
 def check_space_key(cfg: Any, key: str, where: str) -> None:
