@@ -489,3 +489,14 @@ def test_another_study_files_study_of_the_same_name_here_is_no_old_study(tmp_pat
     run_folder.take(run, "t", "uuid-a", "sqlite:///runs/t/study.db", fresh=False, study_folder=str(tmp_path / "b"))
     assert C.load_config("../b/s.yaml").study.resolved_storage == "sqlite:///runs/t/study.db"
     assert "is used where an older sweeper put it" in capsys.readouterr().err
+
+
+def test_a_fold_key_without_a_scheme_is_a_scheme_forgotten():
+    """validation.folds: 5 with no scheme trained plain holdout, without a word."""
+    assert _err(_with(validation={"folds": 5, "window": "rolling"})) == (
+        "s.yaml: validation: folds, window: walk-forward keys, which holdout (the default scheme) ignores: set "
+        "validation.scheme: walk_forward, or drop them")
+    for validation in ({"scheme": "holdout", "folds": 5}, {"scheme": "walk_forward", "folds": 5}):
+        C.validate_config(_with(validation=validation), "s.yaml", edge=True)  # said on purpose
+    stored = C.to_dict(C.validate_config(BASE, "s.yaml"))  # every key set: it loads, as predict reads it
+    assert C.validate_config({**stored, "validation": {**stored["validation"]}}, "s.yaml").validation.folds == 4

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from sweeper.config.section import Section
 
 MIN_VALID_DATES = 10  # a valid block (and a test split): a mean IC over fewer target dates is mostly noise
+
+
+FOLD_KEYS = frozenset({"folds", "window", "train_dates", "valid_dates"})
 
 
 class ValidationConfig(Section):
@@ -33,7 +36,12 @@ class ValidationConfig(Section):
     aggregate: Literal["mean", "lcb", "ensemble"] = "mean"
 
     @model_validator(mode="after")
-    def _keys_of_their_scheme(self) -> ValidationConfig:
+    def _keys_of_their_scheme(self, info: ValidationInfo) -> ValidationConfig:
+        # a fold key with no scheme set (holdout, which ignores it) is a scheme forgotten; at the edge only
+        fold_keys = sorted(self.model_fields_set & FOLD_KEYS) if "scheme" not in self.model_fields_set else []
+        if info.context and fold_keys:
+            raise ValueError(f"{', '.join(fold_keys)}: walk-forward keys, which holdout (the default scheme) "
+                             "ignores: set validation.scheme: walk_forward, or drop them")
         if self.train_dates is not None and self.window != "rolling":
             raise ValueError("train_dates is the length of a rolling window: "
                              "set validation.window: rolling, or drop train_dates")
