@@ -500,3 +500,10 @@ def test_a_fold_key_without_a_scheme_is_a_scheme_forgotten():
         C.validate_config(_with(validation=validation), "s.yaml", edge=True)  # said on purpose
     stored = C.to_dict(C.validate_config(BASE, "s.yaml"))  # every key set: it loads, as predict reads it
     assert C.validate_config({**stored, "validation": {**stored["validation"]}}, "s.yaml").validation.folds == 4
+
+
+def test_a_loss_maximized_is_refused():
+    """study.metric: val_loss with direction: maximize ran, and best was the trial of the highest loss."""
+    assert _err(_with(study={"metric": "val_loss", "direction": "maximize"})) == (
+        "s.yaml: study: direction: maximize with metric: val_loss picks the worst loss; drop direction")
+    assert C.validate_config(_with(study={"metric": "val_loss"}), "s.yaml").study.resolved_direction == "minimize"
