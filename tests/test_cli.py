@@ -158,6 +158,7 @@ def test_a_panel_cache_that_cannot_be_made_exits_2(tmp_path, monkeypatch):
     # a service user's read-only home holds the default cache: one line that says what to set
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SWEEPER_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", "/proc/sweeper-home")
     good = tmp_path / "s.yaml"
     good.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n")

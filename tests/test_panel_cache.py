@@ -291,3 +291,16 @@ def test_a_files_fingerprint_is_remembered_until_the_file_changes(tmp_path):
     st = data.stat()
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # touched: hashed again
     assert file_fingerprint(data, {"features": ["a"]}, memo) == plain
+
+
+def test_the_default_cache_folder_follows_xdg_cache_home(tmp_path, monkeypatch):
+    """$XDG_CACHE_HOME was ignored: the panels went to ~/.cache whatever it said."""
+    monkeypatch.delenv("SWEEPER_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    data = DataConfig(synthetic={})
+    assert C.cache_root(data) == tmp_path / "xdg" / "sweeper" / "panels"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")  # empty: as if unset
+    assert C.cache_root(data) == tmp_path / "home" / ".cache" / "sweeper" / "panels"
+    monkeypatch.setenv("SWEEPER_CACHE_DIR", str(tmp_path / "own"))
+    assert C.cache_root(data) == tmp_path / "own"
