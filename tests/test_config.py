@@ -315,6 +315,9 @@ def test_a_key_given_twice_in_a_set_value_is_refused(tmp_path):
     with pytest.raises(ConfigError) as exc:
         C.load_config(path, ["model.name={a: 1, a: 2}"])
     assert str(exc.value) == "--set 'model.name={a: 1, a: 2}': the key 'a' is given twice (the second would replace the first)"
+    # and a key given in two --set options: the last won without a word, which the docs called an error
+    with pytest.raises(ConfigError, match=r"^--set train.lr is given twice; give it once$"):
+        C.load_config(path, ["train.lr=0.001", "train.epochs=2", " train.lr =0.002"])
 
 
 def test_an_explicit_tag_the_value_is_not_is_one_line_with_its_place(tmp_path):

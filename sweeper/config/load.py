@@ -117,6 +117,8 @@ def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"--set {item!r}: expected key=value, such as train.lr=0.001")
+        if key.strip() in out:  # as a key given twice in a file: the last would win without a word
+            raise ConfigError(f"--set {key.strip()} is given twice; give it once")
         try:
             out[key.strip()] = yaml.load(value, Loader=_UniqueKeys) if value.strip() else None
         except yaml.constructor.ConstructorError as exc:  # a key twice, `!!int two`: no text to take as is
