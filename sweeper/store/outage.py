@@ -35,10 +35,11 @@ T = TypeVar("T")
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 10.0
 DEFAULT_OUTAGE_S = 300.0  # study.storage_outage_s's default, for callers without a config
-# SQLite reports a lock held past the busy timeout with these; every other
-# sqlite3.OperationalError (no such table, a syntax error) is a real error
-SQLITE_BUSY = ("database is locked", "database table is locked", "database schema is locked",
-               "database is busy")
+# SQLite reports a lock held past the busy timeout with these, and a file it cannot write for now (a network
+# file system's hiccup, a read-only remount, an immutable file); every other sqlite3.OperationalError (no
+# such table, a syntax error) is a real error
+SQLITE_AWAY = ("database is locked", "database table is locked", "database schema is locked",
+               "database is busy", "disk i/o error", "attempt to write a readonly database")
 
 _jitter = random.Random()  # its own generator: retries must not shift anyone's seeded draws
 _registry_lock = threading.Lock()
@@ -74,7 +75,7 @@ def _transient_here(err: BaseException) -> bool:
     if isinstance(err, sqlalchemy.exc.DBAPIError) and err.connection_invalidated:
         return True  # SQLAlchemy recognised a lost connection (closed, reset, admin shutdown)
     if isinstance(err, sqlite3.OperationalError):
-        return str(err).lower().startswith(SQLITE_BUSY)
+        return str(err).lower().startswith(SQLITE_AWAY)
     if isinstance(err, sqlalchemy.exc.OperationalError):
         # the driver's error is checked next in the chain: sqlite3's by its message;
         # psycopg's OperationalError covers refused, reset, "terminating connection due
