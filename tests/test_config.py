@@ -48,6 +48,8 @@ def test_direction_follows_metric():
     (_with(model={"name": "lstm", "hiden_size": 3}), "s.yaml: unknown key 'model.hiden_size'; did you mean 'model.hidden_size'?"),
     (_with(search_space={"train.lx": {"type": "float", "low": 0, "high": 1}}),
      "s.yaml: search_space: unknown key 'train.lx'; did you mean 'train.lr'?"),
+    (_with(search_space={"train.lr": {"type": "float", "low": 0.001, "hgh": 0.01}}),  # it suggested nothing
+     "s.yaml: unknown key 'search_space.train.lr.hgh'; did you mean 'search_space.train.lr.high'?"),
 ])
 def test_unknown_keys_suggest_closest(raw, expected):
     assert _err(raw) == expected
