@@ -153,8 +153,8 @@ def _panel_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _ctrl_c_back():
-    # an interrupted CLI command ignores SIGINT to the process's end (sweeper.cli): here, where
-    # CliRunner runs commands in the test's process, the next test gets its Ctrl-C back
+    # an interrupted CLI command ignores SIGINT to the process's end (sweeper.cli): here, where CliRunner
+    # runs commands in the test's process, the next test gets its Ctrl-C back
     handler = signal.getsignal(signal.SIGINT)
     yield
     signal.signal(signal.SIGINT, handler)

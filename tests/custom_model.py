@@ -40,6 +40,20 @@ class Detached(nn.Module):
         return out.long() if self.cast else out.detach()
 
 
+class EvalNoGrad(nn.Module):
+    """Evaluates under its own no_grad (as a model with an EMA copy may): it trains like any other."""
+
+    def __init__(self, n_features: int, lookback: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n_features, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            return self.linear(x[:, -1]).squeeze(-1)
+        with torch.no_grad():
+            return self.linear(x[:, -1]).squeeze(-1)
+
+
 class WrongShape(nn.Module):
     """Returns [B, 1] instead of [B]: build_model must refuse it."""
 

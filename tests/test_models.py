@@ -108,11 +108,15 @@ def test_wrong_output_shape_is_caught_at_build_time():
 
 @pytest.mark.parametrize(("cast", "got"), [(False, "torch.float32, requires_grad=False"),
                                            (True, "torch.int64, requires_grad=False")])
-def test_an_output_without_a_gradient_is_caught_at_build_time(cast, got):
+def test_an_output_without_a_gradient_is_caught_by_the_model_check(cast, got):
     """validate passed it, then every trial crashed in backward ("does not require grad")."""
-    with pytest.raises(ConfigError, match=rf"^model.name 'custom_model:Detached': forward must return a float "
-                                          rf"tensor that carries a gradient; got {got}$"):
-        build_model(ModelConfig(name="custom_model:Detached", cast=cast), 4, 5)
+    from sweeper.models.check import Job, check_one
+
+    job = Job("custom_model:Detached", {"name": "custom_model:Detached", "cast": cast})
+    assert check_one(job, 4, 5) == (f"model.name 'custom_model:Detached': forward must return a float tensor that "
+                                    f"carries a gradient; got {got}")
+    # a model whose eval branch needs no gradient (its own no_grad, an EMA copy) trains, and passes
+    assert check_one(Job("custom_model:EvalNoGrad", {"name": "custom_model:EvalNoGrad"}), 4, 5) is None
 
 
 def test_a_model_with_nothing_to_train_is_caught_at_build_time():

@@ -57,16 +57,17 @@ def sqlite_store(workdir, monkeypatch):
 
 
 def test_a_sqlite_file_that_cannot_be_written_for_now_is_transient(workdir):
-    """An immutable database mid-sweep (chattr +i, a read-only remount): the driver died in a traceback
-    ("disk I/O error"), its trials left RUNNING; it is an outage to ride out, as a lock is."""
+    """An immutable database mid-sweep (chattr +i): the driver died in a traceback ("disk I/O error"), its
+    trials left RUNNING; it is an outage to ride out, as a lock is."""
     db = workdir / "db.sqlite"
     with contextlib.closing(sqlite3.connect(db)) as conn:
         conn.execute("CREATE TABLE t (x)")
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as ro:
         with pytest.raises(sqlite3.OperationalError) as readonly:
             ro.execute("INSERT INTO t VALUES (1)")
-    assert str(readonly.value) == "attempt to write a readonly database" and is_transient(readonly.value)
-    assert is_transient(sqlite3.OperationalError("disk I/O error"))
+    # a read-only file is permanent: said at once, not waited on for storage_outage_s
+    assert str(readonly.value) == "attempt to write a readonly database" and not is_transient(readonly.value)
+    assert is_transient(sqlite3.OperationalError("disk I/O error"))  # what an immutable file mid-sweep gives
     assert not is_transient(sqlite3.OperationalError("no such table: t"))
 
 

@@ -268,11 +268,14 @@ def test_a_numeric_model_key_the_file_does_not_set_is_built_at_its_low_bound(fol
         "Error: search_space: none of the 1 model shapes can be built: model.width=5: model.name 'mynet:Net': "
         "constructing it with n_features=3, lookback=5 and {'width': 5} failed (ValueError: width 5 is not "
         "supported)")
-    # a user model's key joins at its low even where the file sets it (it passed, and every trial was
-    # pruned): a float range on its int size (8.0 from trial 0 on), a built-in's field it does not take
+    # a user model's key the file sets joins at the file's value, as the spec draws it (it passed, and every
+    # trial was pruned): a float range on its int size (8.0 from trial 0 on), a built-in's field it lacks
     floats = _study(proj, "floats.yaml", search_space={"model.width": {"type": "float", "low": 7, "high": 9}})
-    assert "model.width=7.0: model.name 'mynet:Net': constructing it with n_features=3, lookback=5 and " \
-           "{'width': 7.0} failed (TypeError: " in _validate(other, floats).stderr
+    assert "model.width=8.0: model.name 'mynet:Net': constructing it with n_features=3, lookback=5 and " \
+           "{'width': 8.0} failed (TypeError: " in _validate(other, floats).stderr
+    # the file's value, not the low: a low the model refuses (5) is one draw of many, not the study's end
+    ints = _study(proj, "ints.yaml", search_space={"model.width": {"type": "int", "low": 5, "high": 9}})
+    assert _validate(other, ints).returncode == 0
     builtin = _study(proj, "builtin.yaml", search_space={"model.hidden_size": {"type": "int", "low": 4, "high": 9}})
     assert _validate(other, builtin).stderr.strip() == (
         "Error: search_space: none of the 1 model shapes can be built: model.hidden_size=4: model.name "

@@ -77,7 +77,9 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
         booster = lgb.train(params, dtrain, num_boost_round=cfg.num_boost_round, valid_sets=[dvalid],
                             valid_names=["valid"],
                             callbacks=[lgb.early_stopping(cfg.early_stopping_rounds, verbose=False)])
-    except lgb.basic.LightGBMError as exc:  # our data is well formed: a baseline.params value it refuses
+    except lgb.basic.LightGBMError as exc:  # with the user's params: most likely a value it refuses
+        if not cfg.params:
+            raise
         raise ConfigError(f"baseline.params {cfg.params}: LightGBM refuses them ({exc})") from None
     rows, subsampled = {"train": len(train.t), "valid": len(valid.t)}, train.subsampled
     train_rows = pd.DataFrame({"date": panel.dates[train.t], "asset": panel.assets[train.i]})

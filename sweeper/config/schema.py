@@ -90,12 +90,12 @@ class StudyConfig(Section):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> StudyConfig:
+    def _consistent(self, info: ValidationInfo) -> StudyConfig:
         # one late or lost beat (a slow write, a busy store) must never make a live host look dead
         if self.grace_period < 2 * self.heartbeat_interval:
             raise ValueError(f"grace_period ({self.grace_period}) must be at least 2 x "
                              f"heartbeat_interval ({self.heartbeat_interval})")
-        if self.metric == "val_loss" and self.direction == "maximize":  # it would pick the worst model
+        if info.context and self.metric == "val_loss" and self.direction == "maximize":  # the worst model
             raise ValueError("direction: maximize with metric: val_loss picks the worst loss; drop direction")
         # gp with a pruner: measured in issue 41's race, 51 of 58 LSTM trials pruned
         if self.sampler.name == "gp" and self.pruner.name != "none":
@@ -198,7 +198,7 @@ class DataConfig(Section):
     device_share: float = Field(0.5, gt=0, le=1)
     # the panel cache (docs/data.md): arrays built once per host, mapped read-only by every worker
     cache: bool = True
-    cache_dir: str | None = None        # null: $SWEEPER_CACHE_DIR, else ~/.cache/sweeper/panels
+    cache_dir: str | None = None        # null: $SWEEPER_CACHE_DIR, else $XDG_CACHE_HOME/sweeper/panels
     cache_max_gb: float = Field(50.0, ge=0)
 
     @field_validator("horizon")

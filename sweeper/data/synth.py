@@ -165,7 +165,7 @@ def write_synthetic(path: str | Path, assets: int, dates: int, features: int, se
     check_params(assets, dates, features, str(path))
     if not path.parent.is_dir():
         raise DataError(f"{path}: the folder {path.parent} does not exist")
-    if path.is_file():  # only a panel is replaced, never a study file or notes
+    if path.is_file() and path.stat().st_size:  # only a panel (or an empty file) is replaced, never notes
         with path.open("rb") as old:
             if old.read(4) != b"PAR1":
                 raise DataError(f"{path}: exists and is not a Parquet file; write the panel to another file")

@@ -41,7 +41,7 @@ def print_status(report: dict[str, Any]) -> None:
     if report["fail_reasons"]:
         last = report["last_failure"]
         console.print("failed: " + ", ".join(f"{k} {v}" for k, v in report["fail_reasons"].items())
-                      + f"; the last, trial {last['number']}: {last['error'] or 'no error recorded'}",
+                      + f"; the last, trial {last['number']}: {(last['error'] or '-').splitlines()[0]}",
                       highlight=False, soft_wrap=True)
     if "validation" in report:
         console.print(validation_line(report["validation"], report.get("metric", "the metric"),

@@ -60,6 +60,15 @@ def resolve_model_class(name: str) -> type:
     return cls
 
 
+def check_trains(model: nn.Module, name: str, n_features: int, lookback: int) -> None:
+    """The model check's (a model built to be thrown away): a training forward's output must carry a
+    gradient, or no step trains it (a .detach(), an integer cast). In train mode: an eval branch may not."""
+    out = model.train()(torch.zeros(2, lookback, n_features))
+    if not (out.is_floating_point() and out.requires_grad):
+        raise ConfigError(f"model.name {name!r}: forward must return a float tensor that carries a gradient; "
+                          f"got {out.dtype}, requires_grad={out.requires_grad}")
+
+
 def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Module:
     """A fresh model for inputs [B, lookback, n_features]; custom models are shape-checked here."""
     if not model_cfg.is_custom:  # a stack of one member, seen as one model
@@ -86,7 +95,8 @@ def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Mo
     name, was_training = model_cfg.name, model.training
     model.eval()
     try:
-        out = model(torch.zeros(2, lookback, n_features))  # with autograd on: a detached output is caught
+        with torch.no_grad():
+            out = model(torch.zeros(2, lookback, n_features))
     except Exception as exc:  # noqa: BLE001 - a user's forward can raise anything
         raise ConfigError(f"model.name {name!r}: a test forward pass on x[2, {lookback}, {n_features}] "
                           f"failed ({type(exc).__name__}: {exc})") from None
@@ -96,7 +106,4 @@ def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Mo
     if shape != (2,):
         raise ConfigError(f"model.name {name!r}: forward(x[B, {lookback}, {n_features}]) must return "
                           f"a tensor of shape [B]; got {shape} for B=2")
-    if not (out.is_floating_point() and out.requires_grad):  # a .detach() or an integer cast: nothing trains
-        raise ConfigError(f"model.name {name!r}: forward must return a float tensor that carries a gradient; "
-                          f"got {out.dtype}, requires_grad={out.requires_grad}")
     return model

@@ -112,13 +112,15 @@ def _check_children(jobs: list[Job], pending: list[int], results: list[str | Non
 
 def check_one(job: Job, n_features: int, lookback: int) -> str | None:
     """Import (and build and run once) one model in this process: its error message, or None."""
-    from sweeper.models.build import build_model, resolve_model_class
+    from sweeper.models.build import build_model, check_trains, resolve_model_class
 
     try:
         if job.model is None:
             resolve_model_class(job.name)
         else:
-            build_model(ModelConfig.model_validate(job.model), n_features, lookback)
+            model = build_model(ModelConfig.model_validate(job.model), n_features, lookback)
+            if ":" in job.name:  # a user model: does a training step reach its weights?
+                check_trains(model, job.name, n_features, lookback)
     except ConfigError as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - a built-in's own checks (torch's asserts) raise anything

@@ -25,10 +25,11 @@ def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[di
             if key.startswith("model.") and spec.type == "categorical"
             and not all(isinstance(c, float) and not c.is_integer() for c in spec.choices or [])]
     choices = [cfg.search_space[k].choices or [] for k in keys]
-    # numeric keys the file does not set join each shape at their low bound, and every one of a user model
-    # (its own arguments, as drawn: a float range on an int size): a typo among them (model.hiden), or a
-    # built-in's field the user model has not, fails here, as in a categorical key, not in every trial
-    unset = {k: s.low if s.type == "float" else int(cast(float, s.low)) for k, s in cfg.search_space.items()
+    # numeric keys the file does not set join each shape at their low bound, and a user model's own (what its
+    # constructor gets: the file's value, else the low, as the spec draws it: a float on an int size): a typo
+    # (model.hiden), or a built-in's field the user model has not, fails here, not in every trial
+    own = cfg.model.custom_kwargs() if cfg.model.is_custom else {}
+    unset = {k: _drawn(s, own.get(k[6:])) for k, s in cfg.search_space.items()
              if k.startswith("model.") and s.type != "categorical"
              and (cfg.model.is_custom or C.config_value(cfg, k, None) is None)}
     # conditions can only shrink the count so much
@@ -39,6 +40,12 @@ def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[di
         combo = _active(cfg, {**unset, **dict(zip(keys, values))})
         seen.setdefault(tuple(combo.items()), combo)
     return list(seen.values()) if len(seen) <= limit else None
+
+
+def _drawn(spec: C.ParamSpec, value: Any) -> Any:
+    """``value`` (a number; else the spec's low) as the spec draws it: a float range makes an int a float."""
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else spec.low
+    return float(cast(float, number)) if spec.type == "float" else int(cast(float, number))
 
 
 def _active(cfg: C.SweeperConfig, combo: dict[str, Any]) -> dict[str, Any]:

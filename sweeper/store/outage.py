@@ -1,11 +1,12 @@
 """Riding out storage outages: which errors mean "the store is away for now", and the one policy every storage
 call retries them through.
 
-A PostgreSQL restart or failover, a dropped connection, or a SQLite file locked past its busy timeout are
-transient: the same call succeeds once the store is back. Anything else (an integrity error, a finished trial,
-a bad query) is not, and is raised at once. Transient errors are retried with capped exponential backoff and
-jitter for up to ``study.storage_outage_s`` seconds from the first failure of the outage; then
-:class:`~sweeper.errors.StorageOutage` ends the process with one message, and a later ``sweeper run`` resumes.
+A PostgreSQL restart or failover, a dropped connection, a SQLite file locked past its busy timeout or a SQLite
+disk I/O error are transient: the same call succeeds once the store is back. Anything else (an integrity
+error, a finished trial, a bad query) is not, and is raised at once. Transient errors are retried with capped
+exponential backoff and jitter for up to ``study.storage_outage_s`` seconds from the first failure of the
+outage; then :class:`~sweeper.errors.StorageOutage` ends the process with one message, and a later ``sweeper
+run`` resumes.
 
 The outage is the store's, not one call's: every call and thread of a process that talks to a store shares its
 :class:`OutagePolicy`, so the limit counts from the first failure, and after one give-up the rest give up at
@@ -35,11 +36,11 @@ T = TypeVar("T")
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 10.0
 DEFAULT_OUTAGE_S = 300.0  # study.storage_outage_s's default, for callers without a config
-# SQLite reports a lock held past the busy timeout with these, and a file it cannot write for now (a network
-# file system's hiccup, a read-only remount, an immutable file); every other sqlite3.OperationalError (no
-# such table, a syntax error) is a real error
+# SQLite reports a lock held past the busy timeout with these, and a write that failed for now (a network
+# file system's hiccup, a file made immutable mid-sweep); every other sqlite3.OperationalError (no such
+# table, a syntax error, a read-only file: permanent, said at once) is a real error
 SQLITE_AWAY = ("database is locked", "database table is locked", "database schema is locked",
-               "database is busy", "disk i/o error", "attempt to write a readonly database")
+               "database is busy", "disk i/o error")
 
 _jitter = random.Random()  # its own generator: retries must not shift anyone's seeded draws
 _registry_lock = threading.Lock()

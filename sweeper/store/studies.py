@@ -42,7 +42,7 @@ def too_few(study: optuna.Study, k: int = 1) -> str:
     n, out = len(ranked(done, study.direction == optuna.study.StudyDirection.MAXIMIZE)), n_infeasible(done)
     which = " feasible" if out else ""
     if k == 1:
-        why = f": its {out} completed trials are all outside study.constraints" if out else ""
+        why = f": every completed trial ({out}) is outside study.constraints" if out else ""
         return f"study {study.study_name!r} has no completed{which} trial yet{why}"
     outside = f" ({out} more outside study.constraints)" if out else ""
     return f"study {study.study_name!r} has {n} completed{which} trials{outside}; top{k} needs {k}"
