@@ -55,8 +55,7 @@ def run(job: Callable[[], int | None]) -> int:
     _answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    code = job()
-    return code if isinstance(code, int) else 0
+    return code if isinstance(code := job(), int) else 0
 
 
 def answers() -> TextIO:

@@ -58,8 +58,7 @@ STOPPED = "the sweep stopped before the baseline ended"  # the error of a run a 
 
 def read(study: optuna.Study) -> dict[str, Any] | None:
     """The stored ``baseline_state``; None when no baseline was ever started."""
-    stored = study.user_attrs.get(ATTR)
-    return stored if isinstance(stored, dict) else None
+    return stored if isinstance(stored := study.user_attrs.get(ATTR), dict) else None
 
 
 def claimable(stored: dict[str, Any] | None, ident: Identity | None = None) -> bool:

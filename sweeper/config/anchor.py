@@ -50,8 +50,7 @@ def sqlite_path(url: str) -> Path | None:
     :mod:`sweeper.store.urls`: the store reads it too, and the config may not import the store."""
     if not url.startswith("sqlite"):
         return None
-    path = sqlalchemy.engine.make_url(url).database
-    return Path(path) if path and path != ":memory:" else None
+    return Path(path) if (path := sqlalchemy.engine.make_url(url).database) and path != ":memory:" else None
 
 
 def sqlite_at(url: str, root: str) -> str:

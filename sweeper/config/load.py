@@ -62,8 +62,7 @@ def validate_config(raw: dict[str, Any], source: str, edge: bool = False) -> Swe
         return SweeperConfig.model_validate(raw, context=EDGE if edge else None)
     except ValidationError as exc:
         errors = exc.errors()
-        extra = len(errors) - 1
-        more = f" (and {extra} more problem{'s' if extra > 1 else ''})" if extra else ""
+        more = f" (and {extra} more problem{'s' if extra > 1 else ''})" if (extra := len(errors) - 1) else ""
         raise ConfigError(f"{source}: {_format_error(errors[0])}{more}") from None
 
 

@@ -343,12 +343,11 @@ class SweeperConfig(Section):
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> SweeperConfig:
         # the standard error that lcb and the Terminator read needs two scores per trial
-        if self.validation.runs < 2:
-            for key, on in (("validation.aggregate: lcb", self.validation.aggregate == "lcb"),
-                            ("study.stop_when_converged: true", self.study.stop_when_converged)):
-                if on:
-                    raise ValueError(f"{key} needs at least two scores per trial: set "
-                                     "validation.scheme: walk_forward, or validation.repeats >= 2")
+        for key, on in (("validation.aggregate: lcb", self.validation.aggregate == "lcb"),
+                        ("study.stop_when_converged: true", self.study.stop_when_converged)):
+            if on and self.validation.runs < 2:
+                raise ValueError(f"{key} needs at least two scores per trial: set "
+                                 "validation.scheme: walk_forward, or validation.repeats >= 2")
         # a seed ensemble is scored by the IC of its mean prediction: a loss has no ensemble figure
         if self.validation.aggregate == "ensemble" and self.study.metric not in ENSEMBLE_METRICS:
             raise ValueError(f"validation.aggregate: ensemble scores the seed ensemble's "

@@ -144,8 +144,7 @@ def find_micro_batch(try_step: Callable[[int], None], mem: MemoryReader, *, star
         else:
             lo, size = size, min(2 * size, cap)
     while hi is not None and hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid := (lo + hi) // 2) else (lo, mid)
     if lo < minimum:
         raise OutOfMemory(f"no micro-batch of at least {minimum} rows fits in memory (tried {result.tried}; "
                           f"budget {result.budget_bytes / 2**20:.0f} MiB){why_minimum}")

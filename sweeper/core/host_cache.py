@@ -37,8 +37,7 @@ def device_name(device: torch.device) -> str:
 def read(folder: Path, name: str) -> dict[str, Any] | None:
     """The entry kept under ``name``, or None (none, or unreadable)."""
     with contextlib.suppress(OSError, ValueError):
-        kept = json.loads((folder / f"{name}.json").read_text())
-        return kept if isinstance(kept, dict) else None
+        return kept if isinstance(kept := json.loads((folder / f"{name}.json").read_text()), dict) else None
     return None
 
 

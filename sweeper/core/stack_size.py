@@ -55,11 +55,9 @@ class StackChoice:
 
     def attrs(self) -> dict[str, Any]:
         """The trial's ``stack_size``, ``stack_size_from`` and (measured) ``stack_rates`` by size."""
-        out: dict[str, Any] = {"stack_size": self.size, "stack_size_from": self.source}
-        if self.rates:
-            out["stack_rates"] = {str(k): round(v, 1) if math.isfinite(v) else None
-                                  for k, v in self.rates.items()}
-        return out
+        return {"stack_size": self.size, "stack_size_from": self.source,
+                **({"stack_rates": {str(k): round(v, 1) if math.isfinite(v) else None
+                                    for k, v in self.rates.items()}} if self.rates else {})}
 
 
 def candidate_sizes(runs: int) -> list[int]:

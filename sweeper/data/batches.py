@@ -81,8 +81,7 @@ class Batcher:
         # One thread on purpose: a 2-thread OpenMP gather runs ~10x slower when another process holds a
         # core, and one thread already outruns any model. A CUDA-bound batch lands in pinned memory (the
         # caching host allocator keeps the block until the async copy is done).
-        pinned = self.device.type == "cuda"
-        out = torch.empty((len(rows), *src.shape[1:]), dtype=src.dtype, pin_memory=pinned)
+        out = torch.empty((len(rows), *src.shape[1:]), dtype=src.dtype, pin_memory=self.device.type == "cuda")
         np.take(src.numpy(), rows.numpy(), axis=0, out=out.numpy(), mode="clip")
         return out.to(self.device, non_blocking=True) if self._copy else out
 

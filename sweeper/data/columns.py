@@ -46,8 +46,7 @@ def row_codes(cols: Columns) -> Codes:
     """Parse the dates, factorise the assets and refuse duplicated (date, asset) rows."""
     d_code, dates = parse_dates(cols.dates, cols.source, cols.date_col)
     a_code, assets = factorize_assets(cols.assets, cols.source, cols.asset_col)
-    dup = pd.Series(d_code.astype(np.int64) * len(assets) + a_code).duplicated().to_numpy()
-    if dup.any():
+    if (dup := pd.Series(d_code.astype(np.int64) * len(assets) + a_code).duplicated().to_numpy()).any():
         first = int(np.flatnonzero(dup)[0])
         day = np.datetime_as_string(dates[d_code[first]], unit="D")
         raise DataError(f"{cols.source}: columns '{cols.date_col}', '{cols.asset_col}': {int(dup.sum())} "
@@ -138,9 +137,8 @@ def _factorize(values: Keys, source: str, col: str, what: str) -> tuple[np.ndarr
     else:
         codes, uniques = pd.factorize(values)
     if (codes < 0).any():
-        row = int(np.flatnonzero(codes < 0)[0])
         raise DataError(f"{source}: column '{col}': {int((codes < 0).sum())} rows have no {what} "
-                        f"(e.g. row {row})")
+                        f"(e.g. row {int(np.flatnonzero(codes < 0)[0])})")
     return codes, uniques
 
 

@@ -101,8 +101,7 @@ def fold_panel(panel: Panel, fold: Fold, cfg: DataConfig) -> Panel:
     shares the panel's arrays. ``robust_zscore`` fits a median and MAD over time, so its fold
     panel is built again from the data with the fold's dates as the split (through the panel
     cache, one entry per fold); it also carries that fold's oracle IC."""
-    splits = {"train": fold.train, "valid": fold.valid, "test": panel.splits["test"]}
-    if splits == panel.splits:
+    if (splits := {"train": fold.train, "valid": fold.valid, "test": panel.splits["test"]}) == panel.splits:
         return panel
     if cfg.feature_norm != "robust_zscore":
         oracle = None if panel.oracle_ic is None else {**panel.oracle_ic, "valid": float("nan")}

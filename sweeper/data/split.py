@@ -75,8 +75,7 @@ def fraction_splits(n_dates: int, fractions: tuple[float, float, float], lookbac
     """Fractions are of the dates that can be targets: all dates minus the
     ``lookback - 1`` warm-up dates and the two purge gaps."""
     warmup = lookback - 1
-    budget = n_dates - warmup - 2 * gap
-    sizes = fraction_sizes(budget, fractions) if budget >= 3 else [0, 0, 0]
+    sizes = fraction_sizes(budget, fractions) if (budget := n_dates - warmup - 2 * gap) >= 3 else [0, 0, 0]
     if min(sizes) < 1:
         need = warmup + 2 * gap + min_budget(fractions)
         h, e = horizon_embargo

@@ -86,8 +86,7 @@ def _env_number(name: str, value: str, kind: type[N] = int) -> N:
 
 def _env_or(name: str, default: N, kind: type[N] = int) -> N:
     """The variable ``name`` as :func:`_env_number` reads it; unset, ``default`` (production's)."""
-    raw = os.environ.get(name, "").strip()
-    return _env_number(name, raw, kind) if raw else default
+    return _env_number(name, raw, kind) if (raw := os.environ.get(name, "").strip()) else default
 
 
 # ------------------------------------------------------------------ the clocks a test shortens
@@ -140,8 +139,7 @@ class FakeSlot:
     torch_device: str = "cpu"
 
     def memory(self, limit_mb: float | None) -> TrialMemory:
-        raw = os.environ.get(TRIAL_MEMORY_ENV, "").strip()
-        return (FakeTrialMemory(float(raw), limit_mb) if raw
+        return (FakeTrialMemory(float(raw), limit_mb) if (raw := os.environ.get(TRIAL_MEMORY_ENV, "").strip())
                 else RealDevice(self.torch_device).memory(limit_mb))
 
 

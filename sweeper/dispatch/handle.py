@@ -137,8 +137,7 @@ class WorkerHandle:
 
     def read_events(self) -> list[dict[str, Any]] | None:
         """Complete events available now; None at EOF (the worker exited)."""
-        chunk = os.read(self.stdout.fileno(), 65536)
-        return self._decoder.feed(chunk) if chunk else None
+        return self._decoder.feed(chunk) if (chunk := os.read(self.stdout.fileno(), 65536)) else None
 
     def kill(self) -> None:
         if self.proc is not None:

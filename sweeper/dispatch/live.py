@@ -204,6 +204,5 @@ def _run(metrics: dict[str, Any], several: bool) -> str:
     (its rows name fold 1, seed 1 too) needs no name."""
     if not several or "fold" not in metrics:
         return ""
-    stack = int(metrics.get("stack") or 1)
-    shared = f" (stack of {stack})" if stack > 1 else ""
+    shared = f" (stack of {stack})" if (stack := int(metrics.get("stack") or 1)) > 1 else ""
     return f" fold {metrics['fold']} seed {metrics.get('repeat', 1)}{shared}"

@@ -151,9 +151,7 @@ class Packer:
         if time.monotonic() - self.read_at < READ_EVERY_S:
             return
         self.read_at = time.monotonic()
-        for gpu in probe().gpus:
-            if gpu.uuid in self.gpus:
-                self.gpus[gpu.uuid] = gpu
+        self.gpus.update({gpu.uuid: gpu for gpu in probe().gpus if gpu.uuid in self.gpus})
 
     def _note(self, shape: ShapeKey, peak: float | None) -> None:
         if peak is not None and peak > self.peaks.get(shape, 0.0):

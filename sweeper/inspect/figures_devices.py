@@ -85,8 +85,7 @@ def timeline_figure(data: StudyData) -> go.Figure:
             customdata=[[r[3].number, _sharing(r[3])] for r in rows],
             orientation="h", name=state.name.lower(), marker_color=STATE_COLORS.get(state.name),
             hovertemplate="trial %{customdata[0]}<br>%{base} for %{x:.0f} ms%{customdata[1]}<extra></extra>"))
-    frac = use["fraction"]
-    title = (f"{use['slots']} slots, utilisation {frac:.1%}" if frac is not None
+    title = (f"{use['slots']} slots, utilisation {frac:.1%}" if (frac := use["fraction"]) is not None
              else "no trial has started on a slot")
     return go.Figure(traces).update_layout(
         **LAYOUT, title=title, barmode="overlay", xaxis={"type": "date", "title": "time"},

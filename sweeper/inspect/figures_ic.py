@@ -93,10 +93,9 @@ def selection_figure(data: StudyData) -> go.Figure:
         if summary.get(key) is not None:
             fig.add_vline(x=summary[key], line={"color": color, "dash": "dash"},
                           annotation={"text": f"{label} {summary[key]:.4f}", "textangle": -90})
-    p = summary.get("p_fluke")
     return fig.update_layout(**LAYOUT, title=f"{summary['n_trials']} trials; P(best IC is a fluke) "
-                             + (f"{p:.1%}" if p is not None else "-"), xaxis_title=axis,
-                             yaxis_title="trials", meta={"selection": summary})
+                             + (f"{p:.1%}" if (p := summary.get("p_fluke")) is not None else "-"),
+                             xaxis_title=axis, yaxis_title="trials", meta={"selection": summary})
 
 
 def baseline_figure(data: StudyData) -> go.Figure:
@@ -128,8 +127,7 @@ def folds_figure(data: StudyData) -> go.Figure:
     order of ``sweeper best``); ``layout.meta``: ``trials`` (best first), ``fold_val_ic`` and
     ``value`` by trial number (as text, as JSON keys are), and the study's fold layout."""
     spans = K.layout(data.study.user_attrs)
-    top = [t for t in ranked(data.trials, data.maximize) if t.user_attrs.get("fold_val_ic")][:TOP]
-    if not top:
+    if not (top := [t for t in ranked(data.trials, data.maximize) if t.user_attrs.get("fold_val_ic")][:TOP]):
         return empty("no complete trial with fold ICs (fold_val_ic) yet")
     width = max(len(t.user_attrs["fold_val_ic"]) for t in top)
     # the x labels: fold k and its valid block's first and last target date

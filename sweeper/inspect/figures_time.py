@@ -52,10 +52,9 @@ def ic_time_figure(data: StudyData) -> go.Figure:
     for row, (kind, frames) in enumerate(panels.items(), start=1):
         months[kind] = {}
         for col, split in enumerate(SPLITS, start=1):
-            if split not in frames:
-                continue
-            trace, months[kind][split] = month_heatmap(frames[split], f"{who[kind]} {split}")
-            fig.add_trace(trace, row=row, col=col)
+            if split in frames:
+                trace, months[kind][split] = month_heatmap(frames[split], f"{who[kind]} {split}")
+                fig.add_trace(trace, row=row, col=col)
     years = max([1, *(len(table) for tables in months.values() for table in tables.values())])
     meta: dict[str, Any] = {"trial": data.best.number, "months": months,
                             "ic_by_year": ic_by_year_report(panels["best"]), **data.group_neutral}

@@ -168,10 +168,9 @@ def scored_on(study_attrs: dict[str, Any], portfolio: bool) -> dict[str, Any]:
     test = {"over": "test", "dates": model.get("test")}
     own = {"over": "last fold" if folds else "valid", "dates": model.get("valid")}
     mean = {"over": "all folds", "dates": [folds[0]["valid"][0], folds[-1]["valid"][-1]]} if folds else own
-    out = {"metrics": {"valid": mean, "test": test}, "group_neutral": {"valid": own, "test": test}}
-    if portfolio:
-        out.update(portfolio={"valid": own, "test": test}, ensemble={"valid": own, "test": test})
-    return out
+    return {"metrics": {"valid": mean, "test": test}, "group_neutral": {"valid": own, "test": test},
+            **({"portfolio": {"valid": own, "test": test}, "ensemble": {"valid": own, "test": test}}
+               if portfolio else {})}
 
 
 def folds_report(study: optuna.Study, cfg: SweeperConfig, trial: FrozenTrial) -> dict[str, Any]:

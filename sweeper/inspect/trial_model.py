@@ -53,9 +53,8 @@ def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None =
         raise DataError(f"{path}: trial {trial.number}'s weights are gone (study.keep, gc, or by hand); "
                         f"retrain it with its params as a new trial: {retrain_command(trial, study_file)}")
     if not path.exists():
-        never = no_model(trial)
         raise DataError(f"{path}: missing; trial {trial.number} " + (
-            f"is {trial.state.name} and wrote no weights" if never is None
+            f"is {trial.state.name} and wrote no weights" if (never := no_model(trial)) is None
             else f"has no model: {never}; predict a trial that finished its folds"))
     return _state_dict(path)
 

@@ -102,8 +102,7 @@ def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Mo
                           f"failed ({type(exc).__name__}: {exc})") from None
     finally:
         model.train(was_training)
-    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-    if shape != (2,):
+    if (shape := tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__) != (2,):
         raise ConfigError(f"model.name {name!r}: forward(x[B, {lookback}, {n_features}]) must return "
                           f"a tensor of shape [B]; got {shape} for B=2")
     return model

@@ -75,9 +75,8 @@ def source_digest(cfg: SweeperConfig) -> str | None:
     for top in sorted({top_module(n) for n in names if ":" in str(n)}):
         if (found := _module_files(top, model_import_dirs())) is None:
             return None
-        for where, sha in found.items():
-            if top in (parts := Path(where.split(":", 1)[-1]).with_suffix("").parts):
-                files.append(f"{'/'.join(parts[parts.index(top):])}={sha}")
+        files += [f"{'/'.join(parts[parts.index(top):])}={sha}" for where, sha in found.items()
+                  if top in (parts := Path(where.split(":", 1)[-1]).with_suffix("").parts)]
     return hashlib.sha256(" ".join(sorted(files)).encode()).hexdigest() if files else None
 
 
@@ -118,9 +117,8 @@ def read(folder: Path, key: str, n_jobs: int) -> list[str | None] | None:
         answers = json.loads((folder / f"{key}.json").read_text())["answers"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not isinstance(answers, list) or len(answers) != n_jobs:
-        return None
-    return [a if isinstance(a, str) else None for a in answers]
+    fits = isinstance(answers, list) and len(answers) == n_jobs
+    return [a if isinstance(a, str) else None for a in answers] if fits else None
 
 
 def write(folder: Path, key: str, answers: list[str | None]) -> None:

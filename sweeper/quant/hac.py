@@ -49,8 +49,7 @@ def hac_standard_error(x: np.ndarray, lag: int) -> float:
 def effective_days(x: np.ndarray, lag: int) -> float:
     """How many independent days the series is worth: ``T / ratio`` (T itself with lag 0)."""
     v = finite(x)
-    ratio = variance_ratio(v, lag)
-    return len(v) / ratio if math.isfinite(ratio) else float(len(v))
+    return len(v) / ratio if math.isfinite(ratio := variance_ratio(v, lag)) else float(len(v))
 
 
 def finite(x: np.ndarray | Sequence[float]) -> np.ndarray:

@@ -56,10 +56,8 @@ def daily_ic(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: s
     ic, rank_ic = (np.where(constant, 0.0, grouped_pearson(codes, a, b, n_groups, varies))
                    for a, b in ((x, y), (rx, ry)))
     ok = np.isfinite(ic) & np.isfinite(rank_ic)
-    out = pd.DataFrame({"date": uniques[ok], "ic": ic[ok], "rank_ic": rank_ic[ok]})
-    if flag_constant:
-        out["constant_pred"] = constant[ok].astype(np.int64)
-    return out
+    return pd.DataFrame({"date": uniques[ok], "ic": ic[ok], "rank_ic": rank_ic[ok],
+                         **({"constant_pred": constant[ok].astype(np.int64)} if flag_constant else {})})
 
 
 def ic_report(df: pd.DataFrame, pred: str = "pred", label: str = "label", date: str = "date") -> ICReport:

@@ -192,8 +192,7 @@ def _daily_figures(series: dict[int, np.ndarray], best: int, null_ic: float, lag
 
 def fold_standard_error(fold_ics: Sequence[float] | np.ndarray) -> float:
     """std(ddof=1) / sqrt(k) of a trial's k finite fold ICs (its ``val_ic_se``); NaN for k < 2."""
-    x = finite(fold_ics)
-    return float(np.std(x, ddof=1)) / math.sqrt(len(x)) if len(x) >= 2 else math.nan
+    return float(np.std(x, ddof=1)) / math.sqrt(len(x)) if len(x := finite(fold_ics)) >= 2 else math.nan
 
 
 def fold_blocks(folds: np.ndarray, max_blocks: int = 16) -> list[np.ndarray] | None:

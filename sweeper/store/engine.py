@@ -324,8 +324,7 @@ def check_reachable(url: str) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc.__cause__ or exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return text[0] if (text := str(exc.__cause__ or exc).strip().splitlines()) else type(exc).__name__
 
 
 @contextlib.contextmanager

@@ -99,8 +99,7 @@ def for_url(url: str) -> OutagePolicy:
     object and thread that talks to it, keyed by its printable form (a SQLite file by its absolute
     path, so that one process's studies in different folders never share an outage)."""
     url = normalize_url(url)
-    path = sqlite_path(url)
-    store = f"sqlite:///{path.resolve()}" if path is not None else redact(url)
+    store = f"sqlite:///{path.resolve()}" if (path := sqlite_path(url)) is not None else redact(url)
     with _registry_lock:
         return _policies.setdefault(store, OutagePolicy(store))
 

@@ -122,8 +122,7 @@ def _artifact_copies(trial: FrozenTrial, run_dir: str | Path, names: set[str] | 
             name, artifact_id = meta.get("filename"), meta.get("artifact_id")
         except (TypeError, ValueError, AttributeError):
             continue
-        path = artifact_copy(run_dir, str(artifact_id))
-        if (names is None or name in names) and path.is_file():
+        if (names is None or name in names) and (path := artifact_copy(run_dir, str(artifact_id))).is_file():
             out.append(path)
     return out
 

@@ -53,8 +53,7 @@ def member_keys(cfg: SweeperConfig) -> tuple[list[str], list[str]]:
 def population_line(cfg: SweeperConfig) -> str:
     """What ``sweeper validate`` says of populations: their size and which params each trial draws."""
     own, shape = member_keys(cfg)
-    asked = cfg.study.population
-    size = ("one trial at a time (study.population: 1)" if asked == 1 else
+    size = ("one trial at a time (study.population: 1)" if (asked := cfg.study.population) == 1 else
             f"up to {POPULATION_CAP} trials per stack, as measured on the first trial" if asked == "auto"
             else f"{asked} trials per stack")
     return (f"{size}; per member: {', '.join(own) or '-'}; "

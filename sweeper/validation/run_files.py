@@ -63,9 +63,8 @@ class RunStore:
                      stack: list[tuple[int, int]] | None = None) -> FileCheckpointer:
         """The checkpoint of run (fold, repeat), or of the stack it leads (``stack``: its runs):
         the owner names the run, as a lone run's does, and a stack's its runs too (1-based)."""
-        owner = {**self.stamp, "fold": fold + 1, "repeat": repeat + 1, K.FOLD_DATES: dates}
-        if stack is not None:
-            owner["stack"] = [[f + 1, r + 1] for f, r in stack]
+        owner = {**self.stamp, "fold": fold + 1, "repeat": repeat + 1, K.FOLD_DATES: dates,
+                 **({"stack": [[f + 1, r + 1] for f, r in stack]} if stack is not None else {})}
         return RunCheckpointer(self.files.checkpoint, owner)
 
     def save(self, run: TrainingRun, result: TrainResult, panel: Panel,

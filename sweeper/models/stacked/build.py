@@ -36,8 +36,7 @@ def build_stack(model_cfgs: Sequence[ModelConfig], n_features: int, lookback: in
     weights; its ``plan`` says how it stacks."""
     first = model_cfgs[0]
     if len(members) == 1:  # a run of one member: the member's own stack (a user model's own module)
-        one = members[0]
-        return one.stack if isinstance(one, OneMember) else SoloStack(one)
+        return one.stack if isinstance(one := members[0], OneMember) else SoloStack(one)
     mode, line = stack_plan(first, members, n_features, lookback)
     if first.is_custom:
         from sweeper.models.stacked.func import FuncStack
