@@ -274,17 +274,3 @@ def test_status_words_for_each_stored_state():
                            "as `sweeper baseline STUDY` does"}
     assert state_words(None, None) == "not computed (`sweeper baseline STUDY` computes it)"
     assert state_words(None, {"val_ic": 0.01}) == "done"
-
-
-def test_the_failed_jobs_last_word_is_its_own(tmp_path):
-    """The host's log holds every sweep's runs: a job killed before it wrote was given the last run's line."""
-    from sweeper.dispatch.baseline_job import _last_line
-
-    log = tmp_path / "h.baseline.log"
-    log.write_text("baseline: val ic 0.031 test ic 0.02 in 3.0 s\n")
-    start = log.stat().st_size
-    assert _last_line(log, start) == "no output"  # killed (-9) before it wrote a line
-    with log.open("a") as out:
-        out.write("baseline: failed: ConfigError: baseline.params ...\n")
-    assert _last_line(log, start) == "baseline: failed: ConfigError: baseline.params ..."
-    assert _last_line(tmp_path / "gone.log", 0) == "no output"

@@ -26,16 +26,14 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class whose fields live at ``loc`` (for suggestions)."""
     cls: Any = SweeperConfig
-    keyed = False  # the part is a key of a mapping of models (search_space's dotted names)
-    for part in loc:  # (a part below a field that is no model finds no field: None)
-        if keyed:
-            keyed = False
-            continue
+    parts = iter(loc)
+    for part in parts:  # (a part below a field that is no model finds no field: None)
         if (field := getattr(cls, "model_fields", {}).get(part)) is None:
             return None
         ann = field.annotation
         cls = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")), None)
-        keyed = getattr(ann, "__origin__", None) is dict
+        if getattr(ann, "__origin__", None) is dict:  # the next part is a key (search_space's dotted name)
+            next(parts, None)
     return cls
 
 

@@ -21,9 +21,6 @@ from sweeper.config.section import Section
 MIN_VALID_DATES = 10  # a valid block (and a test split): a mean IC over fewer target dates is mostly noise
 
 
-FOLD_KEYS = frozenset({"folds", "window", "train_dates", "valid_dates"})
-
-
 class ValidationConfig(Section):
     scheme: Literal["holdout", "walk_forward"] = "holdout"
     folds: int = Field(4, ge=2)
@@ -38,10 +35,10 @@ class ValidationConfig(Section):
     @model_validator(mode="after")
     def _keys_of_their_scheme(self, info: ValidationInfo) -> ValidationConfig:
         # a fold key with no scheme set (holdout, which ignores it) is a scheme forgotten; at the edge only
-        fold_keys = sorted(self.model_fields_set & FOLD_KEYS) if "scheme" not in self.model_fields_set else []
-        if info.context and fold_keys:
-            raise ValueError(f"{', '.join(fold_keys)}: walk-forward keys, which holdout (the default scheme) "
-                             "ignores: set validation.scheme: walk_forward, or drop them")
+        keys = self.model_fields_set & {"folds", "window", "train_dates", "valid_dates"}
+        if info.context and keys and "scheme" not in self.model_fields_set:
+            raise ValueError(f"{', '.join(sorted(keys))}: walk-forward keys, which holdout (the default "
+                             "scheme) ignores: set validation.scheme: walk_forward, or drop them")
         if self.train_dates is not None and self.window != "rolling":
             raise ValueError("train_dates is the length of a rolling window: "
                              "set validation.window: rolling, or drop train_dates")

@@ -34,7 +34,6 @@ class BaselineJob:
         self.server = server  # forks the job with its imports done (about 2.4 s less of the slot's time)
         self.tried = cfg.report.baseline is None  # one try per driver, none when it is off
         self.proc: launch.Child | None = None
-        self.log_from = 0
         self.worker: WorkerHandle | None = None
 
     @property
@@ -66,7 +65,6 @@ class BaselineJob:
         argv = ["--config", "-", "--run-dir", str(self.run_dir), "--threads", str(threads),
                 "--host", self.ident.host, "--driver", self.ident.driver_id]
         with log.open("ab") as out:  # the child keeps its own descriptor
-            self.log_from = out.tell()  # the host's log holds every sweep's runs: this one's starts here
             self.proc = launch.start("baseline", argv, env, out=out.fileno(), err=out.fileno(),
                                      server=self.server)
         launch.feed(self.proc.stdin, json.dumps(C.to_dict(self.cfg)).encode())
@@ -80,8 +78,8 @@ class BaselineJob:
             return
         self._release()
         log = baseline_log(self.run_dir, self.ident.host)
-        if code != state.ExitCode.DONE:  # the sweep goes on without it, and says so once, with its last word
-            say(f"the baseline job exited with code {code}: {_last_line(log, self.log_from)}; see {log}")
+        if code != state.ExitCode.DONE:  # the sweep goes on without it, and says so once
+            say(f"the baseline job exited with code {code}: `sweeper status` says why, {log} in full")
         if (after := state.after_exit(code, log)) is not None:
             self._settle(*after)
 
@@ -104,14 +102,3 @@ class BaselineJob:
             state.settle(self.study, to, self.ident.host, self.ident.driver_id, error)
         except Exception as exc:  # noqa: BLE001 - a store that is away: the state stays as it was
             say(f"could not record the baseline's state: {one_line(exc)}")
-
-
-def _last_line(log: Path, start: int) -> str:
-    """The last line this run wrote to ``log`` from byte ``start`` (a killed job may have written none)."""
-    try:
-        with log.open("rb") as f:
-            f.seek(start)
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:  # gone, unreadable: the sweep goes on whatever the baseline does
-        lines = []
-    return lines[-1] if lines else "no output"

@@ -13,7 +13,6 @@ import atexit
 import itertools
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -72,7 +71,7 @@ class ForkServer:
             if _shared is None or not _shared.alive:
                 _shared = cls.start()
                 if _shared is not None:
-                    atexit.register(_stop_at_exit, _shared)
+                    atexit.register(_shared.stop)
             return _shared
 
     @property
@@ -131,11 +130,6 @@ class ForkServer:
         with self._cond:
             self._gone = True
             self._cond.notify_all()
-
-
-def _stop_at_exit(server: ForkServer) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process is ending: a second Ctrl-C is no traceback
-    server.stop()
 
 
 def stop_shared() -> None:
