@@ -277,8 +277,8 @@ def best_cmd(study: Path, storage: str | None, as_json: bool) -> None:
     from sweeper.inspect.results import best_report
     cfg, found = _load_existing(study, storage)
     if (report := best_report(found, cfg, portfolio=True, study_file=_as_given(study, storage))) is None:
-        from sweeper.store.studies import too_few
-        raise UserError(too_few(found))
+        from sweeper.store.studies import no_best
+        raise UserError(no_best(found))
     (_echo_json if as_json else print_best)(report)
 
 

@@ -26,14 +26,11 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class whose fields live at ``loc`` (for suggestions)."""
     cls: Any = SweeperConfig
-    parts = iter(loc)
-    for part in parts:  # (a part below a field that is no model finds no field: None)
+    for part in loc:  # (a part below a field that is no model finds no field: None)
         if (field := getattr(cls, "model_fields", {}).get(part)) is None:
             return None
         ann = field.annotation
         cls = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")), None)
-        if getattr(ann, "__origin__", None) is dict:  # the next part is a key (search_space's dotted name)
-            next(parts, None)
     return cls
 
 
@@ -119,8 +116,6 @@ def parse_sets(sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"--set {item!r}: expected key=value, such as train.lr=0.001")
-        if key.strip() in out:  # as a key given twice in a file: the last would win without a word
-            raise ConfigError(f"--set {key.strip()} is given twice; give it once")
         try:
             out[key.strip()] = yaml.load(value, Loader=_UniqueKeys) if value.strip() else None
         except yaml.constructor.ConstructorError as exc:  # a key twice, `!!int two`: no text to take as is

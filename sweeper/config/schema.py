@@ -90,13 +90,11 @@ class StudyConfig(Section):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self, info: ValidationInfo) -> StudyConfig:
+    def _consistent(self) -> StudyConfig:
         # one late or lost beat (a slow write, a busy store) must never make a live host look dead
         if self.grace_period < 2 * self.heartbeat_interval:
             raise ValueError(f"grace_period ({self.grace_period}) must be at least 2 x "
                              f"heartbeat_interval ({self.heartbeat_interval})")
-        if info.context and self.metric == "val_loss" and self.direction == "maximize":  # the worst model
-            raise ValueError("direction: maximize with metric: val_loss picks the worst loss; drop direction")
         # gp with a pruner: measured in issue 41's race, 51 of 58 LSTM trials pruned
         if self.sampler.name == "gp" and self.pruner.name != "none":
             raise ValueError(f"sampler gp learns from complete trials only: with pruner {self.pruner.name} "

@@ -76,8 +76,7 @@ def check_space_values(cfg: Any, key: str, spec: ParamSpec, context: dict[str, A
 def check_condition(cfg: Any, key: str, spec: ParamSpec) -> None:
     """A ``when`` the study's fixed values never meet: ``key`` would never be drawn, without a word."""
     for cond, expected in (spec.when or {}).items():
-        section, _, field = cond.partition(".")
-        # (a key no field names is check_space_key's to refuse, after this)
+        section, _, field = cond.partition(".")  # (a key no field names: check_space_key's to refuse)
         fixed = getattr(getattr(cfg, section, None), field, None) if cond not in cfg.search_space else None
         if fixed is not None and fixed not in (expected if isinstance(expected, list) else [expected]):
             raise ValueError(f"search_space.{key}.when: {cond} is {fixed!r} in this study and not searched, "

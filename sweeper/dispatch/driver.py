@@ -190,9 +190,8 @@ class Driver:
         """The one account of a trial of ours that ended: dispatch, stop rule, view, worker."""
         self.dispatch.ended(end)
         self.rule.trial_ended(end)
-        error = str(end.metrics.get("error") or "").strip()  # a failure's cause, on its line of the output
-        told = error and end.reason != FailReason.INTERRUPTED  # Ctrl-C's own words say why
-        why = f"{end.reason}: {error.splitlines()[0]}" if told else end.reason
+        error = str(end.metrics.get("error") or "").strip() if end.reason != FailReason.INTERRUPTED else ""
+        why = f"{end.reason}: {error.splitlines()[0]}" if error else end.reason  # a failure's cause, told
         self.view.trial_ended(w.slot, end.number, end.state, end.value, why)
         w.trial_ended(end.number, end.failed)
         self.baseline.trial_ended(w)

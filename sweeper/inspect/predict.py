@@ -31,7 +31,7 @@ from sweeper.errors import ConfigError, StudyNotFound
 from sweeper.inspect.trial_model import SPLITS, Predictor, read_refit
 from sweeper.inspect.trials import model_dates, top_trials
 from sweeper.store.layout import trial_files
-from sweeper.store.studies import best_trial, too_few
+from sweeper.store.studies import best_trial, no_best
 from sweeper.validation import contract as K
 
 __all__ = ["Prediction", "parse_trial", "pick_trial", "predict_trial", "top_trials"]
@@ -91,7 +91,7 @@ def pick_trial(study: optuna.Study, which: str | int) -> FrozenTrial:
     """``"best"`` or a trial number."""
     if (parsed := parse_trial(which)) == "best":
         if (best := best_trial(study)) is None:
-            raise StudyNotFound(too_few(study))
+            raise StudyNotFound(no_best(study))
         return best
     if isinstance(parsed, str):
         raise ConfigError(f"--trial {which}: an ensemble is not one trial")

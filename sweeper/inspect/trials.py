@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import SweeperConfig, validate_config
 from sweeper.errors import DataError, StudyNotFound
 from sweeper.store.layout import TrialFiles
-from sweeper.store.studies import ranked, too_few
+from sweeper.store.studies import ranked
 from sweeper.validation import contract as K
 
 
@@ -40,7 +40,7 @@ def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     order = ranked(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
                    study.direction == optuna.study.StudyDirection.MAXIMIZE)
     if len(order) < k:
-        raise StudyNotFound(too_few(study, k))
+        raise StudyNotFound(f"study {study.study_name!r} has {len(order)} completed trials; top{k} needs {k}")
     return order[:k]
 
 

@@ -28,8 +28,7 @@ def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[di
     # numeric keys the file does not set join each shape at their low bound, and a user model's own (what its
     # constructor gets: the file's value, else the low, as the spec draws it: a float on an int size): a typo
     # (model.hiden), or a built-in's field the user model has not, fails here, not in every trial
-    own = cfg.model.custom_kwargs() if cfg.model.is_custom else {}
-    unset = {k: _drawn(s, own.get(k[6:])) for k, s in cfg.search_space.items()
+    unset = {k: _drawn(s, cfg.model.custom_kwargs().get(k[6:])) for k, s in cfg.search_space.items()
              if k.startswith("model.") and s.type != "categorical"
              and (cfg.model.is_custom or C.config_value(cfg, k, None) is None)}
     # conditions can only shrink the count so much

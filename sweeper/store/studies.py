@@ -36,16 +36,12 @@ def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
     return next(iter(ranked(trials, maximize)), None)
 
 
-def too_few(study: optuna.Study, k: int = 1) -> str:
-    """Why fewer than ``k`` trials rank: the one wording of ``best``, ``predict``, ``refit`` and ``topK``."""
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    n, out = len(ranked(done, study.direction == optuna.study.StudyDirection.MAXIMIZE)), n_infeasible(done)
-    which = " feasible" if out else ""
-    if k == 1:
-        why = f": every completed trial ({out}) is outside study.constraints" if out else ""
-        return f"study {study.study_name!r} has no completed{which} trial yet{why}"
-    outside = f" ({out} more outside study.constraints)" if out else ""
-    return f"study {study.study_name!r} has {n} completed{which} trials{outside}; top{k} needs {k}"
+def no_best(study: optuna.Study) -> str:
+    """Why no trial ranks: the one wording of ``best``, ``predict`` and ``refit``."""
+    if out := n_infeasible(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
+        return (f"study {study.study_name!r} has no completed feasible trial yet: every completed trial "
+                f"({out}) is outside study.constraints")
+    return f"study {study.study_name!r} has no completed trial yet"
 
 
 def ranked(trials: list[FrozenTrial], maximize: bool) -> list[FrozenTrial]:
