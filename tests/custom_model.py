@@ -54,6 +54,13 @@ class EvalNoGrad(nn.Module):
             return self.linear(x[:, -1]).squeeze(-1)
 
 
+class TrainNoReturn(Tiny):
+    """Overrides train() without returning self (as a BatchNorm freeze may): the loop never uses the value."""
+
+    def train(self, mode: bool = True) -> None:  # type: ignore[override]
+        super().train(mode)
+
+
 class WrongShape(nn.Module):
     """Returns [B, 1] instead of [B]: build_model must refuse it."""
 

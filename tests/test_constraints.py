@@ -245,7 +245,8 @@ def test_best_when_every_trial_is_infeasible(study_file, workdir):
     study.add_trial(create_trial(value=0.2, params={"train.lr": 0.005},
                                  distributions={"train.lr": FloatDistribution(1e-3, 1e-2, log=True)},
                                  constraints={"top_turnover": 0.3}))
-    none = "study 'tiny' has no completed feasible trial yet: every completed trial (1) is outside study.constraints"
+    none = "study 'tiny' has no completed feasible trial yet: every completed trial with a value (1) is outside " \
+           "study.constraints"
     # best, predict and refit say so alike (predict and refit said there was no completed trial at all)
     for args in (["best"], ["predict", "-o", str(workdir / "p.parquet")], ["refit"]):
         result = CliRunner().invoke(main, [args[0], str(path), *args[1:]], catch_exceptions=False)

@@ -25,6 +25,7 @@ from sweeper.dispatch import view as view_module
 from sweeper.dispatch.live import NullView
 from sweeper.dispatch.run import run
 from sweeper.dispatch.view import Warnings
+from sweeper.errors import ConfigError
 from sweeper.worker.heartbeat import Heartbeat
 
 
@@ -160,14 +161,23 @@ def test_a_combination_the_model_refuses_is_a_config_failure_told_to_the_sampler
 
 
 @pytest.mark.slow
-def test_a_space_the_model_can_never_take_stops_the_sweep(study_file):
-    # the constructor refuses every sampled width (the study file's own, 8, it takes)
-    path = study_file({
-        "study": {"n_trials": 5, "max_consecutive_failures": 2},
-        "model": {**PROBE, "kind": "picky"},
-        "devices": {"cpu_workers": 1},
-        "search_space": {"model.hidden": {"type": "int", "low": 3, "high": 5, "step": 2}},
-    }, replace=("search_space",))
+def test_config_failures_in_a_row_stop_the_sweep(study_file):
+    # the constructor refuses odd widths (the study file's own, 8, it takes): a space of only those is
+    # refused before any trial, since the model check builds a user model's int key at its low bound
+    over = {"study": {"n_trials": 5, "max_consecutive_failures": 2}, "model": {**PROBE, "kind": "picky"},
+            "devices": {"cpu_workers": 1},
+            "search_space": {"model.hidden": {"type": "int", "low": 3, "high": 5, "step": 2}}}
+    with pytest.raises(ConfigError, match=r"^search_space: none of the 1 model shapes can be built: model.hidden=3"):
+        _sweep(study_file(over, replace=("search_space",)))
+    # a space with one width it takes, whose first two trials draw the others: stopped after them
+    over["search_space"] = {"model.hidden": {"type": "categorical", "choices": [3, 5, 8]}}
+    path = study_file(over, replace=("search_space",))
+    from sweeper.store import open_storage
+
+    queued = optuna.create_study(study_name="tiny", storage=open_storage("sqlite:///runs/tiny/study.db"),
+                                 direction="maximize")
+    for hidden in (3, 5):
+        queued.enqueue_trial({"model.hidden": hidden})
     outcome, study = _sweep(path)
     assert outcome.exit_code == 1
     assert outcome.message == ("stopped: the last 2 trials all failed (study.max_consecutive_failures); "

@@ -117,6 +117,8 @@ def test_an_output_without_a_gradient_is_caught_by_the_model_check(cast, got):
                                     f"carries a gradient; got {got}")
     # a model whose eval branch needs no gradient (its own no_grad, an EMA copy) trains, and passes
     assert check_one(Job("custom_model:EvalNoGrad", {"name": "custom_model:EvalNoGrad"}), 4, 5) is None
+    # and one whose train() returns None (it called the returned value: 'NoneType' is not callable)
+    assert check_one(Job("custom_model:TrainNoReturn", {"name": "custom_model:TrainNoReturn"}), 4, 5) is None
 
 
 def test_a_model_with_nothing_to_train_is_caught_at_build_time():

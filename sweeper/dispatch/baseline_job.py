@@ -77,10 +77,8 @@ class BaselineJob:
         if (code := self.proc.poll() if self.proc is not None else None) is None:
             return
         self._release()
-        log = baseline_log(self.run_dir, self.ident.host)
-        if code != state.ExitCode.DONE:  # the sweep goes on without it, and says so once
-            say(f"the baseline job exited with code {code}: `sweeper status` says why, {log} in full")
-        if (after := state.after_exit(code, log)) is not None:
+        if (after := state.after_exit(code, log := baseline_log(self.run_dir, self.ident.host))) is not None:
+            say(f"the baseline job exited with code {code}; the sweep goes on without it (see {log})")
             self._settle(*after)
 
     def stop(self) -> None:

@@ -63,10 +63,12 @@ def resolve_model_class(name: str) -> type:
 def check_trains(model: nn.Module, name: str, n_features: int, lookback: int) -> None:
     """The model check's: a forward's output must carry a gradient, or no step trains it (a .detach(), an int
     cast). In eval mode; in train mode (which may hang or exit) only where that has none (an eval no_grad)."""
-    x, modes = torch.zeros(2, lookback, n_features), (False, True)
-    if not any((out := model.train(m)(x)).is_floating_point() and out.requires_grad for m in modes):
-        raise ConfigError(f"model.name {name!r}: forward must return a float tensor that carries a gradient; "
-                          f"got {out.dtype}, requires_grad={out.requires_grad}")
+    for mode in (False, True):  # (a user's train() may return None: its return value is not the model)
+        model.train(mode)
+        if (out := model(torch.zeros(2, lookback, n_features))).is_floating_point() and out.requires_grad:
+            return
+    raise ConfigError(f"model.name {name!r}: forward must return a float tensor that carries a gradient; "
+                      f"got {out.dtype}, requires_grad={out.requires_grad}")
 
 
 def build_model(model_cfg: ModelConfig, n_features: int, lookback: int) -> nn.Module:

@@ -117,10 +117,9 @@ def check_one(job: Job, n_features: int, lookback: int) -> str | None:
     try:
         if job.model is None:
             resolve_model_class(job.name)
-        else:
+        else:  # built and run once: does a training step reach its weights?
             model = build_model(ModelConfig.model_validate(job.model), n_features, lookback)
-            if ":" in job.name:  # a user model: does a training step reach its weights?
-                check_trains(model, job.name, n_features, lookback)
+            check_trains(model, job.name, n_features, lookback)
     except ConfigError as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - a built-in's own checks (torch's asserts) raise anything

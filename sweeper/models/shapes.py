@@ -42,8 +42,9 @@ def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[di
 
 
 def _drawn(spec: C.ParamSpec, value: Any) -> Any:
-    """``value`` (a number; else the spec's low) as the spec draws it: a float range makes an int a float."""
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else spec.low
+    """``value`` (a number in the range; else its low) as drawn: a float range makes an int a float."""
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and cast(float, spec.low) <= value <= cast(float, spec.high) else spec.low
     return float(cast(float, number)) if spec.type == "float" else int(cast(float, number))
 
 

@@ -39,8 +39,8 @@ def best_in(trials: list[FrozenTrial], maximize: bool) -> FrozenTrial | None:
 def no_best(study: optuna.Study) -> str:
     """Why no trial ranks: the one wording of ``best``, ``predict`` and ``refit``."""
     if out := n_infeasible(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
-        return (f"study {study.study_name!r} has no completed feasible trial yet: every completed trial "
-                f"({out}) is outside study.constraints")
+        return (f"study {study.study_name!r} has no completed feasible trial yet: every completed trial with "
+                f"a value ({out}) is outside study.constraints")
     return f"study {study.study_name!r} has no completed trial yet"
 
 
