@@ -25,9 +25,9 @@ def shape_combinations(cfg: C.SweeperConfig, limit: int = MAX_SHAPES) -> list[di
             if key.startswith("model.") and spec.type == "categorical"
             and not all(isinstance(c, float) and not c.is_integer() for c in spec.choices or [])]
     choices = [cfg.search_space[k].choices or [] for k in keys]
-    # numeric keys the file does not set join each shape at their low bound, and a user model's own (what its
-    # constructor gets: the file's value, else the low, as the spec draws it: a float on an int size): a typo
-    # (model.hiden), or a built-in's field the user model has not, fails here, not in every trial
+    # numeric keys the file does not set join each shape at their low bound, and a user model's own (the
+    # file's value where the range holds it, else the low, as drawn: a float range on an int size gives
+    # floats): a typo (model.hiden), or a built-in's field the user model lacks, fails here, not in a trial
     unset = {k: _drawn(s, cfg.model.custom_kwargs().get(k[6:])) for k, s in cfg.search_space.items()
              if k.startswith("model.") and s.type != "categorical"
              and (cfg.model.is_custom or C.config_value(cfg, k, None) is None)}
