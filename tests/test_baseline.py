@@ -168,6 +168,15 @@ def test_lags_add_exactly_the_earlier_dates_features(workdir):
     assert result.n_features == 3 * F
 
 
+def test_feature_names_with_json_characters_fit_and_the_booster_names_them_plainly(workdir):
+    import dataclasses
+
+    panel = _tiny_panel(workdir)
+    odd = [f"ret[{k}]" if k % 2 else f'"{k}":{{a,b}}' for k in range(len(panel.features))]
+    result = fit(dataclasses.replace(panel, features=odd), BaselineConfig(), threads=1)
+    assert "feature_names=_0___a_b_ ret_1_ " in result.model_text
+
+
 @pytest.mark.slow
 def test_a_panel_over_max_rows_is_subsampled_by_dates_and_says_so(study_file):
     path = study_file({"baseline": {"max_rows": 1000}})

@@ -13,6 +13,7 @@ workflow_config_lightgbm_Alpha158.yaml, and LGBModel.fit's 1000 rounds with earl
 50), except ``num_threads``: the baseline gets the threads of the slot it runs in."""
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,7 +72,9 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
     train = design(panel, "train", cfg.lags, cfg.max_rows)
     valid = design(panel, "valid", cfg.lags)
     params = lgb_params(cfg, threads, seed)
-    dtrain = lgb.Dataset(train.X, label=train.y, feature_name=train.names, free_raw_data=True)
+    # LightGBM refuses JSON's characters in a feature name (a panel's ``ret[5]``): model.txt has ``ret_5_``
+    names = [re.sub(r'[\[\]{}":,]', "_", n) for n in train.names]
+    dtrain = lgb.Dataset(train.X, label=train.y, feature_name=names, free_raw_data=True)
     dvalid = lgb.Dataset(valid.X, label=valid.y, reference=dtrain, free_raw_data=True)
     try:
         booster = lgb.train(params, dtrain, num_boost_round=cfg.num_boost_round, valid_sets=[dvalid],
