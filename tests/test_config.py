@@ -40,6 +40,17 @@ def test_gp_is_refused_beside_any_pruner_and_taken_without_one(pruner):
 def test_direction_follows_metric():
     cfg = C.validate_config(_with(study={"metric": "val_loss"}), "s.yaml")
     assert cfg.study.resolved_direction == "minimize"
+    same = C.validate_config(_with(study={"metric": "val_loss", "direction": "minimize"}), "s.yaml")
+    assert same.study.resolved_direction == "minimize"
+
+
+@pytest.mark.parametrize("metric, direction, natural", [("val_loss", "maximize", "minimized"),
+                                                        ("val_ic", "minimize", "maximized")])
+def test_a_direction_against_the_metric_is_refused(metric, direction, natural):
+    with pytest.raises(ConfigError) as err:
+        C.validate_config(_with(study={"metric": metric, "direction": direction}), "s.yaml")
+    assert str(err.value) == (f"s.yaml: study: direction {direction} with metric {metric} picks the worst "
+                              f"trial as the best: {metric} is {natural}; leave direction out")
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -500,3 +511,34 @@ def test_a_fold_key_without_a_scheme_is_a_scheme_forgotten():
         C.validate_config(_with(validation=validation), "s.yaml", edge=True)  # said on purpose
     # away from the edge (a stored config, as predict reads it) the rule is not applied
     assert C.validate_config(_with(validation={"folds": 5}), "s.yaml").validation.folds == 5
+
+
+@pytest.mark.parametrize("sub", ["trials", "logs"])
+def test_a_run_folder_whose_trials_or_logs_cannot_be_written_is_refused_before_the_study(tmp_path, sub):
+    """runs/<study>/trials made immutable (chattr +i) let the sweep start, and each trial's worker crashed
+    at its folder: study.max_consecutive_failures trials burnt, the cause in the slot logs only. A file where
+    the folder should be stands in for it here (root writes past permission bits)."""
+    from sweeper.store import run_folder
+
+    run = tmp_path / "runs/t"
+    run.mkdir(parents=True)
+    run_folder.check_writable(run)
+    (run / sub).write_text("")
+    with pytest.raises(ConfigError) as err:
+        run_folder.check_writable(run)
+    assert str(err.value) == (f"study.artifacts: the run folder {run} cannot be made or written here "
+                              f"({run / sub}: Not a directory)")
+
+
+@pytest.mark.parametrize("text, got", [("'007'", None), ("007", "7"), ("2024-06-03", "datetime.date(2024, 6, 3)"),
+                                       ("1e3", None), ("3.5", "3.5")])
+def test_a_name_yaml_reads_as_a_number_or_date_says_to_quote_it(tmp_path, text, got):
+    path = tmp_path / "s.yaml"
+    path.write_text(f"study: {{name: {text}}}\n" + yaml.safe_dump(BASE))
+    if got is None:  # quoted, or text to YAML 1.1 (1e3 without a dot)
+        assert C.load_config(path).study.name == text.strip("'")
+        return
+    with pytest.raises(ConfigError) as err:
+        C.load_config(path)
+    assert str(err.value) == (f"{path}: study.name: Input should be a valid string (got {got}); YAML read the "
+                              "value as a number or date: quote it")

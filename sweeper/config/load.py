@@ -4,6 +4,7 @@ Every problem becomes one :class:`ConfigError` naming the file and the dotted ke
 from __future__ import annotations
 
 import copy
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ def _format_error(err: ErrorDetails) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {got!r})"
+    if err["type"] == "string_type" and isinstance(got, (int, float, datetime.date)):  # `name: 007` is 7
+        shown += "; YAML read the value as a number or date: quote it"
     return f"{msg}{shown}" if not key or msg.startswith("unknown key") else f"{key}: {msg}{shown}"
 
 

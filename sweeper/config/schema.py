@@ -99,6 +99,9 @@ class StudyConfig(Section):
         if self.sampler.name == "gp" and self.pruner.name != "none":
             raise ValueError(f"sampler gp learns from complete trials only: with pruner {self.pruner.name} "
                              "it keeps proposing pruned configs; set pruner: {name: none}, or use tpe")
+        if self.direction not in (None, natural := "minimize" if self.metric == "val_loss" else "maximize"):
+            raise ValueError(f"direction {self.direction} with metric {self.metric} picks the worst trial as "
+                             f"the best: {self.metric} is {natural[:-1]}ed; leave direction out")
         return self
 
     @property

@@ -45,10 +45,12 @@ def take(run_dir: Path, study_name: str, study_uuid: str, storage: str, *, fresh
 
 
 def check_writable(run_dir: Path) -> None:
-    """Pre-flight: ``run_dir`` can be made and written, so that a sweep never creates its study and then
-    finds it cannot keep a trial's files."""
-    if (why := unwritable(run_dir)) is not None:
-        raise ConfigError(f"study.artifacts: the run folder {run_dir} cannot be made or written here ({why})")
+    """Pre-flight: ``run_dir`` and its ``trials/`` and ``logs/`` can be made and written, so that a sweep
+    never creates its study and then finds it cannot keep a trial's files (each trial would crash)."""
+    for folder in (run_dir, run_dir / "trials", run_dir / "logs"):
+        if (why := unwritable(folder)) is not None:
+            raise ConfigError(f"study.artifacts: the run folder {run_dir} cannot be made or written here "
+                              f"({why})")
 
 
 def _owner_record(run_dir: Path) -> dict[str, object]:
