@@ -434,7 +434,7 @@ def data_group() -> None:
 @data_group.command("synth")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--assets", default=300, show_default=True, type=click.IntRange(min=2))
-@click.option("--dates", default=1000, show_default=True, type=click.IntRange(min=10))
+@click.option("--dates", default=1000, show_default=True, type=click.IntRange(min=36))
 @click.option("--features", default=16, show_default=True, type=click.IntRange(min=2))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
 def synth_cmd(out: Path, assets: int, dates: int, features: int, seed: int) -> None:

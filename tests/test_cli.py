@@ -219,6 +219,18 @@ def test_data_synth_writes_panel_and_prints_oracle(tmp_path):
     assert "oracle IC:" in result.output and "test" in result.output
 
 
+def test_data_synth_dates_start_where_every_split_has_an_oracle(tmp_path):
+    """--dates took 10 to 26 and then refused the panel it had generated (the default study's lookback needs
+    27), and 27 to 35 printed a test oracle of nan: the least is 36, the first with a test oracle."""
+    synth = ["data", "synth", str(tmp_path / "p.parquet"), "--assets", "30", "--features", "2", "--dates"]
+    short = CliRunner().invoke(main, [*synth, "35"])
+    assert short.exit_code == 2 and "'--dates': 35 is not in the range x>=36" in short.output
+    least = CliRunner().invoke(main, [*synth, "36"], catch_exceptions=False)
+    assert least.exit_code == 0, least.output
+    oracle = dict(zip(*[iter(least.output.splitlines()[-1].split()[2:])] * 2))
+    assert set(oracle) == {"train", "valid", "test"} and "nan" not in oracle.values()
+
+
 def test_data_synth_replaces_a_panel_but_never_another_file(tmp_path):
     study, panel = tmp_path / "s.yaml", tmp_path / "p.parquet"
     study.write_text("study: {name: mine}\n")
