@@ -33,6 +33,7 @@ from sweeper.validation.grid import RunGrid
 from sweeper.validation.run_files import RunStore
 from sweeper.validation.runner import Trainer, train_runs
 from sweeper.validation.scores import daily_valid, objective, trial_attrs
+from sweeper.worker.constraints import valid_figures
 from sweeper.worker.hook import OptunaHook
 
 WF = {"validation": {"scheme": "walk_forward", "folds": 3}}
@@ -213,7 +214,17 @@ def test_walk_forward_sweep_with_repeats_stores_the_contract(study_file):
         sd = statistics.mean(statistics.stdev(v) for v in seed_ics.values())
         assert ua["seed_val_ic_sd"] > 0 and abs(ua["seed_val_ic_sd"] - sd) < 1e-12
         assert len(ua["fold_seed_ensemble_val_ic"]) == 3
-        assert "valid_top_turnover" in ua  # the constraints' figures, of the folds' first seeds
+        # the constraints' figures: of the trial's model on every fold's valid block, each fold's seed
+        # ensemble (they were its first seed's, which the trial does not deploy)
+        seeds = {f: [pd.read_parquet(f"runs/tiny/trials/{t.number}/runs/fold-{f}.seed-{r}/predictions_valid.parquet")
+                     for r in (1, 2, 3)] for f in (1, 2, 3)}
+        model = pd.concat([pd.concat(seeds[f]).groupby(["date", "asset"], as_index=False).agg(
+            pred=("pred", "mean"), label=("label", "first")) for f in (1, 2, 3)], ignore_index=True)
+        cfg = load_config(path)
+        figures = valid_figures(model, cfg.data.horizon, cfg.report.quantiles)
+        assert ua["valid_top_turnover"] == pytest.approx(figures["valid_top_turnover"], abs=1e-12)
+        first = valid_figures(pd.concat([seeds[f][0] for f in (1, 2, 3)]), cfg.data.horizon, cfg.report.quantiles)
+        assert ua["valid_top_turnover"] != first["valid_top_turnover"]
         # the model is the last fold's seed ensemble: only its seeds are scored on test, each
         # seed's test IC is kept, the trial's is the ensemble's (the IC of the mean prediction),
         # and its stored test predictions are that mean

@@ -19,6 +19,7 @@ from sweeper.store.layout import TrialFiles
 from sweeper.store.trial_folder import TrialFolder
 from sweeper.validation import contract as K
 from sweeper.validation import runner as R
+from sweeper.validation import scores as V
 from sweeper.validation.grid import RunGrid
 from sweeper.validation.scores import MEANED, TrainingRun, daily_valid, fold_scores, objective, trial_attrs
 
@@ -67,10 +68,14 @@ def terminator_scores(out: R.TrialRuns, cfg: SweeperConfig) -> list[float]:
             else [float(r.metrics.get(cfg.study.metric, float("nan"))) for r in out.runs])
 
 
-def first_seed_predictions(out: R.TrialRuns) -> dict[str, pd.DataFrame]:
-    """``{"valid": ...}``: the first seed's valid predictions of every fold, in date order (what
-    ``study.constraints`` judges; the blocks are disjoint)."""
-    frames = [frame for (fold, repeat), frame in sorted(out.predictions.items()) if repeat == 0]
+def model_predictions(out: R.TrialRuns) -> dict[str, pd.DataFrame]:
+    """``{"valid": ...}``: every fold's valid predictions of the trial's model, in date order (what
+    ``study.constraints`` judges; the blocks are disjoint): with seed repeats the fold's seed ensemble,
+    which the trial deploys and ``best`` shows (its first seed's turnover is not the ensemble's)."""
+    folds: dict[int, list[pd.DataFrame]] = {}
+    for (fold, _), frame in sorted(out.predictions.items()):
+        folds.setdefault(fold, []).append(frame)
+    frames = [seeds[0] if len(seeds) == 1 else V.ensemble_frame(seeds) for seeds in folds.values()]
     return {"valid": pd.concat(frames, ignore_index=True)} if frames else {}
 
 

@@ -289,7 +289,7 @@ def _judged(trial: optuna.Trial, cfg: C.SweeperConfig, out: TrialRuns, value: fl
         nan = fail_attrs(FailReason.NAN, f"{cfg.study.metric} is not finite")
         return TrialState.FAIL, None, {**attrs, **nan}
     # study.constraints: set on the RUNNING trial, before the tell, so samplers read them
-    attrs.update(constraints.record_constraints(trial, cfg, record.first_seed_predictions(out)))
+    attrs.update(constraints.record_constraints(trial, cfg, record.model_predictions(out)))
     if cut:
         # the driver shows a pruned trial's value beside it when every run has a score (the last
         # one pruned, as a holdout trial's one run is); one cut short before its last runs has no
