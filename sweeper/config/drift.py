@@ -32,7 +32,8 @@ NOT_DRIFT = frozenset({"data.path", "data.cache", "data.cache_dir", "data.cache_
 def differing_keys(stored: dict[str, Any], current: dict[str, Any],
                    prefixes: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
     """``(dotted key, stored value, current value)`` for every key under ``prefixes`` that differs, sorted."""
-    old, new = flatten(stored), flatten(current)
+    # an empty section ({}: no constraints) is no key: a bound added shows as its own key, not as {} going
+    old, new = ({k: v for k, v in flatten(c).items() if v != {}} for c in (stored, current))
     keys = sorted(k for k in set(old) | set(new) if k.startswith(prefixes) and k not in NOT_DRIFT)
     return [(k, old.get(k, "<unset>"), new.get(k, "<unset>")) for k in keys if old.get(k) != new.get(k)]
 
