@@ -342,10 +342,20 @@ def test_a_seed_ensemble_refits_every_seed_and_predicts_with_their_mean(study_fi
         "weights.pt", "weights.seed-2.pt"]
     write_synthetic("new.parquet", **SYNTH)
     cli("predict", str(path), "--data", "new.parquet", "--split", "all", "-o", "both.parquet")
-    (folder / "weights.seed-2.pt").rename(folder / "aside.pt")  # the first seed's alone
+    # a seed's file missing is refused (it scored the first seed alone, as if it were the model)
+    (folder / "weights.seed-2.pt").rename(folder / "aside.pt")
+    out = cli("predict", str(path), "--data", "new.parquet", "--split", "all", "-o", "x.parquet", code=2)
+    assert out == (f"Error: {folder}: weights.seed-2.pt missing; the model is the mean of its 2 seeds; run "
+                   "`sweeper refit` again\n") and not Path("x.parquet").exists()
+    trial_folder = Path("runs/tiny/trials/0")
+    shutil.copy(trial_folder / "weights.seed-2.pt", trial_folder / "aside.pt")
+    (trial_folder / "weights.seed-2.pt").unlink()  # the trial's own model on the study's dates, likewise
+    out = cli("predict", str(path), "--split", "test", "-o", "x.parquet", code=2)
+    assert out == f"Error: {trial_folder}: weights.seed-2.pt missing; the model is the mean of its 2 seeds\n"
+    shutil.copy(folder / "weights.pt", folder / "weights.seed-2.pt")  # the first seed's twice: its own
     cli("predict", str(path), "--data", "new.parquet", "--split", "all", "-o", "first.parquet")
-    (folder / "weights.pt").rename(folder / "first.pt")
-    (folder / "aside.pt").rename(folder / "weights.pt")  # the second seed's alone
+    shutil.copy(folder / "aside.pt", folder / "weights.pt")  # the second seed's twice
+    shutil.copy(folder / "aside.pt", folder / "weights.seed-2.pt")
     cli("predict", str(path), "--data", "new.parquet", "--split", "all", "-o", "second.parquet")
     both, first, second = (pd.read_parquet(f"{n}.parquet") for n in ("both", "first", "second"))
     assert np.allclose(both["pred"], (first["pred"] + second["pred"]) / 2, rtol=0, atol=1e-6)

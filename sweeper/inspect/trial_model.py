@@ -156,8 +156,12 @@ class Predictor:
         used = files.refit_files if refit else files  # the refit's model files, or the trial's own
         if refit and not used.weights.exists():
             raise DataError(f"{used.weights}: missing beside its refit.json; run `sweeper refit` again")
-        members = [_state_dict(used.weights) if refit else load_weights(files, trial, self.study_file),
-                   *(_state_dict(p) for p in used.other_members())]
+        first = _state_dict(used.weights) if refit else load_weights(files, trial, self.study_file)
+        others = [used.member_weights(r) for r in range(1, tcfg.validation.repeats)]  # every seed's
+        if missing := [p.name for p in others if not p.exists()]:  # a mean of fewer seeds is another model
+            raise DataError(f"{used.folder}: {', '.join(missing)} missing; the model is the mean of its "
+                            f"{len(others) + 1} seeds{'; run `sweeper refit` again' * bool(refit)}")
+        members = [first, *map(_state_dict, others)]
         if data is None and self.study_data[1] is False and tcfg.data.path:
             data = tcfg.data.path  # it changed: the study's stored dates, scored with the trial's own weights
             self.notes[MOVED] = None
