@@ -9,6 +9,7 @@ import os
 import re
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import optuna
@@ -257,3 +258,30 @@ def test_report_of_a_missing_study_is_a_clear_error(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["report", "s.yaml", "-o", "r.html"])
     assert result.exit_code == 2 and "no such database file" in result.output
     assert not (tmp_path / "r.html").exists()
+
+
+def test_the_best_so_far_and_the_best_trials_figures_keep_to_study_constraints(tmp_path, monkeypatch):
+    """The history's best-so-far line followed infeasible trials, and with every complete trial
+    infeasible the best trial's figures said "no complete trial yet" beside its complete trials."""
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    def figures(name, trials):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        Path("s.yaml").write_text(json.dumps(synthetic_study.study_config(name)))
+        study = optuna.create_study(study_name=name, storage=open_storage(f"sqlite:///runs/{name}/study.db"),
+                                    direction="maximize")
+        for value, over in trials:
+            study.add_trial(create_trial(value=value, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+                                         constraints={"top_turnover": over}, user_attrs={"device": "cpu0"}))
+        assert CliRunner().invoke(main, ["report", "s.yaml", "-o", "r.html"], catch_exceptions=False).exit_code == 0
+        return figures_of(Path("r.html").read_text())
+
+    some = figures("c", [(0.05, 0.1), (0.03, -0.1), (0.04, -0.2), (0.06, 0.3)])
+    best_line = arr(some["history"]["data"][1]["y"]).astype(float)
+    assert math.isnan(best_line[0]) and best_line[1:].tolist() == [0.03, 0.04, 0.04]
+    none = figures("d", [(0.05, 0.1), (0.03, 0.2)])
+    assert none["daily"]["layout"]["meta"]["empty"] == (
+        "study 'd' has no completed feasible trial yet: every completed trial with a value (2) is outside "
+        "study.constraints")

@@ -14,7 +14,7 @@ from sweeper.baseline.compare import baseline_daily
 from sweeper.inspect.figures_base import LAYOUT, SPLIT_COLORS, TWO_AXES, StudyData, empty, finite
 from sweeper.inspect.results import read_daily, selection_report
 from sweeper.store.layout import trial_files
-from sweeper.store.studies import ranked
+from sweeper.store.studies import no_best, ranked
 from sweeper.validation import contract as K
 
 
@@ -46,7 +46,7 @@ def overfit_figure(data: StudyData) -> go.Figure:
 
 def daily_figure(data: StudyData) -> go.Figure:
     if data.best is None:
-        return empty("no complete trial yet")
+        return empty(no_best(data.study))
     files = trial_files(data.run_dir, data.best.number)
     traces, days = [], {}
     folds = data.folded  # the daily file holds every fold's valid block

@@ -11,13 +11,14 @@ import plotly.graph_objects as go
 from sweeper.inspect.figures_base import LAYOUT, SPLIT_COLORS, StudyData, empty
 from sweeper.inspect.printing import scope_words
 from sweeper.inspect.results import scored_on
+from sweeper.store.studies import no_best
 
 
 def _meta(data: StudyData) -> dict[str, Any] | go.Figure:
     """The figures' numbers, and ``scored_on``: the dates of valid and test (``best --json``'s); the
     placeholder figure when there is no best trial or no long-short view of it."""
     if data.best is None:
-        return empty("no complete trial yet")
+        return empty(no_best(data.study))
     if not data.long_short:
         return empty(f"no long-short view: {data.long_short_note or 'not computed'}")
     first = next(iter(data.long_short.values()))

@@ -12,14 +12,15 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
 from sweeper.inspect.figures_base import LAYOUT, STATE_COLORS, StudyData, empty
-from sweeper.store.studies import scored
+from sweeper.store.studies import feasible, scored
 
 
 def history_figure(data: StudyData) -> go.Figure:
     done = scored(data.trials)
     numbers = np.array([t.number for t in done], dtype=np.int64)
     values = np.array([t.value for t in done], dtype=np.float64)
-    best = (np.maximum if data.maximize else np.minimum).accumulate(values) if len(values) else values
+    ok = np.where([feasible(t) for t in done], values, np.nan)  # the best so far: of the feasible trials
+    best = (np.fmax if data.maximize else np.fmin).accumulate(ok) if len(values) else values
     return go.Figure([go.Scatter(x=numbers, y=values, mode="markers", name=data.metric,
                                  marker={"size": 6, "opacity": 0.7}),
                       go.Scatter(x=numbers, y=best, mode="lines", name="best so far",

@@ -18,6 +18,7 @@ from sweeper.inspect.figures_base import LAYOUT, StudyData, empty
 from sweeper.inspect.ic_views import daily_frames, ic_by_year_report
 from sweeper.quant.ic_time import ic_by_month
 from sweeper.store.layout import SPLITS, baseline_files, trial_files
+from sweeper.store.studies import no_best
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 ROW_HEIGHT = 28  # pixels per year row, so a long split stays readable
@@ -38,7 +39,7 @@ def month_heatmap(daily: pd.DataFrame, name: str) -> tuple[go.Heatmap, dict[str,
 
 def ic_time_figure(data: StudyData) -> go.Figure:
     if data.best is None:
-        return empty("no complete trial yet")
+        return empty(no_best(data.study))
     panels = {"best": daily_frames(trial_files(data.run_dir, data.best.number))}
     if baseline := daily_frames(baseline_files(data.run_dir)):
         panels["baseline"] = baseline
