@@ -170,6 +170,29 @@ def test_a_panel_cache_that_cannot_be_made_exits_2(tmp_path, monkeypatch):
         "folder, or data.cache: false")
 
 
+def test_a_cache_or_database_whose_folder_is_a_file_exits_2(tmp_path, monkeypatch):
+    """A Parquet panel's cache and a SQLite storage under a file: validate passed the storage and crashed
+    on the cache (the file's fingerprint memo was written first); run crashed on the storage's folder."""
+    from sweeper.errors import StorageError
+    from sweeper.store import open_storage
+
+    monkeypatch.chdir(tmp_path)
+    CliRunner().invoke(main, ["data", "synth", "p.parquet", "--assets", "20", "--dates", "60", "--features", "2"])
+    Path("s.yaml").write_text("data: {path: p.parquet}\n")
+    for key, value, line in [
+        ("--set", f"data.cache_dir={tmp_path}/p.parquet/c", f"data.cache_dir: the panel cache {tmp_path}/p.parquet/c "
+         f"cannot be made or written ({tmp_path}/p.parquet: Not a directory); set data.cache_dir or "
+         "$SWEEPER_CACHE_DIR to a writable folder, or data.cache: false"),
+        ("--storage", f"sqlite:///{tmp_path}/p.parquet/x.db", f"storage sqlite:///{tmp_path}/p.parquet/x.db: cannot "
+         f"create {tmp_path}/p.parquet/x.db ({tmp_path}/p.parquet: Not a directory)")]:
+        result = CliRunner().invoke(main, ["validate", "s.yaml", key, value], catch_exceptions=False)
+        assert (result.exit_code, result.output.strip().splitlines()[-1]) == (2, f"Error: {line}")
+    with pytest.raises(StorageError) as err:  # run's own open, past a pre-flight check
+        open_storage(f"sqlite:///{tmp_path}/p.parquet/x.db")
+    assert str(err.value) == (f"storage sqlite:///{tmp_path}/p.parquet/x.db: cannot make the database "
+                              f"{tmp_path}/p.parquet/x.db ([Errno 17] File exists: '{tmp_path}/p.parquet')")
+
+
 def test_a_dashboard_port_in_use_exits_2(tmp_path, monkeypatch):
     import socket
 

@@ -172,3 +172,15 @@ def test_a_trial_failed_by_another_driver_is_dropped_cleanly_and_rerun(study_fil
     log = "".join(p.read_text() for p in Path("runs/tiny/logs").iterdir())
     assert f"trial {victim[0]} was already finished as FAIL (interrupted) by another driver" in log
     assert "Traceback" not in log
+
+
+def test_an_s3_artifact_stores_run_folder_lies_beside_the_study_file(tmp_path, monkeypatch):
+    """With study.artifacts: s3://... the trials' files were kept in runs/<name> of the folder the command
+    ran in (another cd, another run folder), while the default database stays beside the study file."""
+    from sweeper.store.layout import run_dir
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp/s.yaml").write_text("study: {name: t, artifacts: 's3://bucket'}\ndata: {path: p.parquet}\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("exp/s.yaml")
+    assert run_dir(cfg) == Path("exp/runs/t") and cfg.study.resolved_storage == "sqlite:///exp/runs/t/study.db"

@@ -124,7 +124,11 @@ class StudyConfig(Section):
 
     @property
     def resolved_artifacts(self) -> str:
-        return self.artifacts or os.path.join(self._root, "runs", self.name)
+        return self.artifacts or self.default_run_dir
+
+    @property
+    def default_run_dir(self) -> str:  # the study file's folder's runs/<name> (an s3:// store's too)
+        return os.path.join(self._root, "runs", self.name)
 
 
 class SyntheticConfig(Section):

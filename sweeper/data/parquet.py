@@ -5,6 +5,7 @@ date, ISO string or YYYYMMDD integer), an asset column (any type, compared as te
 feature columns and a numeric label column (the forward return)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -242,7 +243,8 @@ def file_fingerprint(path: str | Path, selection: Mapping[str, object], memo: Pa
     with open(path, "rb") as fh:
         digest = hashlib.file_digest(fh, "sha256")
     digest.update(chosen.encode())
-    if record is not None:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        write_text(record, digest.hexdigest())
+    if record is not None:  # a memo: one that cannot be kept is not (the cache's own check says why)
+        with contextlib.suppress(OSError):
+            record.parent.mkdir(parents=True, exist_ok=True)
+            write_text(record, digest.hexdigest())
     return digest.hexdigest()

@@ -13,7 +13,6 @@ PostgreSQL, a file lock on SQLite) because RDBStorage's constructor races with i
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import threading
 import warnings
@@ -27,6 +26,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from sqlalchemy import event
 
+from sweeper.atomic import unwritable
 from sweeper.config.anchor import sqlite_path
 from sweeper.devices import fake
 from sweeper.errors import StorageError, StorageOutage
@@ -209,9 +209,12 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     if (path := sqlite_path(url)) is not None and not path.exists() and not create:
         raise StorageError(f"storage {url}: no such database file {path}")
     if create and path is not None:  # the folder, and the file in WAL (persistent) before Optuna opens it
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.closing(sqlite3.connect(path, timeout=sqlite_busy_timeout_s())) as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.closing(sqlite3.connect(path, timeout=sqlite_busy_timeout_s())) as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+        except (OSError, sqlite3.Error) as exc:  # a file where its folder should be, no permission
+            raise StorageError(f"storage {url}: cannot make the database {path} ({exc})") from None
 
     def connect() -> SweeperStorage:
         with quiet_optuna(), schema_guard(url, create) as ready:
@@ -309,10 +312,8 @@ def check_reachable(url: str) -> None:
                     db.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StorageError(f"storage {url}: {path} is not a SQLite database ({exc})") from None
-        elif path is not None:
-            parent = next((p for p in path.parents if p.exists()), Path("."))
-            if not os.access(parent, os.W_OK):
-                raise StorageError(f"storage {url}: cannot create {path}: {parent} is not writable")
+        elif path is not None and (why := unwritable(path.parent)) is not None:  # tried: root passes access()
+            raise StorageError(f"storage {url}: cannot create {path} ({why})")
         return
     try:
         engine = sqlalchemy.create_engine(url, **engine_kwargs(url))

@@ -81,7 +81,7 @@ def run_dir(cfg: SweeperConfig | StudyConfig) -> Path:
     """The study's run folder on this host (from the whole config or its study section)."""
     study = cfg.study if isinstance(cfg, SweeperConfig) else cfg
     artifacts = study.resolved_artifacts
-    return Path(f"runs/{study.name}") if artifacts.startswith("s3://") else Path(artifacts)
+    return Path(study.default_run_dir if artifacts.startswith("s3://") else artifacts)
 
 
 class _File:
