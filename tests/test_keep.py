@@ -250,25 +250,34 @@ def test_gc_dry_run_lists_and_removes_nothing_then_gc_removes(study_file, workdi
     command = out[out.index("echo "):].strip().replace("\n", "")
     words = command.split()
     assert yaml.safe_load(shlex.split(command)[1]) == [study.trials[gone].params]
-    assert words[-4:] == ["run", str(path), "--enqueue", f"trial-{gone}.yaml"]
+    # the study's 4 trials used its budget: the command raises it by one (--enqueue refused it)
+    assert words[-6:] == ["run", str(path), "--enqueue", f"trial-{gone}.yaml", "--set", "study.n_trials=5"]
     # read with --set (a study run as `--set study.name=...`): the command to paste carries it, or it
     # would run another study
     out = _cli("predict", path, "--set", "study.name=tiny", "--trial", gone, "-o", "p.csv", code=2)
-    assert out[out.index("echo "):].strip().replace("\n", "").split()[-6:] == [
-        "run", str(path), "--set", "study.name=tiny", "--enqueue", f"trial-{gone}.yaml"]
+    assert out[out.index("echo "):].strip().replace("\n", "").split()[-8:] == [
+        "run", str(path), "--set", "study.name=tiny", "--enqueue", f"trial-{gone}.yaml", "--set", "study.n_trials=5"]
 
     # the best trial's weights gone too (another policy's gc, or by hand): best says so
     best = top_trials(study, 1)[0]
     Path(f"runs/tiny/trials/{best.number}/weights.pt").unlink()
     report = json.loads(_cli("best", path, "--json"))
     assert (report["trial"], report["weights"], report["weights_removed"]) == (best.number, None, True)
-    assert report["retrain"] == retrain_command(best, str(path))
+    assert report["retrain"] == retrain_command(best, str(path), study, 4)
     assert f"  weights: gone (study.keep, gc, or by hand); retrain: {report['retrain']}\n" in _cli("status", path)
     # a top-3 ensemble member with neither weights nor predictions: the retrain command its error gives
     # names the study file (it said `sweeper run STUDY`), as best's own line does
     from sweeper.inspect.frames import TrialFrames
 
     assert TrialFrames(load_config(path), study, study_file=str(path)).predictor.study_file == str(path)
+    # the retrain, as the command runs it: it stands in for the trial (they tie: the trial ranks first)
+    Path(f"trial-{best.number}.yaml").write_text(yaml.safe_dump([best.params]))
+    _cli("run", path, "--enqueue", f"trial-{best.number}.yaml", "--set", "study.n_trials=5")
+    twin = study.trials[4]
+    assert twin.params == best.params and twin.value == best.value and top_trials(study, 1)[0].number == best.number
+    assert json.loads(_cli("best", path, "--json"))["weights"] == f"runs/tiny/trials/4/weights.pt"
+    out = _cli("predict", path, "-o", "retrained.parquet")
+    assert f"trial {best.number}'s weights are gone: its retrain, trial 4, scores for it" in out
     # a finished trial's daily IC file removed (study.keep.predictions): the selection-bias figures leave
     # it out, and say so (they read as if every trial were counted)
     other = next(n for n in rest if n != best.number)

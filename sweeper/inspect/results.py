@@ -122,7 +122,7 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     ua, trials = best.user_attrs, study.get_trials(deepcopy=False)
     folder = files_folder(cfg, study)  # this study's files, wherever another study put them
     files = layout.trial_files(folder, best.number)
-    out = _trial_report(cfg, best, files, study_file)
+    out = _trial_report(cfg, study, best, folder, study_file)
     out.update(folds_report(study, cfg, best))
     out["scored_on"] = scored_on(study.user_attrs, portfolio)  # which dates each figure covers
     out.update({k: plain(ua[k]) for k in STACK_KEYS if k in ua})  # how its runs stacked, and why
@@ -146,16 +146,21 @@ def best_report(study: optuna.Study, cfg: SweeperConfig, *, portfolio: bool = Fa
     return out
 
 
-def _trial_report(cfg: SweeperConfig, best: FrozenTrial, files: layout.TrialFiles,
+def _trial_report(cfg: SweeperConfig, study: optuna.Study, best: FrozenTrial, folder: Path,
                   study_file: str | None) -> dict[str, Any]:
-    """The best trial's number, value, params, metrics and weights (or how to retrain them)."""
+    """The best trial's number, value, params, metrics and weights (its retrain's, or how to retrain it)."""
+    files = layout.trial_files(folder, best.number)
     out = {"trial": best.number, "value": best.value, "metric": cfg.study.metric,
            "objective": objective_label(cfg.study.metric, cfg.validation),  # what "value" is
            "params": best.params,
            "metrics": {k: plain(best.user_attrs.get(k)) for k in BEST_METRICS if k in best.user_attrs},
            "weights": str(files.weights) if files.weights.exists() else None}
     if retention.weights_removed(best, files):
-        out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file))
+        if (twin := retention.stand_in(best, study.get_trials(deepcopy=False), folder)) is not None:
+            out["weights"] = str(layout.trial_files(folder, twin.number).weights)
+        else:
+            out.update(weights_removed=True, retrain=retention.retrain_command(best, study_file, study,
+                                                                               cfg.study.n_trials))
     return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from sweeper.inspect.trials import model_dates, trial_config
 from sweeper.models.check_cache import code_changed, source_digest
 from sweeper.store.layout import TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
-from sweeper.study.retention import no_model, retrain_command, weights_removed
+from sweeper.study.retention import no_model, retrain_command, stand_in, weights_removed
 from sweeper.validation.grid import RunGrid
 from sweeper.validation.scores import ensemble_frame
 
@@ -45,13 +46,13 @@ MOVED = ("the study's data file changed since the study ran: each split is its s
          "with each trial's own statistics, as --data scores a file")
 
 
-def load_weights(files: TrialFiles, trial: FrozenTrial, study_file: str | None = None) -> dict[str, Any]:
+def load_weights(files: TrialFiles, trial: FrozenTrial, retrain: Callable[[], str]) -> dict[str, Any]:
     """The best epoch's state dict (tensors on the CPU). Weights that ``study.keep`` (or
-    ``sweeper gc``) removed are a DataError with the command that retrains the trial."""
+    ``sweeper gc``) removed are a DataError with the command that retrains the trial (``retrain()``)."""
     path = files.weights
     if weights_removed(trial, files):
         raise DataError(f"{path}: trial {trial.number}'s weights are gone (study.keep, gc, or by hand); "
-                        f"retrain it with its params as a new trial: {retrain_command(trial, study_file)}")
+                        f"retrain it with its params as a new trial: {retrain()}")
     if not path.exists():
         raise DataError(f"{path}: missing; trial {trial.number} " + (
             f"is {trial.state.name} and wrote no weights" if (never := no_model(trial)) is None
@@ -147,6 +148,9 @@ class Predictor:
         from sweeper.models import build_model
 
         files = trial_files(self.run_dir, trial.number)
+        if weights_removed(trial, files) and (twin := stand_in(trial, self.study.get_trials(), self.run_dir)):
+            note = f"trial {trial.number}'s weights are gone: its retrain, trial {twin.number}, scores for it"
+            self.notes[note], files = None, trial_files(self.run_dir, twin.number)
         tcfg = trial_config(files, self.cfg)
         if changed := code_changed(self.code_now, trial.user_attrs, self.study.user_attrs):
             raise ConfigError(f"{changed}, so trial {trial.number}'s weights would score another model than "
@@ -156,7 +160,8 @@ class Predictor:
         used = files.refit_files if refit else files  # the refit's model files, or the trial's own
         if refit and not used.weights.exists():
             raise DataError(f"{used.weights}: missing beside its refit.json; run `sweeper refit` again")
-        first = _state_dict(used.weights) if refit else load_weights(files, trial, self.study_file)
+        first = _state_dict(used.weights) if refit else load_weights(files, trial, functools.partial(
+            retrain_command, trial, self.study_file, self.study, self.cfg.study.n_trials))
         others = [used.member_weights(r) for r in range(1, tcfg.validation.repeats)]  # every seed's
         if missing := [p.name for p in others if not p.exists()]:  # a mean of fewer seeds is another model
             raise DataError(f"{used.folder}: {', '.join(missing)} missing; the model is the mean of its "

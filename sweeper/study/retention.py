@@ -209,11 +209,20 @@ def no_model(trial: FrozenTrial) -> str | None:
             f"(fold {folds}, seed 1) never finished")
 
 
-def retrain_command(trial: FrozenTrial, study_file: str | None) -> str:
+def retrain_command(trial: FrozenTrial, study_file: str | None, study: optuna.Study, n_trials: int) -> str:
     """The shell command that runs ``trial``'s params again as a new trial of the study: its
     params as a one-line YAML list of one flow mapping, the file ``run --enqueue`` reads. ``study_file``: the
-    study as the command was given it, shell-quoted (its --set and --storage too)."""
+    study as the command was given it, shell-quoted (its --set and --storage too); a budget (``n_trials``)
+    the study's trials have used is raised by one, or ``--enqueue`` refuses it (:func:`stand_in` then)."""
     params = yaml.safe_dump([dict(trial.params)], default_flow_style=True, width=10**6).strip()
-    target = f"trial-{trial.number}.yaml"
-    return (f"echo {shlex.quote(params)} > {target} && "
-            f"sweeper run {study_file or 'STUDY'} --enqueue {target}")
+    target, held = f"trial-{trial.number}.yaml", len(study.get_trials(deepcopy=False, states=(
+        TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)))
+    return (f"echo {shlex.quote(params)} > {target} && sweeper run {study_file or 'STUDY'} --enqueue {target}"
+            + (f" --set study.n_trials={held + 1}" if held >= n_trials else ""))
+
+
+def stand_in(trial: FrozenTrial, trials: list[FrozenTrial], run_dir: Path) -> FrozenTrial | None:
+    """A retrain of ``trial``, whose weights are gone (:func:`retrain_command`): a later COMPLETE trial of
+    the same params whose weights are there. It scores in the trial's place (a tie ranks the trial first)."""
+    return next((t for t in trials if t.number > trial.number and t.state == TrialState.COMPLETE
+                 and t.params == trial.params and trial_files(run_dir, t.number).weights.exists()), None)
