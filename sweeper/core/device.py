@@ -27,24 +27,26 @@ def seed_everything(seed: int) -> None:
 
 class TrialMemory(Protocol):
     """The device memory a trial is measured by (the batch probe, the peak known before the first
-    epoch, each epoch's peak): :func:`trial_memory` gives a device's own; a caller may hand another."""
+    epoch, each epoch's peak): :func:`trial_memory` gives a device's own; a caller may hand another.
+    The bodies here are the host's (:class:`HostMemory`)."""
 
     def reader(self) -> MemoryReader | None:
         """What the batch probe measures against; None: nothing is probed (micro-batch = batch)."""
+        return None
 
     def start_peak_mb(self, probed_mb: float) -> float:
         """The peak reported before the first epoch (packing charges the trial by it), from what the
         probe measured (NaN: nothing probed). May raise OutOfMemory, as a probe does."""
+        return probed_mb
 
-    def reset_peak(self) -> None:
-        """An epoch begins."""
+    def reset_peak(self) -> None: return  # an epoch begins
 
     def peak_mb(self) -> float:
         """The peak since the epoch began."""
 
 
 @dataclass(frozen=True)
-class CudaTrialMemory:
+class CudaTrialMemory(TrialMemory):
     """A CUDA device's memory, within ``limit_mb``, the trial's allotment of a GPU it shares
     (None: all that is free). Peaks are the caching allocator's allocated bytes."""
 
@@ -54,9 +56,6 @@ class CudaTrialMemory:
     def reader(self) -> CudaMemory:
         return CudaMemory(self.device, self.limit_mb)
 
-    def start_peak_mb(self, probed_mb: float) -> float:
-        return probed_mb
-
     def reset_peak(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -64,17 +63,9 @@ class CudaTrialMemory:
         return torch.cuda.max_memory_allocated(self.device) / 2**20
 
 
-class HostMemory:
+class HostMemory(TrialMemory):
     """The CPU's: nothing is probed (the host's allocator tells no free memory or peak); a peak is
     the process's peak resident size, which cannot be reset."""
-
-    def reader(self) -> None:
-        return None
-
-    def start_peak_mb(self, probed_mb: float) -> float:
-        return probed_mb
-
-    def reset_peak(self) -> None: ...
 
     def peak_mb(self) -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
