@@ -15,12 +15,13 @@ from typing import Any
 
 from sweeper.config import SweeperConfig
 from sweeper.core.checkpoint import member_states
-from sweeper.core.hooks import Checkpointer, EpochHook
+from sweeper.core.hooks import Checkpointer, EpochHook, NullHook
 
 
-class PopulationHook:
+class PopulationHook(NullHook):
     """The core's hook for a stack of several trials' runs (``hooks[t]``: trial ``t``'s own, whose
-    members are ``members[t]``, consecutive)."""
+    members are ``members[t]``, consecutive). Its ``begin`` is the null one: the runner begins each
+    trial's hook with its own runs and offset."""
 
     def __init__(self, hooks: Sequence[EpochHook], members: Sequence[list[int]],
                  settle: Callable[[int, list[Any]], None] = lambda t, results: None,
@@ -39,9 +40,6 @@ class PopulationHook:
 
     def _live(self) -> list[int]:
         return [t for t in range(len(self.hooks)) if t not in self.ended]
-
-    def begin(self, runs: list[dict[str, int]], offset: int) -> None:
-        """Nothing: the runner begins each trial's hook with its own runs and offset."""
 
     def on_epoch(self, epoch: int, rows: list[dict[str, Any] | None]) -> bool:
         for t in self._live():
