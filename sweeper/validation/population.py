@@ -81,18 +81,15 @@ class PopulationHook(NullHook):
             hook.on_probe(peak_mb)
 
 
-class PopulationCheckpointer:
+class PopulationCheckpointer(Checkpointer):
     """Each trial's members saved through that trial's own checkpointer, as a stack of them alone
     (none of a trial that trains no more, ``ended()``: pruned, or failed, whose state a save would
     only overwrite with its masked or non-finite weights); a population starts fresh (its trials are
-    new: a retry runs alone), so it loads nothing."""
+    new: a retry runs alone), so it loads nothing (the protocol's ``load``)."""
 
     def __init__(self, parts: Sequence[tuple[list[int], Checkpointer, SweeperConfig]],
                  ended: Callable[[], Collection[int]] = lambda: ()) -> None:
         self.parts, self.ended = list(parts), ended
-
-    def load(self) -> dict | None:
-        return None
 
     def save(self, state: dict) -> None:
         ended = self.ended()
