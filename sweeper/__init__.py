@@ -17,6 +17,5 @@ the GPUs and slots, :mod:`sweeper.baseline` the LightGBM baseline. The modules a
 - :mod:`~sweeper.errors`: the domain errors the CLI maps to exit code 2;
 - :mod:`~sweeper.atomic`: atomic file writes;
 - :mod:`~sweeper.plain`: a value in its stored JSON form."""
-from __future__ import annotations
 
 __version__ = "0.1.0"

@@ -9,7 +9,6 @@ umask), not mkstemp's 0600: on shared storage a colleague must be able to read a
 A write that finds no space (ENOSPC) or no quota (EDQUOT) raises
 :class:`~sweeper.errors.DiskFull` naming the file; :func:`disk_full` and :func:`as_disk_full`
 are the same rule for writes that are not atomic (logs, CSVs)."""
-from __future__ import annotations
 
 import contextlib
 import csv

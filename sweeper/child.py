@@ -5,7 +5,6 @@
 - death with its parent, so that no orphan keeps holding a GPU;
 - its stdout set aside for its answers (:func:`answers`) and pointed at stderr, its log, so that
   nothing it prints (a model, a C library) lands among them."""
-from __future__ import annotations
 
 import ctypes
 import os

@@ -2,7 +2,6 @@
 
 Domain errors (``SweeperError``) become one message and exit code 2 at a
 single boundary, :class:`SweeperGroup`. Nothing else here holds logic."""
-from __future__ import annotations
 
 import atexit
 import functools

@@ -7,7 +7,6 @@ subclasses end one trial, never the sweep; ``reason`` is the trial's ``fail_reas
 Two exceptions stop things, one per boundary: :class:`StopRequested` stops a process's work (a signal, or a
 worker's ``stop`` command, ends a wait or the set-up; the CLI exits 128 + the signal), and
 :class:`Interrupted` stops one trial at a step boundary (recorded FAIL with ``fail_reason: interrupted``)."""
-from __future__ import annotations
 
 import signal
 import sys

@@ -6,7 +6,6 @@ In a driver the token is also the SIGINT/SIGTERM handler: during set-up a signal
 once the dispatch loop runs, the first signal asks for a drain (running trials stop at their next step) and
 the second for a kill. In a worker the driver's ``stop`` command or the end of its stdin requests the stop.
 A reader of stdout or stderr that leaves (``| head``) stops nothing: :func:`unheard`."""
-from __future__ import annotations
 
 import os
 import signal

@@ -2,7 +2,6 @@
 :func:`start`: the worker fork server (:class:`sweeper.dispatch.forkserver.ForkServer`: ready in
 about 0.1 s) while it lives, else a fresh interpreter (seconds of imports).
 The child's side is :mod:`sweeper.child`; this is the parent's, which a worker never loads."""
-from __future__ import annotations
 
 import contextlib
 import os

@@ -1,7 +1,6 @@
 """A value in its stored JSON form: the one home of the rule. NaN and infinities become null
 (JSON has neither, and one NaN must not cost ``--json`` its output), numpy and torch scalars
 become Python numbers, and lists (a trial's per-fold figures) are converted item by item."""
-from __future__ import annotations
 
 import math
 from typing import Any

@@ -15,7 +15,6 @@ trains every seed (``train.seed + r``) and writes one weights file per seed.
 It writes ``trials/<n>/refit/``: ``weights.pt``, ``norm_stats.json``, then ``refit.json`` (each atomically;
 the record goes last and is removed first when a refit is replaced, so a reader never takes half a refit for
 one). ``predict --data`` uses it (:mod:`sweeper.inspect.trial_model`)."""
-from __future__ import annotations
 
 import dataclasses
 import datetime

@@ -8,7 +8,6 @@ is the difference fold by fold, and the valid t-statistic runs over the dates of
 
 Pure: the daily ICs come in as arrays (the inspect layer reads the trial's files), the
 baseline's from its study attribute (:mod:`sweeper.baseline.job`)."""
-from __future__ import annotations
 
 import math
 from typing import Any, TypeGuard

@@ -7,7 +7,6 @@ value); the study's pinned lookback makes that rare, since the train split start
 Too many train rows for ``baseline.max_rows``, or for a quarter of the memory available now (the design
 matrix, LightGBM's binned copy and the valid split's matrix side by side), keep every k-th train date (whole
 dates, so each kept date's cross-section is complete) and say so in :attr:`Design.subsampled`."""
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass

@@ -11,7 +11,6 @@ last fold's booster's, whose train window ends closest to the test split.
 The defaults are Qlib's LightGBM Alpha158 benchmark (examples/benchmarks/LightGBM/
 workflow_config_lightgbm_Alpha158.yaml, and LGBModel.fit's 1000 rounds with early stopping after
 50), except ``num_threads``: the baseline gets the threads of the slot it runs in."""
-from __future__ import annotations
 
 import re
 import time

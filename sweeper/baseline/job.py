@@ -10,7 +10,6 @@ folder's ``baseline/`` (:class:`sweeper.store.layout.BaselineFiles`) and two stu
 ``python -m sweeper.baseline.job`` is the subprocess a sweep starts (with the threads of one
 slot); a failure there is recorded as ``failed`` with its error and ends nothing else. Its exit
 codes are :class:`sweeper.baseline.state.ExitCode`."""
-from __future__ import annotations
 
 import argparse
 import json

@@ -16,7 +16,6 @@ study has none yet, the last one was interrupted, or its driver died without a w
 memory: a running one whose pid this host sees gone), under the claim lock, so of two drivers that ask at once
 one gets it and a resume never computes a done (or failed) one again. The sweep settles only its own run
 (:func:`settle`): a state another driver or the job itself wrote since is left as it is."""
-from __future__ import annotations
 
 import datetime as dt
 from enum import IntEnum, StrEnum

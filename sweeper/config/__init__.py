@@ -10,7 +10,6 @@
 - :mod:`~sweeper.config.validation`: the ``validation`` section (holdout, walk-forward folds, seeds);
 - :mod:`~sweeper.config.long_sweeps`: the sections of long sweeps (``study.keep``, the baseline, warm starts).
 """
-from __future__ import annotations
 
 from sweeper.config.dotted import condition_met, config_hash, config_value, flatten, to_dict
 from sweeper.config.drift import drift

@@ -9,7 +9,6 @@ keeps them for ``predict`` and ``refit`` to read from any folder.
 A study made before this rule (issue 42) has its storage and run folder relative to the folder
 it ran from (its data there too, when the file was there): found only there, it is used there,
 with a one-line notice on how to move it."""
-from __future__ import annotations
 
 import json
 import os

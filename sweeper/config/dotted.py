@@ -2,7 +2,6 @@
 
 The YAML file, ``--set``, ``search_space`` keys, Optuna param names and the
 stored study attributes all address a value by the same dotted path."""
-from __future__ import annotations
 
 import hashlib
 import json

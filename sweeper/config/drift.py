@@ -3,7 +3,6 @@
 Two rules use it: a resumed study refuses a study file whose data, model, training or search space changed
 (:data:`STUDY_SECTIONS`), and a checkpoint only continues the run that wrote it (:data:`CHECKPOINT_SECTIONS`).
 """
-from __future__ import annotations
 
 import contextlib
 from typing import Any

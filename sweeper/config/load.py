@@ -1,7 +1,6 @@
 """Reading a study file: YAML -> overrides -> one validated :class:`SweeperConfig`.
 
 Every problem becomes one :class:`ConfigError` naming the file and the dotted key."""
-from __future__ import annotations
 
 import copy
 import datetime

@@ -1,6 +1,5 @@
 """The base of every study-file section: an unknown key is refused, and true or false is never read as a
 number (pydantic's lax mode reads ``epochs: yes`` or ``--set train.lr=true`` as 1)."""
-from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable

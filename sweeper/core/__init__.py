@@ -22,7 +22,6 @@ No Optuna, no store, no CLI: the sweep drives it through :class:`EpochHook` and
 - :mod:`~sweeper.core.evaluate`: predictions, per-epoch validation scores, final scores;
 - :mod:`~sweeper.core.progress`: what the loop carries from epoch to epoch;
 - :mod:`~sweeper.core.device`: device choice, seeding, and the memory a trial is measured by."""
-from __future__ import annotations
 
 from sweeper.core.checkpoint import FileCheckpointer, checkpoint_epoch, copy_checkpoint
 from sweeper.core.device import resolve_device

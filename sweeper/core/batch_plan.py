@@ -1,6 +1,5 @@
 """The batch plan chosen before training (:func:`sweeper.core.step.plan_stack` probes it), and
 halving the micro-batch after an OOM."""
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass

@@ -5,7 +5,6 @@ Rules from their bug trackers shape this module: one OOM predicate; probe with t
 optimizer state, evaluation); peaks counted from one base taken before probing, so what outlives an attempt
 (AdamW's moments, made by the first step) is charged to every size; a cap and a margin; and recovery from an
 OOM *outside* the ``except`` block, once the exception's frames (and the tensors they reference) are gone."""
-from __future__ import annotations
 
 import gc
 from collections.abc import Callable

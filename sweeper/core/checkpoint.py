@@ -6,7 +6,6 @@ A state holds tensors, numbers, strings, lists and dicts only, so it loads with
 and config (no sidecar file could name another epoch): :func:`checkpoint_meta` reads them through a memory map
 without loading the tensors, so that a retry can replay exactly the intermediate values its checkpoint covers.
 """
-from __future__ import annotations
 
 import random
 import shutil

@@ -1,5 +1,4 @@
 """The device a trial trains on: which one, seeding, and the memory it is measured by."""
-from __future__ import annotations
 
 import random
 import resource

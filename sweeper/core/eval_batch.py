@@ -8,7 +8,6 @@ wins depends on the model and the CPU, so :func:`measure` times the trial's mode
 each candidate size up to the longest split (a size past it is one forward, as the largest is), in
 interleaved rounds (load from other processes hits every size alike; the best round of each kept),
 and takes the fastest. The host keeps the choice per shape (:mod:`sweeper.core.host_cache`)."""
-from __future__ import annotations
 
 import time
 from collections.abc import Callable

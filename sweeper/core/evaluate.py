@@ -1,6 +1,5 @@
 """Scoring a model on a split: predictions in sample order (halving the batch on OOM), the
 per-epoch validation scores, and the final valid and test scores through ``predict``."""
-from __future__ import annotations
 
 import math
 from collections.abc import Callable

@@ -3,7 +3,6 @@ plus the null objects that stand in when nobody listens or keeps state.
 
 Every method of a protocol is called unconditionally (no ``getattr`` for optional ones): a
 hook that needs only some of them subclasses :class:`NullHook` and keeps its no-ops."""
-from __future__ import annotations
 
 from collections.abc import Collection
 from typing import Any, Protocol

@@ -3,7 +3,6 @@ same shape on the same machine (``sweeper train`` again, a new study) does not p
 kind under the panel cache's root, one JSON file per key. A key is what the measurement depends on plus the
 machine that made it (the device and its name, the CPU's model, torch's threads and version); an entry that
 cannot be read is measured again, one that cannot be written is only measured again."""
-from __future__ import annotations
 
 import contextlib
 import hashlib

@@ -1,6 +1,5 @@
 """A stack's members (a config and its fold's panel) and their lanes: everything a run carries
 through the loop (its data, generators, schedule position, progress and this epoch's steps)."""
-from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field

@@ -13,7 +13,6 @@ micro-batch stay as they were. The stack ends when every member has stopped, whe
 or when ``train.max_minutes`` runs out.
 
 Read :func:`train_stack` top to bottom, as nanoGPT's train.py: set-up, the epochs, the scores."""
-from __future__ import annotations
 
 import math
 import time

@@ -1,7 +1,6 @@
 """``train.loss`` -> the :class:`Loss` a run trains and validates with, picked once. A loss is two
 rules that must agree: its value on a batch, and how a batch's rows split into micro-batches whose
 weighted losses add up to the loss of the whole batch."""
-from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import ClassVar

@@ -14,7 +14,6 @@ member that has stopped, finished its epoch or produced a non-finite gradient ma
 A stack of one runs torch's own AdamW (its fused kernel where it runs) and ``clip_grad_norm_`` on
 the member's tensors, whose state lives in the same flat buffers: to the bit the run torch's
 optimizer would make (a row norm and the flat update round differently in the last bits)."""
-from __future__ import annotations
 
 import itertools
 import warnings

@@ -1,5 +1,4 @@
 """``train.precision`` -> autocast dtype. AMP is a lookup, not a framework."""
-from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass

@@ -1,6 +1,5 @@
 """What the loop carries from epoch to epoch, what it learns of an epoch's steps at each host sync,
 and the one-line epoch summary."""
-from __future__ import annotations
 
 import math
 from collections.abc import Callable

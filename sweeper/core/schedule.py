@@ -4,7 +4,6 @@ An epoch's batches are *rows* (the (t, i) sample pairs of the sample index), not
 gathers each micro-batch itself, so that a smaller micro-batch after an out-of-memory error also makes a
 smaller gather, and a failed gather can be redone. This is the one home of an epoch's order: a random
 permutation of the samples, or whole dates in a random order (:func:`epoch_rows`)."""
-from __future__ import annotations
 
 import inspect
 import math

@@ -8,7 +8,6 @@ in the trial's proportion, at each candidate size, in interleaved rounds so that
 processes hits every size alike, and :func:`choose` takes the largest size that beats every smaller
 one by :data:`MARGIN` in member-samples per second. A size whose batch probe finds no room is out.
 On a CPU with native bf16, :func:`measure_precision` first times fp32 against bf16 alike."""
-from __future__ import annotations
 
 import math
 import time

@@ -5,7 +5,6 @@ Nothing here reads a value back from the device: whether a step was non-finite s
 device-side flag that the optimizer itself obeys, and the loop reads each member's loss and
 flag later, many steps at a time (see ``loop.SYNC_EVERY``)."""
 
-from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager

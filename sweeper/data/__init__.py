@@ -21,7 +21,6 @@ rules, windows, device placement and the synthetic generator.
 
 The names below load on first use: the driver of ``sweeper run`` reads the panel cache's
 folder (:mod:`sweeper.data.cache`) and never imports torch."""
-from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any

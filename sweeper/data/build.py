@@ -6,7 +6,6 @@ temporaries: no full ``[rows, features]`` matrix sits beside the dense ``[dates,
 and normalisation writes back into it. ``alloc`` says where the arrays live: plain memory
 (``data.cache: false``) or the files of a panel cache entry being written (:mod:`sweeper.data.cache`), so
 both paths run the same code and give the same bits."""
-from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable

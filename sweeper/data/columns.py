@@ -3,7 +3,6 @@
 
 Vectorised: dates are parsed once per distinct value and dates and assets are factorised to integer codes,
 with no per-row Python; :func:`sweeper.data.build.scatter` then puts the values where the codes say."""
-from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass

@@ -11,7 +11,6 @@
   file is an error too (a typo would keep the column it was meant to drop).
 
 The result keeps the first occurrence of each column, in the order the entries select them."""
-from __future__ import annotations
 
 from fnmatch import fnmatchcase
 

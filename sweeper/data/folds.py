@@ -18,7 +18,6 @@ lookback, a block shorter than :data:`MIN_VALID_DATES`) is a ConfigError naming 
 only on the panel's dates and the pinned split widths: every trial of a study is judged on the same folds.
 
 Under ``holdout`` the layout is one fold: the panel's own train and valid splits."""
-from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass

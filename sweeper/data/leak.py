@@ -10,7 +10,6 @@ of each train target date (rows present, both values finite, at least 3 of them)
 A feature whose absolute mean exceeds ``data.max_feature_label_corr`` is refused with a DataError that names
 it, unless the excess is within the noise of so few rows (3 / sqrt(rows), e.g. 0.07 over 2,000 rows, 0.004
 over 500,000): a tiny panel's chance correlation is not a leak."""
-from __future__ import annotations
 
 import numpy as np
 

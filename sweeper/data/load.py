@@ -1,6 +1,5 @@
 """``load_panel``: a DataConfig -> a validated, normalised, split Panel (split with the study's
 pinned widths, ``data.split.*``); the leak guard (:mod:`sweeper.data.leak`) runs on the train split."""
-from __future__ import annotations
 
 import hashlib
 import json

@@ -7,7 +7,6 @@ enter any statistic.
 
 The work is done once, on the host, with numpy: it is single-threaded, so a busy machine cannot stall it the
 way it stalls torch's OpenMP threads, and numpy's argsort is several times faster than torch.sort here."""
-from __future__ import annotations
 
 import math
 from collections.abc import Callable

@@ -3,7 +3,6 @@
 Contract: long format, one row per (date, asset); a date column (timestamp,
 date, ISO string or YYYYMMDD integer), an asset column (any type, compared as text), numeric
 feature columns and a numeric label column (the forward return)."""
-from __future__ import annotations
 
 import contextlib
 import hashlib

@@ -11,7 +11,6 @@ nothing about it needs a label:
 - the splits are ``all`` (every date with a full lookback window, so the file needs only
   ``lookback - 1`` dates of history before the first date to score) and the study's
   train / valid / test date ranges, matched by date."""
-from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence

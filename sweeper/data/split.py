@@ -4,7 +4,6 @@ A sample's target date ``t`` has a label covering dates ``(t, t + horizon]``. Be
 of one split and the first target date of the next, ``horizon + embargo`` dates are dropped, so for every
 pair of targets ``t`` (earlier split) and ``u`` (later split): ``t + horizon + embargo < u``. The first
 ``lookback - 1`` dates are never targets (no full input window)."""
-from __future__ import annotations
 
 import itertools
 import math

@@ -5,7 +5,6 @@ conceptually) is a per-date z-scored signal plus overlapping noise, mixed so the
 the true signal vs the label, per date, averaged) is about ``TARGET_IC``. The signal needs the input window:
 ``tanh(mean of f0 over 10 dates) * sign(f1_t)`` plus ``f2_t - f2_{t-5}``, each scaled to unit variance; it
 uses features up to t only."""
-from __future__ import annotations
 
 import json
 import math

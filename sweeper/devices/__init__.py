@@ -2,7 +2,6 @@
 :mod:`~sweeper.devices.nvml`, or the fakes of :mod:`~sweeper.devices.fake`), the worker slots
 planned on them (:mod:`~sweeper.devices.slots`), and the arithmetic of packing trials by their
 memory (:mod:`~sweeper.devices.room`). No CUDA context, ever."""
-from __future__ import annotations
 
 from sweeper.devices.gpus import environment_summary, list_gpus, probe, telemetry
 from sweeper.devices.nvml import GPU, NvmlProbe

@@ -1,7 +1,6 @@
 """The GPUs this process sees, and what is reported of them: telemetry samples (and the sweep's thread that
 takes them, :class:`Telemetry`) and the study's environment, read by :func:`~sweeper.devices.fake.probe`. No
 CUDA context, ever (see :mod:`~sweeper.devices.nvml`)."""
-from __future__ import annotations
 
 import importlib.util
 import platform

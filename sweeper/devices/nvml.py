@@ -4,7 +4,6 @@ Everything here reads NVML (``nvidia-ml-py``) and never touches ``torch.cuda``: 
 hold a CUDA context (it would pin memory on every GPU and make forked workers unusable). Without the NVIDIA
 driver, :func:`read_nvml` finds none. Which reader a process uses, NVML's or the fakes of tests, is
 :func:`sweeper.devices.fake.probe`'s choice."""
-from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field

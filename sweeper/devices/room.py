@@ -16,7 +16,6 @@ largest measured peak of trials with the same ``model.*`` params; a trial of a s
 that must have the GPU to itself (``exclusive``: a retry after an OOM while sharing), starts only on a GPU
 where none of ours runs. A GPU where none of ours runs always takes one trial, so a sweep never waits for
 memory that cannot free up, and that trial is given all that is free there."""
-from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass

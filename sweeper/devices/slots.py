@@ -5,7 +5,6 @@ named by UUID because CUDA's default device order can differ from NVML's; a CPU 
 counts split the machine's cores between slots so concurrent trials don't oversubscribe. A GPU may add to
 its slots' env (``GPU.slot_env``: a fake GPU's train on the CPU). With ``trials_per_gpu: auto`` the driver
 starts a GPU's workers as packing needs them (:mod:`sweeper.dispatch.packer`)."""
-from __future__ import annotations
 
 import os
 from dataclasses import dataclass

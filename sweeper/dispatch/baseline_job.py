@@ -5,7 +5,6 @@ sweeper.baseline.job`` runs there with the slot's threads, taking the slot's tur
 
 Once per study: :mod:`sweeper.baseline.state` says who claims it and who records each of its ends (this driver
 settles only its own run). Nothing here raises into the loop: the sweep goes on whatever the baseline does."""
-from __future__ import annotations
 
 import json
 import os

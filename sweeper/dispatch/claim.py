@@ -1,6 +1,5 @@
 """Claiming a trial: under the study's lock, fail stale trials, count the budget, ask Optuna, and
 make the trial this driver's before anyone else looks."""
-from __future__ import annotations
 
 import contextlib
 import time

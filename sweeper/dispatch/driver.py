@@ -7,7 +7,6 @@ which worker takes the next trial). Each decision has one home: how a trial ends
 :mod:`sweeper.study.ending`; what an ended trial changes here, :meth:`Driver._ended`; whether the sweep
 stops, :mod:`sweeper.dispatch.stopping`. The view is fed by the events the loop handles; it never reads the
 study itself."""
-from __future__ import annotations
 
 import contextlib
 import selectors

@@ -1,6 +1,5 @@
 """One worker subprocess, as the driver sees it: start, talk, read, stop, and the state
 of the trial it runs. Its state changes only through its own methods."""
-from __future__ import annotations
 
 import contextlib
 import os

@@ -1,7 +1,6 @@
 """What the driver shows while it runs: a rich live view on a terminal, plain log lines
 otherwise, nothing in library use. Each is a :class:`sweeper.dispatch.view.View` (null-object
 style: the driver has no branches for output, and a view never polls the study)."""
-from __future__ import annotations
 
 import sys
 import time

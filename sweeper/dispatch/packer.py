@@ -8,7 +8,6 @@ our running trials' charges, and the peaks measured per model shape.
 
 A claimed trial that fits no GPU yet (too big for the room left, or needing a GPU to itself) is
 *held*: the driver claims nothing else, keeps its heartbeat, and starts it once room frees up."""
-from __future__ import annotations
 
 import contextlib
 import math

@@ -1,6 +1,5 @@
 """Parent: what ``prepare`` found, carried to the study's attributes, the driver and the view: no
 module global, no second read."""
-from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -1,7 +1,6 @@
 """Parent: stale trials and retries. A RUNNING trial whose driver is gone is failed as
 ``interrupted`` (with its reason recorded first), and every failure that deserves another
 go (:mod:`sweeper.study.retry_rule`) is queued with the same params and its checkpoint."""
-from __future__ import annotations
 
 import time
 from pathlib import Path

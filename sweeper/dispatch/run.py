@@ -2,7 +2,6 @@
 touched (:func:`prepare`; with ``data.cache: true`` loading the data builds, or evicts, panel
 cache entries: that is the cache's job), then the sweep itself (:func:`run`, which always shuts
 the :class:`~sweeper.dispatch.driver.Driver`'s workers down)."""
-from __future__ import annotations
 
 import json
 import signal

@@ -1,7 +1,6 @@
 """Parent: whether the sweep stops, and why; the one home of that decision. The driver tells
 :class:`StopRule` what happened and asks it whether to go on; :meth:`StopRule.ending` is what
 ``sweeper run`` reports and its exit code is made from (:attr:`SweepResult.exit_code`)."""
-from __future__ import annotations
 
 import math
 import signal

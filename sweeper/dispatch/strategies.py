@@ -9,7 +9,6 @@ has no packing branches. A strategy claims and starts trials through the driver'
 :class:`Launcher` and hears what the driver hears: trials read by a claim, memory measured, trials
 ended. Both take only :attr:`~sweeper.dispatch.handle.WorkerHandle.idle` workers; each says
 whether the study's baseline job takes a worker's turn (:func:`honours_turn`)."""
-from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Protocol

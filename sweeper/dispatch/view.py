@@ -6,7 +6,6 @@ view overrides only what it shows (``NullView`` is this protocol as it is).
 Worker warnings reach it through :class:`Warnings`, never as a flood: a store outage or a failing
 heartbeat makes every worker repeat the same line every few seconds; the user needs to see it
 once, then how often it came back."""
-from __future__ import annotations
 
 import math
 import time

@@ -4,7 +4,6 @@ GPUs are read through NVML first; ``torch.cuda.is_available()`` is asked last, b
 it loads the CUDA driver, and by then everything NVML knows is already in the rows.
 The verdict on a machine without GPUs (or without the NVIDIA driver) is exactly
 ``NO_GPU_VERDICT`` with exit code 0: CPU slots are a supported way to run."""
-from __future__ import annotations
 
 import platform
 import sqlite3

@@ -12,7 +12,6 @@ A fold list (a ``fold_*`` user attribute of numbers: ``fold_val_ic``, ``fold_bes
 walk-forward fold) is JSON text like every list, and is also spread over one float column per fold right after
 it, 1-based: ``user_attrs.fold_val_ic_1``, ``user_attrs.fold_val_ic_2``, ... (NaN where a trial has fewer
 folds, e.g. a pruned one)."""
-from __future__ import annotations
 
 import json
 import math

@@ -1,6 +1,5 @@
 """Report figure 5, the devices: trials per slot over time with the slots' utilisation,
 and (5b) GPU telemetry from the driver's ``devices.csv`` when the sweep had GPUs."""
-from __future__ import annotations
 
 import csv
 from datetime import datetime, timedelta

@@ -4,7 +4,6 @@ trial's daily and cumulative IC, the selection bias of picking the best of many
 top trials' fold ICs: under walk-forward folds a trial's objective is their mean, and how they spread
 says whether the winner is good on every period or lucky on one (figure 8 takes its standard errors
 from them; a study of one fold has none, and its report no figure 13)."""
-from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go

@@ -1,7 +1,6 @@
 """Report figures 9-10, the long-short view of the best trial (:mod:`sweeper.quant.portfolio`):
 the mean label of each prediction bucket, and the cumulative long-short return, on valid
 and test. Gross figures: equal weights, no costs."""
-from __future__ import annotations
 
 from typing import Any
 

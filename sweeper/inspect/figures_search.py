@@ -1,6 +1,5 @@
 """Report figures 1-4, the search itself: optimisation history, parameter importances (PED-ANOVA:
 fast, no scikit-learn), parallel coordinates and learning curves."""
-from __future__ import annotations
 
 import html
 import warnings

@@ -5,7 +5,6 @@ from one good year shows it here, where the mean over the split hides it.
 ``layout.meta``: ``months`` (``{"best"|"baseline": {split: {year: [12 means, null for a month without a
 day]}}}``), ``ic_by_year`` (the best trial's, as ``best --json`` has it) and, with ``data.group_col``,
 ``group_neutral`` and ``group_col``."""
-from __future__ import annotations
 
 import math
 from typing import Any

@@ -5,7 +5,6 @@ Both are computed from the frames ``sweeper predict`` writes: ``portfolio`` is
 scores ``predict --trial top3``. The frames are read by :class:`~sweeper.inspect.frames.TrialFrames` (stored
 predictions, else the model run again). ``sweeper best`` and ``sweeper report`` compute them and ``sweeper
 status`` does not. When they cannot be computed (no weights, data gone), the reason is given instead."""
-from __future__ import annotations
 
 from typing import Any
 

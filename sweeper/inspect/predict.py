@@ -15,7 +15,6 @@ to a split of the study's data or to another file.
 
 Rows: every present (date, asset) with a full lookback window. A row whose label is not
 known (the latest dates of a file) is predicted too, with a NaN label."""
-from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field

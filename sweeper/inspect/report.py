@@ -8,7 +8,6 @@ loads the study and lays out the page.
 plotly.js is inlined once, so the file works offline. Each figure's JSON sits in its own
 ``<script type="application/json" id="fig-NAME">`` tag; machine-readable figures (counts, utilisation, the
 selection summary) are in its ``layout.meta``."""
-from __future__ import annotations
 
 import html
 import time

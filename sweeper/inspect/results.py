@@ -5,7 +5,6 @@ Opening the study and picking its best trial live in :mod:`sweeper.store.studies
 where each file is, in :mod:`sweeper.store.layout`.
 
 Read-only: nothing here creates a study or a database file."""
-from __future__ import annotations
 
 import csv
 import dataclasses

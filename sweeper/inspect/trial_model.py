@@ -12,7 +12,6 @@ A trial with a refit (``sweeper refit``: ``trials/<n>/refit/``, complete once it
 has ``--data`` scored with the refit's weights and statistics instead, and :attr:`Predictor.refits` holds the
 record of each refit used. The study's own splits are always scored with the trial's own weights: a refit has
 trained on its valid and test dates."""
-from __future__ import annotations
 
 import dataclasses
 import functools

@@ -1,6 +1,5 @@
 """A stored trial read back without torch: its resolved config (``trials/<n>/config.yaml``), the order of the
 study's top trials (``best``, ``predict --trial topK``, the ensemble) and the dates its model run saw."""
-from __future__ import annotations
 
 from typing import Any
 

@@ -9,7 +9,6 @@
 
 The names below load on first use: the CLI imports :mod:`~sweeper.models.paths` for every
 command, and ``sweeper status`` should not wait for torch."""
-from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 

@@ -1,6 +1,5 @@
 """``model.name`` -> an nn.Module mapping x[B, L, F] to predictions [B]: a built-in as its stack of
 one member (:class:`~sweeper.models.stacked.base.OneMember`), or a user's ``module:Class``."""
-from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any

@@ -8,7 +8,6 @@ Built-in models are ours, cheap and safe: they are built in-process.
 Parent: :func:`check_models`. Child: ``python -m sweeper.models.check``, which reads one JSON
 request on stdin and writes one JSON line per job as it finishes it, so that the job it died on is
 known. It starts as every child of the driver does (:mod:`sweeper.launch`; :data:`ChildRun`)."""
-from __future__ import annotations
 
 import json
 import signal

@@ -3,7 +3,6 @@
 The CLI names the study file's folder in ``SWEEPER_MODEL_PATH`` while a command runs
 (:func:`model_search_path`); workers and the check's child inherit the variable and the working
 directory, so every process finds the same file without PYTHONPATH, the study's folder first."""
-from __future__ import annotations
 
 import importlib
 import importlib.machinery

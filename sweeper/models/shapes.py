@@ -2,7 +2,6 @@
 categorical model choices in its search space, checked before the sweep (a combination the model cannot
 take, ``nhead`` not dividing ``d_model``, would otherwise surface only when a trial samples it): the invalid
 ones are named in one warning; a study none of whose shapes builds is refused."""
-from __future__ import annotations
 
 import itertools
 import math

@@ -4,7 +4,6 @@ Models differ in scale (one predicts returns, another ranks), so each member's `
 z-scored across each date's assets first (ddof=1, as ``cs_zscore``; 0 on a date where it is
 constant). The ensemble's ``pred`` is the plain mean over the members, on the (date, asset) rows
 that every member predicted; ``label`` is carried over unchanged."""
-from __future__ import annotations
 
 import numpy as np
 import pandas as pd

@@ -10,7 +10,6 @@ weights and ``lag = h - 1`` corrects for that:
 where ``s^2`` is the variance with ddof=1 and ``rho_k`` the lag-k autocorrelation (sums over the T-k pairs
 over T times the lag-0 moment, the usual biased estimate). With ``lag = 0`` it is ``s^2``: a 1-day label
 keeps the plain standard error. NaN days are dropped, the rest taken as consecutive."""
-from __future__ import annotations
 
 import math
 from collections.abc import Sequence

@@ -5,7 +5,6 @@ much of it survives taking out what a group (e.g. a sector) shares on each date.
   per calendar year, and per year and month; a day without an IC (NaN) is left out of its mean.
 * :func:`group_neutral_ic`: the IC of prediction and label demeaned within each (date, group). A
   model that only ranks groups has no spread left inside one: its group-neutral IC is ~0."""
-from __future__ import annotations
 
 import numpy as np
 import pandas as pd

@@ -1,7 +1,6 @@
 """How much of the oracle's IC a trial reached: its IC over the IC of the label's own noiseless
 signal on the same dates (the synthetic panel's ``oracle_ic``, or a Parquet file's metadata).
 In a module of its own: the driver's live view shows it and imports neither pandas nor torch."""
-from __future__ import annotations
 
 from typing import Any
 

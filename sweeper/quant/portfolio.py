@@ -4,7 +4,6 @@ drawdown and the top bucket's turnover. Every definition is in docs/inspect.md (
 view"), with ``h`` the label horizon and ``q`` the number of buckets (``report.quantiles``).
 
 Gross figures: equal weights, no costs, no borrow, labels as given."""
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass

@@ -14,7 +14,6 @@ within a block understates) and cuts PBO's blocks along the folds (:func:`fold_b
 mixes two folds' models (docs/inspect.md, "Selection bias under walk-forward").
 
 Only the standard library's ``NormalDist`` is needed (no scipy)."""
-from __future__ import annotations
 
 import itertools
 import math

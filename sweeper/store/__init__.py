@@ -13,7 +13,6 @@ the artifact store, and the run folder's layout.
 - :mod:`~sweeper.store.run_folder`: a run folder holds one study's files (``owner.json``);
 - :mod:`~sweeper.store.studies`: opening an existing study, its best trial;
 - :mod:`~sweeper.store.optuna_private`: the private Optuna APIs sweeper needs, with reasons."""
-from __future__ import annotations
 
 from sweeper.store.artifacts import artifact_store, check_artifacts
 from sweeper.store.engine import (

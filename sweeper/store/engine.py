@@ -10,7 +10,6 @@ Transactions that only read begin deferred: under WAL they never wait for a writ
 method it runs. PostgreSQL gets small pools, pre-ping, TCP keepalives and sessions pinned to UTC, because
 Optuna's heartbeat column has no time zone. Creating Optuna's tables is serialised (an advisory lock on
 PostgreSQL, a file lock on SQLite) because RDBStorage's constructor races with itself on a fresh database."""
-from __future__ import annotations
 
 import contextlib
 import sqlite3

@@ -53,7 +53,6 @@ files of one study; :mod:`sweeper.store.run_folder` moves another study's aside.
 Every name above is spelled here and nowhere else. A path is worked out from the run folder and the trial's
 number when it is used, never read back from a stored string: a study moved aside to ``previous/<uuid>/`` has
 the same layout there. What copies, moves or removes a trial's files is :mod:`sweeper.store.trial_folder`."""
-from __future__ import annotations
 
 import re
 from dataclasses import dataclass

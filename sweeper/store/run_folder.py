@@ -8,7 +8,6 @@ where; nothing is overwritten. A study whose files were moved aside gets them ba
 
 Other files stay: the SQLite database (it may be the other study's storage), the artifact
 store (its files are keyed by unique ids) and reports the user wrote."""
-from __future__ import annotations
 
 import json
 from pathlib import Path

@@ -1,7 +1,6 @@
 """Opening a study that must already exist, and reading its best trial.
 
 Read-only: nothing here creates a study or a database file."""
-from __future__ import annotations
 
 import math
 

@@ -1,6 +1,5 @@
 """Storage URLs: which engine a URL names, and the form that is safe to print (no password). Where a
 SQLite file lives is :func:`sweeper.config.anchor.sqlite_path` (the study file's anchor needs it too)."""
-from __future__ import annotations
 
 import sqlalchemy
 

@@ -5,7 +5,6 @@
 keeps out); it is still the field's own implementation of the rule (Makarova et al. 2022: stop
 when the regret bound of the GP falls below the cross-validation error of the best trial), so
 it is used here, behind this module, with its FutureWarning silenced in one place."""
-from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass

@@ -5,7 +5,6 @@ The reason is written first: Optuna refuses user attributes on a finished trial 
 why its own stale-trial callback cannot record one). A trial can finish under our feet:
 another host judged it stale, its worker told the store before the driver failed it, or a
 claim's ask was failed as an orphan. Those races end here as ``False``, never as an error."""
-from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any

@@ -1,6 +1,5 @@
 """Creating or joining a study: its stored config and data fingerprint, and
 the refusal to resume one whose study file has drifted."""
-from __future__ import annotations
 
 import uuid
 import warnings

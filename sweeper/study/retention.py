@@ -13,7 +13,6 @@ The top k are the first k of :func:`sweeper.store.studies.ranked`. The list only
 snapshot of the study removes less, never more: several workers may collect at once. A removed file's copy
 in the folder artifact store (``<run_dir>/artifacts/<id>``, uploaded for optuna-dashboard) is removed with
 it; the dashboard then lists the artifact without its file."""
-from __future__ import annotations
 
 import json
 import os

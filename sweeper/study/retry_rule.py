@@ -5,7 +5,6 @@ A pure function of the stored trials and the run folder it finds their checkpoin
 enqueues the retries, :mod:`sweeper.dispatch.retries`) and by ``study.keep`` (:mod:`sweeper.study.retention`,
 in the worker too), which keeps the checkpoint a due retry will resume from. A retry names that checkpoint's
 trial (``resume_from_trial``), never its path (:mod:`sweeper.store.trial_folder`)."""
-from __future__ import annotations
 
 from pathlib import Path
 from typing import Any

@@ -2,7 +2,6 @@
 
 Shared by both sides: the driver samples with the sampler, and each worker
 needs the same pruner to answer ``trial.should_prune()``."""
-from __future__ import annotations
 
 import hashlib
 import inspect

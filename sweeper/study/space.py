@@ -2,7 +2,6 @@
 
 Parameter names in Optuna are the dotted config keys (``train.lr``), so the
 params a user sees in the dashboard are the names they wrote."""
-from __future__ import annotations
 
 from typing import Any
 

@@ -8,7 +8,6 @@ The pruner compares trials at the same step, and a trial's steps count its stack
 with it); every later trial, and a resumed study, uses it, so a timing blip cannot change a trial's numbers. A
 study created before ``auto`` existed keeps the number it was created with. Resuming with a number other than
 the study's size is refused, as any other config drift."""
-from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any

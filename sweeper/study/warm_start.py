@@ -9,7 +9,6 @@ nothing); :meth:`Queue.apply` enqueues, under the claim lock, when the study is 
 first two only into a new study (created by this open, with no trial yet), so a resume never
 repeats them; the files each time they are given. Each enqueued trial is marked with the user attribute
 ``warm_start_from``: ``<study>#<trial number>``, ``config`` or ``<file>#<entry>``."""
-from __future__ import annotations
 
 import math
 import sys

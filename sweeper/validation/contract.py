@@ -5,7 +5,6 @@ the study's fold layout), in one home. The worker writes them; ``best``, ``statu
 Walk-forward or not is a fact of the stored study, asked through :func:`folded` alone: a study
 whose ``fold_dates`` attribute lists its folds (a holdout study stores an empty list, and one
 stored before folds existed none at all)."""
-from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any

@@ -8,7 +8,6 @@ stack, trial after trial, and hands the core these two objects in place of one t
   it or one of them fails (the others train on);
 - :class:`PopulationCheckpointer` saves each trial's members as that trial's own checkpoint, the
   state a stack of them alone saves, so that a retry continues it alone or beside other trials."""
-from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from typing import Any

@@ -6,7 +6,6 @@ The trial's model is the grid's model run (the last fold's first seed,
 its test scores, predictions and ``daily_ic_test.csv`` are the mean of the seeds' predictions', each seed's
 weights are kept, and each seed's own test ICs are attributes (``seed_test_ic``). ``daily_ic_valid.csv``
 holds every fold's valid block (the mean over seeds), with its fold (a holdout trial's: its one fold, 1)."""
-from __future__ import annotations
 
 from typing import Any
 

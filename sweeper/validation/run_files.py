@@ -1,7 +1,6 @@
 """Where a trial's runs keep their files: ``runs/fold-<f>.seed-<r>/`` (a holdout trial's one run
 too), each finished run's ``result.json`` last, so that a retry skips the finished ones; and the
 trial's checkpoint as one run (or stack) sees it."""
-from __future__ import annotations
 
 import json
 import math

@@ -11,7 +11,6 @@ stamp names its fold and repeat (:func:`~sweeper.validation.grid.named_run`).
 The trial stops early, leaving the later runs unrun, when a stack is pruned (the hook reports the
 mean over its members at the grid's global step, so the pruner compares trials at the same stack
 and epoch) or when ``train.max_minutes``, counted from the trial's start, runs out."""
-from __future__ import annotations
 
 import dataclasses
 import time

@@ -6,7 +6,6 @@ A fold's score is the mean over its seeds; the objective is the mean over folds 
 ``study.metric``'s fold scores, or with ``validation.aggregate: lcb`` that mean less one
 standard error (plus one, for a metric that is minimised). The standard error is the fold
 scores' (std with ddof=1 over sqrt(n)); with one fold (seed repeats without folds) the seed scores'."""
-from __future__ import annotations
 
 import math
 import statistics

@@ -6,7 +6,6 @@ number and the panel's fingerprint. A trial continues a checkpoint only when it 
 (``resume_from_trial``) of the trial that wrote it, or of a retry of that trial, in the same study,
 on the same data and under the same config. A fresh trial never continues one: a checkpoint left at
 its own path (by a deleted study of the same name, say) is removed, and the log says so."""
-from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path

@@ -12,7 +12,6 @@ The worker records, before the trial's tell:
 Optuna 5's TPESampler and GPSampler read those stored values themselves (``trial.constraints``),
 so the samplers need no ``constraints_func`` (deprecated in 5.0). Which trials count as feasible
 when picking the best is :func:`sweeper.store.studies.feasible`."""
-from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any

@@ -24,7 +24,6 @@ child's ``TrialRunner`` sets them from OMP_NUM_THREADS). It starts no thread, so
 
 The server and its children die with the driver (:func:`sweeper.child.set_up`), and the server
 exits on EOF from the driver's socket: a ``kill -9`` of the driver takes them all down with it."""
-from __future__ import annotations
 
 import contextlib
 import gc

@@ -1,7 +1,6 @@
 """The training core's epoch hook inside a worker: per-epoch metrics to ``metrics.csv``, the objective to
 Optuna (for pruning), an ``epoch`` event to the driver, and ``progress`` events while steps and evaluation
 batches go on (the driver's stall watchdog lives on them)."""
-from __future__ import annotations
 
 import csv
 import math

@@ -9,7 +9,6 @@ one GPU (CUDA_VISIBLE_DEVICES) or to CPU threads. It speaks the JSON lines of
 The worker finishes its own trials (COMPLETE, PRUNED, or FAIL with a
 ``fail_reason``). After any failure it exits, so the next trial on the slot
 runs in a clean process. It dies with the driver (:func:`sweeper.child.set_up`)."""
-from __future__ import annotations
 
 import os
 import sys

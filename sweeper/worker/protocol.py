@@ -14,7 +14,6 @@ measured to need, sent when its batch probe has measured it, for packing trials 
 (number, state, value, reason, metrics).
 
 Both sides import this module, and only this one, to speak to each other."""
-from __future__ import annotations
 
 import json
 import os

@@ -13,7 +13,6 @@ masks from its own generator, started on the CPU where its lone run's draws star
 (:meth:`StackedModule.seed_members`), and draws them as its lone run's kernels do (the same noise, in
 the same order, on tensors of the same shape and layout: :class:`MemberDropout`), so a member is its
 lone run, dropout included, up to the float rounding of the batched kernels."""
-from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence

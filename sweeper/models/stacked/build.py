@@ -2,7 +2,6 @@
 user's ``module:Class`` through ``torch.func`` (:mod:`sweeper.models.stacked.func`). A stack is
 built from K one-member models, each built after seeding with its member's seed, so every member
 starts exactly where its separate run would have started."""
-from __future__ import annotations
 
 from collections.abc import Sequence
 

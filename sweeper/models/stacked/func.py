@@ -10,7 +10,6 @@ trains as one and members still never mix. :func:`stack_mode` says which a model
 A forward that draws random numbers in training (dropout) runs member after member: vmap can only
 draw from the global generator, where each member must draw from its own (the one its lone run
 would have drawn from, whatever shares its stack). Under vmap, randomness is an error."""
-from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Sequence

@@ -1,6 +1,5 @@
 """The built-in MLP, written once with the member count K as a dimension: K >= 1 independent MLPs
 (``nn.Sequential`` names: ``net.1.weight`` ... K in front)."""
-from __future__ import annotations
 
 from collections.abc import Sequence
 

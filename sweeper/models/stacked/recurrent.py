@@ -10,7 +10,6 @@ torch's (LSTM i, f, g, o; GRU r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn 
 member's output is its one-member model's, up to float rounding. Both run time-major, as the kernel
 runs inside: the dropout between layers draws each member's noise on its ``[L, B, H]`` output
 sequence, from its own generator, which on the CPU is the noise its lone run's kernel draws."""
-from __future__ import annotations
 
 import math
 from collections.abc import Sequence

@@ -11,7 +11,6 @@ puts it, with each member's own rate and generator, and draws each member's mask
 draws them, in its order: the attention weights ``[B, nhead, L, L]`` (SDPA's math path, which torch takes when
 it drops out), ``dropout1`` on the attention's output (time-major underneath, as ``nn.MultiheadAttention``
 leaves it), the feed-forward's ``dropout``, then ``dropout2``."""
-from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
