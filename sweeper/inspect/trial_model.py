@@ -33,7 +33,7 @@ from sweeper.data.scoring import own_scoring_panel
 from sweeper.errors import ConfigError, DataError, SweeperError
 from sweeper.inspect.trials import model_dates, trial_config
 from sweeper.models.check_cache import code_changed, source_digest
-from sweeper.store.layout import TrialFiles, trial_files
+from sweeper.store.layout import RefitFiles, TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
 from sweeper.study.retention import no_model, retrain_command, stand_in, weights_removed
 from sweeper.validation.grid import RunGrid
@@ -146,26 +146,14 @@ class Predictor:
         from sweeper.core import predict, resolve_device
         from sweeper.models import build_model
 
-        files = trial_files(self.run_dir, trial.number)
-        if weights_removed(trial, files) and (twin := stand_in(trial, self.study.get_trials(), self.run_dir)):
-            note = f"trial {trial.number}'s weights are gone: its retrain, trial {twin.number}, scores for it"
-            self.notes[note], files = None, trial_files(self.run_dir, twin.number)
+        files = self._files(trial)
         tcfg = trial_config(files, self.cfg)
         if changed := code_changed(self.code_now, trial.user_attrs, self.study.user_attrs):
             raise ConfigError(f"{changed}, so trial {trial.number}'s weights would score another model than "
                               "it trained; restore them, or run a new study with the new code")
         refit = read_refit(files) if data is not None else None  # the study's own dates: its own weights
-        # a missing file fails before any data is read; with seed repeats every seed's (their mean: the model)
         used = files.refit_files if refit else files  # the refit's model files, or the trial's own
-        if refit and not used.weights.exists():
-            raise DataError(f"{used.weights}: missing beside its refit.json; run `sweeper refit` again")
-        first = _state_dict(used.weights) if refit else load_weights(files, trial, functools.partial(
-            retrain_command, trial, self.study_file, self.study, self.cfg.study.n_trials))
-        others = [used.member_weights(r) for r in range(1, tcfg.validation.repeats)]  # every seed's
-        if missing := [p.name for p in others if not p.exists()]:  # a mean of fewer seeds is another model
-            raise DataError(f"{used.folder}: {', '.join(missing)} missing; the model is the mean of its "
-                            f"{len(others) + 1} seeds{'; run `sweeper refit` again' * bool(refit)}")
-        members = [first, *map(_state_dict, others)]
+        members = self._members(trial, files, used, tcfg.validation.repeats)
         if data is None and self.study_data[1] is False and tcfg.data.path:
             data = tcfg.data.path  # it changed: the study's stored dates, scored with the trial's own weights
             self.notes[MOVED] = None
@@ -189,6 +177,28 @@ class Predictor:
             frames.append(predict(model.to(device), on_device, name, device,
                                   tcfg.train.resolved_eval_batch_size))
         return frames[0] if len(frames) == 1 else ensemble_frame(frames)
+
+    def _files(self, trial: FrozenTrial) -> TrialFiles:
+        """The trial's files; where its weights are gone, its retrain's (:func:`stand_in`), said once."""
+        files = trial_files(self.run_dir, trial.number)
+        if weights_removed(trial, files) and (twin := stand_in(trial, self.study.get_trials(), self.run_dir)):
+            note = f"trial {trial.number}'s weights are gone: its retrain, trial {twin.number}, scores for it"
+            self.notes[note], files = None, trial_files(self.run_dir, twin.number)
+        return files
+
+    def _members(self, trial: FrozenTrial, files: TrialFiles, used: TrialFiles | RefitFiles,
+                 seeds: int) -> list[dict[str, Any]]:
+        """The state dicts whose predictions' mean is the model (``used``: the refit's files, or the trial's
+        own), every seed's: a missing file fails before any data is read (a mean of fewer: another model)."""
+        refit = used is not files
+        if refit and not used.weights.exists():
+            raise DataError(f"{used.weights}: missing beside its refit.json; run `sweeper refit` again")
+        first = _state_dict(used.weights) if refit else load_weights(files, trial, functools.partial(
+            retrain_command, trial, self.study_file, self.study, self.cfg.study.n_trials))
+        if missing := [p.name for p in map(used.member_weights, range(1, seeds)) if not p.exists()]:
+            raise DataError(f"{used.folder}: {', '.join(missing)} missing; the model is the mean of its "
+                            f"{seeds} seeds{'; run `sweeper refit` again' * refit}")
+        return [first, *(_state_dict(used.member_weights(r)) for r in range(1, seeds))]
 
     @functools.cached_property
     def study_data(self) -> tuple[str, bool | None]:

@@ -207,13 +207,8 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     url = normalize_url(url)
     if (path := sqlite_path(url)) is not None and not path.exists() and not create:
         raise StorageError(f"storage {url}: no such database file {path}")
-    if create and path is not None:  # the folder, and the file in WAL (persistent) before Optuna opens it
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.closing(sqlite3.connect(path, timeout=sqlite_busy_timeout_s())) as conn:
-                conn.execute("PRAGMA journal_mode=WAL")
-        except (OSError, sqlite3.Error) as exc:  # a file where its folder should be, no permission
-            raise StorageError(f"storage {url}: cannot make the database {path} ({exc})") from None
+    if create and path is not None:
+        _make_sqlite(url, path)
 
     def connect() -> SweeperStorage:
         with quiet_optuna(), schema_guard(url, create) as ready:
@@ -299,6 +294,16 @@ def _pg_schema_ready(conn: sqlalchemy.Connection) -> bool:
     """True once the last step of Optuna's set-up (the alembic stamp) is done."""
     return (conn.exec_driver_sql("SELECT to_regclass('alembic_version') IS NOT NULL").scalar() is True
             and (conn.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() or 0) > 0)
+
+
+def _make_sqlite(url: str, path: Path) -> None:
+    """The database's folder, and the file in WAL (persistent) before Optuna opens it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(sqlite3.connect(path, timeout=sqlite_busy_timeout_s())) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+    except (OSError, sqlite3.Error) as exc:  # a file where its folder should be, no permission
+        raise StorageError(f"storage {url}: cannot make the database {path} ({exc})") from None
 
 
 def check_reachable(url: str) -> None:
