@@ -82,8 +82,9 @@ def test_stop_rule_stops_done_with_one_line(rule):
     assert not r.stopping()
     r.seen([_trial(0, C, 0.01), _trial(1, C, 0.0105), _trial(2, P)])
     assert r.stopping() and r.ending() is Ending.DONE
+    # no best named: a trial running when the claim decided may end as one (the run's best line names it)
     assert r.message == ("stopped: no new best beyond study.min_improvement (0.001) in the last 2 finished "
-                         "trials (study.patience_trials); the best is trial 0 (val_ic 0.01)")
+                         "trials (study.patience_trials)")
 
 
 def test_stop_rule_without_patience_never_stops_on_it(rule):
@@ -116,9 +117,7 @@ def test_a_sweep_stops_on_patience_study_wide(study_file):
     counts = [patience(finished[:k], maximize=True, min_improvement=0.0).count
               for k in range(1, len(finished) + 1)]
     assert counts[-1] == 2 and max(counts[:-1]) < 2
-    best = patience(finished, maximize=True, min_improvement=0.0).best
-    line = (f"stopped: no new best beyond study.min_improvement (0) in the last 2 finished trials "
-            f"(study.patience_trials); the best is trial {best.number} (val_ic {best.value:.4g})")
+    line = "stopped: no new best beyond study.min_improvement (0) in the last 2 finished trials (study.patience_trials)"
     assert proc.stdout.count(line) + proc.stderr.count(line) == 1, proc.stdout + proc.stderr
     # another driver (a later run) reads the same stored trials: it stops before claiming any
     again = _sweep(path)

@@ -63,8 +63,7 @@ class Driver:
                 "driver": {"host": ident.host, "pid": ident.pid, "driver_id": ident.driver_id}}
         self.workers = [WorkerHandle(s, init, run_dir, server) for s in slots]
         self.sel, self.stop = selectors.DefaultSelector(), stop or StopToken()
-        objective = C.objective_label(cfg.study.metric, cfg.validation)
-        self.rule = StopRule(cfg.study, self.stop, run_dir, objective)
+        self.rule = StopRule(cfg.study, self.stop, run_dir)
         self.dispatch = dispatch_for(cfg, slots, study)
         self.schedule = ClaimSchedule(cfg.study.heartbeat_interval, self._foreign_running)
         self.warnings = Warnings(view)

@@ -86,10 +86,8 @@ class StopRule:
     used-up budget. What the driver tells it records the reason found first in :attr:`message`;
     :meth:`stopping` and :meth:`ending` only answer."""
 
-    def __init__(self, cfg: StudyConfig, stop: StopToken, run_dir: Path,
-                 objective: str | None = None) -> None:
+    def __init__(self, cfg: StudyConfig, stop: StopToken, run_dir: Path) -> None:
         self.cfg, self.stop, self.run_dir = cfg, stop, run_dir
-        self.objective = objective or cfg.metric  # what a trial's value is called (config.objective_label)
         self.started, self.failures_in_row = time.monotonic(), 0
         self.exhausted = False  # the last claim found the budget used up
         self.broken = False  # a worker exited before it was ready too often
@@ -121,12 +119,10 @@ class StopRule:
         if (limit := self.cfg.patience_trials) is not None and not self.patient_out:
             got = patience(trials, self.cfg.resolved_direction == "maximize", self.cfg.min_improvement)
             if got.count >= limit:
-                self.patient_out = True
-                best = "no trial has completed" if got.best is None else (
-                    f"the best is trial {got.best.number} ({self.objective} {got.best.value:.4g})")
+                self.patient_out = True  # no best named: a running trial may be one
                 self.message = self.message or (
                     f"stopped: no new best beyond study.min_improvement ({self.cfg.min_improvement:g}) in "
-                    f"the last {got.count} finished trials (study.patience_trials); {best}")
+                    f"the last {got.count} finished trials (study.patience_trials)")
         if (self.watch is not None and not self.converged
                 and (judged := self.watch.converged(trials)) is not None):
             self.converged = True
