@@ -170,8 +170,9 @@ def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
 def _load_existing(path: Path, storage: str | None, sets: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """The config at ``path`` and its stored study, which must exist (the read commands)."""
     from sweeper.store.studies import load_existing
-    cfg = _load(path, sets)
-    return cfg, load_existing(cfg, storage)
+    from sweeper.study.open import as_run
+    found = load_existing(cfg := _load(path, sets), storage)
+    return as_run(cfg, found), found
 
 
 @click.group(cls=SweeperGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -31,6 +31,15 @@ def test_status_best_and_drift(study_file):
     assert best["oracle_test_ic"] > 0.05 and "test_ic_oracle_fraction" in best
     assert best["value"] == best["metrics"]["val_ic"]
     assert "best: trial" in _cli("status", path)
+    # a study file edited since (the metric, for a new study): read commands read the trials as they ran;
+    # `best` called val_ic "val_rank_ic", and under val_loss named a val_ic "val_loss"
+    for metric in ("val_rank_ic", "val_loss"):
+        result = CliRunner().invoke(main, ["best", str(path), "--json", "--set", f"study.metric={metric}"])
+        again = json.loads(result.stdout)
+        assert (again["trial"], again["value"], again["metric"], again["objective"]) == (
+            best["trial"], best["value"], "val_ic", "val_ic")
+        assert result.stderr == (f"sweeper: the study file differs from study 'tiny' in study.metric ('val_ic' -> "
+                                 f"{metric!r}): its trials are read as it ran them\n")
 
     raw = yaml.safe_load(path.read_text())
     raw["train"]["lr"] = 0.05

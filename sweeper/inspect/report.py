@@ -38,6 +38,7 @@ from sweeper.inspect.results import study_oracle, trial_horizons, valid_daily_ic
 from sweeper.store import layout
 from sweeper.store.run_folder import files_folder
 from sweeper.store.studies import best_trial, load_existing
+from sweeper.study.open import as_run
 
 __all__ = ["FIGURES", "SECTIONS", "StudyData", "build_figures", "load", "render_html", "utilisation",
            "write_report"]
@@ -100,6 +101,7 @@ def write_report(cfg: SweeperConfig, out: str | Path, storage_url: str | None = 
     """Write the report for ``cfg``'s study to ``out`` (atomically); returns a summary."""
     started = time.perf_counter()
     study = load_existing(cfg, storage_url)
+    cfg = as_run(cfg, study)  # a study file edited since: the study's values as what they are
     data = load(study, files_folder(cfg, study), cfg.study.metric, cfg)
     figures = build_figures(data)
     write_text(Path(out), render_html(data, figures, oracle=study_oracle(study.user_attrs)))

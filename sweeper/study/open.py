@@ -9,7 +9,7 @@ import optuna
 
 from sweeper import __version__
 from sweeper import config as C
-from sweeper.errors import ConfigDrift, StorageError, StudyNotFound
+from sweeper.errors import ConfigDrift, StorageError, StudyNotFound, say
 from sweeper.models.check_cache import code_changed, source_digest
 from sweeper.store import SweeperStorage, quiet_optuna
 from sweeper.store.locks import ClaimLock
@@ -113,3 +113,21 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
         raise ConfigDrift(f"study {study.study_name!r} was created with a different config; these keys "
                           f"differ: {'; '.join(differ)}. Revert them, use a new study.name, or pass --force "
                           "to resume anyway.")
+
+
+def as_run(cfg: C.SweeperConfig, study: optuna.Study) -> C.SweeperConfig:
+    """``cfg`` with what says what the study's values are (``study.metric``, ``study.direction``, the
+    ``validation`` section) as the study ran: a read command of a study file edited since (for a new
+    study) labels and reads the trials as what they are, and says so once on stderr."""
+    stored = study.user_attrs.get("config") or {}
+    moved = [k for k in C.drift(stored, C.to_dict(cfg)) if k.startswith(("study.metric", "study.direction",
+                                                                          "validation."))]
+    try:
+        ran = C.SweeperConfig.model_validate(stored)
+    except ValueError:  # a study of another version that this one cannot read: as the file says
+        return cfg
+    if moved:
+        say(f"the study file differs from study {study.study_name!r} in {', '.join(moved)}: its trials are "
+            "read as it ran them")
+    return cfg.model_copy(update={"validation": ran.validation, "study": cfg.study.model_copy(
+        update={"metric": ran.study.metric, "direction": ran.study.direction})}) if moved else cfg
