@@ -7,7 +7,6 @@ import atexit
 import functools
 import gc
 import json
-import os
 import shlex
 import signal
 import sys
@@ -136,19 +135,6 @@ def output_option(what: str, table: bool = False) -> Any:
                         type=click.Path(dir_okay=False, path_type=Path))
 
 
-def _not_an_input(cfg: Any, study: Path, params: dict[str, Any]) -> None:
-    """``-o`` naming a file the command reads (the study file, its data, --data, its SQLite database)
-    would replace it with the output: refused before the work, as an unwritable -o is."""
-    from sweeper.config.anchor import sqlite_path
-    inputs = {"the study file": study, "data.path": cfg.data.path, "--data": params.get("data"),
-              "the study's database": sqlite_path(params.get("storage") or cfg.study.resolved_storage)}
-    out = params["out"]
-    for name, path in inputs.items():  # samefile: a hard link, a case-insensitive file system
-        if path is not None and (os.path.samefile(path, out) if out.exists() and Path(path).exists()
-                                 else Path(path).resolve() == out.resolve()):
-            raise UserError(f"-o {out}: that is {name}, which this command reads; write to another file")
-
-
 def _echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str, allow_nan=False))
 
@@ -162,8 +148,9 @@ def _load(path: Path, sets: tuple[str, ...] = ()) -> Any:
     # for as long as the command runs
     if ctx is not None:
         ctx.with_resource(model_search_path(path))
-    if ctx is not None and ctx.params.get("out") is not None:
-        _not_an_input(cfg, path, ctx.params)
+    if ctx is not None and (out := ctx.params.get("out")) is not None:  # before the work, as an unwritable -o
+        from sweeper.store.layout import not_an_input
+        not_an_input(out, cfg, path, ctx.params.get("data"), ctx.params.get("storage"))
     return cfg
 
 

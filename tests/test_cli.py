@@ -105,6 +105,24 @@ def test_an_output_that_is_a_file_the_command_reads_exits_2_before_the_work(tmp_
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("command, out", [
+    ("predict", "runs/sweep/trials/7/predictions_valid.parquet"), ("export", "runs/sweep/trials/7/x.parquet"),
+    ("report", "runs/sweep/trials/0/config.yaml"), ("report", "runs/sweep/baseline/model.txt"),
+    ("report", "runs/sweep/owner.json")])
+def test_an_output_among_the_studys_files_in_its_run_folder_exits_2_before_the_work(tmp_path, monkeypatch, command,
+                                                                                  out):
+    # predict -o into a trial's predictions changed what best says of it; report -o a trial's config.yaml
+    # made best, predict and refit tracebacks; a report beside them (runs/sweep/report.html) is fine
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("data: {path: panel.parquet}\n")
+    (tmp_path / "panel.parquet").write_text("kept")
+    result = CliRunner().invoke(main, [command, "s.yaml", "-o", out], catch_exceptions=False)
+    assert (result.exit_code, result.output.strip()) == (
+        2, f"Error: -o {out}: that is among the study's files in runs/sweep; write to another file")
+    beside = CliRunner().invoke(main, ["report", "s.yaml", "-o", "runs/sweep/report.html"])
+    assert "among the study's files" not in beside.output and "no such database file" in beside.output
+
+
 @pytest.mark.slow
 def test_an_output_that_is_a_fifo_or_a_link_is_written_through_not_replaced(tmp_path):
     # the atomic write renamed a plain file over either: as root, `-o /dev/null` replaced the device itself

@@ -2,7 +2,7 @@
 
 ::
 
-    <run_dir>/                    study.artifacts, or runs/<study> when artifacts go to S3
+    <run_dir>/                    study.artifacts, or runs/<study> beside the study file when artifacts go to S3
       study.db                    the default SQLite storage (study.storage)
       owner.json                  which study the folder's trials belong to (its study_uuid)
       previous/<uuid>/            another study's trials/, logs/ and devices.csv, moved aside
@@ -54,12 +54,14 @@ Every name above is spelled here and nowhere else. A path is worked out from the
 number when it is used, never read back from a stored string: a study moved aside to ``previous/<uuid>/`` has
 the same layout there. What copies, moves or removes a trial's files is :mod:`sweeper.store.trial_folder`."""
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sweeper.config import StudyConfig, SweeperConfig
+from sweeper.errors import ConfigError
 
 # the names of a trial's files (trials/<n>/) and of a run's (runs/fold-<f>.seed-<r>/)
 CONFIG, METRICS, LOG, CHECKPOINT = "config.yaml", "metrics.csv", "train.log", "checkpoint.pt"
@@ -222,3 +224,20 @@ def previous_dir(run_dir: str | Path, study_uuid: str) -> Path:
 
 # what belongs to the study that ran here, and moves with it
 STUDY_OWNED = ("trials", "logs", "devices.csv", "baseline")
+
+
+def not_an_input(out: Path, cfg: SweeperConfig, study: Path, data: str | None, storage: str | None) -> None:
+    """``-o`` naming a file a command reads (the study file, its data, ``--data``, its SQLite database) or
+    one of the study's in its run folder (``best`` reads a trial's files; a report beside them is no such
+    file) would replace it with the output: a ConfigError, before the work."""
+    from sweeper.config.anchor import sqlite_path
+
+    inputs = {"the study file": study, "data.path": cfg.data.path, "--data": data,
+              "the study's database": sqlite_path(storage or cfg.study.resolved_storage)}
+    for name, path in inputs.items():  # samefile: a hard link, a case-insensitive file system
+        if path is not None and (os.path.samefile(path, out) if out.exists() and Path(path).exists()
+                                 else Path(path).resolve() == out.resolve()):
+            raise ConfigError(f"-o {out}: that is {name}, which this command reads; write to another file")
+    folder = run_dir(cfg)
+    if any(out.resolve().is_relative_to((folder / name).resolve()) for name in (*STUDY_OWNED, "owner.json")):
+        raise ConfigError(f"-o {out}: that is among the study's files in {folder}; write to another file")
