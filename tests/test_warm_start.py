@@ -209,6 +209,23 @@ def test_a_missing_source_is_an_error_before_anything_is_written(study_file):
         assert not Path("runs").exists()
 
 
+def test_a_source_whose_completed_trials_all_break_its_constraints_says_so(study_file):
+    # it said "has no completed trial to start from" beside 2 completed trials, both infeasible
+    study = optuna.create_study(storage="sqlite:///src.db", study_name="src", direction="maximize")
+    for value in (0.1, 0.2):
+        study.add_trial(create_trial(value=value, params={"train.lr": 0.004}, constraints={"top_turnover": 0.1},
+                                     distributions={"train.lr": FloatDistribution(1e-4, 1.0, log=True)}))
+    path = study_file({"study": {"warm_start": {"study": "src", "storage": "sqlite:///src.db"}}})
+    assert ("Error: study.warm_start.study: study 'src' has no completed feasible trial yet: every completed "
+            "trial with a value (2) is outside study.constraints, to start from") in _cli("run", path, code=2)
+    from sweeper.inspect.trials import top_trials
+    from sweeper.errors import StudyNotFound
+
+    with pytest.raises(StudyNotFound) as err:  # predict --trial top2: it said "0 completed trials"
+        top_trials(study, 2)
+    assert str(err.value) == "study 'src' has 0 completed trials within study.constraints; top2 needs 2"
+
+
 def test_db_init_applies_the_warm_start_once(study_file):
     _source_study("sqlite:///src.db")
     warm = {"study": "src", "storage": "sqlite:///src.db", "top_k": 2}

@@ -10,7 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.config import SweeperConfig, validate_config
 from sweeper.errors import DataError, StudyNotFound
 from sweeper.store.layout import TrialFiles
-from sweeper.store.studies import ranked
+from sweeper.store.studies import n_infeasible, ranked
 from sweeper.validation import contract as K
 
 
@@ -36,10 +36,11 @@ def trial_config(files: TrialFiles, study: SweeperConfig | None = None) -> Sweep
 
 def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     """The ``k`` best COMPLETE trials with a finite value, best first (ties: lower number first)."""
-    order = ranked(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-                   study.direction == optuna.study.StudyDirection.MAXIMIZE)
-    if len(order) < k:
-        raise StudyNotFound(f"study {study.study_name!r} has {len(order)} completed trials; top{k} needs {k}")
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(order := ranked(done, study.direction == optuna.study.StudyDirection.MAXIMIZE)) < k:
+        within = " within study.constraints" if n_infeasible(done) else ""  # (all infeasible: it said none)
+        raise StudyNotFound(f"study {study.study_name!r} has {len(order)} completed trials{within}; "
+                            f"top{k} needs {k}")
     return order[:k]
 
 

@@ -2,7 +2,7 @@
 
 ::
 
-    <run_dir>/                    study.artifacts, or runs/<study> beside the study file when artifacts go to S3
+    <run_dir>/                    study.artifacts, or runs/<study> (beside the study file) for S3 artifacts
       study.db                    the default SQLite storage (study.storage)
       owner.json                  which study the folder's trials belong to (its study_uuid)
       previous/<uuid>/            another study's trials/, logs/ and devices.csv, moved aside

@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from sweeper import config as C
 from sweeper.errors import ConfigError, StorageError
 from sweeper.store import open_storage, quiet_optuna, redact
-from sweeper.store.studies import ranked
+from sweeper.store.studies import no_best, ranked
 from sweeper.study.space import ordered
 
 WARM_START_FROM = "warm_start_from"  # the user attribute that marks an enqueued trial
@@ -144,9 +144,8 @@ def warm_start_sets(cfg: C.SweeperConfig) -> tuple[list[StartSet], list[str]]:
     source = _source_study(warm, cfg.study)
     best = ranked(source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
                   source.direction == optuna.study.StudyDirection.MAXIMIZE)[:warm.top_k]
-    if not best:
-        raise ConfigError(f"study.warm_start.study: study {warm.study!r} has no completed trial "
-                          "to start from")
+    if not best:  # none completed, or none within the source's study.constraints
+        raise ConfigError(f"study.warm_start.study: {no_best(source)}, to start from")
     sets = []
     notes = [f"warm start: study {warm.study!r} has {len(best)} completed trials, fewer than top_k "
              f"{warm.top_k}"] if len(best) < warm.top_k else []
