@@ -40,6 +40,8 @@ def test_status_best_and_drift(study_file):
             best["trial"], best["value"], "val_ic", "val_ic")
         assert result.stderr == (f"sweeper: the study file differs from study 'tiny' in study.metric ('val_ic' -> "
                                  f"{metric!r}): its trials are read as it ran them\n")
+    natural = CliRunner().invoke(main, ["best", str(path), "--json", "--set", "study.direction=maximize"])
+    assert natural.stderr == "" and json.loads(natural.stdout)["value"] == best["value"]  # None -> maximize: none
 
     raw = yaml.safe_load(path.read_text())
     raw["train"]["lr"] = 0.05

@@ -48,9 +48,12 @@ def test_direction_follows_metric():
                                                         ("val_ic", "minimize", "maximized")])
 def test_a_direction_against_the_metric_is_refused(metric, direction, natural):
     with pytest.raises(ConfigError) as err:
-        C.validate_config(_with(study={"metric": metric, "direction": direction}), "s.yaml")
+        C.validate_config(_with(study={"metric": metric, "direction": direction}), "s.yaml", edge=True)
     assert str(err.value) == (f"s.yaml: study: direction {direction} with metric {metric} picks the worst "
                               f"trial as the best: {metric} is {natural}; leave direction out")
+    # at the edge only: a study (and its trials' config.yaml) stored by an earlier version still reads
+    stored = C.validate_config(_with(study={"metric": metric, "direction": direction}), "config.yaml")
+    assert stored.study.resolved_direction == direction
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -531,7 +534,7 @@ def test_a_run_folder_whose_trials_or_logs_cannot_be_written_is_refused_before_t
 
 
 @pytest.mark.parametrize("text, got", [("'007'", None), ("007", "7"), ("2024-06-03", "datetime.date(2024, 6, 3)"),
-                                       ("1e3", None), ("3.5", "3.5")])
+                                       ("1e3", None), ("3.5", "3.5"), ("yes", "True")])
 def test_a_name_yaml_reads_as_a_number_or_date_says_to_quote_it(tmp_path, text, got):
     path = tmp_path / "s.yaml"
     path.write_text(f"study: {{name: {text}}}\n" + yaml.safe_dump(BASE))
@@ -541,4 +544,4 @@ def test_a_name_yaml_reads_as_a_number_or_date_says_to_quote_it(tmp_path, text, 
     with pytest.raises(ConfigError) as err:
         C.load_config(path)
     assert str(err.value) == (f"{path}: study.name: Input should be a valid string (got {got}); YAML read the "
-                              "value as a number or date: quote it")
+                              "value as a number, date or boolean: quote it")

@@ -14,6 +14,7 @@ workflow_config_lightgbm_Alpha158.yaml, and LGBModel.fit's 1000 rounds with earl
 
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +73,8 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
     valid = design(panel, "valid", cfg.lags)
     params = lgb_params(cfg, threads, seed)
     # LightGBM refuses JSON's characters in a feature name (a panel's ``ret[5]``): model.txt has ``ret_5_``
-    names = [re.sub(r'[\[\]{}":,]', "_", n) for n in train.names]
+    counts = Counter(names := [re.sub(r'[\[\]{}":,]', "_", n) for n in train.names])
+    names = [f"{n}@{k}" if counts[n] > 1 else n for k, n in enumerate(names)]  # ret[5] and ret_5_: made two
     dtrain = lgb.Dataset(train.X, label=train.y, feature_name=names, free_raw_data=True)
     dvalid = lgb.Dataset(valid.X, label=valid.y, reference=dtrain, free_raw_data=True)
     try:

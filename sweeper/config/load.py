@@ -45,7 +45,7 @@ def _format_error(err: ErrorDetails) -> str:
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {got!r})"
     if err["type"] == "string_type" and isinstance(got, (int, float, datetime.date)):  # `name: 007` is 7
-        shown += "; YAML read the value as a number or date: quote it"
+        shown += "; YAML read the value as a number, date or boolean: quote it"
     return f"{msg}{shown}" if not key or msg.startswith("unknown key") else f"{key}: {msg}{shown}"
 
 

@@ -90,7 +90,7 @@ class StudyConfig(Section):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> StudyConfig:
+    def _consistent(self, info: ValidationInfo) -> StudyConfig:
         # one late or lost beat (a slow write, a busy store) must never make a live host look dead
         if self.grace_period < 2 * self.heartbeat_interval:
             raise ValueError(f"grace_period ({self.grace_period}) must be at least 2 x "
@@ -99,7 +99,8 @@ class StudyConfig(Section):
         if self.sampler.name == "gp" and self.pruner.name != "none":
             raise ValueError(f"sampler gp learns from complete trials only: with pruner {self.pruner.name} "
                              "it keeps proposing pruned configs; set pruner: {name: none}, or use tpe")
-        if self.direction not in (None, natural := "minimize" if self.metric == "val_loss" else "maximize"):
+        natural = "minimize" if self.metric == "val_loss" else "maximize"  # (a stored config of before: read)
+        if info.context and self.direction not in (None, natural):
             raise ValueError(f"direction {self.direction} with metric {self.metric} picks the worst trial as "
                              f"the best: {self.metric} is {natural[:-1]}ed; leave direction out")
         return self

@@ -120,12 +120,14 @@ def as_run(cfg: C.SweeperConfig, study: optuna.Study) -> C.SweeperConfig:
     ``validation`` section) as the study ran: a read command of a study file edited since (for a new
     study) labels and reads the trials as what they are, and says so once on stderr."""
     stored = study.user_attrs.get("config") or {}
-    moved = [k for k in C.drift(stored, C.to_dict(cfg)) if k.startswith(("study.metric", "study.direction",
-                                                                          "validation."))]
     try:
         ran = C.SweeperConfig.model_validate(stored)
     except ValueError:  # a study of another version that this one cannot read: as the file says
         return cfg
+    # a direction given as the one its metric has (None -> 'maximize') is none changed
+    keys = ("study.metric", "validation.", *(("study.direction",) if ran.study.resolved_direction !=
+                                              cfg.study.resolved_direction else ()))
+    moved = [k for k in C.drift(stored, C.to_dict(cfg)) if k.startswith(keys)]
     if moved:
         say(f"the study file differs from study {study.study_name!r} in {', '.join(moved)}: its trials are "
             "read as it ran them")
