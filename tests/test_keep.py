@@ -302,3 +302,25 @@ def test_a_12_trial_sweep_keeps_the_3_best_weights_and_no_checkpoints(study_file
     rest = {t.number for t in study.get_trials()} - top
     assert not any((run / name).exists() for name in _weights_copies(study, rest))
     assert all((run / name).exists() for name in _weights_copies(study, top))
+
+
+@pytest.mark.slow
+def test_a_retrain_under_keep_top_k_keeps_its_weights_and_a_refit_of_the_trial_comes_first(study_file, workdir):
+    """keep top_k with k 1: the retrain ties with the best trial whose weights are gone and ranks after it,
+    so the worker removed its weights at once and the pasted command looped. And a retrain stood in for
+    the trial before its refit was read: predict --data scored the retrain's sweep weights."""
+    from sweeper.data import write_synthetic
+
+    path, study = _real_sweep(study_file, {"weights": "top_k", "k": 1}, 3)
+    best = top_k(study.get_trials(), 1, maximize=True)[0]
+    Path(f"runs/tiny/trials/{best.number}/weights.pt").unlink()
+    out = _cli("predict", path, "-o", "p.parquet", code=2)
+    command = shlex.split(out[out.index("echo "):].strip().replace("\n", ""))
+    Path(f"trial-{best.number}.yaml").write_text(command[1])
+    _cli(*command[command.index("run"):])  # the pasted command, as sweeper runs it
+    assert Path("runs/tiny/trials/3/weights.pt").exists()  # kept in the trial's place
+    assert "its retrain, trial 3, scores for it" in _cli("predict", path, "-o", "p.parquet")
+    _cli("refit", path, "--trial", best.number)
+    write_synthetic("new.parquet", assets=30, dates=60, features=4, seed=5)
+    out = _cli("predict", path, "--trial", best.number, "--data", "new.parquet", "-o", "n.parquet")
+    assert f"using the refit of trial {best.number}" in out and "its retrain" not in out

@@ -360,3 +360,17 @@ def test_a_seed_ensemble_refits_every_seed_and_predicts_with_their_mean(study_fi
     both, first, second = (pd.read_parquet(f"{n}.parquet") for n in ("both", "first", "second"))
     assert np.allclose(both["pred"], (first["pred"] + second["pred"]) / 2, rtol=0, atol=1e-6)
     assert not np.allclose(first["pred"], second["pred"])
+
+
+@pytest.mark.slow
+def test_a_trial_cut_short_before_its_seed_ensemble_predicts_with_its_first_seed(study_file):
+    """Out of train.max_minutes after its first seed, a trial's model is that seed (its test_ic is that
+    seed's): predict asked for every seed's weights and refused it."""
+    path = study_file({"study": {"n_trials": 1}, "validation": {"repeats": 3},
+                       "train": {"max_stack": 1, "max_minutes": 0.0001}})
+    cli("run", str(path))
+    trial = optuna.load_study(study_name="tiny", storage="sqlite:///runs/tiny/study.db").trials[0]
+    assert trial.user_attrs["stop_reason"] == "time" and "seed_test_ic" not in trial.user_attrs
+    assert [p.name for p in Path("runs/tiny/trials/0").glob("weights*.pt")] == ["weights.pt"]
+    out = cli("predict", str(path), "--trial", "0", "--split", "test", "-o", "p.parquet")
+    assert f"IC {trial.user_attrs['test_ic']:.4f}" in out

@@ -62,6 +62,13 @@ def lgb_params(cfg: BaselineConfig, threads: int, seed: int) -> dict[str, Any]:
     return {**QLIB_ALPHA158, "verbosity": -1, "seed": seed, **cfg.params, "num_threads": int(threads)}
 
 
+def lgb_names(names: list[str]) -> list[str]:
+    """The feature names as LightGBM takes them: it refuses JSON's characters (a panel's ``ret[5]`` is
+    ``ret_5_`` in model.txt) and a name twice (``ret[5]`` beside ``ret_5_``: each gets its position)."""
+    counts = Counter(plain := [re.sub(r'[\[\]{}":,]', "_", n) for n in names])
+    return [f"{n}@{k}" if counts[n] > 1 else n for k, n in enumerate(plain)]
+
+
 def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
         splits: tuple[str, ...] = ("valid", "test")) -> BaselineResult:
     """Train, early-stop and score the baseline on ``panel`` (the study's, or a fold's) on
@@ -72,10 +79,7 @@ def fit(panel: Panel, cfg: BaselineConfig, threads: int = 1, seed: int = 0,
     train = design(panel, "train", cfg.lags, cfg.max_rows)
     valid = design(panel, "valid", cfg.lags)
     params = lgb_params(cfg, threads, seed)
-    # LightGBM refuses JSON's characters in a feature name (a panel's ``ret[5]``): model.txt has ``ret_5_``
-    counts = Counter(names := [re.sub(r'[\[\]{}":,]', "_", n) for n in train.names])
-    names = [f"{n}@{k}" if counts[n] > 1 else n for k, n in enumerate(names)]  # ret[5] and ret_5_: made two
-    dtrain = lgb.Dataset(train.X, label=train.y, feature_name=names, free_raw_data=True)
+    dtrain = lgb.Dataset(train.X, label=train.y, feature_name=lgb_names(train.names), free_raw_data=True)
     dvalid = lgb.Dataset(valid.X, label=valid.y, reference=dtrain, free_raw_data=True)
     try:
         booster = lgb.train(params, dtrain, num_boost_round=cfg.num_boost_round, valid_sets=[dvalid],

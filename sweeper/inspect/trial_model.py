@@ -36,6 +36,7 @@ from sweeper.models.check_cache import code_changed, source_digest
 from sweeper.store.layout import RefitFiles, TrialFiles, trial_files
 from sweeper.store.run_folder import files_folder
 from sweeper.study.retention import no_model, retrain_command, stand_in, weights_removed
+from sweeper.validation import contract as K
 from sweeper.validation.grid import RunGrid
 from sweeper.validation.scores import ensemble_frame
 
@@ -146,14 +147,17 @@ class Predictor:
         from sweeper.core import predict, resolve_device
         from sweeper.models import build_model
 
-        files = self._files(trial)
+        own = trial_files(self.run_dir, trial.number)
+        refit = read_refit(own) if data is not None else None  # the study's own dates: its own weights
+        files = own if refit else self._files(trial)  # its refit first; its retrain only for its own weights
         tcfg = trial_config(files, self.cfg)
         if changed := code_changed(self.code_now, trial.user_attrs, self.study.user_attrs):
             raise ConfigError(f"{changed}, so trial {trial.number}'s weights would score another model than "
                               "it trained; restore them, or run a new study with the new code")
-        refit = read_refit(files) if data is not None else None  # the study's own dates: its own weights
         used = files.refit_files if refit else files  # the refit's model files, or the trial's own
-        members = self._members(trial, files, used, tcfg.validation.repeats)
+        # its seed ensemble's (a refit trains every seed); a trial cut short before it had one: the first seed
+        seeds = len(refit.get("seeds") or [0]) if refit else len(trial.user_attrs.get(K.SEED_TEST_IC) or [0])
+        members = self._members(trial, files, used, seeds)
         if data is None and self.study_data[1] is False and tcfg.data.path:
             data = tcfg.data.path  # it changed: the study's stored dates, scored with the trial's own weights
             self.notes[MOVED] = None

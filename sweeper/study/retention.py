@@ -35,6 +35,7 @@ from sweeper.store.layout import TrialFiles, artifact_copy, trial_files
 from sweeper.store.studies import ranked
 from sweeper.store.trial_folder import Liveness, TrialFolder, remove
 from sweeper.study.retry_rule import retry_plan
+from sweeper.study.warm_start import held_ahead
 
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 ARTIFACT_PREFIX = "artifacts:"  # Optuna's system attr of an uploaded artifact (optuna.artifacts)
@@ -90,6 +91,8 @@ def removable(trials: list[FrozenTrial], study: StudyConfig, run_dir: str | Path
     if (keep := study.keep).keeps_all():
         return []
     top = {t.number for t in top_k(trials, keep.k, maximize)}
+    # a retrain keeps its files in the place of a top trial whose weights are gone (they tie: it ranks after)
+    top |= {twin.number for t in trials if t.number in top and (twin := stand_in(t, trials, Path(run_dir)))}
     live = Liveness.of(run_dir, trials, retry_plan(trials, study, run_dir))
     out: list[Path] = []
     for t in trials:
@@ -214,14 +217,16 @@ def retrain_command(trial: FrozenTrial, study_file: str | None, study: optuna.St
     study as the command was given it, shell-quoted (its --set and --storage too); a budget (``n_trials``)
     the study's trials have used is raised by one, or ``--enqueue`` refuses it (:func:`stand_in` then)."""
     params = yaml.safe_dump([dict(trial.params)], default_flow_style=True, width=10**6).strip()
-    target, held = f"trial-{trial.number}.yaml", len(study.get_trials(deepcopy=False, states=(
-        TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)))
+    target, held = f"trial-{trial.number}.yaml", held_ahead(study)
     return (f"echo {shlex.quote(params)} > {target} && sweeper run {study_file or 'STUDY'} --enqueue {target}"
             + (f" --set study.n_trials={held + 1}" if held >= n_trials else ""))
 
 
 def stand_in(trial: FrozenTrial, trials: list[FrozenTrial], run_dir: Path) -> FrozenTrial | None:
-    """A retrain of ``trial``, whose weights are gone (:func:`retrain_command`): a later COMPLETE trial of
-    the same params whose weights are there. It scores in the trial's place (a tie ranks the trial first)."""
+    """A retrain of ``trial``, whose weights are gone (:func:`retrain_command`; None where they are there): a
+    later COMPLETE trial of the same params whose weights are there. It scores in the trial's place, and
+    ``study.keep`` keeps its files as the trial's (a tie ranks the trial first)."""
+    if trial_files(run_dir, trial.number).weights.exists():
+        return None
     return next((t for t in trials if t.number > trial.number and t.state == TrialState.COMPLETE
                  and t.params == trial.params and trial_files(run_dir, t.number).weights.exists()), None)

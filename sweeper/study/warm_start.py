@@ -195,6 +195,13 @@ def _has_study(cfg: C.SweeperConfig) -> bool:
     return any(s.study_name == cfg.study.name and "config" in s.user_attrs for s in storage.get_all_studies())
 
 
+def held_ahead(study: optuna.Study) -> int:
+    """How many trials an ``--enqueue`` set waits behind, of the budget: finished, running or waiting (the
+    budget check here, and the retrain command's, :func:`sweeper.study.retention.retrain_command`)."""
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                        TrialState.RUNNING, TrialState.WAITING)))
+
+
 def _check_budget(cfg: C.SweeperConfig, sets: int, first: int, wanted: int, exists: bool) -> None:
     """``--enqueue`` sets past the budget would wait for good: refused. Ahead of them: a study's trials
     finished, running or waiting, or, in a study that holds none (new), its ``first`` sets (``wanted``
@@ -202,8 +209,7 @@ def _check_budget(cfg: C.SweeperConfig, sets: int, first: int, wanted: int, exis
     try:
         study = optuna.load_study(study_name=cfg.study.name, storage=open_storage(cfg.study.resolved_storage,
                                                                                    create=False))
-        held = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                            TrialState.RUNNING, TrialState.WAITING)))
+        held = held_ahead(study)
     except (StorageError, KeyError):  # no database, or no such study yet
         held = 0
     ahead, wanted = (held, held) if held or exists else (first, wanted)
