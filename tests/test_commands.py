@@ -81,7 +81,7 @@ def test_a_data_file_that_grew_moves_the_split_which_the_drift_message_names_wit
     assert ("; split dates (train 2010-01-08 to 2010-05-14, valid 2010-05-19 to 2010-06-30, test 2010-07-05 to "
             "2010-08-13 -> train 2010-01-08 to 2010-06-17, valid 2010-06-22 to 2010-08-13, test 2010-08-18 to "
             "2010-10-08): new trials would be scored on other dates than its trials so far and ranked with "
-            f"them; {pin} keeps its dates. Revert them") in out
+            f"them; {pin} keeps its dates (with --force for the data's fingerprint). Revert them") in out
     assert _cli("validate", path, code=2) == out
     raw = yaml.safe_load(path.read_text())
     raw["data"]["split"] = yaml.safe_load(pin.split(": ", 1)[1])

@@ -108,7 +108,8 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
         say = lambda dates: ", ".join(f"{k} {a} to {b}" for k, (a, b) in dates.items())  # noqa: E731
         pin = ", ".join(f"{k}: [{a}, {b}]" for k, (a, b) in old.items())
         differ.append(f"split dates ({say(old)} -> {say(new)}): new trials would be scored on other dates "
-                      f"than its trials so far and ranked with them; data.split: {{{pin}}} keeps its dates")
+                      f"than its trials so far and ranked with them; data.split: {{{pin}}} keeps its dates "
+                      "(with --force for the data's fingerprint)")
     if differ and not force:
         raise ConfigDrift(f"study {study.study_name!r} was created with a different config; these keys "
                           f"differ: {'; '.join(differ)}. Revert them, use a new study.name, or pass --force "
