@@ -2,7 +2,8 @@
 production model (docs/refit.md).
 
 The trial's resolved config trains on every target date from the study's first train target (after the
-lookback's warm-up) to the last one whose label is known by ``until``: with the study's pinned widths, the
+lookback's warm-up; under ``validation.window: rolling``, as many as its last fold trained on) to the last
+one whose label is known by ``until``: with the study's pinned widths, the
 last target ``t`` has ``t + horizon + embargo <= until`` in date index terms. Nothing later than ``until``
 enters the panel, and the labels of the dates between the last target and ``until`` (they reach past it) are
 dropped too. ``robust_zscore`` is fitted on this window. There is no valid split and no early stopping: the
@@ -120,7 +121,8 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     # the trial's config.yaml, or (a trial that never wrote one) its params applied to the study's
     tcfg = (trial_config(files, cfg) if files.config.exists()
             else C.with_overrides(cfg, chosen.params, f"trial {chosen.number} params"))
-    panel, window = refit_panel(tcfg.data, day)
+    rolling = K.layout(study.user_attrs)[-1]["train"] if tcfg.validation.window == "rolling" else None
+    panel, window = refit_panel(tcfg.data, day, rolling)
     # exactly E epochs: no time limit, and train's fixed_epochs validates nothing and never stops early
     run_cfg, where = tcfg.with_train(epochs=epochs, max_minutes=None), resolve_device(device)
     # seed repeats: the trial's model is its seed ensemble, so every seed trains, in stacks of its size
@@ -170,7 +172,8 @@ def write_refit(files: TrialFiles, states: list[dict], stats: Any,
 
 # ---------------------------------------------------------------- the refit's panel
 
-def refit_panel(data: C.DataConfig, until: np.datetime64 | None) -> tuple[Panel, Window]:
+def refit_panel(data: C.DataConfig, until: np.datetime64 | None,
+                rolling: list[str] | None = None) -> tuple[Panel, Window]:
     """The panel of the dates up to ``until`` (its rows and labels: the module docstring), its train split the
     refit's window (valid and test empty), built by the panel builder (:func:`sweeper.data.build.build`):
     normalisation fitted on that window, the leak guard judging it."""
@@ -178,7 +181,7 @@ def refit_panel(data: C.DataConfig, until: np.datetime64 | None) -> tuple[Panel,
     keys, blocks, _oracle = how.columns()
     check_usable(keys)  # an empty file has no window to speak of
     codes = row_codes(keys)  # each row's date index: a row at index <= until stays, so do the indices
-    window = refit_window(codes.dates, data, until)
+    window = refit_window(codes.dates, data, until, rolling)
     keep = codes.date <= window.until  # nothing after until
     label = np.where(codes.date[keep] < window.stop, keys.label[keep], np.nan).astype(np.float32)
     kept = dataclasses.replace(keys, dates=keys.dates[keep], assets=keys.assets[keep],
@@ -194,8 +197,10 @@ def refit_panel(data: C.DataConfig, until: np.datetime64 | None) -> tuple[Panel,
     return panel, window
 
 
-def refit_window(dates: np.ndarray, data: C.DataConfig, until: np.datetime64 | None) -> Window:
-    """The target dates a refit to ``until`` trains on; ConfigError when too few are left."""
+def refit_window(dates: np.ndarray, data: C.DataConfig, until: np.datetime64 | None,
+                 rolling: list[str] | None = None) -> Window:
+    """The target dates a refit to ``until`` trains on; ConfigError when too few are left. ``rolling``: the
+    first and last day of a rolling window's last fold, whose length (in dates) the refit keeps."""
     lookback, horizon, embargo = split_widths(data)
     gap = purge_gap(horizon, embargo)
     last = len(dates) - 1 if until is None else int(np.searchsorted(dates, until, side="right")) - 1
@@ -203,6 +208,10 @@ def refit_window(dates: np.ndarray, data: C.DataConfig, until: np.datetime64 | N
     train = data.split.train
     if not isinstance(train, float):  # date ranges: the study's train split starts at its own
         first = max(first, int(np.searchsorted(dates, user_day(train[0], "data.split.train"), side="left")))
+    if rolling is not None:  # its folds' length: the epochs refit_epochs took were found on it
+        a, b = (np.searchsorted(dates, user_day(day, "fold_dates", end=k == 1), side="right" if k else "left")
+                for k, day in enumerate(rolling))
+        first = max(first, last - gap + 1 - int(b - a))
     if (stop := last - gap + 1) - first < MIN_TARGET_DATES:
         earliest = first + MIN_TARGET_DATES - 1 + gap
         hint = f"; the earliest --until is {_iso(dates[earliest])}" if earliest < len(dates) else ""

@@ -225,6 +225,28 @@ def test_an_until_past_2262_is_the_data_s_last_date():
     assert refit_window(dates + np.timedelta64(15, "h"), data, parse_until("2020-03-24")) == Window(4, 58, 59)
 
 
+def test_a_rolling_window_refits_on_as_many_dates_as_its_last_fold():
+    """validation.window: rolling trained each fold on its last train_dates targets; the refit trained on
+    every date from the first, with the epochs those short windows had found best."""
+    dates = pd.bdate_range("2020-01-01", periods=60).to_numpy("datetime64[ns]")
+    data = DataConfig(path="p.parquet", lookback=5, horizon=2)
+    last_fold = ["2020-02-03", "2020-02-28"]  # 20 business days
+    assert refit_window(dates, data, None) == Window(first=4, stop=58, until=59)  # expanding: from the first
+    assert refit_window(dates, data, None, last_fold) == Window(first=38, stop=58, until=59)
+    assert refit_window(dates + np.timedelta64(15, "h"), data, None, last_fold) == Window(38, 58, 59)
+    assert refit_window(dates, data, parse_until("2020-03-02"), last_fold) == Window(22, 42, 43)
+
+
+@pytest.mark.slow
+def test_a_rolling_walk_forward_trial_refits_on_its_folds_length(study_file):
+    path = study_file({"study": {"n_trials": 1}, "validation": {"scheme": "walk_forward", "folds": 2,
+                                                                "window": "rolling", "train_dates": 40}})
+    cli("run", str(path))
+    cli("refit", str(path))
+    record, _ = refit_of(0)
+    assert record["target_dates"] == 40
+
+
 def test_a_trial_without_a_best_epoch_is_refused():
     trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": "nan"})
     with pytest.raises(ConfigError, match=r"has no best epoch .*best_epoch"):
