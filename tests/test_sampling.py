@@ -85,3 +85,33 @@ def test_two_drivers_resuming_a_seeded_study_run_nine_distinct_param_sets(study_
     finished = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
     assert len(finished) == 9
     assert len({tuple(sorted(t.params.items())) for t in finished}) == 9
+
+
+def test_every_sampler_offered_samples_past_its_start_up_trials():
+    """cmaes passed validate and crashed the sweep after trial 0: Optuna's CmaEsSampler imports the cmaes
+    package only once it samples (now a dependency)."""
+    from sweeper.config import SamplerConfig
+    from sweeper.study.samplers import SAMPLERS, build_sampler
+
+    for name in SAMPLERS:
+        study = optuna.create_study(sampler=build_sampler(SamplerConfig(name=name, seed=3)))
+        study.optimize(lambda t: (t.suggest_float("x", 0, 1) - 0.3) ** 2 + t.suggest_float("y", 0, 1), n_trials=4)
+        assert len(study.trials) == 4 and all(t.state == TrialState.COMPLETE for t in study.trials), name
+
+
+@pytest.mark.parametrize("section, raw, message", [
+    ("pruner", {"name": "median", "options": {"n_warmup_steps": -1}},
+     "study.pruner.options: Number of warmup steps cannot be negative, but got n_warmup_steps=-1."),
+    ("pruner", {"name": "percentile", "options": {"percentile": 150}},
+     "study.pruner.options: Percentile must be between 0 and 100 inclusive, but got percentile=150."),
+    ("sampler", {"name": "tpe", "options": {"group": True, "multivariate": False}},
+     "study.sampler.options: ``group`` option can only be enabled when ``multivariate`` is enabled.")])
+def test_an_option_value_the_sampler_or_pruner_refuses_is_one_line(section, raw, message):
+    # a ValueError of Optuna's was a traceback, exit 1, from validate and run alike
+    from sweeper.config import PrunerConfig, SamplerConfig
+    from sweeper.errors import ConfigError
+    from sweeper.study.samplers import build_pruner, check_sampler
+
+    with pytest.raises(ConfigError) as err:
+        build_pruner(PrunerConfig(**raw)) if section == "pruner" else check_sampler(SamplerConfig(**raw))
+    assert str(err.value) == message

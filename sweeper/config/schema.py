@@ -30,7 +30,7 @@ def _one_or_auto(v: int | str) -> int | str:  # the validator of every count tha
 
 class SamplerConfig(Section):
     name: Literal["tpe", "random", "cmaes", "gp", "qmc"] = "tpe"
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**32)  # numpy's seeds
     options: dict[str, Any] = Field(default_factory=dict)
 
 

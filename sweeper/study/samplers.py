@@ -69,12 +69,12 @@ def build_pruner(cfg: PrunerConfig) -> optuna.pruners.BasePruner:
     build, defaults = PRUNERS[cfg.name]
     try:
         return build(**{**defaults, **cfg.options})
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # an unknown option, or a value the pruner refuses
         raise ConfigError(f"study.pruner.options: {exc}") from None
 
 
 def check_sampler(cfg: SamplerConfig) -> None:
     try:
         build_sampler(cfg)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # an unknown option, or a value the sampler refuses
         raise ConfigError(f"study.sampler.options: {exc}") from None
