@@ -577,3 +577,10 @@ def test_a_number_written_1e_3_is_a_number(tmp_path):
     cfg = C.load_config(path, ["train.weight_decay=5e-4"])
     assert cfg.search_space["train.lr"].choices == [0.001, 0.03, 0.0002, 0.0015]
     assert (cfg.train.lr, cfg.train.weight_decay) == (0.001, 0.0005)
+
+
+def test_a_sampler_seed_numpy_refuses_is_refused_by_its_key():
+    # seed -1 was Optuna's traceback from validate and run ("Seed must be between 0 and 2**32 - 1")
+    with pytest.raises(ConfigError) as err:
+        C.validate_config(_with(study={"sampler": {"name": "tpe", "seed": -1}}), "s.yaml")
+    assert str(err.value) == "s.yaml: study.sampler.seed: Input should be greater than or equal to 0 (got -1)"
