@@ -426,3 +426,40 @@ def _close_per_tensor(stack, solos):
             # relative to the tensor (Adam's first step moves a near-zero gradient's element by lr
             # whatever its sign: an element's own relative error means nothing there)
             assert float((got - value).norm() / value.norm()) <= 1e-5, (k, key)
+
+
+class _WritesItsInput(torch.nn.Module):
+    """A user's model whose forward adds a learnt per-feature offset to its input in place."""
+
+    def __init__(self, features: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.offset, self.head = torch.nn.Parameter(torch.randn(features)), torch.nn.Linear(features, 1)
+        self.drop = torch.nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x += self.offset
+        return self.head(self.drop(x[:, -1])).squeeze(-1)
+
+
+@pytest.mark.parametrize("mode, dropout", [("vmap", 0.0), ("loop", 0.0), ("loop", 0.5)])
+def test_a_user_forward_that_writes_its_input_stacks_as_it_runs_alone(mode, dropout):
+    """x += self.offset ran alone and failed in every stack: vmap of one input expanded for all members
+    ("more than one element of the written-to tensor refers to a single memory location"), and member
+    after member autograd's "modified by an inplace operation" (the members' inputs were views of one)."""
+    from sweeper.models.stacked.func import FuncStack
+
+    solos = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        solos.append(_WritesItsInput(3, dropout).eval())
+    stack = FuncStack(solos, mode).eval()
+    x = torch.randn(1, 8, 4, 3).expand(2, 8, 4, 3)  # the same rows for both, as a stacked validation has
+    kept = x.clone()
+    out = stack(x)
+    out.sum().backward()
+    assert torch.equal(x, kept)  # the caller's rows are not written
+    for k, solo in enumerate(solos):
+        assert torch.allclose(out[k], solo(x[k].clone()), atol=1e-6)
+    stack.train()
+    stack(torch.randn(2, 8, 4, 3)).sum().backward()  # training, each member its own rows
+    assert all(p.grad is not None for p in stack.parameters())

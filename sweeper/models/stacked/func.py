@@ -74,12 +74,13 @@ class FuncStack(StackedModule):
         if self.mode == VMAP:
             def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xk: torch.Tensor) -> torch.Tensor:
                 return functional_call(template, (p, b), (xk,))
-            return vmap(one, randomness="error")(params, buffers, x)
+            # a forward may write its input (x += b): give it rows of its own, not one expanded for all
+            return vmap(one, randomness="error")(params, buffers, x.contiguous())
         outs = []
         for k in range(self.members):
             with self._own_generator(k):
-                outs.append(functional_call(template, ({n: p[k] for n, p in params.items()},
-                                                       {n: b[k] for n, b in buffers.items()}), (x[k],)))
+                own = ({n: p[k] for n, p in params.items()}, {n: b[k] for n, b in buffers.items()})
+                outs.append(functional_call(template, own, (x[k].clone(),)))
         return torch.stack(outs)
 
     @contextmanager
