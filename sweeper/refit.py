@@ -121,8 +121,7 @@ def refit(cfg: C.SweeperConfig, study: optuna.Study, *, trial: str | int = "best
     # the trial's config.yaml, or (a trial that never wrote one) its params applied to the study's
     tcfg = (trial_config(files, cfg) if files.config.exists()
             else C.with_overrides(cfg, chosen.params, f"trial {chosen.number} params"))
-    rolling = K.layout(study.user_attrs)[-1]["train"] if tcfg.validation.window == "rolling" else None
-    panel, window = refit_panel(tcfg.data, day, rolling)
+    panel, window = refit_panel(tcfg.data, day, _rolling(tcfg, chosen, study))
     # exactly E epochs: no time limit, and train's fixed_epochs validates nothing and never stops early
     run_cfg, where = tcfg.with_train(epochs=epochs, max_minutes=None), resolve_device(device)
     # seed repeats: the trial's model is its seed ensemble, so every seed trains, in stacks of its size
@@ -171,6 +170,12 @@ def write_refit(files: TrialFiles, states: list[dict], stats: Any,
 
 
 # ---------------------------------------------------------------- the refit's panel
+
+def _rolling(tcfg: C.SweeperConfig, trial: FrozenTrial, study: optuna.Study) -> list[str] | None:
+    """A rolling window's last fold's train days (the trial's own layout, as it trained), or None."""
+    folds = K.layout(trial.user_attrs) or K.layout(study.user_attrs)  # (a holdout study has none)
+    return folds[-1]["train"] if tcfg.validation.window == "rolling" and folds else None
+
 
 def refit_panel(data: C.DataConfig, until: np.datetime64 | None,
                 rolling: list[str] | None = None) -> tuple[Panel, Window]:

@@ -396,3 +396,21 @@ def test_a_trial_cut_short_before_its_seed_ensemble_predicts_with_its_first_seed
     assert [p.name for p in Path("runs/tiny/trials/0").glob("weights*.pt")] == ["weights.pt"]
     out = cli("predict", str(path), "--trial", "0", "--split", "test", "-o", "p.parquet")
     assert f"IC {trial.user_attrs['test_ic']:.4f}" in out
+
+
+def test_a_rolling_window_is_read_from_the_trials_own_folds_and_a_holdout_study_has_none():
+    """A holdout study with window: rolling (accepted, and in stored configs of before) made refit an
+    IndexError; the folds are the trial's own (after a --force on grown data the study's moved)."""
+    from types import SimpleNamespace
+
+    from sweeper.config import validate_config
+    from sweeper.refit import _rolling
+
+    rolling = validate_config(merge(TINY, {"validation": {"window": "rolling"}}), "tiny")
+    own = [{"train": ["2020-01-01", "2020-02-28"], "valid": ["2020-03-05", "2020-03-31"]}]
+    study = SimpleNamespace(user_attrs={"fold_dates": [{"train": ["2019-01-01", "2019-02-28"]}]})
+    trial = optuna.trial.create_trial(state=TrialState.COMPLETE, value=0.1, user_attrs={"fold_dates": own})
+    assert _rolling(rolling, trial, study) == ["2020-01-01", "2020-02-28"]
+    bare = optuna.trial.create_trial(state=TrialState.COMPLETE, value=0.1)
+    assert _rolling(rolling, bare, study) == ["2019-01-01", "2019-02-28"]
+    assert _rolling(rolling, bare, SimpleNamespace(user_attrs={})) is None  # holdout: no folds

@@ -4,7 +4,6 @@ Every problem becomes one :class:`ConfigError` naming the file and the dotted ke
 
 import copy
 import datetime
-import re
 from pathlib import Path
 from typing import Any
 
@@ -94,9 +93,6 @@ class _UniqueKeys(yaml.SafeLoader):
 
 
 _UniqueKeys.add_constructor("tag:yaml.org,2002:timestamp", _UniqueKeys.construct_yaml_timestamp)
-# YAML 1.1 reads 1e-3 (no dot) as text: a number in YAML 1.2 and to every user (choices kept it a string)
-_UniqueKeys.add_implicit_resolver("tag:yaml.org,2002:float",
-                                  re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

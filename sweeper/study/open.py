@@ -96,7 +96,7 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
     stacking = stack_drift(stored, attrs["config"].get("train", {}).get("max_stack", "auto"))
     if stacking:  # train.max_stack is no drift key: auto resumes any study, a number must match
         differ.append(stacking)
-    if stored.get("data_fingerprint") not in (None, attrs["data_fingerprint"]):
+    if grew := stored.get("data_fingerprint") not in (None, attrs["data_fingerprint"]):
         path = attrs["config"]["data"].get("path")
         differ.append(f"data fingerprint ({stored['data_fingerprint']} -> {attrs['data_fingerprint']}): "
                       f"{f'the data file {path}' if path else 'the synthetic panel'} is not the data this "
@@ -108,8 +108,8 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
         say = lambda dates: ", ".join(f"{k} {a} to {b}" for k, (a, b) in dates.items())  # noqa: E731
         pin = ", ".join(f"{k}: [{a}, {b}]" for k, (a, b) in old.items())
         differ.append(f"split dates ({say(old)} -> {say(new)}): new trials would be scored on other dates "
-                      f"than its trials so far and ranked with them; data.split: {{{pin}}} keeps its dates "
-                      "(with --force for the data's fingerprint)")
+                      f"than its trials so far and ranked with them; data.split: {{{pin}}} keeps its dates"
+                      + " (with --force for the data's fingerprint)" * grew)
     if differ and not force:
         raise ConfigDrift(f"study {study.study_name!r} was created with a different config; these keys "
                           f"differ: {'; '.join(differ)}. Revert them, use a new study.name, or pass --force "
