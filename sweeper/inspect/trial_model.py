@@ -149,7 +149,7 @@ class Predictor:
 
         own = trial_files(self.run_dir, trial.number)
         refit = read_refit(own) if data is not None else None  # the study's own dates: its own weights
-        files = own if refit else self._files(trial)  # its refit first; its retrain only for its own weights
+        files = own if refit else self._files(trial, own)  # its refit first; a retrain for its own weights
         tcfg = trial_config(files, self.cfg)
         if changed := code_changed(self.code_now, trial.user_attrs, self.study.user_attrs):
             raise ConfigError(f"{changed}, so trial {trial.number}'s weights would score another model than "
@@ -182,10 +182,10 @@ class Predictor:
                                   tcfg.train.resolved_eval_batch_size))
         return frames[0] if len(frames) == 1 else ensemble_frame(frames)
 
-    def _files(self, trial: FrozenTrial) -> TrialFiles:
-        """The trial's files; where its weights are gone, its retrain's (:func:`stand_in`), said once."""
-        files = trial_files(self.run_dir, trial.number)
-        if weights_removed(trial, files) and (twin := stand_in(trial, self.study.get_trials(), self.run_dir)):
+    def _files(self, trial: FrozenTrial, files: TrialFiles) -> TrialFiles:
+        """The trial's ``files``; where its weights are gone, its retrain's (:func:`stand_in`), said once."""
+        if weights_removed(trial, files) and (
+                twin := stand_in(trial, self.study.get_trials(deepcopy=False), self.run_dir)):
             note = f"trial {trial.number}'s weights are gone: its retrain, trial {twin.number}, scores for it"
             self.notes[note], files = None, trial_files(self.run_dir, twin.number)
         return files

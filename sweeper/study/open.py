@@ -105,9 +105,9 @@ def check_compatible(study: optuna.Study, attrs: dict[str, Any], force: bool) ->
         differ.append(f"{changed}, and its trials would rank two models as one")
     # a data file that grew moves a split of fractions: its new trials would be judged on another window
     if (old := stored.get("split_dates")) not in (None, new := attrs.get("split_dates")):
-        say = lambda dates: ", ".join(f"{k} {a} to {b}" for k, (a, b) in dates.items())  # noqa: E731
+        span = lambda dates: ", ".join(f"{k} {a} to {b}" for k, (a, b) in dates.items())  # noqa: E731
         pin = ", ".join(f"{k}: [{a}, {b}]" for k, (a, b) in old.items())
-        differ.append(f"split dates ({say(old)} -> {say(new)}): new trials would be scored on other dates "
+        differ.append(f"split dates ({span(old)} -> {span(new)}): new trials would be scored on other dates "
                       f"than its trials so far and ranked with them; data.split: {{{pin}}} keeps its dates"
                       + " (with --force for the data's fingerprint)" * grew)
     if differ and not force:
