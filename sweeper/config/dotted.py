@@ -69,6 +69,5 @@ def config_value(cfg: SweeperConfig, key: str, *default: Any) -> Any:
 
 def condition_met(spec: ParamSpec, cfg: SweeperConfig, chosen: dict[str, Any]) -> bool:
     """Whether ``spec``'s ``when`` holds: each key's value as ``chosen`` so far, else as ``cfg`` sets it."""
-    return all((chosen[key] if key in chosen else config_value(cfg, key, None))
-               in (expected if isinstance(expected, list) else [expected])
-               for key, expected in (spec.when or {}).items())
+    return all(spec.allows(key, chosen[key] if key in chosen else config_value(cfg, key, None))
+               for key in spec.when or {})

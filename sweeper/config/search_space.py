@@ -46,6 +46,10 @@ class ParamSpec(Section):
             raise ValueError(f"step ({self.step:g}) must be > 0 (an int parameter's at least 1)")
         return self
 
+    def allows(self, key: str, value: Any) -> bool:
+        """Whether ``when`` lets ``key``'s ``value`` draw this parameter (a list there: any of its values)."""
+        return value in (expected if isinstance(expected := (self.when or {})[key], list) else [expected])
+
 
 _TUNABLE = ("model", "train", "data")
 
@@ -80,10 +84,10 @@ def check_space_values(cfg: Any, key: str, spec: ParamSpec, context: dict[str, A
 
 def check_condition(cfg: Any, key: str, spec: ParamSpec) -> None:
     """A ``when`` the study's fixed values never meet: ``key`` would never be drawn, without a word."""
-    for cond, expected in (spec.when or {}).items():
+    for cond in spec.when or {}:
         section, _, field = cond.partition(".")  # (a key no field names: check_space_key's to refuse)
         fixed = getattr(getattr(cfg, section, None), field, None) if cond not in cfg.search_space else None
-        if fixed is not None and fixed not in (expected if isinstance(expected, list) else [expected]):
+        if fixed is not None and not spec.allows(cond, fixed):
             raise ValueError(f"search_space.{key}.when: {cond} is {fixed!r} in this study and not searched, "
                              f"so {key} is never drawn")
 
