@@ -164,3 +164,15 @@ class TinyDropout(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(self.dropout(x.flatten(1))).squeeze(-1)
+
+
+class TinyBatchNorm(nn.Module):
+    """Tiny with batch statistics: a row's output in training depends on the batch's other rows."""
+
+    def __init__(self, n_features: int, lookback: int) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(n_features)
+        self.linear = nn.Linear(n_features, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.norm(x[:, -1])).squeeze(-1)

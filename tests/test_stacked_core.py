@@ -347,6 +347,59 @@ def test_a_user_model_stacks_through_torch_func_and_trains_as_its_lone_runs(mode
         assert s.metrics["val_ic"] == pytest.approx(a.metrics["val_ic"], rel=1e-4)
 
 
+@pytest.mark.parametrize("model", ["custom_model:Tiny", "custom_model:TinyDropout", "custom_model:TinyBatchNorm"])
+def test_a_user_model_stacked_where_members_rows_differ_trains_as_its_lone_runs(model, monkeypatch):
+    """An IC loss's batches are whole dates, and the toy panel's dates hold 32 or 31 assets, so the
+    members' batches differ in rows: the user's forward sees each member's own rows, not a shorter one's
+    padding (dropout drew for the padding, batch statistics counted it: the lone runs' IC was not kept)."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    sys.modules.pop("custom_model", None)
+    panel = toy_panel()
+    cfg = toy_config(model={"name": model}, epochs=3, batch_order="cross_section", loss="ic", grad_clip=0.5)
+    cfgs = [seeded(cfg, s) for s in range(3)]
+    alone = [train(c, panel, device="cpu") for c in cfgs]
+    stacked = train_stack([Member(c, panel) for c in cfgs], device="cpu")
+    for a, s in zip(alone, stacked):
+        for name, value in a.best_state.items():
+            if not name.endswith(".bias"):  # an IC loss does not see a shift: its gradient is round-off
+                torch.testing.assert_close(s.best_state[name], value, rtol=1e-4, atol=1e-6)
+        assert s.metrics["val_ic"] == pytest.approx(a.metrics["val_ic"], rel=1e-4)
+
+
+@pytest.mark.parametrize(("model", "mixes"), [("Tiny", False), ("TinyBatchNorm", True)])
+def test_a_vmapped_stack_runs_its_members_in_turn_only_where_a_row_sees_the_others(model, mixes, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from sweeper.models.stacked.base import member_rows
+    from sweeper.models.stacked.func import VMAP, FuncStack
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    sys.modules.pop("custom_model", None)
+    import custom_model
+
+    solos = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        solos.append(getattr(custom_model, model)(3, 4))
+    stack = FuncStack(solos, VMAP).train()
+    x = torch.randn(2, 6, 4, 3, generator=torch.Generator().manual_seed(0))
+    member_rows(stack, [6, 4])
+    out = stack(x)
+    assert stack.mixes is mixes
+    assert torch.allclose(out[0], solos[0](x[0].clone()), atol=1e-6)
+    assert torch.allclose(out[1, :4], solos[1](x[1, :4].clone()), atol=1e-6)
+    if mixes:  # the padding's rows ran no forward, and the running statistics are the lone run's
+        assert out[1, 4:].tolist() == [0.0, 0.0]
+        torch.testing.assert_close(stack.member_state(1)["norm.running_mean"], solos[1].norm.running_mean)
+    member_rows(stack, None)
+    stack.eval()
+    torch.testing.assert_close(stack(x)[1], solos[1].eval()(x[1].clone()))
+
+
 def test_one_step_of_a_vmapped_user_model_equals_its_lone_runs(monkeypatch):
     import sys
     from pathlib import Path

@@ -34,7 +34,8 @@ class StackStep:
         self.optimizer, self.scaler = optimizer, scaler
         self.precision, self.criterion, self.lanes, self.dropout = precision, criterion, lanes, dropout
         self.device = flat.values.device
-        self.rows: list[int] | None = None  # each member's rows, told to the dropouts when uneven
+        self.rows: list[int] | None = None  # each member's rows, told to the stack when uneven
+        member_rows(stack, None)  # not an earlier step's
 
     @contextmanager
     def preserved(self) -> Iterator[None]:

@@ -119,8 +119,9 @@ def _rows_like(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
     return laid.permute([order.index(d) for d in range(x.dim())])
 
 
-def member_rows(stack: nn.Module, rows: list[int] | None) -> None:
-    """Tell ``stack``'s dropouts each member's own rows in the next step (None: all of them)."""
+def member_rows(stack: "StackedModule", rows: list[int] | None) -> None:
+    """Tell ``stack`` and its dropouts each member's own rows in the next step (None: all of them)."""
+    stack.rows = rows
     for module in stack.modules():
         if isinstance(module, MemberDropout):
             module.rows = rows
@@ -132,6 +133,7 @@ class StackedModule(nn.Module):
     members: int
     plan: str = ""  # how it stacks, for the log (sweeper.models.stacked.build.stack_plan)
     member_dims: int = 1  # leading dimensions a parameter has for the members (K)
+    rows: list[int] | None = None  # each member's own rows in this training step (member_rows)
 
     def stacked_state(self) -> dict[str, torch.Tensor]:
         """Each one-member name's stacked tensor (K in front)."""

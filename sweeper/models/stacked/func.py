@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
@@ -48,6 +49,7 @@ class FuncStack(StackedModule):
         named = getattr(members[0], "no_weight_decay", None)
         self._exempt = {_key(n) for n in named()} if named is not None else set()
         self.generators: list[torch.Generator] = []  # each member's own, once seeded
+        self.mixes: bool | None = None  # a row's output depends on other rows (_mixes_rows); None: not asked
 
     def seed_members(self, seeds: Sequence[int], device: torch.device | str,
                      states: Sequence[torch.Tensor] | None = None) -> list[torch.Generator]:
@@ -71,18 +73,35 @@ class FuncStack(StackedModule):
         template = self._template[0]
         template.train(self.training)
         params, buffers = self._tensors()
-        if self.mode == VMAP:
+        rows = self.rows if self.training else None  # a shorter member's padding: only in training
+        if self.mode == VMAP and (rows is None or not self._mixes_rows(x, rows, params, buffers)):
             def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xk: torch.Tensor) -> torch.Tensor:
                 return functional_call(template, (p, b), (xk,))
             # a forward may write its input (x += b): give it rows of its own, not one expanded for all
             return vmap(one, randomness="error")(params, buffers, x.contiguous())
-        outs = []
-        for k in range(self.members):
+        outs: list[torch.Tensor | None] = []
+        for k, size in enumerate(rows or [x.shape[1]] * self.members):
+            # its own rows only, as its lone run (dropout's draws, batch statistics); none: no forward
             with self._own_generator(k):
                 own = ({n: p[k] for n, p in params.items()}, {n: b[k] for n, b in buffers.items()})
-                outs.append(functional_call(template, own, (x[k].clone(),)))
-        return torch.stack(outs)
+                outs.append(functional_call(template, own, (x[k, :size].clone(),)) if size else None)
+        like = next(o for o in outs if o is not None)
+        return torch.stack([like.new_zeros(x.shape[1]) if o is None else F.pad(o, (0, x.shape[1] - len(o)))
+                            for o in outs])
 
+    def _mixes_rows(self, x: torch.Tensor, rows: list[int], params: dict[str, torch.Tensor],
+                    buffers: dict[str, torch.Tensor]) -> bool:
+        """Whether a row's output depends on the batch's other rows (batch statistics, a cross-sectional
+        normalisation), so that a shorter member's padding would reach its own rows under vmap: asked
+        once, of the longest member's rows with and without its last, in fp32 on copies of its buffers."""
+        if self.mixes is None and max(rows) > 1:
+            k, most = rows.index(max(rows)), max(rows)
+            own = ({n: p[k] for n, p in params.items()}, {n: b[k].clone() for n, b in buffers.items()})
+            with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+                whole, part = (functional_call(self._template[0], own, (x[k, :size].clone(),))
+                               for size in (most, most - 1))
+            self.mixes = not torch.allclose(whole[:-1], part, rtol=1e-4, atol=1e-6)
+        return self.mixes is not False
     @contextmanager
     def _own_generator(self, k: int) -> Iterator[None]:
         """Member ``k``'s forward draws from its own generator: swapped in for the global one of
