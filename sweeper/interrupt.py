@@ -56,7 +56,6 @@ class StopToken:
         self.requested = True
 
     def check(self) -> None:
-        """Raise StopRequested when a stop was requested."""
         if self.requested:
             raise StopRequested(self.signum or signal.SIGINT)
 

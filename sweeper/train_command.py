@@ -89,10 +89,9 @@ def train_once(cfg: C.SweeperConfig, *, quiet: bool = False) -> dict[str, Any]:
         m = {**record.summary(out, trainer.cfg), **choice}
     if out.cut_short is not None:  # as a sweep's trial: PRUNED, no objective (some runs' scores are none)
         m.update(value=None, cut_short=str(out.cut_short))
-        ran, runs = len(out.runs), trainer.cfg.validation.runs
-        console.print(f"stopped ({out.cut_short}) after {ran} of {runs} runs: the figures below are of "
-                      "those runs; a sweep records the trial PRUNED, with no value",
-                      highlight=False, soft_wrap=True)
+        console.print(f"stopped ({out.cut_short}) after {len(out.runs)} of {trainer.cfg.validation.runs} "
+                      "runs: the figures below are of those runs; a sweep records the trial PRUNED, "
+                      "with no value", highlight=False, soft_wrap=True)
     _say_scores(console, m)
     return {k: plain(v) for k, v in m.items()}
 

@@ -389,6 +389,5 @@ class SweeperConfig(Section):
 def unknown_model(name: str) -> str:
     """What a model name that is neither a built-in nor ``module:Class`` is told (config, search space)."""
     close = difflib.get_close_matches(name.lower(), BUILTIN_MODELS, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
     return (f"unknown model {name!r}: expected one of {', '.join(BUILTIN_MODELS)} or a dotted path "
-            f"'package.module:Class'{hint}")
+            "'package.module:Class'" + (f"; did you mean {close[0]!r}?" if close else ""))

@@ -98,6 +98,5 @@ def check_space_key(cfg: Any, key: str, where: str) -> None:
         raise ValueError(f"{where}: key {key!r} must be a dotted path such as model.d_model or train.lr")
     if section == "model" and cfg.model.is_custom:
         return
-    fields = type(getattr(cfg, section)).model_fields
-    if (head := field.split(".")[0]) not in fields:
+    if (head := field.split(".")[0]) not in (fields := type(getattr(cfg, section)).model_fields):
         raise ValueError(f"{where}: " + unknown_key(key, head, fields, prefix=f"{section}."))

@@ -23,5 +23,4 @@ class Section(BaseModel):
 def unknown_key(dotted: str, key: str, fields: Iterable[str], prefix: str = "") -> str:
     """What an unknown key ``dotted`` (whose last part, ``key``, is not one of ``fields``) is told."""
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
-    hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
-    return f"unknown key '{dotted}'{hint}"
+    return f"unknown key '{dotted}'" + (f"; did you mean '{prefix}{close[0]}'?" if close else "")

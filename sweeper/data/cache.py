@@ -53,8 +53,7 @@ _STALE_TMP_S = 3600.0  # a .tmp- folder whose builder holds no lock and is older
 def cache_root(cfg: DataConfig) -> Path:
     """``data.cache_dir``, else ``$SWEEPER_CACHE_DIR``, else ``sweeper/panels`` in ``$XDG_CACHE_HOME``."""
     xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"  # unset or empty: the XDG rule's default
-    where = cfg.cache_dir or os.environ.get(ENV_DIR) or Path(xdg) / "sweeper" / "panels"
-    return Path(where).expanduser()
+    return Path(cfg.cache_dir or os.environ.get(ENV_DIR) or Path(xdg) / "sweeper" / "panels").expanduser()
 
 
 def entry_key(fingerprint: str, cfg: DataConfig) -> str:

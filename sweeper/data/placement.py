@@ -17,9 +17,7 @@ HOST = "host"
 def placement(panel_bytes: int, free_bytes: int | None, share: float) -> str:
     """``"device"`` when the panel fits in ``share`` of the free device memory,
     ``"pinned_host"`` when it does not, ``"host"`` when there is no device (None)."""
-    if free_bytes is None:
-        return HOST
-    return ON_DEVICE if panel_bytes <= share * free_bytes else PINNED_HOST
+    return HOST if free_bytes is None else ON_DEVICE if panel_bytes <= share * free_bytes else PINNED_HOST
 
 
 def free_device_bytes(device: torch.device) -> int | None:

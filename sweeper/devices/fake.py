@@ -100,8 +100,7 @@ sqlite_busy_timeout_s = functools.partial(_env_or, SQLITE_BUSY_TIMEOUT_ENV, kind
 
 def cpu_bf16() -> bool | None:
     """``SWEEPER_FAKE_CPU_BF16`` as a bool; None: unset (the CPU itself is asked)."""
-    raw = os.environ.get(CPU_BF16_ENV, "").strip()
-    return None if not raw else bool(_env_number(CPU_BF16_ENV, raw))
+    return bool(_env_number(CPU_BF16_ENV, raw)) if (raw := os.environ.get(CPU_BF16_ENV, "").strip()) else None
 
 
 # ------------------------------------------------------------------ a worker's trials

@@ -53,7 +53,7 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
     children too, so that this process never imports torch. The model-shapes check's warnings go to stderr."""
     from sweeper.devices import plan_slots
     from sweeper.models.shapes import check_study_models
-    from sweeper.store import check_reachable
+    from sweeper.store.engine import check_reachable
 
     if storage_url:
         cfg = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})

@@ -254,10 +254,9 @@ class Predictor:
                 raise DataError(f"trial {trial.number} has no {kept.name} and the study's data "
                                 f"cannot be loaded to re-fit its normalisation: {exc}") from None
             return saved, {}  # the study's dates are unknown: --split all or --start/--end only
-        note = (f"trial {trial.number} has no {kept.name} (it was trained before trials saved one): "
-                "robust_zscore was re-fitted on the study's train split")
         if saved is None and tcfg.data.feature_norm == "robust_zscore":
-            self.notes[note] = None
+            self.notes[f"trial {trial.number} has no {kept.name} (it was trained before trials saved one): "
+                       "robust_zscore was re-fitted on the study's train split"] = None
         stats = saved or own.norm_stats
         assert stats is not None, "a loaded panel carries the statistics it was normalised with (data.build)"
         return stats, split_dates or {k: v for k, v in own.split_dates().items() if k != "all"}

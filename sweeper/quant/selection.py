@@ -38,10 +38,8 @@ def expected_max(n: int) -> float:
     The cruder sqrt(2 ln n) overstates it by about 0.5 in that range."""
     if n < 1:
         raise ValueError(f"expected_max needs n >= 1 trials, got {n}")
-    if n == 1:
-        return 0.0
-    return ((1 - EULER_GAMMA) * _NORMAL.inv_cdf(1 - 1 / n)
-            + EULER_GAMMA * _NORMAL.inv_cdf(1 - 1 / (n * math.e)))
+    return 0.0 if n == 1 else ((1 - EULER_GAMMA) * _NORMAL.inv_cdf(1 - 1 / n)
+                               + EULER_GAMMA * _NORMAL.inv_cdf(1 - 1 / (n * math.e)))
 
 
 def null_max_ic(daily_ics: list[np.ndarray], lags: list[int] | None = None) -> float:

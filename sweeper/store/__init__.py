@@ -15,17 +15,10 @@ the artifact store, and the run folder's layout.
 - :mod:`~sweeper.store.optuna_private`: the private Optuna APIs sweeper needs, with reasons."""
 
 from sweeper.store.artifacts import artifact_store, check_artifacts
-from sweeper.store.engine import (
-    PG_MAX_OVERFLOW,
-    PG_POOL_SIZE,
-    SweeperStorage,
-    check_reachable,
-    open_storage,
-    quiet_optuna,
-)
+from sweeper.store.engine import PG_MAX_OVERFLOW, PG_POOL_SIZE, SweeperStorage, open_storage, quiet_optuna
 from sweeper.store.locks import AdvisoryLock, FileLock, NullLock, advisory_key, claim_lock
 from sweeper.store.urls import normalize_url, redact
 
 __all__ = ["PG_MAX_OVERFLOW", "PG_POOL_SIZE", "AdvisoryLock", "FileLock", "NullLock", "SweeperStorage",
-           "advisory_key", "artifact_store", "check_artifacts", "check_reachable", "claim_lock",
+           "advisory_key", "artifact_store", "check_artifacts", "claim_lock",
            "normalize_url", "open_storage", "quiet_optuna", "redact"]

@@ -169,5 +169,4 @@ class Liveness:
         return cls(frozenset(p.resolve() for p in live if p is not None))
 
     def keeps(self, folder: TrialFolder) -> bool:
-        """Whether ``folder``'s checkpoint is live."""
         return folder.files.checkpoint.resolve() in self.live

@@ -128,8 +128,7 @@ def as_run(cfg: C.SweeperConfig, study: optuna.Study) -> C.SweeperConfig:
     # a direction given as the one its metric has (None -> 'maximize') is none changed
     keys = ("study.metric", "validation.", *(("study.direction",) if ran.study.resolved_direction !=
                                               cfg.study.resolved_direction else ()))
-    moved = [k for k in C.drift(stored, C.to_dict(cfg)) if k.startswith(keys)]
-    if moved:
+    if moved := [k for k in C.drift(stored, C.to_dict(cfg)) if k.startswith(keys)]:
         say(f"the study file differs from study {study.study_name!r} in {', '.join(moved)}: its trials are "
             "read as it ran them")
     return cfg.model_copy(update={"validation": ran.validation, "study": cfg.study.model_copy(

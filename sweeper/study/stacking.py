@@ -45,8 +45,7 @@ def member_keys(cfg: SweeperConfig) -> tuple[list[str], list[str]]:
     names = cfg.search_space["model.name"].choices if "model.name" in cfg.search_space else [cfg.model.name]
     builtin = all(str(name) in BUILTIN_MODELS for name in names or [])
     own = PER_MEMBER | (BUILTIN_PER_MEMBER if builtin else frozenset())
-    keys = list(cfg.search_space)
-    return [k for k in keys if k in own], [k for k in keys if k not in own]
+    return [k for k in cfg.search_space if k in own], [k for k in cfg.search_space if k not in own]
 
 
 def population_line(cfg: SweeperConfig) -> str:
@@ -131,7 +130,6 @@ def resolve(study: optuna.Study, cfg: SweeperConfig, measure: Callable[[], Choic
 def drift(study_attrs: Mapping[str, Any], asked: int | str) -> str | None:
     """Why ``asked`` (``train.max_stack``) cannot resume this study (None: it can): a number other
     than the size its trials stacked by would renumber the steps the pruner compares."""
-    known = decided(study_attrs, "auto")
-    if asked == "auto" or known is None or known["stack_size"] == asked:
+    if asked == "auto" or (known := decided(study_attrs, "auto")) is None or known["stack_size"] == asked:
         return None
     return f"train.max_stack ({known['stack_size']!r} -> {asked!r})"

@@ -227,12 +227,11 @@ def start_queue(cfg: C.SweeperConfig, enqueue: Sequence[str | Path] = ()) -> Que
     existing study's source study is not read: a warm start is applied once, when it is created."""
     always = tuple(s for path in enqueue for s in read_enqueue_file(path, cfg))
     exists = _has_study(cfg)
-    warm, notes = warm_start_sets(cfg) if cfg.study.warm_start is not None and not exists else ([], [])
-    first = list(warm)
+    first, notes = warm_start_sets(cfg) if cfg.study.warm_start is not None and not exists else ([], [])
     if cfg.study.start_from_config:
         own, own_notes = config_set(cfg)
         notes += own_notes
-        if own is not None and all(own.params != s.params for s in warm):
+        if own is not None and all(own.params != s.params for s in first):
             first.append(own)
     wanted = len(first)
     if len(first) > cfg.study.n_trials:

@@ -341,10 +341,9 @@ def _stack_hook(parts: list[Part], settle: Callable[[int, list[TrainResult]], No
     sizes = [len(cells) for _, _, cells in parts]  # each trial's members in the stack, trial after trial
     members = [list(range(sum(sizes[:t]), sum(sizes[:t + 1]))) for t in range(len(parts))]
     hook = PopulationHook([trainer.hook for trainer, _, _ in parts], members, settle, fail)
-    saved = PopulationCheckpointer([(ks, c, seeded(trainer.cfg, cells[0][1]))
-                                    for ks, c, (trainer, _, cells) in zip(members, checkpoints, parts)],
-                                   lambda: hook.ended)
-    return hook, saved
+    return hook, PopulationCheckpointer([(ks, c, seeded(trainer.cfg, cells[0][1]))
+                                         for ks, c, (trainer, _, cells) in zip(members, checkpoints, parts)],
+                                        lambda: hook.ended)
 
 
 def _scored(grid: RunGrid, panel: Panel, fold: int, seed: int) -> Panel:
@@ -365,9 +364,8 @@ def _keep(trainer: Trainer, out: TrialRuns, panel: Panel, fold: int, seed: int, 
     run = TrainingRun(fold, seed, cfg.train.seed, metrics, result.stop_reason)
     frames = None
     if is_model and grid.ensemble:  # a seed of the ensemble: its frames, for the mean of them
-        frames = (model_frames(cfg, result, panel, trainer.device, alone) if store is not None
-                  else result.predictions)
-        out.members[seed] = frames
+        out.members[seed] = frames = (model_frames(cfg, result, panel, trainer.device, alone)
+                                      if store is not None else result.predictions)
     elif is_model and store is not None:  # what sweeper best reads; before result.json (finished)
         store.save_predictions(model_frames(cfg, result, panel, trainer.device, alone))
     if store is not None:

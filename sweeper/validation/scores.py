@@ -36,7 +36,6 @@ class TrainingRun:
 
 
 def _by_fold(runs: Sequence[TrainingRun]) -> list[list[TrainingRun]]:
-    """Each fold's runs, in fold order."""
     return [[r for r in runs if r.fold == f] for f in sorted({r.fold for r in runs})]
 
 
