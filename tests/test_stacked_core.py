@@ -319,6 +319,25 @@ class _Mem:
         return math.nan
 
 
+def test_the_batch_probe_leaves_a_models_batch_statistics_as_they_were(monkeypatch):
+    """Its probing steps ran the model in training: a BatchNorm's running statistics kept their batches."""
+    import sys
+    from pathlib import Path
+
+    import sweeper.core.loop as S
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    sys.modules.pop("custom_model", None)
+    panel = toy_panel()
+    cfg = seeded(toy_config(model={"name": "custom_model:TinyBatchNorm"}, epochs=2), 0)
+    unprobed = train_stack([Member(cfg, panel)], device="cpu")[0]
+    monkeypatch.setattr(S, "trial_memory", lambda device: _Mem(_StackMemory(free=10**9, per_row=100)))
+    probed = train_stack([Member(cfg, panel)], device="cpu")[0]
+    assert probed.metrics["micro_batch_size"] == unprobed.metrics["micro_batch_size"] == 64
+    for name, value in unprobed.best_state.items():
+        torch.testing.assert_close(probed.best_state[name], value, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("model", "plan"), [
     ({"name": "custom_model:Tiny", "scale": 2.0}, "stacked, batched by torch.func.vmap"),
     # dropout: each member draws from its own generator, where its lone run drew, so the masks and

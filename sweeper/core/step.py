@@ -39,8 +39,9 @@ class StackStep:
 
     @contextmanager
     def preserved(self) -> Iterator[None]:
-        """Probing steps leave no trace: weights, moments, scales and each member's counters."""
-        values = self.flat.values.clone()
+        """Probing steps leave no trace: weights, buffers (batch statistics), moments, scales and each
+        member's counters."""
+        values, buffers = self.flat.values.clone(), [b.clone() for b in self.stack.buffers()]
         moments = {k: v.clone() for k, v in self.optimizer.state_dict().items()}
         scale, good = self.scaler.scale_.clone(), self.scaler.good.clone()
         rng = torch.get_rng_state()
@@ -51,6 +52,8 @@ class StackStep:
         finally:
             with torch.no_grad():
                 self.flat.values.copy_(values)
+                for b, kept in zip(self.stack.buffers(), buffers):
+                    b.copy_(kept)
             self.optimizer.load_state_dict(moments)
             self.scaler.scale_, self.scaler.good = scale, good
             for lane in self.lanes:
