@@ -196,6 +196,22 @@ def test_enqueue_files(study_file):
             "would never run; add --set study.n_trials=3") in out and not Path("runs/new").exists()  # its config's
 
 
+def test_an_enqueue_entry_whose_own_values_never_draw_one_of_its_keys_is_refused(study_file):
+    # a trial would have dropped train.lr (its when is not met) and drawn nothing in its place, silently
+    path = study_file({"study": {"n_trials": 3}, "search_space": {
+        "train.loss": {"type": "categorical", "choices": ["mse", "ic"]},
+        "train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "when": {"train.loss": "ic"}}}})
+    Path("off.yaml").write_text("- {train.loss: ic, train.lr: 0.005}\n- {train.loss: mse, train.lr: 0.005}\n")
+    out = _cli("run", path, "--enqueue", "off.yaml", code=2)
+    assert out.strip() == ("Error: off.yaml: entry #1: train.lr is drawn only when {'train.loss': 'ic'}, which this "
+                           "entry (or the study's own values) never meets: a trial would drop it")
+    assert not Path("runs").exists()
+    # a key whose condition the sampler draws is the trial's to judge
+    from sweeper.study.warm_start import read_enqueue_file
+    Path("drawn.yaml").write_text("- {train.lr: 0.005}\n")
+    assert [s.params for s in read_enqueue_file("drawn.yaml", load_config(path))] == [{"train.lr": 0.005}]
+
+
 def test_a_missing_source_is_an_error_before_anything_is_written(study_file):
     _source_study("sqlite:///src.db")
     for warm, message in (

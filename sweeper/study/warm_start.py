@@ -182,6 +182,11 @@ def read_enqueue_file(path: str | Path, cfg: C.SweeperConfig) -> list[StartSet]:
                 raise ConfigError(f"{where}: {key} is not a search_space key "
                                   f"(the search space has: {', '.join(cfg.search_space) or 'none'})")
             raise ConfigError(f"{where}: {key}={value!r} is {why}")
+        for key, spec in ((k, cfg.search_space[k]) for k in params):  # one its own values never let be drawn
+            if all(c in params or c not in cfg.search_space for c in spec.when or {}) \
+                    and not C.condition_met(spec, cfg, params):
+                raise ConfigError(f"{where}: {key} is drawn only when {spec.when}, which this entry (or the "
+                                  f"study's own values) never meets: a trial would drop it")
         sets.append(StartSet(params, f"{path}#{i}"))
     return sets
 
