@@ -388,32 +388,42 @@ def test_a_user_model_stacked_where_members_rows_differ_trains_as_its_lone_runs(
         assert s.metrics["val_ic"] == pytest.approx(a.metrics["val_ic"], rel=1e-4)
 
 
-@pytest.mark.parametrize(("model", "mixes"), [("Tiny", False), ("TinyBatchNorm", True)])
-def test_a_vmapped_stack_runs_its_members_in_turn_only_where_a_row_sees_the_others(model, mixes, monkeypatch):
+@pytest.mark.parametrize(("model", "mode"), [("Tiny", "vmap"), ("TinyBatchNorm", "vmap_even_rows"),
+                                             ("TinyDropout", "loop")])
+def test_a_stacked_user_models_members_see_their_own_rows_where_padding_would_reach_them(model, mode, monkeypatch):
     import sys
     from pathlib import Path
 
     from sweeper.models.stacked.base import member_rows
-    from sweeper.models.stacked.func import VMAP, FuncStack
+    from sweeper.models.stacked.func import FuncStack, stack_mode
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     sys.modules.pop("custom_model", None)
     import custom_model
 
     solos = []
-    for seed in range(2):
+    for seed in range(3):
         torch.manual_seed(seed)
         solos.append(getattr(custom_model, model)(3, 4))
-    stack = FuncStack(solos, VMAP).train()
-    x = torch.randn(2, 6, 4, 3, generator=torch.Generator().manual_seed(0))
-    member_rows(stack, [6, 4])
+    assert stack_mode(solos, 4, 3)[0] == mode
+    stack = FuncStack(solos, mode).train()
+    stack.seed_members([0, 1, 2], "cpu")
+    kept = [g.get_state() for g in stack.generators]
+    x = torch.randn(3, 6, 4, 3, generator=torch.Generator().manual_seed(0))
+    member_rows(stack, [6, 4, 0])
     out = stack(x)
-    assert stack.mixes is mixes
-    assert torch.allclose(out[0], solos[0](x[0].clone()), atol=1e-6)
-    assert torch.allclose(out[1, :4], solos[1](x[1, :4].clone()), atol=1e-6)
-    if mixes:  # the padding's rows ran no forward, and the running statistics are the lone run's
-        assert out[1, 4:].tolist() == [0.0, 0.0]
-        torch.testing.assert_close(stack.member_state(1)["norm.running_mean"], solos[1].norm.running_mean)
+    if mode == "vmap":  # no row sees another: vmap, each member's own rows' outputs as alone
+        assert torch.allclose(out[1, :4], solos[1](x[1, :4].clone()), atol=1e-6)
+        return
+    for k, size in enumerate([6, 4]):  # each member's forward on its own rows, from its own generator
+        torch.set_rng_state(kept[k])
+        assert torch.allclose(out[k, :size], solos[k](x[k, :size].clone()), atol=1e-6)
+    # a member without rows in the step runs no forward: no draw, no statistics, zeros for the loss to ignore
+    assert out[1, 4:].tolist() == out[2].tolist()[:2] == [0.0, 0.0] and out[2].abs().sum() == 0
+    assert torch.equal(stack.generators[2].get_state(), kept[2])
+    if mode == "vmap_even_rows":
+        for k in range(3):
+            torch.testing.assert_close(stack.member_state(k)["norm.running_mean"], solos[k].norm.running_mean)
     member_rows(stack, None)
     stack.eval()
     torch.testing.assert_close(stack(x)[1], solos[1].eval()(x[1].clone()))
@@ -444,6 +454,9 @@ def test_one_step_of_a_vmapped_user_model_equals_its_lone_runs(monkeypatch):
 @pytest.mark.parametrize(("model", "how"), [
     ("custom_model:Tiny", "stacked, batched by torch.func.vmap"),
     ("custom_model:TinyLSTM", "stacked, one member's forward after another: torch.func.vmap cannot run it"),
+    ("custom_model:TinyBatchNorm", "stacked, batched by torch.func.vmap, but a row's output depends on the "
+                                   "batch's other rows (batch statistics), so where the members' rows differ "
+                                   "each member's forward runs on its own rows in turn"),
 ])
 def test_validate_says_how_a_user_models_runs_stack(study_file, model, how):
     from click.testing import CliRunner

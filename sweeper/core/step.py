@@ -102,7 +102,7 @@ class StackStep:
             present = [part[0] if part is not None else lane.batcher.index[:1]
                        for lane, part in zip(self.lanes, parts)]
             sizes = [len(part[0]) if part is not None else 0 for part in parts]
-            if (rows := None if min(sizes) == max(sizes) else sizes) != self.rows:  # a shorter one's dropout
+            if (rows := None if min(sizes) == max(sizes) else sizes) != self.rows:  # shorter ones' own rows
                 member_rows(self.stack, rows)
                 self.rows = rows
             got = gather_stack([lane.batcher for lane in self.lanes], present, max(sizes))

@@ -19,13 +19,15 @@ SHAPE_FIELDS = ("name", "hidden_size", "num_layers", "d_model", "nhead", "dim_fe
 def stack_plan(model_cfg: ModelConfig, members: Sequence[nn.Module], n_features: int,
                lookback: int) -> tuple[str, str]:
     """(mode, a line for the log and ``sweeper validate``): ``native`` (a built-in), or a user model's
-    ``vmap`` or, where vmap cannot run it, ``loop`` (the line says what vmap refused)."""
+    ``vmap`` (``vmap_even_rows`` where its rows see each other) or, where vmap cannot run it, ``loop``
+    (the line says what vmap refused)."""
     if not model_cfg.is_custom:
         return "native", f"model {model_cfg.name}: stacked natively"
-    from sweeper.models.stacked.func import VMAP, stack_mode
+    from sweeper.models.stacked.func import ROWS, VMAP, stack_mode
 
     mode, why = stack_mode(members, lookback, n_features)
-    how = "batched by torch.func.vmap" if mode == VMAP else f"one member's forward after another: {why}"
+    how = ("batched by torch.func.vmap" + ("" if mode == VMAP else f", but {why}") if mode in (VMAP, ROWS)
+           else f"one member's forward after another: {why}")
     return mode, f"model.name {model_cfg.name!r}: stacked, {how}"
 
 

@@ -9,7 +9,10 @@ trains as one and members still never mix. :func:`stack_mode` says which a model
 
 A forward that draws random numbers in training (dropout) runs member after member: vmap can only
 draw from the global generator, where each member must draw from its own (the one its lone run
-would have drawn from, whatever shares its stack). Under vmap, randomness is an error."""
+would have drawn from, whatever shares its stack). Under vmap, randomness is an error. In turn, each
+member's forward sees its own rows only (``rows``: where the members' batches differ in rows); a model whose
+rows see each other (batch statistics) runs so there, where vmap's padding would reach them
+(``vmap_even_rows``)."""
 
 import copy
 from collections.abc import Iterator, Sequence
@@ -22,7 +25,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from sweeper.models.stacked.base import StackedModule
 
-VMAP, LOOP = "vmap", "loop"
+VMAP, ROWS, LOOP = "vmap", "vmap_even_rows", "loop"  # ROWS: vmap where the members' rows are even
 
 
 def _key(name: str) -> str:
@@ -49,7 +52,6 @@ class FuncStack(StackedModule):
         named = getattr(members[0], "no_weight_decay", None)
         self._exempt = {_key(n) for n in named()} if named is not None else set()
         self.generators: list[torch.Generator] = []  # each member's own, once seeded
-        self.mixes: bool | None = None  # a row's output depends on other rows (_mixes_rows); None: not asked
 
     def seed_members(self, seeds: Sequence[int], device: torch.device | str,
                      states: Sequence[torch.Tensor] | None = None) -> list[torch.Generator]:
@@ -73,8 +75,8 @@ class FuncStack(StackedModule):
         template = self._template[0]
         template.train(self.training)
         params, buffers = self._tensors()
-        rows = self.rows if self.training else None  # a shorter member's padding: only in training
-        if self.mode == VMAP and (rows is None or not self._mixes_rows(x, rows, params, buffers)):
+        rows = self.rows if self.training else None  # told for training steps (StackStep), not evaluations
+        if self.mode == VMAP or (self.mode == ROWS and rows is None):
             def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xk: torch.Tensor) -> torch.Tensor:
                 return functional_call(template, (p, b), (xk,))
             # a forward may write its input (x += b): give it rows of its own, not one expanded for all
@@ -89,19 +91,6 @@ class FuncStack(StackedModule):
         return torch.stack([like.new_zeros(x.shape[1]) if o is None else F.pad(o, (0, x.shape[1] - len(o)))
                             for o in outs])
 
-    def _mixes_rows(self, x: torch.Tensor, rows: list[int], params: dict[str, torch.Tensor],
-                    buffers: dict[str, torch.Tensor]) -> bool:
-        """Whether a row's output depends on the batch's other rows (batch statistics, a cross-sectional
-        normalisation), so that a shorter member's padding would reach its own rows under vmap: asked
-        once, of the longest member's rows with and without its last, in fp32 on copies of its buffers."""
-        if self.mixes is None and max(rows) > 1:
-            k, most = rows.index(max(rows)), max(rows)
-            own = ({n: p[k] for n, p in params.items()}, {n: b[k].clone() for n, b in buffers.items()})
-            with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-                whole, part = (functional_call(self._template[0], own, (x[k, :size].clone(),))
-                               for size in (most, most - 1))
-            self.mixes = not torch.allclose(whole[:-1], part, rtol=1e-4, atol=1e-6)
-        return self.mixes is not False
     @contextmanager
     def _own_generator(self, k: int) -> Iterator[None]:
         """Member ``k``'s forward draws from its own generator: swapped in for the global one of
@@ -121,8 +110,9 @@ class FuncStack(StackedModule):
 
 
 def stack_mode(members: Sequence[nn.Module], lookback: int, n_features: int) -> tuple[str, str]:
-    """(``vmap`` or ``loop``, why): vmap when a stack of two runs a forward and a backward under
-    it in train mode, else each member's forward in turn (the reason names what vmap refused)."""
+    """(``vmap``, ``vmap_even_rows`` or ``loop``, why): vmap when a stack of two runs a forward and a
+    backward under it in train mode, else each member's forward in turn (the reason names what vmap
+    refused); where a row's output under vmap depends on the others, in turn where the rows differ."""
     probe = FuncStack([copy.deepcopy(m).cpu() for m in members[:2]] if len(members) >= 2
                       else [copy.deepcopy(members[0]).cpu()] * 2, VMAP)
     try:
@@ -133,4 +123,9 @@ def stack_mode(members: Sequence[nn.Module], lookback: int, n_features: int) -> 
         if "randomness" in first:  # vmap draws from one generator, each member needs its own
             return LOOP, "its forward draws random numbers (dropout), each member from its own generator"
         return LOOP, f"torch.func.vmap cannot run it ({type(exc).__name__}: {first[:160]})"
+    x = torch.randn(2, 3, lookback, n_features, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # its third row moves its first two's outputs: padding would move them too
+        if not torch.allclose(probe(x)[:, :2], probe(x[:, :2]), rtol=1e-4, atol=1e-6):
+            return ROWS, ("a row's output depends on the batch's other rows (batch statistics), so where the "
+                          "members' rows differ each member's forward runs on its own rows in turn")
     return VMAP, "torch.func.vmap runs it"
