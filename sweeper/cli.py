@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from sweeper import __version__
-from sweeper.errors import DiskFull, StopRequested, StorageOutage, SweeperError
+from sweeper.errors import DiskFull, StopRequested, StorageOutage, SweeperError, TrialFailure
 from sweeper.interrupt import unheard
 
 
@@ -30,8 +30,8 @@ INTERRUPTED_HINT = "sweeper.interrupted"  # ctx.meta: what an interrupted comman
 
 class SweeperGroup(click.Group):
     """The one boundary where errors become exit codes, each with one line and no traceback:
-    a domain error, from any command, exits 2; a store that stayed away past
-    study.storage_outage_s, or a full disk, exits 1; Ctrl-C exits 130 and SIGTERM 143 (with the
+    a domain error, from any command, exits 2; a store that stayed away past study.storage_outage_s, a
+    full disk, or `train`'s run failing (TrialFailure) exits 1; Ctrl-C exits 130 and SIGTERM 143 (with the
     resume line for a sweep). A sweep that ran its loop carries its own code (SweepResult.exit_code)."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
@@ -46,7 +46,7 @@ class SweeperGroup(click.Group):
             return super().invoke(ctx)
         except SweeperError as exc:
             raise UserError(str(exc)) from None
-        except (StorageOutage, DiskFull) as exc:  # a full disk outside a trial: not a user error
+        except (StorageOutage, DiskFull, TrialFailure) as exc:  # also `train`'s run failing (a diverging lr)
             again = "; free space and run the command again" if isinstance(exc, DiskFull) else ""
             click.echo(f"Error: {exc}{again}", err=True)
             ctx.exit(1)

@@ -75,3 +75,14 @@ def test_train_under_walk_forward_prints_no_valid_oracle(study_file):
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if line.startswith("oracle IC:"))
     assert line.startswith("oracle IC: valid -  test 0.") and "nan" not in line and "(test reached " in line
+
+
+def test_train_whose_loss_diverges_says_so_in_one_line(study_file):
+    # a learning rate of 1e38: a 50-line traceback ending in NonFiniteLoss before
+    path = study_file({"model": {"name": "mlp", "hidden_size": 8}}, replace=("model",))
+    result = CliRunner().invoke(main, ["train", str(path), "--set", "train.epochs=2", "--set", "train.lr=1e38",
+                                       "--set", "train.batch_size=32", "--set", "train.samples_per_epoch=1024"],
+                                catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines()[-1].startswith("Error: loss or gradients non-finite for ")
+    assert "Traceback" not in result.output
