@@ -103,7 +103,9 @@ def test_a_worker_that_never_starts_stops_the_driver(study_file):
     Path("runs/tiny/artifacts").write_text("a file where the workers need a folder")
     outcome = run(load_config(path), view=NullView())
     assert outcome.exit_code == 1
-    assert "exited 3 times before it was ready" in outcome.message
+    assert "exited 3 times before it was ready (last exit code 1: " in outcome.message
+    # what ended it, from its log: where a user saw only the log's name
+    assert "Error: " in outcome.message.split("(last exit code 1: ")[1]
     # no trial was claimed: only the config's set (study.start_from_config) waits
     assert outcome.counts == {"RUNNING": 0, "COMPLETE": 0, "PRUNED": 0, "FAIL": 0, "WAITING": 1}
 

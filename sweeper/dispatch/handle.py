@@ -128,6 +128,13 @@ class WorkerHandle:
             self.proc.stdin.write(protocol.encode(msg))
             self.proc.stdin.flush()
 
+    def last_line(self) -> str:
+        """Its log's last line (a traceback's names what ended it); empty where there is none."""
+        with contextlib.suppress(OSError):
+            lines = self.log_path.read_text(errors="replace").splitlines()
+            return next((x for x in reversed(lines) if x.strip()), "")
+        return ""
+
     def _malformed(self, line: str) -> None:
         note = f"sweeper: skipped a malformed protocol line from the worker on {self.slot.label}: {line!r}"
         print(note, file=sys.stderr, flush=True)
