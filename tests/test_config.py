@@ -192,6 +192,20 @@ def test_true_or_false_is_never_read_as_a_number(tmp_path, override, message):
                               "did you mean 'train.epochs'?")
 
 
+@pytest.mark.parametrize("override", ["train.lr=.inf", "train.weight_decay=.nan", "train.grad_clip=.inf",
+                                      "search_space.train.lr.high=.inf"])
+def test_an_infinite_or_nan_number_is_refused(tmp_path, override):
+    # train.lr: .inf passed its gt=0 bound, and every trial trained to NaN
+    path = tmp_path / "s.yaml"
+    path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n"
+                    "search_space:\n  train.lr: {type: float, low: 0.001, high: 0.01}\n")
+    with pytest.raises(ConfigError) as exc:
+        C.load_config(path, [override])
+    key, value = override.split("=")
+    assert str(exc.value) == (f"{path} with --set {override}: {key}: Input should be a finite number "
+                              f"(got {float(value.strip('.'))})")
+
+
 def test_a_yes_in_the_study_file_is_no_number_and_true_or_false_still_sets_a_flag(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\ntrain:\n  epochs: yes\n")
