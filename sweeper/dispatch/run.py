@@ -6,6 +6,7 @@ the :class:`~sweeper.dispatch.driver.Driver`'s workers down)."""
 import json
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -186,8 +187,10 @@ def _signals_to(stop: StopToken) -> Iterator[None]:
     stop.raise_at_once = True
     # a SIGHUP that is ignored (nohup) stays so: the sweep outlives the terminal, as asked
     hup = (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL else ()
+    # off the main thread (a notebook's background sweep) a signal reaches the main thread's handlers only
+    main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, stop.hung_up if s == signal.SIGHUP else stop)
-                for s in (signal.SIGINT, signal.SIGTERM, *hup)}
+                for s in (signal.SIGINT, signal.SIGTERM, *hup) if main}
     try:
         yield
     finally:
