@@ -204,17 +204,3 @@ def test_ctrl_c_after_the_stderr_reader_left_exits_130(study_file):
             proc.kill()
     assert proc.returncode == 130
 
-
-def test_a_sweep_run_from_a_thread_other_than_the_main_one(study_file):
-    """A notebook's background sweep: signal handlers can only be set in the main thread (a bare
-    ValueError from signal.signal before), so there the sweep leaves them to it."""
-    from sweeper.dispatch.live import NullView
-    from sweeper.dispatch.run import run
-
-    path = study_file({"study": {"n_trials": 2}, "devices": {"cpu_workers": 1}})
-    handler, out = signal.getsignal(signal.SIGINT), {}
-    thread = threading.Thread(target=lambda: out.update(result=run(load_config(path), view=NullView())))
-    thread.start()
-    thread.join(timeout=120)
-    assert out["result"].exit_code == 0 and out["result"].counts["COMPLETE"] == 2
-    assert signal.getsignal(signal.SIGINT) is handler

@@ -58,6 +58,8 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
 
     if storage_url:
         cfg = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
+    # as the workers read it (a config changed in Python after loading, `cfg.train.epochs = 0`, was stored)
+    C.validate_config(C.to_dict(cfg), "study config")
     check_sampler(cfg.study.sampler)
     build_pruner(cfg.study.pruner)
     # model names only, before the data loads; importing a user's module is the child check's job
