@@ -172,7 +172,6 @@ def main() -> None:
 
 
 # ---------------------------------------------------------------- sweeps
-
 def sweep_command(name: str, must_exist: bool, doc: str) -> None:
     """``run`` and ``resume``: the same options and the same sweep, but for ``must_exist``."""
 
@@ -243,7 +242,6 @@ def train_cmd(study: Path, sets: tuple[str, ...], as_json: bool) -> None:
 
 
 # ------------------------------------------------------------- inspect
-
 @main.command("status")
 @read_options
 @json_option
@@ -395,7 +393,6 @@ def doctor_cmd() -> None:
 
 
 # ------------------------------------------------------------------ db
-
 @main.group("db", cls=SweeperGroup)
 def db_group() -> None:
     """Storage set-up for studies shared by several hosts."""
@@ -412,7 +409,6 @@ def db_init_cmd(study: Path, sets: tuple[str, ...], storage: str | None) -> None
 
 
 # ---------------------------------------------------------------- data
-
 @main.group("data", cls=SweeperGroup)
 def data_group() -> None:
     """Data helpers."""

@@ -170,7 +170,6 @@ def write_refit(files: TrialFiles, states: list[dict], stats: Any,
 
 
 # ---------------------------------------------------------------- the refit's panel
-
 def _rolling(tcfg: C.SweeperConfig, trial: FrozenTrial, study: optuna.Study) -> list[str] | None:
     """A rolling window's last fold's train days (the trial's own layout, as it trained), or None."""
     folds = K.layout(trial.user_attrs) or K.layout(study.user_attrs)  # (a holdout study has none)

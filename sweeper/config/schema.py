@@ -385,7 +385,6 @@ class SweeperConfig(Section):
 
 
 # ---------------------------------------------------------------- helpers
-
 def unknown_model(name: str) -> str:
     """What a model name that is neither a built-in nor ``module:Class`` is told (config, search space)."""
     close = difflib.get_close_matches(name.lower(), BUILTIN_MODELS, n=1, cutoff=0.6)

@@ -90,7 +90,6 @@ def _env_or(name: str, default: N, kind: type[N] = int) -> N:
 
 
 # ------------------------------------------------------------------ the clocks a test shortens
-
 # (default) -> seconds: the floor of a trial's grace past train.max_minutes, the interval of the
 # driver's GPU samples, how long a SQLite call waits for the lock
 timeout_grace_floor_s = functools.partial(_env_or, TIMEOUT_GRACE_ENV, kind=float)
@@ -104,8 +103,6 @@ def cpu_bf16() -> bool | None:
 
 
 # ------------------------------------------------------------------ a worker's trials
-
-
 def trial_device() -> RealDevice | FakeSlot:
     """What this worker's trials train on (``train(device=torch_device, memory=memory(allotted_mb))``),
     asked once at its start: on a fake GPU's slot (``SWEEPER_FAKE_GPU_SLOT``) the CPU, with the fake

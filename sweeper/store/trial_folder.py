@@ -49,7 +49,6 @@ class TrialFolder:
         return trial_files(self.run_dir, self.number)
 
     # ------------------------------------------------------------ a retry's adoption
-
     def clear_stale(self, log: Callable[[str], None]) -> None:
         """Remove what a trial starting here cannot have written itself: a checkpoint (a trial
         continues only its retry source's) and finished runs (it skips only its source's)."""
@@ -80,7 +79,6 @@ class TrialFolder:
         return done
 
     # ------------------------------------------------------------ the trial's model
-
     def take_model(self, members: Sequence[Cell]) -> None:
         """The model's files become the trial's: each of its ``members``' weights moved (the run's
         folder keeps no second copy; a seed ensemble has several), the first member's
@@ -95,7 +93,6 @@ class TrialFolder:
                     shutil.copyfile(src, tmp)
 
     # ------------------------------------------------------------ study.keep
-
     def checkpoint_files(self) -> list[Path]:
         """The checkpoint, and with it the runs' weights an interrupted trial of several runs
         left for its retry (a trial that ends takes its model's weights into its own folder)."""
@@ -129,7 +126,6 @@ def move(src: Path, dst: Path) -> None:
 
 
 # ---------------------------------------------------------------- what a retry resumes
-
 def resumes(attrs: Mapping[str, Any]) -> int | str | None:
     """What a retry (its user attrs) resumes: the trial's number (``resume_from_trial``, or read from an
     older retry's ``resume_from`` path), or such a path naming no trial folder; None for nothing."""
