@@ -333,6 +333,7 @@ def test_reading_gpus_creates_no_cuda_context() -> None:
     (UUID.format(2), [2]),              # by UUID
     ("2,9,0", [2]),                        # like CUDA, the list ends at the first miss
     ("", []),                              # no GPU for this job: CPU slots
+    ("-1", []),                            # the common way to hide them all
 ])
 def test_auto_keeps_to_the_drivers_cuda_visible_devices(fakes, monkeypatch: pytest.MonkeyPatch, visible, expected):
     fakes(4)
@@ -343,6 +344,30 @@ def test_auto_keeps_to_the_drivers_cuda_visible_devices(fakes, monkeypatch: pyte
         return
     uuids = [g.uuid for g in list_gpus()]
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in slots] == [uuids[i] for i in expected]
+
+
+@pytest.mark.parametrize("visible, gpus, message", [
+    # a typo or a stale variable ran the whole sweep on CPU slots without a word
+    ("9", "auto", "CUDA_VISIBLE_DEVICES=9 names none of the 4 GPUs found (indices 0-3, or UUIDs); fix or unset "
+                  "it, or use devices.gpus: none"),
+    # a list was read as NVML's indices past the allocation: workers on another job's GPUs
+    ("2,3", [0, 3], "devices.gpus: GPU 0 is outside CUDA_VISIBLE_DEVICES=2,3 (GPUs 2, 3 by NVML's index); "
+                    "name one of those, or use devices.gpus: auto"),
+    (None, [], "devices.gpus: an empty list names no GPU; list GPUs, or use auto or none"),  # no slot: a hang
+])
+def test_gpus_that_no_slot_or_another_jobs_gpus_are_refused(fakes, monkeypatch: pytest.MonkeyPatch, visible,
+                                                            gpus, message):
+    fakes(4)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with pytest.raises(DeviceError) as exc:
+        plan_slots(DevicesConfig(gpus=gpus))
+    assert str(exc.value) == message
+    if visible == "2,3":  # within it, a list still picks by NVML's index
+        assert [s.label for s in plan_slots(DevicesConfig(gpus=[3]))] == ["gpu3"]
+    assert [s.kind for s in plan_slots(DevicesConfig(gpus="none"))] == ["cpu"] * len(cpu_slots("auto"))
 
 
 def test_auto_without_cuda_visible_devices_takes_every_gpu(fakes, monkeypatch: pytest.MonkeyPatch):

@@ -39,7 +39,12 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
     if cfg.gpus == "none":
         return cpu_slots(cfg.cpu_workers)
     found = probe()
-    chosen = visible(found.gpus) if cfg.gpus == "auto" else _select(found, cfg.gpus)
+    allowed, raw = visible(found.gpus), os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if found.gpus and not allowed and (raw[:1].isdigit() or raw.lower().startswith("gpu-")):  # not "" nor -1
+        raise DeviceError(f"CUDA_VISIBLE_DEVICES={raw} names none of the {len(found.gpus)} GPUs found "
+                          f"(indices 0-{len(found.gpus) - 1}, or UUIDs); fix or unset it, or use "
+                          "devices.gpus: none")
+    chosen = allowed if cfg.gpus == "auto" else _select(found, cfg.gpus, allowed)
     if cfg.gpus == "auto" and not chosen:
         return cpu_slots(cfg.cpu_workers)
     chosen = _skip_busy(chosen, cfg.busy_memory_mb) if cfg.skip_busy else chosen
@@ -118,7 +123,10 @@ def visible(gpus: list[GPU]) -> list[GPU]:
     return out
 
 
-def _select(found: NvmlProbe, wanted: list[int | str]) -> list[GPU]:
+def _select(found: NvmlProbe, wanted: list[int | str], allowed: list[GPU]) -> list[GPU]:
+    """The listed GPUs (NVML's indices or UUIDs), each within the driver's own CUDA_VISIBLE_DEVICES."""
+    if not wanted:  # no slot: the sweep would wait for one for good
+        raise DeviceError("devices.gpus: an empty list names no GPU; list GPUs, or use auto or none")
     chosen: list[GPU] = []
     for item in wanted:
         if (text := str(item).strip().lower()).isdigit():
@@ -133,6 +141,11 @@ def _select(found: NvmlProbe, wanted: list[int | str]) -> list[GPU]:
             raise DeviceError(f"devices.gpus: no GPU {what}; " + (
                 f"available: {listing}" if found.gpus
                 else f"no GPU was found{why}; use devices.gpus: auto or none to run on the CPU"))
+        if gpu not in allowed:  # another job's (a scheduler's allocation left it out)
+            raise DeviceError(f"devices.gpus: GPU {gpu.index} is outside CUDA_VISIBLE_DEVICES="
+                              f"{os.environ['CUDA_VISIBLE_DEVICES']} (GPUs "
+                              f"{', '.join(str(g.index) for g in allowed)} by NVML's index); name one of "
+                              "those, or use devices.gpus: auto")
         if gpu not in chosen:  # the same GPU by index and by UUID is still one GPU
             chosen.append(gpu)
     return chosen
