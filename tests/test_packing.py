@@ -25,6 +25,7 @@ from sweeper.devices.room import (
     free_mb,
     others_mb,
     shape_key,
+    suits,
 )
 from sweeper.dispatch.packer import Held, Packer, first_per_gpu, workers_by_gpu
 from sweeper.errors import ConfigError
@@ -106,6 +107,22 @@ def test_choose_spreads_over_gpus_before_packing_then_takes_the_most_free():
     assert choose(rooms, 1000.0, POLICY) == "c"
     assert choose(rooms, 7000.0, POLICY) is None
     assert choose({}, 1000.0, POLICY) is None
+
+
+def test_a_gpu_others_fill_takes_no_trial_it_cannot_suit_while_another_gpu_can():
+    """An idle GPU always took one: one where a colleague holds 34 GB of 40 got every 8 GB trial once it was
+    the idle one, each failed oom, alone and so not retried (a third of a sweep's configs lost); and
+    max_gpu_util did not keep trials off a GPU others saturate."""
+    capped = Policy(margin=0.1, max_trials=8, max_util=50)
+    full, ours = Room(total_mb=40000, used_mb=30000, util=100), Room(total_mb=40000, used_mb=32000, charges=(32000.0,))
+    assert not suits(full, 8000.0, POLICY) and not suits(Room(40000, 0, util=100), None, capped)
+    assert suits(ours, 8000.0, capped)  # ours will free up: 36,000 of budget, none of it others'
+    assert choose({"busy": full, "ours": ours}, 8000.0, POLICY) is None  # waits for "ours" to end
+    assert choose({"busy": full, "ours": Room(40000, 0)}, 8000.0, POLICY) == "ours"
+    assert choose({"busy": full, "ours": ours}, 3000.0, POLICY) == "busy"  # a shape that fits goes there
+    assert choose({"busy": Room(40000, 0, util=100), "ours": ours}, 3000.0, capped) == "ours"  # not the saturated
+    # where no GPU suits the trial, the idle one still takes it: a sweep never waits for what cannot free up
+    assert choose({"busy": full}, 8000.0, POLICY) == "busy"
 
 
 def test_shape_key_is_the_model_params():

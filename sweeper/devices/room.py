@@ -14,8 +14,8 @@ One GPU, as packing sees it (all in MB):
 Another trial starts on a GPU only while its expected peak fits in ``free``. The expected peak is the
 largest measured peak of trials with the same ``model.*`` params; a trial of a shape never measured, or one
 that must have the GPU to itself (``exclusive``: a retry after an OOM while sharing), starts only on a GPU
-where none of ours runs. A GPU where none of ours runs always takes one trial, so a sweep never waits for
-memory that cannot free up, and that trial is given all that is free there."""
+where none of ours runs. A GPU where none of ours runs takes one trial (given all that is free there) unless
+another GPU suits it better (:func:`suits`), so a sweep never waits for memory that cannot free up."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,10 +83,21 @@ def allotment_mb(room: Room, need_mb: float | None, policy: Policy) -> float:
 
 def choose(rooms: Mapping[K, Room], need_mb: float | None, policy: Policy, *,
            exclusive: bool = False) -> K | None:
-    """The GPU a trial goes to: of those that admit it, the one with the fewest of our trials
-    (spread before packing), then the most free memory; None when none admits it."""
+    """The GPU a trial goes to: of those that admit it and suit it where some GPU does (:func:`suits`:
+    else it waits for one), the one with the fewest of our trials (spread before packing), then the
+    most free memory; None when none admits it."""
     fit = [key for key, room in rooms.items() if admits(room, need_mb, policy, exclusive=exclusive)]
+    if suited := [key for key, room in rooms.items() if suits(room, need_mb, policy)]:
+        fit = [key for key in fit if key in suited]
     return min(fit, key=lambda k: (len(rooms[k].charges), -free_mb(rooms[k], policy.margin)), default=None)
+
+
+def suits(room: Room, need_mb: float | None, policy: Policy) -> bool:
+    """Whether others leave a trial of a measured ``need_mb`` room here and, where none of ours runs, cores
+    (``max_gpu_util``): alone on one that does not (a colleague's job holding 30 GB) it would OOM or crawl."""
+    if need_mb is not None and need_mb > (1.0 - policy.margin) * room.total_mb - others_mb(room):
+        return False
+    return bool(room.charges) or policy.max_util is None or room.util is None or room.util < policy.max_util
 
 
 def shape_key(params: Mapping[str, object]) -> ShapeKey:

@@ -124,7 +124,6 @@ def visible(gpus: list[GPU]) -> list[GPU]:
 
 
 def _select(found: NvmlProbe, wanted: list[int | str], allowed: list[GPU]) -> list[GPU]:
-    """The listed GPUs (NVML's indices or UUIDs), each within the driver's own CUDA_VISIBLE_DEVICES."""
     if not wanted:  # no slot: the sweep would wait for one for good
         raise DeviceError("devices.gpus: an empty list names no GPU; list GPUs, or use auto or none")
     chosen: list[GPU] = []
