@@ -58,8 +58,6 @@ def prepare(cfg: C.SweeperConfig, storage_url: str | None = None, *, devices: bo
 
     if storage_url:
         cfg = cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": storage_url})})
-    # as the workers read it (a config changed in Python after loading, `cfg.train.epochs = 0`, was stored)
-    C.validate_config(C.to_dict(cfg), "study config")
     check_sampler(cfg.study.sampler)
     build_pruner(cfg.study.pruner)
     # model names only, before the data loads; importing a user's module is the child check's job
@@ -155,6 +153,8 @@ def run(cfg: C.SweeperConfig, *, view: View, storage_url: str | None = None, for
     A signal during set-up or the workers' shutdown raises StopRequested out of here (the CLI
     exits 130/143 with the resume line); during the loop the first drains and the second
     kills, and the SweepResult says so."""
+    # as the workers read it (a config changed in Python after loading, `cfg.train.epochs = 0`, was stored)
+    C.validate_config(C.to_dict(cfg), "study config")
     stop = StopToken()
     server: ForkServer | None = None
     try:
