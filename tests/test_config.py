@@ -192,10 +192,10 @@ def test_true_or_false_is_never_read_as_a_number(tmp_path, override, message):
                               "did you mean 'train.epochs'?")
 
 
-@pytest.mark.parametrize("override", ["train.lr=.inf", "train.weight_decay=.nan", "train.grad_clip=.inf",
+@pytest.mark.parametrize("override", ["train.lr=.inf", "train.weight_decay=.nan", "train.weight_decay=.inf",
                                       "search_space.train.lr.high=.inf"])
-def test_an_infinite_or_nan_number_is_refused(tmp_path, override):
-    # train.lr: .inf passed its gt=0 bound, and every trial trained to NaN
+def test_an_infinite_or_nan_number_is_refused_where_it_trains_nothing(tmp_path, override):
+    # train.lr: .inf passed its gt=0 bound, and every trial trained to NaN; elsewhere .inf is "no limit"
     path = tmp_path / "s.yaml"
     path.write_text("data:\n  synthetic: {assets: 20, dates: 200, features: 4}\n"
                     "search_space:\n  train.lr: {type: float, low: 0.001, high: 0.01}\n")
@@ -204,6 +204,8 @@ def test_an_infinite_or_nan_number_is_refused(tmp_path, override):
     key, value = override.split("=")
     assert str(exc.value) == (f"{path} with --set {override}: {key}: Input should be a finite number "
                               f"(got {float(value.strip('.'))})")
+    cfg = C.load_config(path, ["study.storage_outage_s=.inf", "data.cache_max_gb=.inf", "train.grad_clip=.inf"])
+    assert cfg.study.storage_outage_s == cfg.data.cache_max_gb == cfg.train.grad_clip == float("inf")
 
 
 def test_a_yes_in_the_study_file_is_no_number_and_true_or_false_still_sets_a_flag(tmp_path):

@@ -24,6 +24,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(devices, "cpu_count", lambda: 8)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.delenv("SWEEPER_FAKE_GPU_MEMORY_MB", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # a GPU runner's own
 
     def set_fakes(n: int, busy: str = "") -> None:
         monkeypatch.setenv("SWEEPER_FAKE_GPUS", str(n))
@@ -365,8 +366,9 @@ def test_gpus_that_no_slot_or_another_jobs_gpus_are_refused(fakes, monkeypatch: 
     with pytest.raises(DeviceError) as exc:
         plan_slots(DevicesConfig(gpus=gpus))
     assert str(exc.value) == message
-    if visible == "2,3":  # within it, a list still picks by NVML's index
+    if visible == "2,3":  # within it, a list still picks by NVML's index; a UUID names its GPU in any order
         assert [s.label for s in plan_slots(DevicesConfig(gpus=[3]))] == ["gpu3"]
+        assert [s.label for s in plan_slots(DevicesConfig(gpus=[list_gpus()[0].uuid]))] == ["gpu0"]
     assert [s.kind for s in plan_slots(DevicesConfig(gpus="none"))] == ["cpu"] * len(cpu_slots("auto"))
 
 

@@ -207,6 +207,24 @@ def test_a_gpu_others_fill_is_read_from_nvml(one_gpu, monkeypatch):
     assert packer.gate([gpu]) is None
 
 
+def test_the_packer_judges_a_gpu_others_fill_against_all_its_gpus_not_only_those_with_a_worker_free(monkeypatch):
+    """The driver asks of the GPUs with a worker free: the one a colleague fills was the only one asked while
+    ours ran on the other, so every measured 8 GB trial (an exclusive retry too) went there and failed oom."""
+    monkeypatch.setenv("SWEEPER_FAKE_GPUS", "2")
+    monkeypatch.setenv("SWEEPER_FAKE_GPU_MEMORY_MB", "40000")
+    monkeypatch.setattr("sweeper.dispatch.packer.Packer._write", lambda self, trial_id, key, value: None)
+    packer = Packer(DevicesConfig(trials_per_gpu="auto", max_trials_per_gpu=1), list_gpus(), study=None)
+    filled, ours = (g.uuid for g in list_gpus())
+    packer.gpus[filled].used_mb, packer.read_at = 30000, float("inf")  # a colleague's 30 GB, read once
+    packer.peaks[()] = 8000.0
+    packer.start(Held(1, 1, {}, False), packer.place(Held(1, 1, {}, False), [ours]))
+    for exclusive in (False, True):
+        assert packer.place(Held(2, 2, {}, exclusive), [filled]) is None  # it waits for ours to end
+    assert packer.gate([filled]) is None  # nor is a trial claimed for it
+    packer.peaks[()] = 3000.0  # a shape that fits what the colleague leaves goes there
+    assert packer.place(Held(2, 2, {}, False), [filled]).gpu == filled
+
+
 def _worker(uuid, started, ready, running=None):
     # idle as WorkerHandle.idle: packing gives the baseline job no turn, so none is reserved
     return SimpleNamespace(slot=SimpleNamespace(gpu=SimpleNamespace(uuid=uuid)), started=started, ready=ready,

@@ -279,8 +279,8 @@ class TrainConfig(Section):
     # rows per evaluation forward; auto: on a GPU the probe's start (EVAL_BATCH_START, sized down to the
     # free memory), on a CPU the fastest size measured for the model (sweeper.core.eval_batch)
     eval_batch_size: int | Literal["auto"] = "auto"
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False)  # .inf passed gt=0: every trial NaN
+    weight_decay: float = Field(0.01, ge=0, allow_inf_nan=False)
     schedule: Literal["constant", "cosine", "onecycle"] = "cosine"
     warmup_frac: float = Field(0.05, ge=0, lt=1)
     grad_clip: float | None = Field(1.0, gt=0)

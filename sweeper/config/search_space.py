@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ValidationError, ValidationInfo, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, model_validator
 
 from sweeper.config.section import Section, unknown_key
 
 
 class ParamSpec(Section):
     type: Literal["float", "int", "categorical"]
-    low: float | None = None
-    high: float | None = None
+    low: float | None = Field(None, allow_inf_nan=False)
+    high: float | None = Field(None, allow_inf_nan=False)
     step: float | None = None
     log: bool = False
     choices: list[Any] | None = None

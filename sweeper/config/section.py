@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, ValidatorFunctionWrapHandler, field_
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # lr: .inf passed gt=0
+    model_config = ConfigDict(extra="forbid")
 
     @field_validator("*", mode="wrap")
     @classmethod

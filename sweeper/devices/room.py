@@ -81,13 +81,12 @@ def allotment_mb(room: Room, need_mb: float | None, policy: Policy) -> float:
     return free if need_mb is None or not room.charges else min(free, HEADROOM * need_mb)
 
 
-def choose(rooms: Mapping[K, Room], need_mb: float | None, policy: Policy, *,
-           exclusive: bool = False) -> K | None:
-    """The GPU a trial goes to: of those that admit it and suit it where some GPU does (:func:`suits`:
-    else it waits for one), the one with the fewest of our trials (spread before packing), then the
-    most free memory; None when none admits it."""
+def choose(rooms: Mapping[K, Room], need_mb: float | None, policy: Policy, *, exclusive: bool = False,
+           every: Mapping[K, Room] | None = None) -> K | None:
+    """The GPU a trial goes to: of ``rooms`` that admit it (and suit it, where a GPU of ``every`` does:
+    :func:`suits`), the one with the fewest of our trials (spread first), then the most free; None: none."""
     fit = [key for key, room in rooms.items() if admits(room, need_mb, policy, exclusive=exclusive)]
-    if suited := [key for key, room in rooms.items() if suits(room, need_mb, policy)]:
+    if suited := [key for key, room in (every or rooms).items() if suits(room, need_mb, policy)]:
         fit = [key for key in fit if key in suited]
     return min(fit, key=lambda k: (len(rooms[k].charges), -free_mb(rooms[k], policy.margin)), default=None)
 

@@ -140,11 +140,11 @@ def _select(found: NvmlProbe, wanted: list[int | str], allowed: list[GPU]) -> li
             raise DeviceError(f"devices.gpus: no GPU {what}; " + (
                 f"available: {listing}" if found.gpus
                 else f"no GPU was found{why}; use devices.gpus: auto or none to run on the CPU"))
-        if gpu not in allowed:  # another job's (a scheduler's allocation left it out)
+        if text.isdigit() and gpu not in allowed:  # another job's (a UUID names its GPU whatever the order)
             raise DeviceError(f"devices.gpus: GPU {gpu.index} is outside CUDA_VISIBLE_DEVICES="
                               f"{os.environ['CUDA_VISIBLE_DEVICES']} (GPUs "
-                              f"{', '.join(str(g.index) for g in allowed)} by NVML's index); name one of "
-                              "those, or use devices.gpus: auto")
+                              f"{', '.join(str(g.index) for g in allowed) or 'none'} by NVML's index); name "
+                              "one of those, or use devices.gpus: auto")
         if gpu not in chosen:  # the same GPU by index and by UUID is still one GPU
             chosen.append(gpu)
     return chosen

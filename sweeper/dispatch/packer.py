@@ -100,7 +100,8 @@ class Packer:
     def gate(self, gpus: Iterable[str]) -> str | None:
         """Of ``gpus`` (those with a worker free), one where some trial could start now: a claim is worth
         making. The smallest measured shape stands for the next trial, whose params are not sampled yet."""
-        return choose(self._rooms(gpus), min(self.peaks.values(), default=None), self.policy)
+        return choose(self._rooms(gpus), min(self.peaks.values(), default=None), self.policy,
+                      every=self._rooms(self.gpus))
 
     def hold(self, trial: optuna.Trial) -> Held:
         return Held(trial_id=private.trial_id(trial), number=trial.number, params=dict(trial.params),
@@ -108,9 +109,9 @@ class Packer:
 
     def place(self, held: Held, gpus: Iterable[str]) -> Placement | None:
         """Where ``held`` starts now, of ``gpus``, and the memory it is given; None: nowhere yet."""
-        rooms = self._rooms(gpus)
-        need = None if held.exclusive else self.peaks.get(shape_key(held.params))
-        if (gpu := choose(rooms, need, self.policy, exclusive=held.exclusive)) is None:
+        rooms, need = self._rooms(gpus), self.peaks.get(shape_key(held.params))  # alone, exclusive or not
+        if (gpu := choose(rooms, need, self.policy, exclusive=held.exclusive,
+                          every=self._rooms(self.gpus))) is None:
             return None
         return Placement(gpu, round(allotment_mb(rooms[gpu], need, self.policy), 1), len(rooms[gpu].charges))
 
