@@ -176,3 +176,12 @@ class TinyBatchNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(self.norm(x[:, -1])).squeeze(-1)
+
+
+class EvenRows(Tiny):
+    """Refuses an odd batch (as a model pairing its rows may): the stack's plan must not fail on it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] % 2:
+            raise ValueError("an even batch is needed")
+        return super().forward(x)

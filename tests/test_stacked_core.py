@@ -429,6 +429,20 @@ def test_a_stacked_user_models_members_see_their_own_rows_where_padding_would_re
     torch.testing.assert_close(stack(x)[1], solos[1].eval()(x[1].clone()))
 
 
+def test_a_user_model_that_fails_the_row_probe_runs_its_members_in_turn(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from sweeper.models.stacked.func import stack_mode
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    sys.modules.pop("custom_model", None)
+    from custom_model import EvenRows
+
+    assert stack_mode([EvenRows(3, 4), EvenRows(3, 4)], 4, 3) == (
+        "loop", "torch.func.vmap cannot run it (ValueError: an even batch is needed)")
+
+
 def test_one_step_of_a_vmapped_user_model_equals_its_lone_runs(monkeypatch):
     import sys
     from pathlib import Path

@@ -116,16 +116,16 @@ def stack_mode(members: Sequence[nn.Module], lookback: int, n_features: int) -> 
     probe = FuncStack([copy.deepcopy(m).cpu() for m in members[:2]] if len(members) >= 2
                       else [copy.deepcopy(members[0]).cpu()] * 2, VMAP)
     try:
-        probe.train()
-        probe(torch.zeros(2, 2, lookback, n_features)).sum().backward()
+        probe.train()(torch.zeros(2, 2, lookback, n_features)).sum().backward()
+        x = torch.randn(2, 3, lookback, n_features, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():  # its third row moves its first two's outputs: padding would move them too
+            mixes = not torch.allclose(probe(x)[:, :2], probe(x[:, :2]), rtol=1e-4, atol=1e-6)
     except Exception as exc:  # noqa: BLE001 - whatever vmap refuses, the members run in turn
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if "randomness" in first:  # vmap draws from one generator, each member needs its own
             return LOOP, "its forward draws random numbers (dropout), each member from its own generator"
         return LOOP, f"torch.func.vmap cannot run it ({type(exc).__name__}: {first[:160]})"
-    x = torch.randn(2, 3, lookback, n_features, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():  # its third row moves its first two's outputs: padding would move them too
-        if not torch.allclose(probe(x)[:, :2], probe(x[:, :2]), rtol=1e-4, atol=1e-6):
-            return ROWS, ("a row's output depends on the batch's other rows (batch statistics), so where the "
-                          "members' rows differ each member's forward runs on its own rows in turn")
+    if mixes:
+        return ROWS, ("a row's output depends on the batch's other rows (batch statistics), so where the "
+                      "members' rows differ each member's forward runs on its own rows in turn")
     return VMAP, "torch.func.vmap runs it"
