@@ -18,8 +18,9 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import PROBE
-from sweeper.config import load_config
+from sweeper.config import DevicesConfig, load_config
 from sweeper.core import checkpoint_epoch
+from sweeper.devices import list_gpus
 from sweeper.devices.gpus import Telemetry
 from sweeper.dispatch import view as view_module
 from sweeper.dispatch.live import NullView
@@ -302,7 +303,7 @@ def test_telemetry_errors_are_printed_once_and_sampling_goes_on(tmp_path, monkey
     monkeypatch.setenv("SWEEPER_FAKE_GPUS", "1")
     folder = tmp_path / "devices.csv"
     folder.mkdir()  # not a file: every sample fails to be written
-    telemetry = Telemetry(folder, [types.SimpleNamespace(kind="gpu")], interval=0.02)
+    telemetry = Telemetry(folder, [types.SimpleNamespace(kind="gpu", gpu=list_gpus()[0])], interval=0.02)
     telemetry.start()
     time.sleep(0.3)
     assert telemetry._thread.is_alive()
@@ -310,6 +311,23 @@ def test_telemetry_errors_are_printed_once_and_sampling_goes_on(tmp_path, monkey
     err = capsys.readouterr().err.splitlines()
     assert err == [f"sweeper: GPU telemetry failed (IsADirectoryError: [Errno 21] Is a directory: '{folder}'); "
                    f"{folder} misses samples while it does (the sweep goes on)"]
+
+
+def test_telemetry_samples_the_sweeps_own_gpus_not_every_gpu_of_the_node(tmp_path, monkeypatch):
+    # a run kept to GPUs 2 and 3 (CUDA_VISIBLE_DEVICES) sampled all 8, and the report and status showed them
+    from sweeper.devices import plan_slots
+
+    monkeypatch.setenv("SWEEPER_FAKE_GPUS", "4")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    path = tmp_path / "devices.csv"
+    telemetry = Telemetry(path, plan_slots(DevicesConfig()), interval=0.02)
+    telemetry.start()
+    time.sleep(0.2)
+    telemetry.stop()
+    import pandas as pd
+
+    assert sorted(set(pd.read_csv(path)["index"])) == [2, 3]
+    assert not Telemetry(tmp_path / "cpu.csv", plan_slots(DevicesConfig(gpus="none"))).gpus
 
 
 def _stop_rule(study_file, **study):

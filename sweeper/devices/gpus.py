@@ -76,20 +76,20 @@ class Telemetry:
 
     def __init__(self, path: Path, slots: list[Any], interval: float | None = None) -> None:
         self.path = path
-        self.enabled = any(s.kind == "gpu" for s in slots)
+        self.gpus = {s.gpu.uuid for s in slots if s.gpu is not None}  # the sweep's own, not all the node's
         self.interval = interval or telemetry_interval_s(INTERVAL_S)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="telemetry")
         self._told: set[str] = set()  # errors already reported: each distinct one once
 
     def start(self) -> None:
-        if self.enabled:
+        if self.gpus:
             self._thread.start()
 
     def _loop(self) -> None:
         while True:
             try:
-                if rows := telemetry():
+                if rows := [row for row in telemetry() if row["uuid"] in self.gpus]:
                     append_csv(self.path, rows)
             except Exception as exc:  # noqa: BLE001 - samples are a report's extra; the sweep goes on
                 if (error := one_line(exc)) not in self._told:
