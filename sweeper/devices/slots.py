@@ -39,11 +39,7 @@ def plan_slots(cfg: DevicesConfig) -> list[Slot]:
     if cfg.gpus == "none":
         return cpu_slots(cfg.cpu_workers)
     found = probe()
-    allowed, raw = visible(found.gpus), os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if found.gpus and not allowed and (raw[:1].isdigit() or raw.lower().startswith("gpu-")):  # not "" nor -1
-        raise DeviceError(f"CUDA_VISIBLE_DEVICES={raw} names none of the {len(found.gpus)} GPUs found "
-                          f"(indices 0-{len(found.gpus) - 1}, or UUIDs); fix or unset it, or use "
-                          "devices.gpus: none")
+    allowed = visible(found.gpus)
     chosen = allowed if cfg.gpus == "auto" else _select(found, cfg.gpus, allowed)
     if cfg.gpus == "auto" and not chosen:
         return cpu_slots(cfg.cpu_workers)
@@ -106,7 +102,8 @@ def visible(gpus: list[GPU]) -> list[GPU]:
     NVML lists every GPU of the node whatever that variable says, so without this a job holding 4 of 8 GPUs
     would start workers on the other jobs' GPUs. As CUDA does, an integer is an index (NVML's PCI bus order,
     which matches CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID, as schedulers assume), a ``GPU-...`` entry
-    matches a UUID by prefix, and the list ends at the first entry that matches nothing."""
+    matches a UUID by prefix, and the list ends at the first entry that matches nothing (a first index or
+    UUID that does is refused: a typo ran the sweep on CPU slots; ``""`` or ``-1`` hides them all)."""
     if (raw := os.environ.get("CUDA_VISIBLE_DEVICES")) is None:
         return gpus
     out: list[GPU] = []
@@ -117,6 +114,9 @@ def visible(gpus: list[GPU]) -> list[GPU]:
             prefix = item.lower()
             hits = [g for g in gpus if prefix.startswith("gpu-") and g.uuid.lower().startswith(prefix)]
             gpu = hits[0] if len(hits) == 1 else None
+        if gpu is None and not out and gpus and (item.isdigit() or item.lower().startswith("gpu-")):
+            raise DeviceError(f"CUDA_VISIBLE_DEVICES={raw} names none of the {len(gpus)} GPUs found (indices "
+                              f"0-{len(gpus) - 1}, or UUIDs); fix or unset it, or use devices.gpus: none")
         if gpu is None or gpu in out:
             break
         out.append(gpu)

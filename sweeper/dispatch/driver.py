@@ -207,7 +207,7 @@ class Driver:
             # a broken install) would otherwise be respawned forever
             self.rule.worker_broken(
                 f"stopped: the worker for {w.slot.label} exited {w.early_exits} times before it was ready "
-                f"(last exit code {code}: {w.last_line()[:400]}); see {w.log_path}")
+                f"(last exit code {code}: {w.last_line()[:400] or 'its log is empty'}); see {w.log_path}")
         if not self.rule.stopping():
             self.spawn(w)
 

@@ -100,8 +100,8 @@ class Packer:
     def gate(self, gpus: Iterable[str]) -> str | None:
         """Of ``gpus`` (those with a worker free), one where some trial could start now: a claim is worth
         making. The smallest measured shape stands for the next trial, whose params are not sampled yet."""
-        return choose(self._rooms(gpus), min(self.peaks.values(), default=None), self.policy,
-                      every=self._rooms(self.gpus))
+        rooms, every = self._rooms(gpus)
+        return choose(rooms, min(self.peaks.values(), default=None), self.policy, every=every)
 
     def hold(self, trial: optuna.Trial) -> Held:
         return Held(trial_id=private.trial_id(trial), number=trial.number, params=dict(trial.params),
@@ -109,9 +109,8 @@ class Packer:
 
     def place(self, held: Held, gpus: Iterable[str]) -> Placement | None:
         """Where ``held`` starts now, of ``gpus``, and the memory it is given; None: nowhere yet."""
-        rooms, need = self._rooms(gpus), self.peaks.get(shape_key(held.params))  # alone, exclusive or not
-        if (gpu := choose(rooms, need, self.policy, exclusive=held.exclusive,
-                          every=self._rooms(self.gpus))) is None:
+        (rooms, every), need = self._rooms(gpus), self.peaks.get(shape_key(held.params))  # exclusive or not
+        if (gpu := choose(rooms, need, self.policy, exclusive=held.exclusive, every=every)) is None:
             return None
         return Placement(gpu, round(allotment_mb(rooms[gpu], need, self.policy), 1), len(rooms[gpu].charges))
 
@@ -135,16 +134,17 @@ class Packer:
 
     # ---- inside
 
-    def _rooms(self, gpus: Iterable[str]) -> dict[str, Room]:
-        if gpus := list(gpus):  # no worker free anywhere: nothing to decide, no NVML session to open
-            self._read()
-        rooms = {}
-        for uuid in gpus:
-            gpu, mine = self.gpus[uuid], [p for p in self.running.values() if p.gpu == uuid]
-            rooms[uuid] = Room(total_mb=gpu.total_mb, used_mb=gpu.used_mb, util=gpu.util,
+    def _rooms(self, gpus: Iterable[str]) -> tuple[dict[str, Room], dict[str, Room]]:
+        if not (gpus := list(gpus)):  # no worker free anywhere: nothing to decide, no NVML session to open
+            return {}, {}
+        self._read()
+        every = {}
+        for uuid, gpu in self.gpus.items():
+            mine = [p for p in self.running.values() if p.gpu == uuid]
+            every[uuid] = Room(total_mb=gpu.total_mb, used_mb=gpu.used_mb, util=gpu.util,
                                charges=tuple(charge_mb(p.allotted_mb, p.measured_mb) for p in mine),
                                exclusive=any(p.exclusive for p in mine))
-        return rooms
+        return {uuid: every[uuid] for uuid in gpus}, every  # of those with a worker free; of all (suits)
 
     def _read(self) -> None:
         """NVML's reading of our GPUs, at most every READ_EVERY_S; a GPU it fails to read keeps its last."""

@@ -23,11 +23,11 @@ def stack_plan(model_cfg: ModelConfig, members: Sequence[nn.Module], n_features:
     (the line says what vmap refused)."""
     if not model_cfg.is_custom:
         return "native", f"model {model_cfg.name}: stacked natively"
-    from sweeper.models.stacked.func import ROWS, VMAP, stack_mode
+    from sweeper.models.stacked.func import LOOP, ROWS, stack_mode
 
     mode, why = stack_mode(members, lookback, n_features)
-    how = ("batched by torch.func.vmap" + ("" if mode == VMAP else f", but {why}") if mode in (VMAP, ROWS)
-           else f"one member's forward after another: {why}")
+    how = (f"one member's forward after another: {why}" if mode == LOOP
+           else "batched by torch.func.vmap" + (f", but {why}" if mode == ROWS else ""))
     return mode, f"model.name {model_cfg.name!r}: stacked, {how}"
 
 
