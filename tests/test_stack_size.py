@@ -101,6 +101,21 @@ def test_past_the_trials_own_runs_a_size_without_a_gain_ends_the_timing(monkeypa
     assert choice.size == 1  # the size it reports is the trial's own: one run (populations: the runner's)
 
 
+def test_a_population_of_more_trials_than_the_members_stand_for_is_neither_timed_nor_chosen(monkeypatch):
+    """8 members of a trial of 2 runs stand for 4 trials; with its own stacks of one run, 4 trials make a
+    stack of 4, so 8 is not timed (CI's AMD EPYC chose a population of 16 trials under a cap of 8)."""
+    asked = _timed_as(monkeypatch, {1: [100, 100], 2: [105, 105], 4: [170]})
+    choice = S.measure([Member(toy_config(), toy_panel())] * 8, torch.device("cpu"), HostMemory(), [1, 2, 4, 8],
+                       runs=2)
+    assert asked == [(1, 0.0), (2, 110.0), (4, 115.5), (1, 0.0), (2, 110.0)]
+    assert (choice.size, S.choices(choice.rates, 2, 4)) == (1, (1, 4))
+    # own stacks of two: 4 trials make 8 members, timed
+    asked = _timed_as(monkeypatch, {k: [r, r] for k, r in {1: 100, 2: 150, 4: 200, 8: 300}.items()})
+    choice = S.measure([Member(toy_config(), toy_panel())] * 8, torch.device("cpu"), HostMemory(), [1, 2, 4, 8],
+                       runs=2)
+    assert [k for k, _ in asked][:4] == [1, 2, 4, 8] and S.choices(choice.rates, 2, 4) == (2, 8)
+
+
 def test_a_size_well_short_of_its_threshold_stops_timing_after_one_step(monkeypatch):
     steps: list[int] = []
     from sweeper.core.step import StackStep
@@ -374,8 +389,10 @@ def test_a_measurement_is_kept_by_the_host_under_what_sets_the_speed(tmp_path):
     ({1: 134174.0, 2: 175349.0, 4: 211565.0, 8: 228203.0}, 2, None),
     # +40 % over the trial's own stack of 2: a population of 2
     ({1: 100.0, 2: 115.0, 4: 161.0, 8: 170.0}, 2, 2),
-    # the seeds alone gain under 10 %, 8 runs +60 %: 4 trials of 2 seeds run one at a time
-    ({1: 100.0, 2: 105.0, 4: 112.0, 8: 160.0}, 1, 8),
+    # the seeds alone gain under 10 %: a trial's stacks are of one run, so 4 trials make 4 members,
+    # never 8 (CI's AMD EPYC chose 16 trials under a cap of 8): a population of 4 at +60 %, none at 8
+    ({1: 100.0, 2: 105.0, 4: 160.0, 8: 170.0}, 1, 4),
+    ({1: 100.0, 2: 105.0, 4: 112.0, 8: 160.0}, 1, None),
 ])
 def test_trials_share_a_stack_only_on_a_clear_gain(monkeypatch, tmp_path, rates, own, population):
     """A trial's own runs stack at MARGIN (10 %); other trials join them (a population) only at
@@ -383,7 +400,8 @@ def test_trials_share_a_stack_only_on_a_clear_gain(monkeypatch, tmp_path, rates,
     pays what equal seeds do not show: populations chosen on 11-31 % ran 0.75-1.16x of populations off."""
     from sweeper.validation import runner
 
-    monkeypatch.setattr(S, "measure", lambda members, *args, **kwargs: S.StackChoice(S.choose(rates), rates))
+    # measure's own choice: the trial's own size (of sizes up to its runs, the last argument)
+    monkeypatch.setattr(S, "measure", lambda members, *args: S.StackChoice(S.choices(rates, args[-1])[0], rates))
     cfg = toy_config(epochs=1)
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"cache_dir": str(tmp_path)}),
                                  "validation": cfg.validation.model_copy(update={"repeats": 2})})

@@ -29,9 +29,8 @@ from sweeper.core.loop import Run, prepare
 from sweeper.core.schedule import Rows, epoch_rows
 from sweeper.errors import OutOfMemory
 
-# a larger stack must train this much faster per member-sample than the best smaller one: the
-# rates of two runs of the same size differ by a few percent on a quiet box, and a wrong choice
-# near the tie costs little either way
+# a larger stack must train this much faster per member-sample than the best smaller one: the rates of two
+# runs of the same size differ by a few percent on a quiet box, and a wrong choice near the tie costs little
 MARGIN = 0.10
 WARMUP_STEPS, TIMED_STEPS, ROUNDS = 2, 5, 2
 TIMED_S, EVAL_ROWS = 0.5, 4096  # each size's steps timed at least this long, its evaluation on these rows
@@ -40,7 +39,7 @@ TIMED_S, EVAL_ROWS = 0.5, 4096  # each size's steps timed at least this long, it
 # slowest trial); populations chosen on +11-31 % ran 0.75-1.16x populations off (issue 40, three CPUs)
 POPULATION_MARGIN = 0.35
 # the host keeps each measurement (sweeper.core.host_cache) in the panel cache's root, .stack-sizes/
-CACHE_DIR, CACHE_VERSION = ".stack-sizes", 4  # 2: precision; 3: evaluation timed; 4: its last position
+CACHE_DIR, CACHE_VERSION = ".stack-sizes", 5  # 2: precision; 3: eval timed; 4: last position; 5: capped
 
 
 @dataclass(frozen=True)
@@ -74,29 +73,31 @@ def choose(rates: dict[int, float], margin: float = MARGIN, base: int = 1) -> in
     return best
 
 
-def choices(rates: dict[int, float], runs: int = 0) -> tuple[int, int]:
+def choices(rates: dict[int, float], runs: int = 0, trials: int = 0) -> tuple[int, int]:
     """The trial's own stack size (of sizes up to ``runs``; 0: any) and, with ``runs``, its population's: the
-    largest size past them beating the own size and every smaller population by POPULATION_MARGIN."""
+    largest past them, of ``trials`` own stacks at most (0: any), beating all smaller by POPULATION_MARGIN."""
     own = choose({k: r for k, r in rates.items() if k <= (runs or k)})
-    pooled = {k: r for k, r in rates.items() if k == own or k > runs}
+    pooled = {k: r for k, r in rates.items() if k == own or runs < k <= (own * trials or k)}
     return own, choose(pooled, POPULATION_MARGIN, own) if runs else own
 
 
 def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory,
             sizes: Sequence[int], say: Callable[[str], None] | None = None, runs: int = 0) -> StackChoice:
     """Time stacks of the first ``k`` of ``members`` for each ``k`` in ``sizes`` (their real steps and
-    evaluation: :func:`_rate`) and choose among those up to ``runs`` (if given); nothing is kept.
-
-    Kept cheap, as it costs training time: sizes go up until one is clearly slower than the best so
-    far (rates rise with the size until the device is busy), or, past the trial's own ``runs`` (other
-    trials: a population), until one gains less than MARGIN on every smaller size (a flat rate will
-    not reach POPULATION_MARGIN one size later); a size well short of the rate it needs stops after
-    TIMED_STEPS steps (its rate then its training's alone), and only a size whose noise could flip the
-    choice is timed again (:func:`_near`; the best of its rounds kept: load only slows a size down)."""
+    evaluation: :func:`_rate`) and choose among those up to ``runs`` (if given); nothing is kept. Past
+    ``runs`` (a population) they stand for ``len(members) // runs`` trials, and a stack of more of their own
+    stacks is neither timed nor chosen (own stacks of one run: 8 trials are 8 members). Kept cheap, as it
+    costs training time: sizes go up until one is clearly slower than the best so far (rates rise with the
+    size until the device is busy), or, past ``runs``, until one gains less than MARGIN on every smaller
+    size (a flat rate will not reach POPULATION_MARGIN one size later); a size well short of the rate it
+    needs stops after TIMED_STEPS steps (its rate then its training's alone), and only a size whose noise
+    could flip the choice is timed again (:func:`_near`; the best of its rounds kept: load only slows it)."""
     rates: dict[int, float] = {}
+    trials = len(members) // runs if runs else 0
     for round_ in range(ROUNDS):
         for k in sizes:
-            if round_ and not _near(rates, k, runs):
+            if (round_ and not _near(rates, k, runs, trials)) or (
+                    trials and runs < k > choices(rates, runs)[0] * trials):
                 continue
             smaller = [r for size, r in rates.items() if size < k and not math.isnan(r)]
             needed = max(smaller, default=0.0) * (1 + MARGIN)  # to be chosen over every smaller size
@@ -105,7 +106,7 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
             goes_on = rates[k] >= (needed if runs and k > runs else max(rates.values()) * (1 - MARGIN))
             if not round_ and not goes_on:
                 break  # slower than a smaller stack, no room, or a population's size without a gain
-    choice = StackChoice(choices(rates, runs)[0], rates)
+    choice = StackChoice(choices(rates, runs, trials)[0], rates)
     if say is not None:
         shown = ", ".join(f"{k}: {r:.0f}" for k, r in sorted(rates.items()))
         say(f"stack size {choice.size}: member-samples/s by stack size {shown} (measured)")
@@ -130,11 +131,11 @@ def measure_precision(member: Member, device: torch.device, memory: TrialMemory,
     return {"precision": chosen, "precision_rates": rates}
 
 
-def _near(rates: dict[int, float], k: int, runs: int = 0) -> bool:
+def _near(rates: dict[int, float], k: int, runs: int = 0, trials: int = 0) -> bool:
     """Whether a round's noise could flip what the rates decide (:func:`choices`): size ``k``'s rate
     MARGIN higher or lower decides otherwise (a timing of TIMED_S varies by a few percent)."""
     return not math.isnan(rate := rates.get(k, math.nan)) and len(
-        {choices({**rates, k: rate * f}, runs) for f in (1 + MARGIN, 1 / (1 + MARGIN))}) > 1
+        {choices({**rates, k: rate * f}, runs, trials) for f in (1 + MARGIN, 1 / (1 + MARGIN))}) > 1
 
 
 def _rate(members: Sequence[Member], device: torch.device, memory: TrialMemory, needed: float = 0.0) -> float:

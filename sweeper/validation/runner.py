@@ -184,9 +184,8 @@ def _measure_stack(panel: Panel, trainer: Trainer, trials: int = 1) -> Choice:
     members = [Member(seeded(cfg, seed), first) for seed in range(runs * trials)]
     measured = (S.measure(members, device, memory, S.candidate_sizes(runs * trials), trainer.log, runs)
                 if runs * trials > 1 else S.StackChoice(1, source="one run per trial"))
-    own, size = S.choices(measured.rates, runs)  # its own runs; with other trials only on a clear gain
-    choice = {**measured.attrs(), "stack_size": own, **chosen,
-              **({"population_size": size // own} if size > runs else {})}
+    own, size = measured.size, S.choices(measured.rates, runs, trials)[1]  # others only on a clear gain
+    choice = {**measured.attrs(), **chosen, **({"population_size": size // own} if size > runs else {})}
     host_cache.keep(folder, key, choice)
     return choice
 
