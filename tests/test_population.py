@@ -288,6 +288,8 @@ def test_validate_names_the_per_member_and_the_shape_params(study_file):
     cfg = load_config(study_file({"study": {"population": "auto"}, "search_space": space}))
     assert population_line(cfg) == ("up to 8 trials per stack, as measured on the first trial; per member: "
                                     "train.lr; shape (one value per population): model.hidden_size")
+    pinned = C.with_overrides(cfg, {"train.max_stack": 4}, "test")  # not measured: as many as fill it
+    assert population_line(pinned).startswith("up to 8 trials per stack, as fill train.max_stack; per member")
     probe = {"name": "fault_models:Probe", "kind": "mlp", "hidden": 8}
     user = C.with_overrides(cfg, {"model": probe}, "test")
     dropout = cfg.search_space["train.lr"]  # (any float spec)
@@ -490,6 +492,12 @@ def test_the_driver_reads_the_population_size_from_the_study_only_until_it_is_st
     assert [size(), size(), size()] == [4, 4, 4] and len(study.reads) == 3  # stored: read once, then kept
     fixed = Population(C.with_overrides(cfg, {"study.population": 3}, "test"), study)
     assert fixed() == 3 and len(study.reads) == 3  # a number: the study is never read
+    # at most 8 trials, however asked: a study stored 16 before the cap (own stacks of one run, 16 members);
+    # a pinned train.max_stack of 32 a trial's one run
+    study = _Study()
+    study.attrs["stack_size"] = {"stack_size": 1, "stack_size_from": "measured", "population_size": 16}
+    assert Population(cfg, study)() == 8
+    assert Population(C.with_overrides(cfg, {"train.max_stack": 32}, "test"), study)() == 8
 
 
 @pytest.mark.parametrize("study,startup", [

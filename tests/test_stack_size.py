@@ -256,6 +256,9 @@ def _cfg(max_stack):
 def test_auto_is_the_default_and_a_number_pins_the_size():
     assert validate_config({"data": {"synthetic": {"assets": 2, "dates": 10}}}, "t").train.max_stack == "auto"
     assert stacking.decided({}, _cfg(3).train.max_stack) == {"stack_size": 3, "stack_size_from": "train.max_stack"}
+    # a study that stored a population of 16 before populations were capped at 8: its trials say 8
+    stored = {"stack_size": {"stack_size": 1, "stack_size_from": "measured", "population_size": 16}}
+    assert stacking.decided(stored, "auto") == {"stack_size": 1, "stack_size_from": "study", "population_size": 8}
     with pytest.raises(Exception, match="max_stack"):
         _cfg(0)
 

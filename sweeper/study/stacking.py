@@ -50,10 +50,10 @@ def member_keys(cfg: SweeperConfig) -> tuple[list[str], list[str]]:
 
 def population_line(cfg: SweeperConfig) -> str:
     """What ``sweeper validate`` says of populations: their size and which params each trial draws."""
-    own, shape = member_keys(cfg)
+    (own, shape), stack = member_keys(cfg), cfg.train.max_stack
     size = ("one trial at a time (study.population: 1)" if (asked := cfg.study.population) == 1 else
-            f"up to {POPULATION_CAP} trials per stack, as measured on the first trial" if asked == "auto"
-            else f"{asked} trials per stack")
+            f"{asked} trials per stack" if asked != "auto" else f"up to {POPULATION_CAP} trials per stack, "
+            + ("as measured on the first trial" if stack == "auto" else "as fill train.max_stack"))
     return (f"{size}; per member: {', '.join(own) or '-'}; "
             f"shape (one value per population): {', '.join(shape) or '-'}")
 
@@ -91,11 +91,11 @@ class Population:
         if asked != "auto":
             return int(asked)
         if (stack := self.cfg.train.max_stack) != "auto":  # a stack size set in the file: as many as fill it
-            return max(1, stack // self.cfg.validation.runs)
+            return min(POPULATION_CAP, max(1, stack // self.cfg.validation.runs))
         if self.size is None:
             if not (stored := self.study.user_attrs.get(STUDY_ATTR)):
                 return 1
-            self.size = int(stored.get("population_size", 1))
+            self.size = min(POPULATION_CAP, int(stored.get("population_size", 1)))  # stored before the cap
         return self.size
 
 
@@ -108,7 +108,7 @@ def decided(study_attrs: Mapping[str, Any], asked: int | str) -> Choice | None:
     if stored := study_attrs.get(STUDY_ATTR):
         precision = {k: stored[k] for k in ("precision", "precision_rates") if k in stored}
         return {**_choice(stored["stack_size"], "study", stored.get("stack_rates"),
-                          stored.get("population_size", 1)), **precision}
+                          min(POPULATION_CAP, stored.get("population_size", 1))), **precision}
     created = study_attrs.get("config", {}).get("train", {})
     # (no max_stack: created before stacked runs, one run at a time)
     return _choice(stack, "study") if created and (stack := created.get("max_stack", 1)) != "auto" else None

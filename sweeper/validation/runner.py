@@ -135,7 +135,7 @@ def pin_stack_size(panel: Panel, trainer: Trainer,
     as it is; ``auto``: ``decide(measure)`` (a sweep's study keeps the first trial's measurement,
     :func:`sweeper.study.stacking.resolve`; by default the measurement itself). ``trials``: up to how
     many trials of this shape may share a stack (``study.population: auto``): the measurement then
-    also says how many do (the choice's ``population``). The same measurement pins ``train.precision:
+    also says how many do (the choice's ``population_size``). The same measurement pins ``train.precision:
     auto`` where it is measured (a CPU with native bf16): the choice's ``precision``; without one, auto
     is what it was (fp32 on a CPU), as for a study whose trials trained before it was measured."""
     if (cfg := trainer.cfg).train.max_stack != "auto":
