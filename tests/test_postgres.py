@@ -4,12 +4,14 @@ the advisory claim lock, ``init_db``, and refusing a host with other data or
 another config."""
 from __future__ import annotations
 
+import getpass
 import json
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -106,15 +108,27 @@ def test_six_processes_create_schema_and_study_at_the_same_instant(study_file, p
 @pytest.mark.slow
 def test_init_db_creates_the_study_once_without_devices(study_file, pg_url):
     path = study_file({"study": {"name": "init"}, "devices": {"gpus": [0]}})  # no GPU here: not needed
+    # a URL with a password (the test server trusts its clients, so any will do; else its own)
+    url = sqlalchemy.engine.make_url(pg_url)
+    url = url.set(username=url.username or getpass.getuser(), password=url.password or "s3cret-pw")
+    secret, pg_url = url.password, url.render_as_string(hide_password=False)
     first = init_db(load_config(path), pg_url)
     assert (first.study, first.created, first.n_trials) == ("init", True, 1)  # the config's own set
-    assert "sweeper_test_" in first.storage
+    assert "sweeper_test_" in first.storage and secret not in first.storage
     second = init_db(load_config(path), pg_url)
     assert second.created is False
     study = optuna.load_study(study_name="init", storage=open_storage(pg_url, create=False))
     attrs = study.user_attrs
     assert attrs["config"]["study"]["name"] == "init" and len(attrs["data_fingerprint"]) >= 16
-    assert attrs["config"]["study"]["storage"] == pg_url
+    # the password is hidden where others read it (the dashboard shows the attributes), as every line hides it
+    assert attrs["config"]["study"]["storage"] == url.render_as_string(hide_password=True)
+    assert secret not in json.dumps(attrs) and "***@" in attrs["config"]["study"]["storage"]
+    # its trials, on CPU slots: no file of the run folder holds the password (each trial's config.yaml)
+    run(load_config(study_file({"study": {"name": "init"}}, name="cpu.yaml")), view=NullView(), storage_url=pg_url)
+    assert {t.state for t in study.get_trials()} == {TrialState.COMPLETE}
+    files = [p for p in Path("runs/init").rglob("*") if p.is_file()]
+    assert Path("runs/init/trials/0/config.yaml") in files
+    assert [p for p in files if secret.encode() in p.read_bytes()] == []
     drifted = study_file({"study": {"name": "init"}, "train": {"epochs": 3}})
     with pytest.raises(ConfigDrift, match=r"train\.epochs \(2 -> 3\)"):
         init_db(load_config(drifted), pg_url)

@@ -8,8 +8,7 @@
 - :mod:`~sweeper.config.dotted`: dotted names, the JSON form that studies store, the hash;
 - :mod:`~sweeper.config.drift`: which keys differ from a stored config;
 - :mod:`~sweeper.config.validation`: the ``validation`` section (holdout, walk-forward folds, seeds);
-- :mod:`~sweeper.config.long_sweeps`: the sections of long sweeps (``study.keep``, the baseline, warm starts).
-"""
+- :mod:`~sweeper.config.long_sweeps`: long sweeps' sections (``study.keep``, the baseline, warm starts)."""
 
 from sweeper.config.dotted import condition_met, config_hash, config_value, flatten, to_dict
 from sweeper.config.drift import drift

@@ -5,6 +5,7 @@ stored study attributes all address a value by the same dotted path."""
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -31,9 +32,11 @@ def _parts(key: str) -> list[str]:
     return [head, name, field] if name and field in ParamSpec.model_fields else [head, rest]
 
 
-def to_dict(cfg: SweeperConfig) -> dict[str, Any]:
-    """JSON-safe dict of the resolved config (what the study stores)."""
-    return {**cfg.model_dump(mode="json"), "model": cfg.model.section()}
+def to_dict(cfg: SweeperConfig, kept: bool = False) -> dict[str, Any]:
+    """JSON-safe dict of the resolved config; ``kept``: as written where others read it (the study's
+    attributes, a trial's config.yaml, a checkpoint), a storage URL's password hidden, as lines show it."""
+    out = {**cfg.model_dump(mode="json"), "model": cfg.model.section()}
+    return json.loads(re.sub(r'(://[^/:@"]*:)[^/@"]*@', r"\1***@", json.dumps(out))) if kept else out
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

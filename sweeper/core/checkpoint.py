@@ -93,7 +93,7 @@ def stack_state(cfg: SweeperConfig, epoch: int, lanes: list[Lane], step: StackSt
                      **{k: getattr(lane.progress, k) for k in PROGRESS_KEYS}}
                     for lane, gen in zip(lanes, dropout)],
         "batch_size": plan.batch_size, "micro_batch_size": plan.micro_batch,
-        "eval_batch_size": plan.eval_batch_size, "config": to_dict(cfg)}
+        "eval_batch_size": plan.eval_batch_size, "config": to_dict(cfg, kept=True)}
 
 
 def member_states(state: dict, which: Sequence[int], cfg: SweeperConfig) -> dict:
@@ -111,7 +111,7 @@ def member_states(state: dict, which: Sequence[int], cfg: SweeperConfig) -> dict
     return {**state, "values": state["values"][rows],
             "optimizer": {k: v[rows] for k, v in state["optimizer"].items()},
             "scaler": {k: v[rows] for k, v in state["scaler"].items()}, "rng": rng, "members": members,
-            "eval_batch_size": state["eval_batch_size"] * share, "config": to_dict(cfg)}
+            "eval_batch_size": state["eval_batch_size"] * share, "config": to_dict(cfg, kept=True)}
 
 
 def restore_stack(state: dict, step: StackStep) -> int:

@@ -93,11 +93,10 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
     needs stops after TIMED_STEPS steps (its rate then its training's alone), and only a size whose noise
     could flip the choice is timed again (:func:`_near`; the best of its rounds kept: load only slows it)."""
     rates: dict[int, float] = {}
-    trials = len(members) // runs if runs else 0
+    cap = len(members) // max(runs, 1)  # the trials they stand for (runs 0: no population, no cap)
     for round_ in range(ROUNDS):
         for k in sizes:
-            if (round_ and not _near(rates, k, runs, trials)) or (
-                    trials and runs < k > choices(rates, runs)[0] * trials):
+            if (round_ and not _near(rates, k, runs, cap)) or runs < k > choices(rates, runs)[0] * cap:
                 continue
             smaller = [r for size, r in rates.items() if size < k and not math.isnan(r)]
             needed = max(smaller, default=0.0) * (1 + MARGIN)  # to be chosen over every smaller size
@@ -106,7 +105,7 @@ def measure(members: Sequence[Member], device: torch.device, memory: TrialMemory
             goes_on = rates[k] >= (needed if runs and k > runs else max(rates.values()) * (1 - MARGIN))
             if not round_ and not goes_on:
                 break  # slower than a smaller stack, no room, or a population's size without a gain
-    choice = StackChoice(choices(rates, runs, trials)[0], rates)
+    choice = StackChoice(choices(rates, runs, cap)[0], rates)
     if say is not None:
         shown = ", ".join(f"{k}: {r:.0f}" for k, r in sorted(rates.items()))
         say(f"stack size {choice.size}: member-samples/s by stack size {shown} (measured)")

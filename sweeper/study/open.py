@@ -29,9 +29,9 @@ def study_attrs(cfg: C.SweeperConfig, panel: PanelSummary, environment: dict[str
     created: a study of the same name in another storage, or one re-created after its database
     was deleted, has another (a checkpoint and a run folder say which study they belong to by it).
     ``model_fingerprint``: the user models' source (None with only built-in ones)."""
-    return {"study_uuid": uuid.uuid4().hex, "config": C.to_dict(cfg), "config_hash": C.config_hash(cfg),
+    return {"study_uuid": uuid.uuid4().hex, "config": C.to_dict(cfg, kept=True),
             "sweeper_version": __version__, "environment": environment, "data_fingerprint": panel.fingerprint,
-            "model_fingerprint": source_digest(cfg),
+            "model_fingerprint": source_digest(cfg), "config_hash": C.config_hash(cfg),
             "split_dates": panel.split_dates, K.FOLD_DATES: panel.folds,
             "split_widths": {k: getattr(cfg.data.split, k) for k in ("lookback", "horizon", "embargo")},
             "features": panel.features, "oracle_ic": panel.oracle_ic, "data_source": panel.source}

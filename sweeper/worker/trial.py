@@ -178,7 +178,7 @@ class TrialRunner:
         trial, frozen, files = o.trial, o.frozen, o.files
         # a sampled combination the model's config refuses raises ConfigError here or in train()
         cfg = C.with_overrides(self.cfg, frozen.params, f"trial {frozen.number} params")
-        files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
+        files.config.write_text(yaml.safe_dump(C.to_dict(cfg, kept=True), sort_keys=False))
         o.hook = OptunaHook(trial, self.cfg.study.metric, frozen.number, files.metrics, self.stop,
                             self.cfg.study.stall_timeout)
         panel = self.panels.load(cfg.data)
@@ -195,7 +195,7 @@ class TrialRunner:
             choice = {**choice, "model_fingerprint": fingerprint}
         for key, value in choice.items():
             trial.set_user_attr(key, value)
-        files.config.write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))  # with the stack size
+        files.config.write_text(yaml.safe_dump(C.to_dict(cfg, kept=True), sort_keys=False))  # with stack size
         # the checkpoint says whose it is: only this trial's retries may continue it
         stamp = adoption.owner(self.study_uuid, frozen.number, panel.fingerprint)
         adoption.adopt(self.study, trial, frozen, cfg, files, stamp, o.log)

@@ -7,12 +7,11 @@ per layer); where it cannot (an op without a batching rule, ``nn.LSTM`` among th
 control flow) each member's forward runs in turn with its own slice of the weights, so the stack still
 trains as one and members still never mix. :func:`stack_mode` says which a model gets, and why.
 
-A forward that draws random numbers in training (dropout) runs member after member: vmap can only
-draw from the global generator, where each member must draw from its own (the one its lone run
-would have drawn from, whatever shares its stack). Under vmap, randomness is an error. In turn, each
-member's forward sees its own rows only (``rows``: where the members' batches differ in rows); a model whose
-rows see each other (batch statistics) runs so there, where vmap's padding would reach them
-(``vmap_even_rows``)."""
+A forward that draws random numbers in training (dropout) runs member after member: vmap can only draw from
+the global generator, where each member must draw from its own (the one its lone run would have drawn from,
+whatever shares its stack). Under vmap, randomness is an error. In turn, each member's forward sees its own
+rows only (``rows``: where the members' batches differ in rows); a model whose rows see each other (batch
+statistics) runs so there, where vmap's padding would reach them (``vmap_even_rows``)."""
 
 import copy
 from collections.abc import Iterator, Sequence
