@@ -84,8 +84,7 @@ def count_steps(batcher: Batcher, order: str, batch_size: int, limit: int | None
     samples = batcher.n_samples if limit is None else min(limit, batcher.n_samples)
     if order == "random":
         return max(1, math.ceil(samples / batch_size))
-    per_date = batcher.n_samples / max(1, batcher.n_dates)
-    dates = max(1, min(batcher.n_dates, int(samples / per_date)))
+    dates = max(1, min(batcher.n_dates, int(samples / (batcher.n_samples / max(1, batcher.n_dates)))))
     return max(1, math.ceil(dates / dates_per_batch(batcher, batch_size)))
 
 

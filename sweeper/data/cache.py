@@ -106,10 +106,9 @@ def open_entry(entry: Path) -> Built | None:
         if any(list(arrays[n].shape) != meta["shapes"][n] for n in ARRAYS):
             return None
         return Built(**arrays, dates=np.load(entry / "dates.npy"),
-                     assets=np.asarray(meta["assets"], dtype=object),
-                     features=meta["features"], splits={k: tuple(v) for k, v in meta["splits"].items()},
-                     norm_stats=meta["norm_stats"], oracle_ic=meta["oracle_ic"],
-                     leak_corr=meta["leak_corr"], leak_rows=meta["leak_rows"])
+                     assets=np.asarray(meta["assets"], dtype=object), features=meta["features"],
+                     splits={k: tuple(v) for k, v in meta["splits"].items()}, norm_stats=meta["norm_stats"],
+                     oracle_ic=meta["oracle_ic"], leak_corr=meta["leak_corr"], leak_rows=meta["leak_rows"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing, truncated or foreign: never used, rebuilt under the lock
 

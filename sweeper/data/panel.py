@@ -74,11 +74,9 @@ class Panel:
         # the copy reads the mapped pages, no host copy of the panel is made first
         if device.type != "cuda" or placement(self.nbytes, free_device_bytes(device), share) == ON_DEVICE:
             return self._moved(lambda t: t.to(device))
-        if self.cache_entry is not None:
-            # pinning would copy the shared map into this process; the batcher already
-            # gathers each batch into pinned memory, so the map itself serves as the host copy
-            return self
-        return self._moved(lambda t: t.cpu().pin_memory())
+        # a cache entry is not pinned: pinning would copy the shared map into this process; the batcher
+        # already gathers each batch into pinned memory, so the map itself serves as the host copy
+        return self if self.cache_entry is not None else self._moved(lambda t: t.cpu().pin_memory())
 
     def _moved(self, move) -> Panel:
         moved = {name: move(getattr(self, name)) for name in _TENSORS}

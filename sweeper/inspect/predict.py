@@ -134,9 +134,8 @@ def predict_trial(cfg: SweeperConfig, study: optuna.Study, *, trial: str | int =
                      "the trial's own weights (the refit trained on them); --data scores new dates with it")
     return Prediction(frame=ensemble(frames) if top_k else frames[0],
                       trial=[t.number for t in members] if top_k else members[0].number, split=split,
-                      source=source, same_data=same, notes=notes,
-                      refits={n: str(r.get("until")) for n, r in used.items()},
-                      weights=weights_line(study.user_attrs, members, used))
+                      source=source, same_data=same, refits={n: str(r.get("until")) for n, r in used.items()},
+                      notes=notes, weights=weights_line(study.user_attrs, members, used))
 
 
 def _in_sample(frame: pd.DataFrame, used: dict[int, dict[str, Any]]) -> list[str]:

@@ -25,10 +25,9 @@ def native(m: ModelConfig, k: int, n_features: int, lookback: int, rates: Sequen
     if m.name in ("lstm", "gru"):
         return StackedRecurrent(k, n_features, lookback, cell=m.name, hidden_size=m.hidden_size,
                                 num_layers=m.num_layers, dropout=rates)
-    return StackedTransformer(k, n_features, lookback, d_model=m.d_model, nhead=m.nhead,
-                              num_layers=m.num_layers, dim_feedforward=m.dim_feedforward, dropout=rates,
-                              positional=m.positional, pooling=m.pooling,
-                              gradient_checkpointing=m.gradient_checkpointing)
+    return StackedTransformer(k, n_features, lookback, d_model=m.d_model, nhead=m.nhead, dropout=rates,
+                              num_layers=m.num_layers, dim_feedforward=m.dim_feedforward, pooling=m.pooling,
+                              positional=m.positional, gradient_checkpointing=m.gradient_checkpointing)
 
 
 BUILTIN_CLASSES: dict[str, type[nn.Module]] = {"transformer": StackedTransformer, "lstm": StackedRecurrent,

@@ -32,8 +32,7 @@ def variance_ratio(x: np.ndarray, lag: int) -> float:
         return math.nan
     ratio = 1.0
     for k in range(1, min(lag, len(v) - 1) + 1):
-        rho = float(np.dot(centred[k:], centred[:-k])) / m0
-        ratio += 2.0 * (1.0 - k / (lag + 1)) * rho
+        ratio += 2.0 * (1.0 - k / (lag + 1)) * (float(np.dot(centred[k:], centred[:-k])) / m0)
     return max(ratio, 1.0)
 
 

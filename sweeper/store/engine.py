@@ -119,12 +119,11 @@ READ, WRITE, DURABLE = "read", "write", "durable"
 
 # Optuna's storage methods by whether their transaction writes (the private ones, with
 # their reason, live in sweeper.store.optuna_private).
-READS = frozenset({
-    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
-    "get_study_system_attrs", "get_all_studies", "get_trial_id_from_study_id_trial_number",
-    "get_trial_number_from_id", "get_trial_param", "get_trial", "get_all_trials", "get_n_trials",
-    "get_best_trial", "get_trial_params", "get_trial_user_attrs", "get_trial_system_attrs",
-}) | private.CACHED_STORAGE_READS
+READS = frozenset({"get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
+                   "get_study_user_attrs", "get_study_system_attrs", "get_all_studies",
+                   "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial_param",
+                   "get_trial", "get_all_trials", "get_n_trials", "get_best_trial", "get_trial_params",
+                   "get_trial_user_attrs", "get_trial_system_attrs"}) | private.CACHED_STORAGE_READS
 WRITES = frozenset({
     "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr", "create_new_trial",
     "set_trial_param", "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr",

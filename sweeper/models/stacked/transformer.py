@@ -176,9 +176,8 @@ def _replaying(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     ones: without this the recomputed masks differ from the forward's (wrong gradients) and
     every member generator advances twice per step (masks that depend on checkpointing)."""
     # the distinct per-member dropout generators inside the layer (none until seeded)
-    generators = list({id(g): g for m in layer.modules()
-                       if isinstance(m, MemberDropout) and m.any and m.generators is not None
-                       for g in m.generators}.values())
+    generators = list({id(g): g for m in layer.modules() if isinstance(m, MemberDropout) and m.any
+                       and m.generators is not None for g in m.generators}.values())
     before, calls = [g.get_state() for g in generators], 0
 
     def run(h: torch.Tensor) -> torch.Tensor:
