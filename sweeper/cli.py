@@ -287,7 +287,7 @@ def baseline_cmd(study: Path, storage: str | None, as_json: bool) -> None:
 
 @main.command("dashboard")
 @read_options
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind; loopback by default.")
 def dashboard_cmd(study: Path, storage: str | None, port: int, host: str) -> None:

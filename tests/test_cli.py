@@ -229,6 +229,10 @@ def test_a_dashboard_port_in_use_exits_2(tmp_path, monkeypatch):
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == (
         f"Error: --host 127.0.0.1 --port {port}: cannot serve there (Address already in use)")
+    # no such port: it was an OverflowError's traceback
+    result = CliRunner().invoke(main, ["dashboard", str(good), "--port", "70000"], catch_exceptions=False)
+    assert (result.exit_code, result.output.strip().splitlines()[-1]) == (
+        2, "Error: Invalid value for '--port': 70000 is not in the range 0<=x<=65535.")
 
 
 def test_set_type_error_exits_2(tmp_path):

@@ -84,6 +84,8 @@ def test_unknown_keys_suggest_closest(raw, expected):
     # it said "add up to 1.1" where the user wrote 0.9: the test split's default was added unsaid
     (_with(data={**BASE["data"], "split": {"train": 0.7, "valid": 0.2}}),
      "data.split: split fractions train 0.7 + valid 0.2 + test 0.2 (default) add up to 1.1, more than 1"),
+    (_with(data={**BASE["data"], "split": {"train": 0.6, "valid": float("nan"), "test": 0.2}}),  # a traceback
+     "data.split: split fractions must be > 0"),
 ])
 def test_bad_values_name_the_key(raw, fragment):
     message = _err(raw)
@@ -111,6 +113,15 @@ def test_bad_values_name_the_key(raw, fragment):
     ({"train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "when": {"model.name": "lstm"}}},
      "search_space.train.lr.when: model.name is 'transformer' in this study and not searched, so train.lr is never "
      "drawn"),
+    # a value its searched key never takes (a typo, a choice or a number out of its bounds): validate said ok
+    ({"model.name": {"type": "categorical", "choices": ["mlp", "lstm"]},
+      "train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "when": {"model.name": "lstmm"}}},
+     "search_space.train.lr.when: model.name never takes 'lstmm' in its search space, so train.lr is never drawn"),
+    ({"train.epochs": {"type": "int", "low": 1, "high": 3},
+      "train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "when": {"train.epochs": [5, 8]}}},
+     "search_space.train.lr.when: train.epochs never takes [5, 8] in its search space, so train.lr is never drawn"),
+    ({"model.dropout": {"type": "float", "low": 0, "high": 0.3, "step": float("inf")}},  # a traceback at the draw
+     "search_space.model.dropout.step: Input should be a finite number (got inf)"),
 ])
 def test_a_search_space_value_its_key_refuses_is_refused_naming_both(space, expected):
     assert _err(_with(search_space=space)) == f"s.yaml: {expected}"
@@ -585,3 +596,12 @@ def test_a_sampler_seed_numpy_refuses_is_refused_by_its_key():
     with pytest.raises(ConfigError) as err:
         C.validate_config(_with(study={"sampler": {"name": "tpe", "seed": -1}}), "s.yaml")
     assert str(err.value) == "s.yaml: study.sampler.seed: Input should be greater than or equal to 0 (got -1)"
+
+
+def test_a_study_file_that_is_not_text_is_refused_naming_it(tmp_path):
+    """``sweeper run panel.parquet`` (the data for the study file), a Latin-1 file: a traceback in every command."""
+    path = tmp_path / "panel.parquet"
+    path.write_bytes(b"PAR1\x15\x04\x15\x80\x01")
+    with pytest.raises(ConfigError) as err:
+        C.load_config(path)
+    assert str(err.value) == f"{path}: byte 7 is not UTF-8 text: a study file is YAML"

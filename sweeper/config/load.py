@@ -100,6 +100,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: study file not found")
     try:
         raw = yaml.load(path.read_text(), Loader=_UniqueKeys)  # a SafeLoader
+    except UnicodeDecodeError as exc:  # a Parquet file given for the study file, a Latin-1 one
+        raise ConfigError(f"{path}: byte {exc.start} is not UTF-8 text: a study file is YAML") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -175,7 +175,7 @@ class SplitConfig(Section):
         fractions = [p for p in (self.train, self.valid, self.test) if isinstance(p, float)]
         if len(fractions) not in (0, 3):
             raise ValueError("use fractions for all three splits, or date ranges for all three")
-        if any(p <= 0 for p in fractions):
+        if any(not p > 0 for p in fractions):  # NaN too
             raise ValueError("split fractions must be > 0")
         if sum(fractions) > 1.0 + 1e-9:  # a fraction left out is its default: say so
             parts = [f"{k} {getattr(self, k):g}{'' if k in self.model_fields_set else ' (default)'}"

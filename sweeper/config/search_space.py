@@ -14,7 +14,7 @@ class ParamSpec(Section):
     type: Literal["float", "int", "categorical"]
     low: float | None = Field(None, allow_inf_nan=False)
     high: float | None = Field(None, allow_inf_nan=False)
-    step: float | None = None
+    step: float | None = Field(None, allow_inf_nan=False)
     log: bool = False
     choices: list[Any] | None = None
     when: dict[str, Any] | None = None
@@ -83,10 +83,17 @@ def check_space_values(cfg: Any, key: str, spec: ParamSpec, context: dict[str, A
 
 
 def check_condition(cfg: Any, key: str, spec: ParamSpec) -> None:
-    """A ``when`` the study's fixed values never meet: ``key`` would never be drawn, without a word."""
-    for cond in spec.when or {}:
+    """A ``when`` the study's fixed values, or every value a searched key takes, never meet: ``key`` would
+    never be drawn, without a word (a searched key's: one of its choices, or a number within its bounds)."""
+    for cond, wanted in (spec.when or {}).items():
         section, _, field = cond.partition(".")  # (a key no field names: check_space_key's to refuse)
-        fixed = getattr(getattr(cfg, section, None), field, None) if cond not in cfg.search_space else None
+        if (other := cfg.search_space.get(cond)) is not None:
+            takes = other.choices or [v for v in (wanted if isinstance(wanted, list) else [wanted])
+                                      if isinstance(v, (int, float)) and other.low <= v <= other.high]
+            if not any(spec.allows(cond, v) for v in takes):
+                raise ValueError(f"search_space.{key}.when: {cond} never takes {wanted!r} in its search "
+                                 f"space, so {key} is never drawn")
+        fixed = getattr(getattr(cfg, section, None), field, None) if other is None else None
         if fixed is not None and not spec.allows(cond, fixed):
             raise ValueError(f"search_space.{key}.when: {cond} is {fixed!r} in this study and not searched, "
                              f"so {key} is never drawn")
