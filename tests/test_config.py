@@ -605,3 +605,31 @@ def test_a_study_file_that_is_not_text_is_refused_naming_it(tmp_path):
     with pytest.raises(ConfigError) as err:
         C.load_config(path)
     assert str(err.value) == f"{path}: byte 7 is not UTF-8 text: a study file is YAML"
+
+
+def test_a_kept_config_hides_the_storage_passwords_and_nothing_else():
+    """What the study's attributes, a trial's config.yaml and checkpoints keep: the storage URLs' passwords
+    hidden as SQLAlchemy reads them (a '/' in one too), every other value as it is."""
+    raw = _with(study={"storage": "postgresql+psycopg://u:pa/ss@db.example:5432/sweeps",
+                       "warm_start": {"study": "src", "storage": "postgresql://v:s3:cr@db2/old"}},
+                data={**BASE["data"], "path": "https://w:tok@host/panel.parquet", "synthetic": None})
+    cfg = C.validate_config(raw, "s.yaml")
+    kept, whole = C.to_dict(cfg, kept=True), C.to_dict(cfg)
+    assert kept["study"]["storage"] == "postgresql+psycopg://u:***@db.example:5432/sweeps"
+    assert kept["study"]["warm_start"]["storage"] == "postgresql://v:***@db2/old"
+    assert whole["study"]["storage"] == "postgresql+psycopg://u:pa/ss@db.example:5432/sweeps"  # to connect with
+    assert kept["data"] == whole["data"] and kept["model"] == whole["model"]
+    assert C.to_dict(C.validate_config(BASE, "s.yaml"), kept=True)["study"]["storage"] is None
+
+
+def test_a_when_on_a_conditional_key_may_be_met_by_its_fixed_value():
+    # in the LSTM's trials hidden_size is not drawn and keeps the file's 64, which draws train.lr
+    space = {"model.name": {"type": "categorical", "choices": ["lstm", "mlp"]},
+             "model.hidden_size": {"type": "categorical", "choices": [32, 128], "when": {"model.name": "mlp"}},
+             "train.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "when": {"model.hidden_size": 64}}}
+    cfg = C.validate_config(_with(model={"name": "lstm", "hidden_size": 64}, search_space=space), "s.yaml", edge=True)
+    assert list(cfg.search_space) == list(space)
+    space["model.hidden_size"].pop("when")  # drawn in every trial: 64 never comes
+    assert _err(_with(model={"name": "lstm", "hidden_size": 64}, search_space=space)) == (
+        "s.yaml: search_space.train.lr.when: model.hidden_size never takes 64 in its search space, so train.lr "
+        "is never drawn")

@@ -289,7 +289,7 @@ def test_validate_names_the_per_member_and_the_shape_params(study_file):
     assert population_line(cfg) == ("up to 8 trials per stack, as measured on the first trial; per member: "
                                     "train.lr; shape (one value per population): model.hidden_size")
     pinned = C.with_overrides(cfg, {"train.max_stack": 4}, "test")  # not measured: as many as fill it
-    assert population_line(pinned).startswith("up to 8 trials per stack, as fill train.max_stack; per member")
+    assert population_line(pinned).startswith("up to 8 trials per stack, as many as fill train.max_stack; per member")
     probe = {"name": "fault_models:Probe", "kind": "mlp", "hidden": 8}
     user = C.with_overrides(cfg, {"model": probe}, "test")
     dropout = cfg.search_space["train.lr"]  # (any float spec)

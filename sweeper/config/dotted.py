@@ -5,10 +5,10 @@ stored study attributes all address a value by the same dotted path."""
 
 import hashlib
 import json
-import re
 from typing import Any
 
 from pydantic import BaseModel
+from sqlalchemy.engine import make_url
 
 from sweeper.config.schema import ParamSpec, SweeperConfig
 
@@ -36,7 +36,9 @@ def to_dict(cfg: SweeperConfig, kept: bool = False) -> dict[str, Any]:
     """JSON-safe dict of the resolved config; ``kept``: as written where others read it (the study's
     attributes, a trial's config.yaml, a checkpoint), a storage URL's password hidden, as lines show it."""
     out = {**cfg.model_dump(mode="json"), "model": cfg.model.section()}
-    return json.loads(re.sub(r'(://[^/:@"]*:)[^/@"]*@', r"\1***@", json.dumps(out))) if kept else out
+    for part in (out["study"], out["study"]["warm_start"] or {}) if kept else ():  # a user's password
+        part["storage"] = (url := part.get("storage")) and make_url(url).render_as_string(hide_password=True)
+    return out
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -99,7 +99,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not (path := Path(path)).is_file():
         raise ConfigError(f"{path}: study file not found")
     try:
-        raw = yaml.load(path.read_text(), Loader=_UniqueKeys)  # a SafeLoader
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys)  # a SafeLoader
     except UnicodeDecodeError as exc:  # a Parquet file given for the study file, a Latin-1 one
         raise ConfigError(f"{path}: byte {exc.start} is not UTF-8 text: a study file is YAML") from None
     except yaml.YAMLError as exc:

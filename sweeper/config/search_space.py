@@ -83,20 +83,19 @@ def check_space_values(cfg: Any, key: str, spec: ParamSpec, context: dict[str, A
 
 
 def check_condition(cfg: Any, key: str, spec: ParamSpec) -> None:
-    """A ``when`` the study's fixed values, or every value a searched key takes, never meet: ``key`` would
-    never be drawn, without a word (a searched key's: one of its choices, or a number within its bounds)."""
+    """A ``when`` that no value its key takes meets (the study's fixed one; a searched key's choices or the
+    numbers asked within its bounds, and its fixed one where it is conditional): ``key`` is never drawn."""
     for cond, wanted in (spec.when or {}).items():
         section, _, field = cond.partition(".")  # (a key no field names: check_space_key's to refuse)
-        if (other := cfg.search_space.get(cond)) is not None:
-            takes = other.choices or [v for v in (wanted if isinstance(wanted, list) else [wanted])
-                                      if isinstance(v, (int, float)) and other.low <= v <= other.high]
-            if not any(spec.allows(cond, v) for v in takes):
-                raise ValueError(f"search_space.{key}.when: {cond} never takes {wanted!r} in its search "
-                                 f"space, so {key} is never drawn")
-        fixed = getattr(getattr(cfg, section, None), field, None) if other is None else None
-        if fixed is not None and not spec.allows(cond, fixed):
-            raise ValueError(f"search_space.{key}.when: {cond} is {fixed!r} in this study and not searched, "
-                             f"so {key} is never drawn")
+        other, fixed = cfg.search_space.get(cond), getattr(getattr(cfg, section, None), field, None)
+        takes = [fixed] if other is None or other.when else []
+        if other is not None:
+            takes += other.choices or [v for v in (wanted if isinstance(wanted, list) else [wanted])
+                                       if isinstance(v, (int, float)) and other.low <= v <= other.high]
+        if (other is not None or fixed is not None) and not any(spec.allows(cond, v) for v in takes):
+            how = (f"never takes {wanted!r} in its search space" if other is not None
+                   else f"is {fixed!r} in this study and not searched")
+            raise ValueError(f"search_space.{key}.when: {cond} {how}, so {key} is never drawn")
 
 
 def check_space_key(cfg: Any, key: str, where: str) -> None:

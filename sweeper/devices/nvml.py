@@ -86,9 +86,8 @@ def _read_gpu(nvml: Any, index: int) -> GPU:
 
 def _processes(nvml: Any, handle: Any) -> list[GpuProcess]:
     # NVML reports "not available" (containers, no permission) as None or a huge sentinel
-    return [{"pid": int(proc.pid),
-             "used_mb": used // _MIB if isinstance(used, int) and 0 <= used < (1 << 60) else None}
-            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    return [{"pid": int(proc.pid), "used_mb": used // _MIB if isinstance(used, int) and 0 <= used < (1 << 60)
+             else None} for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             for used in [getattr(proc, "usedGpuMemory", None)]]
 
 

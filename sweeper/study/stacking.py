@@ -53,7 +53,7 @@ def population_line(cfg: SweeperConfig) -> str:
     (own, shape), stack = member_keys(cfg), cfg.train.max_stack
     size = ("one trial at a time (study.population: 1)" if (asked := cfg.study.population) == 1 else
             f"{asked} trials per stack" if asked != "auto" else f"up to {POPULATION_CAP} trials per stack, "
-            + ("as measured on the first trial" if stack == "auto" else "as fill train.max_stack"))
+            + ("as measured on the first trial" if stack == "auto" else "as many as fill train.max_stack"))
     return (f"{size}; per member: {', '.join(own) or '-'}; "
             f"shape (one value per population): {', '.join(shape) or '-'}")
 
