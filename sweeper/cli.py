@@ -99,7 +99,7 @@ def read_options(command: Any) -> Any:
 def _as_given(study: Path, storage: str | None, sets: tuple[str, ...] | None = None) -> str:
     """The study as this command was given it: the lines to paste name it by its --set and --storage (a
     read command's --set from ctx.meta; the password hidden), or they would address another study."""
-    from sweeper.store.urls import redact
+    from sweeper.config.anchor import redact
     sets = click.get_current_context().meta.get(SETS, ()) if sets is None else sets
     return shlex.join([str(study), *(word for s in sets for word in ("--set", s)),
                        *(("--storage", redact(storage)) if storage else ())])

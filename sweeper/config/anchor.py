@@ -44,6 +44,14 @@ def anchored(cfg: SweeperConfig, study_file: str | Path) -> SweeperConfig:
     return cfg.model_copy(update={"data": data, "study": study.located(root, home)})
 
 
+def redact(url: str) -> str:
+    """``url`` without its password, to print or keep (here, as :func:`sqlite_path`: the config keeps it)."""
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001
+        return url
+
+
 def sqlite_path(url: str) -> Path | None:
     """The database file a SQLite URL names (None for memory or another engine). Here, not in
     :mod:`sweeper.store.urls`: the store reads it too, and the config may not import the store."""

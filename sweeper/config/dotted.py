@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy.engine import make_url
 
+from sweeper.config.anchor import redact
 from sweeper.config.schema import ParamSpec, SweeperConfig
 
 
@@ -37,7 +37,7 @@ def to_dict(cfg: SweeperConfig, kept: bool = False) -> dict[str, Any]:
     attributes, a trial's config.yaml, a checkpoint), a storage URL's password hidden, as lines show it."""
     out = {**cfg.model_dump(mode="json"), "model": cfg.model.section()}
     for part in (out["study"], out["study"]["warm_start"] or {}) if kept else ():  # a user's password
-        part["storage"] = (url := part.get("storage")) and make_url(url).render_as_string(hide_password=True)
+        part["storage"] = part.get("storage") and redact(part["storage"])
     return out
 
 

@@ -14,10 +14,11 @@ the artifact store, and the run folder's layout.
 - :mod:`~sweeper.store.studies`: opening an existing study, its best trial;
 - :mod:`~sweeper.store.optuna_private`: the private Optuna APIs sweeper needs, with reasons."""
 
+from sweeper.config.anchor import redact
 from sweeper.store.artifacts import artifact_store, check_artifacts
 from sweeper.store.engine import PG_MAX_OVERFLOW, PG_POOL_SIZE, SweeperStorage, open_storage, quiet_optuna
 from sweeper.store.locks import AdvisoryLock, FileLock, NullLock, advisory_key, claim_lock
-from sweeper.store.urls import normalize_url, redact
+from sweeper.store.urls import normalize_url
 
 __all__ = ["PG_MAX_OVERFLOW", "PG_POOL_SIZE", "AdvisoryLock", "FileLock", "NullLock", "SweeperStorage",
            "advisory_key", "artifact_store", "check_artifacts", "claim_lock",

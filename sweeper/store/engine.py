@@ -26,14 +26,14 @@ from optuna.trial import TrialState
 from sqlalchemy import event
 
 from sweeper.atomic import unwritable
-from sweeper.config.anchor import sqlite_path
+from sweeper.config.anchor import redact, sqlite_path
 from sweeper.devices import fake
 from sweeper.errors import StorageError, StorageOutage
 from sweeper.store import optuna_private as private
 from sweeper.store import outage
 from sweeper.store.identity import host_id
 from sweeper.store.locks import FileLock, acquire, advisory_key
-from sweeper.store.urls import is_postgres, is_sqlite, normalize_url, redact
+from sweeper.store.urls import is_postgres, is_sqlite, normalize_url
 
 SQLITE_BUSY_TIMEOUT_S = 60.0  # the outage tests shorten it through sweeper.devices.fake
 # A driver uses two connections (its sessions and the claim lock), a worker two

@@ -26,10 +26,10 @@ from typing import TypeVar
 
 import sqlalchemy
 
-from sweeper.config.anchor import sqlite_path
+from sweeper.config.anchor import redact, sqlite_path
 from sweeper.errors import StorageOutage, say
 from sweeper.interrupt import NEVER, StopToken
-from sweeper.store.urls import normalize_url, redact
+from sweeper.store.urls import normalize_url
 
 T = TypeVar("T")
 

@@ -1,7 +1,5 @@
-"""Storage URLs: which engine a URL names, and the form that is safe to print (no password). Where a
-SQLite file lives is :func:`sweeper.config.anchor.sqlite_path` (the study file's anchor needs it too)."""
-
-import sqlalchemy
+"""Storage URLs: which engine a URL names. Where a SQLite file lives and the form that is safe to print
+(no password) are :func:`sweeper.config.anchor.sqlite_path` and ``redact`` (the config needs them too)."""
 
 
 def is_sqlite(url: str) -> bool:
@@ -17,10 +15,3 @@ def normalize_url(url: str) -> str:
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
-
-
-def redact(url: str) -> str:
-    try:
-        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001
-        return url

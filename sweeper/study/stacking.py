@@ -93,9 +93,9 @@ class Population:
         if (stack := self.cfg.train.max_stack) != "auto":  # a stack size set in the file: as many as fill it
             return min(POPULATION_CAP, max(1, stack // self.cfg.validation.runs))
         if self.size is None:
-            if not (stored := self.study.user_attrs.get(STUDY_ATTR)):
+            if not (attrs := self.study.user_attrs).get(STUDY_ATTR):
                 return 1
-            self.size = min(POPULATION_CAP, int(stored.get("population_size", 1)))  # stored before the cap
+            self.size = int((decided(attrs, "auto") or {}).get("population_size", 1))  # as its trials record
         return self.size
 
 
